@@ -1,0 +1,249 @@
+"""`ModelConfig`: the one description of a hooked transformer, with validation and JSON round trip.
+
+Sizes follow the paper's convention: `kqv_dim` and `v_dim` are totals over heads, so
+`d_head = kqv_dim / n_heads` (the fuzzy-logic model has 8 heads of width 2, the SRAVEN model 16
+heads of width 4). `width_factor` multiplies `d_model, kqv_dim, v_dim, d_mlp` and `n_heads`
+(head widths stay fixed), the paper's width scaling; `ModelConfig.sizes` gives the scaled sizes
+that the modules are built with.
+
+An attention layer is a score normalization sigma composed with a value network; `attention` is
+a preset name (a row of the paper's ablation table) or a `(normalization, value_network)` pair.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCORE_NORMALIZATIONS = ("softmax", "identity", "rms_head", "softmax_rms_head")
+VALUE_NETWORKS = ("linear", "relu_linear", "hyper_linear", "hyper_relu", "hyper_deep")
+
+# The rows of the paper's ablation table: preset name -> (score normalization, value network).
+ATTENTION_PRESETS: dict[str, tuple[str, str]] = {
+    "softmax": ("softmax", "linear"),
+    "linear": ("identity", "linear"),
+    "hyla": ("rms_head", "hyper_relu"),
+    "linear_rmshead": ("rms_head", "linear"),
+    "linear_rmshead_relu": ("rms_head", "relu_linear"),
+    "hyla_no_rmshead": ("identity", "hyper_relu"),
+    "hyla_no_relu": ("rms_head", "hyper_linear"),
+    "hyla_no_relu_no_rmshead": ("identity", "hyper_linear"),
+    "hyla_softmax_instead": ("softmax", "hyper_relu"),
+    "hyla_deep": ("rms_head", "hyper_deep"),
+    "hyla_softmax": ("softmax_rms_head", "hyper_relu"),
+}
+
+FEEDFORWARDS = ("mlp", "moe")
+POSITIONS = ("relative", "rotary", "none")
+
+
+class ConfigError(ValueError):
+    """A model configuration that cannot be built; the message says what and what is expected."""
+
+
+def resolve_attention(attention: str | tuple[str, str] | list[str]) -> tuple[str, str]:
+    """Return the `(normalization, value_network)` pair that a preset name or pair stands for.
+
+    Besides the presets, any pair is accepted, as a tuple or as the string
+    `"<normalization>+<value_network>"` (e.g. `"softmax_rms_head+linear"`).
+    """
+    if isinstance(attention, str):
+        if attention in ATTENTION_PRESETS:
+            return ATTENTION_PRESETS[attention]
+        if "+" in attention:
+            attention = tuple(attention.split("+", 1))
+        else:
+            raise ConfigError(
+                f"unknown attention preset {attention!r}; valid presets: "
+                f"{', '.join(ATTENTION_PRESETS)}; or give a pair '<normalization>+<value_network>' "
+                f"with normalization in {SCORE_NORMALIZATIONS} and value network in {VALUE_NETWORKS}"
+            )
+    if not isinstance(attention, (tuple, list)) or len(attention) != 2:
+        raise ConfigError(
+            f"attention must be a preset name or a (normalization, value_network) pair, got {attention!r}"
+        )
+    normalization, value_network = attention
+    if normalization not in SCORE_NORMALIZATIONS:
+        raise ConfigError(
+            f"unknown score normalization {normalization!r}; expected one of {SCORE_NORMALIZATIONS}"
+        )
+    if value_network not in VALUE_NETWORKS:
+        raise ConfigError(f"unknown value network {value_network!r}; expected one of {VALUE_NETWORKS}")
+    return normalization, value_network
+
+
+def attention_name(attention: str | tuple[str, str]) -> str:
+    """The preset name of an attention choice if it has one, else `"<normalization>+<value_network>"`."""
+    pair = resolve_attention(attention)
+    for name, preset_pair in ATTENTION_PRESETS.items():
+        if preset_pair == pair:
+            return name
+    return "+".join(pair)
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    """The sizes the modules are built with, after width scaling."""
+
+    d_model: int
+    n_heads: int
+    d_head: int  # query/key width per head
+    d_head_v: int  # value width per head
+    d_mlp: int
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyperparameters of a hooked decoder-style transformer (see module docstring).
+
+    Exactly one of `d_in` (continuous or one-hot tokens of that width, linear embedding) and
+    `d_vocab` (integer tokens, embedding table) is given. `n_ctx` is the longest sequence the
+    model accepts; with relative positions it is also the number of buckets and the maximum
+    distance (the paper's setting). `causal=False` is the paper's setting for both tasks.
+    """
+
+    n_layers: int = 2
+    d_model: int = 128
+    n_heads: int = 8
+    kqv_dim: int = 16
+    v_dim: int | None = None  # None: same as kqv_dim
+    d_mlp: int = 256
+    attention: str | tuple[str, str] = "softmax"
+    ffn: str = "mlp"
+    n_experts: int = 5
+    top_k_experts: int = 2
+    positions: str = "relative"
+    n_ctx: int = 32
+    causal: bool = False
+    d_in: int | None = None
+    d_vocab: int | None = None
+    d_out: int | None = None  # None: d_vocab for token models
+    attn_dropout: float = 0.1
+    width_factor: int = 1
+    layer_norm_eps: float = 1e-6
+    rms_head_eps: float = 1e-6
+    rotary_base: float = 10000.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attention, list):
+            object.__setattr__(self, "attention", tuple(self.attention))
+        self.validate()
+
+    # -- derived -----------------------------------------------------------------------------
+    @property
+    def score_normalization(self) -> str:
+        return resolve_attention(self.attention)[0]
+
+    @property
+    def value_network(self) -> str:
+        return resolve_attention(self.attention)[1]
+
+    @property
+    def attention_name(self) -> str:
+        return attention_name(self.attention)
+
+    @property
+    def output_dim(self) -> int:
+        return self.d_out if self.d_out is not None else self.d_vocab  # type: ignore[return-value]
+
+    @property
+    def sizes(self) -> ModelSizes:
+        f = self.width_factor
+        n_heads = self.n_heads * f
+        v_dim = self.kqv_dim if self.v_dim is None else self.v_dim
+        return ModelSizes(
+            d_model=self.d_model * f,
+            n_heads=n_heads,
+            d_head=self.kqv_dim * f // n_heads,
+            d_head_v=v_dim * f // n_heads,
+            d_mlp=self.d_mlp * f,
+        )
+
+    # -- validation ----------------------------------------------------------------------------
+    def validate(self) -> None:
+        def positive_int(name: str) -> None:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+        for name in ("n_layers", "d_model", "n_heads", "kqv_dim", "d_mlp", "n_ctx", "width_factor"):
+            positive_int(name)
+        if self.v_dim is not None:
+            positive_int("v_dim")
+        resolve_attention(self.attention)
+        if self.ffn not in FEEDFORWARDS:
+            raise ConfigError(f"unknown ffn {self.ffn!r}; expected one of {FEEDFORWARDS}")
+        if self.ffn == "moe":
+            positive_int("n_experts")
+            positive_int("top_k_experts")
+            if self.top_k_experts > self.n_experts:
+                raise ConfigError(
+                    f"top_k_experts={self.top_k_experts} exceeds n_experts={self.n_experts}"
+                )
+        if self.positions not in POSITIONS:
+            raise ConfigError(f"unknown positions {self.positions!r}; expected one of {POSITIONS}")
+        if (self.d_in is None) == (self.d_vocab is None):
+            raise ConfigError(
+                f"give exactly one of d_in (continuous or one-hot tokens) and d_vocab (integer "
+                f"tokens), got d_in={self.d_in!r}, d_vocab={self.d_vocab!r}"
+            )
+        for name in ("d_in", "d_vocab", "d_out"):
+            if getattr(self, name) is not None:
+                positive_int(name)
+        if self.d_out is None and self.d_vocab is None:
+            raise ConfigError("d_out is required for models with continuous inputs (d_in)")
+        if not 0.0 <= self.attn_dropout < 1.0:
+            raise ConfigError(f"attn_dropout must be in [0, 1), got {self.attn_dropout!r}")
+
+        scaled_heads = self.n_heads * self.width_factor
+        v_dim = self.kqv_dim if self.v_dim is None else self.v_dim
+        for name, total in (("kqv_dim", self.kqv_dim), ("v_dim", v_dim)):
+            scaled = total * self.width_factor
+            if scaled % scaled_heads:
+                scaled_note = (
+                    f" (after width_factor={self.width_factor}: {scaled} and {scaled_heads})"
+                    if self.width_factor != 1
+                    else ""
+                )
+                raise ConfigError(
+                    f"{name}={total} is not divisible by n_heads={self.n_heads}{scaled_note}: "
+                    f"{name} is the total width over heads"
+                )
+        if self.positions == "rotary" and self.sizes.d_head % 2:
+            raise ConfigError(
+                f"rotary positions need an even head width, got d_head={self.sizes.d_head} "
+                f"(kqv_dim={self.kqv_dim} / n_heads={self.n_heads})"
+            )
+
+    # -- persistence ---------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        if isinstance(data["attention"], tuple):
+            data["attention"] = list(data["attention"])
+        return data
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown ModelConfig field(s) {unknown}; valid fields: {sorted(known)}"
+            )
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str | Path) -> ModelConfig:
+        """Build from a JSON string, or from the path of a JSON file."""
+        if isinstance(text, Path) or (isinstance(text, str) and not text.lstrip().startswith("{")):
+            text = Path(text).read_text()
+        return cls.from_dict(json.loads(text))
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)

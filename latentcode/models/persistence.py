@@ -1,0 +1,112 @@
+"""Save and load a model as a directory: `config.json` plus `model.safetensors`.
+
+    MODEL_DIR/
+      config.json          ModelConfig.to_json()
+      model.safetensors    the state dict (parameters only); metadata: format, latentcode version
+
+Saving writes into a temporary sibling directory and renames it into place, so an interrupted save
+never leaves a half-written model under the final name, and it refuses to replace an existing
+non-empty directory unless `overwrite=True`. Loading checks that every weight matches the shape
+the config implies and names what differs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from latentcode.models.config import ModelConfig
+from latentcode.models.transformer import Transformer, build_model
+
+FORMAT = "latentcode-model/1"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+class ModelFileError(ValueError):
+    """A model directory that cannot be loaded; the message says what is wrong."""
+
+
+def _package_version() -> str:
+    from latentcode import __version__
+
+    return __version__
+
+
+def save_model(model: Transformer, path: str | Path, overwrite: bool = False) -> Path:
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(f"cannot save a model to {path}: it exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise FileExistsError(
+            f"{path} already exists and is not empty; choose another path or pass overwrite=True"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        (staging / CONFIG_FILE).write_text(model.config.to_json() + "\n")
+        state = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
+        save_file(state, staging / WEIGHTS_FILE, metadata={"format": FORMAT, "latentcode_version": _package_version()})
+        if path.exists():
+            backup = path.with_name(f".{path.name}.old")
+            path.rename(backup)
+            staging.rename(path)
+            shutil.rmtree(backup)
+        else:
+            staging.rename(path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return path
+
+
+def load_config(path: str | Path) -> ModelConfig:
+    path = Path(path)
+    config_path = path / CONFIG_FILE
+    if not config_path.is_file():
+        raise ModelFileError(
+            f"{path} is not a latentcode model directory: {CONFIG_FILE} is missing "
+            f"(expected {CONFIG_FILE} and {WEIGHTS_FILE}, as written by model.save)"
+        )
+    try:
+        return ModelConfig.from_dict(json.loads(config_path.read_text()))
+    except json.JSONDecodeError as error:
+        raise ModelFileError(f"{config_path} is not valid JSON: {error}") from error
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> Transformer:
+    """Load a model saved by `model.save(path)`; the returned model is in eval mode."""
+    path = Path(path)
+    config = load_config(path)
+    weights_path = path / WEIGHTS_FILE
+    if not weights_path.is_file():
+        raise ModelFileError(f"{path} has {CONFIG_FILE} but no {WEIGHTS_FILE}")
+    try:
+        state = load_file(weights_path, device=str(device))
+    except Exception as error:  # safetensors raises several types for corrupt files
+        raise ModelFileError(f"cannot read {weights_path}: {error}") from error
+    model = build_model(config).to(device)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong_shape = [
+        f"{name}: file {list(state[name].shape)}, config {list(expected[name].shape)}"
+        for name in sorted(set(state) & set(expected))
+        if state[name].shape != expected[name].shape
+    ]
+    if missing or unexpected or wrong_shape:
+        problems = []
+        if missing:
+            problems.append(f"missing weights {missing}")
+        if unexpected:
+            problems.append(f"weights the config does not have {unexpected}")
+        if wrong_shape:
+            problems.append("shapes differ: " + "; ".join(wrong_shape))
+        raise ModelFileError(f"the weights in {weights_path} do not match {CONFIG_FILE}: " + ", ".join(problems))
+    model.load_state_dict(state)
+    return model.eval()
