@@ -1,0 +1,210 @@
+"""Is a SRAVEN instance ambiguous? An exhaustive, vectorized check over column permutations.
+
+An instance is *ambiguous* when an assignment of rules and column permutations other than the
+one that generated it fits all 8 context panels but prescribes a different 9th panel. Two
+criteria, chosen with ``criterion``:
+
+``all_features`` (default)
+    There is a column permutation (any of the ``(M!)**3``) under which, for *every* feature, some
+    rule fits that feature's 8 context cells and predicts an answer different from the true
+    one. This is the criterion of the authors' public estimator (``check_is_ambiguous`` in
+    ``hyla/data/raven.py`` of smonsays/hypernetwork-attention), which produced the paper's table.
+``any_feature``
+    The paper's wording: there is a column permutation and a choice of fitting rules, one for
+    every feature, whose predicted 9th panel differs from the true one in at least one feature.
+
+``all_features`` implies ``any_feature``, so its fraction is never larger.
+
+When a rule fits
+----------------
+A feature's cells form a 3x3 grid (rows, columns); the last cell is the answer and is not looked
+at. A rule *fits* when it holds on both full rows and the last row's two cells can be completed
+to a row that satisfies it; its *answer* is that completion:
+
+- constant: every row constant (the last row's two cells equal); answer: that value.
+- progression: one step s in {+1, +2, -1, -2} (mod K) for every within-row step of all three
+  rows (the four progression rules of ``sraven.RULES`` as one family, the step read off the
+  grid); answer: the last row's second cell + s.
+- sum: third = first + second (mod K) in both full rows; answer: the sum of the last row's cells.
+- difference: third = first - second (mod K); answer: their difference.
+- distribute_three: both full rows are orderings of one set of 3 distinct values and the last
+  row's two cells are two different members of it; answer: the missing member.
+
+Only these rule definitions matter, not how the instance was generated.
+
+How permutations are enumerated
+-------------------------------
+Both criteria only ask "for every feature" / "for some feature", so relabelling the features
+changes nothing: the triple ``(p0, p1, p2)`` of column permutations gives the same verdict as
+``(id, p1 p0^-1, p2 p0^-1)``. The check therefore fixes the first column's permutation and
+enumerates the ``(M!)**2`` others. A candidate feature is a *strand*: one position ``a`` in the
+first column's panels, ``b`` in the second's, ``c`` in the third's. The rules are fitted once
+to each of the ``M**3`` strands of an instance; a permutation pair then picks M strands
+``(f, p1[f], p2[f])`` and the criteria reduce to ``all``/``any`` over a gathered
+``[instances, permutation pairs, M]`` table, chunked over instances to bound memory.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from latentcode.tasks.base import check_integer
+
+CRITERIA = ("all_features", "any_feature")
+RULE_FAMILIES = ("constant", "progression", "sum", "difference", "distribute_three")
+
+# An exhaustive check gathers n * (M!)**2 * M table entries. On one core 10**9 of them take a few
+# seconds for M <= 5 (about 14,000 instances allowed) and about 30 s for M=6 (about 300).
+MAX_PERMUTATION_CHECKS = 10**9
+# Entries per chunk of the gathered tables: bounds the memory of one chunk to tens of MB.
+_CHUNK_ENTRIES = 2**23
+
+
+def fit_rules(grids: np.ndarray, n_values: int) -> tuple[np.ndarray, np.ndarray]:
+    """Which rule families fit each grid's 8 context cells, and what each then predicts.
+
+    Args:
+        grids: integer ``[..., 3, 3]`` (row, column) single-feature grids; ``[..., 2, 2]``, the
+            answer cell, is ignored.
+        n_values: K, the number of values.
+
+    Returns:
+        ``fits`` bool ``[..., 5]`` and ``answers`` int ``[..., 5]``, in the order of
+        ``RULE_FAMILIES``. An answer is meaningless where its rule does not fit.
+    """
+    grids = np.asarray(grids)
+    full_rows = grids[..., :2, :]  # [..., 2, 3]
+    first, second = grids[..., 2, 0], grids[..., 2, 1]  # the last row's two cells
+
+    constant = (full_rows == full_rows[..., :1]).all(axis=(-1, -2)) & (first == second)
+
+    within_row_steps = (full_rows[..., 1:] - full_rows[..., :-1]) % n_values  # [..., 2, 2]
+    step = (second - first) % n_values
+    allowed_steps = np.array(sorted({1, 2, n_values - 1, n_values - 2}))
+    progression = (within_row_steps == step[..., None, None]).all(axis=(-1, -2)) & np.isin(
+        step, allowed_steps
+    )
+
+    sum_rule = ((full_rows[..., 0] + full_rows[..., 1]) % n_values == full_rows[..., 2]).all(-1)
+    difference = ((full_rows[..., 0] - full_rows[..., 1]) % n_values == full_rows[..., 2]).all(-1)
+
+    sorted_rows = np.sort(full_rows, axis=-1)
+    value_set = sorted_rows[..., 0, :]  # [..., 3]
+    three_distinct = (value_set[..., 0] < value_set[..., 1]) & (
+        value_set[..., 1] < value_set[..., 2]
+    )
+    same_set = (sorted_rows[..., 1, :] == value_set).all(-1)
+    members = (first[..., None] == value_set).any(-1) & (second[..., None] == value_set).any(-1)
+    distribute_three = three_distinct & same_set & members & (first != second)
+
+    fits = np.stack([constant, progression, sum_rule, difference, distribute_three], axis=-1)
+    answers = np.stack(
+        [
+            first,
+            (second + step) % n_values,
+            (first + second) % n_values,
+            (first - second) % n_values,
+            value_set.sum(-1) - first - second,
+        ],
+        axis=-1,
+    )
+    return fits, answers
+
+
+def strand_grids(panels: np.ndarray) -> np.ndarray:
+    """Every candidate feature of each instance: ``[n, M, M, M, 3, 3]``.
+
+    ``strands[i, a, b, c, row]`` is ``(panels[i, row, 0, a], panels[i, row, 1, b],
+    panels[i, row, 2, c])``: position a of the first column's panels, b of the second's, c of the
+    third's.
+    """
+    n, _, _, n_features = panels.shape
+    shape = (n, n_features, n_features, n_features, 3)
+    by_position = np.moveaxis(panels, -1, 1)  # [n, M, row, column]
+    column_0 = by_position[:, :, None, None, :, 0]
+    column_1 = by_position[:, None, :, None, :, 1]
+    column_2 = by_position[:, None, None, :, :, 2]
+    return np.stack(
+        [np.broadcast_to(column, shape) for column in (column_0, column_1, column_2)], axis=-1
+    )
+
+
+def _permutation_pair_strands(n_features: int) -> np.ndarray:
+    """``[(M!)**2, M]`` flat strand indices ``f*M*M + p1[f]*M + p2[f]`` for every pair (p1, p2)."""
+    permutations = np.array(list(itertools.permutations(range(n_features))), dtype=np.int64)
+    features = np.arange(n_features)
+    second = permutations[:, None, :]
+    third = permutations[None, :, :]
+    flat = features * n_features**2 + second * n_features + third  # [M!, M!, M]
+    return flat.reshape(-1, n_features)
+
+
+def check_ambiguity_feasible(n_instances: int, n_features: int) -> None:
+    """Raise a ValueError when an exhaustive check of ``n_instances`` would be infeasible."""
+    pairs = math.factorial(n_features) ** 2
+    checks = n_instances * pairs * n_features
+    if checks > MAX_PERMUTATION_CHECKS:
+        raise ValueError(
+            f"an exhaustive ambiguity check of {n_instances} instances with "
+            f"n_features={n_features} "
+            f"enumerates {n_instances} x ({n_features}!)^2 = {n_instances * pairs:,} column "
+            f"permutation pairs x {n_features} features = {checks:,} checks, more than the limit "
+            f"of {MAX_PERMUTATION_CHECKS:,} (the first column's permutation is fixed without loss "
+            "of generality); check fewer instances or use fewer features"
+        )
+
+
+def is_ambiguous(panels: np.ndarray, n_values: int, criterion: str = "all_features") -> np.ndarray:
+    """Exhaustively check each instance for a different answer (see the module docstring).
+
+    Args:
+        panels: integer ``[n, 3, 3, M]`` grids of panels (row, column, position in the panel),
+            as presented or unpermuted: the verdict does not depend on column permutations.
+        n_values: K; every value must lie in ``0..K-1``.
+        criterion: ``"all_features"`` (the authors' estimator) or ``"any_feature"`` (the
+            paper's wording).
+
+    Returns:
+        bool ``[n]``.
+    """
+    if criterion not in CRITERIA:
+        raise ValueError(f"unknown criterion {criterion!r}; valid criteria: {list(CRITERIA)}")
+    n_values = check_integer("n_values", n_values, minimum=3)
+    panels = np.asarray(panels)
+    if (
+        panels.ndim != 4
+        or panels.shape[1:3] != (3, 3)
+        or not np.issubdtype(panels.dtype, np.integer)
+    ):
+        raise ValueError(
+            f"panels must be an integer array [n, 3, 3, M]; got dtype {panels.dtype} and "
+            f"shape {panels.shape}"
+        )
+    if panels.size and (panels.min() < 0 or panels.max() >= n_values):
+        raise ValueError(
+            f"panel values range over [{panels.min()}, {panels.max()}], outside 0..{n_values - 1} "
+            f"for n_values={n_values}"
+        )
+    n, n_features = len(panels), panels.shape[-1]
+    check_ambiguity_feasible(n, n_features)
+    pair_strands = _permutation_pair_strands(n_features)  # [P, M]
+    entries_per_instance = max(pair_strands.size, n_features**3 * 9 * 5)
+    chunk = max(1, _CHUNK_ENTRIES // entries_per_instance)
+
+    verdict = np.empty(n, dtype=bool)
+    for start in range(0, n, chunk):
+        strands = strand_grids(panels[start : start + chunk].astype(np.int64))
+        fits, answers = fit_rules(strands, n_values)
+        true_answer = strands[..., 2, 2]
+        differs = (fits & (answers != true_answer[..., None])).any(-1)
+        differs = differs.reshape(len(strands), -1)[:, pair_strands]  # [c, P, M]
+        if criterion == "all_features":
+            ambiguous = differs.all(-1).any(-1)
+        else:
+            fitted = fits.any(-1).reshape(len(strands), -1)[:, pair_strands]
+            ambiguous = (fitted.all(-1) & differs.any(-1)).any(-1)
+        verdict[start : start + chunk] = ambiguous
+    return verdict

@@ -1,0 +1,354 @@
+"""What every in-context learning task shares: the batch, the task interface and the registry.
+
+Batches
+-------
+``Task.sample`` returns a :class:`Batch`: the model input ``x`` ``[n, seq_len, d_in]``, the
+targets ``y`` ``[n, n_predictions]`` and ``labels``, a dict of named per-example arrays that
+describe what generated each instance. Labels travel with the data so that later stages
+(extraction, probes, plots) never recompute them.
+
+Seed scheme
+-----------
+A task has its own integer ``seed`` (default 0). What defines the task -- which combinations
+fall in which split, and the fixed context / fixed query of the fuzzy-logic variants -- is drawn
+from ``np.random.default_rng([task_seed, stream])`` with a constant ``stream`` per purpose
+(``SPLIT_STREAM``, ``FIXED_INPUT_STREAM``) and depends on nothing else, in particular not on the
+training seed.
+
+``Task.sample(n, split, seed, variant)`` is a pure function of the task's config and its
+arguments. Its generator is::
+
+    np.random.default_rng([task_seed, SAMPLE_STREAM, split_index, len(seed), *seed])
+
+where ``seed`` is a non-negative int or a tuple of them, so a training loop can pass
+``seed=(training_seed, step, process_index)`` and get independent, reproducible streams with
+nothing stored. ``len(seed)`` is part of the entropy so that seeds differing only by trailing
+zeros never coincide (``SeedSequence`` zero-pads short entropy: ``[1, 2]`` and ``[1, 2, 0]``
+give one stream). The variant is deliberately *not* part of the entropy: the
+variants of one ``(split, seed)`` are views of the same instances (same task combinations, same
+random draws) that differ only in what the variant changes, e.g. the SRAVEN ``unpermuted``
+variant shows exactly the instances of the ``permuted`` one without their column permutations.
+
+``Task.eval_set(split, n)`` is ``Task.sample(n, split, seed=eval_seed(split))`` with
+``eval_seed(split) = zlib.crc32(b"eval/" + split.encode())``: a fixed set of instances per
+``(task config, split, n, variant)``, so every model is scored on the same examples. Sets of
+different ``n`` are different sets, not prefixes of each other.
+
+Split sizes
+-----------
+A fraction ``f`` of ``count`` items is ``round_half_up(f * count)`` items, i.e.
+``floor(f * count + 0.5)``. Held-out combinations are chosen so that every item (a fuzzy-logic
+term, a SRAVEN rule) still occurs in some training combination; see
+:func:`hold_out_combinations`.
+"""
+
+from __future__ import annotations
+
+import abc
+import inspect
+import itertools
+import math
+import numbers
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+SPLIT_STREAM = 0
+FIXED_INPUT_STREAM = 1
+SAMPLE_STREAM = 2
+
+# Enumerating every combination of a task is what makes the splits exact; past this many the
+# arrays get too large to keep around, so such configurations are refused.
+MAX_ENUMERATED_COMBINATIONS = 5_000_000
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A batch of task instances.
+
+    Attributes:
+        x: float32 ``[n, seq_len, d_in]``, the model input.
+        y: ``[n, n_predictions]`` targets: float32 values (regression) or int64 class indices
+            (classification), one per prediction position (the last ``n_predictions`` tokens).
+        labels: named arrays describing each instance, each with first dimension ``n``.
+        split: the split the instances were drawn from.
+        variant: the input variant they were drawn with.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    labels: dict[str, np.ndarray]
+    split: str
+    variant: str
+
+    def __post_init__(self) -> None:
+        n = len(self.x)
+        if len(self.y) != n:
+            raise ValueError(f"y has {len(self.y)} rows but x has {n}")
+        for name, values in self.labels.items():
+            if len(values) != n:
+                raise ValueError(f"label {name!r} has {len(values)} rows but x has {n}")
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+
+def eval_seed(split: str) -> int:
+    """The constant sample seed of a split's fixed evaluation set (see the module docstring)."""
+    return zlib.crc32(b"eval/" + split.encode())
+
+
+class Task(abc.ABC):
+    """An in-context learning task: named splits of task combinations and a seeded generator.
+
+    Subclasses set the class attributes below, set the instance attributes (and one attribute
+    per ``__init__`` parameter, which ``config`` reads) in ``__init__``, and implement
+    ``_generate`` and ``evaluate``.
+    """
+
+    name: ClassVar[str]
+    splits: ClassVar[tuple[str, ...]]
+    variants: ClassVar[tuple[str, ...]]  # the first one is the default
+    label_names: ClassVar[tuple[str, ...]]
+    objective: ClassVar[str]  # "regression" or "classification"
+
+    seq_len: int  # tokens per instance
+    d_in: int  # width of one input token
+    d_out: int  # model output width per prediction position
+    n_predictions: int  # how many final positions carry predictions
+    seed: int  # the task's own seed: fixes the splits and any fixed inputs
+    # Every task combination in canonical (lexicographic) order, [n_all, k]; a label's
+    # ``task_index`` indexes its rows.
+    all_combinations: np.ndarray
+    # split name -> sorted indices into ``all_combinations`` that the split draws from
+    _split_pools: dict[str, np.ndarray]
+
+    # --- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def parameter_names(cls) -> tuple[str, ...]:
+        """The keyword parameters of the task (what ``get_task`` and ``config`` use)."""
+        parameters = inspect.signature(cls.__init__).parameters
+        return tuple(name for name in parameters if name != "self")
+
+    def config(self) -> dict:
+        """JSON-serialisable parameters; ``get_task(**task.config())`` rebuilds this task."""
+        return {"name": self.name, **{name: getattr(self, name) for name in self.parameter_names()}}
+
+    def __repr__(self) -> str:
+        arguments = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.parameter_names())
+        return f"{type(self).__name__}({arguments})"
+
+    # --- sampling -----------------------------------------------------------------------------
+
+    def sample(
+        self,
+        n: int,
+        split: str = "train",
+        seed: int | Sequence[int] = 0,
+        variant: str | None = None,
+    ) -> Batch:
+        """Draw ``n`` fresh instances of ``split``; a pure function of its arguments and the task.
+
+        ``seed`` is a non-negative int or a sequence of them, e.g.
+        ``(training_seed, step, process_index)``; see the module docstring for the scheme.
+        ``variant`` defaults to ``variants[0]``.
+        """
+        n = check_integer("n", n, minimum=1)
+        split_index = self._split_index(split)
+        variant = self._check_variant(variant)
+        sample_seed = normalize_seed(seed)
+        rng = np.random.default_rng(
+            [self.seed, SAMPLE_STREAM, split_index, len(sample_seed), *sample_seed]
+        )
+        return self._generate(n, split, variant, rng)
+
+    def eval_set(self, split: str, n: int, variant: str | None = None) -> Batch:
+        """The fixed evaluation set: ``sample(n, split, eval_seed(split), variant)``."""
+        return self.sample(n, split, seed=eval_seed(split), variant=variant)
+
+    def combinations(self, split: str) -> np.ndarray:
+        """The task combinations ``split`` draws from, ``[n_combinations, k]``, rows sorted."""
+        self._split_index(split)
+        return self.all_combinations[self._split_pools[split]]
+
+    def _draw_task_indices(self, rng: np.random.Generator, n: int, split: str) -> np.ndarray:
+        """``[n]`` int64 indices into ``all_combinations``, uniform over the split's pool."""
+        pool = self._split_pools[split]
+        return pool[rng.integers(len(pool), size=n)]
+
+    @abc.abstractmethod
+    def _generate(self, n: int, split: str, variant: str, rng: np.random.Generator) -> Batch:
+        """Generate ``n`` instances of an already validated split and variant."""
+
+    @abc.abstractmethod
+    def evaluate(self, prediction: np.ndarray, batch: Batch) -> dict[str, float]:
+        """Score raw model outputs ``[n, n_predictions, d_out]`` at the prediction positions."""
+
+    # --- validation ---------------------------------------------------------------------------
+
+    def _split_index(self, split: str) -> int:
+        if split not in self.splits:
+            raise ValueError(
+                f"unknown split {split!r} for task {self.name!r}; valid splits: {list(self.splits)}"
+            )
+        return self.splits.index(split)
+
+    def _check_variant(self, variant: str | None) -> str:
+        if variant is None:
+            return self.variants[0]
+        if variant not in self.variants:
+            raise ValueError(
+                f"unknown variant {variant!r} for task {self.name!r}; "
+                f"valid variants: {list(self.variants)}"
+            )
+        return variant
+
+    def _check_prediction(self, prediction: np.ndarray, batch: Batch) -> np.ndarray:
+        prediction = np.asarray(prediction)
+        expected = (len(batch), self.n_predictions, self.d_out)
+        if prediction.shape != expected:
+            raise ValueError(
+                f"prediction has shape {prediction.shape}; expected {expected} "
+                "[n, n_predictions, d_out] for this batch"
+            )
+        return prediction
+
+
+# --- registry ---------------------------------------------------------------------------------
+
+_TASK_CLASSES: dict[str, type[Task]] = {}
+
+
+def register_task(cls: type[Task]) -> type[Task]:
+    """Class decorator: make ``cls`` available to :func:`get_task` under ``cls.name``."""
+    _TASK_CLASSES[cls.name] = cls
+    return cls
+
+
+def task_names() -> tuple[str, ...]:
+    """The names :func:`get_task` accepts."""
+    return tuple(sorted(_TASK_CLASSES))
+
+
+def get_task(name: str, **params) -> Task:
+    """Build the task called ``name`` with keyword ``params`` (see each task's ``__init__``)."""
+    if name not in _TASK_CLASSES:
+        raise ValueError(f"unknown task {name!r}; valid names: {list(task_names())}")
+    task_class = _TASK_CLASSES[name]
+    valid = task_class.parameter_names()
+    unknown = sorted(set(params) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"unknown parameter(s) {unknown} for task {name!r}; valid parameters: {list(valid)}"
+        )
+    return task_class(**params)
+
+
+# --- shared helpers ---------------------------------------------------------------------------
+
+
+def check_integer(name: str, value, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` as an int, or a ValueError naming ``name``, the value and the allowed range."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name}={value!r} must be an integer")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name}={value} must be at least {minimum}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name}={value} must be at most {maximum}")
+    return value
+
+
+def check_fraction(name: str, value) -> float:
+    """``value`` as a float strictly between 0 and 1, or a ValueError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name}={value!r} must be a number strictly between 0 and 1")
+    value = float(value)
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"{name}={value} must be strictly between 0 and 1")
+    return value
+
+
+def normalize_seed(seed: int | Sequence[int]) -> tuple[int, ...]:
+    """A sample seed as a tuple of non-negative ints (an int becomes a 1-tuple)."""
+    parts = (seed,) if isinstance(seed, numbers.Integral) else tuple(seed)
+    if not parts or any(
+        isinstance(part, bool) or not isinstance(part, numbers.Integral) or part < 0
+        for part in parts
+    ):
+        raise ValueError(
+            f"seed={seed!r} must be a non-negative integer or a non-empty sequence of them"
+        )
+    return tuple(int(part) for part in parts)
+
+
+def fraction_of(fraction: float, count: int) -> int:
+    """``round_half_up(fraction * count)``: how many of ``count`` items a fraction selects."""
+    return math.floor(fraction * count + 0.5)
+
+
+def enumerate_combinations(
+    n_items: int, k: int, *, with_replacement: bool, what: str
+) -> np.ndarray:
+    """All k-combinations of ``range(n_items)`` in lexicographic order, ``[count, k]`` int64.
+
+    Each row is sorted; the order is that of ``itertools.combinations`` (or
+    ``combinations_with_replacement``). ``what`` names the combinations in the error raised
+    when there are more than ``MAX_ENUMERATED_COMBINATIONS``.
+    """
+    count = math.comb(n_items + k - 1, k) if with_replacement else math.comb(n_items, k)
+    if count > MAX_ENUMERATED_COMBINATIONS:
+        raise ValueError(
+            f"there are {count:,} {what}, more than the {MAX_ENUMERATED_COMBINATIONS:,} "
+            "this generator enumerates; choose fewer items or a smaller combination size"
+        )
+    combine = (
+        itertools.combinations_with_replacement if with_replacement else itertools.combinations
+    )
+    flat = np.fromiter(
+        itertools.chain.from_iterable(combine(range(n_items), k)), dtype=np.int64, count=count * k
+    )
+    return flat.reshape(count, k)
+
+
+def hold_out_combinations(
+    combinations: np.ndarray, n_held_out: int, rng: np.random.Generator, *, what: str, parts: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Split the rows of ``combinations`` ``[count, k]`` into kept and held-out row indices.
+
+    Every item that occurs in ``combinations`` also occurs in some kept row, so held-out
+    combinations are new compositions of known parts. The rows are visited in a random order
+    drawn from ``rng``: a row is reserved for the kept set when it contains an item no earlier
+    reserved row contains (a greedy cover); the first ``n_held_out`` unreserved rows in that
+    order are held out and the rest are kept. Returns sorted ``(kept, held_out)`` indices.
+    Raises a ValueError, naming the setting ``what`` and the items ``parts`` (e.g. "rules"),
+    when too few rows are left for the cover.
+    """
+    count = len(combinations)
+    order = rng.permutation(count)
+    items_to_cover = set(np.unique(combinations).tolist())
+    covered: set[int] = set()
+    reserved = []
+    for row in order:
+        if covered == items_to_cover:
+            break
+        items = set(combinations[row].tolist())
+        if not items <= covered:
+            reserved.append(row)
+            covered |= items
+    if count - n_held_out < len(reserved):
+        raise ValueError(
+            f"{what}: holding out {n_held_out} of {count} combinations leaves {count - n_held_out} "
+            f"for training, but {len(reserved)} are needed for every one of the "
+            f"{len(items_to_cover)} {parts} to occur in training; hold out a smaller fraction"
+        )
+    is_reserved = np.zeros(count, dtype=bool)
+    is_reserved[reserved] = True
+    unreserved_in_order = order[~is_reserved[order]]
+    held_out = np.sort(unreserved_in_order[:n_held_out])
+    kept = np.setdiff1d(np.arange(count), held_out)
+    return kept, held_out

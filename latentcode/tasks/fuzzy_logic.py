@@ -1,0 +1,254 @@
+"""Fuzzy logic: in-context regression of a disjunction of K conjunctive terms of L variables.
+
+Terms and tasks
+---------------
+A *term* is a conjunction of all L variables, each possibly negated. The ``2**L`` terms are
+indexed by their negation bit pattern: in term ``t`` the bit of variable ``l`` is
+``(t >> (L - 1 - l)) & 1``, and 1 means the variable is negated (so term 0 is
+``x_0 AND ... AND x_{L-1}``, term ``2**L - 1`` is ``NOT x_0 AND ... AND NOT x_{L-1}``). A *task*
+is an unordered set of K distinct terms; its function is the disjunction of its terms with Zadeh
+operators: ``AND = min``, ``OR = max``, ``NOT x = 1 - x``. On inputs in {0, 1} this is the Boolean
+function.
+
+Splits
+------
+Drawn from ``np.random.default_rng([seed, SPLIT_STREAM])`` (the task's own seed only):
+
+1. ``round_half_up(frac_unseen_terms * 2**L)`` terms, chosen at random, are *unseen*;
+   the combinations made only of unseen terms form the ``unseen_terms`` split.
+2. Of the K-combinations of the remaining (seen) terms, ``round_half_up(frac_test * count)``
+   are held out as the ``ood`` split (unseen combinations of seen terms), chosen so that every
+   seen term still occurs in a training combination (``base.hold_out_combinations``).
+3. The rest form ``train``; the ``test`` split draws fresh instances from the same combinations.
+
+Combinations that mix seen and unseen terms belong to no split. ``task_index`` labels index the
+canonical list of all ``C(2**L, K)`` K-combinations (``itertools.combinations`` order), which is
+``FuzzyLogic.all_combinations``.
+
+Sequences
+---------
+An instance is N tokens ``[x_1 .. x_L, f(x)]`` with inputs uniform in [0, 1); the last token is
+the query, its target is set to 0 in the input and is what the model predicts from the last
+position (``y``, MSE). The ``variants`` choose the inputs:
+
+- ``uniform``: all N inputs drawn fresh;
+- ``fixed_context``: the first N-1 inputs are the same for every instance (``fixed_context``),
+  the query is drawn fresh;
+- ``fixed_query``: the context is drawn fresh, the query is the same for every instance
+  (``fixed_query``).
+
+The fixed inputs come from ``np.random.default_rng([seed, FIXED_INPUT_STREAM])``. The variants of
+one ``sample(n, split, seed)`` share their tasks and their fresh draws (see ``base``).
+
+The paper's settings: L=4, K=2, N in {16, 32, 64, 96}, frac_test in {0.3, 0.5, 0.7},
+frac_unseen_terms=0.25.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from latentcode.tasks.base import (
+    FIXED_INPUT_STREAM,
+    SPLIT_STREAM,
+    Batch,
+    Task,
+    check_fraction,
+    check_integer,
+    enumerate_combinations,
+    fraction_of,
+    hold_out_combinations,
+    register_task,
+)
+
+# The term_present label has 2**L columns; past this it stops being a sensible probe target.
+MAX_VARIABLES = 12
+
+
+def negation_bits_of_terms(terms: np.ndarray, n_variables: int) -> np.ndarray:
+    """Negation bits ``[..., L]`` int8 of term indices ``[...]``: bit l = (t >> (L-1-l)) & 1."""
+    shifts = np.arange(n_variables - 1, -1, -1)
+    return ((np.asarray(terms)[..., None] >> shifts) & 1).astype(np.int8)
+
+
+def evaluate_disjunction(inputs: np.ndarray, negation_bits: np.ndarray) -> np.ndarray:
+    """Zadeh value of an OR of AND-terms: ``max_k min_l literal(k, l)``.
+
+    Args:
+        inputs: ``[..., N, L]`` values in [0, 1].
+        negation_bits: ``[..., K, L]`` in {0, 1}, 1 meaning the variable is negated in the term.
+
+    Returns:
+        ``[..., N]``, in the dtype of ``inputs``.
+    """
+    inputs = np.asarray(inputs)
+    negated = np.asarray(negation_bits).astype(inputs.dtype)
+    # Variables and terms go first, in memory too: numpy reduces over a leading axis much
+    # faster than over a short trailing one.
+    variable_first = np.ascontiguousarray(np.moveaxis(inputs, -1, 0))[:, None]  # [L, 1, ..., N]
+    term_first = np.moveaxis(negated, (-1, -2), (0, 1))[..., None]  # [L, K, ..., 1]
+    # |u - 0| = u and |u - 1| = 1 - u: the literal is the input or its negation.
+    literals = np.abs(variable_first - term_first)  # [L, K, ..., N]
+    return literals.min(axis=0).max(axis=0)
+
+
+@register_task
+class FuzzyLogic(Task):
+    """The fuzzy-logic task (see the module docstring).
+
+    Labels, each with first dimension n:
+        terms: int64 ``[n, K]``, the task's term indices, sorted.
+        term_present: int8 ``[n, 2**L]``, multi-hot of ``terms`` (the term-decoding target).
+        negation_bits: int8 ``[n, K, L]``, the negation bits of ``terms``.
+        target: float32 ``[n]``, the query's true target (= ``y[:, 0]``).
+        task_index: int64 ``[n]``, row of the task in ``all_combinations``.
+    """
+
+    name = "fuzzy_logic"
+    splits = ("train", "test", "ood", "unseen_terms")
+    variants = ("uniform", "fixed_context", "fixed_query")
+    label_names = ("terms", "term_present", "negation_bits", "target", "task_index")
+    objective = "regression"
+
+    def __init__(
+        self,
+        *,
+        n_variables: int = 4,
+        n_terms: int = 2,
+        seq_len: int = 32,
+        frac_test: float = 0.3,
+        frac_unseen_terms: float = 0.25,
+        seed: int = 0,
+    ) -> None:
+        self.n_variables = check_integer(
+            "n_variables", n_variables, minimum=1, maximum=MAX_VARIABLES
+        )
+        self.n_all_terms = 2**self.n_variables
+        self.n_terms = check_integer("n_terms", n_terms, minimum=1, maximum=self.n_all_terms)
+        # R^2 needs the variance of a sequence's targets, so at least one context example.
+        self.seq_len = check_integer("seq_len", seq_len, minimum=2)
+        self.frac_test = check_fraction("frac_test", frac_test)
+        self.frac_unseen_terms = check_fraction("frac_unseen_terms", frac_unseen_terms)
+        self.seed = check_integer("seed", seed, minimum=0)
+        self.d_in = self.n_variables + 1
+        self.d_out = 1
+        self.n_predictions = 1
+
+        self._make_splits()
+        fixed_inputs = np.random.default_rng([self.seed, FIXED_INPUT_STREAM]).random(
+            (self.seq_len, self.n_variables), dtype=np.float32
+        )
+        self._fixed_context = fixed_inputs[:-1]
+        self._fixed_query = fixed_inputs[-1]
+        self._fixed_context.flags.writeable = False
+        self._fixed_query.flags.writeable = False
+
+    def _make_splits(self) -> None:
+        K = self.n_terms
+        rng = np.random.default_rng([self.seed, SPLIT_STREAM])
+
+        n_unseen = fraction_of(self.frac_unseen_terms, self.n_all_terms)
+        if n_unseen < K:
+            raise ValueError(
+                f"frac_unseen_terms={self.frac_unseen_terms} holds out {n_unseen} of the "
+                f"{self.n_all_terms} terms, fewer than the n_terms={K} a task needs: the "
+                "unseen_terms split would be empty; use a larger fraction"
+            )
+        n_seen = self.n_all_terms - n_unseen
+        if n_seen < K + 1:
+            raise ValueError(
+                f"frac_unseen_terms={self.frac_unseen_terms} leaves {n_seen} seen terms, too few "
+                f"to form both training and ood combinations of n_terms={K}; use a smaller fraction"
+            )
+        is_unseen_term = np.zeros(self.n_all_terms, dtype=bool)
+        is_unseen_term[rng.permutation(self.n_all_terms)[:n_unseen]] = True
+        self.unseen_terms = np.flatnonzero(is_unseen_term)
+
+        self.all_combinations = enumerate_combinations(
+            self.n_all_terms,
+            K,
+            with_replacement=False,
+            what=f"{K}-combinations of {self.n_all_terms} terms",
+        )
+        self.all_combinations.flags.writeable = False
+        only_unseen = is_unseen_term[self.all_combinations].all(axis=1)
+        only_seen = (~is_unseen_term[self.all_combinations]).all(axis=1)
+        seen_pool = np.flatnonzero(only_seen)
+
+        n_ood = fraction_of(self.frac_test, len(seen_pool))
+        if n_ood < 1:
+            raise ValueError(
+                f"frac_test={self.frac_test} holds out 0 of the {len(seen_pool)} combinations of "
+                "seen terms: the ood split would be empty; use a larger fraction"
+            )
+        kept, held_out = hold_out_combinations(
+            self.all_combinations[seen_pool],
+            n_ood,
+            rng,
+            what=f"frac_test={self.frac_test}",
+            parts="seen terms",
+        )
+        self._split_pools = {
+            "train": seen_pool[kept],
+            "test": seen_pool[kept],
+            "ood": seen_pool[held_out],
+            "unseen_terms": np.flatnonzero(only_unseen),
+        }
+        terms_in_training = np.unique(self.combinations("train"))
+        terms_in_ood = np.unique(self.combinations("ood"))
+        if not np.isin(terms_in_ood, terms_in_training).all():
+            raise AssertionError("an ood combination contains a term that training never shows")
+
+    @property
+    def fixed_context(self) -> np.ndarray:
+        """float32 ``[N-1, L]``: the context inputs of the ``fixed_context`` variant."""
+        return self._fixed_context
+
+    @property
+    def fixed_query(self) -> np.ndarray:
+        """float32 ``[L]``: the query input of the ``fixed_query`` variant."""
+        return self._fixed_query
+
+    def _generate(self, n: int, split: str, variant: str, rng: np.random.Generator) -> Batch:
+        task_index = self._draw_task_indices(rng, n, split)
+        terms = self.all_combinations[task_index]  # [n, K]
+        inputs = rng.random((n, self.seq_len, self.n_variables), dtype=np.float32)
+        if variant == "fixed_context":
+            inputs[:, :-1] = self._fixed_context
+        elif variant == "fixed_query":
+            inputs[:, -1] = self._fixed_query
+
+        negation_bits = negation_bits_of_terms(terms, self.n_variables)  # [n, K, L]
+        targets = evaluate_disjunction(inputs, negation_bits)  # [n, N]
+        x = np.concatenate([inputs, targets[..., None]], axis=-1)
+        x[:, -1, -1] = 0.0  # the query's target is what the model predicts
+        term_present = np.zeros((n, self.n_all_terms), dtype=np.int8)
+        np.put_along_axis(term_present, terms, 1, axis=1)
+        labels = {
+            "terms": terms,
+            "term_present": term_present,
+            "negation_bits": negation_bits,
+            "target": targets[:, -1].copy(),
+            "task_index": task_index,
+        }
+        return Batch(x=x, y=targets[:, -1:].copy(), labels=labels, split=split, variant=variant)
+
+    def evaluate(self, prediction: np.ndarray, batch: Batch) -> dict[str, float]:
+        """MSE and mean per-sequence R^2 of the predicted query targets.
+
+        ``prediction``: ``[n, 1, 1]`` predicted values. R^2 of a sequence is
+        ``1 - (prediction - target)^2 / var(targets)``, the variance (ddof=0) taken over the
+        sequence's N targets (N-1 context targets and the query's); sequences with zero variance
+        (possible only on a measure-zero set of inputs) are left out of the mean.
+        """
+        predicted = self._check_prediction(prediction, batch)[:, 0, 0].astype(np.float64)
+        query_target = batch.y[:, 0].astype(np.float64)
+        sequence_targets = np.concatenate([batch.x[:, :-1, -1], batch.y], axis=1).astype(np.float64)
+        squared_error = (predicted - query_target) ** 2
+        variance = sequence_targets.var(axis=1)
+        informative = variance > 0
+        r2 = 1.0 - squared_error[informative] / variance[informative]
+        return {
+            "mse": float(squared_error.mean()),
+            "r2": float(r2.mean()) if informative.any() else float("nan"),
+        }

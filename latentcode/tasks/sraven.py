@@ -1,0 +1,370 @@
+"""SRAVEN, the symbolic Raven's Progressive Matrices: infer M rules from 8 panels, fill in the 9th.
+
+Panels, rules and tasks
+-----------------------
+A panel is a vector of M features, each an integer in ``0..K-1``. A 3x3 grid of panels is made
+feature by feature: each feature follows one of the 8 rules of ``RULES`` (indices in that
+order), which generates its three rows of three values, each row sampled independently:
+
+- ``constant``: one value repeated;
+- ``progression+1``, ``progression+2``, ``progression-1``, ``progression-2``: a uniform start,
+  then that step (mod K);
+- ``sum``: a, b uniform, third = (a + b) mod K;  ``difference``: third = (a - b) mod K;
+- ``distribute_three``: three distinct values, shared by the grid's rows; each row is an
+  independent random ordering of them.
+
+A *task* is the multiset of the M rules (``combinations_with_replacement(range(8), M)`` order is
+the canonical list ``SRaven.all_combinations``; 330 multisets for M=4). An instance assigns the
+multiset's rules to the features in a uniformly random order, so a multiset and all its
+orderings are one task and land in one split; the ``rules`` label gives the rules in feature
+order.
+
+Splits
+------
+Drawn from ``np.random.default_rng([seed, SPLIT_STREAM])`` (the task's own seed only):
+``round_half_up(frac_ood * count)`` multisets are held out as ``ood``, chosen so that every rule
+still occurs in a training multiset (``base.hold_out_combinations``; a split where that is
+impossible is refused). ``train`` and ``test`` draw fresh instances from the other multisets.
+
+Column permutations (finding correspondences)
+---------------------------------------------
+For each column c a uniformly random permutation ``p_c`` of the M positions is applied to the
+panels of that column in every row, as a gather: position j of a presented panel in column c
+shows feature ``p_c[j]``::
+
+    presented[row, c, j] = panel[row, c, p_c[j]]        (presented = panel[..., p_c])
+
+so the query position j holds feature ``p_2[j]``: ``y[:, j] = targets[:, p_2[j]]`` and
+``query_rule[:, j] = rules[:, p_2[j]]``. The ``unpermuted`` variant uses identity permutations
+and shows the very instances of the ``permuted`` variant of the same ``(split, seed)``.
+
+Tokens
+------
+The 8 context panels row by row, each as M consecutive tokens (one per position, one-hot of width
+K), then M all-zero query tokens: ``x`` is float32 ``[n, 9M, K]``. ``y`` int64 ``[n, M]`` is the
+9th panel as presented, predicted at the last M positions (cross-entropy). An instance is correct
+when all M are right.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from latentcode.tasks.ambiguity import CRITERIA, check_ambiguity_feasible, is_ambiguous
+from latentcode.tasks.base import (
+    SPLIT_STREAM,
+    Batch,
+    Task,
+    check_fraction,
+    check_integer,
+    enumerate_combinations,
+    fraction_of,
+    hold_out_combinations,
+    register_task,
+)
+
+__all__ = [
+    "RULES",
+    "SRaven",
+    "count_instances",
+    "count_tasks",
+    "estimate_ambiguity",
+    "is_ambiguous",
+    "permute_columns",
+    "sample_feature_grids",
+]
+
+RULES = (
+    "constant",
+    "progression+1",
+    "progression+2",
+    "progression-1",
+    "progression-2",
+    "sum",
+    "difference",
+    "distribute_three",
+)
+GRID_SIZE = 3
+_SUM = RULES.index("sum")
+_DIFFERENCE = RULES.index("difference")
+_DISTRIBUTE_THREE = RULES.index("distribute_three")
+# The constant rule is a progression with step 0; sum, difference and distribute_three take no step.
+_STEP = np.array([0, 1, 2, -1, -2, 0, 0, 0], dtype=np.int64)
+_ORDERINGS_OF_THREE = np.array(
+    [[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]], dtype=np.int64
+)
+_AMBIGUITY_STREAM = 3
+
+
+def check_n_values(n_values) -> int:
+    """K as an int, refusing K < 3 (distribute_three needs three distinct values)."""
+    n_values = check_integer("n_values", n_values)
+    if n_values < 3:
+        raise ValueError(
+            f"n_values={n_values} is too small: distribute_three needs at least 3 distinct values"
+        )
+    return n_values
+
+
+def _distinct_triples(rng: np.random.Generator, n: int, n_values: int) -> np.ndarray:
+    """``[n, 3]`` uniformly random ordered triples of distinct values in ``0..K-1``."""
+    first = rng.integers(n_values, size=n)
+    second = rng.integers(n_values - 1, size=n)
+    third = rng.integers(n_values - 2, size=n)
+    second += second >= first  # skip the first value
+    low, high = np.minimum(first, second), np.maximum(first, second)
+    third += third >= low  # skip both, the lower one first
+    third += third >= high
+    return np.stack([first, second, third], axis=-1)
+
+
+def sample_feature_grids(rules: np.ndarray, n_values: int, rng: np.random.Generator) -> np.ndarray:
+    """Values of each feature's 3x3 grid under its rule.
+
+    Args:
+        rules: int ``[n, M]`` rule indices into ``RULES``.
+        n_values: K.
+        rng: the generator to draw from.
+
+    Returns:
+        int64 ``[n, M, 3, 3]`` (instance, feature, row, column).
+    """
+    rules = np.asarray(rules)
+    row_start = rng.integers(n_values, size=(*rules.shape, GRID_SIZE))  # [n, M, row]
+    row_second = rng.integers(n_values, size=(*rules.shape, GRID_SIZE))  # used by sum, difference
+    step = _STEP[rules][..., None]
+    is_arithmetic = ((rules == _SUM) | (rules == _DIFFERENCE))[..., None]
+    sign = np.where(rules == _DIFFERENCE, -1, 1)[..., None]
+    middle = np.where(is_arithmetic, row_second, row_start + step)
+    last = np.where(is_arithmetic, row_start + sign * row_second, row_start + 2 * step)
+    grids = np.stack([row_start, middle, last], axis=-1) % n_values
+
+    distribute = rules == _DISTRIBUTE_THREE
+    n_distribute = int(distribute.sum())
+    if n_distribute:
+        values = _distinct_triples(rng, n_distribute, n_values)  # [m, 3]
+        orderings = _ORDERINGS_OF_THREE[rng.integers(6, size=(n_distribute, GRID_SIZE))]
+        grids[distribute] = np.take_along_axis(values[:, None, :], orderings, axis=-1)
+    return grids
+
+
+def permute_columns(panels: np.ndarray, column_permutations: np.ndarray) -> np.ndarray:
+    """Apply each column's permutation to its panels: ``out[:, r, c, j] = panels[:, r, c, p_c[j]]``.
+
+    Args:
+        panels: ``[n, 3, 3, M]`` (instance, row, column, feature).
+        column_permutations: ``[n, 3, M]``, ``p_c`` for each column c.
+    """
+    return np.take_along_axis(panels, column_permutations[:, None, :, :], axis=-1)
+
+
+def _random_permutations(
+    rng: np.random.Generator, shape: tuple[int, ...], n_items: int
+) -> np.ndarray:
+    """``[*shape, n_items]`` int64, independent uniformly random permutations."""
+    return np.argsort(rng.random((*shape, n_items)), axis=-1)
+
+
+def _sample_panels(
+    multisets: np.ndarray, n_values: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rules in feature order ``[n, M]``, panels ``[n, 3, 3, M]`` and column permutations
+    ``[n, 3, M]`` for instances of the given rule multisets ``[n, M]``."""
+    n, n_features = multisets.shape
+    feature_order = _random_permutations(rng, (n,), n_features)
+    rules = np.take_along_axis(multisets, feature_order, axis=1)
+    panels = sample_feature_grids(rules, n_values, rng).transpose(0, 2, 3, 1)
+    column_permutations = _random_permutations(rng, (n, GRID_SIZE), n_features)
+    return rules, panels, column_permutations
+
+
+@register_task
+class SRaven(Task):
+    """The SRAVEN task (see the module docstring).
+
+    Labels, each with first dimension n:
+        rules: int64 ``[n, M]``, the rule of each feature, in feature order.
+        column_permutations: int64 ``[n, 3, M]``, ``p_c`` of each column (identity when
+            unpermuted).
+        targets: int64 ``[n, M]``, the 9th panel in feature order (``y`` is it as presented).
+        query_rule: int64 ``[n, M]``, the rule governing each query position as presented:
+            ``rules[:, p_2]``.
+        task_index: int64 ``[n]``, row of the rule multiset in ``all_combinations``.
+    """
+
+    name = "sraven"
+    splits = ("train", "test", "ood")
+    variants = ("permuted", "unpermuted")
+    label_names = ("rules", "column_permutations", "targets", "query_rule", "task_index")
+    objective = "classification"
+
+    def __init__(
+        self,
+        *,
+        n_features: int = 4,
+        n_values: int = 8,
+        frac_ood: float = 0.25,
+        seed: int = 0,
+    ) -> None:
+        self.n_features = check_integer("n_features", n_features, minimum=1)
+        self.n_values = check_n_values(n_values)
+        self.frac_ood = check_fraction("frac_ood", frac_ood)
+        self.seed = check_integer("seed", seed, minimum=0)
+        self.seq_len = GRID_SIZE**2 * self.n_features
+        self.d_in = self.n_values
+        self.d_out = self.n_values
+        self.n_predictions = self.n_features
+        self._make_splits()
+
+    def _make_splits(self) -> None:
+        self.all_combinations = enumerate_combinations(
+            len(RULES),
+            self.n_features,
+            with_replacement=True,
+            what=f"multisets of {self.n_features} rules",
+        )
+        self.all_combinations.flags.writeable = False
+        count = len(self.all_combinations)
+        n_ood = fraction_of(self.frac_ood, count)
+        if n_ood < 1:
+            raise ValueError(
+                f"frac_ood={self.frac_ood} holds out 0 of the {count} rule multisets: the ood "
+                "split would be empty; use a larger fraction"
+            )
+        rng = np.random.default_rng([self.seed, SPLIT_STREAM])
+        kept, held_out = hold_out_combinations(
+            self.all_combinations, n_ood, rng, what=f"frac_ood={self.frac_ood}", parts="rules"
+        )
+        self._split_pools = {"train": kept, "test": kept, "ood": held_out}
+
+    def _generate(self, n: int, split: str, variant: str, rng: np.random.Generator) -> Batch:
+        M, K = self.n_features, self.n_values
+        task_index = self._draw_task_indices(rng, n, split)
+        rules, panels, column_permutations = _sample_panels(
+            self.all_combinations[task_index], K, rng
+        )
+        if variant == "unpermuted":
+            column_permutations = np.broadcast_to(np.arange(M), (n, GRID_SIZE, M)).copy()
+        presented = permute_columns(panels, column_permutations)
+
+        # One-hot of the 8 context panels; the M query tokens stay all zero.
+        n_context_tokens = (GRID_SIZE**2 - 1) * M
+        context_values = presented.reshape(n, GRID_SIZE**2 * M)[:, :n_context_tokens]
+        x = np.zeros((n, self.seq_len, K), dtype=np.float32)
+        token = np.arange(n)[:, None] * self.seq_len + np.arange(n_context_tokens)
+        x.reshape(-1, K)[token.ravel(), context_values.ravel()] = 1.0
+
+        labels = {
+            "rules": rules,
+            "column_permutations": column_permutations,
+            "targets": panels[:, -1, -1, :],
+            "query_rule": np.take_along_axis(rules, column_permutations[:, -1, :], axis=1),
+            "task_index": task_index,
+        }
+        return Batch(
+            x=x, y=presented[:, -1, -1, :].copy(), labels=labels, split=split, variant=variant
+        )
+
+    def evaluate(self, prediction: np.ndarray, batch: Batch) -> dict[str, float]:
+        """Accuracy from logits ``[n, M, K]`` at the query positions.
+
+        Returns ``accuracy`` (all M values right), ``feature_accuracy`` (mean over positions)
+        and ``feature_accuracy_j`` for each query position j as presented.
+        """
+        logits = self._check_prediction(prediction, batch)
+        correct = logits.argmax(axis=-1) == batch.y  # [n, M]
+        metrics = {
+            "accuracy": float(correct.all(axis=1).mean()),
+            "feature_accuracy": float(correct.mean()),
+        }
+        for position, accuracy in enumerate(correct.mean(axis=0)):
+            metrics[f"feature_accuracy_{position}"] = float(accuracy)
+        return metrics
+
+
+def count_tasks(n_features: int, n_rules: int = len(RULES)) -> int:
+    """The paper's number of possible SRAVEN tasks on the 3x3 grid:
+    ``C(R + M - 1, M) * ((M!)**2 - M)`` (rule multisets times column-permutation patterns).
+
+    The formula is the paper's; it is zero for M=1, so M >= 2 is required.
+    """
+    n_features = check_integer("n_features", n_features, minimum=2)
+    n_rules = check_integer("n_rules", n_rules, minimum=1)
+    return math.comb(n_rules + n_features - 1, n_features) * (
+        math.factorial(n_features) ** 2 - n_features
+    )
+
+
+def grids_per_rule(n_values: int) -> dict[str, int]:
+    """How many distinct single-feature 3x3 grids each rule can generate (rows independent):
+    K**3 for constant and each progression (a start per row), K**6 for sum and difference (two
+    free cells per row), C(K, 3) * 6**3 for distribute_three (a set of three, an ordering per
+    row)."""
+    n_values = check_n_values(n_values)
+    per_start = n_values**3
+    per_two_cells = n_values**6
+    return {
+        "constant": per_start,
+        "progression+1": per_start,
+        "progression+2": per_start,
+        "progression-1": per_start,
+        "progression-2": per_start,
+        "sum": per_two_cells,
+        "difference": per_two_cells,
+        "distribute_three": math.comb(n_values, 3) * 6**3,
+    }
+
+
+def count_instances(n_features: int, n_values: int) -> int:
+    """The number of distinct labelled problem instances the generator can produce.
+
+    A labelled instance is a rule for each feature (in feature order: any of the ``R**M``
+    tuples, as every ordering of every multiset occurs), the values of each feature's grid under
+    its rule, and the three column permutations::
+
+        (sum over rules of grids_per_rule(K)) ** M * (M!) ** 3
+
+    This counts generator outcomes: two of them can present the same tokens (an ambiguous
+    instance, or features that happen to coincide), so it bounds the number of distinct token
+    sequences from above. For M=4, K=8 it is about 1.2e27.
+    """
+    n_features = check_integer("n_features", n_features, minimum=1)
+    grids_per_feature = sum(grids_per_rule(n_values).values())
+    return grids_per_feature**n_features * math.factorial(n_features) ** GRID_SIZE
+
+
+def estimate_ambiguity(
+    n_features: int,
+    n_values: int,
+    n_instances: int,
+    seed: int = 0,
+    criterion: str = "all_features",
+) -> tuple[float, float]:
+    """Monte Carlo estimate of the fraction of ambiguous SRAVEN instances.
+
+    Draws ``n_instances`` permuted instances with rule multisets uniform over all of them
+    (ignoring the split) from ``np.random.default_rng([seed, 3])`` and checks each exhaustively
+    with :func:`is_ambiguous` under ``criterion`` (see ``latentcode.tasks.ambiguity``).
+
+    Returns:
+        ``(fraction, standard_error)``, the standard error being ``sqrt(f (1 - f) / n)``.
+    """
+    n_features = check_integer("n_features", n_features, minimum=1)
+    n_values = check_n_values(n_values)
+    n_instances = check_integer("n_instances", n_instances, minimum=1)
+    seed = check_integer("seed", seed, minimum=0)
+    if criterion not in CRITERIA:
+        raise ValueError(f"unknown criterion {criterion!r}; valid criteria: {list(CRITERIA)}")
+    check_ambiguity_feasible(n_instances, n_features)
+
+    rng = np.random.default_rng([seed, _AMBIGUITY_STREAM])
+    multisets = enumerate_combinations(
+        len(RULES), n_features, with_replacement=True, what=f"multisets of {n_features} rules"
+    )
+    chosen = multisets[rng.integers(len(multisets), size=n_instances)]
+    _, panels, column_permutations = _sample_panels(chosen, n_values, rng)
+    ambiguous = is_ambiguous(permute_columns(panels, column_permutations), n_values, criterion)
+    fraction = float(ambiguous.mean())
+    return fraction, math.sqrt(fraction * (1.0 - fraction) / n_instances)
