@@ -1,0 +1,483 @@
+"""The HDF5 file of latent codes: schema, streaming atomic writer and reader (h5py and numpy only).
+
+Schema (version 1), readable with h5py alone::
+
+    /                         attributes
+        format                "latentcode-codes"
+        schema_version        1
+        latentcode_version    version of the package that wrote the file
+        created               ISO 8601 UTC time of the first write
+        model_name            short name for titles and tables, e.g. "hyla"
+        model_config          JSON: the model's configuration (ModelConfig.to_dict() for our models)
+        checkpoint_sha256     SHA-256 of the weights file the codes came from ("" if none)
+        task_config           JSON: the task's configuration (Task.config()), "{}" if none
+        selector              JSON: {"name": ..., "sites": [[layer, query, key], ...]}
+        score                 "pattern" (normalized latent codes, default) or "scores" (raw, before normalization)
+        source                where codes came from: "latentcode", "transformer_lens", "torch", ...
+        seed                  the sample seed of the first write
+        splits                JSON list of the split names present, in order of first appearance
+        n_heads               H, the length of a latent code
+    /codes/<site>             float32 [N, H]: one dataset per site, named "l{layer}_q{query}_k{key}"
+                              (positions absolute, counted from 0); attributes layer, query, key
+    /labels/<name>            [N, ...]: one dataset per task label (numeric)
+    /prediction               [N, ...] float32: the model's output at the prediction positions (optional)
+    /target                   [N, ...]: the task's target (optional)
+    /split                    [N] UTF-8 strings: the split of each example
+    /extra/<name>             [N, ...]: any further per-example arrays the caller passed
+
+All per-example datasets are chunked along N, compressed (gzip) and resizable; examples are
+appended in batches, so a file of a million examples is never held in memory. Every per-example
+dataset has the same length N.
+
+Atomicity: `CodeWriter` writes to a temporary file next to the target and renames it over the
+target only when closed without error. An interrupted extraction leaves no file under the final
+name, and when appending, the previous file stays intact (the temporary file starts as its copy).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+FORMAT = "latentcode-codes"
+SCHEMA_VERSION = 1
+SCORE_KINDS = ("pattern", "scores")
+_SITE_NAME = re.compile(r"^l(\d+)_q(\d+)_k(\d+)$")
+_CHUNK_ROWS = 4096
+
+
+class CodeFileError(ValueError):
+    """A codes file that cannot be read, or that cannot take the data offered; says why."""
+
+
+@dataclass(frozen=True, order=True)
+class Site:
+    """A (layer, query position, key position) choice; positions absolute (0-based) once recorded."""
+
+    layer: int
+    query: int
+    key: int
+
+    @property
+    def name(self) -> str:
+        return f"l{self.layer}_q{self.query}_k{self.key}"
+
+    @classmethod
+    def from_name(cls, name: str) -> Site:
+        match = _SITE_NAME.match(name)
+        if not match:
+            raise CodeFileError(f"{name!r} is not a site name; expected 'l<layer>_q<query>_k<key>'")
+        return cls(*(int(group) for group in match.groups()))
+
+    def __str__(self) -> str:
+        return f"(layer {self.layer}, query {self.query}, key {self.key})"
+
+
+def _package_version() -> str:
+    from latentcode import __version__
+
+    return __version__
+
+
+def _json(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+
+
+class CodeWriter:
+    """Stream latent codes and their labels into a codes file, atomically.
+
+    >>> with CodeWriter("codes.h5", sites, n_heads=16, metadata={...}) as writer:
+    ...     for batch in batches:
+    ...         writer.append(codes={site: array [B, H]}, labels={...}, split="ood", ...)
+
+    `metadata` fills the root attributes (see the module docstring; `model_name`, `model_config`,
+    `checkpoint_sha256`, `task_config`, `selector`, `score`, `source`, `seed`). With
+    `append=True` an existing file is extended if its schema is compatible (same sites, heads,
+    score, labels, model, checkpoint and task), otherwise refused with the reasons; with
+    `append=False` an existing file is refused (nothing already written is overwritten) unless
+    `overwrite=True`.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        sites: Sequence[Site],
+        n_heads: int,
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        append: bool = False,
+        overwrite: bool = False,
+        compression: str | None = "gzip",
+    ):
+        self.path = Path(path)
+        self.sites = sorted(dict.fromkeys(sites))
+        if not self.sites:
+            raise CodeFileError("no sites to record")
+        self.n_heads = int(n_heads)
+        self.compression = compression
+        self.metadata = dict(metadata or {})
+        score = self.metadata.setdefault("score", "pattern")
+        if score not in SCORE_KINDS:
+            raise CodeFileError(f"score must be one of {SCORE_KINDS}, got {score!r}")
+        exists = self.path.exists()
+        if exists and not append and not overwrite:
+            raise FileExistsError(
+                f"{self.path} already exists; pass append=True to add examples to it "
+                "(--append on the command line), overwrite=True to replace it, or choose another path"
+            )
+        if append and exists and not h5py.is_hdf5(self.path):
+            raise CodeFileError(f"cannot append to {self.path}: it is not an HDF5 file")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        os.close(handle)
+        self.temporary_path = Path(temporary)
+        try:
+            if append and exists:
+                shutil.copyfile(self.path, self.temporary_path)
+                self.file = h5py.File(self.temporary_path, "r+")
+                self._check_compatible()
+            else:
+                self.file = h5py.File(self.temporary_path, "w")
+                self._initialize()
+        except BaseException:
+            self._discard()
+            raise
+        self.n_appended = 0
+        self._closed = False
+
+    # -- setup ---------------------------------------------------------------------------------
+    def _initialize(self) -> None:
+        attrs = self.file.attrs
+        attrs["format"] = FORMAT
+        attrs["schema_version"] = SCHEMA_VERSION
+        attrs["latentcode_version"] = _package_version()
+        attrs["created"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        attrs["model_name"] = str(self.metadata.get("model_name", ""))
+        attrs["model_config"] = _json(self.metadata.get("model_config", {}))
+        attrs["checkpoint_sha256"] = str(self.metadata.get("checkpoint_sha256", ""))
+        attrs["task_config"] = _json(self.metadata.get("task_config", {}))
+        attrs["selector"] = _json(
+            self.metadata.get("selector", {"name": "explicit", "sites": [[s.layer, s.query, s.key] for s in self.sites]})
+        )
+        attrs["score"] = self.metadata["score"]
+        attrs["source"] = str(self.metadata.get("source", ""))
+        attrs["seed"] = _json(self.metadata.get("seed", ""))
+        attrs["splits"] = "[]"
+        attrs["n_heads"] = self.n_heads
+        codes = self.file.create_group("codes")
+        for site in self.sites:
+            dataset = self._create(codes, site.name, (self.n_heads,), np.float32)
+            dataset.attrs["layer"], dataset.attrs["query"], dataset.attrs["key"] = site.layer, site.query, site.key
+        self.file.create_group("labels")
+        self.file.create_group("extra")
+        self.file.create_dataset(
+            "split", shape=(0,), maxshape=(None,), dtype=h5py.string_dtype(), chunks=(_CHUNK_ROWS,),
+            compression=self.compression,
+        )
+
+    def _create(self, group: h5py.Group, name: str, row_shape: tuple[int, ...], dtype) -> h5py.Dataset:
+        return group.create_dataset(
+            name, shape=(0, *row_shape), maxshape=(None, *row_shape), dtype=dtype,
+            chunks=(min(_CHUNK_ROWS, max(1, 2**20 // max(1, int(np.prod(row_shape))))), *row_shape),
+            compression=self.compression,
+        )
+
+    def _check_compatible(self) -> None:
+        attrs = self.file.attrs
+        problems = []
+        if attrs.get("format") != FORMAT:
+            raise CodeFileError(f"cannot append to {self.path}: it is not a latentcode codes file")
+        if int(attrs.get("schema_version", -1)) != SCHEMA_VERSION:
+            problems.append(f"schema version {attrs.get('schema_version')} (this writer: {SCHEMA_VERSION})")
+        existing_sites = sorted(Site.from_name(name) for name in self.file["codes"])
+        if existing_sites != self.sites:
+            problems.append(
+                f"sites differ: file has {[s.name for s in existing_sites]}, new data has {[s.name for s in self.sites]}"
+            )
+        if int(attrs["n_heads"]) != self.n_heads:
+            problems.append(f"n_heads: file {int(attrs['n_heads'])}, new data {self.n_heads}")
+        for key in ("score", "checkpoint_sha256", "model_config", "task_config"):
+            if key not in self.metadata:
+                continue
+            new = self.metadata[key] if key in ("score", "checkpoint_sha256") else _json(self.metadata[key])
+            old = attrs[key]
+            if key.endswith("config"):
+                old, new = json.loads(old or "{}"), json.loads(new or "{}")
+            if old != new:
+                problems.append(f"{key}: file {old!r}, new data {new!r}")
+        if problems:
+            raise CodeFileError(f"cannot append to {self.path}: incompatible schema: " + "; ".join(problems))
+
+    # -- writing -------------------------------------------------------------------------------
+    def append(
+        self,
+        codes: Mapping[Site | str, np.ndarray],
+        labels: Mapping[str, np.ndarray] | None = None,
+        split: str | Sequence[str] = "",
+        prediction: np.ndarray | None = None,
+        target: np.ndarray | None = None,
+        extra: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
+        """Append one batch: `codes[site]` `[B, H]` for every site, and `[B, ...]` per-example arrays."""
+        codes = {site.name if isinstance(site, Site) else site: np.asarray(array) for site, array in codes.items()}
+        expected_names = [site.name for site in self.sites]
+        missing = sorted(set(expected_names) - set(codes))
+        unexpected = sorted(set(codes) - set(expected_names))
+        if missing or unexpected:
+            raise CodeFileError(f"codes for sites {missing} are missing and {unexpected} are not in the file")
+        batch_size = len(codes[expected_names[0]])
+        for name, array in codes.items():
+            if array.shape != (batch_size, self.n_heads):
+                raise CodeFileError(
+                    f"codes of site {name} have shape {list(array.shape)}; expected [{batch_size}, {self.n_heads}] "
+                    "(batch, heads)"
+                )
+        arrays: dict[str, np.ndarray] = {f"labels/{k}": np.asarray(v) for k, v in (labels or {}).items()}
+        arrays |= {f"extra/{k}": np.asarray(v) for k, v in (extra or {}).items()}
+        if prediction is not None:
+            arrays["prediction"] = np.asarray(prediction, dtype=np.float32)
+        if target is not None:
+            arrays["target"] = np.asarray(target)
+        for name, array in arrays.items():
+            if len(array) != batch_size:
+                raise CodeFileError(
+                    f"{name} has {len(array)} rows but the codes have {batch_size}: every per-example "
+                    "array needs one row per example"
+                )
+            if array.dtype.kind not in "biuf":
+                raise CodeFileError(f"{name} has dtype {array.dtype}; only numeric arrays can be stored")
+        splits = [split] * batch_size if isinstance(split, str) else list(split)
+        if len(splits) != batch_size:
+            raise CodeFileError(f"split has {len(splits)} entries but the codes have {batch_size}")
+
+        existing = {name for name in arrays if name in self.file}
+        n_before = len(self.file["split"])
+        if n_before:
+            self._check_same_per_example_arrays(arrays)
+        for name, array in codes.items():
+            bad = ~np.isfinite(array)
+            if bad.any():
+                warnings.warn(
+                    f"{int(bad.any(axis=1).sum())} of {batch_size} latent codes at site {name} contain NaN or inf "
+                    f"({int(bad.sum())} values); they are stored as they are",
+                    RuntimeWarning, stacklevel=2,
+                )
+            self._extend(self.file["codes"][name], array.astype(np.float32, copy=False))
+        for name, array in arrays.items():
+            if name not in existing:
+                group, _, leaf = name.rpartition("/")
+                self._create(self.file[group] if group else self.file, leaf, array.shape[1:], array.dtype)
+            dataset = self.file[name]
+            if dataset.shape[1:] != array.shape[1:]:
+                raise CodeFileError(
+                    f"{name} has rows of shape {list(array.shape[1:])}; the file holds {list(dataset.shape[1:])}"
+                )
+            self._extend(dataset, array)
+        self._extend(self.file["split"], np.asarray(splits, dtype=object))
+        known = json.loads(self.file.attrs["splits"])
+        for name in dict.fromkeys(splits):
+            if name not in known:
+                known.append(name)
+        self.file.attrs["splits"] = json.dumps(known)
+        self.n_appended += batch_size
+
+    def _check_same_per_example_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
+        def per_example(group: str) -> set[str]:
+            return {f"{group}/{name}" for name in self.file[group]}
+
+        stored = per_example("labels") | per_example("extra") | {n for n in ("prediction", "target") if n in self.file}
+        if stored != set(arrays):
+            raise CodeFileError(
+                f"the file holds per-example arrays {sorted(stored)} but this batch has {sorted(arrays)}; "
+                "every batch needs the same labels, prediction, target and extras"
+            )
+
+    @staticmethod
+    def _extend(dataset: h5py.Dataset, rows: np.ndarray) -> None:
+        n = dataset.shape[0]
+        dataset.resize(n + len(rows), axis=0)
+        dataset[n:] = rows
+
+    # -- finishing -----------------------------------------------------------------------------
+    def close(self) -> Path:
+        """Finish the file and move it under its final name."""
+        if self._closed:
+            return self.path
+        self.file.close()
+        os.replace(self.temporary_path, self.path)
+        self._closed = True
+        return self.path
+
+    def abort(self) -> None:
+        """Drop everything written by this writer; an existing file under `path` stays as it was."""
+        if not self._closed:
+            self._discard()
+            self._closed = True
+
+    def _discard(self) -> None:
+        file = getattr(self, "file", None)
+        if file is not None:
+            try:
+                file.close()
+            except Exception:  # noqa: BLE001 - the file is being thrown away
+                pass
+        self.temporary_path.unlink(missing_ok=True)
+
+    def __enter__(self) -> CodeWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class CodeFile:
+    """Read a codes file: latent codes and labels as numpy arrays, filtered by site and split.
+
+    >>> codes = CodeFile("codes.h5")
+    >>> codes.sites, codes.label_names, codes.splits, len(codes)
+    >>> codes.codes(Site(1, 35, 35), split="ood")      # [N_ood, H]
+    >>> codes.layer_codes(1, split="ood")               # [N_ood, n_sites_of_layer_1 * H]
+    >>> codes.labels("query_rule", split="ood")         # [N_ood, M]
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.exists():
+            raise FileNotFoundError(f"no codes file at {self.path}")
+        if not h5py.is_hdf5(self.path):
+            raise CodeFileError(f"{self.path} is not an HDF5 file")
+        with h5py.File(self.path, "r") as file:
+            attrs = dict(file.attrs)
+            if attrs.get("format") != FORMAT:
+                raise CodeFileError(
+                    f"{self.path} is an HDF5 file but not a latentcode codes file (format attribute "
+                    f"{attrs.get('format')!r}, expected {FORMAT!r})"
+                )
+            version = int(attrs.get("schema_version", -1))
+            if version != SCHEMA_VERSION:
+                raise CodeFileError(
+                    f"{self.path} has schema version {version}; this latentcode reads version {SCHEMA_VERSION}"
+                )
+            self.attrs = {key: (value.item() if isinstance(value, np.generic) else value) for key, value in attrs.items()}
+            self.sites = sorted(Site.from_name(name) for name in file["codes"])
+            self.label_names = sorted(file["labels"])
+            self.extra_names = sorted(file["extra"])
+            self.has_prediction = "prediction" in file
+            self.has_target = "target" in file
+            self._split_of_example = file["split"].asstr()[:].astype(str)
+        self.n_heads = int(self.attrs["n_heads"])
+        self.splits = json.loads(self.attrs["splits"])
+        self.model_config = json.loads(self.attrs["model_config"] or "{}")
+        self.task_config = json.loads(self.attrs["task_config"] or "{}")
+        self.selector = json.loads(self.attrs["selector"] or "{}")
+        self.model_name = self.attrs.get("model_name") or self.model_config.get("attention", "model")
+        if isinstance(self.model_name, list):
+            self.model_name = "+".join(self.model_name)
+
+    def __len__(self) -> int:
+        return len(self._split_of_example)
+
+    def __repr__(self) -> str:
+        return (f"CodeFile({str(self.path)!r}: {len(self)} examples, splits {self.splits}, "
+                f"{len(self.sites)} sites, {self.n_heads} heads, labels {self.label_names})")
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted({site.layer for site in self.sites})
+
+    def sites_of_layer(self, layer: int) -> list[Site]:
+        sites = [site for site in self.sites if site.layer == layer]
+        if not sites:
+            raise CodeFileError(f"{self.path} has no sites in layer {layer}; its layers are {self.layers}")
+        return sites
+
+    def split_mask(self, split: str | Iterable[str] | None) -> np.ndarray:
+        """Boolean `[N]`: the examples of `split` (a name or several; None: all)."""
+        if split is None:
+            return np.ones(len(self), dtype=bool)
+        wanted = [split] if isinstance(split, str) else list(split)
+        unknown = [name for name in wanted if name not in self.splits]
+        if unknown:
+            raise CodeFileError(f"{self.path} has no split {unknown[0]!r}; its splits are {self.splits}")
+        return np.isin(self._split_of_example, wanted)
+
+    def split_of_examples(self, split: str | Iterable[str] | None = None) -> np.ndarray:
+        return self._split_of_example[self.split_mask(split)]
+
+    def _read(self, name: str, split) -> np.ndarray:
+        mask = self.split_mask(split)
+        with h5py.File(self.path, "r") as file:
+            if mask.all():
+                return file[name][:]
+            # Reading whole chunks and masking in memory beats h5py's point selection by far.
+            return file[name][:][mask]
+
+    def codes(self, site: Site | str, split: str | Iterable[str] | None = None) -> np.ndarray:
+        """float32 `[N, H]`: the latent codes at one site."""
+        site = Site.from_name(site) if isinstance(site, str) else site
+        if site not in self.sites:
+            raise CodeFileError(f"{self.path} has no site {site}; its sites are {[s.name for s in self.sites]}")
+        return self._read(f"codes/{site.name}", split)
+
+    def layer_codes(self, layer: int, split: str | Iterable[str] | None = None) -> np.ndarray:
+        """float32 `[N, n_sites * H]`: the codes of every site of a layer, concatenated."""
+        return np.concatenate([self.codes(site, split) for site in self.sites_of_layer(layer)], axis=1)
+
+    def labels(self, name: str, split: str | Iterable[str] | None = None) -> np.ndarray:
+        if name not in self.label_names:
+            raise CodeFileError(f"{self.path} has no label {name!r}; its labels are {self.label_names}")
+        return self._read(f"labels/{name}", split)
+
+    def extra(self, name: str, split: str | Iterable[str] | None = None) -> np.ndarray:
+        if name not in self.extra_names:
+            raise CodeFileError(f"{self.path} has no extra array {name!r}; it has {self.extra_names}")
+        return self._read(f"extra/{name}", split)
+
+    def prediction(self, split: str | Iterable[str] | None = None) -> np.ndarray:
+        if not self.has_prediction:
+            raise CodeFileError(f"{self.path} holds no predictions")
+        return self._read("prediction", split)
+
+    def target(self, split: str | Iterable[str] | None = None) -> np.ndarray:
+        if not self.has_target:
+            raise CodeFileError(f"{self.path} holds no targets")
+        return self._read("target", split)
+
+    def to_dataframe(self, sites: Sequence[Site | str] | None = None, split: str | Iterable[str] | None = None):
+        """A pandas DataFrame, one row per example: `split`, one column per label (multi-column
+        labels flattened as `name[i]` / `name[i,j]`), and one column per code entry `<site>.h<head>`."""
+        import pandas as pd
+
+        columns: dict[str, np.ndarray] = {"split": self.split_of_examples(split)}
+
+        def add(name: str, values: np.ndarray) -> None:
+            if values.ndim == 1:
+                columns[name] = values
+                return
+            flat = values.reshape(len(values), -1)
+            for index, column in zip(np.ndindex(values.shape[1:]), flat.T, strict=True):
+                columns[f"{name}[{','.join(map(str, index))}]"] = column
+
+        for name in self.label_names:
+            add(name, self.labels(name, split))
+        for site in sites or self.sites:
+            site = Site.from_name(site) if isinstance(site, str) else site
+            codes = self.codes(site, split)
+            for head in range(self.n_heads):
+                columns[f"{site.name}.h{head}"] = codes[:, head]
+        return pd.DataFrame(columns)

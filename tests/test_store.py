@@ -1,0 +1,154 @@
+"""The HDF5 codes file: round trip, atomic writes, appends, refusals."""
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+
+from latentcode.store import CodeFile, CodeFileError, CodeWriter, Site
+
+SITES = [Site(0, 35, 35), Site(1, 35, 27)]
+METADATA = {
+    "model_name": "hyla", "model_config": {"attention": "hyla", "n_layers": 2}, "checkpoint_sha256": "ab" * 32,
+    "task_config": {"name": "sraven", "n_features": 4}, "selector": {"name": "explicit"}, "source": "latentcode", "seed": 7,
+}
+
+
+def batch(rng, n, split):
+    return dict(
+        codes={site: rng.normal(size=(n, 4)).astype(np.float32) for site in SITES},
+        labels={"rule": rng.integers(0, 8, n), "query_rule": rng.integers(0, 8, (n, 4))},
+        prediction=rng.normal(size=(n, 4, 8)),
+        target=rng.integers(0, 8, (n, 4)),
+        split=split,
+        extra={"loss": rng.random(n)},
+    )
+
+
+def test_round_trip_of_codes_labels_and_attributes(tmp_path):
+    rng = np.random.default_rng(0)
+    batches = [batch(rng, 5, "train"), batch(rng, 3, "ood"), batch(rng, 4, "train")]
+    with CodeWriter(tmp_path / "codes.h5", SITES, n_heads=4, metadata=METADATA) as writer:
+        for b in batches:
+            writer.append(**b)
+    codes = CodeFile(tmp_path / "codes.h5")
+    assert len(codes) == 12 and codes.splits == ["train", "ood"] and codes.sites == SITES
+    assert codes.label_names == ["query_rule", "rule"] and codes.n_heads == 4
+    expected_ood = batches[1]["codes"][Site(1, 35, 27)]
+    np.testing.assert_array_equal(codes.codes(Site(1, 35, 27), split="ood"), expected_ood)
+    np.testing.assert_array_equal(codes.codes("l0_q35_k35", split="train"),
+                                  np.concatenate([batches[0]["codes"][SITES[0]], batches[2]["codes"][SITES[0]]]))
+    np.testing.assert_array_equal(codes.labels("query_rule"), np.concatenate([b["labels"]["query_rule"] for b in batches]))
+    assert codes.layer_codes(1).shape == (12, 4)
+    assert codes.prediction().dtype == np.float32 and codes.prediction().shape == (12, 4, 8)
+    assert codes.model_config == METADATA["model_config"] and codes.task_config == METADATA["task_config"]
+    assert codes.attrs["checkpoint_sha256"] == "ab" * 32 and codes.attrs["score"] == "pattern"
+    frame = codes.to_dataframe(split="ood")
+    assert len(frame) == 3 and "query_rule[2]" in frame and "l1_q35_k27.h3" in frame
+    # readable with h5py alone
+    with h5py.File(tmp_path / "codes.h5", "r") as file:
+        assert file["codes/l0_q35_k35"].dtype == np.float32 and file["codes/l0_q35_k35"].compression == "gzip"
+        assert json.loads(file.attrs["model_config"])["attention"] == "hyla"
+        assert file.attrs["schema_version"] == 1 and file.attrs["latentcode_version"]
+
+
+def test_interrupted_write_leaves_no_file_and_keeps_the_previous_one(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "codes.h5"
+    with pytest.raises(RuntimeError), CodeWriter(path, SITES, 4, METADATA) as writer:
+        writer.append(**batch(rng, 5, "train"))
+        raise RuntimeError("killed")
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+
+    with CodeWriter(path, SITES, 4, METADATA) as writer:
+        writer.append(**batch(rng, 5, "train"))
+    before = path.read_bytes()
+    with pytest.raises(RuntimeError), CodeWriter(path, SITES, 4, METADATA, append=True) as writer:
+        writer.append(**batch(rng, 5, "ood"))
+        raise RuntimeError("killed")
+    assert path.read_bytes() == before and len(CodeFile(path)) == 5
+    assert [p.name for p in tmp_path.iterdir()] == ["codes.h5"]
+
+
+def test_existing_file_is_never_overwritten_by_default(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "codes.h5"
+    with CodeWriter(path, SITES, 4, METADATA) as writer:
+        writer.append(**batch(rng, 2, "train"))
+    with pytest.raises(FileExistsError, match="already exists; pass append=True"):
+        CodeWriter(path, SITES, 4, METADATA)
+
+
+def test_append_extends_and_refuses_incompatible_schema(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "codes.h5"
+    with CodeWriter(path, SITES, 4, METADATA) as writer:
+        writer.append(**batch(rng, 5, "train"))
+    with CodeWriter(path, SITES, 4, METADATA, append=True) as writer:
+        writer.append(**batch(rng, 3, "ood"))
+    codes = CodeFile(path)
+    assert len(codes) == 8 and codes.splits == ["train", "ood"] and len(codes.labels("rule", "ood")) == 3
+
+    with pytest.raises(CodeFileError, match=r"sites differ"):
+        CodeWriter(path, SITES[:1], 4, METADATA, append=True)
+    with pytest.raises(CodeFileError, match=r"n_heads: file 4, new data 8"):
+        CodeWriter(path, SITES, 8, METADATA, append=True)
+    with pytest.raises(CodeFileError, match=r"checkpoint_sha256"):
+        CodeWriter(path, SITES, 4, {**METADATA, "checkpoint_sha256": "cd" * 32}, append=True)
+    with CodeWriter(path, SITES, 4, METADATA, append=True) as writer, pytest.raises(CodeFileError, match="every batch needs the same labels"):
+        b = batch(rng, 2, "ood")
+        del b["labels"]["rule"]
+        writer.append(**b)
+    assert len(CodeFile(path)) == 8
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["codes.h5"]
+
+
+def test_bad_batches_are_refused_with_the_reason(tmp_path):
+    rng = np.random.default_rng(0)
+    with CodeWriter(tmp_path / "c.h5", SITES, 4, METADATA) as writer:
+        b = batch(rng, 5, "train")
+        b["labels"]["rule"] = b["labels"]["rule"][:4]
+        with pytest.raises(CodeFileError, match="labels/rule has 4 rows but the codes have 5"):
+            writer.append(**b)
+        b = batch(rng, 5, "train")
+        b["codes"][SITES[0]] = b["codes"][SITES[0]][:, :3]
+        with pytest.raises(CodeFileError, match=r"shape \[5, 3\]; expected \[5, 4\]"):
+            writer.append(**b)
+        b = batch(rng, 5, "train")
+        b["codes"][SITES[0]][2, 1] = np.nan
+        with pytest.warns(RuntimeWarning, match=r"1 of 5 latent codes at site l0_q35_k35 contain NaN or inf"):
+            writer.append(**b)
+    assert np.isnan(CodeFile(tmp_path / "c.h5").codes(SITES[0])[2, 1]), "the data is kept"
+
+
+def test_reader_refuses_other_files(tmp_path):
+    (tmp_path / "text.h5").write_text("not hdf5")
+    with pytest.raises(CodeFileError, match="is not an HDF5 file"):
+        CodeFile(tmp_path / "text.h5")
+    with h5py.File(tmp_path / "other.h5", "w") as file:
+        file["x"] = np.zeros(3)
+    with pytest.raises(CodeFileError, match="not a latentcode codes file"):
+        CodeFile(tmp_path / "other.h5")
+    rng = np.random.default_rng(0)
+    with CodeWriter(tmp_path / "c.h5", SITES, 4, METADATA) as writer:
+        writer.append(**batch(rng, 2, "train"))
+    with h5py.File(tmp_path / "c.h5", "r+") as file:
+        file.attrs["schema_version"] = 99
+    with pytest.raises(CodeFileError, match="schema version 99; this latentcode reads version 1"):
+        CodeFile(tmp_path / "c.h5")
+    with pytest.raises(FileNotFoundError):
+        CodeFile(tmp_path / "missing.h5")
+
+
+def test_reader_errors_name_what_exists(tmp_path):
+    rng = np.random.default_rng(0)
+    with CodeWriter(tmp_path / "c.h5", SITES, 4, METADATA) as writer:
+        writer.append(**batch(rng, 2, "train"))
+    codes = CodeFile(tmp_path / "c.h5")
+    with pytest.raises(CodeFileError, match=r"no label 'term'; its labels are \['query_rule', 'rule'\]"):
+        codes.labels("term")
+    with pytest.raises(CodeFileError, match=r"no split 'ood'; its splits are \['train'\]"):
+        codes.codes(SITES[0], split="ood")
+    with pytest.raises(CodeFileError, match=r"no sites in layer 3; its layers are \[0, 1\]"):
+        codes.layer_codes(3)
