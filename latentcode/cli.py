@@ -72,6 +72,161 @@ def _run_counts(args: argparse.Namespace) -> None:
           f"{count_instances(args.features, args.values):.3e} labelled instances")
 
 
+def parse_value(text: str):
+    """A command-line value: JSON (numbers, true/false/null, lists) where it parses, else the string."""
+    import json
+
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_assignments(items: Sequence[str] | None, what: str) -> dict:
+    values = {}
+    for item in items or []:
+        key, separator, value = item.partition("=")
+        if not separator or not key:
+            raise ValueError(f"{what} expects KEY=VALUE, got {item!r}")
+        values[key.strip().replace("-", "_")] = parse_value(value)
+    return values
+
+
+# -- latentcode train -------------------------------------------------------------------------------
+TRAIN_OVERRIDES = (
+    # flag, field, type, help
+    ("--seed", "seed", int, "training seed: initialization, data stream and dropout (default 0)"),
+    ("--lr", "learning_rate", float, "peak learning rate"),
+    ("--weight-decay", "weight_decay", float, "AdamW weight decay (matrices only)"),
+    ("--warmup-steps", "warmup_steps", int, "linear warmup steps"),
+    ("--batch-size", "batch_size", int, "global batch size"),
+    ("--instances", "n_train_instances", int, "training instances (overrides the scale)"),
+    ("--n-layers", "n_layers", int, "transformer blocks"),
+    ("--width-factor", "width_factor", int, "multiplies d_model, kqv_dim, v_dim, d_mlp and n_heads"),
+    ("--n-heads", "n_heads", int, "attention heads"),
+    ("--grad-clip", "grad_clip_norm", float, "clip gradients to this global norm"),
+    ("--mixed-precision", "mixed_precision", str, "auto (bf16 where supported), no, bf16 or fp16"),
+    ("--gradient-accumulation-steps", "gradient_accumulation_steps", int, "micro-batches per update"),
+    ("--eval-every", "eval_every", int, "steps between evaluations"),
+    ("--eval-instances", "eval_instances", int, "instances per evaluation split"),
+    ("--checkpoint-every", "checkpoint_every", int, "steps between checkpoints"),
+    ("--log-every", "log_every", int, "steps between log lines"),
+)
+
+
+@subcommand
+def _train(subparsers: argparse._SubParsersAction) -> None:
+    from latentcode.train.presets import describe_presets
+
+    parser = subparsers.add_parser(
+        "train",
+        help="train a model on a task (presets from the paper)",
+        description="Train a hooked transformer with the paper's recipe (AdamW, linear warmup, cosine decay to "
+        "0.1x, weight decay on matrices only, attention dropout 0.1). Runs on CPU, one GPU, or several with "
+        "`accelerate launch -m latentcode.cli train ...`. Writes a run directory with config.json, "
+        "metrics.jsonl, checkpoints/, model/ and summary.json.",
+        epilog="presets:\n" + describe_presets() + "\n\nscales: tiny (smoke test), cpu (under an hour on 2 CPU cores), "
+        "paper (the paper's budget)\n\nexamples:\n  latentcode train --preset fuzzy_logic --attention hyla --scale cpu "
+        "--out runs/fuzzy-hyla\n  latentcode train --resume runs/fuzzy-hyla",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--preset", help="fuzzy_logic or sraven (see below)")
+    parser.add_argument("--attention", default="softmax",
+                        help="attention preset (softmax, linear, hyla, ... or NORMALIZATION+VALUE_NETWORK; default softmax)")
+    parser.add_argument("--scale", default="cpu", help="tiny, cpu or paper (default cpu)")
+    parser.add_argument("--out", help="run directory (default runs/PRESET-ATTENTION-SCALE-seedSEED)")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint")
+    parser.add_argument("--config", metavar="JSON", help="a TrainConfig JSON file instead of a preset")
+    for flag, field, kind, text in TRAIN_OVERRIDES:
+        parser.add_argument(flag, dest=field, type=kind, help=text)
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="override any task, model or training field, e.g. --set frac_test=0.7 --set seq_len=16")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model for training")
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.set_defaults(handler=_run_train)
+
+
+def _run_train(args: argparse.Namespace) -> None:
+    import json
+    from pathlib import Path
+
+    from latentcode.train import TrainConfig, build_train_config, train
+
+    if args.resume:
+        if args.preset or args.config:
+            raise ValueError("--resume continues a run with its own config; do not combine it with --preset or --config")
+        run = train(resume=args.resume, progress=not args.quiet)
+    else:
+        overrides = {field: getattr(args, field) for _, field, _, _ in TRAIN_OVERRIDES if getattr(args, field) is not None}
+        overrides |= parse_assignments(args.set, "--set")
+        if args.compile:
+            overrides["compile"] = True
+        if args.config:
+            if args.preset:
+                raise ValueError("give either --preset or --config, not both")
+            config = TrainConfig.from_dict(json.loads(Path(args.config).read_text()))
+        elif args.preset:
+            config = build_train_config(args.preset, args.scale, args.attention, **overrides)
+            overrides = {}
+        else:
+            raise ValueError("latentcode train needs --preset (fuzzy_logic or sraven), --config or --resume")
+        out = args.out or f"runs/{config.preset or config.task['name']}-{config.model_config().attention_name}-{config.scale}-seed{config.seed}"
+        run = train(config, out, progress=not args.quiet)
+    summary = run.summary or {}
+    print(f"run finished: {run.path}  ({summary.get('steps')} steps, {summary.get('wall_seconds', 0):.0f} s)")
+    for split, metrics in (summary.get("final_metrics") or {}).items():
+        print(f"  {split:14s} " + "  ".join(f"{key} {value:.4f}" for key, value in metrics.items()))
+
+
+# -- latentcode sweep -------------------------------------------------------------------------------
+@subcommand
+def _sweep(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "sweep",
+        help="train a grid of runs and tabulate them",
+        description="Run a grid of training runs (learning rate, weight decay, warmup, seeds, attention presets, "
+        "depth, width, data size, ...) sequentially or as independent processes; write results.csv/json and "
+        "best.json (chosen on the in-distribution test split, never on OOD).",
+        epilog="example:\n  latentcode sweep --preset fuzzy_logic --scale tiny --grid attention=softmax,linear,hyla "
+        "--grid learning_rate=1e-3,3e-3 --seeds 0,1 --out sweeps/fuzzy\n  latentcode sweep --preset sraven --grid paper "
+        "--out sweeps/sraven-paper",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--preset", required=True)
+    parser.add_argument("--scale", default="cpu")
+    parser.add_argument("--out", required=True, help="sweep directory (one run directory per grid point)")
+    parser.add_argument("--grid", action="append", metavar="FIELD=V1,V2,...",
+                        help="values of one field (any train/model/task field, or attention); 'paper' adds the "
+                        "paper's grid for the preset")
+    parser.add_argument("--seeds", default="0", help="comma-separated training seeds (default 0)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time, each in its own process (default 1)")
+    parser.add_argument("--quiet", action="store_true")
+    parser.set_defaults(handler=_run_sweep)
+
+
+def _run_sweep(args: argparse.Namespace) -> None:
+    from latentcode.train.presets import PRESETS
+    from latentcode.train.sweep import best_runs, paper_grid, sweep
+
+    grid: dict = {}
+    for item in args.grid or []:
+        if item == "paper":
+            if args.preset not in PRESETS:
+                raise ValueError(f"unknown preset {args.preset!r}; valid presets: {', '.join(PRESETS)}")
+            grid |= paper_grid(args.preset)
+            continue
+        key, separator, values = item.partition("=")
+        if not separator:
+            raise ValueError(f"--grid expects FIELD=V1,V2,... or 'paper', got {item!r}")
+        grid[key.strip().replace("-", "_")] = [parse_value(value) for value in values.split(",") if value]
+    seeds = [int(seed) for seed in args.seeds.split(",") if seed]
+    rows = sweep(args.preset, args.scale, grid, args.out, seeds=seeds, jobs=args.jobs, progress=not args.quiet)
+    print(f"{len(rows)} runs; table: {args.out}/results.csv")
+    for attention, row in best_runs(rows, args.preset).items():
+        params = {k: v for k, v in row.items() if k in grid or k == "seed"}
+        print(f"  best {attention}: {params}  " + "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k.startswith(("test.", "ood.")) and isinstance(v, float)))
+
+
 # -- latentcode demo -------------------------------------------------------------------------------
 @subcommand
 def _demo(subparsers: argparse._SubParsersAction) -> None:

@@ -1,0 +1,282 @@
+"""The training loop: accelerate drives devices, precision, accumulation and data parallelism.
+
+    run = train(build_train_config("sraven", scale="cpu", attention="hyla"), "runs/hyla")
+
+The same code runs on a laptop CPU, one GPU, or `accelerate launch -m latentcode.cli train ...`
+on several GPUs or machines: each process draws its own slice of the on-the-fly data stream,
+`task.sample(batch_size / processes / accumulation, "train", seed=(seed, step, process, micro))`,
+so no data is stored and the stream position is the step number.
+
+Reproducibility: the model is initialized from `seed`, and every step reseeds torch's RNG (which
+drives attention dropout) from `(seed, step, process)`. A run killed and resumed from a checkpoint
+therefore takes exactly the steps an uninterrupted run takes. Checkpoints also hold accelerate's
+RNG states, the optimizer and the scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from latentcode.models import build_model
+from latentcode.tasks import get_task
+from latentcode.train.config import TrainConfig
+from latentcode.train.evaluate import eval_sets_of, evaluate
+from latentcode.train.objective import prediction_positions, task_loss, to_tensors
+from latentcode.train.optimizer import build_optimizer
+from latentcode.train.run import Run, RunDirectory, RunDirectoryError
+from latentcode.train.schedule import build_scheduler
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the run stopped and its last good checkpoint is kept."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded into this run."""
+
+
+def _make_accelerator(config: TrainConfig):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    mixed_precision = config.mixed_precision
+    if mixed_precision == "auto":
+        mixed_precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    if not os.environ.get("ACCELERATE_MIXED_PRECISION") and "LOCAL_RANK" not in os.environ:
+        # Several runs in one process (tests, sequential sweeps) may ask for different settings.
+        AcceleratorState._reset_state(reset_partial_state=True)
+    return Accelerator(mixed_precision=mixed_precision, gradient_accumulation_steps=config.gradient_accumulation_steps)
+
+
+def _step_seed(seed: int, step: int, process: int) -> int:
+    return int(np.random.SeedSequence([seed, step, process]).generate_state(1)[0])
+
+
+class _Progress:
+    """A tqdm bar on a terminal, plain log lines otherwise."""
+
+    def __init__(self, total: int, initial: int, enabled: bool, interactive: bool | None = None):
+        self.enabled = enabled
+        self.interactive = sys.stderr.isatty() if interactive is None else interactive
+        self.bar = None
+        if enabled and self.interactive:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+        self.total = total
+
+    def update(self, step: int, loss: float, rate: float, lr: float) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.n = step
+            self.bar.set_postfix(loss=f"{loss:.4g}", inst_per_s=f"{rate:.0f}", lr=f"{lr:.2e}")
+        else:
+            print(f"step {step}/{self.total}  loss {loss:.5g}  lr {lr:.3e}  {rate:.0f} instances/s", flush=True)
+
+    def message(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _format_metrics(metrics: dict[str, dict[str, float]]) -> str:
+    keys = ("r2", "accuracy", "loss")
+    parts = []
+    for split, values in metrics.items():
+        shown = [f"{key} {values[key]:.4f}" for key in keys if key in values][:2]
+        parts.append(f"{split}: {', '.join(shown)}")
+    return " | ".join(parts)
+
+
+def train(
+    config: TrainConfig | None = None,
+    out: str | Path | None = None,
+    *,
+    resume: str | Path | None = None,
+    progress: bool = True,
+    stop_after_step: int | None = None,
+    on_step: Callable[[int, float], None] | None = None,
+) -> Run:
+    """Train a model as `config` says, into the run directory `out`; or continue `resume`.
+
+    stop_after_step: stop (as if killed) once this many steps are done, without the final
+        evaluation, checkpoint or model; for tests of resuming.
+    on_step: called with (step, loss) after every optimizer step.
+    """
+    if resume is not None:
+        directory = RunDirectory(resume)
+        stored = directory.read_config()
+        if config is not None and config != stored:
+            raise RunDirectoryError(f"--resume {resume}: the given config differs from the run's; omit it to resume")
+        config = stored
+        if directory.is_finished:
+            raise RunDirectoryError(f"{resume} has already finished; nothing to resume")
+    else:
+        if config is None or out is None:
+            raise ValueError("train needs a config and an output directory (or resume=RUN_DIR)")
+        directory = RunDirectory(out)
+
+    task = get_task(**config.task)
+    accelerator = _make_accelerator(config)
+    if resume is None and accelerator.is_main_process:
+        directory.create(config)
+    accelerator.wait_for_everyone()
+
+    model = build_model(config.model_config(), seed=config.seed)
+    optimizer = build_optimizer(model, config.learning_rate, config.weight_decay)
+    scheduler = build_scheduler(optimizer, config.warmup_steps, config.steps, config.lr_final_fraction)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.register_for_checkpointing(scheduler)
+    forward = torch.compile(model) if config.compile else model
+
+    start_step = 0
+    if resume is not None:
+        start_step = _load_latest_checkpoint(accelerator, directory)
+        if accelerator.is_main_process:
+            directory.truncate_metrics(start_step)
+
+    n_processes = accelerator.num_processes
+    micro_batch = config.batch_size // (n_processes * config.gradient_accumulation_steps)
+    if micro_batch < 1:
+        raise ValueError(
+            f"batch_size={config.batch_size} is too small for {n_processes} processes x "
+            f"{config.gradient_accumulation_steps} accumulation steps"
+        )
+    eval_sets = eval_sets_of(task, config.eval_instances) if accelerator.is_main_process else {}
+    bar = _Progress(config.steps, start_step, enabled=progress and accelerator.is_main_process)
+    if start_step:
+        bar.message(f"resuming {directory.path} at step {start_step} of {config.steps}")
+
+    model.train()
+    started = time.perf_counter()
+    interval_start, interval_instances, interval_losses = time.perf_counter(), 0, []
+    last_metrics: dict[str, dict[str, float]] = {}
+    try:
+        for step in range(start_step, config.steps):
+            torch.manual_seed(_step_seed(config.seed, step, accelerator.process_index))
+            step_loss = 0.0
+            for micro in range(config.gradient_accumulation_steps):
+                batch = task.sample(micro_batch, "train", seed=(config.seed, step, accelerator.process_index, micro))
+                x, y = to_tensors(batch, accelerator.device)
+                with accelerator.accumulate(model):
+                    with accelerator.autocast():
+                        predictions = prediction_positions(forward(x), task.n_predictions)
+                    loss = task_loss(task.objective, predictions, y)
+                    if not torch.isfinite(loss):
+                        if accelerator.is_main_process:
+                            directory.append_metrics({"event": "diverged", "step": step + 1, "loss": loss.item()})
+                        raise TrainingDiverged(
+                            f"the loss became {loss.item()} at step {step + 1} of {config.steps}; the run stopped "
+                            f"and its last good checkpoint is kept in {directory.checkpoints_path} "
+                            "(lower the learning rate or set grad_clip_norm, then start a new run)"
+                        )
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients and config.grad_clip_norm is not None:
+                        accelerator.clip_grad_norm_(model.parameters(), config.grad_clip_norm)
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                step_loss += loss.item() / config.gradient_accumulation_steps
+            scheduler.step()
+            done = step + 1
+            interval_instances += config.batch_size
+            interval_losses.append(step_loss)
+            if on_step is not None:
+                on_step(done, step_loss)
+
+            if done % config.log_every == 0 or done == config.steps:
+                seconds = time.perf_counter() - interval_start
+                rate = interval_instances / seconds if seconds > 0 else float("nan")
+                mean_loss = float(np.mean(interval_losses))
+                lr = optimizer.param_groups[0]["lr"]
+                if accelerator.is_main_process:
+                    directory.append_metrics({"event": "train", "step": done, "loss": mean_loss, "lr": lr,
+                                              "instances_per_second": rate,
+                                              "elapsed_seconds": time.perf_counter() - started})
+                bar.update(done, mean_loss, rate, lr)
+                interval_start, interval_instances, interval_losses = time.perf_counter(), 0, []
+
+            if stop_after_step is not None and done >= stop_after_step:
+                return Run(directory.path)
+
+            pause = time.perf_counter()
+            if done % config.eval_every == 0 or done == config.steps:
+                if accelerator.is_main_process:
+                    last_metrics = evaluate(accelerator.unwrap_model(model), task, eval_sets, config.eval_batch_size)
+                    directory.append_metrics({"event": "eval", "step": done, "splits": last_metrics})
+                    bar.message(f"eval at step {done}: {_format_metrics(last_metrics)}")
+                accelerator.wait_for_everyone()
+            if done % config.checkpoint_every == 0 or done == config.steps:
+                _save_checkpoint(accelerator, directory, done, config.keep_checkpoints)
+            interval_start += time.perf_counter() - pause  # evaluation and checkpoints are not throughput
+    finally:
+        bar.close()
+
+    if accelerator.is_main_process:
+        accelerator.unwrap_model(model).save(directory.model_path)
+        directory.write_summary({
+            "steps": config.steps,
+            "instances": config.steps * config.batch_size,
+            "wall_seconds": time.perf_counter() - started,
+            "resumed_from_step": start_step,
+            "final_metrics": last_metrics,
+            "processes": n_processes,
+        })
+    accelerator.wait_for_everyone()
+    return Run(directory.path)
+
+
+def _save_checkpoint(accelerator, directory: RunDirectory, step: int, keep: int) -> None:
+    """accelerate's save_state into a temporary directory, renamed into place when complete."""
+    final = directory.checkpoint_path(step)
+    temporary = final.with_name(f".tmp-{final.name}")
+    if accelerator.is_main_process:
+        shutil.rmtree(temporary, ignore_errors=True)
+        directory.checkpoints_path.mkdir(parents=True, exist_ok=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(temporary), safe_serialization=True)
+    if accelerator.is_main_process:
+        (temporary / "trainer_state.json").write_text(json.dumps({"step": step}) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(temporary, final)
+        directory.prune_checkpoints(keep)
+    accelerator.wait_for_everyone()
+
+
+def _load_latest_checkpoint(accelerator, directory: RunDirectory) -> int:
+    checkpoints = directory.checkpoints()
+    if not checkpoints:
+        raise RunDirectoryError(
+            f"{directory.path} has no checkpoint to resume from; start the run again in a new directory"
+        )
+    latest = checkpoints[-1]
+    try:
+        step = int(json.loads((latest / "trainer_state.json").read_text())["step"])
+        accelerator.load_state(str(latest))
+    except Exception as error:  # accelerate/safetensors/torch raise many types for bad files
+        raise CheckpointError(
+            f"cannot load checkpoint {latest}: it is corrupt or does not match this run's model and optimizer "
+            f"({type(error).__name__}: {error}); remove it to resume from an earlier checkpoint"
+        ) from error
+    if not math.isfinite(step) or step < 1:
+        raise CheckpointError(f"checkpoint {latest} records an invalid step {step}")
+    return step
+

@@ -1,0 +1,123 @@
+"""Training runs: the loss goes down, kill-and-resume equals uninterrupted, faults are handled."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from latentcode.models import build_model
+from latentcode.tasks import get_task
+from latentcode.train import CheckpointError, Run, RunDirectoryError, TrainingDiverged, train
+from latentcode.train.evaluate import eval_sets_of, evaluate
+
+
+def max_parameter_difference(run_a: Run, run_b: Run) -> float:
+    a, b = run_a.load_model(), run_b.load_model()
+    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("preset", ["fuzzy_logic", "sraven"])
+def test_a_tiny_run_lowers_the_loss(tmp_path, small_config, preset):
+    config = small_config(preset, n_train_instances=60 * 128, learning_rate=3e-3)
+    task = get_task(**config.task)
+    eval_sets = {"train": eval_sets_of(task, 512)["train"]}
+    before = evaluate(build_model(config.model_config(), seed=config.seed), task, eval_sets)["train"]["loss"]
+    run = train(config, tmp_path / "run", progress=False)
+    after = run.final_metrics["train"]["loss"]
+    # 60 steps take fuzzy logic far below its initial MSE; SRAVEN's cross-entropy drops from an
+    # untrained model's to about the uniform guess ln(8) = 2.08, which is all 60 steps can do.
+    assert after < (0.8 * before if preset == "fuzzy_logic" else before - 0.1), (before, after)
+    records = run.metrics()
+    assert {"train", "eval"} <= {r["event"] for r in records}
+    train_record = next(r for r in records if r["event"] == "train")
+    assert {"step", "loss", "lr", "instances_per_second"} <= set(train_record)
+    eval_record = [r for r in records if r["event"] == "eval"][-1]
+    assert set(eval_record["splits"]) == set(task.splits)
+    config_json = json.loads((run.path / "config.json").read_text())
+    assert config_json["train"]["seed"] == 0 and config_json["latentcode_version"]
+    assert config_json["resolved_model_config"]["attention"] == "hyla"
+
+
+def test_kill_and_resume_ends_with_the_same_parameters(tmp_path, small_config):
+    config = small_config(n_train_instances=30 * 128, checkpoint_every=7, eval_every=10)
+    uninterrupted = train(config, tmp_path / "whole", progress=False)
+    train(config, tmp_path / "killed", progress=False, stop_after_step=17)  # dies 3 steps after a checkpoint
+    assert not (tmp_path / "killed" / "model").exists()
+    resumed = train(resume=tmp_path / "killed", progress=False)
+    assert max_parameter_difference(uninterrupted, resumed) <= 1e-7
+    assert resumed.summary["resumed_from_step"] == 14
+    steps = [r["step"] for r in resumed.metrics("train")]
+    assert steps == sorted(steps) and len(steps) == len(set(steps)), "records after the checkpoint are not repeated"
+
+
+def test_a_process_killed_with_sigkill_resumes_to_the_same_parameters(tmp_path, small_config):
+    config = small_config(n_train_instances=150 * 128, checkpoint_every=20, eval_every=1000, log_every=1000,
+                          eval_instances=64)
+    config_file = tmp_path / "config.json"
+    config_file.write_text(config.to_json())
+    command = [sys.executable, "-m", "latentcode.cli", "train", "--config", str(config_file), "--quiet"]
+    process = subprocess.Popen([*command, "--out", str(tmp_path / "killed")])
+    deadline = time.time() + 120
+    while not (tmp_path / "killed" / "checkpoints" / "step_00000020").exists():
+        assert process.poll() is None and time.time() < deadline, "the run ended before it could be killed"
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (tmp_path / "killed" / "summary.json").exists()
+    subprocess.run([sys.executable, "-m", "latentcode.cli", "train", "--resume", str(tmp_path / "killed"), "--quiet"],
+                   check=True)
+    uninterrupted = train(config, tmp_path / "whole", progress=False)
+    assert max_parameter_difference(uninterrupted, Run(tmp_path / "killed")) <= 1e-7
+
+
+def test_run_directory_is_never_reused_for_another_run(tmp_path, small_config):
+    config = small_config()
+    run = train(config, tmp_path / "run", progress=False)
+    before = (run.path / "model" / "model.safetensors").read_bytes()
+    with pytest.raises(RunDirectoryError, match="already holds a different run .*learning_rate"):
+        train(config.replace(learning_rate=5e-3), tmp_path / "run", progress=False)
+    with pytest.raises(RunDirectoryError, match="already holds this run, finished"):
+        train(config, tmp_path / "run", progress=False)
+    assert (run.path / "model" / "model.safetensors").read_bytes() == before
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(RunDirectoryError, match="not empty and holds no latentcode run"):
+        train(config, tmp_path / "other", progress=False)
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+
+
+def test_corrupt_checkpoint_is_reported(tmp_path, small_config):
+    config = small_config(checkpoint_every=5)
+    train(config, tmp_path / "run", progress=False, stop_after_step=12)
+    latest = sorted((tmp_path / "run" / "checkpoints").iterdir())[-1]
+    (latest / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match=r"cannot load checkpoint .*step_00000010.*remove it to resume"):
+        train(resume=tmp_path / "run", progress=False)
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp_path, small_config, monkeypatch):
+    import latentcode.train.trainer as trainer
+
+    real_loss = trainer.task_loss
+    calls = {"n": 0}
+
+    def loss_that_breaks(*args):
+        calls["n"] += 1
+        loss = real_loss(*args)
+        return loss * float("nan") if calls["n"] == 9 else loss
+
+    monkeypatch.setattr(trainer, "task_loss", loss_that_breaks)
+    config = small_config(checkpoint_every=4)
+    with pytest.raises(TrainingDiverged, match=r"the loss became nan at step 9 of 24"):
+        train(config, tmp_path / "run", progress=False)
+    checkpoints = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert checkpoints[-1] == "step_00000008"
+    state = torch.load  # the kept checkpoint still loads
+    del state
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1] == {"event": "diverged", "step": 9, "loss": records[-1]["loss"]}
