@@ -1,0 +1,173 @@
+"""`AdapterSource`: latent codes of attention that no other source can see, through a module the
+user names and a function from that module's inputs/outputs to its attention.
+
+Use it for attention written with explicit matmul/softmax, fused kernels, or anything else that
+neither passes through a TransformerLens HookPoint nor calls `scaled_dot_product_attention` /
+`nn.MultiheadAttention`. Example, for a model whose attention modules return
+`(output, weights)` with `weights` `[batch, head, query, key]`::
+
+    from latentcode.extract import AdapterSource, Recorder
+
+    source = AdapterSource(
+        model,
+        modules=[f"layers.{i}.attention" for i in range(len(model.layers))],
+        scores_fn=lambda module, args, kwargs, output: output[1],
+        score_kind="pattern",
+    )
+    with Recorder(model, "last-self", source=source) as recorder:
+        model(tokens)
+    codes = recorder.pop()
+
+`scores_fn(module, args, kwargs, output)` is called in a forward hook after each call of a named
+module (`args`/`kwargs` as the module received them) and returns `[batch, head, query, key]`:
+probabilities when `score_kind="pattern"`, raw pre-softmax scores (masked entries -inf) when
+`score_kind="scores"`. From raw scores the source can record both kinds (the pattern is their
+softmax over keys, computed for the requested queries only); from probabilities only the pattern.
+It may also recompute the attention from the module's inputs and weights, e.g. from the hidden
+states in `args[0]`, even by calling the module again (that inner call is not recorded).
+
+Layers are numbered in the order the modules are given (a dict keeps its order; its keys become
+the layer names). A module called several times in one forward pass reports each call under the
+same layer, and the last call's codes are kept.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from latentcode.extract.source import (
+    SCORE_KINDS,
+    AttentionSource,
+    PairsFor,
+    Sink,
+    check_score,
+    slice_pairs,
+)
+from latentcode.extract.torch_attention import check_pairs, codes_of_rows, softmax_rows
+
+ScoresFn = Callable[[nn.Module, tuple, dict, Any], Tensor]
+
+
+def find_module(model: nn.Module, name: str) -> nn.Module:
+    """`model.get_submodule(name)`, or a ValueError naming `name` and listing likely module names."""
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        pass
+    names = [module_name for module_name, _ in model.named_modules() if module_name]
+    close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
+    attention_like = [n for n in names if any(word in n.lower() for word in ("attn", "attention"))]
+    examples = list(dict.fromkeys(close + attention_like + names))[:8]
+    raise ValueError(
+        f"{type(model).__name__} has no module named {name!r}; "
+        + (f"did you mean one of {close}? " if close else "")
+        + f"its modules include {examples}"
+        + (f" (and {len(names) - len(examples)} more; see model.named_modules())" if len(names) > len(examples) else "")
+    )
+
+
+class AdapterSource(AttentionSource):
+    """Latent codes from named modules through `scores_fn`; see the module docstring.
+
+    model: the model the Recorder runs.
+    modules: module names (`"layers.0.attn"`), or a dict from layer name to module or module name;
+        the order gives the layer numbers.
+    scores_fn: `(module, args, kwargs, output) -> [batch, head, query, key]` tensor.
+    score_kind: what scores_fn returns: "pattern" (probabilities) or "scores" (raw, masked = -inf).
+    """
+
+    name = "adapter"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        modules: Mapping[str, nn.Module | str] | Sequence[str | nn.Module],
+        scores_fn: ScoresFn,
+        score_kind: str = "pattern",
+    ):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
+        if not callable(scores_fn):
+            raise TypeError(f"scores_fn must be callable (module, args, kwargs, output) -> tensor, got {scores_fn!r}")
+        if score_kind not in SCORE_KINDS:
+            raise ValueError(f"score_kind must be one of {SCORE_KINDS}, got {score_kind!r}")
+        if isinstance(modules, str) or not isinstance(modules, (Mapping, Sequence)):
+            raise TypeError(f"modules must be a list of module names or a dict name -> module, got {modules!r}")
+        if not modules:
+            raise ValueError("modules is empty: name at least one attention module")
+        names_by_module = {id(module): module_name for module_name, module in model.named_modules()}
+        items = modules.items() if isinstance(modules, Mapping) else [(None, entry) for entry in modules]
+        self.modules: list[nn.Module] = []
+        self._layer_names: list[str] = []
+        for given_name, entry in items:
+            if isinstance(entry, str):
+                module = find_module(model, entry)
+                module_name = entry
+            elif isinstance(entry, nn.Module):
+                module = entry
+                module_name = names_by_module.get(id(entry), type(entry).__name__)
+            else:
+                raise TypeError(f"a module is an nn.Module or a module name, got {entry!r}")
+            self.modules.append(module)
+            self._layer_names.append(given_name if given_name is not None else module_name)
+        self.model = model
+        self.scores_fn = scores_fn
+        self.score_kind = score_kind
+
+    def n_layers(self) -> int:
+        return len(self.modules)
+
+    def layer_names(self) -> list[str]:
+        return list(self._layer_names)
+
+    @contextmanager
+    def capture(self, pairs_for: PairsFor, score: str, sink: Sink) -> Iterator[None]:
+        check_score(score)
+        if score == "scores" and self.score_kind == "pattern":
+            raise ValueError(
+                "raw scores were asked for, but this AdapterSource's scores_fn returns probabilities "
+                "(score_kind='pattern'); record score='pattern', or give a scores_fn that returns raw "
+                "scores with score_kind='scores'"
+            )
+        handles = []
+        busy: set[int] = set()  # layers whose scores_fn is running: it may call the module again
+        try:
+            for layer, module in enumerate(self.modules):
+
+                def record(module, args, kwargs, output, layer=layer):
+                    if layer in busy:
+                        return
+                    busy.add(layer)
+                    try:
+                        attention = self.scores_fn(module, args, kwargs, output)
+                    finally:
+                        busy.discard(layer)
+                    if not isinstance(attention, Tensor) or attention.dim() != 4:
+                        shape = tuple(attention.shape) if isinstance(attention, Tensor) else type(attention).__name__
+                        raise ValueError(
+                            f"scores_fn for layer {layer} ({self._layer_names[layer]}) must return a "
+                            f"[batch, head, query, key] tensor, got {shape}"
+                        )
+                    pairs = pairs_for(layer, attention.shape[-1])
+                    if pairs is None:
+                        return
+                    check_pairs(pairs, attention.shape[-2], attention.shape[-1], f"layer {layer} ({self._layer_names[layer]})")
+                    if score == self.score_kind:
+                        sink(layer, *pairs, slice_pairs(attention, pairs))
+                        return
+                    rows, inverse = torch.unique(pairs[0], return_inverse=True)
+                    with torch.no_grad():  # probabilities from raw scores, for the requested queries only
+                        rows_attention = softmax_rows(attention.index_select(-2, rows.to(attention.device)).float())
+                    sink(layer, *pairs, codes_of_rows(rows_attention, inverse, pairs[1]))
+
+                handles.append(module.register_forward_hook(record, with_kwargs=True))
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()

@@ -1,0 +1,272 @@
+"""`BridgeSource`: latent codes of transformer-lens 4.x `TransformerBridge`s.
+
+transformer-lens 4.x replaced `HookedTransformer` with `TransformerBridge`, which wraps a Hugging
+Face model (`TransformerBridge.boot_transformers(name, hf_model=..., tokenizer=...)`) or a small
+TransformerLens-native one (`TransformerBridge.boot_native(TransformerBridgeConfig(...))`) and
+exposes the familiar hook names: `blocks.{l}.attn.hook_q`, `hook_k` `[batch, pos, head, d_head]`,
+`hook_attn_scores` and `hook_pattern` `[batch, head, query, key]`.
+
+    bridge = TransformerBridge.boot_native(TransformerBridgeConfig(d_model=64, d_head=16, n_layers=2,
+                                                                  n_ctx=32, n_heads=4, d_vocab=100))
+    with Recorder(bridge, "last-self") as recorder:      # detect_source picks BridgeSource
+        bridge(tokens)
+
+Layers are the blocks, `blocks.{l}.attn`, numbered as TransformerLens numbers them.
+
+- `score="pattern"`: `hook_pattern` (the post-softmax probabilities).
+- `score="scores"`: in 4.x, `hook_attn_scores` carries the raw pre-softmax scores only for some
+  architectures (e.g. GPT-2's joint-QKV attention, rotary models); for others (boot_native models,
+  BERT, and any attention whose Hugging Face module computes the softmax itself) it carries the
+  post-softmax pattern, the very tensor `hook_pattern` sees. The source checks, per layer and
+  forward pass, whether the tensor at `hook_attn_scores` equals the one at `hook_pattern`; if not,
+  it records `hook_attn_scores`; if so, it rebuilds the raw scores from `hook_q` and `hook_k`:
+  q·kᵀ times the module's `scaling` (Hugging Face) or divided by `cfg.attn_scale` (sqrt(d_head)
+  by default), with -inf where the key is masked: after the query when `cfg.attention_dir ==
+  "causal"`, and where the `attention_mask` given to the model is 0. It then checks that the
+  softmax of those scores reproduces `hook_pattern` (for queries with at least one unmasked key)
+  and raises if not, so an architecture it cannot rebuild (ALiBi, soft-capping, local windows, a
+  mask it cannot see) fails loudly rather than silently; the check is skipped when dropout can
+  change the pattern (training mode with a dropout rate above 0). The check compares
+  probabilities, so it catches wrong masks and positional terms, not a slightly wrong scale on
+  near-uniform attention. In all cases masked entries are -inf (the large negative
+  numbers Hugging Face uses as minus infinity are turned into -inf).
+
+The hooks are plain PyTorch forward hooks on the HookPoint modules (the HookPoint's own tensor
+conversion applied), invisible to TransformerLens's hook bookkeeping, so `run_with_hooks`,
+`run_with_cache` and `reset_hooks()` neither see nor remove them.
+
+transformer-lens 3.x `HookedTransformer`s do not need this module: they have the same hook names
+as our models and `HookPointSource` reads them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from latentcode.extract.source import (
+    AttentionSource,
+    NoAttentionCaptured,
+    PairsFor,
+    Sink,
+    check_score,
+    slice_pairs,
+)
+from latentcode.extract.torch_attention import check_pairs, codes_of_rows, softmax_rows
+
+_PATTERN_HOOK = re.compile(r"^blocks\.(\d+)\.attn\.hook_pattern$")
+
+
+def is_transformer_bridge(model: Any) -> bool:
+    """Whether `model` is a transformer-lens 4.x `TransformerBridge` (decided from the class's name
+    and module, so that nothing is imported for other models)."""
+    return any(
+        cls.__name__ == "TransformerBridge" and cls.__module__.startswith("transformer_lens")
+        for cls in type(model).__mro__
+    )
+
+
+def _converted(hook_point: nn.Module, tensor: Any) -> Any:
+    """What a TransformerLens hook on `hook_point` sees (4.x HookPoints may reshape, e.g. hook_q)."""
+    conversion = getattr(hook_point, "hook_conversion", None)
+    return conversion.convert(tensor) if conversion is not None and isinstance(tensor, Tensor) else tensor
+
+
+def _as_minus_infinity(scores: Tensor) -> Tensor:
+    """float32 scores with the large negative "minus infinity" of additive masks turned into -inf."""
+    lowest = torch.finfo(scores.dtype).min if scores.dtype.is_floating_point else -math.inf
+    return scores.float().masked_fill(scores <= lowest / 2, float("-inf"))
+
+
+def _dropout_active(attention: nn.Module) -> bool:
+    """Whether dropout may change this attention's pattern (training mode and a dropout rate > 0)."""
+    if not attention.training:
+        return False
+    for module in attention.modules():
+        if isinstance(module, nn.Dropout) and module.p > 0:
+            return True
+        rate = getattr(module, "attention_dropout", None)
+        if isinstance(rate, float) and rate > 0:
+            return True
+    return False
+
+
+class BridgeSource(AttentionSource):
+    """A transformer-lens 4.x `TransformerBridge`; see the module docstring."""
+
+    name = "transformer_bridge"
+
+    def __init__(self, model: nn.Module):
+        if not is_transformer_bridge(model):
+            raise TypeError(f"BridgeSource reads transformer-lens 4.x TransformerBridge models, got {type(model).__name__}")
+        self.model = model
+        self.hook_dict = model.hook_dict
+        layers = {int(match.group(1)) for name in self.hook_dict if (match := _PATTERN_HOOK.match(name))}
+        if not layers:
+            raise NoAttentionCaptured(
+                f"this TransformerBridge has no hook named blocks.<layer>.attn.hook_pattern "
+                f"(its architecture {getattr(model.cfg, 'architecture', '?')!r} may have no attention)"
+            )
+        self._n_layers = max(layers) + 1
+
+    def n_layers(self) -> int:
+        return self._n_layers
+
+    def layer_names(self) -> list[str]:
+        return [f"blocks.{layer}.attn" for layer in range(self._n_layers)]
+
+    def _hook(self, layer: int, name: str) -> nn.Module | None:
+        return self.hook_dict.get(f"blocks.{layer}.attn.{name}")
+
+    @contextmanager
+    def capture(self, pairs_for: PairsFor, score: str, sink: Sink) -> Iterator[None]:
+        check_score(score)
+        self.hook_dict = self.model.hook_dict  # as it is now (compatibility mode may have changed it)
+        handles = []
+        try:
+            if score == "pattern":
+                for layer in range(self._n_layers):
+                    hook_point = self._hook(layer, "hook_pattern")
+                    if hook_point is None:
+                        continue
+
+                    def record(module, inputs, output, layer=layer):
+                        pattern = _converted(module, output)
+                        pairs = pairs_for(layer, pattern.shape[-1])
+                        if pairs is not None:
+                            sink(layer, *pairs, slice_pairs(pattern, pairs))
+
+                    handles.append(hook_point.register_forward_hook(record))
+            else:
+                handles += self._capture_scores(pairs_for, sink)
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    # -- raw scores -----------------------------------------------------------------------------------
+    def _capture_scores(self, pairs_for: PairsFor, sink: Sink) -> list:
+        seen: dict[int, dict[str, Tensor]] = {}  # per layer, this pass: q, k, hook_attn_scores, hook_pattern
+        model_inputs: dict[str, Tensor | None] = {"attention_mask": None}
+        handles = []
+
+        def remember_mask(module, args, kwargs):
+            mask = kwargs.get("attention_mask")
+            model_inputs["attention_mask"] = mask if isinstance(mask, Tensor) and mask.dim() == 2 else None
+
+        wrapped = self.model.__dict__.get("original_model") or getattr(self.model, "original_model", None)
+        if isinstance(wrapped, nn.Module):
+            handles.append(wrapped.register_forward_pre_hook(remember_mask, with_kwargs=True))
+
+        for layer in range(self._n_layers):
+            attention = self.model.get_submodule(f"blocks.{layer}.attn")
+            for kind in ("hook_q", "hook_k", "hook_attn_scores", "hook_pattern"):
+                hook_point = self._hook(layer, kind)
+                if hook_point is None:
+                    continue
+
+                def keep(module, inputs, output, layer=layer, kind=kind):
+                    seen.setdefault(layer, {})[kind] = _converted(module, output)
+
+                handles.append(hook_point.register_forward_hook(keep))
+
+            def finish(module, inputs, output, layer=layer):
+                tensors = seen.pop(layer, {})
+                pattern = tensors.get("hook_pattern")
+                if pattern is None:
+                    return
+                pairs = pairs_for(layer, pattern.shape[-1])
+                if pairs is None:
+                    return
+                check_pairs(pairs, pattern.shape[-2], pattern.shape[-1], f"blocks.{layer}.attn")
+                rows, inverse = torch.unique(pairs[0], return_inverse=True)
+                rows = rows.to(pattern.device)
+                with torch.no_grad():
+                    scores = self._raw_scores(layer, module, tensors, pattern, rows, model_inputs["attention_mask"])
+                sink(layer, *pairs, codes_of_rows(scores, inverse, pairs[1]))
+
+            handles.append(attention.register_forward_hook(finish))
+        return handles
+
+    def _raw_scores(
+        self,
+        layer: int,
+        attention: nn.Module,
+        tensors: dict[str, Tensor],
+        pattern: Tensor,
+        rows: Tensor,
+        attention_mask: Tensor | None,
+    ) -> Tensor:
+        """Raw scores `[batch, head, len(rows), key]` of the query positions `rows`."""
+        given = tensors.get("hook_attn_scores")
+        if (
+            isinstance(given, Tensor)
+            and given.shape == pattern.shape
+            and given is not pattern
+            and not torch.equal(given.index_select(-2, rows), pattern.index_select(-2, rows))
+        ):
+            return _as_minus_infinity(given.index_select(-2, rows))
+        q, k = tensors.get("hook_q"), tensors.get("hook_k")
+        if q is None or k is None or q.dim() != 4 or k.dim() != 4:
+            raise NoAttentionCaptured(
+                f"blocks.{layer}.attn: hook_attn_scores holds the post-softmax pattern and hook_q/hook_k "
+                f"did not fire with [batch, pos, head, d_head] tensors (got {None if q is None else tuple(q.shape)}, "
+                f"{None if k is None else tuple(k.shape)}), so raw scores cannot be rebuilt; record score='pattern'"
+            )
+        scores = self._scores_from_qk(layer, attention, q, k, rows, attention_mask)
+        if not _dropout_active(attention):
+            self._check_against_pattern(layer, scores, pattern.index_select(-2, rows))
+        return scores
+
+    def _scores_from_qk(
+        self, layer: int, attention: nn.Module, q: Tensor, k: Tensor, rows: Tensor, attention_mask: Tensor | None
+    ) -> Tensor:
+        cfg = self.model.cfg
+        n_heads = q.shape[2]
+        if k.shape[2] != n_heads:  # grouped-query attention: each key head serves a group of query heads
+            k = k.repeat_interleave(n_heads // k.shape[2], dim=2)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q.index_select(1, rows).float(), k.float())
+        scaling = next(
+            (m.scaling for m in attention.modules() if isinstance(getattr(m, "scaling", None), float)), None
+        )
+        if scaling is not None:
+            scores = scores * scaling
+        else:
+            divisor = 1.0
+            if getattr(cfg, "use_attn_scale", True):
+                attn_scale = getattr(cfg, "attn_scale", -1.0)
+                divisor = attn_scale if attn_scale > 0 else math.sqrt(q.shape[-1])
+            if getattr(cfg, "scale_attn_by_inverse_layer_idx", False):
+                divisor *= layer + 1
+            scores = scores / divisor
+        n_keys = k.shape[1]
+        if getattr(cfg, "attention_dir", "causal") == "causal":
+            offset = n_keys - q.shape[1]  # queries are the last positions when a cache holds earlier keys
+            later = torch.arange(n_keys, device=scores.device) > (rows[:, None] + offset)
+            scores = scores.masked_fill(later, float("-inf"))
+        if attention_mask is not None and attention_mask.shape == (scores.shape[0], n_keys):
+            padding = (attention_mask == 0).to(scores.device)[:, None, None, :]
+            scores = scores.masked_fill(padding, float("-inf"))
+        return scores
+
+    @staticmethod
+    def _check_against_pattern(layer: int, scores: Tensor, pattern_rows: Tensor) -> None:
+        reproduced = softmax_rows(scores)
+        attended = ~torch.isneginf(scores).all(dim=-1)  # queries with at least one key
+        if not attended.any():
+            return
+        difference = (reproduced - pattern_rows.float()).abs().amax(dim=-1)[attended].max().item()
+        tolerance = 1e-4 if pattern_rows.dtype in (torch.float32, torch.float64) else 2e-2
+        if not difference <= tolerance:
+            raise RuntimeError(
+                f"blocks.{layer}.attn: the raw scores rebuilt from hook_q/hook_k do not reproduce "
+                f"hook_pattern (largest difference {difference:.2e} > {tolerance:g}): this architecture's "
+                "attention (e.g. ALiBi, soft-capping, local windows or a mask the source cannot see) is "
+                "not covered; record score='pattern' instead, or use AdapterSource"
+            )

@@ -1,0 +1,192 @@
+"""`Recorder`: a context manager that records latent codes at selected sites during forward passes.
+
+    with Recorder(model, "last-self") as recorder:       # or sites=[(0, -1, -1), ...]
+        model(inputs_1)
+        model(inputs_2)
+    codes = recorder.pop()        # {Site(layer, query, key): float32 [N, H]}, N over both passes
+
+Works for any model a source can read (see `latentcode.extract.source`): our models, TransformerLens
+models, and PyTorch models using scaled_dot_product_attention / nn.MultiheadAttention, or an
+adapter. Only the selected entries are kept, sliced while the forward pass runs.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from latentcode.extract.sites import (
+    MAX_ALL_PAIRS,
+    Selector,
+    SiteError,
+    check_layer,
+    parse_selector,
+    resolve_positions,
+)
+from latentcode.extract.source import (
+    AttentionSource,
+    NoAttentionCaptured,
+    check_score,
+    detect_source,
+)
+from latentcode.store import Site
+
+
+class Recorder:
+    """Record the latent codes (`score="pattern"`) or raw scores (`score="scores"`) at `sites`.
+
+    sites: a selector spec (`"last-self"`, `"sraven-rule"`, `"all-pairs:0"`, `"0:-1:-1,1:35:27"`),
+        a `Selector`, or a list of `Site`s / (layer, query, key) tuples; negative positions count
+        from the end. `task_config` places the `sraven-rule` sites.
+    source: where to read attention from; detected from the model when not given.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        sites: str | Selector | Sequence = "last-self",
+        score: str = "pattern",
+        source: AttentionSource | None = None,
+        task_config: dict | None = None,
+    ):
+        self.model = model
+        self.score = check_score(score)
+        self.selector = parse_selector(sites, task_config)
+        self.source = source if source is not None else detect_source(model)
+        self.n_layers = self.source.n_layers()
+        if self.n_layers is not None:
+            self._check_layers_exist(self.n_layers)
+        self.n_heads: int | None = None
+        self._pairs_cache: dict[tuple[int, int], tuple[Tensor, Tensor] | None] = {}
+        self._current: dict[Site, Tensor] = {}
+        self._finished: dict[Site, list[np.ndarray]] = defaultdict(list)
+        self._layers_seen: set[int] = set()
+        self._handles: list = []
+        self._capture = None
+
+    # -- which pairs ------------------------------------------------------------------------------
+    def _check_layers_exist(self, n_layers: int) -> None:
+        if self.selector.all_pairs_layer is not None:
+            check_layer(self.selector.all_pairs_layer, n_layers, self.selector.name)
+        for layer, query, key in self.selector.requests:
+            if layer is not None:
+                check_layer(layer, n_layers, f"{layer}:{query}:{key}")
+
+    def _requested_layer(self, layer: int | None) -> int | None:
+        if layer is None or layer >= 0:
+            return layer
+        if self.n_layers is None:
+            raise SiteError(
+                f"negative layer {layer} needs the number of attention layers, which the "
+                f"{self.source.name} source learns only during a forward pass; give a non-negative layer"
+            )
+        return layer % self.n_layers
+
+    def pairs_for(self, layer: int, seq_len: int) -> tuple[Tensor, Tensor] | None:
+        """The absolute (query, key) positions to record in `layer`, or None to skip the layer."""
+        key = (layer, seq_len)
+        if key not in self._pairs_cache:
+            if self.selector.all_pairs_layer is not None:
+                pairs = []
+                if layer == self._requested_layer(self.selector.all_pairs_layer):
+                    if seq_len * seq_len > MAX_ALL_PAIRS:
+                        raise SiteError(
+                            f"all-pairs on sequences of {seq_len} tokens is {seq_len * seq_len} sites, more than "
+                            f"the {MAX_ALL_PAIRS} allowed; select query/key positions explicitly"
+                        )
+                    pairs = [(query, key) for query in range(seq_len) for key in range(seq_len)]
+            else:
+                pairs = []
+                for requested_layer, query, key_position in self.selector.requests:
+                    requested = self._requested_layer(requested_layer)
+                    if requested is None or requested == layer:
+                        try:
+                            pairs.append(resolve_positions((query, key_position), seq_len))
+                        except SiteError as error:
+                            raise SiteError(f"site {requested_layer}:{query}:{key_position} in layer {layer}: {error}") from None
+                pairs = list(dict.fromkeys(pairs))
+            if pairs:
+                queries, keys = zip(*pairs, strict=True)
+                self._pairs_cache[key] = (torch.tensor(queries), torch.tensor(keys))
+            else:
+                self._pairs_cache[key] = None
+        return self._pairs_cache[key]
+
+    # -- capture ------------------------------------------------------------------------------------
+    def _sink(self, layer: int, queries: Tensor, keys: Tensor, codes: Tensor) -> None:
+        if self.n_heads is None:
+            self.n_heads = codes.shape[1]
+        self._layers_seen.add(layer)
+        for index, (query, key) in enumerate(zip(queries.tolist(), keys.tolist(), strict=True)):
+            self._current[Site(layer, query, key)] = codes[:, :, index]
+
+    def _before_forward(self, module, args) -> None:
+        self._current = {}
+        self._layers_seen = set()
+
+    def _after_forward(self, module, args, output) -> None:
+        if not self._layers_seen:
+            raise NoAttentionCaptured(
+                f"no latent code was captured from {type(self.model).__name__} ({self.source.name} source): "
+                "it has no HookPoint named blocks.<layer>.attn.hook_pattern and made no call to "
+                "scaled_dot_product_attention or nn.MultiheadAttention that could be intercepted, or the "
+                "selected layers never ran; for other attention code use latentcode.extract.AdapterSource"
+            )
+        wanted = {self._requested_layer(layer) for layer, _, _ in self.selector.requests} - {None}
+        if self.selector.all_pairs_layer is not None:
+            wanted.add(self._requested_layer(self.selector.all_pairs_layer))
+        if self.n_layers is None:
+            ran = max(self._layers_seen) + 1
+            missing = sorted(layer for layer in wanted if layer >= ran)
+            if missing:
+                raise SiteError(
+                    f"sites in layer(s) {missing} were requested but the model ran only {ran} attention layers"
+                )
+        for site, codes in self._current.items():
+            self._finished[site].append(codes.cpu().numpy())
+        self._current = {}
+
+    def __enter__(self) -> Recorder:
+        self._handles = [
+            self.model.register_forward_pre_hook(self._before_forward),
+            self.model.register_forward_hook(self._after_forward),
+        ]
+        self._capture = self.source.capture(self.pairs_for, self.score, self._sink)
+        try:
+            self._capture.__enter__()
+        except BaseException:
+            self._remove_hooks()
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        try:
+            if self._capture is not None:
+                self._capture.__exit__(exc_type, exc, traceback)
+        finally:
+            self._capture = None
+            self._remove_hooks()
+
+    def _remove_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    # -- results ------------------------------------------------------------------------------------
+    @property
+    def sites(self) -> list[Site]:
+        return sorted(self._finished)
+
+    def codes(self) -> dict[Site, np.ndarray]:
+        """`{site: float32 [N, H]}` over every forward pass recorded so far."""
+        return {site: np.concatenate(self._finished[site], axis=0) for site in self.sites}
+
+    def pop(self) -> dict[Site, np.ndarray]:
+        """Like `codes()`, then forget them (for streaming batch after batch)."""
+        codes = self.codes()
+        self._finished = defaultdict(list)
+        return codes

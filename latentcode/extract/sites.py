@@ -1,0 +1,144 @@
+"""Sites and selectors: which latent codes a[:, q, k] to record.
+
+A site is a (layer, query position, key position) choice (`latentcode.store.Site`); a selector
+names a set of sites. Requests may use negative positions, counted from the end of the sequence
+(-1 is the last token); recorded sites always carry absolute positions.
+
+Selector specs (strings, as on the command line):
+
+- `last-self`: the last query position attending to itself, in every layer (the paper's
+  fuzzy-logic analysis).
+- `sraven-rule`: the last query token attending to the tokens of the same feature in the two
+  context panels of the last row, in every layer (the paper's SRAVEN analysis). With M features
+  the sequence has 9M tokens; the last query token is feature M-1 of the 9th panel (position
+  9M-1) and the same feature of panels 7 and 8 sits at 7M-1 and 8M-1. Meant for `unpermuted`
+  instances, where position j of every panel is feature j.
+- `all-pairs:LAYER`: every (query, key) pair of one layer; refused above `MAX_ALL_PAIRS` sites.
+- an explicit list `LAYER:QUERY:KEY[,LAYER:QUERY:KEY...]`; `*` as LAYER means every layer
+  (e.g. `*:-1:-1` is `last-self`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from latentcode.store import Site
+
+PRESETS = ("last-self", "sraven-rule", "all-pairs")
+MAX_ALL_PAIRS = 4096
+
+# A request: (layer, query, key) with possibly negative positions; layer None means every layer.
+SiteRequest = tuple[int | None, int, int]
+
+
+class SiteError(ValueError):
+    """A site or selector that does not fit the model or the sequence; says which and why."""
+
+
+@dataclass(frozen=True)
+class Selector:
+    """A named set of site requests; `resolve` turns them into absolute sites for a model."""
+
+    name: str
+    requests: tuple[SiteRequest, ...] = ()
+    all_pairs_layer: int | None = None
+    default_variant: str | None = None  # e.g. sraven-rule reads unpermuted instances
+
+    def resolve(self, n_layers: int, seq_len: int) -> list[Site]:
+        """Absolute sites for a model of `n_layers` layers on sequences of `seq_len` tokens."""
+        if self.all_pairs_layer is not None:
+            layer = check_layer(self.all_pairs_layer, n_layers, f"all-pairs:{self.all_pairs_layer}")
+            n_sites = seq_len * seq_len
+            if n_sites > MAX_ALL_PAIRS:
+                raise SiteError(
+                    f"all-pairs on sequences of {seq_len} tokens is {n_sites} sites, more than the "
+                    f"{MAX_ALL_PAIRS} allowed; select query/key positions explicitly (LAYER:QUERY:KEY,...)"
+                )
+            return [Site(layer, q, k) for q in range(seq_len) for k in range(seq_len)]
+        sites = []
+        for layer, query, key in self.requests:
+            layers = range(n_layers) if layer is None else [check_layer(layer, n_layers, f"{layer}:{query}:{key}")]
+            for resolved_layer in layers:
+                sites.append(Site(resolved_layer, *resolve_positions((query, key), seq_len)))
+        return sorted(dict.fromkeys(sites))
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "requests": [list(r) for r in self.requests], "all_pairs_layer": self.all_pairs_layer}
+
+
+def check_layer(layer: int, n_layers: int, what: str) -> int:
+    if not -n_layers <= layer < n_layers:
+        raise SiteError(f"site {what}: layer {layer} is outside the model's {n_layers} layers (0..{n_layers - 1})")
+    return layer % n_layers
+
+
+def resolve_positions(positions: Iterable[int], seq_len: int) -> tuple[int, ...]:
+    """Absolute positions; negative ones count from the end. Out of range raises SiteError."""
+    resolved = []
+    for position in positions:
+        if not -seq_len <= position < seq_len:
+            raise SiteError(
+                f"position {position} is outside the sequence of {seq_len} tokens "
+                f"(valid: 0..{seq_len - 1}, or -{seq_len}..-1 from the end)"
+            )
+        resolved.append(position % seq_len)
+    return tuple(resolved)
+
+
+def sraven_rule_selector(n_features: int) -> Selector:
+    M = n_features
+    query = 9 * M - 1
+    return Selector(
+        "sraven-rule", requests=((None, query, 7 * M - 1), (None, query, 8 * M - 1)), default_variant="unpermuted"
+    )
+
+
+def parse_selector(spec: str | Selector | Sequence, task_config: dict | None = None) -> Selector:
+    """A `Selector` from a spec string (see the module docstring), a list of (layer, query, key)
+    tuples or `Site`s, or a Selector. `task_config` supplies M for `sraven-rule`."""
+    if isinstance(spec, Selector):
+        return spec
+    if not isinstance(spec, str):
+        requests = []
+        for item in spec:
+            if isinstance(item, Site):
+                requests.append((item.layer, item.query, item.key))
+            elif isinstance(item, (tuple, list)) and len(item) == 3:
+                requests.append(tuple(item))
+            else:
+                raise SiteError(f"a site is (layer, query, key), got {item!r}")
+        if not requests:
+            raise SiteError("the list of sites is empty")
+        return Selector("explicit", requests=tuple(requests))
+    spec = spec.strip()
+    if spec == "last-self":
+        return Selector("last-self", requests=((None, -1, -1),))
+    if spec == "sraven-rule":
+        task_config = task_config or {}
+        if task_config.get("name") != "sraven":
+            raise SiteError(
+                "the sraven-rule selector needs a SRAVEN task (it places the sites by the number of "
+                f"features M), got task {task_config.get('name')!r}"
+            )
+        return sraven_rule_selector(int(task_config.get("n_features", 4)))
+    if spec.startswith("all-pairs"):
+        _, _, layer = spec.partition(":")
+        if not layer.lstrip("-").isdigit():
+            raise SiteError(f"all-pairs needs a layer, as in all-pairs:0; got {spec!r}")
+        return Selector(spec, all_pairs_layer=int(layer))
+    requests = []
+    for part in spec.split(","):
+        fields = part.strip().split(":")
+        try:
+            if len(fields) != 3:
+                raise ValueError
+            layer = None if fields[0] == "*" else int(fields[0])
+            requests.append((layer, int(fields[1]), int(fields[2])))
+        except ValueError:
+            raise SiteError(
+                f"cannot read site {part.strip()!r} of {spec!r}: expected a preset ({', '.join(PRESETS)}) or "
+                "LAYER:QUERY:KEY[,LAYER:QUERY:KEY...] with integers (negative positions count from the end, "
+                "* as LAYER means every layer)"
+            ) from None
+    return Selector("explicit", requests=tuple(requests))

@@ -1,0 +1,155 @@
+"""Attention sources: where a forward pass's latent codes are captured from.
+
+A source attaches hooks to a model for the duration of `capture(...)`. During each forward pass it
+calls `sink(layer, query_positions, key_positions, codes)` once per captured attention layer,
+with `codes[b, h, i] = a[b, h, query_positions[i], key_positions[i]]` `[batch, head, n_pairs]`,
+sliced as the forward pass runs so that memory stays O(batch x sites x heads).
+
+Sources:
+
+- `HookPointSource` (this file): models whose attention passes through TransformerLens-style
+  HookPoints named `blocks.{l}.attn.hook_pattern` / `hook_attn_scores`: our models and
+  TransformerLens `HookedTransformer`s.
+- `latentcode.extract.bridge.BridgeSource`: transformer-lens 4.x `TransformerBridge`s.
+- `latentcode.extract.torch_attention.TorchAttentionSource`: any PyTorch model whose attention goes
+  through `torch.nn.functional.scaled_dot_product_attention` or `torch.nn.MultiheadAttention`.
+- `latentcode.extract.adapter.AdapterSource`: anything else, through a user-named module and a
+  function from its inputs/outputs to scores.
+
+`detect_source(model)` picks the first that applies.
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from torch import Tensor, nn
+
+SCORE_KINDS = ("pattern", "scores")
+
+# sink(layer, query_positions [n], key_positions [n], codes [batch, head, n])
+Sink = Callable[[int, Tensor, Tensor, Tensor], None]
+# pairs_for(layer, seq_len) -> (query_positions, key_positions) to record, or None to skip the layer
+PairsFor = Callable[[int, int], "tuple[Tensor, Tensor] | None"]
+
+
+class NoAttentionCaptured(RuntimeError):
+    """A forward pass ran but no latent code could be captured from the model."""
+
+
+class AttentionSource(abc.ABC):
+    """Where latent codes come from. Subclasses implement `capture`."""
+
+    #: stored in the codes file's `source` attribute
+    name: str = "unknown"
+
+    def n_layers(self) -> int | None:
+        """Number of attention layers, if known before a forward pass."""
+        return None
+
+    def layer_names(self) -> list[str] | None:
+        """A module name per attention layer, where known."""
+        return None
+
+    @abc.abstractmethod
+    @contextmanager
+    def capture(self, pairs_for: PairsFor, score: str, sink: Sink) -> Iterator[None]:
+        """While active, every forward pass reports the requested codes to `sink`."""
+
+
+def check_score(score: str) -> str:
+    if score not in SCORE_KINDS:
+        raise ValueError(f"score must be one of {SCORE_KINDS}, got {score!r}")
+    return score
+
+
+def slice_pairs(attention: Tensor, pairs: tuple[Tensor, Tensor]) -> Tensor:
+    """`attention[:, :, q_i, k_i]` for each pair: `[batch, head, n_pairs]`, detached and float32."""
+    queries, keys = pairs
+    return attention[:, :, queries.to(attention.device), keys.to(attention.device)].detach().float()
+
+
+_PATTERN_HOOK = re.compile(r"^blocks\.(\d+)\.attn\.hook_pattern$")
+
+
+class HookPointSource(AttentionSource):
+    """Our models and TransformerLens `HookedTransformer`s: forward hooks on the HookPoints
+    `blocks.{l}.attn.hook_pattern` (latent codes) or `blocks.{l}.attn.hook_attn_scores` (raw scores).
+
+    The hooks are plain PyTorch forward hooks on the HookPoint modules, so they neither need nor
+    disturb TransformerLens's own hook bookkeeping (a user's `run_with_hooks` still works)."""
+
+    name = "latentcode"
+
+    def __init__(self, model: nn.Module, name: str | None = None):
+        hook_dict = getattr(model, "hook_dict", None)
+        if not hook_dict:
+            raise NoAttentionCaptured(f"{type(model).__name__} has no TransformerLens hook points (hook_dict)")
+        self.model = model
+        self.hook_points = {}
+        for hook_name, hook_point in hook_dict.items():
+            match = _PATTERN_HOOK.match(hook_name)
+            if match:
+                self.hook_points[int(match.group(1))] = hook_point
+        if not self.hook_points:
+            raise NoAttentionCaptured(f"{type(model).__name__} has no hook point named blocks.<layer>.attn.hook_pattern")
+        self._n_layers = max(self.hook_points) + 1
+        self.hook_dict = hook_dict
+        if name is not None:
+            self.name = name
+
+    @staticmethod
+    def applies_to(model: nn.Module) -> bool:
+        hook_dict = getattr(model, "hook_dict", None)
+        return bool(hook_dict) and any(_PATTERN_HOOK.match(name) for name in hook_dict)
+
+    def n_layers(self) -> int:
+        return self._n_layers
+
+    def layer_names(self) -> list[str]:
+        return [f"blocks.{layer}.attn" for layer in range(self._n_layers)]
+
+    def hook_name(self, layer: int, score: str) -> str:
+        return f"blocks.{layer}.attn.{'hook_pattern' if score == 'pattern' else 'hook_attn_scores'}"
+
+    @contextmanager
+    def capture(self, pairs_for: PairsFor, score: str, sink: Sink) -> Iterator[None]:
+        check_score(score)
+        handles = []
+        try:
+            for layer in range(self._n_layers):
+                hook_point = self.hook_dict[self.hook_name(layer, score)]
+
+                def record(module, inputs, output, layer=layer):
+                    pairs = pairs_for(layer, output.shape[-1])
+                    if pairs is not None:
+                        sink(layer, *pairs, slice_pairs(output, pairs))
+
+                handles.append(hook_point.register_forward_hook(record))
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
+def detect_source(model: nn.Module) -> AttentionSource:
+    """The source for `model`: HookPoints if it has them (our models, HookedTransformer), the
+    TransformerBridge source for transformer-lens 4.x bridges, else SDPA/MultiheadAttention
+    interception. Use `AdapterSource` explicitly for anything else."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
+    from latentcode.extract.bridge import BridgeSource, is_transformer_bridge
+
+    if is_transformer_bridge(model):
+        return BridgeSource(model)
+    if HookPointSource.applies_to(model):
+        from latentcode.models.transformer import Transformer
+
+        return HookPointSource(model, name="latentcode" if isinstance(model, Transformer) else "transformer_lens")
+    from latentcode.extract.torch_attention import TorchAttentionSource
+
+    return TorchAttentionSource(model)
+
