@@ -17,12 +17,26 @@ _PUBLIC = {
     "load_model": "latentcode.models",
     "value_network_view": "latentcode.models",
     "ATTENTION_PRESETS": "latentcode.models",
+    "get_task": "latentcode.tasks",
+    "train": "latentcode.train",
+    "TrainConfig": "latentcode.train",
+    "build_train_config": "latentcode.train",
+    "Run": "latentcode.train",
+    "extract": "latentcode.extract",
+    "Recorder": "latentcode.extract",
+    "CodeFile": "latentcode.store",
+    "CodeWriter": "latentcode.store",
+    "Site": "latentcode.store",
 }
+# Subpackages that are themselves the public callable (see latentcode.callable_module).
+_CALLABLE_SUBPACKAGES = {"train", "extract"}
 
 __all__ = ["__version__", *_PUBLIC]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _CALLABLE_SUBPACKAGES:
+        return importlib.import_module(f"latentcode.{name}")
     if name in _PUBLIC:
         return getattr(importlib.import_module(_PUBLIC[name]), name)
     raise AttributeError(f"module 'latentcode' has no attribute {name!r}")

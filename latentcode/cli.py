@@ -227,6 +227,52 @@ def _run_sweep(args: argparse.Namespace) -> None:
         print(f"  best {attention}: {params}  " + "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k.startswith(("test.", "ood.")) and isinstance(v, float)))
 
 
+# -- latentcode extract -----------------------------------------------------------------------------
+@subcommand
+def _extract(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "extract",
+        help="record latent codes of a trained model into an HDF5 file",
+        description="Run a trained model on task instances and record the latent codes a[:, q, k] at the selected "
+        "sites, with every task label, the prediction and the target, into a self-describing HDF5 file (schema: "
+        "latentcode/store.py). Written atomically: an interrupted extraction leaves no file behind.",
+        epilog="site selectors: last-self (every layer, last token to itself), sraven-rule (every layer, last query "
+        "token to the same feature in the last row's context panels; unpermuted instances), all-pairs:LAYER, or "
+        "LAYER:QUERY:KEY[,...] (negative positions count from the end, * as LAYER is every layer)\n\nexample:\n"
+        "  latentcode extract runs/sraven-hyla --split ood --n 8192 --sites sraven-rule --out codes.h5",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("run", metavar="RUN_DIR", help="a run directory (or a saved model directory with --task)")
+    parser.add_argument("--split", default="ood", help="task split (default ood)")
+    parser.add_argument("--n", type=int, default=8192, help="instances (default 8192)")
+    parser.add_argument("--sites", default="last-self", help="site selector (default last-self)")
+    parser.add_argument("--out", required=True, help="the HDF5 file to write")
+    parser.add_argument("--variant", help="task variant (default: the selector's, else the task's default)")
+    parser.add_argument("--score", choices=("pattern", "scores"), default="pattern",
+                        help="pattern: normalized latent codes (default); scores: raw scores before normalization")
+    parser.add_argument("--batch-size", type=int, default=512)
+    parser.add_argument("--seed", type=int, help="sample seed (default: the split's evaluation seed)")
+    parser.add_argument("--task", metavar="KEY=VALUE", action="append",
+                        help="task config for a model directory, e.g. --task name=sraven --task n_features=4")
+    parser.add_argument("--append", action="store_true", help="add examples to an existing file with the same schema")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing file")
+    parser.add_argument("--quiet", action="store_true")
+    parser.set_defaults(handler=_run_extract)
+
+
+def _run_extract(args: argparse.Namespace) -> None:
+    from latentcode.extract import extract
+    from latentcode.store import CodeFile
+
+    task = parse_assignments(args.task, "--task") or None
+    path = extract(args.run, task, args.sites, args.split, args.n, args.out, variant=args.variant, score=args.score,
+                   batch_size=args.batch_size, seed=args.seed, append=args.append, overwrite=args.overwrite,
+                   progress=not args.quiet)
+    codes = CodeFile(path)
+    print(f"wrote {path}: {len(codes)} examples (splits {codes.splits}), {len(codes.sites)} sites, "
+          f"{codes.n_heads} heads, labels {codes.label_names}")
+
+
 # -- latentcode demo -------------------------------------------------------------------------------
 @subcommand
 def _demo(subparsers: argparse._SubParsersAction) -> None:

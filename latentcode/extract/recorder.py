@@ -8,6 +8,10 @@
 Works for any model a source can read (see `latentcode.extract.source`): our models, TransformerLens
 models, and PyTorch models using scaled_dot_product_attention / nn.MultiheadAttention, or an
 adapter. Only the selected entries are kept, sliced while the forward pass runs.
+
+Hooks run in the order they were added: a Recorder reads a hook point's value before any hook
+added after it (e.g. a patching hook of a later `run_with_hooks`) changes it, and after hooks that
+were already there.
 """
 
 from __future__ import annotations
@@ -62,7 +66,6 @@ class Recorder:
             self._check_layers_exist(self.n_layers)
         self.n_heads: int | None = None
         self._pairs_cache: dict[tuple[int, int], tuple[Tensor, Tensor] | None] = {}
-        self._current: dict[Site, Tensor] = {}
         self._finished: dict[Site, list[np.ndarray]] = defaultdict(list)
         self._layers_seen: set[int] = set()
         self._handles: list = []
@@ -121,11 +124,13 @@ class Recorder:
         if self.n_heads is None:
             self.n_heads = codes.shape[1]
         self._layers_seen.add(layer)
+        codes = codes.cpu().numpy()
         for index, (query, key) in enumerate(zip(queries.tolist(), keys.tolist(), strict=True)):
-            self._current[Site(layer, query, key)] = codes[:, :, index]
+            self._finished[Site(layer, query, key)].append(codes[:, :, index])
 
+    # The root module's forward hooks only check a pass; codes are stored by the sink directly, so
+    # recording also works when a wrapper calls `model.forward(...)` (TransformerLens's run_with_hooks).
     def _before_forward(self, module, args) -> None:
-        self._current = {}
         self._layers_seen = set()
 
     def _after_forward(self, module, args, output) -> None:
@@ -146,9 +151,6 @@ class Recorder:
                 raise SiteError(
                     f"sites in layer(s) {missing} were requested but the model ran only {ran} attention layers"
                 )
-        for site, codes in self._current.items():
-            self._finished[site].append(codes.cpu().numpy())
-        self._current = {}
 
     def __enter__(self) -> Recorder:
         self._handles = [

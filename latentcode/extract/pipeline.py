@@ -1,0 +1,205 @@
+"""`extract`: a trained model's latent codes on task instances, streamed into an HDF5 codes file.
+
+    latentcode.extract("runs/sraven-hyla", selector="sraven-rule", split="ood", n=8192, out="codes.h5")
+
+Instances are drawn batch by batch with `task.sample(batch, split, seed=(seed, batch_index),
+variant)`; the default `seed` is the split's evaluation seed, so every model is read on the same
+instances. Per example the file holds the codes of every site, every task label, the model's
+prediction at the prediction positions, the target, the split, and any extra arrays passed. For
+SRAVEN, when all sites share one query position among the last M tokens, the label `rule` is
+added: the rule that governs that query position (what the paper decodes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from latentcode.extract.recorder import Recorder
+from latentcode.extract.sites import Selector, parse_selector
+from latentcode.store import CodeWriter, Site
+from latentcode.tasks import Batch, Task, eval_seed, get_task
+
+
+def sha256_of_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def sha256_of_state(model: nn.Module) -> str:
+    """SHA-256 of a model's weights as safetensors bytes (for models that were never saved)."""
+    from safetensors.torch import save
+
+    state = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
+    return hashlib.sha256(save(state)).hexdigest()
+
+
+def resolve_model(run_or_model: str | Path | nn.Module) -> tuple[nn.Module, dict[str, Any]]:
+    """The model and what the codes file records about it: name, config, checkpoint hash, task."""
+    from latentcode.models import load_model
+    from latentcode.models.persistence import WEIGHTS_FILE
+    from latentcode.models.transformer import Transformer
+
+    if isinstance(run_or_model, nn.Module):
+        model = run_or_model
+        if isinstance(model, Transformer):
+            info = {"model_name": model.config.attention_name, "model_config": model.config.to_dict()}
+        else:
+            info = {"model_name": type(model).__name__, "model_config": {"class": type(model).__qualname__}}
+        return model, {**info, "checkpoint_sha256": sha256_of_state(model), "task_config": None}
+    path = Path(run_or_model)
+    if (path / "model" / WEIGHTS_FILE).is_file() and (path / "config.json").is_file():  # a run directory
+        from latentcode.train.run import Run
+
+        run = Run(path)
+        model = run.load_model()
+        weights = path / "model" / WEIGHTS_FILE
+        task_config = run.config.task
+    elif (path / WEIGHTS_FILE).is_file():  # a saved model directory
+        model = load_model(path)
+        weights = path / WEIGHTS_FILE
+        task_config = None
+    else:
+        raise FileNotFoundError(
+            f"{path} is neither a finished run directory (with model/{WEIGHTS_FILE}) nor a model directory "
+            f"(with {WEIGHTS_FILE})"
+        )
+    return model, {
+        "model_name": model.config.attention_name,
+        "model_config": model.config.to_dict(),
+        "checkpoint_sha256": sha256_of_file(weights),
+        "task_config": task_config,
+    }
+
+
+def derived_labels(task: Task, batch: Batch, sites: list[Site]) -> dict[str, np.ndarray]:
+    """Labels that depend on the sites: SRAVEN's `rule` of the sites' common query position."""
+    if task.name != "sraven":
+        return {}
+    queries = {site.query for site in sites}
+    first_query_token = task.seq_len - task.n_predictions
+    if len(queries) != 1 or next(iter(queries)) < first_query_token:
+        return {}
+    return {"rule": batch.labels["query_rule"][:, next(iter(queries)) - first_query_token]}
+
+
+def extract(
+    run_or_model: str | Path | nn.Module,
+    task: Task | Mapping[str, Any] | None = None,
+    selector: str | Selector | list = "last-self",
+    split: str = "ood",
+    n: int = 8192,
+    out: str | Path = "codes.h5",
+    *,
+    variant: str | None = None,
+    score: str = "pattern",
+    batch_size: int = 512,
+    seed: int | None = None,
+    append: bool = False,
+    overwrite: bool = False,
+    extra: Mapping[str, np.ndarray] | None = None,
+    progress: bool = True,
+) -> Path:
+    """Record the latent codes of `n` instances of `split` at the `selector`'s sites into `out`.
+
+    run_or_model: a run directory, a saved model directory, or a model object.
+    task: a Task, a task config dict, or None to use the run's task.
+    selector: see `latentcode.extract.sites` (`last-self`, `sraven-rule`, `all-pairs:L`, lists).
+    variant: the task variant (default: the selector's, e.g. `unpermuted` for `sraven-rule`, else
+        the task's default).
+    extra: further per-example arrays of length n to store beside the codes.
+    Returns the path of the written file.
+    """
+    model, info = resolve_model(run_or_model)
+    if task is None:
+        if not info["task_config"]:
+            raise ValueError("no task given and the model comes without a run directory; pass task=")
+        task = get_task(**info["task_config"])
+    elif isinstance(task, Mapping):
+        task = get_task(**task)
+    if n < 1:
+        raise ValueError(f"n must be a positive number of instances, got {n}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    for name, values in (extra or {}).items():
+        if len(values) != n:
+            raise ValueError(f"extra array {name!r} has {len(values)} rows; expected n={n}, one per instance")
+
+    parsed = parse_selector(selector, task.config())
+    variant = variant or parsed.default_variant or task.variants[0]
+    if variant not in task.variants:
+        raise ValueError(f"unknown variant {variant!r} for task {task.name!r}; valid variants: {list(task.variants)}")
+    seed = eval_seed(split) if seed is None else seed
+    n_layers = getattr(getattr(model, "config", None), "n_layers", None)
+    if n_layers is None:
+        raise TypeError("extract() reads latentcode models; for other models use Recorder with a source")
+    sites = parsed.resolve(n_layers, task.seq_len)
+    n_heads = model.config.sizes.n_heads
+
+    metadata = {
+        **info,
+        "task_config": task.config(),
+        "selector": {"spec": selector if isinstance(selector, str) else parsed.name, **parsed.to_dict(),
+                     "sites": [[s.layer, s.query, s.key] for s in sites], "variant": variant},
+        "score": score,
+        "source": "latentcode",
+        "seed": seed,
+    }
+    model.eval()
+    n_batches = math.ceil(n / batch_size)
+    batches = range(n_batches)
+    if progress:
+        from tqdm.auto import tqdm
+
+        batches = tqdm(batches, desc=f"extract {split}", unit="batch")
+    with CodeWriter(out, sites, n_heads, metadata, append=append, overwrite=overwrite) as writer:
+        with Recorder(model, sites, score=score) as recorder, torch.no_grad():
+            for index in batches:
+                start = index * batch_size
+                size = min(batch_size, n - start)
+                batch = task.sample(size, split, seed=(seed, index), variant=variant)
+                record_batch(model, task, batch, recorder, writer, sites,
+                             {name: np.asarray(values)[start : start + size] for name, values in (extra or {}).items()})
+    return Path(out)
+
+
+def record_batch(
+    model: nn.Module,
+    task: Task,
+    batch: Batch,
+    recorder: Recorder,
+    writer: CodeWriter,
+    sites: list[Site],
+    extra: Mapping[str, np.ndarray] | None = None,
+) -> None:
+    """One forward pass under `recorder` (call under torch.no_grad) and one append to `writer`."""
+    output = model(torch.from_numpy(batch.x))
+    writer.append(
+        codes=recorder.pop(),
+        labels={**batch.labels, **derived_labels(task, batch, sites)},
+        split=batch.split,
+        prediction=output[:, -task.n_predictions:, :].float().numpy(),
+        target=batch.y,
+        extra=extra,
+    )
+
+
+def describe(path: str | Path) -> str:
+    """A short human-readable summary of a codes file."""
+    from latentcode.store import CodeFile
+
+    codes = CodeFile(path)
+    return json.dumps({"examples": len(codes), "splits": codes.splits, "sites": [s.name for s in codes.sites],
+                       "heads": codes.n_heads, "labels": codes.label_names}, indent=1)
+
