@@ -16,7 +16,8 @@ Schema (version 1), readable with h5py alone::
         source                where codes came from: "latentcode", "transformer_lens", "torch", ...
         seed                  the sample seed of the first write
         splits                JSON list of the split names present, in order of first appearance
-        n_heads               H, the length of a latent code
+        n_heads               H, the length of a latent code (0 when sites differ: then each
+                              codes dataset's width is its own H, e.g. layers with different heads)
     /codes/<site>             float32 [N, H]: one dataset per site, named "l{layer}_q{query}_k{key}"
                               (positions absolute, counted from 0); attributes layer, query, key
     /labels/<name>            [N, ...]: one dataset per task label (numeric)
@@ -114,7 +115,7 @@ class CodeWriter:
         self,
         path: str | Path,
         sites: Sequence[Site],
-        n_heads: int,
+        n_heads: int | Mapping[Site, int],
         metadata: Mapping[str, Any] | None = None,
         *,
         append: bool = False,
@@ -125,7 +126,12 @@ class CodeWriter:
         self.sites = sorted(dict.fromkeys(sites))
         if not self.sites:
             raise CodeFileError("no sites to record")
-        self.n_heads = int(n_heads)
+        if isinstance(n_heads, Mapping):
+            self.heads_of = {site: int(n_heads[site]) for site in self.sites}
+        else:
+            self.heads_of = {site: int(n_heads) for site in self.sites}
+        widths = set(self.heads_of.values())
+        self.n_heads = widths.pop() if len(widths) == 1 else 0
         self.compression = compression
         self.metadata = dict(metadata or {})
         score = self.metadata.setdefault("score", "pattern")
@@ -178,7 +184,7 @@ class CodeWriter:
         attrs["n_heads"] = self.n_heads
         codes = self.file.create_group("codes")
         for site in self.sites:
-            dataset = self._create(codes, site.name, (self.n_heads,), np.float32)
+            dataset = self._create(codes, site.name, (self.heads_of[site],), np.float32)
             dataset.attrs["layer"], dataset.attrs["query"], dataset.attrs["key"] = site.layer, site.query, site.key
         self.file.create_group("labels")
         self.file.create_group("extra")
@@ -206,8 +212,9 @@ class CodeWriter:
             problems.append(
                 f"sites differ: file has {[s.name for s in existing_sites]}, new data has {[s.name for s in self.sites]}"
             )
-        if int(attrs["n_heads"]) != self.n_heads:
-            problems.append(f"n_heads: file {int(attrs['n_heads'])}, new data {self.n_heads}")
+        existing_heads = {Site.from_name(name): self.file["codes"][name].shape[1] for name in self.file["codes"]}
+        if existing_sites == self.sites and existing_heads != self.heads_of:
+            problems.append(f"n_heads: file {int(attrs['n_heads']) or existing_heads}, new data {self.n_heads or self.heads_of}")
         for key in ("score", "checkpoint_sha256", "model_config", "task_config"):
             if key not in self.metadata:
                 continue
@@ -238,11 +245,12 @@ class CodeWriter:
         if missing or unexpected:
             raise CodeFileError(f"codes for sites {missing} are missing and {unexpected} are not in the file")
         batch_size = len(codes[expected_names[0]])
-        for name, array in codes.items():
-            if array.shape != (batch_size, self.n_heads):
+        for site in self.sites:
+            array = codes[site.name]
+            if array.shape != (batch_size, self.heads_of[site]):
                 raise CodeFileError(
-                    f"codes of site {name} have shape {list(array.shape)}; expected [{batch_size}, {self.n_heads}] "
-                    "(batch, heads)"
+                    f"codes of site {site.name} have shape {list(array.shape)}; expected "
+                    f"[{batch_size}, {self.heads_of[site]}] (batch, heads)"
                 )
         arrays: dict[str, np.ndarray] = {f"labels/{k}": np.asarray(v) for k, v in (labels or {}).items()}
         arrays |= {f"extra/{k}": np.asarray(v) for k, v in (extra or {}).items()}
@@ -375,6 +383,7 @@ class CodeFile:
                 )
             self.attrs = {key: (value.item() if isinstance(value, np.generic) else value) for key, value in attrs.items()}
             self.sites = sorted(Site.from_name(name) for name in file["codes"])
+            self.heads_of = {site: file["codes"][site.name].shape[1] for site in self.sites}
             self.label_names = sorted(file["labels"])
             self.extra_names = sorted(file["extra"])
             self.has_prediction = "prediction" in file
@@ -478,6 +487,6 @@ class CodeFile:
         for site in sites or self.sites:
             site = Site.from_name(site) if isinstance(site, str) else site
             codes = self.codes(site, split)
-            for head in range(self.n_heads):
+            for head in range(self.heads_of[site]):
                 columns[f"{site.name}.h{head}"] = codes[:, head]
         return pd.DataFrame(columns)

@@ -152,3 +152,14 @@ def test_reader_errors_name_what_exists(tmp_path):
         codes.codes(SITES[0], split="ood")
     with pytest.raises(CodeFileError, match=r"no sites in layer 3; its layers are \[0, 1\]"):
         codes.layer_codes(3)
+
+
+def test_sites_may_have_different_head_counts(tmp_path):
+    """Layers of models read through SDPA interception can have different numbers of heads."""
+    heads = {SITES[0]: 4, SITES[1]: 2}
+    with CodeWriter(tmp_path / "c.h5", SITES, heads, METADATA) as writer:
+        writer.append(codes={SITES[0]: np.ones((3, 4)), SITES[1]: np.zeros((3, 2))}, split="train")
+        with pytest.raises(CodeFileError, match=r"l1_q35_k27 have shape \[3, 4\]; expected \[3, 2\]"):
+            writer.append(codes={SITES[0]: np.ones((3, 4)), SITES[1]: np.zeros((3, 4))}, split="train")
+    codes = CodeFile(tmp_path / "c.h5")
+    assert codes.n_heads == 0 and codes.heads_of == heads and codes.codes(SITES[1]).shape == (3, 2)
