@@ -1,7 +1,7 @@
 """Extraction overhead: examples per second of extraction (hooks + HDF5 writing) versus a bare
 `torch.no_grad()` forward pass on the same batches. The goal is a ratio of at most 1.25.
 
-    python benchmarks/bench_extract.py [--batches 16] [--batch-size 512] [--repeats 5] [--sites sraven-rule]
+    python benchmarks/bench_extract.py [--batches 32] [--batch-size 256] [--repeats 5] [--sites sraven-rule]
 
 Model: the paper's SRAVEN model (4 layers, d_model 128, 16 heads, kqv 64, d_mlp 256, 36 tokens),
 untrained (speed does not depend on the weights). Task instances are generated once, before timing,
@@ -27,8 +27,8 @@ from latentcode.tasks import get_task
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batches", type=int, default=16)
-    parser.add_argument("--batch-size", type=int, default=512)
+    parser.add_argument("--batches", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sites", default="sraven-rule")
     parser.add_argument("--attention", default="hyla")

@@ -250,7 +250,7 @@ def _extract(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--variant", help="task variant (default: the selector's, else the task's default)")
     parser.add_argument("--score", choices=("pattern", "scores"), default="pattern",
                         help="pattern: normalized latent codes (default); scores: raw scores before normalization")
-    parser.add_argument("--batch-size", type=int, default=512)
+    parser.add_argument("--batch-size", type=int, default=256, help="instances per forward pass (default 256)")
     parser.add_argument("--seed", type=int, help="sample seed (default: the split's evaluation seed)")
     parser.add_argument("--task", metavar="KEY=VALUE", action="append",
                         help="task config for a model directory, e.g. --task name=sraven --task n_features=4")

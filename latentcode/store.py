@@ -26,7 +26,9 @@ Schema (version 1), readable with h5py alone::
     /split                    [N] UTF-8 strings: the split of each example
     /extra/<name>             [N, ...]: any further per-example arrays the caller passed
 
-All per-example datasets are chunked along N, compressed (gzip) and resizable; examples are
+All per-example datasets are chunked along N, compressed (LZF with byte shuffling: fast, and
+bundled with every h5py; pass `compression="gzip"` for files other HDF5 tools must read) and
+resizable; examples are
 appended in batches, so a file of a million examples is never held in memory. Every per-example
 dataset has the same length N.
 
@@ -56,7 +58,7 @@ FORMAT = "latentcode-codes"
 SCHEMA_VERSION = 1
 SCORE_KINDS = ("pattern", "scores")
 _SITE_NAME = re.compile(r"^l(\d+)_q(\d+)_k(\d+)$")
-_CHUNK_ROWS = 4096
+_CHUNK_ROWS = 1024
 
 
 class CodeFileError(ValueError):
@@ -120,7 +122,7 @@ class CodeWriter:
         *,
         append: bool = False,
         overwrite: bool = False,
-        compression: str | None = "gzip",
+        compression: str | None = "lzf",
     ):
         self.path = Path(path)
         self.sites = sorted(dict.fromkeys(sites))
@@ -196,8 +198,8 @@ class CodeWriter:
     def _create(self, group: h5py.Group, name: str, row_shape: tuple[int, ...], dtype) -> h5py.Dataset:
         return group.create_dataset(
             name, shape=(0, *row_shape), maxshape=(None, *row_shape), dtype=dtype,
-            chunks=(min(_CHUNK_ROWS, max(1, 2**20 // max(1, int(np.prod(row_shape))))), *row_shape),
-            compression=self.compression,
+            chunks=(min(_CHUNK_ROWS, max(1, 2**18 // max(1, int(np.prod(row_shape))))), *row_shape),
+            compression=self.compression, shuffle=self.compression is not None,
         )
 
     def _check_compatible(self) -> None:

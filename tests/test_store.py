@@ -48,7 +48,7 @@ def test_round_trip_of_codes_labels_and_attributes(tmp_path):
     assert len(frame) == 3 and "query_rule[2]" in frame and "l1_q35_k27.h3" in frame
     # readable with h5py alone
     with h5py.File(tmp_path / "codes.h5", "r") as file:
-        assert file["codes/l0_q35_k35"].dtype == np.float32 and file["codes/l0_q35_k35"].compression == "gzip"
+        assert file["codes/l0_q35_k35"].dtype == np.float32 and file["codes/l0_q35_k35"].compression == "lzf"
         assert json.loads(file.attrs["model_config"])["attention"] == "hyla"
         assert file.attrs["schema_version"] == 1 and file.attrs["latentcode_version"]
 

@@ -104,7 +104,7 @@ def extract(
     *,
     variant: str | None = None,
     score: str = "pattern",
-    batch_size: int = 512,
+    batch_size: int = 256,
     seed: int | None = None,
     append: bool = False,
     overwrite: bool = False,

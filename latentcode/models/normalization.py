@@ -39,9 +39,7 @@ def identity(scores: Tensor, allowed: Tensor | None, eps: float = 0.0) -> Tensor
 def rms_over_heads(scores: Tensor, allowed: Tensor | None, eps: float) -> Tensor:
     """`scores[b, h, q, k] / sqrt(mean_h scores[b, :, q, k]^2 + eps)`; masked pairs are zero."""
     scores = identity(scores, allowed)
-    n_heads = scores.shape[1]
-    # One fused pass for the norm over heads; the rest works on the head-reduced tensor.
-    mean_square = torch.linalg.vector_norm(scores, dim=1, keepdim=True).square() / n_heads
+    mean_square = scores.square().mean(dim=1, keepdim=True)
     return scores * torch.rsqrt(mean_square + eps)
 
 

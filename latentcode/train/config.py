@@ -30,7 +30,7 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 1000
     eval_instances: int = 2048
-    eval_batch_size: int = 512
+    eval_batch_size: int = 256
     checkpoint_every: int = 1000
     keep_checkpoints: int = 2
     log_every: int = 50

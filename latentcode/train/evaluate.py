@@ -14,7 +14,7 @@ from latentcode.tasks import Batch, Task
 from latentcode.train.objective import prediction_positions, task_loss, to_tensors
 
 
-def predict(model: nn.Module, task: Task, batch: Batch, batch_size: int = 512) -> np.ndarray:
+def predict(model: nn.Module, task: Task, batch: Batch, batch_size: int = 256) -> np.ndarray:
     """Model outputs at the prediction positions, float32 `[n, n_predictions, d_out]`."""
     device = next(model.parameters()).device
     was_training = model.training
@@ -30,7 +30,7 @@ def predict(model: nn.Module, task: Task, batch: Batch, batch_size: int = 512) -
     return np.concatenate(outputs)
 
 
-def evaluate(model: nn.Module, task: Task, eval_sets: dict[str, Batch], batch_size: int = 512) -> dict[str, dict[str, float]]:
+def evaluate(model: nn.Module, task: Task, eval_sets: dict[str, Batch], batch_size: int = 256) -> dict[str, dict[str, float]]:
     """`{split: {"loss": ..., **task metrics}}` for each evaluation set."""
     results = {}
     for split, batch in eval_sets.items():
