@@ -125,7 +125,7 @@ def _train(subparsers: argparse._SubParsersAction) -> None:
         "0.1x, weight decay on matrices only, attention dropout 0.1). Runs on CPU, one GPU, or several with "
         "`accelerate launch -m latentcode.cli train ...`. Writes a run directory with config.json, "
         "metrics.jsonl, checkpoints/, model/ and summary.json.",
-        epilog="presets:\n" + describe_presets() + "\n\nscales: tiny (smoke test), cpu (under an hour on 2 CPU cores), "
+        epilog="presets:\n" + describe_presets() + "\n\nscales: tiny (smoke test), demo (a few minutes), cpu (under an hour on 2 CPU cores), "
         "paper (the paper's budget)\n\nexamples:\n  latentcode train --preset fuzzy_logic --attention hyla --scale cpu "
         "--out runs/fuzzy-hyla\n  latentcode train --resume runs/fuzzy-hyla",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -133,7 +133,7 @@ def _train(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--preset", help="fuzzy_logic or sraven (see below)")
     parser.add_argument("--attention", default="softmax",
                         help="attention preset (softmax, linear, hyla, ... or NORMALIZATION+VALUE_NETWORK; default softmax)")
-    parser.add_argument("--scale", default="cpu", help="tiny, cpu or paper (default cpu)")
+    parser.add_argument("--scale", default="cpu", help="tiny, demo, cpu or paper (default cpu)")
     parser.add_argument("--out", help="run directory (default runs/PRESET-ATTENTION-SCALE-seedSEED)")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint")
     parser.add_argument("--config", metavar="JSON", help="a TrainConfig JSON file instead of a preset")
@@ -273,31 +273,200 @@ def _run_extract(args: argparse.Namespace) -> None:
           f"{codes.n_heads} heads, labels {codes.label_names}")
 
 
+# -- analysis: probe, plot, heatmap, samples, report ---------------------------------------------------
+def _default_label(files: Sequence[str], label: str | None) -> str:
+    if label:
+        return label
+    from latentcode.analysis.report import DEFAULT_LABEL
+    from latentcode.store import CodeFile
+
+    tasks = {CodeFile(path).task_config.get("name") for path in files}
+    if len(tasks) == 1 and next(iter(tasks)) in DEFAULT_LABEL:
+        return DEFAULT_LABEL[next(iter(tasks))]
+    raise ValueError(f"give --label: the files come from task(s) {sorted(map(str, tasks))}, which have no default label")
+
+
+@subcommand
+def _probe(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "probe",
+        help="decode a label from latent codes with linear probes",
+        description="Fit a logistic regression (categorical or multi-hot labels; --ridge: ridge regression R^2) per "
+        "layer on one split and score it on another, with chance levels (label-shuffled control, majority class). "
+        "Several files are compared side by side (one model each).",
+        epilog="example:\n  latentcode probe softmax.h5 linear.h5 hyla.h5 --label rule --fit-split train --test-split ood "
+        "--out results/rule",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("files", nargs="+", metavar="CODES.h5")
+    parser.add_argument("--label", help="label to decode; name, name[i] or name[-1] (default: rule for SRAVEN, "
+                        "term_present for fuzzy logic)")
+    parser.add_argument("--fit-split", default="train")
+    parser.add_argument("--test-split", default="ood")
+    parser.add_argument("--per-site", action="store_true", help="one probe per site instead of per layer")
+    parser.add_argument("--ridge", action="store_true", help="ridge regression R^2 (continuous or multi-hot labels)")
+    parser.add_argument("--cv", type=int, default=3, help="cross-validation folds on the fit split (default 3)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", help="path stem for the table (.csv, .json) and the plot (.png); default: print only")
+    parser.add_argument("--format", action="append", choices=("png", "svg", "pdf"), help="plot formats (default png)")
+    parser.set_defaults(handler=_run_probe)
+
+
+def _run_probe(args: argparse.Namespace) -> None:
+    from latentcode.analysis import decode, plot_probe_scores, regress, write_table
+
+    label = _default_label(args.files, args.label)
+    probe = regress if args.ridge else decode
+    table = probe(args.files, label, fit_split=args.fit_split, test_split=args.test_split, per_site=args.per_site,
+                  cv=args.cv, seed=args.seed)
+    summary = table[table["metric"].isin(["accuracy", "macro_f1", "mean_f1", "r2", "mean_r2"])]
+    columns = ["model", "layer", "site", "label", "metric", "value", "chance", "chance_majority", "n_fit", "n_test"]
+    import pandas
+
+    with pandas.option_context("display.width", 200, "display.max_rows", 200):
+        print(summary[columns].to_string(index=False, float_format=lambda value: f"{value:.3f}"))
+    if args.out:
+        written = write_table(table, args.out) + plot_probe_scores(table, args.out, formats=tuple(args.format or ["png"]))
+        print("wrote " + ", ".join(map(str, written)))
+
+
+@subcommand
+def _plot(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "plot", help="tSNE or UMAP of latent codes, one panel per layer, coloured by a label",
+        description="Embed the latent codes of each layer with tSNE or UMAP (fixed seed; at most --max-points "
+        "examples, subsampled with the seed) and colour them by a label.",
+    )
+    parser.add_argument("file", metavar="CODES.h5")
+    parser.add_argument("--method", choices=("tsne", "umap"), default="tsne")
+    parser.add_argument("--color", help="label to colour by (default: the task's sub-task label)")
+    parser.add_argument("--split", help="only this split (default: all)")
+    parser.add_argument("--max-points", type=int, default=2000, help="subsampling cap (default 2000)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", help="path stem (default: next to the file)")
+    parser.add_argument("--format", action="append", choices=("png", "svg", "pdf"))
+    parser.set_defaults(handler=_run_plot)
+
+
+def _run_plot(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from latentcode.analysis import plot_embedding
+
+    color = _default_label([args.file], args.color)
+    out = args.out or str(Path(args.file).with_suffix("")) + f"_{args.method}_{color.split('[')[0]}"
+    paths = plot_embedding(args.file, color, out, method=args.method, split=args.split, max_points=args.max_points,
+                           seed=args.seed, formats=tuple(args.format or ["png"]))
+    print("wrote " + ", ".join(map(str, paths)))
+
+
+@subcommand
+def _heatmap(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "heatmap", help="cosine similarity between the mean latent code of each label value",
+        description="Cosine similarity between the mean latent code of each value of a label (the paper's "
+        "rule-by-rule heatmap), rows ordered by hierarchical clustering, values annotated; one panel per layer.",
+    )
+    parser.add_argument("file", metavar="CODES.h5")
+    parser.add_argument("--label", help="categorical label (default: rule for SRAVEN)")
+    parser.add_argument("--split", help="only this split (default: all)")
+    parser.add_argument("--out")
+    parser.add_argument("--format", action="append", choices=("png", "svg", "pdf"))
+    parser.set_defaults(handler=_run_heatmap)
+
+
+def _run_heatmap(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from latentcode.analysis import plot_similarity
+
+    label = _default_label([args.file], args.label)
+    out = args.out or str(Path(args.file).with_suffix("")) + f"_similarity_{label.split('[')[0]}"
+    paths = plot_similarity(args.file, label, out, split=args.split, formats=tuple(args.format or ["png"]))
+    print("wrote " + ", ".join(map(str, paths)))
+
+
+@subcommand
+def _samples(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("samples", help="a grid of raw latent-code samples per label value")
+    parser.add_argument("file", metavar="CODES.h5")
+    parser.add_argument("--label")
+    parser.add_argument("--layer", type=int)
+    parser.add_argument("--split")
+    parser.add_argument("--out")
+    parser.add_argument("--format", action="append", choices=("png", "svg", "pdf"))
+    parser.set_defaults(handler=_run_samples)
+
+
+def _run_samples(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from latentcode.analysis import plot_code_samples
+
+    label = _default_label([args.file], args.label)
+    out = args.out or str(Path(args.file).with_suffix("")) + f"_samples_{label.split('[')[0]}"
+    paths = plot_code_samples(args.file, label, out, layer=args.layer, split=args.split,
+                              formats=tuple(args.format or ["png"]))
+    print("wrote " + ", ".join(map(str, paths)))
+
+
+@subcommand
+def _report(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "report", help="one offline HTML page: training curves, metrics, probe tables and plots",
+        description="Write one self-contained HTML page (no JavaScript) for one or several runs: training curves, "
+        "final metrics per split, probe tables and figures for their codes files (RUN_DIR/codes/*.h5, or --codes).",
+    )
+    parser.add_argument("runs", nargs="*", metavar="RUN_DIR")
+    parser.add_argument("--codes", action="append", metavar="CODES.h5", help="codes files (default: RUN_DIR/codes/*.h5)")
+    parser.add_argument("--label", help="label to decode and colour by (default: the task's sub-task label)")
+    parser.add_argument("--fit-split", default="train")
+    parser.add_argument("--test-split", default="ood")
+    parser.add_argument("--method", action="append", choices=("tsne", "umap"), help="embeddings to draw (default tsne)")
+    parser.add_argument("--max-points", type=int, default=1000)
+    parser.add_argument("--title", default="latentcode report")
+    parser.add_argument("--out", default="report.html")
+    parser.add_argument("--overwrite", action="store_true")
+    parser.add_argument("--quiet", action="store_true")
+    parser.set_defaults(handler=_run_report)
+
+
+def _run_report(args: argparse.Namespace) -> None:
+    from latentcode.analysis.report import build_report
+
+    report = build_report(args.runs, args.codes or (), args.out, label=args.label, fit_split=args.fit_split,
+                          test_split=args.test_split, methods=tuple(args.method or ["tsne"]),
+                          max_points=args.max_points, title=args.title, overwrite=args.overwrite,
+                          progress=not args.quiet)
+    print(f"report: {report.path.resolve()}")
+    for line in report.headline():
+        print("  " + line)
+
+
 # -- latentcode demo -------------------------------------------------------------------------------
 @subcommand
 def _demo(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("demo", help="the main job on an embedded default")
-    parser.add_argument("--attention", default="hyla", help="attention preset (default hyla)")
+    parser = subparsers.add_parser(
+        "demo",
+        help="the main job: models, latent codes, decoding, plots and a report, in a few minutes",
+        description="Take softmax, linear and HYLA models (the checkpoints shipped in models/, or --train new ones), "
+        "extract their latent codes on in-distribution and OOD tasks, decode the sub-task (SRAVEN rule / fuzzy-logic "
+        "terms), draw tSNE plots and the mean-code heatmap, write an HTML report and print the headline numbers.",
+    )
+    parser.add_argument("--task", choices=("sraven", "fuzzy_logic"), default="sraven")
+    parser.add_argument("--train", action="store_true", help="train the models here instead of using the shipped ones")
+    parser.add_argument("--scale", default="demo", help="training scale with --train (tiny, demo, cpu; default demo)")
+    parser.add_argument("--out", default="latentcode-demo", help="output directory (a new one if it exists)")
+    parser.add_argument("--n-codes", type=int, default=2048, help="instances per split to extract (default 2048)")
+    parser.add_argument("--quiet", action="store_true")
     parser.set_defaults(handler=_run_demo)
 
 
 def _run_demo(args: argparse.Namespace) -> None:
-    import torch
+    from latentcode.demo import run_demo
 
-    from latentcode import ModelConfig, build_model
-    from latentcode.tasks import get_task
-
-    task = get_task("sraven")
-    batch = task.sample(4, "ood", seed=0)
-    config = ModelConfig(attention=args.attention, n_layers=4, d_model=128, n_heads=16, kqv_dim=64,
-                         d_mlp=256, n_ctx=task.seq_len, d_in=task.d_in, d_out=task.d_out)
-    model = build_model(config, seed=0).eval()
-    _, cache = model.run_with_cache(torch.from_numpy(batch.x))
-    print(f"untrained {config.attention_name} model, SRAVEN ood instance 0: latent code a[:, q, k] "
-          f"of the last query attending to itself")
-    for layer in range(config.n_layers):
-        code = cache[f"blocks.{layer}.attn.hook_pattern"][0, :, -1, -1]
-        print(f"layer {layer}: " + " ".join(f"{value:+.2f}" for value in code.tolist()))
+    run_demo(task=args.task, out=args.out, train=args.train, scale=args.scale, n_codes=args.n_codes,
+             progress=not args.quiet)
 
 
 # -- entry point ---------------------------------------------------------------------------------

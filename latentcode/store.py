@@ -59,6 +59,8 @@ SCHEMA_VERSION = 1
 SCORE_KINDS = ("pattern", "scores")
 _SITE_NAME = re.compile(r"^l(\d+)_q(\d+)_k(\d+)$")
 _CHUNK_ROWS = 1024
+_FLUSH_ROWS = 4096
+_FLUSH_BYTES = 64 * 2**20
 
 
 class CodeFileError(ValueError):
@@ -163,6 +165,12 @@ class CodeWriter:
             self._discard()
             raise
         self.n_appended = 0
+        # Rows wait in memory and go to HDF5 in blocks: one h5py write per dataset per block,
+        # not per batch (with many sites, per-call overhead otherwise dominates).
+        self._pending: dict[str, list[np.ndarray]] = {}
+        self._pending_rows = 0
+        self._pending_bytes = 0
+        self._n_rows = len(self.file["split"])
         self._closed = False
 
     # -- setup ---------------------------------------------------------------------------------
@@ -273,8 +281,7 @@ class CodeWriter:
             raise CodeFileError(f"split has {len(splits)} entries but the codes have {batch_size}")
 
         existing = {name for name in arrays if name in self.file}
-        n_before = len(self.file["split"])
-        if n_before:
+        if self._n_rows:
             self._check_same_per_example_arrays(arrays)
         for name, array in codes.items():
             bad = ~np.isfinite(array)
@@ -284,7 +291,7 @@ class CodeWriter:
                     f"({int(bad.sum())} values); they are stored as they are",
                     RuntimeWarning, stacklevel=2,
                 )
-            self._extend(self.file["codes"][name], array.astype(np.float32, copy=False))
+            self._queue(f"codes/{name}", array.astype(np.float32, copy=False))
         for name, array in arrays.items():
             if name not in existing:
                 group, _, leaf = name.rpartition("/")
@@ -294,14 +301,28 @@ class CodeWriter:
                 raise CodeFileError(
                     f"{name} has rows of shape {list(array.shape[1:])}; the file holds {list(dataset.shape[1:])}"
                 )
-            self._extend(dataset, array)
-        self._extend(self.file["split"], np.asarray(splits, dtype=object))
+            self._queue(name, array)
+        self._queue("split", np.asarray(splits, dtype=object))
         known = json.loads(self.file.attrs["splits"])
         for name in dict.fromkeys(splits):
             if name not in known:
                 known.append(name)
         self.file.attrs["splits"] = json.dumps(known)
         self.n_appended += batch_size
+        self._n_rows += batch_size
+        self._pending_rows += batch_size
+        if self._pending_rows >= _FLUSH_ROWS or self._pending_bytes >= _FLUSH_BYTES:
+            self.flush()
+
+    def _queue(self, name: str, rows: np.ndarray) -> None:
+        self._pending.setdefault(name, []).append(rows)
+        self._pending_bytes += rows.nbytes if rows.dtype != object else 8 * len(rows)
+
+    def flush(self) -> None:
+        """Write the rows waiting in memory into the (temporary) file."""
+        for name, blocks in self._pending.items():
+            self._extend(self.file[name], blocks[0] if len(blocks) == 1 else np.concatenate(blocks))
+        self._pending, self._pending_rows, self._pending_bytes = {}, 0, 0
 
     def _check_same_per_example_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
         def per_example(group: str) -> set[str]:
@@ -325,6 +346,7 @@ class CodeWriter:
         """Finish the file and move it under its final name."""
         if self._closed:
             return self.path
+        self.flush()
         self.file.close()
         os.replace(self.temporary_path, self.path)
         self._closed = True

@@ -48,6 +48,7 @@ class Embedding:
     seed: int
     stratify: str | None = None
     parameters: dict = field(default_factory=dict)
+    constant_layers: list[int] = field(default_factory=list)  # codes all equal: drawn as one point
 
     @property
     def n_used(self) -> int:
@@ -142,17 +143,22 @@ def embed(
         if strata.ndim != 1:
             raise ValueError(f"stratify needs one value per example; label {stratify!r} has shape {list(strata.shape)}")
     indices = subsample(n_total, max_points, seed, strata)
-    coordinates, parameters = {}, {}
+    coordinates, parameters, constant_layers = {}, {}, []
     for layer in layers:
         codes = code_file.layer_codes(layer, split)[indices].astype(np.float64)
         if not np.isfinite(codes).all():
             raise ValueError(f"the codes of layer {layer} in split {split!r} contain NaN or inf; cannot embed them")
         # One BLAS / OpenMP thread: at these sizes more threads gain little, and on a busy machine
         # OpenMP's waiting threads make tSNE several times slower.
+        if len(codes) and np.ptp(codes, axis=0).max() == 0:
+            # Nothing to embed (e.g. HYLA's first layer on a fixed query): every point is the same.
+            coordinates[layer] = np.zeros((len(codes), 2), dtype=np.float32)
+            constant_layers.append(layer)
+            continue
         with threadpool_limits(limits=1):
             coordinates[layer], parameters = _embed_array(codes, method, seed)
     return Embedding(
         method=method, model_name=code_file.model_name, split=split, layers=layers,
         coordinates=coordinates, indices=indices, n_total=n_total, max_points=max_points, seed=seed,
-        stratify=stratify, parameters=parameters,
+        stratify=stratify, parameters=parameters, constant_layers=constant_layers,
     )

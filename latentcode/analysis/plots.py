@@ -126,7 +126,8 @@ def plot_embedding(
                 axis.scatter(xy[chosen, 0], xy[chosen, 1], s=size, color=colour, linewidths=0, alpha=0.8)
         else:
             mappable = axis.scatter(xy[:, 0], xy[:, 1], c=values, s=size, cmap="viridis", norm=norm, linewidths=0)
-        axis.set_title(f"layer {layer}")
+        constant = " (codes constant: one point)" if layer in embedding.constant_layers else ""
+        axis.set_title(f"layer {layer}{constant}")
         axis.set_xlabel(f"{method_name} 1")
         axis.set_ylabel(f"{method_name} 2")
         axis.set_xticks([])
@@ -204,27 +205,29 @@ def plot_code_samples(
     split: str | None = None,
     n_samples: int = 8,
     seed: int = 0,
+    max_values: int = 12,
     formats: Sequence[str] = ("png",),
     figsize: tuple[float, float] | None = None,
     dpi: float = 100,
 ) -> list[Path]:
-    """A grid of raw latent codes: one panel per value of a categorical label, showing up to
-    `n_samples` random examples (rows, drawn with `seed`) by heads (columns), on one shared colour
-    scale. The codes are those of all sites of `layer` (default: the last), side by side."""
+    """A grid of raw latent codes: one panel per value of an integer label (the `max_values` most
+    frequent, if there are more), showing up to `n_samples` random examples (rows, drawn with
+    `seed`) by heads (columns), on one shared colour scale. The codes are those of all sites of
+    `layer` (default: the last), side by side."""
     code_file = _open(code_file)
     layer = code_file.layers[-1] if layer is None else layer
     values, label = select_label(code_file, label, split)
     values = _one_column(values, label)
-    if not is_categorical(values):
-        raise ValueError(
-            f"label {label!r} is not categorical (integers with at most 20 values); the sample grid "
-            "needs one panel per value"
-        )
+    if values.dtype.kind not in "iub":
+        raise ValueError(f"label {label!r} is not integer-valued; the sample grid needs one panel per value")
     codes = code_file.layer_codes(layer, split)
     sites = code_file.sites_of_layer(layer)
     names = value_names(code_file, label)
     rng = np.random.default_rng(seed)
-    categories = np.unique(values)
+    categories, counts = np.unique(values, return_counts=True)
+    n_values = len(categories)
+    if n_values > max_values:  # the most frequent values, in their natural order
+        categories = np.sort(categories[np.argsort(-counts, kind="stable")[:max_values]])
     samples = []
     for category in categories:
         members = np.flatnonzero(values == category)
@@ -252,6 +255,7 @@ def plot_code_samples(
     figure.suptitle(
         f"{code_file.model_name}: raw latent codes at layer {layer} ({site_names}), {_split_text(split)}, "
         f"up to {n_samples} random examples per {label}"
+        + (f" ({len(categories)} most frequent of {n_values} values)" if n_values > len(categories) else "")
     )
     return _save(figure, path_stem, formats, dpi)
 

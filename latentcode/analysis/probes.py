@@ -305,21 +305,37 @@ def _iterate(code_files, label, fit_split, test_split, layers, per_site, cv, see
             y_test, _ = select_label(code_file, label, test_split)
             _check_sizes(len(y_fit), len(y_test), cv, code_file, fit_split, test_split)
             y_fit, y_test = prepare(y_fit, y_test, name, code_file)
+            groups, constant_groups = 0, []
             for layer in code_file.layers if layers is None else layers:
                 for site, sites, where in _site_groups(code_file, layer, per_site):
                     codes_fit = _read_codes(code_file, sites, fit_split, layer, where)
                     codes_test = _read_codes(code_file, sites, test_split, layer, where)
-                    _check_not_constant(codes_fit, code_file, layer, where, fit_split)
+                    groups += 1
+                    # Constant codes carry no information: the probe can only learn the class
+                    # prior. That is a finding for one layer (e.g. HYLA's first layer on a fixed
+                    # query), so it is noted; a file whose codes are constant everywhere is refused.
+                    is_constant = len(codes_fit) and np.ptp(codes_fit, axis=0).max() == 0
+                    if is_constant:
+                        constant_groups.append(codes_fit)
                     common = dict(
                         model=code_file.model_name, file=str(code_file.path), layer=int(layer), site=site,
                         label=name, n_fit=len(codes_fit), n_test=len(codes_test), fit_split=fit_split,
                         test_split=test_split, seed=seed, note="",
                     )
 
+                    if is_constant:
+                        common["note"] = (f"codes constant in split {fit_split!r}: the probe can only learn "
+                                          "the class prior")
+
                     def row(_common=common, **fields):
-                        return {**_common, **fields}
+                        notes = [note for note in (_common["note"], fields.get("note")) if note]
+                        return {**_common, **fields, "note": "; ".join(notes)}
 
                     rows += probe(codes_fit, codes_test, y_fit, y_test, name, row)
+            if groups and len(constant_groups) == groups:
+                layer = (code_file.layers if layers is None else list(layers))[0]
+                _check_not_constant(constant_groups[0], code_file, layer, _site_groups(code_file, layer, per_site)[0][2],
+                                    fit_split)
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 

@@ -1,30 +1,25 @@
-"""Hooked transformers with softmax, linear and HYLA attention, and the hypernetwork view."""
+"""Hooked transformers with softmax, linear and HYLA attention, and the hypernetwork view.
 
-from latentcode.models.config import (
-    ATTENTION_PRESETS,
-    SCORE_NORMALIZATIONS,
-    VALUE_NETWORKS,
-    ConfigError,
-    ModelConfig,
-    resolve_attention,
-)
-from latentcode.models.hypernetwork import GeneratedValueNetwork, value_network_view
-from latentcode.models.persistence import ModelFileError, load_model, save_model
-from latentcode.models.transformer import InputShapeError, Transformer, build_model
+Names load on first use (see `latentcode.lazy`): `latentcode.models.config` stays free of torch.
+"""
 
-__all__ = [
-    "ATTENTION_PRESETS",
-    "SCORE_NORMALIZATIONS",
-    "VALUE_NETWORKS",
-    "ConfigError",
-    "GeneratedValueNetwork",
-    "InputShapeError",
-    "ModelConfig",
-    "ModelFileError",
-    "Transformer",
-    "build_model",
-    "load_model",
-    "resolve_attention",
-    "save_model",
-    "value_network_view",
-]
+from latentcode.lazy import lazy_exports
+
+_WHERE = {
+    "ATTENTION_PRESETS": "latentcode.models.config",
+    "SCORE_NORMALIZATIONS": "latentcode.models.config",
+    "VALUE_NETWORKS": "latentcode.models.config",
+    "ConfigError": "latentcode.models.config",
+    "ModelConfig": "latentcode.models.config",
+    "resolve_attention": "latentcode.models.config",
+    "GeneratedValueNetwork": "latentcode.models.hypernetwork",
+    "value_network_view": "latentcode.models.hypernetwork",
+    "ModelFileError": "latentcode.models.persistence",
+    "load_model": "latentcode.models.persistence",
+    "save_model": "latentcode.models.persistence",
+    "InputShapeError": "latentcode.models.transformer",
+    "Transformer": "latentcode.models.transformer",
+    "build_model": "latentcode.models.transformer",
+}
+__all__ = sorted(_WHERE)
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)

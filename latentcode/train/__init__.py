@@ -1,26 +1,33 @@
 """Training with accelerate: the paper's recipe, presets, resumable runs and sweeps.
 
-The package is callable: `latentcode.train(config, out)` is `latentcode.train.train(config, out)`.
+The package is callable: `latentcode.train(config, out)` is `latentcode.train.trainer.train(config,
+out)`. Names load on first use (see `latentcode.lazy`), so the preset table and configs stay light.
 """
 
 from latentcode.callable_module import make_callable
-from latentcode.train.config import TrainConfig
-from latentcode.train.presets import PRESETS, SCALES, build_train_config, describe_presets
-from latentcode.train.run import Run, RunDirectory, RunDirectoryError
-from latentcode.train.trainer import CheckpointError, TrainingDiverged, train
+from latentcode.lazy import lazy_exports
 
-__all__ = [
-    "PRESETS",
-    "SCALES",
-    "CheckpointError",
-    "Run",
-    "RunDirectory",
-    "RunDirectoryError",
-    "TrainConfig",
-    "TrainingDiverged",
-    "build_train_config",
-    "describe_presets",
-    "train",
-]
+_WHERE = {
+    "TrainConfig": "latentcode.train.config",
+    "PRESETS": "latentcode.train.presets",
+    "SCALES": "latentcode.train.presets",
+    "build_train_config": "latentcode.train.presets",
+    "describe_presets": "latentcode.train.presets",
+    "Run": "latentcode.train.run",
+    "RunDirectory": "latentcode.train.run",
+    "RunDirectoryError": "latentcode.train.run",
+    "CheckpointError": "latentcode.train.trainer",
+    "TrainingDiverged": "latentcode.train.trainer",
+    "train": "latentcode.train.trainer",
+}
+__all__ = sorted(_WHERE)
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
 
-make_callable(__name__, train)
+
+def _train(*args, **kwargs):
+    from latentcode.train.trainer import train
+
+    return train(*args, **kwargs)
+
+
+make_callable(__name__, _train)

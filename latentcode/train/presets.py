@@ -6,6 +6,7 @@ paper` runs. A scale sets the number of training instances (and the evaluation a
 cadence to match):
 
 - `tiny`: a few dozen steps, for tests and smoke runs;
+- `demo`: a few minutes per model on 2 CPU cores (`latentcode demo --train`);
 - `cpu`: a meaningful result in under an hour on 2 CPU cores;
 - `paper`: the paper's full budget (fuzzy logic 50,000 steps of 128; SRAVEN 20 million instances).
 
@@ -20,7 +21,7 @@ from typing import Any
 from latentcode.models.config import ConfigError
 from latentcode.train.config import TrainConfig
 
-SCALES = ("tiny", "cpu", "paper")
+SCALES = ("tiny", "demo", "cpu", "paper")
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,8 @@ PRESETS: dict[str, Preset] = {
         model={"n_layers": 2, "d_model": 128, "n_heads": 8, "kqv_dim": 16, "d_mlp": 256, "positions": "relative",
                "causal": False, "attn_dropout": 0.1},
         optimizer={"batch_size": 128, "learning_rate": 1e-3, "weight_decay": 0.1, "warmup_steps": 100},
-        train_instances={"tiny": 24 * 128, "cpu": 8_000 * 128, "paper": 50_000 * 128},
-        eval_instances={"tiny": 256, "cpu": 4096, "paper": 16_000},
+        train_instances={"tiny": 24 * 128, "demo": 1_500 * 128, "cpu": 8_000 * 128, "paper": 50_000 * 128},
+        eval_instances={"tiny": 256, "demo": 1024, "cpu": 4096, "paper": 16_000},
         paper_grid={"learning_rate": [1e-3, 3e-3], "weight_decay": [0.03, 0.1], "warmup_steps": [100]},
     ),
     "sraven": Preset(
@@ -54,8 +55,8 @@ PRESETS: dict[str, Preset] = {
         model={"n_layers": 4, "d_model": 128, "n_heads": 16, "kqv_dim": 64, "d_mlp": 256, "positions": "relative",
                "causal": False, "attn_dropout": 0.1, "width_factor": 1},
         optimizer={"batch_size": 128, "learning_rate": 1e-3, "weight_decay": 0.1, "warmup_steps": 1000},
-        train_instances={"tiny": 24 * 128, "cpu": 8_000 * 128, "paper": 20_000_000},
-        eval_instances={"tiny": 256, "cpu": 4096, "paper": 51_200},
+        train_instances={"tiny": 24 * 128, "demo": 600 * 128, "cpu": 8_000 * 128, "paper": 20_000_000},
+        eval_instances={"tiny": 256, "demo": 1024, "cpu": 4096, "paper": 51_200},
         paper_grid={"learning_rate": [3e-4, 1e-3], "weight_decay": [0.1, 0.3], "warmup_steps": [1000, 3000],
                     "n_layers": [4, 8, 16], "width_factor": [1, 2, 4]},
     ),
@@ -116,12 +117,12 @@ def build_train_config(preset: str, scale: str = "cpu", attention: str = "softma
         notes["warmup"] = (f"the preset's warmup of {train_fields['warmup_steps']} steps was capped at a tenth "
                            f"of the {steps} steps: {steps // 10}")
         train_fields["warmup_steps"] = steps // 10
-    cadence = {"tiny": max(steps // 2, 1), "cpu": max(steps // 10, 1), "paper": 10_000}[scale]
+    cadence = {"tiny": max(steps // 2, 1), "demo": max(steps // 5, 1), "cpu": max(steps // 10, 1), "paper": 10_000}[scale]
     defaults = {
         "eval_every": cadence,
         "checkpoint_every": cadence if scale != "paper" else 5_000,
         "eval_instances": spec.eval_instances[scale],
-        "log_every": {"tiny": 5, "cpu": 50, "paper": 500}[scale],
+        "log_every": {"tiny": 5, "demo": 25, "cpu": 50, "paper": 500}[scale],
     }
     train_fields = {**defaults, **train_fields}
     return TrainConfig(task=task, model=model, n_train_instances=n_train, preset=preset, scale=scale,

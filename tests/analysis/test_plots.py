@@ -60,7 +60,7 @@ def test_code_samples_grid(tmp_path, codes_path):
     (path,) = plot_code_samples(codes_path, "rule", tmp_path / "samples", layer=1, split="train", n_samples=5,
                                 figsize=(8.0, 6.0), dpi=DPI)
     assert_png(path, figsize=(8.0, 6.0))
-    with pytest.raises(ValueError, match=r"label 'target' is not categorical"):
+    with pytest.raises(ValueError, match=r"label 'target' is not integer-valued"):
         plot_code_samples(codes_path, "target", tmp_path / "x")
     with pytest.raises(ValueError, match=r"label 'query_rule' has shape \[N, 4\]: .* pick a column"):
         plot_code_samples(codes_path, "query_rule", tmp_path / "x")

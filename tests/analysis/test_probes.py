@@ -204,9 +204,19 @@ def test_errors_say_what_is_wrong(tmp_path, planted):
     constant = write_codes(tmp_path / "constant.h5", n_per_split={"train": 160, "ood": 20}, constant_layers=(0,))
     with pytest.raises(ValueError, match=r"the codes of layer 0 at site all \(1 site: l0_q10_k5\) are constant "
                                          r"in split 'train'"):
-        decode(constant, "rule")
+        decode(constant, "rule", layers=[0])
     with pytest.raises(ValueError, match=r"the codes of layer 0 at site l0_q10_k5 are constant"):
-        regress(constant, "target", per_site=True)
+        regress(constant, "target", per_site=True, layers=[0])
+    # One constant layer among informative ones is a finding, not an error: it is noted, and its
+    # probe can do no better than the class prior.
+    table = decode(constant, "rule")
+    layer_0 = _row(table, metric="accuracy", layer=0)
+    assert "codes constant in split 'train'" in layer_0["note"]
+    fit, test = CodeFile(constant).labels("rule", "train"), CodeFile(constant).labels("rule", "ood")
+    counts = np.bincount(fit)
+    most_frequent = np.flatnonzero(counts == counts.max())
+    assert any(layer_0["value"] == pytest.approx(np.mean(test == c)) for c in most_frequent)
+    assert _row(table, metric="accuracy", layer=1)["note"] == ""
     with pytest.raises(CodeFileError, match=r"no sites in layer 5; its layers are \[0, 1\]"):
         decode(planted, "rule", layers=[5])
     with pytest.raises(CodeFileError, match=r"no split 'test'"):

@@ -1,0 +1,104 @@
+"""`latentcode demo`: the whole pipeline on an embedded default, in a few minutes on 2 CPU cores.
+
+1. models: softmax, linear and HYLA models for the task, from the checkpoints shipped in
+   `models/` (trained on CPU, see their model cards), or trained here with `train=True`;
+2. extraction: their latent codes on in-distribution (`train`) and OOD (`ood`) tasks, at the
+   paper's sites (SRAVEN: `sraven-rule` on unpermuted instances; fuzzy logic: `last-self` on the
+   fixed-query variant, as the authors' analysis);
+3. analysis: decode the sub-task (SRAVEN: the rule of the query position; fuzzy logic: each term)
+   from the codes, fitted in distribution and scored OOD; tSNE plots and the mean-code heatmap;
+4. the report: one HTML page, and the headline numbers printed.
+
+Everything goes into a new directory (an existing one is never overwritten: `latentcode-demo-1`,
+`-2`, ... are used instead).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from latentcode.analysis.report import Report, build_report
+
+ATTENTIONS = ("softmax", "linear", "hyla")
+TASKS = ("sraven", "fuzzy_logic")
+# Sites and input variant of the paper's latent-code analysis for each task.
+EXTRACTION = {"sraven": ("sraven-rule", "unpermuted"), "fuzzy_logic": ("last-self", "fixed_query")}
+SHIPPED_MODELS = Path(__file__).resolve().parents[1] / "models"
+
+
+def shipped_run(task: str, attention: str) -> Path:
+    return SHIPPED_MODELS / f"{task}-{attention}"
+
+
+def fresh_directory(path: Path) -> Path:
+    """`path` if it does not exist or is empty, else the first free `path-1`, `path-2`, ..."""
+    if not path.exists() or (path.is_dir() and not any(path.iterdir())):
+        return path
+    index = 1
+    while path.with_name(f"{path.name}-{index}").exists():
+        index += 1
+    return path.with_name(f"{path.name}-{index}")
+
+
+def run_demo(
+    task: str = "sraven",
+    out: str | Path = "latentcode-demo",
+    train: bool = False,
+    scale: str = "demo",
+    attentions: Sequence[str] = ATTENTIONS,
+    n_codes: int = 2048,
+    max_points: int = 1000,
+    progress: bool = True,
+    model_overrides: dict | None = None,
+) -> Report:
+    """Run the demo (see the module docstring) and return its report.
+
+    train: train the models here at `scale` instead of using the shipped checkpoints
+        (`model_overrides`, e.g. {"n_layers": 1}, shrink them for tests).
+    n_codes: instances per split whose latent codes are extracted.
+    """
+    import latentcode
+    from latentcode.train import build_train_config
+
+    if task not in TASKS:
+        raise ValueError(f"unknown demo task {task!r}; choose one of {TASKS}")
+    started = time.perf_counter()
+    out = fresh_directory(Path(out))
+    out.mkdir(parents=True)
+    say = print if progress else (lambda *args, **kwargs: None)
+    say(f"latentcode demo: {task}, models {', '.join(attentions)} -> {out}")
+
+    run_dirs = []
+    for attention in attentions:
+        destination = out / "runs" / attention
+        shipped = shipped_run(task, attention)
+        if not train and (shipped / "model" / "model.safetensors").is_file():
+            say(f"  {attention}: shipped checkpoint {shipped}")
+            shutil.copytree(shipped, destination, ignore=shutil.ignore_patterns("checkpoints", "*.md", "*.py"))
+        else:
+            if not train:
+                say(f"  {attention}: no shipped checkpoint at {shipped}; training one at scale {scale!r}")
+            config = build_train_config(task, scale, attention, **(model_overrides or {}))
+            say(f"  {attention}: training {config.steps} steps ({config.notes['scale']})")
+            latentcode.train(config, destination, progress=progress)
+        run_dirs.append(destination)
+
+    selector, variant = EXTRACTION[task]
+    for attention, run_dir in zip(attentions, run_dirs, strict=True):
+        codes = run_dir / "codes" / f"{attention}.h5"
+        codes.parent.mkdir(parents=True, exist_ok=True)
+        for index, split in enumerate(("train", "ood")):
+            latentcode.extract(run_dir, selector=selector, split=split, n=n_codes, out=codes, variant=variant,
+                               append=index > 0, progress=progress)
+        say(f"  {attention}: latent codes of {n_codes} train + {n_codes} ood instances -> {codes}")
+
+    report = build_report(run_dirs, out=out / "report.html", fit_split="train", test_split="ood",
+                          max_points=max_points, title=f"latentcode demo: {task}", progress=progress)
+    minutes = (time.perf_counter() - started) / 60
+    print(f"\nreport: {report.path.resolve()}  ({minutes:.1f} min)")
+    for line in report.headline():
+        print("  " + line)
+    return report

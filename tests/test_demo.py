@@ -1,0 +1,48 @@
+"""The main job end to end, and the report of training runs."""
+
+import pytest
+
+from latentcode.analysis.report import build_report
+from latentcode.demo import fresh_directory, run_demo, shipped_run
+
+SMALL = dict(n_layers=2, d_model=32, d_mlp=32)
+
+
+@pytest.mark.parametrize("task", ["fuzzy_logic", "sraven"])
+def test_demo_runs_end_to_end_at_tiny_scale(tmp_path, task, capsys):
+    report = run_demo(task, tmp_path / "demo", train=True, scale="tiny", n_codes=160, max_points=80,
+                      progress=False, model_overrides=SMALL)
+    page = report.path.read_text()
+    assert "<script" not in page and "Training" in page and "Decoding the sub-task" in page
+    assert page.count("data:image/png;base64,") >= 1 + 1 + 3 * 3  # curves, probes, 3 x (tSNE, heatmap, samples)
+    assert set(report.probe_table["model"]) == {"softmax", "linear", "hyla"}
+    printed = capsys.readouterr().out
+    assert "report:" in printed and printed.count("decoding") == 3
+    for attention in ("softmax", "linear", "hyla"):
+        assert (tmp_path / "demo" / "runs" / attention / "codes" / f"{attention}.h5").is_file()
+
+
+def test_demo_never_overwrites_an_existing_directory(tmp_path):
+    (tmp_path / "latentcode-demo").mkdir()
+    (tmp_path / "latentcode-demo" / "mine.txt").write_text("keep")
+    assert fresh_directory(tmp_path / "latentcode-demo") == tmp_path / "latentcode-demo-1"
+    (tmp_path / "latentcode-demo-1").mkdir()
+    assert fresh_directory(tmp_path / "latentcode-demo") == tmp_path / "latentcode-demo-2"
+
+
+@pytest.mark.skipif(not (shipped_run("sraven", "hyla") / "model").is_dir(), reason="no shipped checkpoints")
+def test_demo_from_the_shipped_checkpoints(tmp_path, capsys):
+    report = run_demo("sraven", tmp_path / "demo", n_codes=256, max_points=100, progress=False)
+    assert report.path.is_file() and len(report.runs) == 3
+    assert all(run.summary for run in report.runs), "shipped runs carry their training metrics"
+
+
+def test_report_of_runs_without_codes(tmp_path):
+    import latentcode
+    from latentcode.train import build_train_config
+
+    run = latentcode.train(build_train_config("fuzzy_logic", "tiny", "hyla", **SMALL), tmp_path / "run", progress=False)
+    report = build_report([run.path], out=tmp_path / "report.html", progress=False)
+    page = report.path.read_text()
+    assert "training curves" in page and "Final metrics per split" in page and "unseen_terms" in page
+    assert report.probe_table is None and len(report.headline()) == 1
