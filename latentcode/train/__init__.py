@@ -19,6 +19,7 @@ _WHERE = {
     "CheckpointError": "latentcode.train.trainer",
     "TrainingDiverged": "latentcode.train.trainer",
     "train": "latentcode.train.trainer",
+    "sweep": "latentcode.train.sweep",
 }
 __all__ = sorted(_WHERE)
 __getattr__, __dir__ = lazy_exports(__name__, _WHERE)

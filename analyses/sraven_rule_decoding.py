@@ -1,0 +1,37 @@
+"""SRAVEN: decoding the rule of the query position from the latent codes, per layer.
+
+As the paper (and the authors' analysis): the codes of the last query token attending to the same
+feature in the last row's two context panels (`sraven-rule`, every layer), on unpermuted
+instances; a logistic regression fitted on in-distribution rule combinations (`train`) and scored
+on held-out ones (`ood`): accuracy and macro-F1 beside a shuffled-label control and the majority
+class. Writes `rule_decoding.csv`/`.json` and `rule_decoding.png` (one line per model).
+
+    python analyses/sraven_rule_decoding.py --scale cpu
+    python analyses/sraven_rule_decoding.py --runs-from models      # the shipped checkpoints
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import common
+
+from latentcode.analysis import decode, plot_probe_scores, write_table
+
+
+def main() -> None:
+    args = common.parser(__doc__, "sraven_rule_decoding").parse_args()
+    runs = common.model_runs(args, "sraven")
+    files = [common.codes_of(run, "sraven-rule", "unpermuted", args.n_codes, quiet=args.quiet) for run in runs.values()]
+    out = Path(args.out)
+    table = decode(files, "rule", fit_split="train", test_split="ood")
+    write_table(table, out / "rule_decoding")
+    plot_probe_scores(table, out / "rule_decoding", metric="accuracy")
+    summary = table[table["metric"].isin(["accuracy", "macro_f1"])]
+    print(summary[["model", "layer", "metric", "value", "chance", "chance_majority"]]
+          .to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"wrote {out / 'rule_decoding.csv'} and {out / 'rule_decoding.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""Every script under analyses/ runs end to end at a tiny scale and writes its table and figure."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import latentcode
+from latentcode.train import build_train_config
+
+ANALYSES = Path(__file__).resolve().parents[1] / "analyses"
+SMALL = ["--set", "n_layers=2", "--set", "d_model=32", "--set", "d_mlp=32"]
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(tmp_path_factory):
+    """Finished tiny runs DIR/<task>-<attention>, the layout --runs-from reads."""
+    folder = tmp_path_factory.mktemp("runs")
+    for task in ("fuzzy_logic", "sraven"):
+        for attention in ("softmax", "linear", "hyla"):
+            config = build_train_config(task, "tiny", attention, n_layers=2, d_model=32, d_mlp=32)
+            latentcode.train(config, folder / f"{task}-{attention}", progress=False)
+    return folder
+
+
+def run_script(name, *args):
+    result = subprocess.run([sys.executable, str(ANALYSES / name), "--quiet", "--n-codes", "160", *args],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_fuzzy_ood_r2_grid(tmp_path):
+    out = run_script("fuzzy_ood_r2_grid.py", "--scale", "tiny", *SMALL, "--seq-lens", "16", "--fracs", "0.3", "0.5",
+                     "--attention", "softmax", "hyla", "--out", str(tmp_path))
+    rows = json.loads((tmp_path / "ood_r2.json").read_text())
+    assert {(r["attention"], r["frac_test"]) for r in rows} == {(a, f) for a in ("softmax", "hyla") for f in (0.3, 0.5)}
+    assert all(r["status"] == "finished" and r["ood.r2"] is not None for r in rows)
+    assert (tmp_path / "ood_r2.png").stat().st_size > 0 and "wrote" in out
+
+
+def test_heads_ablation(tmp_path):
+    run_script("heads_ablation.py", "--task", "fuzzy_logic", "--scale", "tiny", *SMALL, "--heads", "1", "8",
+               "--attention", "hyla", "--out", str(tmp_path))
+    rows = json.loads((tmp_path / "heads_ablation.json").read_text())
+    assert sorted(r["n_heads"] for r in rows) == [1, 8] and (tmp_path / "heads_ablation.png").is_file()
+
+
+def test_fuzzy_term_decoding(tiny_runs, tmp_path):
+    run_script("fuzzy_term_decoding.py", "--runs-from", str(tiny_runs), "--out", str(tmp_path))
+    rows = json.loads((tmp_path / "term_decoding.json").read_text())
+    assert {r["model"] for r in rows} == {"softmax", "linear", "hyla"}
+    assert any(r["metric"] == "mean_f1" for r in rows) and (tmp_path / "term_decoding.png").is_file()
+    assert (tmp_path / "negation_bits_r2.csv").is_file()
+
+
+@pytest.mark.parametrize("script", ["sraven_rule_decoding.py", "sraven_rule_heatmap.py", "latent_tsne.py"])
+def test_sraven_scripts(tiny_runs, tmp_path, script):
+    extra = ["--max-points", "80"] if script == "latent_tsne.py" else []
+    run_script(script, "--runs-from", str(tiny_runs), "--out", str(tmp_path), *extra)
+    written = {path.name for path in tmp_path.iterdir()}
+    expected = {"sraven_rule_decoding.py": {"rule_decoding.csv", "rule_decoding.png"},
+                "sraven_rule_heatmap.py": {"hyla_rule_similarity.png", "hyla_rule_similarity.json"},
+                "latent_tsne.py": {"softmax_tsne.png", "linear_tsne.png", "hyla_tsne.png"}}[script]
+    assert expected <= written
+
+
+def test_runs_from_a_directory_without_runs_says_so(tmp_path):
+    result = subprocess.run([sys.executable, str(ANALYSES / "sraven_rule_decoding.py"), "--runs-from", str(tmp_path)],
+                            capture_output=True, text=True)
+    assert result.returncode != 0 and "no finished run at" in result.stderr
