@@ -38,7 +38,9 @@ def _package_version() -> str:
     return __version__
 
 
-def save_model(model: Transformer, path: str | Path, overwrite: bool = False) -> Path:
+def save_model(model: Transformer, path: str | Path, overwrite: bool = False, dtype: torch.dtype | None = None) -> Path:
+    """Write the model directory (see the module docstring); `dtype` (e.g. torch.float16) stores the
+    weights in a smaller type, which `load_model` turns back into the model's float32."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"cannot save a model to {path}: it exists and is not a directory")
@@ -50,7 +52,8 @@ def save_model(model: Transformer, path: str | Path, overwrite: bool = False) ->
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         (staging / CONFIG_FILE).write_text(model.config.to_json() + "\n")
-        state = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
+        state = {name: tensor.detach().cpu().to(dtype or tensor.dtype).contiguous()
+                 for name, tensor in model.state_dict().items()}
         save_file(state, staging / WEIGHTS_FILE, metadata={"format": FORMAT, "latentcode_version": _package_version()})
         if path.exists():
             backup = path.with_name(f".{path.name}.old")
@@ -108,5 +111,5 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> Transfor
         if wrong_shape:
             problems.append("shapes differ: " + "; ".join(wrong_shape))
         raise ModelFileError(f"the weights in {weights_path} do not match {CONFIG_FILE}: " + ", ".join(problems))
-    model.load_state_dict(state)
+    model.load_state_dict(state)  # copies into the model's float32 parameters, whatever the stored type
     return model.eval()

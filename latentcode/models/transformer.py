@@ -177,11 +177,11 @@ class Transformer(HookedRootModule):
         return self.unembed(self.ln_final(residual))
 
     # -- persistence -----------------------------------------------------------------------------
-    def save(self, path: str | Path, overwrite: bool = False) -> Path:
+    def save(self, path: str | Path, overwrite: bool = False, dtype: torch.dtype | None = None) -> Path:
         """Write `config.json` and `model.safetensors` into the directory `path` (see `persistence`)."""
         from latentcode.models.persistence import save_model
 
-        return save_model(self, path, overwrite=overwrite)
+        return save_model(self, path, overwrite=overwrite, dtype=dtype)
 
     @property
     def n_layers(self) -> int:

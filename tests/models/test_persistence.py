@@ -51,3 +51,14 @@ def test_load_errors_for_missing_or_corrupt_files(tmp_path):
     (tmp_path / "model" / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(ModelFileError, match="cannot read"):
         load_model(tmp_path / "model")
+
+
+def test_weights_can_be_stored_in_half_precision(tmp_path):
+    model = build_model(CONFIG, seed=3)
+    path = model.save(tmp_path / "half", dtype=torch.float16)
+    full = model.save(tmp_path / "full")
+    saved_bytes = (full / "model.safetensors").stat().st_size - (path / "model.safetensors").stat().st_size
+    assert saved_bytes >= 2 * sum(p.numel() for p in model.parameters()), "two bytes fewer per weight"
+    loaded = load_model(path)
+    assert loaded.blocks[0].attn.W_Q.dtype == torch.float32
+    torch.testing.assert_close(loaded.blocks[0].attn.W_Q, model.blocks[0].attn.W_Q.half().float())
