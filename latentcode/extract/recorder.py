@@ -68,6 +68,8 @@ class Recorder:
         self._pairs_cache: dict[tuple[int, int], tuple[Tensor, Tensor] | None] = {}
         self._finished: dict[Site, list[np.ndarray]] = defaultdict(list)
         self._layers_seen: set[int] = set()
+        self._pass = 0  # forward passes seen by the root module's pre-hook
+        self._pass_of_last: dict[Site, int] = {}
         self._handles: list = []
         self._capture = None
 
@@ -126,12 +128,20 @@ class Recorder:
         self._layers_seen.add(layer)
         codes = codes.cpu().numpy()
         for index, (query, key) in enumerate(zip(queries.tolist(), keys.tolist(), strict=True)):
-            self._finished[Site(layer, query, key)].append(codes[:, :, index])
+            site = Site(layer, query, key)
+            if self._pass > 0 and self._pass_of_last.get(site) == self._pass:
+                # The same layer reported twice in one pass (a module called again): keep the last.
+                self._finished[site][-1] = codes[:, :, index]
+            else:
+                self._finished[site].append(codes[:, :, index])
+                self._pass_of_last[site] = self._pass
 
-    # The root module's forward hooks only check a pass; codes are stored by the sink directly, so
-    # recording also works when a wrapper calls `model.forward(...)` (TransformerLens's run_with_hooks).
+    # The root module's forward hooks delimit and check a pass; codes are stored by the sink
+    # directly, so recording also works when a wrapper calls `model.forward(...)` without them
+    # (TransformerLens's run_with_hooks): then every report is kept.
     def _before_forward(self, module, args) -> None:
         self._layers_seen = set()
+        self._pass += 1
 
     def _after_forward(self, module, args, output) -> None:
         if not self._layers_seen:
@@ -191,4 +201,5 @@ class Recorder:
         """Like `codes()`, then forget them (for streaming batch after batch)."""
         codes = self.codes()
         self._finished = defaultdict(list)
+        self._pass_of_last = {}
         return codes

@@ -116,3 +116,25 @@ def test_a_named_module_that_never_runs_raises_no_attention_captured():
     source = AdapterSource(model, ["unused"], lambda module, args, kwargs, output: output)
     with pytest.raises(NoAttentionCaptured):
         record(model, source, "last-self")
+
+
+def test_a_module_called_twice_in_one_pass_keeps_the_last_call():
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention = HandWrittenAttention()
+
+        def forward(self, x):
+            first, _, _ = self.attention(x)
+            self.second = self.attention(first)[1].detach()
+            return self.second
+
+    model = Twice()
+    source = AdapterSource(model, ["attention"], lambda module, args, kwargs, output: output[1])
+    x = torch.randn(BATCH, LENGTH, 8)
+    with Recorder(model, "0:-1:1", source=source) as recorder:
+        model(x)
+        model(x)
+    codes = recorder.pop()[Site(0, LENGTH - 1, 1)]
+    assert codes.shape == (2 * BATCH, HEADS), "one row per example and pass, not per call"
+    np.testing.assert_allclose(codes[:BATCH], model.second[:, :, -1, 1].numpy(), rtol=1e-6)
