@@ -330,6 +330,25 @@ def _run_probe(args: argparse.Namespace) -> None:
         print("wrote " + ", ".join(map(str, written)))
 
 
+def _add_picture_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="CODES.h5")
+    parser.add_argument("--split", help="only this split (default: all)")
+    parser.add_argument("--out", help="path stem of the figure (default: next to the file)")
+    parser.add_argument("--format", action="append", choices=("png", "svg", "pdf"), help="default png; repeatable")
+
+
+def _draw(args: argparse.Namespace, label: str | None, kind: str, function: str, **options) -> None:
+    """Draw with `latentcode.analysis.<function>(file, label, path_stem, split, formats, **options)`."""
+    import importlib
+    from pathlib import Path
+
+    draw = getattr(importlib.import_module("latentcode.analysis"), function)
+    label = _default_label([args.file], label)
+    out = args.out or str(Path(args.file).with_suffix("")) + f"_{kind}_{label.split('[')[0]}"
+    paths = draw(args.file, label, out, split=args.split, formats=tuple(args.format or ["png"]), **options)
+    print("wrote " + ", ".join(map(str, paths)))
+
+
 @subcommand
 def _plot(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -337,27 +356,14 @@ def _plot(subparsers: argparse._SubParsersAction) -> None:
         description="Embed the latent codes of each layer with tSNE or UMAP (fixed seed; at most --max-points "
         "examples, subsampled with the seed) and colour them by a label.",
     )
-    parser.add_argument("file", metavar="CODES.h5")
+    _add_picture_arguments(parser)
     parser.add_argument("--method", choices=("tsne", "umap"), default="tsne")
     parser.add_argument("--color", help="label to colour by (default: the task's sub-task label)")
-    parser.add_argument("--split", help="only this split (default: all)")
     parser.add_argument("--max-points", type=int, default=2000, help="subsampling cap (default 2000)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", help="path stem (default: next to the file)")
-    parser.add_argument("--format", action="append", choices=("png", "svg", "pdf"))
-    parser.set_defaults(handler=_run_plot)
-
-
-def _run_plot(args: argparse.Namespace) -> None:
-    from pathlib import Path
-
-    from latentcode.analysis import plot_embedding
-
-    color = _default_label([args.file], args.color)
-    out = args.out or str(Path(args.file).with_suffix("")) + f"_{args.method}_{color.split('[')[0]}"
-    paths = plot_embedding(args.file, color, out, method=args.method, split=args.split, max_points=args.max_points,
-                           seed=args.seed, formats=tuple(args.format or ["png"]))
-    print("wrote " + ", ".join(map(str, paths)))
+    parser.set_defaults(handler=lambda args: _draw(
+        args, args.color, args.method, "plot_embedding",
+        method=args.method, max_points=args.max_points, seed=args.seed))
 
 
 @subcommand
@@ -367,47 +373,21 @@ def _heatmap(subparsers: argparse._SubParsersAction) -> None:
         description="Cosine similarity between the mean latent code of each value of a label (the paper's "
         "rule-by-rule heatmap), rows ordered by hierarchical clustering, values annotated; one panel per layer.",
     )
-    parser.add_argument("file", metavar="CODES.h5")
+    _add_picture_arguments(parser)
     parser.add_argument("--label", help="categorical label (default: rule for SRAVEN)")
-    parser.add_argument("--split", help="only this split (default: all)")
-    parser.add_argument("--out")
-    parser.add_argument("--format", action="append", choices=("png", "svg", "pdf"))
-    parser.set_defaults(handler=_run_heatmap)
-
-
-def _run_heatmap(args: argparse.Namespace) -> None:
-    from pathlib import Path
-
-    from latentcode.analysis import plot_similarity
-
-    label = _default_label([args.file], args.label)
-    out = args.out or str(Path(args.file).with_suffix("")) + f"_similarity_{label.split('[')[0]}"
-    paths = plot_similarity(args.file, label, out, split=args.split, formats=tuple(args.format or ["png"]))
-    print("wrote " + ", ".join(map(str, paths)))
+    parser.set_defaults(handler=lambda args: _draw(
+        args, args.label, "similarity", "plot_similarity"))
 
 
 @subcommand
 def _samples(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("samples", help="a grid of raw latent-code samples per label value")
-    parser.add_argument("file", metavar="CODES.h5")
-    parser.add_argument("--label")
-    parser.add_argument("--layer", type=int)
-    parser.add_argument("--split")
-    parser.add_argument("--out")
-    parser.add_argument("--format", action="append", choices=("png", "svg", "pdf"))
-    parser.set_defaults(handler=_run_samples)
-
-
-def _run_samples(args: argparse.Namespace) -> None:
-    from pathlib import Path
-
-    from latentcode.analysis import plot_code_samples
-
-    label = _default_label([args.file], args.label)
-    out = args.out or str(Path(args.file).with_suffix("")) + f"_samples_{label.split('[')[0]}"
-    paths = plot_code_samples(args.file, label, out, layer=args.layer, split=args.split,
-                              formats=tuple(args.format or ["png"]))
-    print("wrote " + ", ".join(map(str, paths)))
+    _add_picture_arguments(parser)
+    parser.add_argument("--label", help="integer label (default: rule for SRAVEN)")
+    parser.add_argument("--layer", type=int, help="layer (default: the last)")
+    parser.set_defaults(handler=lambda args: _draw(
+        args, args.label, "samples", "plot_code_samples",
+        layer=args.layer))
 
 
 @subcommand

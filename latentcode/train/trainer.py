@@ -55,7 +55,14 @@ def _make_accelerator(config: TrainConfig):
     if not os.environ.get("ACCELERATE_MIXED_PRECISION") and "LOCAL_RANK" not in os.environ:
         # Several runs in one process (tests, sequential sweeps) may ask for different settings.
         AcceleratorState._reset_state(reset_partial_state=True)
-    return Accelerator(mixed_precision=mixed_precision, gradient_accumulation_steps=config.gradient_accumulation_steps)
+    handlers = []
+    if config.model_config().ffn == "moe":
+        from accelerate import DistributedDataParallelKwargs
+
+        # Experts no token was routed to get no gradient in a step; DDP must expect that.
+        handlers.append(DistributedDataParallelKwargs(find_unused_parameters=True))
+    return Accelerator(mixed_precision=mixed_precision, gradient_accumulation_steps=config.gradient_accumulation_steps,
+                       kwargs_handlers=handlers)
 
 
 def _step_seed(seed: int, step: int, process: int) -> int:
