@@ -122,8 +122,9 @@ def _train(subparsers: argparse._SubParsersAction) -> None:
         "train",
         help="train a model on a task (presets from the paper)",
         description="Train a hooked transformer with the paper's recipe (AdamW, linear warmup, cosine decay to "
-        "0.1x, weight decay on matrices only, attention dropout 0.1). Runs on CPU, one GPU, or several with "
-        "`accelerate launch -m latentcode.cli train ...`. Writes a run directory with config.json, "
+        "0.1x, weight decay on matrices only, attention dropout 0.1). Runs on CPU, one GPU, several GPUs with "
+        "`accelerate launch -m latentcode.cli train ...`, or several CPU processes with "
+        "`torchrun --nproc_per_node 2 -m latentcode.cli train ...`. Writes a run directory with config.json, "
         "metrics.jsonl, checkpoints/, model/ and summary.json.",
         epilog="presets:\n" + describe_presets() + "\n\nscales: tiny (smoke test), demo (a few minutes), cpu (under an hour on 2 CPU cores), "
         "paper (the paper's budget)\n\nexamples:\n  latentcode train --preset fuzzy_logic --attention hyla --scale cpu "
@@ -172,6 +173,8 @@ def _run_train(args: argparse.Namespace) -> None:
             raise ValueError("latentcode train needs --preset (fuzzy_logic or sraven), --config or --resume")
         out = args.out or f"runs/{config.preset or config.task['name']}-{config.model_config().attention_name}-{config.scale}-seed{config.seed}"
         run = train(config, out, progress=not args.quiet)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return  # one report per run, from the main process of a multi-process launch
     summary = run.summary or {}
     print(f"run finished: {run.path}  ({summary.get('steps')} steps, {summary.get('wall_seconds', 0):.0f} s)")
     for split, metrics in (summary.get("final_metrics") or {}).items():

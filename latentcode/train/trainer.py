@@ -2,10 +2,12 @@
 
     run = train(build_train_config("sraven", scale="cpu", attention="hyla"), "runs/hyla")
 
-The same code runs on a laptop CPU, one GPU, or `accelerate launch -m latentcode.cli train ...`
-on several GPUs or machines: each process draws its own slice of the on-the-fly data stream,
-`task.sample(batch_size / processes / accumulation, "train", seed=(seed, step, process, micro))`,
-so no data is stored and the stream position is the step number.
+The same code runs on a laptop CPU, one GPU, `accelerate launch -m latentcode.cli train ...` on
+several GPUs or machines, or `torchrun --nproc_per_node N -m latentcode.cli train ...` as N CPU
+processes. Each process draws its own shards of the on-the-fly data stream,
+`task.sample(batch_size / processes / accumulation, "train", seed=(seed, step, 0, shard))` with
+shard = process * accumulation + micro, so no data is stored, the stream position is the step
+number, and 2 processes draw the same batch as 1 process accumulating 2 micro-batches.
 
 Reproducibility: the model is initialized from `seed`, and every step reseeds torch's RNG (which
 drives attention dropout) from `(seed, step, process)`. A run killed and resumed from a checkpoint
@@ -61,8 +63,10 @@ def _make_accelerator(config: TrainConfig):
 
         # Experts no token was routed to get no gradient in a step; DDP must expect that.
         handlers.append(DistributedDataParallelKwargs(find_unused_parameters=True))
+    # accelerate treats several processes without a GPU (torchrun) as one unless told they are CPU workers.
+    cpu_workers = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
     return Accelerator(mixed_precision=mixed_precision, gradient_accumulation_steps=config.gradient_accumulation_steps,
-                       kwargs_handlers=handlers)
+                       kwargs_handlers=handlers, cpu=cpu_workers)
 
 
 def _step_seed(seed: int, step: int, process: int) -> int:
@@ -181,7 +185,10 @@ def train(
             torch.manual_seed(_step_seed(config.seed, step, accelerator.process_index))
             step_loss = 0.0
             for micro in range(config.gradient_accumulation_steps):
-                batch = task.sample(micro_batch, "train", seed=(config.seed, step, accelerator.process_index, micro))
+                # Shards of the batch are numbered across processes and accumulation steps alike, so a
+                # run's data does not depend on how its batch is split (the 0 keeps older runs' seeds).
+                shard = accelerator.process_index * config.gradient_accumulation_steps + micro
+                batch = task.sample(micro_batch, "train", seed=(config.seed, step, 0, shard))
                 x, y = to_tensors(batch, accelerator.device)
                 with accelerator.accumulate(model):
                     with accelerator.autocast():

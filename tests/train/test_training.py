@@ -121,3 +121,21 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp_path, 
     del state
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1] == {"event": "diverged", "step": 9, "loss": records[-1]["loss"]}
+
+
+def test_two_cpu_processes_train_like_one_process_accumulating_two_micro_batches(tmp_path, small_config):
+    """A torchrun launch on CPU is one data-parallel run: rank 0 alone writes the run directory,
+    and its averaged gradients equal those of one process accumulating the same two half-batches."""
+    config = small_config(n_train_instances=12 * 128, checkpoint_every=6, eval_every=1000, eval_instances=64,
+                          attn_dropout=0.0)
+    config_file = tmp_path / "config.json"
+    config_file.write_text(config.to_json())
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+              "-m", "latentcode.cli", "train", "--config", str(config_file), "--quiet", "--out", str(tmp_path / "ddp")]
+    finished = subprocess.run(launch, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert finished.stdout.count("run finished") == 1
+    distributed = Run(tmp_path / "ddp")
+    assert distributed.summary["processes"] == 2
+    accumulated = train(config.replace(gradient_accumulation_steps=2), tmp_path / "accumulated", progress=False)
+    assert max_parameter_difference(distributed, accumulated) <= 1e-5
