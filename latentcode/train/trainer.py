@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from latentcode.models import build_model
+from latentcode.models.config import ConfigError
 from latentcode.tasks import get_task
 from latentcode.train.config import TrainConfig
 from latentcode.train.evaluate import eval_sets_of, evaluate
@@ -65,8 +66,15 @@ def _make_accelerator(config: TrainConfig):
         handlers.append(DistributedDataParallelKwargs(find_unused_parameters=True))
     # accelerate treats several processes without a GPU (torchrun) as one unless told they are CPU workers.
     cpu_workers = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    return Accelerator(mixed_precision=mixed_precision, gradient_accumulation_steps=config.gradient_accumulation_steps,
-                       kwargs_handlers=handlers, cpu=cpu_workers)
+    accelerator = Accelerator(mixed_precision=mixed_precision, kwargs_handlers=handlers, cpu=cpu_workers,
+                              gradient_accumulation_steps=config.gradient_accumulation_steps)
+    if accelerator.mixed_precision != "no" and not accelerator.native_amp:
+        # accelerate would silently train in float32 (fp16 autocast needs a GPU).
+        raise ConfigError(
+            f"mixed_precision={config.mixed_precision!r} is not available on {accelerator.device.type}; "
+            "use 'bf16' or 'no' there"
+        )
+    return accelerator
 
 
 def _step_seed(seed: int, step: int, process: int) -> int:

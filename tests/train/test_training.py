@@ -1,6 +1,7 @@
 """Training runs: the loss goes down, kill-and-resume equals uninterrupted, faults are handled."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from latentcode.models import build_model
+from latentcode.models.config import ConfigError
 from latentcode.tasks import get_task
 from latentcode.train import CheckpointError, Run, RunDirectoryError, TrainingDiverged, train
 from latentcode.train.evaluate import eval_sets_of, evaluate
@@ -139,3 +141,18 @@ def test_two_cpu_processes_train_like_one_process_accumulating_two_micro_batches
     assert distributed.summary["processes"] == 2
     accumulated = train(config.replace(gradient_accumulation_steps=2), tmp_path / "accumulated", progress=False)
     assert max_parameter_difference(distributed, accumulated) <= 1e-5
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 autocast exists on this machine")
+def test_fp16_without_a_gpu_is_refused_rather_than_silently_float32(tmp_path, small_config):
+    with pytest.raises(ConfigError, match=r"mixed_precision='fp16' is not available on cpu; use 'bf16' or 'no'"):
+        train(small_config(mixed_precision="fp16"), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists(), "nothing is written for a refused run"
+
+
+def test_bf16_autocast_trains_on_cpu(tmp_path, small_config):
+    config = small_config(n_train_instances=4 * 128)
+    bf16 = train(config.replace(mixed_precision="bf16"), tmp_path / "bf16", progress=False)
+    float32 = train(config.replace(mixed_precision="no"), tmp_path / "float32", progress=False)
+    assert math.isfinite(bf16.final_metrics["train"]["loss"])
+    assert 0 < max_parameter_difference(bf16, float32) < 0.05, "bf16 autocast was not applied, or broke training"
