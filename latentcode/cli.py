@@ -436,7 +436,8 @@ def _demo(subparsers: argparse._SubParsersAction) -> None:
         "extract their latent codes on in-distribution and OOD tasks, decode the sub-task (SRAVEN rule / fuzzy-logic "
         "terms), draw tSNE plots and the mean-code heatmap, write an HTML report and print the headline numbers.",
     )
-    parser.add_argument("--task", choices=("sraven", "fuzzy_logic"), default="sraven")
+    parser.add_argument("--task", choices=("fuzzy_logic", "sraven"), default="fuzzy_logic",
+                        help="fuzzy_logic (default: shipped checkpoints) or sraven (trained here unless shipped)")
     parser.add_argument("--train", action="store_true", help="train the models here instead of using the shipped ones")
     parser.add_argument("--scale", default="demo", help="training scale with --train (tiny, demo, cpu; default demo)")
     parser.add_argument("--out", default="latentcode-demo", help="output directory (a new one if it exists)")

@@ -23,7 +23,7 @@ from pathlib import Path
 from latentcode.analysis.report import Report, build_report
 
 ATTENTIONS = ("softmax", "linear", "hyla")
-TASKS = ("sraven", "fuzzy_logic")
+TASKS = ("fuzzy_logic", "sraven")
 # Sites and input variant of the paper's latent-code analysis for each task.
 EXTRACTION = {"sraven": ("sraven-rule", "unpermuted"), "fuzzy_logic": ("last-self", "fixed_query")}
 SHIPPED_MODELS = Path(__file__).resolve().parents[1] / "models"
@@ -44,7 +44,7 @@ def fresh_directory(path: Path) -> Path:
 
 
 def run_demo(
-    task: str = "sraven",
+    task: str = "fuzzy_logic",
     out: str | Path = "latentcode-demo",
     train: bool = False,
     scale: str = "demo",

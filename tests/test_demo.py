@@ -30,9 +30,9 @@ def test_demo_never_overwrites_an_existing_directory(tmp_path):
     assert fresh_directory(tmp_path / "latentcode-demo") == tmp_path / "latentcode-demo-2"
 
 
-@pytest.mark.skipif(not (shipped_run("sraven", "hyla") / "model").is_dir(), reason="no shipped checkpoints")
 def test_demo_from_the_shipped_checkpoints(tmp_path, capsys):
-    report = run_demo("sraven", tmp_path / "demo", n_codes=256, max_points=100, progress=False)
+    assert (shipped_run("fuzzy_logic", "hyla") / "model").is_dir(), "the default demo needs the shipped checkpoints"
+    report = run_demo("fuzzy_logic", tmp_path / "demo", n_codes=256, max_points=100, progress=False)
     assert report.path.is_file() and len(report.runs) == 3
     assert all(run.summary for run in report.runs), "shipped runs carry their training metrics"
 
