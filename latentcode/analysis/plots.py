@@ -148,26 +148,35 @@ def plot_embedding(
 
 
 # -- similarity heatmap ----------------------------------------------------------------------------
+ANNOTATE_MAX_VALUES = 20
+
+
 def plot_similarity(
     code_file: CodeFile | str,
     label: str,
     path_stem: str | Path,
     layers: Sequence[int] | None = None,
     split: str | None = None,
-    annotate: bool = True,
+    annotate: bool | None = None,
     formats: Sequence[str] = ("png",),
     figsize: tuple[float, float] | None = None,
     dpi: float = 100,
 ) -> list[Path]:
     """Cosine similarity of the mean latent code of each label value, one heatmap per layer
-    (default: every layer), rows and columns in each layer's clustered order, values annotated."""
+    (default: every layer), rows and columns in each layer's clustered order.
+
+    annotate: write the value in each cell; by default only up to ANNOTATE_MAX_VALUES label values,
+        beyond which the numbers are too small to read (the colour bar still gives them).
+    """
     code_file = _open(code_file)
     layers = list(code_file.layers if layers is None else layers)
     results = [mean_code_similarity(code_file, label, layer, split) for layer in layers]
     label = results[0].label
     names = value_names(code_file, label)
     n_values = len(results[0].values)
-    side = max(3.6, 0.42 * n_values + 2.0)
+    if annotate is None:
+        annotate = n_values <= ANNOTATE_MAX_VALUES
+    side = min(max(3.6, 0.42 * n_values + 2.0), 12.0)
     figure = _figure(figsize or (side * len(layers) + 1.2, side + 0.8), dpi)
     axes = np.atleast_1d(figure.subplots(1, len(layers), squeeze=False)[0])
     low = min(float(result.matrix.min()) for result in results)

@@ -1,6 +1,7 @@
 """Every figure is written, non-empty, at the size asked for, in the formats asked for."""
 
 import matplotlib
+import numpy as np
 import pytest
 from matplotlib.image import imread
 
@@ -12,7 +13,7 @@ from latentcode.analysis.plots import (
     plot_probe_scores,
     plot_similarity,
 )
-from tests.analysis.test_synthetic import write_codes
+from tests.analysis.test_synthetic import make_labels, write_codes
 
 FIGSIZE, DPI = (7.0, 3.5), 80  # -> 560 x 280 pixels
 
@@ -87,3 +88,14 @@ def test_bad_format_and_no_figure_left_open(tmp_path, codes_path):
     import matplotlib.pyplot as plt
 
     assert plt.get_fignums() == [], "figures are never registered with pyplot"
+
+
+def test_similarity_heatmap_of_many_values_is_capped_and_not_annotated(tmp_path):
+    labels = make_labels(np.random.default_rng(1), 600)
+    labels["task_index"] = np.arange(600) % 30  # 30 values: more than can be annotated legibly
+    many = write_codes(tmp_path / "many.h5", labels_of_split={"train": labels}, n_per_split={"train": 600})
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        (svg,) = plot_similarity(many, "task_index", tmp_path / "many", layers=[1], formats=("svg",))
+    assert ">29<" in svg.read_text() and ">1.00<" not in svg.read_text(), "ticks named, no unreadable cell numbers"
+    (png,) = plot_similarity(many, "task_index", tmp_path / "many", layers=[1], dpi=50)
+    assert_png(png, figsize=(12.0 + 1.2, 12.0 + 0.8), dpi=50)
