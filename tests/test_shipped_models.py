@@ -1,0 +1,48 @@
+"""The checkpoints shipped in models/ still load and score what their model cards say.
+
+The cards' metrics were computed by models/ship.py when the weights were stored; evaluating the
+stored weights again with today's code must give the same numbers, so a change to the models, the
+tasks or the evaluation sets that silently breaks the shipped checkpoints fails here.
+"""
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import latentcode
+from latentcode.train.evaluate import eval_sets_of, evaluate
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+SHIPPED = sorted(path.name for path in MODELS.iterdir() if (path / "model" / "model.safetensors").is_file())
+
+
+def test_the_fuzzy_logic_models_of_the_default_demo_are_shipped():
+    assert {"fuzzy_logic-softmax", "fuzzy_logic-linear", "fuzzy_logic-hyla"} <= set(SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_model_matches_its_model_card(name):
+    directory = MODELS / name
+    card = (directory / "README.md").read_text()
+    weights = (directory / "model" / "model.safetensors").read_bytes()
+    assert hashlib.sha256(weights).hexdigest() in card, "the card's SHA-256 is not that of the shipped weights"
+    assert len(weights) < 3e6, f"{name} weighs {len(weights) / 1e6:.1f} MB; shipped models must stay small"
+
+    run = latentcode.Run(directory)
+    model = run.load_model()
+    assert model.config.attention == name.rsplit("-", 1)[1]
+    task = run.task()
+    expected = json.loads((directory / "summary.json").read_text())["shipped_metrics"]
+    measured = evaluate(model, task, eval_sets_of(task, run.config.eval_instances))
+    assert set(measured) == set(expected)
+    for split, metrics in expected.items():
+        for metric, value in metrics.items():
+            assert measured[split][metric] == pytest.approx(value, abs=1e-4), (split, metric)
+    # The card's table shows the same numbers, to four decimals.
+    header = re.search(r"^\| split \| (.+) \|$", card, re.MULTILINE).group(1).split(" | ")
+    row = re.search(r"^\| ood \| (.+) \|$", card, re.MULTILINE).group(1).split(" | ")
+    for metric, shown in zip(header, row, strict=True):
+        assert float(shown) == pytest.approx(expected["ood"][metric], abs=1e-4), metric
