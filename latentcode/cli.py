@@ -111,6 +111,8 @@ TRAIN_OVERRIDES = (
     ("--eval-instances", "eval_instances", int, "instances per evaluation split"),
     ("--checkpoint-every", "checkpoint_every", int, "steps between checkpoints"),
     ("--log-every", "log_every", int, "steps between log lines"),
+    ("--variant", "variant", str, "task input variant to train and evaluate on (default the task's first; "
+     "sraven: permuted, unpermuted; fuzzy_logic: uniform, fixed_context, fixed_query)"),
 )
 
 

@@ -58,7 +58,8 @@ def main() -> None:
 
     shipped = load_model(destination / "model")
     task = run.task()
-    shipped_metrics = evaluate(shipped, task, eval_sets_of(task, run.config.eval_instances))
+    variant = run.config.variant or task.variants[0]
+    shipped_metrics = evaluate(shipped, task, eval_sets_of(task, run.config.eval_instances, variant))
     summary["shipped_metrics"] = shipped_metrics
     summary["shipped_weights"] = "float16 (loaded as float32)"
     (destination / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
@@ -83,7 +84,7 @@ scale `{train['scale']}`: {summary['steps']:,} steps of {train['batch_size']} in
 
 `models/recreate.sh` re-creates every shipped model (training, then `python models/ship.py`).
 
-## Metrics per split (fixed evaluation sets of {train['eval_instances']} instances each)
+## Metrics per split (fixed evaluation sets of {train['eval_instances']} instances each, variant `{variant}`)
 
 Shipped weights (float16, loaded as float32), evaluated again:
 
@@ -95,7 +96,7 @@ At the end of training (float32):
 
 ## Configuration
 
-- task: `{json.dumps(train['task'])}`
+- task: `{json.dumps(train['task'])}`, trained and evaluated on its `{variant}` variant
 - model: `{json.dumps(model_config)}`
 - optimizer: AdamW, learning rate {train['learning_rate']}, weight decay {train['weight_decay']} (matrices only),
   warmup {train['warmup_steps']} steps then cosine decay to {train['lr_final_fraction']}x, batch {train['batch_size']},

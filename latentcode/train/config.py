@@ -37,6 +37,9 @@ class TrainConfig:
     mixed_precision: str = "auto"
     gradient_accumulation_steps: int = 1
     compile: bool = False
+    # The task's input variant for training and evaluation (None: the task's default, its first),
+    # e.g. SRAVEN "unpermuted": the same instances without the column permutations.
+    variant: str | None = None
     preset: str | None = None
     scale: str | None = None
     notes: dict[str, Any] = field(default_factory=dict)
@@ -81,6 +84,13 @@ class TrainConfig:
               f"{self.gradient_accumulation_steps}")
         check(isinstance(self.seed, int) and self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
         self.model_config()  # raises ConfigError naming what is wrong with the model
+        if self.variant is not None:
+            from latentcode.tasks import get_task
+
+            variants = get_task(**self.task).variants
+            check(self.variant in variants,
+                  f"variant={self.variant!r} is not a variant of the {self.task['name']} task; valid variants: "
+                  f"{list(variants)}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

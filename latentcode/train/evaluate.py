@@ -41,6 +41,6 @@ def evaluate(model: nn.Module, task: Task, eval_sets: dict[str, Batch], batch_si
     return results
 
 
-def eval_sets_of(task: Task, n: int) -> dict[str, Batch]:
-    """The fixed evaluation set of every split of `task`."""
-    return {split: task.eval_set(split, n) for split in task.splits}
+def eval_sets_of(task: Task, n: int, variant: str | None = None) -> dict[str, Batch]:
+    """The fixed evaluation set of every split of `task` (in `variant`, default the task's)."""
+    return {split: task.eval_set(split, n, variant=variant) for split in task.splits}

@@ -179,7 +179,7 @@ def train(
             f"batch_size={config.batch_size} is too small for {n_processes} processes x "
             f"{config.gradient_accumulation_steps} accumulation steps"
         )
-    eval_sets = eval_sets_of(task, config.eval_instances) if accelerator.is_main_process else {}
+    eval_sets = eval_sets_of(task, config.eval_instances, config.variant) if accelerator.is_main_process else {}
     bar = _Progress(config.steps, start_step, enabled=progress and accelerator.is_main_process)
     if start_step:
         bar.message(f"resuming {directory.path} at step {start_step} of {config.steps}")
@@ -196,7 +196,7 @@ def train(
                 # Shards of the batch are numbered across processes and accumulation steps alike, so a
                 # run's data does not depend on how its batch is split (the 0 keeps older runs' seeds).
                 shard = accelerator.process_index * config.gradient_accumulation_steps + micro
-                batch = task.sample(micro_batch, "train", seed=(config.seed, step, 0, shard))
+                batch = task.sample(micro_batch, "train", seed=(config.seed, step, 0, shard), variant=config.variant)
                 x, y = to_tensors(batch, accelerator.device)
                 with accelerator.accumulate(model):
                     with accelerator.autocast():

@@ -81,6 +81,8 @@ def test_presets_follow_the_paper_and_scale_the_instances():
         (dict(preset="sraven", width_factor=3, n_heads=5), r"kqv_dim=64 is not divisible by n_heads=5"),
         (dict(preset="fuzzy_logic", n_features=3), r"the fuzzy_logic task has no parameter 'n_features'"),
         (dict(preset="fuzzy_logic", warmup_steps=10_000), r"warmup_steps=10000 is not less than the 8000 training steps"),
+        (dict(preset="sraven", variant="shuffled"),
+         r"variant='shuffled' is not a variant of the sraven task; valid variants: \['permuted', 'unpermuted'\]"),
     ],
 )
 def test_contradictory_configs_are_refused(args, message):

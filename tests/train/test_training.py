@@ -45,6 +45,25 @@ def test_a_tiny_run_lowers_the_loss(tmp_path, small_config, preset):
     assert config_json["resolved_model_config"]["attention"] == "hyla"
 
 
+def test_training_and_evaluation_draw_from_the_configured_variant(tmp_path, small_config, monkeypatch):
+    from latentcode.tasks.sraven import SRaven
+
+    drawn = []
+    original = SRaven.sample
+
+    def recording_sample(self, n, split, seed=0, variant=None):
+        batch = original(self, n, split, seed, variant)
+        drawn.append((split, batch.variant))
+        return batch
+
+    monkeypatch.setattr(SRaven, "sample", recording_sample)
+    config = small_config("sraven", n_train_instances=4 * 128, variant="unpermuted")
+    train(config, tmp_path / "run", progress=False)
+    assert {split for split, _ in drawn} == {"train", "test", "ood"}
+    assert {variant for _, variant in drawn} == {"unpermuted"}
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["train"]["variant"] == "unpermuted"
+
+
 def test_kill_and_resume_ends_with_the_same_parameters(tmp_path, small_config):
     config = small_config(n_train_instances=30 * 128, checkpoint_every=7, eval_every=10)
     uninterrupted = train(config, tmp_path / "whole", progress=False)
