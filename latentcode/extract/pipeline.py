@@ -128,6 +128,8 @@ def extract(
         task = get_task(**info["task_config"])
     elif isinstance(task, Mapping):
         task = get_task(**task)
+    if split not in task.splits:
+        raise ValueError(f"unknown split {split!r} for task {task.name!r}; valid splits: {list(task.splits)}")
     if n < 1:
         raise ValueError(f"n must be a positive number of instances, got {n}")
     if batch_size < 1:
@@ -157,13 +159,12 @@ def extract(
         "seed": seed,
     }
     model.eval()
-    n_batches = math.ceil(n / batch_size)
-    batches = range(n_batches)
-    if progress:
-        from tqdm.auto import tqdm
-
-        batches = tqdm(batches, desc=f"extract {split}", unit="batch")
+    batches = range(math.ceil(n / batch_size))
     with CodeWriter(out, sites, n_heads, metadata, append=append, overwrite=overwrite) as writer:
+        if progress:  # only once the writer has accepted `out`, so a refusal prints no bar
+            from tqdm.auto import tqdm
+
+            batches = tqdm(batches, desc=f"extract {split}", unit="batch")
         with Recorder(model, sites, score=score) as recorder, torch.no_grad():
             for index in batches:
                 start = index * batch_size

@@ -90,3 +90,8 @@ def test_extract_cli(sraven_run, tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out and len(CodeFile(tmp_path / "c.h5")) == 64
     assert main(["extract", str(tmp_path / "nothing"), "--out", str(tmp_path / "d.h5")]) == 2
     assert "neither a finished run directory" in capsys.readouterr().err
+    # A misspelt split is refused before any progress bar or file appears.
+    assert main(["extract", str(sraven_run.path), "--split", "odd", "--out", str(tmp_path / "e.h5")]) == 2
+    captured = capsys.readouterr()
+    assert "unknown split 'odd' for task 'sraven'; valid splits: ['train', 'test', 'ood']" in captured.err
+    assert "extract odd" not in captured.err and not (tmp_path / "e.h5").exists()
