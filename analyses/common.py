@@ -68,12 +68,13 @@ def model_runs(args: argparse.Namespace, preset: str, extra_grid: dict | None = 
     return {row["attention"]: row["path"] for row in rows if row["seed"] == seeds(args)[0]}
 
 
-def codes_of(run: Path, selector: str, variant: str, n: int, splits: Sequence[str] = ("train", "ood"),
-             quiet: bool = False) -> Path:
-    """The run's codes at `selector` on `splits` (extracted once, then reused)."""
+def codes_of(run: Path, selector: str, variant: str, n: int, out: str | Path,
+             splits: Sequence[str] = ("train", "ood"), quiet: bool = False) -> Path:
+    """The run's codes at `selector` on `splits`, extracted once into `out/codes/` and then reused
+    (never into the run directory itself, which may be a shipped checkpoint under models/)."""
     import latentcode
 
-    path = run / "codes" / f"{selector}-{variant}-{n}.h5"
+    path = Path(out) / "codes" / Path(run).name / f"{selector}-{variant}-{n}.h5"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         for index, split in enumerate(splits):

@@ -30,7 +30,7 @@ def main() -> None:
     runs = common.model_runs(args, args.task)
     out = Path(args.out)
     for attention, run in runs.items():
-        codes = common.codes_of(run, selector, variant, args.n_codes, quiet=args.quiet)
+        codes = common.codes_of(run, selector, variant, args.n_codes, args.out, quiet=args.quiet)
         paths = plot_embedding(codes, color, out / f"{attention}_{args.method}", method=args.method, split="ood",
                                max_points=args.max_points)
         print(f"wrote {paths[0]}")

@@ -22,7 +22,7 @@ from latentcode.analysis import decode, plot_probe_scores, write_table
 def main() -> None:
     args = common.parser(__doc__, "sraven_rule_decoding").parse_args()
     runs = common.model_runs(args, "sraven")
-    files = [common.codes_of(run, "sraven-rule", "unpermuted", args.n_codes, quiet=args.quiet) for run in runs.values()]
+    files = [common.codes_of(run, "sraven-rule", "unpermuted", args.n_codes, args.out, quiet=args.quiet) for run in runs.values()]
     out = Path(args.out)
     table = decode(files, "rule", fit_split="train", test_split="ood")
     write_table(table, out / "rule_decoding")

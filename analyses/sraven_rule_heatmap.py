@@ -23,7 +23,7 @@ def main() -> None:
     runs = common.model_runs(args, "sraven")
     out = Path(args.out)
     for attention, run in runs.items():
-        codes = common.codes_of(run, "sraven-rule", "unpermuted", args.n_codes, quiet=args.quiet)
+        codes = common.codes_of(run, "sraven-rule", "unpermuted", args.n_codes, args.out, quiet=args.quiet)
         paths = plot_similarity(codes, "rule", out / f"{attention}_rule_similarity", split="ood")
         matrices = {}
         for layer in CodeFile(codes).layers:

@@ -59,7 +59,9 @@ def test_fuzzy_term_decoding(tiny_runs, tmp_path):
 @pytest.mark.parametrize("script", ["sraven_rule_decoding.py", "sraven_rule_heatmap.py", "latent_tsne.py"])
 def test_sraven_scripts(tiny_runs, tmp_path, script):
     extra = ["--max-points", "80"] if script == "latent_tsne.py" else []
+    runs_before = sorted(tiny_runs.rglob("*"))
     run_script(script, "--runs-from", str(tiny_runs), "--out", str(tmp_path), *extra)
+    assert sorted(tiny_runs.rglob("*")) == runs_before, "the runs read (e.g. shipped models/) gained files"
     written = {path.name for path in tmp_path.iterdir()}
     expected = {"sraven_rule_decoding.py": {"rule_decoding.csv", "rule_decoding.png"},
                 "sraven_rule_heatmap.py": {"hyla_rule_similarity.png", "hyla_rule_similarity.json"},
