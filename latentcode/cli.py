@@ -439,7 +439,7 @@ def _demo(subparsers: argparse._SubParsersAction) -> None:
         "terms), draw tSNE plots and the mean-code heatmap, write an HTML report and print the headline numbers.",
     )
     parser.add_argument("--task", choices=("fuzzy_logic", "sraven"), default="fuzzy_logic",
-                        help="fuzzy_logic (default: shipped checkpoints) or sraven (trained here unless shipped)")
+                        help="fuzzy_logic (default) or sraven; both start from the checkpoints shipped in models/")
     parser.add_argument("--train", action="store_true", help="train the models here instead of using the shipped ones")
     parser.add_argument("--scale", default="demo", help="training scale with --train (tiny, demo, cpu; default demo)")
     parser.add_argument("--out", default="latentcode-demo", help="output directory (a new one if it exists)")

@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("name")
     parser.add_argument("--command", required=True, help="the exact training command, for the model card")
     parser.add_argument("--overwrite", action="store_true")
+    parser.add_argument("--note", default="", help="a paragraph for the card, e.g. how the training departs from the paper")
     args = parser.parse_args()
 
     run = latentcode.Run(args.run)
@@ -75,7 +76,7 @@ A {model_config['attention']} transformer trained on {train['task']['name']} on 
 latentcode {config['latentcode_version']} (torch {config['torch_version']}), preset `{train['preset']}` at
 scale `{train['scale']}`: {summary['steps']:,} steps of {train['batch_size']} instances
 ({summary['instances']:,} instances) in {summary['wall_seconds'] / 60:.1f} minutes.
-
+{chr(10) + args.note + chr(10) if args.note else ""}
 ## Training command
 
 ```bash

@@ -1,5 +1,7 @@
 """The main job end to end, and the report of training runs."""
 
+import json
+
 import pytest
 
 from latentcode.analysis.report import build_report
@@ -20,6 +22,10 @@ def test_demo_runs_end_to_end_at_tiny_scale(tmp_path, task, capsys):
     assert "report:" in printed and printed.count("decoding") == 3
     for attention in ("softmax", "linear", "hyla"):
         assert (tmp_path / "demo" / "runs" / attention / "codes" / f"{attention}.h5").is_file()
+    # Trained the way the shipped checkpoints were (models/recreate.sh).
+    trained = json.loads((tmp_path / "demo" / "runs" / "hyla" / "config.json").read_text())["train"]
+    expected_variant, expected_task = {"sraven": ("unpermuted", {}), "fuzzy_logic": (None, {"frac_test": 0.7})}[task]
+    assert trained["variant"] == expected_variant and expected_task.items() <= trained["task"].items()
 
 
 def test_demo_never_overwrites_an_existing_directory(tmp_path):
@@ -30,9 +36,11 @@ def test_demo_never_overwrites_an_existing_directory(tmp_path):
     assert fresh_directory(tmp_path / "latentcode-demo") == tmp_path / "latentcode-demo-2"
 
 
-def test_demo_from_the_shipped_checkpoints(tmp_path, capsys):
-    assert (shipped_run("fuzzy_logic", "hyla") / "model").is_dir(), "the default demo needs the shipped checkpoints"
-    report = run_demo("fuzzy_logic", tmp_path / "demo", n_codes=256, max_points=100, progress=False)
+@pytest.mark.parametrize("task", ["fuzzy_logic", "sraven"])
+def test_demo_from_the_shipped_checkpoints(tmp_path, task):
+    for attention in ("softmax", "linear", "hyla"):
+        assert (shipped_run(task, attention) / "model").is_dir(), f"the {task} demo needs the shipped {attention} model"
+    report = run_demo(task, tmp_path / "demo", n_codes=256, max_points=100, progress=False)
     assert report.path.is_file() and len(report.runs) == 3
     assert all(run.summary for run in report.runs), "shipped runs carry their training metrics"
 

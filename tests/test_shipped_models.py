@@ -19,8 +19,9 @@ MODELS = Path(__file__).resolve().parents[1] / "models"
 SHIPPED = sorted(path.name for path in MODELS.iterdir() if (path / "model" / "model.safetensors").is_file())
 
 
-def test_the_fuzzy_logic_models_of_the_default_demo_are_shipped():
-    assert {"fuzzy_logic-softmax", "fuzzy_logic-linear", "fuzzy_logic-hyla"} <= set(SHIPPED)
+def test_the_models_of_both_demos_are_shipped():
+    expected = {f"{task}-{attention}" for task in ("fuzzy_logic", "sraven") for attention in ("softmax", "linear", "hyla")}
+    assert expected <= set(SHIPPED)
 
 
 @pytest.mark.parametrize("name", SHIPPED)
