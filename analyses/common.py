@@ -46,7 +46,7 @@ def seeds(args: argparse.Namespace) -> list[int]:
 def train_grid(args: argparse.Namespace, preset: str, grid: dict[str, list]) -> list[dict]:
     """Train (or find) every run of `grid` x `--set` x seeds; returns the sweep's result rows with
     a `path` to each run directory."""
-    from latentcode.train.sweep import sweep
+    from latentcode.training.sweeps import sweep
 
     out = Path(args.out) / "runs"
     full_grid = {**grid, **{key: [value] for key, value in overrides(args).items()}}

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from latentcode import ModelConfig, build_model
-from latentcode.extract import Recorder, parse_selector
-from latentcode.extract.pipeline import record_batch
+from latentcode.extraction import Recorder, parse_selector
+from latentcode.extraction.pipeline import record_batch
 from latentcode.store import CodeWriter
 from latentcode.tasks import get_task
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 import latentcode
-from latentcode.train import build_train_config
+from latentcode.training import build_train_config
 
 
 def main() -> None:

@@ -6,41 +6,28 @@ The public API is importable from here; each name loads its stage on first use, 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from latentcode.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-_PUBLIC = {
+# Each public name and the module that defines it; loaded on first use.
+_WHERE = {
     "ModelConfig": "latentcode.models",
     "build_model": "latentcode.models",
     "load_model": "latentcode.models",
     "value_network_view": "latentcode.models",
     "ATTENTION_PRESETS": "latentcode.models",
     "get_task": "latentcode.tasks",
-    "train": "latentcode.train",
-    "TrainConfig": "latentcode.train",
-    "build_train_config": "latentcode.train",
-    "Run": "latentcode.train",
-    "extract": "latentcode.extract",
-    "Recorder": "latentcode.extract",
+    "train": "latentcode.training.trainer",
+    "TrainConfig": "latentcode.training.config",
+    "build_train_config": "latentcode.training.presets",
+    "Run": "latentcode.training.run",
+    "extract": "latentcode.extraction.pipeline",
+    "Recorder": "latentcode.extraction.recorder",
     "CodeFile": "latentcode.store",
     "CodeWriter": "latentcode.store",
     "Site": "latentcode.store",
+    "LatentcodeError": "latentcode.errors",
 }
-# Subpackages that are themselves the public callable (see latentcode.callable_module).
-_CALLABLE_SUBPACKAGES = {"train", "extract"}
-
-__all__ = ["__version__", *_PUBLIC]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _CALLABLE_SUBPACKAGES:
-        return importlib.import_module(f"latentcode.{name}")
-    if name in _PUBLIC:
-        return getattr(importlib.import_module(_PUBLIC[name]), name)
-    raise AttributeError(f"module 'latentcode' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__all__ = ["__version__", *_WHERE]
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)

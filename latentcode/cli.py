@@ -118,7 +118,7 @@ TRAIN_OVERRIDES = (
 
 @subcommand
 def _train(subparsers: argparse._SubParsersAction) -> None:
-    from latentcode.train.presets import describe_presets
+    from latentcode.training.presets import describe_presets
 
     parser = subparsers.add_parser(
         "train",
@@ -153,7 +153,7 @@ def _run_train(args: argparse.Namespace) -> None:
     import json
     from pathlib import Path
 
-    from latentcode.train import TrainConfig, build_train_config, train
+    from latentcode.training import TrainConfig, build_train_config, train
 
     if args.resume:
         if args.preset or args.config:
@@ -210,8 +210,8 @@ def _sweep(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_sweep(args: argparse.Namespace) -> None:
-    from latentcode.train.presets import PRESETS
-    from latentcode.train.sweep import best_runs, paper_grid, sweep
+    from latentcode.training.presets import PRESETS
+    from latentcode.training.sweeps import best_runs, paper_grid, sweep
 
     grid: dict = {}
     for item in args.grid or []:
@@ -266,7 +266,7 @@ def _extract(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_extract(args: argparse.Namespace) -> None:
-    from latentcode.extract import extract
+    from latentcode.extraction import extract
     from latentcode.store import CodeFile
 
     task = parse_assignments(args.task, "--task") or None

@@ -65,7 +65,7 @@ def run_demo(
     n_codes: instances per split whose latent codes are extracted.
     """
     import latentcode
-    from latentcode.train import build_train_config
+    from latentcode.training import build_train_config
 
     if task not in TASKS:
         raise ValueError(f"unknown demo task {task!r}; choose one of {TASKS}")

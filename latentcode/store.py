@@ -54,6 +54,8 @@ from typing import Any
 import h5py
 import numpy as np
 
+from latentcode.errors import LatentcodeError
+
 FORMAT = "latentcode-codes"
 SCHEMA_VERSION = 1
 SCORE_KINDS = ("pattern", "scores")
@@ -63,7 +65,7 @@ _FLUSH_ROWS = 4096
 _FLUSH_BYTES = 64 * 2**20
 
 
-class CodeFileError(ValueError):
+class CodeFileError(LatentcodeError, ValueError):
     """A codes file that cannot be read, or that cannot take the data offered; says why."""
 
 

@@ -20,7 +20,7 @@ import torch
 
 import latentcode
 from latentcode.models import load_model
-from latentcode.train.evaluate import eval_sets_of, evaluate
+from latentcode.training.evaluate import eval_sets_of, evaluate
 
 MODELS = Path(__file__).resolve().parent
 

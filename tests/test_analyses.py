@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import latentcode
-from latentcode.train import build_train_config
+from latentcode.training import build_train_config
 
 ANALYSES = Path(__file__).resolve().parents[1] / "analyses"
 SMALL = ["--set", "n_layers=2", "--set", "d_model=32", "--set", "d_mlp=32"]

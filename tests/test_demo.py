@@ -47,7 +47,7 @@ def test_demo_from_the_shipped_checkpoints(tmp_path, task):
 
 def test_report_of_runs_without_codes(tmp_path):
     import latentcode
-    from latentcode.train import build_train_config
+    from latentcode.training import build_train_config
 
     run = latentcode.train(build_train_config("fuzzy_logic", "tiny", "hyla", **SMALL), tmp_path / "run", progress=False)
     report = build_report([run.path], out=tmp_path / "report.html", progress=False)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import latentcode
-from latentcode.train.evaluate import eval_sets_of, evaluate
+from latentcode.training.evaluate import eval_sets_of, evaluate
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 SHIPPED = sorted(path.name for path in MODELS.iterdir() if (path / "model" / "model.safetensors").is_file())

@@ -31,6 +31,7 @@ from latentcode.analysis.plots import (
     plot_similarity,
 )
 from latentcode.analysis.probes import decode, write_table
+from latentcode.errors import LatentcodeError
 from latentcode.store import CodeFile
 
 # What the paper decodes per task, and the task metric that sums up a split.
@@ -42,7 +43,7 @@ HEADLINE_METRIC = {"sraven": "accuracy", "fuzzy_logic": "r2"}
 HEADLINE_PROBE_METRIC = {"sraven": "accuracy", "fuzzy_logic": "mean_f1"}
 
 
-class ReportError(ValueError):
+class ReportError(LatentcodeError, ValueError):
     """Inputs a report cannot be made from; says which and why."""
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from latentcode.errors import LatentcodeError
+
 SCORE_NORMALIZATIONS = ("softmax", "identity", "rms_head", "softmax_rms_head")
 VALUE_NETWORKS = ("linear", "relu_linear", "hyper_linear", "hyper_relu", "hyper_deep")
 
@@ -40,7 +42,7 @@ FEEDFORWARDS = ("mlp", "moe")
 POSITIONS = ("relative", "rotary", "none")
 
 
-class ConfigError(ValueError):
+class ConfigError(LatentcodeError, ValueError):
     """A model configuration that cannot be built; the message says what and what is expected."""
 
 

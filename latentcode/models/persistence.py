@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from latentcode.errors import LatentcodeError
 from latentcode.models.config import ModelConfig
 from latentcode.models.transformer import Transformer, build_model
 
@@ -28,7 +29,7 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
 
-class ModelFileError(ValueError):
+class ModelFileError(LatentcodeError, ValueError):
     """A model directory that cannot be loaded; the message says what is wrong."""
 
 

@@ -39,13 +39,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from latentcode.errors import LatentcodeError
 from latentcode.models.attention import Attention, lecun_normal_
 from latentcode.models.config import ModelConfig
 from latentcode.models.feedforward import MLP, MixtureOfExperts
 from latentcode.models.hooks import HookedRootModule, HookPoint
 
 
-class InputShapeError(ValueError):
+class InputShapeError(LatentcodeError, ValueError):
     """An input that does not match the model; the message names the expected and received shape."""
 
 

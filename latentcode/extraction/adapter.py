@@ -6,7 +6,7 @@ neither passes through a TransformerLens HookPoint nor calls `scaled_dot_product
 `nn.MultiheadAttention`. Example, for a model whose attention modules return
 `(output, weights)` with `weights` `[batch, head, query, key]`::
 
-    from latentcode.extract import AdapterSource, Recorder
+    from latentcode.extraction import AdapterSource, Recorder
 
     source = AdapterSource(
         model,
@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from latentcode.extract.source import (
+from latentcode.extraction.source import (
     SCORE_KINDS,
     AttentionSource,
     PairsFor,
@@ -49,7 +49,7 @@ from latentcode.extract.source import (
     check_score,
     slice_pairs,
 )
-from latentcode.extract.torch_attention import check_pairs, codes_of_rows, softmax_rows
+from latentcode.extraction.torch_attention import check_pairs, codes_of_rows, softmax_rows
 
 ScoresFn = Callable[[nn.Module, tuple, dict, Any], Tensor]
 

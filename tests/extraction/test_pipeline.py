@@ -9,7 +9,7 @@ import torch
 import latentcode
 from latentcode.store import CodeFile, CodeFileError, Site
 from latentcode.tasks import eval_seed
-from latentcode.train import build_train_config, train
+from latentcode.training import build_train_config, train
 
 
 @pytest.fixture(scope="module")

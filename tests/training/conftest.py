@@ -1,6 +1,6 @@
 import pytest
 
-from latentcode.train import build_train_config
+from latentcode.training import build_train_config
 
 SMALL_MODEL = dict(n_layers=1, d_model=32, d_mlp=64, n_heads=4, kqv_dim=8)
 

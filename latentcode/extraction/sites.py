@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from latentcode.errors import LatentcodeError
 from latentcode.store import Site
 
 PRESETS = ("last-self", "sraven-rule", "all-pairs")
@@ -32,7 +33,7 @@ MAX_ALL_PAIRS = 4096
 SiteRequest = tuple[int | None, int, int]
 
 
-class SiteError(ValueError):
+class SiteError(LatentcodeError, ValueError):
     """A site or selector that does not fit the model or the sequence; says which and why."""
 
 

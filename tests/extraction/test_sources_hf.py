@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from latentcode.extract import Recorder, TorchAttentionSource, detect_source
+from latentcode.extraction import Recorder, TorchAttentionSource, detect_source
 from latentcode.store import Site
 
 transformers = pytest.importorskip("transformers")

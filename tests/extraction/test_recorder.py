@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from latentcode import ModelConfig, build_model
-from latentcode.extract import Recorder, Site, SiteError, parse_selector
-from latentcode.extract.sites import MAX_ALL_PAIRS
+from latentcode.extraction import Recorder, Site, SiteError, parse_selector
+from latentcode.extraction.sites import MAX_ALL_PAIRS
 
 CONFIG = ModelConfig(attention="hyla", n_layers=3, d_model=16, n_heads=4, kqv_dim=8, d_mlp=16, n_ctx=12, d_in=5, d_out=5)
 

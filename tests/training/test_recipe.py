@@ -7,10 +7,10 @@ import torch
 
 from latentcode import ModelConfig, build_model
 from latentcode.models import ConfigError
-from latentcode.train import build_train_config
-from latentcode.train.objective import task_loss
-from latentcode.train.optimizer import is_decayed, parameter_groups
-from latentcode.train.schedule import build_scheduler, lr_multiplier
+from latentcode.training import build_train_config
+from latentcode.training.objective import task_loss
+from latentcode.training.optimizer import is_decayed, parameter_groups
+from latentcode.training.schedule import build_scheduler, lr_multiplier
 
 
 def test_schedule_start_end_of_warmup_and_last_step():

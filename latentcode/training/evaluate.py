@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from latentcode.tasks import Batch, Task
-from latentcode.train.objective import prediction_positions, task_loss, to_tensors
+from latentcode.training.objective import prediction_positions, task_loss, to_tensors
 
 
 def predict(model: nn.Module, task: Task, batch: Batch, batch_size: int = 256) -> np.ndarray:

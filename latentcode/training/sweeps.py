@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from latentcode.train.presets import PRESETS, build_train_config
-from latentcode.train.run import Run, RunDirectory
+from latentcode.training.presets import PRESETS, build_train_config
+from latentcode.training.run import Run, RunDirectory
 
 SELECTION_METRIC = {"fuzzy_logic": ("test", "r2"), "sraven": ("test", "accuracy")}
 
@@ -57,7 +57,7 @@ def sweep(
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Run every grid point (see the module docstring) and return the results table's rows."""
-    from latentcode.train.trainer import TrainingDiverged, train
+    from latentcode.training.trainer import TrainingDiverged, train
 
     out = Path(out)
     seeds = seeds or [0]

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from latentcode.extract import NoAttentionCaptured, Recorder, TorchAttentionSource, detect_source
+from latentcode.extraction import NoAttentionCaptured, Recorder, TorchAttentionSource, detect_source
 from latentcode.store import Site
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from latentcode.extract import AdapterSource, NoAttentionCaptured, Recorder
+from latentcode.extraction import AdapterSource, NoAttentionCaptured, Recorder
 from latentcode.store import Site
 
 BATCH, LENGTH, HEADS = 3, 5, 2

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from latentcode.extract import HookPointSource, Recorder, detect_source
+from latentcode.extraction import HookPointSource, Recorder, detect_source
 from latentcode.store import Site
 
 transformer_lens = pytest.importorskip("transformer_lens")

@@ -50,7 +50,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from latentcode.extract.source import (
+from latentcode.extraction.source import (
     AttentionSource,
     NoAttentionCaptured,
     PairsFor,
@@ -58,7 +58,7 @@ from latentcode.extract.source import (
     check_score,
     slice_pairs,
 )
-from latentcode.extract.torch_attention import check_pairs, codes_of_rows, softmax_rows
+from latentcode.extraction.torch_attention import check_pairs, codes_of_rows, softmax_rows
 
 _PATTERN_HOOK = re.compile(r"^blocks\.(\d+)\.attn\.hook_pattern$")
 

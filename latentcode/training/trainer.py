@@ -29,22 +29,23 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from latentcode.errors import LatentcodeError
 from latentcode.models import build_model
 from latentcode.models.config import ConfigError
 from latentcode.tasks import get_task
-from latentcode.train.config import TrainConfig
-from latentcode.train.evaluate import eval_sets_of, evaluate
-from latentcode.train.objective import prediction_positions, task_loss, to_tensors
-from latentcode.train.optimizer import build_optimizer
-from latentcode.train.run import Run, RunDirectory, RunDirectoryError
-from latentcode.train.schedule import build_scheduler
+from latentcode.training.config import TrainConfig
+from latentcode.training.evaluate import eval_sets_of, evaluate
+from latentcode.training.objective import prediction_positions, task_loss, to_tensors
+from latentcode.training.optimizer import build_optimizer
+from latentcode.training.run import Run, RunDirectory, RunDirectoryError
+from latentcode.training.schedule import build_scheduler
 
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite; the run stopped and its last good checkpoint is kept."""
 
 
-class CheckpointError(ValueError):
+class CheckpointError(LatentcodeError, ValueError):
     """A checkpoint that cannot be loaded into this run."""
 
 

@@ -10,10 +10,10 @@ Sources:
 - `HookPointSource` (this file): models whose attention passes through TransformerLens-style
   HookPoints named `blocks.{l}.attn.hook_pattern` / `hook_attn_scores`: our models and
   TransformerLens `HookedTransformer`s.
-- `latentcode.extract.bridge.BridgeSource`: transformer-lens 4.x `TransformerBridge`s.
-- `latentcode.extract.torch_attention.TorchAttentionSource`: any PyTorch model whose attention goes
+- `latentcode.extraction.bridge.BridgeSource`: transformer-lens 4.x `TransformerBridge`s.
+- `latentcode.extraction.torch_attention.TorchAttentionSource`: any PyTorch model whose attention goes
   through `torch.nn.functional.scaled_dot_product_attention` or `torch.nn.MultiheadAttention`.
-- `latentcode.extract.adapter.AdapterSource`: anything else, through a user-named module and a
+- `latentcode.extraction.adapter.AdapterSource`: anything else, through a user-named module and a
   function from its inputs/outputs to scores.
 
 `detect_source(model)` picks the first that applies.
@@ -28,6 +28,8 @@ from contextlib import contextmanager
 
 from torch import Tensor, nn
 
+from latentcode.errors import LatentcodeError
+
 SCORE_KINDS = ("pattern", "scores")
 
 # sink(layer, query_positions [n], key_positions [n], codes [batch, head, n])
@@ -36,7 +38,7 @@ Sink = Callable[[int, Tensor, Tensor, Tensor], None]
 PairsFor = Callable[[int, int], "tuple[Tensor, Tensor] | None"]
 
 
-class NoAttentionCaptured(RuntimeError):
+class NoAttentionCaptured(LatentcodeError, RuntimeError):
     """A forward pass ran but no latent code could be captured from the model."""
 
 
@@ -141,7 +143,7 @@ def detect_source(model: nn.Module) -> AttentionSource:
     interception. Use `AdapterSource` explicitly for anything else."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
-    from latentcode.extract.bridge import BridgeSource, is_transformer_bridge
+    from latentcode.extraction.bridge import BridgeSource, is_transformer_bridge
 
     if is_transformer_bridge(model):
         return BridgeSource(model)
@@ -149,7 +151,7 @@ def detect_source(model: nn.Module) -> AttentionSource:
         from latentcode.models.transformer import Transformer
 
         return HookPointSource(model, name="latentcode" if isinstance(model, Transformer) else "transformer_lens")
-    from latentcode.extract.torch_attention import TorchAttentionSource
+    from latentcode.extraction.torch_attention import TorchAttentionSource
 
     return TorchAttentionSource(model)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from latentcode.models.config import ConfigError
-from latentcode.train.config import TrainConfig
+from latentcode.training.config import TrainConfig
 
 SCALES = ("tiny", "demo", "cpu", "paper")
 

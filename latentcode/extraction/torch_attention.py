@@ -51,7 +51,7 @@ positions, while the standard path returns ordinary values there.
 
 Hugging Face `transformers` models are covered with their default `attn_implementation="sdpa"`;
 with "eager" they compute the softmax themselves (load them with "sdpa", or use the adapter).
-Not covered (use `latentcode.extract.AdapterSource`): attention written with explicit
+Not covered (use `latentcode.extraction.AdapterSource`): attention written with explicit
 matmul/softmax, `flex_attention`, fused kernels called directly (e.g. flash-attn), and compiled
 graphs (`torch.compile`) where the Python-level call never happens.
 """
@@ -68,7 +68,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from latentcode.extract.source import AttentionSource, PairsFor, Sink, check_score
+from latentcode.extraction.source import AttentionSource, PairsFor, Sink, check_score
 
 _SDPA = F.scaled_dot_product_attention
 _MHA = F.multi_head_attention_forward

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from latentcode.cli import main
-from latentcode.train.sweep import best_runs, expand_grid, sweep
+from latentcode.training.sweeps import best_runs, expand_grid, sweep
 
 
 def run_cli(*args):

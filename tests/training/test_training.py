@@ -14,8 +14,8 @@ import torch
 from latentcode.models import build_model
 from latentcode.models.config import ConfigError
 from latentcode.tasks import get_task
-from latentcode.train import CheckpointError, Run, RunDirectoryError, TrainingDiverged, train
-from latentcode.train.evaluate import eval_sets_of, evaluate
+from latentcode.training import CheckpointError, Run, RunDirectoryError, TrainingDiverged, train
+from latentcode.training.evaluate import eval_sets_of, evaluate
 
 
 def max_parameter_difference(run_a: Run, run_b: Run) -> float:
@@ -122,7 +122,7 @@ def test_corrupt_checkpoint_is_reported(tmp_path, small_config):
 
 
 def test_nan_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp_path, small_config, monkeypatch):
-    import latentcode.train.trainer as trainer
+    import latentcode.training.trainer as trainer
 
     real_loss = trainer.task_loss
     calls = {"n": 0}

@@ -5,7 +5,7 @@
         model(inputs_2)
     codes = recorder.pop()        # {Site(layer, query, key): float32 [N, H]}, N over both passes
 
-Works for any model a source can read (see `latentcode.extract.source`): our models, TransformerLens
+Works for any model a source can read (see `latentcode.extraction.source`): our models, TransformerLens
 models, and PyTorch models using scaled_dot_product_attention / nn.MultiheadAttention, or an
 adapter. Only the selected entries are kept, sliced while the forward pass runs.
 
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from latentcode.extract.sites import (
+from latentcode.extraction.sites import (
     MAX_ALL_PAIRS,
     Selector,
     SiteError,
@@ -31,7 +31,7 @@ from latentcode.extract.sites import (
     parse_selector,
     resolve_positions,
 )
-from latentcode.extract.source import (
+from latentcode.extraction.source import (
     AttentionSource,
     NoAttentionCaptured,
     check_score,
@@ -149,7 +149,7 @@ class Recorder:
                 f"no latent code was captured from {type(self.model).__name__} ({self.source.name} source): "
                 "it has no HookPoint named blocks.<layer>.attn.hook_pattern and made no call to "
                 "scaled_dot_product_attention or nn.MultiheadAttention that could be intercepted, or the "
-                "selected layers never ran; for other attention code use latentcode.extract.AdapterSource"
+                "selected layers never ran; for other attention code use latentcode.extraction.AdapterSource"
             )
         wanted = {self._requested_layer(layer) for layer, _, _ in self.selector.requests} - {None}
         if self.selector.all_pairs_layer is not None:

@@ -26,7 +26,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from latentcode.train.config import TrainConfig
+from latentcode.errors import LatentcodeError
+from latentcode.training.config import TrainConfig
 
 RUN_FORMAT = "latentcode-run/1"
 CONFIG_FILE = "config.json"
@@ -37,7 +38,7 @@ CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_PREFIX = "step_"
 
 
-class RunDirectoryError(ValueError):
+class RunDirectoryError(LatentcodeError, ValueError):
     """A run directory that cannot be used as asked; says why and what to do."""
 
 

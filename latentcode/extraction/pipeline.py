@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from latentcode.extract.recorder import Recorder
-from latentcode.extract.sites import Selector, parse_selector
+from latentcode.extraction.recorder import Recorder
+from latentcode.extraction.sites import Selector, parse_selector
 from latentcode.store import CodeWriter, Site
 from latentcode.tasks import Batch, Task, eval_seed, get_task
 
@@ -60,7 +60,7 @@ def resolve_model(run_or_model: str | Path | nn.Module) -> tuple[nn.Module, dict
         return model, {**info, "checkpoint_sha256": sha256_of_state(model), "task_config": None}
     path = Path(run_or_model)
     if (path / "model" / WEIGHTS_FILE).is_file() and (path / "config.json").is_file():  # a run directory
-        from latentcode.train.run import Run
+        from latentcode.training.run import Run
 
         run = Run(path)
         model = run.load_model()
@@ -115,7 +115,7 @@ def extract(
 
     run_or_model: a run directory, a saved model directory, or a model object.
     task: a Task, a task config dict, or None to use the run's task.
-    selector: see `latentcode.extract.sites` (`last-self`, `sraven-rule`, `all-pairs:L`, lists).
+    selector: see `latentcode.extraction.sites` (`last-self`, `sraven-rule`, `all-pairs:L`, lists).
     variant: the task variant (default: the selector's, e.g. `unpermuted` for `sraven-rule`, else
         the task's default).
     extra: further per-example arrays of length n to store beside the codes.

@@ -1,0 +1,36 @@
+"""Record latent codes with hooks: sites and selectors, sources, the recorder, and `extract`.
+
+`latentcode.extract(...)` is `latentcode.extraction.pipeline.extract`.
+"""
+
+from latentcode.extraction.adapter import AdapterSource
+from latentcode.extraction.bridge import BridgeSource, is_transformer_bridge
+from latentcode.extraction.pipeline import extract
+from latentcode.extraction.recorder import Recorder
+from latentcode.extraction.sites import PRESETS, Selector, SiteError, parse_selector
+from latentcode.extraction.source import (
+    AttentionSource,
+    HookPointSource,
+    NoAttentionCaptured,
+    detect_source,
+)
+from latentcode.extraction.torch_attention import TorchAttentionSource
+from latentcode.store import Site
+
+__all__ = [
+    "PRESETS",
+    "AdapterSource",
+    "AttentionSource",
+    "BridgeSource",
+    "HookPointSource",
+    "NoAttentionCaptured",
+    "Recorder",
+    "Selector",
+    "Site",
+    "SiteError",
+    "TorchAttentionSource",
+    "detect_source",
+    "extract",
+    "is_transformer_bridge",
+    "parse_selector",
+]

@@ -1,0 +1,25 @@
+"""Training with accelerate: the paper's recipe, presets, resumable runs and sweeps.
+
+`latentcode.train(config, out)` is `latentcode.training.trainer.train`. Names load on first use (see
+`latentcode.lazy`), so the preset table and configs stay light.
+"""
+
+from latentcode.lazy import lazy_exports
+
+_WHERE = {
+    "TrainConfig": "latentcode.training.config",
+    "PRESETS": "latentcode.training.presets",
+    "SCALES": "latentcode.training.presets",
+    "build_train_config": "latentcode.training.presets",
+    "describe_presets": "latentcode.training.presets",
+    "Run": "latentcode.training.run",
+    "RunDirectory": "latentcode.training.run",
+    "RunDirectoryError": "latentcode.training.run",
+    "CheckpointError": "latentcode.training.trainer",
+    "TrainingDiverged": "latentcode.training.trainer",
+    "train": "latentcode.training.trainer",
+    "sweep": "latentcode.training.sweeps",
+}
+__all__ = sorted(_WHERE)
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
+
