@@ -210,14 +210,14 @@ def _sweep(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_sweep(args: argparse.Namespace) -> None:
-    from latentcode.training.presets import PRESETS
+    from latentcode.training.presets import presets
     from latentcode.training.sweeps import best_runs, paper_grid, sweep
 
     grid: dict = {}
     for item in args.grid or []:
         if item == "paper":
-            if args.preset not in PRESETS:
-                raise ValueError(f"unknown preset {args.preset!r}; valid presets: {', '.join(PRESETS)}")
+            if args.preset not in presets():
+                raise ValueError(f"unknown preset {args.preset!r}; valid presets: {', '.join(presets())}")
             grid |= paper_grid(args.preset)
             continue
         key, separator, values = item.partition("=")
@@ -282,13 +282,13 @@ def _run_extract(args: argparse.Namespace) -> None:
 def _default_label(files: Sequence[str], label: str | None) -> str:
     if label:
         return label
-    from latentcode.analysis.report import DEFAULT_LABEL
     from latentcode.store import CodeFile
 
-    tasks = {CodeFile(path).task_config.get("name") for path in files}
-    if len(tasks) == 1 and next(iter(tasks)) in DEFAULT_LABEL:
-        return DEFAULT_LABEL[next(iter(tasks))]
-    raise ValueError(f"give --label: the files come from task(s) {sorted(map(str, tasks))}, which have no default label")
+    labels = {CodeFile(path).task_analysis.get("probe_label") for path in files}
+    if len(labels) == 1 and None not in labels:
+        return labels.pop()
+    tasks = sorted({str(CodeFile(path).task_config.get("name")) for path in files})
+    raise ValueError(f"give --label: the files (tasks {tasks}) name no single label the task's analysis decodes")
 
 
 @subcommand
@@ -438,7 +438,7 @@ def _demo(subparsers: argparse._SubParsersAction) -> None:
         "extract their latent codes on in-distribution and OOD tasks, decode the sub-task (SRAVEN rule / fuzzy-logic "
         "terms), draw tSNE plots and the mean-code heatmap, write an HTML report and print the headline numbers.",
     )
-    parser.add_argument("--task", choices=("fuzzy_logic", "sraven"), default="fuzzy_logic",
+    parser.add_argument("--task", default=None,
                         help="fuzzy_logic (default) or sraven; both start from the checkpoints shipped in models/")
     parser.add_argument("--train", action="store_true", help="train the models here instead of using the shipped ones")
     parser.add_argument("--scale", default="demo", help="training scale with --train (tiny, demo, cpu; default demo)")
@@ -450,8 +450,9 @@ def _demo(subparsers: argparse._SubParsersAction) -> None:
 
 def _run_demo(args: argparse.Namespace) -> None:
     from latentcode.demo import run_demo
+    from latentcode.tasks import DEMO_TASK
 
-    run_demo(task=args.task, out=args.out, train=args.train, scale=args.scale, n_codes=args.n_codes,
+    run_demo(task=args.task or DEMO_TASK, out=args.out, train=args.train, scale=args.scale, n_codes=args.n_codes,
              progress=not args.quiet)
 
 

@@ -21,15 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from latentcode.analysis.report import Report, build_report
+from latentcode.tasks import DEMO_TASK, task_class, task_names
 
 ATTENTIONS = ("softmax", "linear", "hyla")
-TASKS = ("fuzzy_logic", "sraven")
-# Sites and input variant of the paper's latent-code analysis for each task.
-EXTRACTION = {"sraven": ("sraven-rule", "unpermuted"), "fuzzy_logic": ("last-self", "fixed_query")}
-# How the shipped checkpoints were trained (models/recreate.sh), and so how `train=True` trains:
-# fuzzy logic with 70% of term pairs held out; SRAVEN on its unpermuted variant, since a 2-core CPU
-# budget leaves a model of the permuted task near chance.
-TRAINING = {"fuzzy_logic": {"frac_test": 0.7}, "sraven": {"variant": "unpermuted"}}
 SHIPPED_MODELS = Path(__file__).resolve().parents[1] / "models"
 
 
@@ -48,7 +42,7 @@ def fresh_directory(path: Path) -> Path:
 
 
 def run_demo(
-    task: str = "fuzzy_logic",
+    task: str = DEMO_TASK,
     out: str | Path = "latentcode-demo",
     train: bool = False,
     scale: str = "demo",
@@ -67,8 +61,12 @@ def run_demo(
     import latentcode
     from latentcode.training import build_train_config
 
-    if task not in TASKS:
-        raise ValueError(f"unknown demo task {task!r}; choose one of {TASKS}")
+    if task not in task_names() or task_class(task).training_setup is None:
+        raise ValueError(f"unknown demo task {task!r}; choose one of {[name for name in task_names() if task_class(name).training_setup]}")
+    # How the shipped checkpoints were trained (models/recreate.sh), and so how `train=True` trains;
+    # the sites and input variant of the paper's latent-code analysis.
+    shipped_training = task_class(task).training_setup.shipped
+    analysis = task_class(task).analysis
     started = time.perf_counter()
     out = fresh_directory(Path(out))
     out.mkdir(parents=True)
@@ -85,12 +83,12 @@ def run_demo(
         else:
             if not train:
                 say(f"  {attention}: no shipped checkpoint at {shipped}; training one at scale {scale!r}")
-            config = build_train_config(task, scale, attention, **{**TRAINING[task], **(model_overrides or {})})
+            config = build_train_config(task, scale, attention, **{**shipped_training, **(model_overrides or {})})
             say(f"  {attention}: training {config.steps} steps ({config.notes['scale']})")
             latentcode.train(config, destination, progress=progress)
         run_dirs.append(destination)
 
-    selector, variant = EXTRACTION[task]
+    selector, variant = analysis.selector, analysis.variant
     for attention, run_dir in zip(attentions, run_dirs, strict=True):
         codes = run_dir / "codes" / f"{attention}.h5"
         codes.parent.mkdir(parents=True, exist_ok=True)

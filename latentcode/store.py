@@ -18,9 +18,15 @@ Schema (version 1), readable with h5py alone::
         splits                JSON list of the split names present, in order of first appearance
         n_heads               H, the length of a latent code (0 when sites differ: then each
                               codes dataset's width is its own H, e.g. layers with different heads)
+        task_analysis         JSON: what the task's analysis uses (Task.analysis): selector, variant,
+                              probe_label, picture_label, headline_metric; "{}" if unknown
+        prediction_kind       what /prediction holds: "logits", "regression output" or ""
     /codes/<site>             float32 [N, H]: one dataset per site, named "l{layer}_q{query}_k{key}"
                               (positions absolute, counted from 0); attributes layer, query, key
-    /labels/<name>            [N, ...]: one dataset per task label (numeric)
+    /labels/<name>            [N, ...]: one dataset per task label (numeric); attributes, where the
+                              task names them: value_names (JSON list: the name of each integer
+                              value, e.g. the SRAVEN rules) and column_names (JSON list: the name of
+                              each column of a multi-column label, e.g. the terms of term_present)
     /prediction               [N, ...] float32: the model's output at the prediction positions (optional)
     /target                   [N, ...]: the task's target (optional)
     /split                    [N] UTF-8 strings: the split of each example
@@ -194,6 +200,8 @@ class CodeWriter:
         attrs["seed"] = _json(self.metadata.get("seed", ""))
         attrs["splits"] = "[]"
         attrs["n_heads"] = self.n_heads
+        attrs["task_analysis"] = _json(self.metadata.get("task_analysis", {}))
+        attrs["prediction_kind"] = str(self.metadata.get("prediction_kind", ""))
         codes = self.file.create_group("codes")
         for site in self.sites:
             dataset = self._create(codes, site.name, (self.heads_of[site],), np.float32)
@@ -297,7 +305,12 @@ class CodeWriter:
         for name, array in arrays.items():
             if name not in existing:
                 group, _, leaf = name.rpartition("/")
-                self._create(self.file[group] if group else self.file, leaf, array.shape[1:], array.dtype)
+                dataset = self._create(self.file[group] if group else self.file, leaf, array.shape[1:], array.dtype)
+                if group == "labels":
+                    for kind in ("value_names", "column_names"):
+                        names = self.metadata.get(kind, {}).get(leaf)
+                        if names is not None:
+                            dataset.attrs[kind] = _json(list(names))
             dataset = self.file[name]
             if dataset.shape[1:] != array.shape[1:]:
                 raise CodeFileError(
@@ -415,11 +428,17 @@ class CodeFile:
             self.has_prediction = "prediction" in file
             self.has_target = "target" in file
             self._split_of_example = file["split"].asstr()[:].astype(str)
+            self.value_names = {name: json.loads(file["labels"][name].attrs["value_names"])
+                                for name in self.label_names if "value_names" in file["labels"][name].attrs}
+            self.column_names = {name: json.loads(file["labels"][name].attrs["column_names"])
+                                 for name in self.label_names if "column_names" in file["labels"][name].attrs}
         self.n_heads = int(self.attrs["n_heads"])
         self.splits = json.loads(self.attrs["splits"])
         self.model_config = json.loads(self.attrs["model_config"] or "{}")
         self.task_config = json.loads(self.attrs["task_config"] or "{}")
         self.selector = json.loads(self.attrs["selector"] or "{}")
+        self.task_analysis = json.loads(self.attrs.get("task_analysis") or "{}")
+        self.prediction_kind = str(self.attrs.get("prediction_kind", ""))
         self.model_name = self.attrs.get("model_name") or self.model_config.get("attention", "model")
         if isinstance(self.model_name, list):
             self.model_name = "+".join(self.model_name)

@@ -20,6 +20,7 @@ import torch
 
 import latentcode
 from latentcode.models import load_model
+from latentcode.rundir import RunDirectory
 from latentcode.training.evaluate import eval_sets_of, evaluate
 
 MODELS = Path(__file__).resolve().parent
@@ -67,7 +68,7 @@ def main() -> None:
     weights = destination / "model" / "model.safetensors"
     sha256 = hashlib.sha256(weights.read_bytes()).hexdigest()
 
-    config = json.loads((args.run / "config.json").read_text())
+    config = RunDirectory(args.run).read_raw_config()
     train = config["train"]
     model_config = config["resolved_model_config"]
     card = f"""# {args.name}

@@ -30,7 +30,6 @@ __all__ = [
 _SPEC = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(?:\[\s*(-?\d+(?:\s*,\s*-?\d+)*)\s*\])?\s*$")
 # At most this many distinct integer values make a label categorical (legend, not colour bar).
 MAX_CATEGORIES = 20
-_RULE_LABEL = re.compile(r"(^|_)rules?$")
 
 
 def parse_label_spec(spec: str) -> tuple[str, tuple[int, ...]]:
@@ -111,30 +110,18 @@ def is_categorical(values: np.ndarray, max_categories: int = MAX_CATEGORIES) -> 
     return len(np.unique(values)) <= max_categories
 
 
-def _term_name(term: int, n_variables: int) -> str:
-    # Bit of variable l is (t >> (L - 1 - l)) & 1, 1 = negated (see latentcode.tasks.fuzzy_logic).
-    literals = [("¬" if (term >> (n_variables - 1 - bit)) & 1 else "") + f"x{bit}" for bit in range(n_variables)]
-    return "∧".join(literals)
-
-
 def value_names(code_file: CodeFile, spec: str) -> list[str] | None:
-    """Display names of the integer values of a label (or of the columns of a multi-hot label),
-    or None where the values speak for themselves.
+    """Display names of the integer values of a label (or of the columns of a multi-column label
+    given without an index), as the codes file records them; None where it records none.
 
-    SRAVEN rule labels (``rule``, ``rules``, ``query_rule`` and their columns) of a file whose
-    task is ``sraven`` are named by `latentcode.tasks.sraven.RULES`; the fuzzy-logic ``terms``
-    values and the columns of an unindexed ``term_present`` by their conjunction, e.g.
-    ``x0∧¬x1∧x2∧x3``.
+    E.g. the SRAVEN ``rule`` values are rule names; the columns of an unindexed fuzzy-logic
+    ``term_present`` are terms such as ``x0∧¬x1∧x2∧x3``.
     """
     name, index = parse_label_spec(spec)
-    task = code_file.task_config.get("name")
-    if task == "sraven" and _RULE_LABEL.search(name):
-        from latentcode.tasks.sraven import RULES
-
-        return list(RULES)
-    n_variables = code_file.task_config.get("n_variables")
-    if task == "fuzzy_logic" and n_variables and (name == "terms" or (name == "term_present" and not index)):
-        return [_term_name(term, int(n_variables)) for term in range(2 ** int(n_variables))]
+    if name in code_file.value_names:
+        return list(code_file.value_names[name])
+    if name in code_file.column_names and not index:
+        return list(code_file.column_names[name])
     return None
 
 

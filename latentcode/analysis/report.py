@@ -32,56 +32,12 @@ from latentcode.analysis.plots import (
 )
 from latentcode.analysis.probes import decode, write_table
 from latentcode.errors import LatentcodeError
+from latentcode.rundir import RunRecord
 from latentcode.store import CodeFile
-
-# What the paper decodes per task, and the task metric that sums up a split.
-DEFAULT_LABEL = {"sraven": "rule", "fuzzy_logic": "term_present"}
-# What the pictures colour by: one value per example (a fuzzy-logic function has K terms, so its
-# codes are coloured by the function itself).
-PICTURE_LABEL = {"sraven": "rule", "fuzzy_logic": "task_index"}
-HEADLINE_METRIC = {"sraven": "accuracy", "fuzzy_logic": "r2"}
-HEADLINE_PROBE_METRIC = {"sraven": "accuracy", "fuzzy_logic": "mean_f1"}
 
 
 class ReportError(LatentcodeError, ValueError):
     """Inputs a report cannot be made from; says which and why."""
-
-
-@dataclass
-class RunRecord:
-    """What the report needs from a run directory (read as JSON)."""
-
-    path: Path
-    name: str
-    task: str
-    config: dict
-    metrics: list[dict]
-    summary: dict | None
-
-    @classmethod
-    def read(cls, path: str | Path) -> RunRecord:
-        path = Path(path)
-        config_path = path / "config.json"
-        if not config_path.is_file():
-            raise ReportError(f"{path} is not a latentcode run directory (config.json is missing)")
-        config = json.loads(config_path.read_text())
-        if "train" not in config:
-            raise ReportError(f"{config_path} is not a run config (no 'train' section)")
-        metrics_path = path / "metrics.jsonl"
-        metrics = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()] \
-            if metrics_path.is_file() else []
-        summary_path = path / "summary.json"
-        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
-        attention = config.get("resolved_model_config", {}).get("attention", config["train"]["model"].get("attention"))
-        if isinstance(attention, list):
-            attention = "+".join(attention)
-        return cls(path, str(attention), config["train"]["task"]["name"], config, metrics, summary)
-
-    def final_metrics(self) -> dict[str, dict[str, float]]:
-        if self.summary:
-            return self.summary.get("final_metrics", {})
-        evaluations = [record for record in self.metrics if record.get("event") == "eval"]
-        return evaluations[-1]["splits"] if evaluations else {}
 
 
 @dataclass
@@ -95,7 +51,7 @@ class Report:
         """One line per model: the OOD task metric and the best-layer decoding of the sub-task."""
         lines = []
         for run in self.runs:
-            metric = HEADLINE_METRIC.get(run.task, "loss")
+            metric = run.headline_metric
             final = run.final_metrics()
             parts = [f"{split} {metric} {values[metric]:.3f}" for split, values in final.items()
                      if metric in values and split != "train"]
@@ -121,7 +77,7 @@ def plot_training_curves(runs: Sequence[RunRecord], path_stem: Path, dpi: float 
     canonical = ["train", "test", "ood", "unseen_terms"]
     splits = [split for split in canonical if split in seen] + sorted(seen - set(canonical))
     task = runs[0].task
-    metric = HEADLINE_METRIC.get(task, "loss")
+    metric = runs[0].headline_metric
     figure = Figure(figsize=(4.2 * (1 + len(splits)), 3.6), dpi=dpi)
     FigureCanvasAgg(figure)
     axes = figure.subplots(1, 1 + len(splits), squeeze=False)[0]
@@ -231,7 +187,8 @@ def build_report(
     probe_table = None
     if code_files:
         task_names = {code_file.task_config.get("name") for code_file in code_files}
-        probe_label = label or (DEFAULT_LABEL.get(task_names.pop()) if len(task_names) == 1 else None)
+        probe_labels = {code_file.task_analysis.get("probe_label") for code_file in code_files}
+        probe_label = label or (probe_labels.pop() if len(probe_labels) == 1 else None)
         if probe_label is None:
             raise ReportError(f"give a label to decode (--label); the codes files come from tasks {sorted(task_names)}")
         usable = [f for f in code_files if fit_split in f.splits and test_split in f.splits]
@@ -260,7 +217,7 @@ def build_report(
                 f"{html.escape(str(f.path))} (splits {f.splits})" for f in skipped) + f": it lacks {fit_split!r} or {test_split!r}.</p>"
         sections.append("<h2>Decoding the sub-task from latent codes</h2>" + probe_html)
 
-        picture_label = label or PICTURE_LABEL.get(code_files[0].task_config.get("name"), probe_label)
+        picture_label = label or code_files[0].task_analysis.get("picture_label", probe_label)
         picture_html = []
         for code_file in code_files:
             stem = code_file.path.stem

@@ -25,6 +25,7 @@ from torch import nn
 
 from latentcode.extraction.recorder import Recorder
 from latentcode.extraction.sites import Selector, parse_selector
+from latentcode.rundir import RunDirectory, RunRecord
 from latentcode.store import CodeWriter, Site
 from latentcode.tasks import Batch, Task, eval_seed, get_task
 
@@ -59,13 +60,11 @@ def resolve_model(run_or_model: str | Path | nn.Module) -> tuple[nn.Module, dict
             info = {"model_name": type(model).__name__, "model_config": {"class": type(model).__qualname__}}
         return model, {**info, "checkpoint_sha256": sha256_of_state(model), "task_config": None}
     path = Path(run_or_model)
-    if (path / "model" / WEIGHTS_FILE).is_file() and (path / "config.json").is_file():  # a run directory
-        from latentcode.training.run import Run
-
-        run = Run(path)
-        model = run.load_model()
-        weights = path / "model" / WEIGHTS_FILE
-        task_config = run.config.task
+    run = RunDirectory(path)
+    if run.looks_like_a_run():
+        model = load_model(run.model_path)
+        weights = run.weights_path
+        task_config = RunRecord.read(path).task_config
     elif (path / WEIGHTS_FILE).is_file():  # a saved model directory
         model = load_model(path)
         weights = path / WEIGHTS_FILE
@@ -81,17 +80,6 @@ def resolve_model(run_or_model: str | Path | nn.Module) -> tuple[nn.Module, dict
         "checkpoint_sha256": sha256_of_file(weights),
         "task_config": task_config,
     }
-
-
-def derived_labels(task: Task, batch: Batch, sites: list[Site]) -> dict[str, np.ndarray]:
-    """Labels that depend on the sites: SRAVEN's `rule` of the sites' common query position."""
-    if task.name != "sraven":
-        return {}
-    queries = {site.query for site in sites}
-    first_query_token = task.seq_len - task.n_predictions
-    if len(queries) != 1 or next(iter(queries)) < first_query_token:
-        return {}
-    return {"rule": batch.labels["query_rule"][:, next(iter(queries)) - first_query_token]}
 
 
 def extract(
@@ -138,7 +126,7 @@ def extract(
         if len(values) != n:
             raise ValueError(f"extra array {name!r} has {len(values)} rows; expected n={n}, one per instance")
 
-    parsed = parse_selector(selector, task.config())
+    parsed = parse_selector(selector, task)
     variant = variant or parsed.default_variant or task.variants[0]
     if variant not in task.variants:
         raise ValueError(f"unknown variant {variant!r} for task {task.name!r}; valid variants: {list(task.variants)}")
@@ -156,6 +144,10 @@ def extract(
                      "sites": [[s.layer, s.query, s.key] for s in sites], "variant": variant},
         "score": score,
         "source": "latentcode",
+        "task_analysis": task.analysis.to_dict(),
+        "value_names": task.value_names(),
+        "column_names": task.column_names(),
+        "prediction_kind": task.prediction_kind(),
         "seed": seed,
     }
     model.eval()
@@ -188,7 +180,7 @@ def record_batch(
     output = model(torch.from_numpy(batch.x))
     writer.append(
         codes=recorder.pop(),
-        labels={**batch.labels, **derived_labels(task, batch, sites)},
+        labels={**batch.labels, **task.derived_labels(batch, sites)},
         split=batch.split,
         prediction=output[:, -task.n_predictions:, :].float().numpy(),
         target=batch.y,

@@ -8,11 +8,9 @@ Selector specs (strings, as on the command line):
 
 - `last-self`: the last query position attending to itself, in every layer (the paper's
   fuzzy-logic analysis).
-- `sraven-rule`: the last query token attending to the tokens of the same feature in the two
-  context panels of the last row, in every layer (the paper's SRAVEN analysis). With M features
-  the sequence has 9M tokens; the last query token is feature M-1 of the 9th panel (position
-  9M-1) and the same feature of panels 7 and 8 sits at 7M-1 and 8M-1. Meant for `unpermuted`
-  instances, where position j of every panel is feature j.
+- a name the task defines (`Task.selectors`), e.g. SRAVEN's `sraven-rule`: the last query token
+  attending to the same feature in the two context panels of the last row, in every layer (the
+  paper's SRAVEN analysis), read on the task's analysis variant by default.
 - `all-pairs:LAYER`: every (query, key) pair of one layer; refused above `MAX_ALL_PAIRS` sites.
 - an explicit list `LAYER:QUERY:KEY[,LAYER:QUERY:KEY...]`; `*` as LAYER means every layer
   (e.g. `*:-1:-1` is `last-self`).
@@ -20,13 +18,15 @@ Selector specs (strings, as on the command line):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from latentcode.errors import LatentcodeError
 from latentcode.store import Site
+from latentcode.tasks import Task, get_task
 
-PRESETS = ("last-self", "sraven-rule", "all-pairs")
+PRESETS = ("last-self", "all-pairs")  # and the named site sets of the task (`Task.selectors`)
 MAX_ALL_PAIRS = 4096
 
 # A request: (layer, query, key) with possibly negative positions; layer None means every layer.
@@ -87,17 +87,10 @@ def resolve_positions(positions: Iterable[int], seq_len: int) -> tuple[int, ...]
     return tuple(resolved)
 
 
-def sraven_rule_selector(n_features: int) -> Selector:
-    M = n_features
-    query = 9 * M - 1
-    return Selector(
-        "sraven-rule", requests=((None, query, 7 * M - 1), (None, query, 8 * M - 1)), default_variant="unpermuted"
-    )
-
-
-def parse_selector(spec: str | Selector | Sequence, task_config: dict | None = None) -> Selector:
+def parse_selector(spec: str | Selector | Sequence, task: Task | Mapping[str, Any] | None = None) -> Selector:
     """A `Selector` from a spec string (see the module docstring), a list of (layer, query, key)
-    tuples or `Site`s, or a Selector. `task_config` supplies M for `sraven-rule`."""
+    tuples or `Site`s, or a Selector. `task` (a Task or its config) supplies the named site sets
+    only it can place, e.g. SRAVEN's `sraven-rule` (see `Task.selectors`)."""
     if isinstance(spec, Selector):
         return spec
     if not isinstance(spec, str):
@@ -115,14 +108,19 @@ def parse_selector(spec: str | Selector | Sequence, task_config: dict | None = N
     spec = spec.strip()
     if spec == "last-self":
         return Selector("last-self", requests=((None, -1, -1),))
-    if spec == "sraven-rule":
-        task_config = task_config or {}
-        if task_config.get("name") != "sraven":
-            raise SiteError(
-                "the sraven-rule selector needs a SRAVEN task (it places the sites by the number of "
-                f"features M), got task {task_config.get('name')!r}"
-            )
-        return sraven_rule_selector(int(task_config.get("n_features", 4)))
+    if isinstance(task, Mapping):
+        task = get_task(**task) if task.get("name") else None
+    task_selectors = task.selectors() if task is not None else {}
+    if spec in task_selectors:
+        default_variant = task.analysis.variant if spec == task.analysis.selector else None
+        return Selector(spec, requests=task_selectors[spec], default_variant=default_variant)
+    if ":" not in spec and "," not in spec and not spec.startswith("all-pairs"):
+        where = (f"task {task.name!r} defines {sorted(task_selectors) or 'none'}" if task is not None
+                 else "no task was given, so no task-defined selector (such as SRAVEN's) is known")
+        raise SiteError(
+            f"unknown selector {spec!r}: the generic ones are {', '.join(PRESETS)} (all-pairs:LAYER) and {where}; "
+            "or give sites as LAYER:QUERY:KEY[,...]"
+        )
     if spec.startswith("all-pairs"):
         _, _, layer = spec.partition(":")
         if not layer.lstrip("-").isdigit():
@@ -137,8 +135,9 @@ def parse_selector(spec: str | Selector | Sequence, task_config: dict | None = N
             layer = None if fields[0] == "*" else int(fields[0])
             requests.append((layer, int(fields[1]), int(fields[2])))
         except ValueError:
+            presets = [*PRESETS, *task_selectors]
             raise SiteError(
-                f"cannot read site {part.strip()!r} of {spec!r}: expected a preset ({', '.join(PRESETS)}) or "
+                f"cannot read site {part.strip()!r} of {spec!r}: expected a preset ({', '.join(presets)}) or "
                 "LAYER:QUERY:KEY[,LAYER:QUERY:KEY...] with integers (negative positions count from the end, "
                 "* as LAYER means every layer)"
             ) from None

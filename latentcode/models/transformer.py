@@ -27,8 +27,8 @@ Every activation passes through a `HookPoint` named as in TransformerLens, so `r
     blocks.{l}.hook_resid_post                  [batch, pos, d_model]
     ln_final.hook_normalized                    [batch, pos, d_model]
 
-Unlike TransformerLens, `hook_normalized` is the LayerNorm's output after its affine map (the
-exact input of the next layer), not the standardized activation before it.
+`hook_normalized` is the LayerNorm's output after its affine map: the exact input of the next
+layer.
 """
 
 from __future__ import annotations

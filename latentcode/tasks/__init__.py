@@ -1,11 +1,42 @@
 """The in-context learning tasks of "Attention as a Hypernetwork": fuzzy logic and SRAVEN.
 
+A task owns everything known about it: its generator, splits and labels, and what later stages
+need (`Task.analysis`, `Task.training_setup`, `Task.selectors`, `Task.derived_labels`, the names of
+label values); a new task is one module with a `@register_task` class.
+
 ``get_task(name, **params)`` builds a task; ``task.sample(n, split, seed, variant)`` draws a
 :class:`Batch` with ``x``, ``y`` and ``labels``. Numpy only: no model code, no torch.
 """
 
-from latentcode.tasks.base import Batch, Task, eval_seed, get_task, task_names
+from latentcode.tasks.base import (
+    AnalysisDefaults,
+    Batch,
+    Task,
+    TrainingSetup,
+    eval_seed,
+    get_task,
+    register_task,
+    task_class,
+    task_names,
+)
 from latentcode.tasks.fuzzy_logic import FuzzyLogic
 from latentcode.tasks.sraven import RULES, SRaven
 
-__all__ = ["RULES", "Batch", "FuzzyLogic", "SRaven", "Task", "eval_seed", "get_task", "task_names"]
+# The task of `latentcode demo`, the main job's embedded default (its models are shipped).
+DEMO_TASK = "fuzzy_logic"
+
+__all__ = [
+    "DEMO_TASK",
+    "RULES",
+    "AnalysisDefaults",
+    "Batch",
+    "FuzzyLogic",
+    "SRaven",
+    "Task",
+    "TrainingSetup",
+    "eval_seed",
+    "get_task",
+    "register_task",
+    "task_class",
+    "task_names",
+]

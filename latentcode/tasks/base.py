@@ -51,8 +51,8 @@ import math
 import numbers
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -96,6 +96,58 @@ class Batch:
         return len(self.x)
 
 
+@dataclass(frozen=True)
+class AnalysisDefaults:
+    """What the paper analyses for a task; extraction writes it into every codes file (and training
+    into every run directory), so the analysis stage reads it from there and never asks the task.
+
+    Attributes:
+        selector: the named site set of the paper's latent-code analysis (a name `Task.selectors`
+            or the generic selectors of `latentcode.extraction.sites` know).
+        variant: the input variant that analysis reads.
+        probe_label: the label the paper decodes from the codes (the sub-task).
+        picture_label: what figures colour by: one value per example.
+        headline_metric: the task metric (of `Task.evaluate`) that sums up a split.
+        selection_split: the in-distribution split a sweep selects runs on (the paper's protocol).
+    """
+
+    selector: str
+    variant: str
+    probe_label: str
+    picture_label: str
+    headline_metric: str
+    selection_split: str = "test"
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    """The paper's training setup for a task, by scale: a preset of `latentcode train`.
+
+    Attributes:
+        description: one line for `latentcode train --help`.
+        task: the `get_task` parameters of the paper's default setting.
+        model: `ModelConfig` fields of the paper's model (d_in, d_out, n_ctx come from the task).
+        optimizer: batch_size, learning_rate, weight_decay, warmup_steps.
+        train_instances: training instances per scale (tiny, demo, cpu, paper).
+        eval_instances: evaluation instances per split, per scale.
+        paper_grid: the values the paper searched, per field (`latentcode sweep --grid paper`).
+        shipped: overrides with which the checkpoints in `models/` were trained (and so how
+            `latentcode demo --train` trains), e.g. a variant this CPU can learn.
+    """
+
+    description: str
+    task: dict[str, Any]
+    model: dict[str, Any]
+    optimizer: dict[str, Any]
+    train_instances: dict[str, int]
+    eval_instances: dict[str, int]
+    paper_grid: dict[str, list]
+    shipped: dict[str, Any] = field(default_factory=dict)
+
+
 def eval_seed(split: str) -> int:
     """The constant sample seed of a split's fixed evaluation set (see the module docstring)."""
     return zlib.crc32(b"eval/" + split.encode())
@@ -114,6 +166,8 @@ class Task(abc.ABC):
     variants: ClassVar[tuple[str, ...]]  # the first one is the default
     label_names: ClassVar[tuple[str, ...]]
     objective: ClassVar[str]  # "regression" or "classification"
+    analysis: ClassVar[AnalysisDefaults]
+    training_setup: ClassVar[TrainingSetup | None] = None  # None: no `latentcode train` preset
 
     seq_len: int  # tokens per instance
     d_in: int  # width of one input token
@@ -188,6 +242,30 @@ class Task(abc.ABC):
     def evaluate(self, prediction: np.ndarray, batch: Batch) -> dict[str, float]:
         """Score raw model outputs ``[n, n_predictions, d_out]`` at the prediction positions."""
 
+    # --- what later stages need to know -------------------------------------------------------
+
+    def selectors(self) -> dict[str, tuple[tuple[int | None, int, int], ...]]:
+        """Named site sets that only this task can place: name -> ``(layer, query, key)``
+        requests (layer None: every layer; negative positions count from the end)."""
+        return {}
+
+    def derived_labels(self, batch: Batch, sites: Sequence) -> dict[str, np.ndarray]:
+        """Labels that depend on the recorded sites (objects with ``.query`` and ``.key``), e.g.
+        the rule of the sites' common query position; added to the codes file beside ``labels``."""
+        return {}
+
+    def value_names(self) -> dict[str, list[str]]:
+        """Display names of the integer values of categorical labels: label -> names by value."""
+        return {}
+
+    def column_names(self) -> dict[str, list[str]]:
+        """Names of the columns of multi-column labels (e.g. a multi-hot label): label -> names."""
+        return {}
+
+    def prediction_kind(self) -> str:
+        """What the model's raw output at a prediction position is, as stored in a codes file."""
+        return "logits" if self.objective == "classification" else "regression output"
+
     # --- validation ---------------------------------------------------------------------------
 
     def _split_index(self, split: str) -> int:
@@ -225,6 +303,8 @@ _TASK_CLASSES: dict[str, type[Task]] = {}
 
 def register_task(cls: type[Task]) -> type[Task]:
     """Class decorator: make ``cls`` available to :func:`get_task` under ``cls.name``."""
+    if not isinstance(getattr(cls, "analysis", None), AnalysisDefaults):
+        raise TypeError(f"task class {cls.__name__} must set `analysis = AnalysisDefaults(...)`")
     _TASK_CLASSES[cls.name] = cls
     return cls
 
@@ -234,18 +314,23 @@ def task_names() -> tuple[str, ...]:
     return tuple(sorted(_TASK_CLASSES))
 
 
-def get_task(name: str, **params) -> Task:
-    """Build the task called ``name`` with keyword ``params`` (see each task's ``__init__``)."""
+def task_class(name: str) -> type[Task]:
+    """The class registered as ``name`` (its class attributes describe the task without building it)."""
     if name not in _TASK_CLASSES:
         raise ValueError(f"unknown task {name!r}; valid names: {list(task_names())}")
-    task_class = _TASK_CLASSES[name]
-    valid = task_class.parameter_names()
+    return _TASK_CLASSES[name]
+
+
+def get_task(name: str, **params) -> Task:
+    """Build the task called ``name`` with keyword ``params`` (see each task's ``__init__``)."""
+    cls = task_class(name)
+    valid = cls.parameter_names()
     unknown = sorted(set(params) - set(valid))
     if unknown:
         raise ValueError(
             f"unknown parameter(s) {unknown} for task {name!r}; valid parameters: {list(valid)}"
         )
-    return task_class(**params)
+    return cls(**params)
 
 
 # --- shared helpers ---------------------------------------------------------------------------

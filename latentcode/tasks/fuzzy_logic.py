@@ -51,8 +51,10 @@ import numpy as np
 from latentcode.tasks.base import (
     FIXED_INPUT_STREAM,
     SPLIT_STREAM,
+    AnalysisDefaults,
     Batch,
     Task,
+    TrainingSetup,
     check_fraction,
     check_integer,
     enumerate_combinations,
@@ -69,6 +71,12 @@ def negation_bits_of_terms(terms: np.ndarray, n_variables: int) -> np.ndarray:
     """Negation bits ``[..., L]`` int8 of term indices ``[...]``: bit l = (t >> (L-1-l)) & 1."""
     shifts = np.arange(n_variables - 1, -1, -1)
     return ((np.asarray(terms)[..., None] >> shifts) & 1).astype(np.int8)
+
+
+def term_name(term: int, n_variables: int) -> str:
+    """A term as its conjunction of literals, e.g. ``x0∧¬x1∧x2∧x3`` (1 bits are negations)."""
+    bits = negation_bits_of_terms(np.asarray(term), n_variables)
+    return "∧".join(("¬" if bit else "") + f"x{variable}" for variable, bit in enumerate(bits))
 
 
 def evaluate_disjunction(inputs: np.ndarray, negation_bits: np.ndarray) -> np.ndarray:
@@ -109,6 +117,24 @@ class FuzzyLogic(Task):
     variants = ("uniform", "fixed_context", "fixed_query")
     label_names = ("terms", "term_present", "negation_bits", "target", "task_index")
     objective = "regression"
+    # The paper's analysis (as the authors' code): the last token attending to itself, on the
+    # fixed-query variant, so that codes differ by the function only; each term is decoded.
+    analysis = AnalysisDefaults(selector="last-self", variant="fixed_query", probe_label="term_present",
+                                picture_label="task_index", headline_metric="r2")
+    training_setup = TrainingSetup(
+        description="fuzzy logic, L=4 variables, K=2 terms, N=32 examples (paper Table: 2 layers, d_model 128, "
+        "8 heads, kqv 16, d_mlp 256, batch 128, warmup 100, 50,000 steps)",
+        task={"name": "fuzzy_logic", "n_variables": 4, "n_terms": 2, "seq_len": 32, "frac_test": 0.5,
+              "frac_unseen_terms": 0.25, "seed": 0},
+        model={"n_layers": 2, "d_model": 128, "n_heads": 8, "kqv_dim": 16, "d_mlp": 256, "positions": "relative",
+               "causal": False, "attn_dropout": 0.1},
+        optimizer={"batch_size": 128, "learning_rate": 1e-3, "weight_decay": 0.1, "warmup_steps": 100},
+        train_instances={"tiny": 24 * 128, "demo": 1_500 * 128, "cpu": 8_000 * 128, "paper": 50_000 * 128},
+        eval_instances={"tiny": 256, "demo": 1024, "cpu": 4096, "paper": 16_000},
+        paper_grid={"learning_rate": [1e-3, 3e-3], "weight_decay": [0.03, 0.1], "warmup_steps": [100]},
+        # 70% of term pairs held out, as the paper's Table A1 column.
+        shipped={"frac_test": 0.7},
+    )
 
     def __init__(
         self,
@@ -142,6 +168,17 @@ class FuzzyLogic(Task):
         self._fixed_query = fixed_inputs[-1]
         self._fixed_context.flags.writeable = False
         self._fixed_query.flags.writeable = False
+
+    def value_names(self) -> dict[str, list[str]]:
+        return {"terms": self.term_names()}
+
+    def column_names(self) -> dict[str, list[str]]:
+        return {"term_present": self.term_names(),
+                "negation_bits": [f"x{variable}" for variable in range(self.n_variables)]}
+
+    def term_names(self) -> list[str]:
+        """Each term as its conjunction, e.g. ``x0∧¬x1∧x2∧x3``, by term index."""
+        return [term_name(term, self.n_variables) for term in range(self.n_all_terms)]
 
     def _make_splits(self) -> None:
         K = self.n_terms

@@ -8,13 +8,13 @@ from latentcode.lazy import lazy_exports
 
 _WHERE = {
     "TrainConfig": "latentcode.training.config",
-    "PRESETS": "latentcode.training.presets",
+    "presets": "latentcode.training.presets",
     "SCALES": "latentcode.training.presets",
     "build_train_config": "latentcode.training.presets",
     "describe_presets": "latentcode.training.presets",
     "Run": "latentcode.training.run",
-    "RunDirectory": "latentcode.training.run",
-    "RunDirectoryError": "latentcode.training.run",
+    "RunDirectory": "latentcode.rundir",
+    "RunDirectoryError": "latentcode.rundir",
     "CheckpointError": "latentcode.training.trainer",
     "TrainingDiverged": "latentcode.training.trainer",
     "train": "latentcode.training.trainer",

@@ -18,7 +18,7 @@ MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    task: dict[str, Any]  # get_task(**task): {"name": "sraven", "n_features": 4, ...}
+    task: dict[str, Any]  # get_task(**task): the task name and its parameters
     model: dict[str, Any]  # ModelConfig fields; d_in, d_out and n_ctx are filled from the task
     n_train_instances: int
     learning_rate: float

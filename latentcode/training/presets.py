@@ -15,63 +15,36 @@ Warmup is the preset's, capped at a tenth of the steps (the run's config notes w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 from typing import Any
 
-from latentcode.models.config import ConfigError
+from latentcode.models.config import ConfigError, ModelConfig
+from latentcode.tasks import get_task, task_class, task_names
+from latentcode.tasks.base import TrainingSetup
 from latentcode.training.config import TrainConfig
 
 SCALES = ("tiny", "demo", "cpu", "paper")
 
 
-@dataclass(frozen=True)
-class Preset:
-    description: str
-    task: dict[str, Any]
-    model: dict[str, Any]
-    optimizer: dict[str, Any]
-    train_instances: dict[str, int]  # per scale
-    eval_instances: dict[str, int]  # per scale and split
-    paper_grid: dict[str, list]
+def presets() -> dict[str, TrainingSetup]:
+    """The presets: every registered task with a `training_setup`, by task name."""
+    return {name: task_class(name).training_setup for name in task_names()
+            if task_class(name).training_setup is not None}
 
 
-PRESETS: dict[str, Preset] = {
-    "fuzzy_logic": Preset(
-        description="fuzzy logic, L=4 variables, K=2 terms, N=32 examples (paper Table: 2 layers, d_model 128, "
-        "8 heads, kqv 16, d_mlp 256, batch 128, warmup 100, 50,000 steps)",
-        task={"name": "fuzzy_logic", "n_variables": 4, "n_terms": 2, "seq_len": 32, "frac_test": 0.5,
-              "frac_unseen_terms": 0.25, "seed": 0},
-        model={"n_layers": 2, "d_model": 128, "n_heads": 8, "kqv_dim": 16, "d_mlp": 256, "positions": "relative",
-               "causal": False, "attn_dropout": 0.1},
-        optimizer={"batch_size": 128, "learning_rate": 1e-3, "weight_decay": 0.1, "warmup_steps": 100},
-        train_instances={"tiny": 24 * 128, "demo": 1_500 * 128, "cpu": 8_000 * 128, "paper": 50_000 * 128},
-        eval_instances={"tiny": 256, "demo": 1024, "cpu": 4096, "paper": 16_000},
-        paper_grid={"learning_rate": [1e-3, 3e-3], "weight_decay": [0.03, 0.1], "warmup_steps": [100]},
-    ),
-    "sraven": Preset(
-        description="SRAVEN, M=4 features, K=8 values, 25% of rule multisets held out (paper Table: 4/8/16 layers, "
-        "width factor 1/2/4, d_model 128, 16 heads, kqv 64, d_mlp 256, batch 128, 20M instances)",
-        task={"name": "sraven", "n_features": 4, "n_values": 8, "frac_ood": 0.25, "seed": 0},
-        model={"n_layers": 4, "d_model": 128, "n_heads": 16, "kqv_dim": 64, "d_mlp": 256, "positions": "relative",
-               "causal": False, "attn_dropout": 0.1, "width_factor": 1},
-        optimizer={"batch_size": 128, "learning_rate": 1e-3, "weight_decay": 0.1, "warmup_steps": 1000},
-        train_instances={"tiny": 24 * 128, "demo": 600 * 128, "cpu": 8_000 * 128, "paper": 20_000_000},
-        eval_instances={"tiny": 256, "demo": 1024, "cpu": 4096, "paper": 51_200},
-        paper_grid={"learning_rate": [3e-4, 1e-3], "weight_decay": [0.1, 0.3], "warmup_steps": [1000, 3000],
-                    "n_layers": [4, 8, 16], "width_factor": [1, 2, 4]},
-    ),
-}
+def task_fields() -> set[str]:
+    """Task parameters a user may override by name (`task_seed` sets the task's own seed)."""
+    return {name for task in task_names() for name in task_class(task).parameter_names() if name != "seed"} | {
+        "task_seed"}
 
-# Fields a user may override by name; which part of the config each belongs to.
-TASK_FIELDS = {"n_variables", "n_terms", "seq_len", "frac_test", "frac_unseen_terms", "n_features", "n_values",
-               "frac_ood", "task_seed"}
-MODEL_FIELDS = {"n_layers", "d_model", "n_heads", "kqv_dim", "v_dim", "d_mlp", "attention", "ffn", "n_experts",
-                "top_k_experts", "positions", "causal", "attn_dropout", "width_factor"}
+
+# ModelConfig fields a user may override by name; the task fixes the input, output and context sizes.
+MODEL_FIELDS = {field.name for field in dataclasses.fields(ModelConfig)} - {"d_in", "d_out", "n_ctx"}
 
 
 def describe_presets() -> str:
     lines = []
-    for name, preset in PRESETS.items():
+    for name, preset in presets().items():
         grid = ", ".join(f"{key} in {values}" for key, values in preset.paper_grid.items())
         scales = ", ".join(f"{scale}={count:,}" for scale, count in preset.train_instances.items())
         lines.append(f"  {name}: {preset.description}\n      paper grid: {grid}\n      training instances: {scales}")
@@ -84,18 +57,19 @@ def build_train_config(preset: str, scale: str = "cpu", attention: str = "softma
     Overrides may name TrainConfig fields (`learning_rate`, `seed`, `n_train_instances`, ...), model
     fields (`n_layers`, `width_factor`, ...) or task fields (`seq_len`, `frac_test`, `task_seed`, ...).
     """
-    if preset not in PRESETS:
-        raise ConfigError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
+    known = presets()
+    if preset not in known:
+        raise ConfigError(f"unknown preset {preset!r}; valid presets: {', '.join(known)}")
     if scale not in SCALES:
         raise ConfigError(f"unknown scale {scale!r}; valid scales: {', '.join(SCALES)}")
-    spec = PRESETS[preset]
+    spec = known[preset]
     task = dict(spec.task)
     model = {**spec.model, "attention": attention}
     train_fields: dict[str, Any] = dict(spec.optimizer)
     for key, value in overrides.items():
         if value is None:
             continue
-        if key in TASK_FIELDS:
+        if key in task_fields():
             if key != "task_seed" and key not in task:
                 raise ConfigError(f"the {preset} task has no parameter {key!r}; its parameters: {sorted(task)}")
             task["seed" if key == "task_seed" else key] = value
@@ -103,8 +77,6 @@ def build_train_config(preset: str, scale: str = "cpu", attention: str = "softma
             model[key] = value
         else:
             train_fields[key] = value
-
-    from latentcode.tasks import get_task
 
     task_object = get_task(**task)
     model.update(d_in=task_object.d_in, d_out=task_object.d_out, n_ctx=task_object.seq_len)

@@ -23,10 +23,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from latentcode.training.presets import PRESETS, build_train_config
-from latentcode.training.run import Run, RunDirectory
+from latentcode.rundir import RunDirectory
+from latentcode.tasks import task_class
+from latentcode.training.presets import build_train_config, presets
+from latentcode.training.run import Run
 
-SELECTION_METRIC = {"fuzzy_logic": ("test", "r2"), "sraven": ("test", "accuracy")}
+
+def selection_metric(preset: str) -> tuple[str, str]:
+    """(split, metric) a sweep of `preset` selects on: the task's in-distribution headline metric."""
+    analysis = task_class(presets()[preset].task["name"]).analysis
+    return analysis.selection_split, analysis.headline_metric
 
 
 def expand_grid(grid: dict[str, list[Any]], seeds: list[int]) -> list[dict[str, Any]]:
@@ -44,7 +50,7 @@ def run_name(point: dict[str, Any]) -> str:
 
 
 def paper_grid(preset: str) -> dict[str, list[Any]]:
-    return {key: list(values) for key, values in PRESETS[preset].paper_grid.items()}
+    return {key: list(values) for key, values in presets()[preset].paper_grid.items()}
 
 
 def sweep(
@@ -154,7 +160,7 @@ def results_table(out: Path, configs: dict[str, tuple[dict, Any]]) -> list[dict[
 
 def best_runs(rows: list[dict[str, Any]], preset: str) -> dict[str, dict[str, Any]]:
     """Per attention preset, the finished run with the best in-distribution validation metric."""
-    split, metric = SELECTION_METRIC[PRESETS[preset].task["name"]]
+    split, metric = selection_metric(preset)
     key = f"{split}.{metric}"
     best: dict[str, dict[str, Any]] = {}
     for row in rows:
@@ -174,7 +180,7 @@ def write_results(out: Path, rows: list[dict[str, Any]], preset: str) -> None:
         writer.writeheader()
         writer.writerows(rows)
     (out / "results.json").write_text(json.dumps(rows, indent=2, default=str))
-    split, metric = SELECTION_METRIC[PRESETS[preset].task["name"]]
+    split, metric = selection_metric(preset)
     best = best_runs(rows, preset)
     (out / "best.json").write_text(json.dumps(
         {"selected_on": f"{split}.{metric} (in-distribution validation; never OOD)", "best": best}, indent=2, default=str

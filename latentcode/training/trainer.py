@@ -1,6 +1,6 @@
 """The training loop: accelerate drives devices, precision, accumulation and data parallelism.
 
-    run = train(build_train_config("sraven", scale="cpu", attention="hyla"), "runs/hyla")
+    run = train(build_train_config(preset, scale="cpu", attention="hyla"), "runs/hyla")
 
 The same code runs on a laptop CPU, one GPU, `accelerate launch -m latentcode.cli train ...` on
 several GPUs or machines, or `torchrun --nproc_per_node N -m latentcode.cli train ...` as N CPU
@@ -32,12 +32,13 @@ import torch
 from latentcode.errors import LatentcodeError
 from latentcode.models import build_model
 from latentcode.models.config import ConfigError
+from latentcode.rundir import RunDirectory, RunDirectoryError
 from latentcode.tasks import get_task
 from latentcode.training.config import TrainConfig
 from latentcode.training.evaluate import eval_sets_of, evaluate
 from latentcode.training.objective import prediction_positions, task_loss, to_tensors
 from latentcode.training.optimizer import build_optimizer
-from latentcode.training.run import Run, RunDirectory, RunDirectoryError
+from latentcode.training.run import Run, read_train_config, run_record
 from latentcode.training.schedule import build_scheduler
 
 
@@ -143,7 +144,7 @@ def train(
     """
     if resume is not None:
         directory = RunDirectory(resume)
-        stored = directory.read_config()
+        stored = read_train_config(directory)
         if config is not None and config != stored:
             raise RunDirectoryError(f"--resume {resume}: the given config differs from the run's; omit it to resume")
         config = stored
@@ -157,7 +158,7 @@ def train(
     task = get_task(**config.task)
     accelerator = _make_accelerator(config)
     if resume is None and accelerator.is_main_process:
-        directory.create(config)
+        directory.create(run_record(config))
     accelerator.wait_for_everyone()
 
     model = build_model(config.model_config(), seed=config.seed)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from latentcode.store import CodeFile, CodeWriter, Site
+from latentcode.tasks import get_task, task_names
 
 N_RULES = 8
 N_TERMS = 8
@@ -61,6 +62,10 @@ def write_codes(
     assert n_heads >= N_RULES + N_TERMS + n_negation_bits, "too few heads for the planted layout"
     task_config = {"name": task, "n_variables": 3} if task == "fuzzy_logic" else {"name": task}
     metadata = {"model_name": model_name, "task_config": task_config, "model_config": {"attention": model_name}}
+    if task in task_names():  # what extraction records about the task
+        described = get_task(**task_config)
+        metadata |= {"task_analysis": described.analysis.to_dict(), "value_names": described.value_names(),
+                     "column_names": described.column_names()}
     with CodeWriter(path, sites, n_heads=n_heads, metadata=metadata) as writer:
         for split, n in n_per_split.items():
             if labels_of_split and split in labels_of_split:

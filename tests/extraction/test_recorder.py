@@ -68,7 +68,7 @@ def test_recorder_leaves_the_model_and_other_hooks_alone(model):
         ("0:12:0", r"position 12 is outside the sequence of 12 tokens"),
         ("0:-13:0", r"position -13 is outside the sequence of 12 tokens"),
         ("0:1", r"cannot read site '0:1'"),
-        ("sraven-rule", r"the sraven-rule selector needs a SRAVEN task"),
+        ("sraven-rule", r"unknown selector 'sraven-rule'.*no task was given"),
         ("all-pairs", r"all-pairs needs a layer, as in all-pairs:0"),
     ],
 )

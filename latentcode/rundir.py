@@ -1,0 +1,222 @@
+"""The run directory: what a training run leaves behind; its one reader and writer (JSON only, no torch).
+
+    RUN_DIR/
+      config.json        the full resolved config: the TrainConfig (task, model, optimizer, seeds,
+                         scale) under "train", the resolved ModelConfig, the task's analysis
+                         defaults (`task_analysis`), latentcode and torch versions, creation time
+      metrics.jsonl      one JSON object per logging step ({"event": "train", ...}) and per
+                         evaluation ({"event": "eval", "step": ..., "splits": {split: metrics}})
+      checkpoints/       step_XXXXXXXX/: model, optimizer, scheduler and RNG states plus
+                         trainer_state.json (step = data-stream position); each written to a
+                         temporary directory and renamed, the last few kept
+      model/             the final model (config.json + model.safetensors, see models.persistence)
+      summary.json       final metrics per split, steps, wall time; present once the run finished
+
+A directory is never reused for a different run, and nothing in it is overwritten except by
+`--resume` of the same run. Training writes it (`latentcode.training`); extraction, the report and
+`models/ship.py` read it through `RunRecord`, which needs neither torch nor the trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from latentcode.errors import LatentcodeError
+
+RUN_FORMAT = "latentcode-run/1"
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+MODEL_DIR = "model"
+WEIGHTS_FILE = "model.safetensors"
+CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_PREFIX = "step_"
+
+
+class RunDirectoryError(LatentcodeError, ValueError):
+    """A run directory that cannot be used as asked; says why and what to do."""
+
+
+def write_json_atomically(path: Path, data: Any) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(temporary, path)
+
+
+class RunDirectory:
+    """The files of one run directory, read and written as plain JSON."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    # -- files -----------------------------------------------------------------------------------
+    @property
+    def config_path(self) -> Path:
+        return self.path / CONFIG_FILE
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / METRICS_FILE
+
+    @property
+    def summary_path(self) -> Path:
+        return self.path / SUMMARY_FILE
+
+    @property
+    def model_path(self) -> Path:
+        return self.path / MODEL_DIR
+
+    @property
+    def weights_path(self) -> Path:
+        return self.model_path / WEIGHTS_FILE
+
+    @property
+    def checkpoints_path(self) -> Path:
+        return self.path / CHECKPOINT_DIR
+
+    @property
+    def is_finished(self) -> bool:
+        return self.summary_path.is_file()
+
+    def looks_like_a_run(self) -> bool:
+        """A config.json and final weights: a finished (or at least saved) run directory."""
+        return self.config_path.is_file() and self.weights_path.is_file()
+
+    # -- creating and reopening --------------------------------------------------------------------
+    def create(self, record: dict[str, Any]) -> None:
+        """Make a fresh run directory whose config.json is `record` (its "train" section is the
+        run's identity), refusing a directory that holds anything else."""
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirectoryError(f"{self.path} exists and is not a directory")
+        if self.config_path.exists():
+            existing = self.read_raw_config()["train"]
+            wanted = json.loads(json.dumps(record["train"], sort_keys=True, default=str))  # as stored
+            if existing == wanted:
+                if self.is_finished:
+                    raise RunDirectoryError(
+                        f"{self.path} already holds this run, finished; choose another output directory"
+                    )
+                raise RunDirectoryError(
+                    f"{self.path} already holds this run, unfinished; continue it with "
+                    f"`latentcode train --resume {self.path}` or choose another output directory"
+                )
+            differences = [
+                f"{key}: {value!r} there, {wanted.get(key)!r} here"
+                for key, value in existing.items()
+                if wanted.get(key) != value and key != "notes"
+            ]
+            raise RunDirectoryError(
+                f"{self.path} already holds a different run ({'; '.join(differences) or 'configs differ'}); "
+                "choose another output directory"
+            )
+        if self.path.is_dir() and any(self.path.iterdir()):
+            raise RunDirectoryError(
+                f"{self.path} is not empty and holds no latentcode run; choose another output directory"
+            )
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_json_atomically(self.config_path, {"format": RUN_FORMAT, **record})
+
+    def read_raw_config(self) -> dict[str, Any]:
+        if not self.config_path.is_file():
+            raise RunDirectoryError(
+                f"{self.path} is not a latentcode run directory ({CONFIG_FILE} is missing)"
+            )
+        try:
+            data = json.loads(self.config_path.read_text())
+        except json.JSONDecodeError as error:
+            raise RunDirectoryError(f"{self.config_path} is not valid JSON ({error})") from None
+        if not isinstance(data, dict) or data.get("format") != RUN_FORMAT or "train" not in data:
+            found = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise RunDirectoryError(
+                f"{self.config_path} is not a latentcode run config (format {found!r}, expected {RUN_FORMAT!r})"
+            )
+        return data
+
+    # -- metrics -----------------------------------------------------------------------------------
+    def append_metrics(self, record: dict[str, Any]) -> None:
+        with self.metrics_path.open("a") as file:
+            file.write(json.dumps(record, sort_keys=True, default=float) + "\n")
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        if not self.metrics_path.exists():
+            return []
+        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+
+    def truncate_metrics(self, last_step: int) -> None:
+        """Drop records after `last_step` (left by a run killed after its last checkpoint)."""
+        kept = [record for record in self.read_metrics() if record.get("step", 0) <= last_step]
+        temporary = self.metrics_path.with_name(f".{METRICS_FILE}.tmp")
+        temporary.write_text("".join(json.dumps(record, sort_keys=True) + "\n" for record in kept))
+        os.replace(temporary, self.metrics_path)
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        write_json_atomically(self.summary_path, summary)
+
+    def read_summary(self) -> dict[str, Any] | None:
+        return json.loads(self.summary_path.read_text()) if self.summary_path.is_file() else None
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints, oldest first (temporary directories are ignored)."""
+        if not self.checkpoints_path.is_dir():
+            return []
+        return sorted(
+            path for path in self.checkpoints_path.iterdir()
+            if path.is_dir() and path.name.startswith(CHECKPOINT_PREFIX) and (path / "trainer_state.json").is_file()
+        )
+
+    def checkpoint_path(self, step: int) -> Path:
+        return self.checkpoints_path / f"{CHECKPOINT_PREFIX}{step:08d}"
+
+    def prune_checkpoints(self, keep: int) -> None:
+        for path in self.checkpoints()[:-keep]:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclass
+class RunRecord:
+    """What later stages read from a run directory: its config, metrics and summary, as JSON.
+
+    `name` is the model's attention (e.g. "hyla" or "rms_head+hyper_relu"); `task_analysis` the
+    task's analysis defaults written at training time (selector, variant, probe label, picture
+    label, headline metric; empty for runs written before they were recorded).
+    """
+
+    path: Path
+    name: str
+    task_config: dict[str, Any]
+    task_analysis: dict[str, str]
+    config: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    summary: dict[str, Any] | None
+
+    @classmethod
+    def read(cls, path: str | Path) -> RunRecord:
+        directory = RunDirectory(path)
+        config = directory.read_raw_config()
+        attention = config.get("resolved_model_config", {}).get("attention", config["train"]["model"].get("attention"))
+        if isinstance(attention, list):
+            attention = "+".join(attention)
+        return cls(directory.path, str(attention), config["train"]["task"], config.get("task_analysis", {}),
+                   config, directory.read_metrics(), directory.read_summary())
+
+    @property
+    def task(self) -> str:
+        """The task's name."""
+        return str(self.task_config.get("name"))
+
+    @property
+    def headline_metric(self) -> str:
+        return self.task_analysis.get("headline_metric", "loss")
+
+    def final_metrics(self) -> dict[str, dict[str, float]]:
+        """The summary's final metrics per split; for an unfinished run, its last evaluation."""
+        if self.summary:
+            return self.summary.get("final_metrics", {})
+        evaluations = [record for record in self.metrics if record.get("event") == "eval"]
+        return evaluations[-1]["splits"] if evaluations else {}
