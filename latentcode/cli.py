@@ -41,7 +41,12 @@ def _tasks(subparsers: argparse._SubParsersAction) -> None:
     ambiguity.add_argument("--seed", type=int, default=0)
     ambiguity.add_argument(
         "--criterion", choices=("all_features", "any_feature"), default="all_features",
-        help="all_features: the authors' estimator (default); any_feature: the paper's wording",
+        help="all_features: the authors' criterion (default); any_feature: the paper's wording",
+    )
+    ambiguity.add_argument(
+        "--rules", choices=("strict", "authors"), default="strict",
+        help="when distribute_three fits: strict, only as the generator makes it (default); "
+        "authors, the authors' looser checker (with all_features: the paper's Table A2)",
     )
     ambiguity.set_defaults(handler=_run_ambiguity)
 
@@ -57,10 +62,13 @@ def _run_ambiguity(args: argparse.Namespace) -> None:
     from latentcode.tasks.sraven import estimate_ambiguity
 
     start = time.perf_counter()
-    fraction, standard_error = estimate_ambiguity(args.features, args.values, args.n, args.seed, args.criterion)
+    fraction, standard_error = estimate_ambiguity(
+        args.features, args.values, args.n, args.seed, args.criterion, args.rules
+    )
     seconds = time.perf_counter() - start
     print(
-        f"M={args.features} K={args.values} n={args.n} criterion={args.criterion}: "
+        f"M={args.features} K={args.values} n={args.n} criterion={args.criterion} "
+        f"rules={args.rules}: "
         f"ambiguous fraction {fraction:.4f} ± {standard_error:.4f} (standard error), {seconds:.2f} s"
     )
 
