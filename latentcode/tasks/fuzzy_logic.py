@@ -289,3 +289,75 @@ class FuzzyLogic(Task):
             "mse": float(squared_error.mean()),
             "r2": float(r2.mean()) if informative.any() else float("nan"),
         }
+
+    # --- counterfactual targets and neighbouring tasks --------------------------------------------
+    # What the function of another term set gives on an instance's query (issue 12, part 2), and
+    # which tasks a one-term swap reaches (the term-swap experiment).
+
+    def counterfactual_target(self, batch: Batch, terms) -> np.ndarray:
+        """The disjunction of ``terms`` evaluated on each instance's query input.
+
+        With the instance's own terms (``batch.labels["terms"]``) this is ``batch.y[:, 0]``.
+
+        Args:
+            batch: a batch of this task, any variant; the query input is read from ``batch.x``.
+            terms: term indices in ``0..2**L-1``: ``[k]``, one term set for every instance, or
+                ``[n, k]``, one per instance (any ``k >= 1``, not only the task's ``n_terms``).
+
+        Returns:
+            float32 ``[n]``.
+        """
+        n = len(batch)
+        expected = (n, self.seq_len, self.d_in)
+        if batch.x.shape != expected:
+            raise ValueError(
+                f"batch.x has shape {batch.x.shape}; expected {expected} [n, N, L + 1] for {self!r}"
+            )
+        terms = self._check_terms(terms)
+        if terms.ndim == 1:
+            terms = np.broadcast_to(terms, (n, len(terms)))
+        elif len(terms) != n:
+            raise ValueError(f"terms has shape {terms.shape}; expected [k] or [{n}, k] [n, k]")
+        query_inputs = batch.x[:, -1:, : self.n_variables]  # [n, 1, L]
+        negation_bits = negation_bits_of_terms(terms, self.n_variables)  # [n, k, L]
+        return evaluate_disjunction(query_inputs, negation_bits)[:, 0]
+
+    def tasks_differing_by_one_term(self, terms, split: str | None = None) -> np.ndarray:
+        """The tasks whose term set is ``terms`` with exactly one term swapped for another.
+
+        Args:
+            terms: the ``n_terms`` distinct term indices of a task, in any order.
+            split: only tasks of this split, or ``None`` for all ``C(2**L, K)`` of them.
+
+        Returns:
+            int64 ``[m]``, sorted rows of ``all_combinations`` (their ``task_index``); the swap
+            that reaches task ``i`` replaces ``setdiff1d(terms, all_combinations[i])`` by
+            ``setdiff1d(all_combinations[i], terms)``.
+        """
+        terms = self._check_terms(terms)
+        if terms.shape != (self.n_terms,) or len(np.unique(terms)) != self.n_terms:
+            raise ValueError(
+                f"terms={terms.tolist()} must be {self.n_terms} distinct term indices, a task's "
+                "term set"
+            )
+        n_shared = np.isin(self.all_combinations, terms).sum(axis=1)
+        neighbours = np.flatnonzero(n_shared == self.n_terms - 1)
+        if split is not None:
+            self._split_index(split)
+            neighbours = np.intersect1d(neighbours, self._split_pools[split])
+        return neighbours.astype(np.int64)
+
+    def _check_terms(self, terms) -> np.ndarray:
+        """``terms`` as int64 ``[k]`` or ``[n, k]`` (k >= 1), each in ``0..2**L-1``."""
+        array = np.asarray(terms)
+        if array.dtype == bool or not np.issubdtype(array.dtype, np.integer):
+            raise ValueError(f"terms={terms!r} must be integer term indices")
+        if array.ndim not in (1, 2) or array.shape[-1] == 0:
+            raise ValueError(f"terms has shape {array.shape}; expected [k] or [n, k] with k >= 1")
+        outside = (array < 0) | (array >= self.n_all_terms)
+        if outside.any():
+            raise ValueError(
+                f"term {array[outside][0]} is out of range; expected 0..{self.n_all_terms - 1} "
+                f"for n_variables={self.n_variables}"
+            )
+        return array.astype(np.int64)

@@ -329,6 +329,109 @@ class SRaven(Task):
             metrics[f"feature_accuracy_{position}"] = float(accuracy)
         return metrics
 
+    # --- counterfactual answers -----------------------------------------------------------------
+    # What another rule would answer on a feature of an instance (issue 12, part 2). The rules
+    # are applied as the generator applies them: progressions, sum and difference wrap mod K.
+
+    def feature_grids(self, batch: Batch) -> np.ndarray:
+        """Each feature's 3x3 grid, undoing the column permutations, as ``sample_feature_grids``
+        draws them: int64 ``[n, M, 3, 3]`` (instance, feature, row, column).
+
+        The 8 context cells are read from the one-hot tokens of ``batch.x``, the query cell from
+        ``batch.y``; both variants of one ``(split, seed)`` give the same grids.
+        """
+        M, K = self.n_features, self.n_values
+        n = len(batch)
+        if batch.x.shape != (n, self.seq_len, K):
+            raise ValueError(
+                f"batch.x has shape {batch.x.shape}; expected {(n, self.seq_len, K)} "
+                f"[n, 9M, K] for {self!r}"
+            )
+        if "column_permutations" not in batch.labels:
+            raise ValueError(
+                f"the batch has labels {sorted(batch.labels)}, without 'column_permutations'; "
+                "expected a batch of this task"
+            )
+        n_context_cells = GRID_SIZE**2 - 1
+        context = batch.x[:, : n_context_cells * M].reshape(n, n_context_cells, M, K).argmax(-1)
+        presented = np.concatenate([context, batch.y[:, None, :]], axis=1)  # [n, 9, M]
+        presented = presented.reshape(n, GRID_SIZE, GRID_SIZE, M)
+        # Position j of column c shows feature p_c[j], so feature f sits at position p_c^-1[f].
+        inverse_permutations = np.argsort(batch.labels["column_permutations"], axis=-1)
+        panels = permute_columns(presented, inverse_permutations)  # [n, row, column, feature]
+        return np.ascontiguousarray(panels.transpose(0, 3, 1, 2), dtype=np.int64)
+
+    def counterfactual_answer(self, batch: Batch, feature, rule) -> tuple[np.ndarray, np.ndarray]:
+        """The answer that ``rule`` gives on the last row of ``feature``, from that row's first
+        two cells ``a, b`` and (for distribute_three) the first two rows:
+
+        - ``constant``: ``a``;
+        - ``progression±d``: ``(b ± d) mod K``;
+        - ``sum``: ``(a + b) mod K``;  ``difference``: ``(a - b) mod K``;
+        - ``distribute_three``: the one value of the first two rows' value set that is neither
+          ``a`` nor ``b``; undefined where that leaves no value or more than one.
+
+        With the instance's own rule for the feature this is the true answer (``targets``).
+
+        Args:
+            batch: a batch of this task, either variant.
+            feature: the feature in feature order (not the presented position), an int or int
+                ``[n]`` per instance; the feature at query position j is
+                ``batch.labels["column_permutations"][:, -1, j]``.
+            rule: an index into ``RULES`` or a rule name, or int ``[n]`` per instance.
+
+        Returns:
+            ``(answers, defined)``: int64 ``[n]`` in ``0..K-1`` (-1 where undefined) and bool
+            ``[n]``, False where the rule cannot be applied.
+        """
+        grids = self.feature_grids(batch)
+        n = len(batch)
+        feature = self._per_instance_index("feature", feature, n, self.n_features)
+        if isinstance(rule, str):
+            if rule not in RULES:
+                raise ValueError(f"unknown rule {rule!r}; valid rules: {list(RULES)}")
+            rule = RULES.index(rule)
+        rule = self._per_instance_index("rule", rule, n, len(RULES))
+
+        grid = grids[np.arange(n), feature]  # [n, row, column]
+        first, second = grid[:, -1, 0], grid[:, -1, 1]
+        unwrapped = np.select(
+            [rule == RULES.index("constant"), rule == _SUM, rule == _DIFFERENCE],
+            [first, first + second, first - second],
+            default=second + _STEP[rule],  # the progressions
+        )
+        answers = unwrapped % self.n_values
+
+        missing_value, unique_missing = self._missing_from_value_set(grid)
+        is_distribute = rule == _DISTRIBUTE_THREE
+        answers = np.where(is_distribute, missing_value, answers)
+        defined = ~is_distribute | unique_missing
+        return np.where(defined, answers, -1).astype(np.int64), defined
+
+    def _missing_from_value_set(self, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For grids ``[n, 3, 3]``: the values of the first two rows that are not among the
+        last row's first two cells; ``(value [n], unique [n])``, value meaningful where unique."""
+        values = np.arange(self.n_values)
+        in_first_rows = (grid[:, :-1, :, None] == values).any(axis=(1, 2))  # [n, K]
+        in_last_row = (grid[:, -1, :-1, None] == values).any(axis=1)  # [n, K]
+        candidates = in_first_rows & ~in_last_row
+        return candidates.argmax(axis=1), candidates.sum(axis=1) == 1
+
+    @staticmethod
+    def _per_instance_index(name: str, index, n: int, count: int) -> np.ndarray:
+        """``index`` (an int or ints ``[n]``) as int64 ``[n]``, each in ``0..count-1``."""
+        array = np.asarray(index)
+        if array.dtype == bool or not np.issubdtype(array.dtype, np.integer):
+            raise ValueError(f"{name}={index!r} must be an integer or an integer array [n]")
+        if array.ndim == 0:
+            array = np.full(n, array, dtype=np.int64)
+        if array.shape != (n,):
+            raise ValueError(f"{name} has shape {array.shape}; expected () or ({n},) [n]")
+        outside = (array < 0) | (array >= count)
+        if outside.any():
+            raise ValueError(f"{name}={array[outside][0]} is out of range; expected 0..{count - 1}")
+        return array.astype(np.int64)
+
 
 def count_tasks(n_features: int, n_rules: int = len(RULES)) -> int:
     """The paper's number of possible SRAVEN tasks on the 3x3 grid:
