@@ -15,6 +15,7 @@ _WHERE = {
     "ModelConfig": "latentcode.models.config",
     "resolve_attention": "latentcode.models.config",
     "GeneratedValueNetwork": "latentcode.models.hypernetwork",
+    "ViewTooLarge": "latentcode.models.hypernetwork",
     "value_network_view": "latentcode.models.hypernetwork",
     "ModelFileError": "latentcode.models.persistence",
     "load_model": "latentcode.models.persistence",
