@@ -7,12 +7,15 @@ from latentcode.lazy import lazy_exports
 
 _WHERE = {
     "ATTENTION_PRESETS": "latentcode.models.config",
-    "SCORE_NORMALIZATIONS": "latentcode.models.config",
-    "VALUE_NETWORKS": "latentcode.models.config",
+    "SCORE_NORMALIZATIONS": "latentcode.models.normalization",
+    "VALUE_NETWORKS": "latentcode.models.value_network",
+    "NoExactView": "latentcode.models.value_network",
+    "ValueNetwork": "latentcode.models.value_network",
     "ConfigError": "latentcode.models.config",
     "ModelConfig": "latentcode.models.config",
     "resolve_attention": "latentcode.models.config",
     "GeneratedValueNetwork": "latentcode.models.hypernetwork",
+    "ViewTooLarge": "latentcode.models.hypernetwork",
     "value_network_view": "latentcode.models.hypernetwork",
     "ModelFileError": "latentcode.models.persistence",
     "load_model": "latentcode.models.persistence",

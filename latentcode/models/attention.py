@@ -28,7 +28,7 @@ from latentcode.models.config import ModelConfig
 from latentcode.models.hooks import HookPoint
 from latentcode.models.normalization import SCORE_NORMALIZATIONS
 from latentcode.models.positions import RelativePositionBias, Rotary
-from latentcode.models.value_network import build_value_network
+from latentcode.models.value_network import VALUE_NETWORKS
 
 
 def lecun_normal_(weight: Tensor, fan_in: int) -> Tensor:
@@ -58,7 +58,7 @@ class Attention(nn.Module):
 
         self.score_normalization = config.score_normalization
         self.normalize = SCORE_NORMALIZATIONS[self.score_normalization]
-        self.value_network = build_value_network(config.value_network, self.n_heads, self.d_head_v)
+        self.value_network = VALUE_NETWORKS[config.value_network](self.n_heads, self.d_head_v)
         self.attn_dropout = config.attn_dropout
         self.rms_head_eps = config.rms_head_eps
 

@@ -8,6 +8,9 @@ that the modules are built with.
 
 An attention layer is a score normalization sigma composed with a value network; `attention` is
 a preset name (a row of the paper's ablation table) or a `(normalization, value_network)` pair.
+The names are those of `normalization.SCORE_NORMALIZATIONS` and `value_network.VALUE_NETWORKS`,
+the only tables of them; they hold torch code, so they load when a config is first validated and
+importing this module stays free of torch (the command line imports it to build its help).
 """
 
 from __future__ import annotations
@@ -19,9 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from latentcode.errors import LatentcodeError
-
-SCORE_NORMALIZATIONS = ("softmax", "identity", "rms_head", "softmax_rms_head")
-VALUE_NETWORKS = ("linear", "relu_linear", "hyper_linear", "hyper_relu", "hyper_deep")
 
 # The rows of the paper's ablation table: preset name -> (score normalization, value network).
 ATTENTION_PRESETS: dict[str, tuple[str, str]] = {
@@ -46,34 +46,43 @@ class ConfigError(LatentcodeError, ValueError):
     """A model configuration that cannot be built; the message says what and what is expected."""
 
 
+def attention_names() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The names of the score normalizations and of the value networks, read from their tables."""
+    from latentcode.models.normalization import SCORE_NORMALIZATIONS
+    from latentcode.models.value_network import VALUE_NETWORKS
+
+    return tuple(SCORE_NORMALIZATIONS), tuple(VALUE_NETWORKS)
+
+
 def resolve_attention(attention: str | tuple[str, str] | list[str]) -> tuple[str, str]:
     """Return the `(normalization, value_network)` pair that a preset name or pair stands for.
 
     Besides the presets, any pair is accepted, as a tuple or as the string
     `"<normalization>+<value_network>"` (e.g. `"softmax_rms_head+linear"`).
     """
+    normalizations, value_networks = attention_names()
     if isinstance(attention, str):
         if attention in ATTENTION_PRESETS:
-            return ATTENTION_PRESETS[attention]
-        if "+" in attention:
+            attention = ATTENTION_PRESETS[attention]
+        elif "+" in attention:
             attention = tuple(attention.split("+", 1))
         else:
             raise ConfigError(
                 f"unknown attention preset {attention!r}; valid presets: "
                 f"{', '.join(ATTENTION_PRESETS)}; or give a pair '<normalization>+<value_network>' "
-                f"with normalization in {SCORE_NORMALIZATIONS} and value network in {VALUE_NETWORKS}"
+                f"with normalization in {normalizations} and value network in {value_networks}"
             )
     if not isinstance(attention, (tuple, list)) or len(attention) != 2:
         raise ConfigError(
             f"attention must be a preset name or a (normalization, value_network) pair, got {attention!r}"
         )
     normalization, value_network = attention
-    if normalization not in SCORE_NORMALIZATIONS:
+    if normalization not in normalizations:
         raise ConfigError(
-            f"unknown score normalization {normalization!r}; expected one of {SCORE_NORMALIZATIONS}"
+            f"unknown score normalization {normalization!r}; expected one of {normalizations}"
         )
-    if value_network not in VALUE_NETWORKS:
-        raise ConfigError(f"unknown value network {value_network!r}; expected one of {VALUE_NETWORKS}")
+    if value_network not in value_networks:
+        raise ConfigError(f"unknown value network {value_network!r}; expected one of {value_networks}")
     return normalization, value_network
 
 

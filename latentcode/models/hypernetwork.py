@@ -15,6 +15,9 @@ whose weights are linear in the latent code (column-vector convention, W_h^value
 
 Then the layer's output is exactly y_q = sum_k network_{q,k}(x_k) + b^out. `relu_linear` applies
 its nonlinearity after the sum over keys, so it has no per-pair network and no exact view.
+
+Each value network class (`latentcode.models.value_network`) writes its own generated layers and
+their size; this module selects the pairs, runs the model and bounds the memory.
 """
 
 from __future__ import annotations
@@ -25,9 +28,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from latentcode.errors import LatentcodeError
 from latentcode.models.transformer import Transformer
 
-EXACT_VALUE_NETWORKS = ("linear", "hyper_linear", "hyper_relu", "hyper_deep")
+
+class ViewTooLarge(LatentcodeError, ValueError):
+    """The generated weights of the selected pairs would take more memory than `max_bytes`."""
 
 
 @dataclass
@@ -98,39 +104,31 @@ def value_network_view(
     """Latent codes and generated value-network weights of `layer` for the input `tokens`.
 
     queries / keys: positions to build networks for (default all; negative counts from the end).
-    The generated weights take `batch x n_queries x n_keys x (weights per pair)` floats; a
-    selection above `max_bytes` is refused with the size it would need. The model runs in eval
-    mode (no attention dropout) and is restored to its previous mode.
+    The generated weights take `batch x n_queries x n_keys x (floats per pair)` floats; a
+    selection above `max_bytes` is refused (`ViewTooLarge`) with the size it would need. A model
+    whose value network has no per-pair network (relu_linear) is refused (`NoExactView`). The
+    model runs in eval mode (no attention dropout) and is restored to its previous mode.
     """
     n_layers = model.config.n_layers
     if not -n_layers <= layer < n_layers:
         raise IndexError(f"layer {layer} is outside the model's {n_layers} layers (0..{n_layers - 1})")
     layer %= n_layers
     attention = model.blocks[layer].attn
-    value_network = model.config.value_network
-    if value_network not in EXACT_VALUE_NETWORKS:
-        raise ValueError(
-            f"the {value_network!r} value network has no key-query specific network: it applies its "
-            f"nonlinearity after summing over keys. Exact views exist for {EXACT_VALUE_NETWORKS}."
-        )
+    value_network = attention.value_network
+    floats_per_pair = value_network.floats_per_pair(model.config.sizes.d_model)
 
     model.check_input(tokens)
     n_positions = tokens.shape[1]
     query_index = _positions(queries, n_positions, "query")
     key_index = _positions(keys, n_positions, "key")
 
-    sizes = model.config.sizes
-    d_model, d_head_v = sizes.d_model, sizes.d_head_v
     pairs = tokens.shape[0] * len(query_index) * len(key_index)
-    if value_network == "linear":
-        floats_per_pair = d_model * d_model + d_model
-    else:
-        floats_per_pair = 2 * d_head_v * d_model + d_head_v + (d_head_v**2 if value_network == "hyper_deep" else 0)
     needed = pairs * floats_per_pair * attention.W_O.element_size()
     if needed > max_bytes:
-        raise MemoryError(
-            f"the generated weights of {pairs} (batch x query x key) pairs need {needed / 2**30:.2f} GiB, "
-            f"above max_bytes={max_bytes / 2**30:.2f} GiB; select fewer queries/keys or a smaller batch"
+        raise ViewTooLarge(
+            f"the generated weights of {pairs} (batch x query x key) pairs need "
+            f"{needed / 2**30:.2f} GiB ({needed} bytes), above max_bytes={max_bytes / 2**30:.2f} GiB "
+            f"({max_bytes} bytes); select fewer queries/keys or a smaller batch, or raise max_bytes"
         )
 
     was_training = model.training
@@ -142,32 +140,12 @@ def value_network_view(
         model.train(was_training)
     attention_input, pattern = cache[names[0]], cache[names[1]]
     codes = pattern[:, :, query_index][:, :, :, key_index]  # [batch, head, n_queries, n_keys]
-
-    value_weight = attention.W_V.transpose(1, 2)  # W_h^value [head, d_head_v, d_model]
-    out_weight = attention.W_O.transpose(1, 2)  # W_h^out [head, d_model, d_head_v]
-    first_bias = torch.einsum("bhqk,hd->bqkd", codes, attention.b_V)
-
-    if value_network == "linear":
-        per_head = out_weight @ value_weight  # W_h^out W_h^value [head, d_model, d_model]
-        weights = [torch.einsum("bhqk,hoi->bqkoi", codes, per_head)]
-        per_head_bias = torch.einsum("hod,hd->ho", out_weight, attention.b_V)
-        biases: list[Tensor | None] = [torch.einsum("bhqk,ho->bqko", codes, per_head_bias)]
-        activations: list[str] = []
-    else:
-        activation = "identity" if value_network == "hyper_linear" else "relu"
-        weights = [torch.einsum("bhqk,hoi->bqkoi", codes, value_weight)]
-        biases = [first_bias]
-        activations = [activation]
-        if value_network == "hyper_deep":
-            second = attention.value_network.W_value2.transpose(1, 2)  # [head, d_out, d_in]
-            weights.append(torch.einsum("bhqk,hoi->bqkoi", codes, second))
-            biases.append(None)
-            activations.append("relu")
-        weights.append(torch.einsum("bhqk,hoi->bqkoi", codes, out_weight))
-        biases.append(None)
+    weights, biases, activations = value_network.generated_layers(
+        codes, attention.W_V, attention.b_V, attention.W_O
+    )
 
     return GeneratedValueNetwork(
-        value_network=value_network,
+        value_network=value_network.config_name,
         layer=layer,
         queries=query_index,
         keys=key_index,

@@ -19,86 +19,240 @@ Every value network maps latent codes `a` `[batch, head, query, key]` and per-he
 The hyper variants are two-layer (or three-layer) networks per key-query pair whose weights the
 latent code generates. Their hidden activation `[batch, query, key, d_head_v]` passes through
 `hook_hidden` (and `hook_hidden2` for hyper_deep).
+
+Each value network is one class that knows its `config_name`, its forward, and the network it
+applies to each key input x_k for a pair (q, k) (`generated_layers`, `floats_per_pair`): the
+hypernetwork view (`latentcode.models.hypernetwork`) only asks it. `VALUE_NETWORKS` is the one
+table of names.
 """
 
 from __future__ import annotations
 
 import math
+from typing import ClassVar, NamedTuple
 
 import torch
+from einops import einsum, rearrange
 from torch import Tensor, nn
 
+from latentcode.errors import LatentcodeError
 from latentcode.models.hooks import HookPoint
 
 
-class LinearValueNetwork(nn.Module):
-    """Standard attention: z[b, q, h] = sum_k a[b, h, q, k] v[b, k, h]."""
+class NoExactView(LatentcodeError, ValueError):
+    """The value network has no key-query specific network, so no hypernetwork view exists."""
 
-    is_hypernetwork = False
+
+class GeneratedLayers(NamedTuple):
+    """The layers of each selected pair's network, in the column-vector convention.
+
+    weights[i]: `[batch, query, key, d_out_i, d_in_i]`; biases[i]: `[batch, query, key, d_out_i]`
+    or None; activations[i] ("relu" or "identity") follows layer i, for all but the last layer.
+    """
+
+    weights: list[Tensor]
+    biases: list[Tensor | None]
+    activations: list[str]
+
+
+def _generate(latent_codes: Tensor, per_head: Tensor) -> Tensor:
+    """sum_h a[b, h, q, k] per_head[h]: one tensor per pair, `[batch, query, key, ...]`."""
+    return torch.einsum("bhqk,h...->bqk...", latent_codes, per_head)
+
+
+class ValueNetwork(nn.Module):
+    """Base of the value networks: `forward(latent_codes, values) -> z` (module docstring).
+
+    A subclass sets `config_name` and writes `forward`; `generated_layers` and `floats_per_pair`
+    describe the network that a latent code a[:, q, k] generates, for the hypernetwork view.
+    """
+
+    # The name ModelConfig uses. Not `name`: TransformerLens sets each module's `name` to its path.
+    config_name: ClassVar[str]
+
+    def __init__(self, n_heads: int, d_head_v: int):
+        super().__init__()
+        self.n_heads, self.d_head_v = n_heads, d_head_v
+
+    def forward(self, latent_codes: Tensor, values: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def generated_layers(
+        self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor
+    ) -> GeneratedLayers:
+        """The network of each pair, from latent codes `[batch, head, query, key]` and the attention
+        layer's `W_V` `[head, d_model, d_head_v]`, `b_V` `[head, d_head_v]`, `W_O`
+        `[head, d_head_v, d_model]` (TransformerLens's shapes)."""
+        raise NotImplementedError
+
+    def floats_per_pair(self, d_model: int) -> int:
+        """How many floats `generated_layers` returns for one (batch, query, key) pair."""
+        raise NotImplementedError
+
+
+class LinearValueNetwork(ValueNetwork):
+    """Standard attention: z[b, q, h] = sum_k a[b, h, q, k] v[b, k, h].
+
+    Per pair it is one generated layer, W_{q,k} = sum_h a[h,q,k] W_h^out W_h^value
+    `[d_model, d_model]` with bias sum_h a[h,q,k] W_h^out b_h^value.
+    """
+
+    config_name = "linear"
 
     def forward(self, latent_codes: Tensor, values: Tensor) -> Tensor:
         return torch.einsum("bhqk,bkhd->bqhd", latent_codes, values)
 
+    def generated_layers(
+        self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor
+    ) -> GeneratedLayers:
+        out_times_value = einsum(
+            W_O, W_V, "head d_head_v d_out, head d_in d_head_v -> head d_out d_in"
+        )  # W_h^out W_h^value
+        out_times_bias = einsum(W_O, b_V, "head d_head_v d_out, head d_head_v -> head d_out")
+        return GeneratedLayers(
+            weights=[_generate(latent_codes, out_times_value)],
+            biases=[_generate(latent_codes, out_times_bias)],
+            activations=[],
+        )
 
-class ReluLinearValueNetwork(LinearValueNetwork):
-    """z[b, q, h] = relu(sum_k a[b, h, q, k] v[b, k, h]): the nonlinearity comes after the key sum."""
+    def floats_per_pair(self, d_model: int) -> int:
+        return d_model * d_model + d_model
+
+
+class ReluLinearValueNetwork(ValueNetwork):
+    """z[b, q, h] = relu(sum_k a[b, h, q, k] v[b, k, h]): the nonlinearity comes after the key sum,
+    so the layer is not a sum over keys of per-pair networks and has no hypernetwork view."""
+
+    config_name = "relu_linear"
 
     def forward(self, latent_codes: Tensor, values: Tensor) -> Tensor:
-        return torch.relu(super().forward(latent_codes, values))
+        return torch.relu(torch.einsum("bhqk,bkhd->bqhd", latent_codes, values))
+
+    def _refuse(self) -> NoExactView:
+        others = ", ".join(name for name in VALUE_NETWORKS if name != self.config_name)
+        return NoExactView(
+            f"the {self.config_name!r} value network has no key-query specific network: it applies "
+            f"its nonlinearity after summing over keys; a hypernetwork view needs a value network "
+            f"that acts per key-query pair ({others})"
+        )
+
+    def generated_layers(
+        self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor
+    ) -> GeneratedLayers:
+        raise self._refuse()
+
+    def floats_per_pair(self, d_model: int) -> int:
+        raise self._refuse()
 
 
-class HyperValueNetwork(nn.Module):
-    """Key-query specific networks generated by the latent code (`hyper_*` variants).
+class HyperValueNetwork(ValueNetwork):
+    """Key-query specific networks generated by the latent code (the `hyper_*` value networks).
 
     hidden[b, q, k] = act(sum_h a[b, h, q, k] v[b, k, h])               first generated layer
     (hyper_deep)    = relu(sum_h a[b, h, q, k] W_value2[h]^T hidden)     second generated layer
     z[b, q, h]      = sum_k a[b, h, q, k] hidden[b, q, k]               so that W_O gives
     y_q             = sum_k (sum_h a[h, q, k] W_h^out) hidden[q, k]
+
+    Per pair: first layer sum_h a[h,q,k] W_h^value `[d_head_v, d_model]` with bias
+    sum_h a[h,q,k] b_h^value, (hyper_deep) sum_h a[h,q,k] W_value2[h]^T `[d_head_v, d_head_v]`,
+    last layer sum_h a[h,q,k] W_h^out `[d_model, d_head_v]`.
     """
 
-    is_hypernetwork = True
+    activation: ClassVar[str]  # after the first generated layer: "relu" or "identity"
 
-    def __init__(self, activation: str, n_heads: int, d_head_v: int, depth: int = 1):
-        super().__init__()
-        if activation not in ("relu", "identity"):
-            raise ValueError(f"activation must be 'relu' or 'identity', got {activation!r}")
-        self.activation = activation
-        self.depth = depth
+    def __init__(self, n_heads: int, d_head_v: int):
+        super().__init__(n_heads, d_head_v)
         self.hook_hidden = HookPoint()  # [batch, query, key, d_head_v]
-        if depth == 2:
-            # W_value2[h] maps the first hidden layer to the second: [n_heads, d_head_v, d_head_v].
-            self.W_value2 = nn.Parameter(torch.empty(n_heads, d_head_v, d_head_v))
-            nn.init.trunc_normal_(
-                self.W_value2, std=1 / math.sqrt(d_head_v), a=-2 / math.sqrt(d_head_v),
-                b=2 / math.sqrt(d_head_v),
-            )
-            self.hook_hidden2 = HookPoint()  # [batch, query, key, d_head_v]
-        elif depth != 1:
-            raise ValueError(f"depth must be 1 or 2, got {depth!r}")
 
-    def _act(self, hidden: Tensor) -> Tensor:
-        return torch.relu(hidden) if self.activation == "relu" else hidden
+    def first_layer(self, latent_codes: Tensor, values: Tensor) -> Tensor:
+        """act(sum_h a[b, h, q, k] v[b, k, h]) `[batch, query, key, d_head_v]`, via hook_hidden."""
+        hidden = torch.einsum("bhqk,bkhd->bqkd", latent_codes, values)
+        if self.activation == "relu":
+            hidden = torch.relu(hidden)
+        return self.hook_hidden(hidden)
 
-    def forward(self, latent_codes: Tensor, values: Tensor) -> Tensor:
-        hidden = self._act(torch.einsum("bhqk,bkhd->bqkd", latent_codes, values))
-        hidden = self.hook_hidden(hidden)
-        if self.depth == 2:
-            # sum_h a[h,q,k] W_value2[h] is the generated second-layer weight of each pair.
-            generated = torch.einsum("bhqk,hde->bqkde", latent_codes, self.W_value2)
-            hidden = torch.relu(torch.einsum("bqkd,bqkde->bqke", hidden, generated))
-            hidden = self.hook_hidden2(hidden)
+    def last_layer(self, latent_codes: Tensor, hidden: Tensor) -> Tensor:
+        """z[b, q, h] = sum_k a[b, h, q, k] hidden[b, q, k]; W_O then sums over heads."""
         return torch.einsum("bhqk,bqkd->bqhd", latent_codes, hidden)
 
+    def forward(self, latent_codes: Tensor, values: Tensor) -> Tensor:
+        return self.last_layer(latent_codes, self.first_layer(latent_codes, values))
 
-def build_value_network(name: str, n_heads: int, d_head_v: int) -> nn.Module:
-    """The value network called `name` (one of `config.VALUE_NETWORKS`)."""
-    builders = {
-        "linear": LinearValueNetwork,
-        "relu_linear": ReluLinearValueNetwork,
-        "hyper_linear": lambda: HyperValueNetwork("identity", n_heads, d_head_v),
-        "hyper_relu": lambda: HyperValueNetwork("relu", n_heads, d_head_v),
-        "hyper_deep": lambda: HyperValueNetwork("relu", n_heads, d_head_v, depth=2),
-    }
-    if name not in builders:
-        raise ValueError(f"unknown value network {name!r}; expected one of {tuple(builders)}")
-    return builders[name]()
+    def generated_layers(
+        self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor
+    ) -> GeneratedLayers:
+        value_weight = rearrange(W_V, "head d_model d_head_v -> head d_head_v d_model")
+        out_weight = rearrange(W_O, "head d_head_v d_model -> head d_model d_head_v")
+        return GeneratedLayers(
+            weights=[_generate(latent_codes, value_weight), _generate(latent_codes, out_weight)],
+            biases=[_generate(latent_codes, b_V), None],
+            activations=[self.activation],
+        )
+
+    def floats_per_pair(self, d_model: int) -> int:
+        return 2 * self.d_head_v * d_model + self.d_head_v
+
+
+class HyperLinearValueNetwork(HyperValueNetwork):
+    config_name = "hyper_linear"
+    activation = "identity"
+
+
+class HyperReluValueNetwork(HyperValueNetwork):
+    """HYLA's value network."""
+
+    config_name = "hyper_relu"
+    activation = "relu"
+
+
+class HyperDeepValueNetwork(HyperValueNetwork):
+    """hyper_relu with one more generated layer, from `W_value2` `[head, d_head_v, d_head_v]`."""
+
+    config_name = "hyper_deep"
+    activation = "relu"
+
+    def __init__(self, n_heads: int, d_head_v: int):
+        super().__init__(n_heads, d_head_v)
+        # W_value2[h] maps the first hidden layer to the second: [n_heads, d_head_v, d_head_v].
+        self.W_value2 = nn.Parameter(torch.empty(n_heads, d_head_v, d_head_v))
+        nn.init.trunc_normal_(
+            self.W_value2, std=1 / math.sqrt(d_head_v), a=-2 / math.sqrt(d_head_v),
+            b=2 / math.sqrt(d_head_v),
+        )
+        self.hook_hidden2 = HookPoint()  # [batch, query, key, d_head_v]
+
+    def forward(self, latent_codes: Tensor, values: Tensor) -> Tensor:
+        hidden = self.first_layer(latent_codes, values)
+        # sum_h a[h,q,k] W_value2[h] is the generated second-layer weight of each pair.
+        generated = torch.einsum("bhqk,hde->bqkde", latent_codes, self.W_value2)
+        hidden = self.hook_hidden2(torch.relu(torch.einsum("bqkd,bqkde->bqke", hidden, generated)))
+        return self.last_layer(latent_codes, hidden)
+
+    def generated_layers(
+        self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor
+    ) -> GeneratedLayers:
+        (first, last), (first_bias, _), activations = super().generated_layers(
+            latent_codes, W_V, b_V, W_O
+        )
+        second = rearrange(self.W_value2, "head d_in d_out -> head d_out d_in")
+        return GeneratedLayers(
+            weights=[first, _generate(latent_codes, second), last],
+            biases=[first_bias, None, None],
+            activations=[*activations, "relu"],
+        )
+
+    def floats_per_pair(self, d_model: int) -> int:
+        return super().floats_per_pair(d_model) + self.d_head_v**2
+
+
+VALUE_NETWORKS: dict[str, type[ValueNetwork]] = {
+    network.config_name: network
+    for network in (
+        LinearValueNetwork,
+        ReluLinearValueNetwork,
+        HyperLinearValueNetwork,
+        HyperReluValueNetwork,
+        HyperDeepValueNetwork,
+    )
+}
+"""Value network name -> class: the one place the names live (`ModelConfig` validates with it)."""

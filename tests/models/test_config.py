@@ -52,3 +52,43 @@ def test_invalid_configs_say_what_is_wrong(fields, message):
 def test_unknown_fields_in_json_are_named():
     with pytest.raises(ConfigError, match=r"unknown ModelConfig field\(s\) \['n_layer'\]"):
         ModelConfig.from_dict({"n_layer": 2, "d_in": 3, "d_out": 1})
+
+
+def test_config_validates_against_the_value_network_registry(monkeypatch):
+    """ModelConfig and build_model read the names from VALUE_NETWORKS, nowhere else."""
+    import torch
+
+    from latentcode import build_model
+    from latentcode.models.value_network import VALUE_NETWORKS, LinearValueNetwork
+
+    class DoubledValueNetwork(LinearValueNetwork):
+        config_name = "doubled"
+
+        def forward(self, latent_codes, values):
+            return 2 * super().forward(latent_codes, values)
+
+    fields = dict(n_layers=1, d_model=4, n_heads=2, kqv_dim=4, d_mlp=4, n_ctx=3, d_in=2, d_out=1)
+    with pytest.raises(ConfigError, match=r"unknown value network 'doubled'"):
+        ModelConfig(attention=("softmax", "doubled"), **fields)
+    monkeypatch.setitem(VALUE_NETWORKS, "doubled", DoubledValueNetwork)
+    model = build_model(ModelConfig(attention=("softmax", "doubled"), **fields), seed=0).eval()
+    assert type(model.blocks[0].attn.value_network) is DoubledValueNetwork
+    reference = build_model(ModelConfig(attention="softmax", **fields), seed=0).eval()
+    x = torch.randn(2, 3, 2)
+    _, doubled = model.run_with_cache(x, names_filter="blocks.0.attn.hook_z")
+    _, single = reference.run_with_cache(x, names_filter="blocks.0.attn.hook_z")
+    torch.testing.assert_close(doubled["blocks.0.attn.hook_z"], 2 * single["blocks.0.attn.hook_z"])
+
+
+def test_importing_the_config_leaves_torch_unimported():
+    """The command line imports the config to build its help; the torch tables load on validation."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, latentcode.models.config, latentcode.training.presets; "
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
