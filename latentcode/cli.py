@@ -12,7 +12,11 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-USER_ERRORS = (ValueError, FileExistsError, FileNotFoundError, IndexError, MemoryError, KeyError)
+from latentcode.errors import LatentcodeError, UsageError
+
+# What the user can fix: our own errors, and files that are missing or already there. Anything else is
+# a bug and keeps its traceback.
+USER_ERRORS = (LatentcodeError, FileExistsError, FileNotFoundError)
 
 Handler = Callable[[argparse.Namespace], int | None]
 _SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
@@ -95,7 +99,7 @@ def parse_assignments(items: Sequence[str] | None, what: str) -> dict:
     for item in items or []:
         key, separator, value = item.partition("=")
         if not separator or not key:
-            raise ValueError(f"{what} expects KEY=VALUE, got {item!r}")
+            raise UsageError(f"{what} expects KEY=VALUE, got {item!r}")
         values[key.strip().replace("-", "_")] = parse_value(value)
     return values
 
@@ -165,7 +169,7 @@ def _run_train(args: argparse.Namespace) -> None:
 
     if args.resume:
         if args.preset or args.config:
-            raise ValueError("--resume continues a run with its own config; do not combine it with --preset or --config")
+            raise UsageError("--resume continues a run with its own config; do not combine it with --preset or --config")
         run = train(resume=args.resume, progress=not args.quiet)
     else:
         overrides = {field: getattr(args, field) for _, field, _, _ in TRAIN_OVERRIDES if getattr(args, field) is not None}
@@ -174,13 +178,13 @@ def _run_train(args: argparse.Namespace) -> None:
             overrides["compile"] = True
         if args.config:
             if args.preset:
-                raise ValueError("give either --preset or --config, not both")
+                raise UsageError("give either --preset or --config, not both")
             config = TrainConfig.from_dict(json.loads(Path(args.config).read_text()))
         elif args.preset:
             config = build_train_config(args.preset, args.scale, args.attention, **overrides)
             overrides = {}
         else:
-            raise ValueError("latentcode train needs --preset (fuzzy_logic or sraven), --config or --resume")
+            raise UsageError("latentcode train needs --preset (fuzzy_logic or sraven), --config or --resume")
         out = args.out or f"runs/{config.preset or config.task['name']}-{config.model_config().attention_name}-{config.scale}-seed{config.seed}"
         run = train(config, out, progress=not args.quiet)
     if int(os.environ.get("RANK", "0")) != 0:
@@ -225,12 +229,12 @@ def _run_sweep(args: argparse.Namespace) -> None:
     for item in args.grid or []:
         if item == "paper":
             if args.preset not in presets():
-                raise ValueError(f"unknown preset {args.preset!r}; valid presets: {', '.join(presets())}")
+                raise UsageError(f"unknown preset {args.preset!r}; valid presets: {', '.join(presets())}")
             grid |= paper_grid(args.preset)
             continue
         key, separator, values = item.partition("=")
         if not separator:
-            raise ValueError(f"--grid expects FIELD=V1,V2,... or 'paper', got {item!r}")
+            raise UsageError(f"--grid expects FIELD=V1,V2,... or 'paper', got {item!r}")
         grid[key.strip().replace("-", "_")] = [parse_value(value) for value in values.split(",") if value]
     seeds = [int(seed) for seed in args.seeds.split(",") if seed]
     rows = sweep(args.preset, args.scale, grid, args.out, seeds=seeds, jobs=args.jobs, progress=not args.quiet)
@@ -296,7 +300,7 @@ def _default_label(files: Sequence[str], label: str | None) -> str:
     if len(labels) == 1 and None not in labels:
         return labels.pop()
     tasks = sorted({str(CodeFile(path).task_config.get("name")) for path in files})
-    raise ValueError(f"give --label: the files (tasks {tasks}) name no single label the task's analysis decodes")
+    raise UsageError(f"give --label: the files (tasks {tasks}) name no single label the task's analysis decodes")
 
 
 @subcommand
@@ -489,8 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS as error:
         if os.environ.get("LATENTCODE_DEBUG"):
             raise
-        message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
