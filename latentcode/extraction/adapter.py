@@ -26,6 +26,9 @@ softmax over keys, computed for the requested queries only); from probabilities 
 It may also recompute the attention from the module's inputs and weights, e.g. from the hidden
 states in `args[0]`, even by calling the module again (that inner call is not recorded).
 
+It records only: the codes it reads were already used by the module, so an `Intervention`
+through an AdapterSource raises `CannotIntervene`.
+
 Layers are numbered in the order the modules are given (a dict keeps its order; its keys become
 the layer names). A module called several times in one forward pass reports each call under the
 same layer, and the last call's codes are kept.
@@ -41,15 +44,21 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from latentcode.extraction.attention_rows import (
+    check_pairs,
+    codes_of_rows,
+    slice_pairs,
+    softmax_rows,
+)
 from latentcode.extraction.source import (
     SCORE_KINDS,
     AttentionSource,
+    CannotIntervene,
+    Editor,
     PairsFor,
     Sink,
     check_score,
-    slice_pairs,
 )
-from latentcode.extraction.torch_attention import check_pairs, codes_of_rows, softmax_rows
 
 ScoresFn = Callable[[nn.Module, tuple, dict, Any], Tensor]
 
@@ -125,6 +134,13 @@ class AdapterSource(AttentionSource):
 
     def layer_names(self) -> list[str]:
         return list(self._layer_names)
+
+    def edit(self, pairs_for: PairsFor, editor: Editor) -> Iterator[None]:
+        raise CannotIntervene(
+            "AdapterSource cannot edit latent codes: its scores_fn reads the attention after the module has "
+            "computed its output with it; edit models whose attention passes through a hook_pattern HookPoint "
+            "or calls scaled_dot_product_attention / nn.MultiheadAttention"
+        )
 
     @contextmanager
     def capture(self, pairs_for: PairsFor, score: str, sink: Sink) -> Iterator[None]:
