@@ -245,7 +245,7 @@ class MeanAblate(Edit):
             rows = np.searchsorted(self.label_values, labels)
             known = (rows < len(self.label_values)) & (self.label_values[np.minimum(rows, len(self.label_values) - 1)] == labels)
             if not known.all():
-                unknown = labels[~known][0]
+                unknown = labels[~known][0].item()
                 raise EditError(
                     f"MeanAblate has no mean for {self.label or 'label'} value {unknown!r}: the codes file holds "
                     f"the values {self.label_values.tolist()}"
