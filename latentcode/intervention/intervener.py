@@ -71,7 +71,7 @@ class _LayerPlan:
     queries: Tensor
     keys: Tensor
     sites: list[Site]
-    edits: list[tuple[Edit, Tensor, list[Site]]]  # (edit, its columns, their sites)
+    edits: list[tuple[Edit, Tensor | None, list[Site]]]  # (edit, its columns or None: all in order, their sites)
     record: list[tuple[Sink, Tensor, Tensor, Tensor]]  # (sink, columns, queries, keys) per recorder
 
 
@@ -183,6 +183,8 @@ class Intervention:
         record = [(sink, columns(pairs), *pairs) for sink, pairs in record_pairs if pairs is not None]
         if not column_of:
             return None
+        every_column = torch.arange(len(column_of))
+        edits = [(edit, None if torch.equal(cols, every_column) else cols, sites) for edit, cols, sites in edits]
         queries, keys = (torch.tensor(positions) for positions in zip(*column_of, strict=True))
         return _LayerPlan(queries, keys, [Site(layer, q, k) for q, k in column_of], edits, record)
 
@@ -192,7 +194,7 @@ class Intervention:
         self._layers_seen.add(layer)
         edited = codes
         for edit, columns, sites in plan.edits:
-            if len(columns) == edited.shape[2] and bool((columns == torch.arange(len(columns))).all()):
+            if columns is None:
                 edited = edit(edited, sites)
             else:
                 columns = columns.to(edited.device)
@@ -217,11 +219,6 @@ class Intervention:
                     )
 
     def _after_forward(self, module, args, output) -> None:
-        if not self._layers_seen and self._edits:
-            raise NoAttentionCaptured(
-                f"no latent code was edited in {type(self.model).__name__} ({self.source.name} source): the model "
-                "made no attention call the source can edit at the selected sites, or the selected layers never ran"
-            )
         n_layers = self.source.n_layers()  # a TorchAttentionSource knows it once a pass has run
         for pairs in self._site_pairs.values():
             missing = sorted(layer for layer in pairs.wanted_layers() if n_layers is not None and layer >= n_layers)
@@ -229,6 +226,11 @@ class Intervention:
                 raise SiteError(
                     f"sites in layer(s) {missing} were selected but the model ran only {n_layers} attention layers"
                 )
+        if not self._layers_seen and self._edits:
+            raise NoAttentionCaptured(
+                f"no latent code was edited in {type(self.model).__name__} ({self.source.name} source): the model "
+                "made no attention call the source can edit at the selected sites, or the selected layers never ran"
+            )
 
     def __enter__(self) -> Intervention:
         self._plans = {}
