@@ -49,6 +49,15 @@ MultiheadAttention takes the standard path. Its outputs at real tokens are the s
 rounding; note that the nested-tensor path of `nn.TransformerEncoder` returns zeros at padded
 positions, while the standard path returns ordinary values there.
 
+Interventions (`edit`): the intercepted call recomputes the probabilities of the requested query
+rows as above (float32, from the call's own inputs), hands the codes at the pairs to the editor,
+and where the edit changed a code returns `edited_probabilities @ value` for that (batch, head,
+query row); for MultiheadAttention the whole query row is recomputed through the out-projection
+(heads mix there) and `need_weights` weights follow the edit. Every other entry is the fused
+call's own result, so an edit that changes nothing changes no bit (with the fast path off, as
+above). Edited rows are computed without dropout, so calls with dropout are refused: intervene in
+eval mode.
+
 Hugging Face `transformers` models are covered with their default `attn_implementation="sdpa"`;
 with "eager" they compute the softmax themselves (load them with "sdpa", or use the adapter).
 Not covered (use `latentcode.extraction.AdapterSource`): attention written with explicit
