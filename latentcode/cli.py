@@ -290,6 +290,118 @@ def _run_extract(args: argparse.Namespace) -> None:
           f"{codes.n_heads} heads, labels {codes.label_names}")
 
 
+# -- latentcode intervene ---------------------------------------------------------------------------
+@subcommand
+def _intervene(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "intervene",
+        help="edit latent codes of a trained model and measure the task metric before/after",
+        description="Run a trained model on task instances with its latent codes a[:, q, k] edited at the selected "
+        "sites (after the score normalization, before the value network), at all sites together and at each site "
+        "alone, and write the task metrics without and with the edit as a tidy table (.csv, .json) and a plot.",
+        epilog="operations (one of): --zero-ablate HEADS, --mean-ablate HEADS --codes FILE [--by LABEL], "
+        "--set V1,V2,... / --add V1,V2,... (one value per head) or --scale FACTOR, optionally with --heads HEADS; "
+        "HEADS is 'all' or a list such as 0,3,5\n\nexample:\n  latentcode extract runs/sraven-hyla --split train "
+        "--n 4096 --sites sraven-rule --out codes.h5\n  latentcode intervene runs/sraven-hyla --sites sraven-rule "
+        "--mean-ablate all --codes codes.h5 --by rule --out results/mean-ablate",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("run", metavar="RUN_DIR", help="a run directory (or a saved model directory with --task)")
+    parser.add_argument("--sites", default="last-self", help="site selector, as for extract (default last-self)")
+    parser.add_argument("--split", default="ood", help="task split (default ood)")
+    parser.add_argument("--n", type=int, default=1024, help="instances (default 1024)")
+    operation = parser.add_mutually_exclusive_group(required=True)
+    operation.add_argument("--zero-ablate", metavar="HEADS", help="set the codes of these heads to zero")
+    operation.add_argument("--mean-ablate", metavar="HEADS", help="set the codes of these heads to their mean in --codes")
+    operation.add_argument("--set", metavar="VECTOR", help="set the codes to this vector (one value per head)")
+    operation.add_argument("--add", metavar="VECTOR", help="add this vector to the codes (steering)")
+    operation.add_argument("--scale", type=float, metavar="FACTOR", help="multiply the codes by FACTOR")
+    parser.add_argument("--heads", metavar="HEADS", help="heads --set/--add/--scale change (default all)")
+    parser.add_argument("--codes", metavar="CODES.h5", help="codes file of this model for --mean-ablate")
+    parser.add_argument("--by", metavar="LABEL", help="--mean-ablate with one mean per value of this label")
+    parser.add_argument("--codes-split", help="take the means over this split of --codes (default all examples)")
+    parser.add_argument("--out", required=True, help="path stem of the table (.csv, .json) and the plot")
+    parser.add_argument("--variant", help="task variant (default: the selector's, else the task's default)")
+    parser.add_argument("--batch-size", type=int, default=256, help="instances per forward pass (default 256)")
+    parser.add_argument("--seed", type=int, help="sample seed (default: the split's evaluation seed)")
+    parser.add_argument("--task", metavar="KEY=VALUE", action="append",
+                        help="task config for a model directory, e.g. --task name=sraven --task n_features=4")
+    parser.add_argument("--no-per-site", action="store_true", help="only all sites together, not each site alone")
+    parser.add_argument("--format", action="append", choices=("png", "svg", "pdf"), help="plot formats (default png)")
+    parser.add_argument("--quiet", action="store_true")
+    parser.set_defaults(handler=_run_intervene)
+
+
+def _parse_heads(text: str | None, flag: str) -> list[int] | None:
+    """'all' (or nothing) -> None; '0,3,5' -> [0, 3, 5]."""
+    if text is None or text.strip() == "all":
+        return None
+    try:
+        heads = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} expects 'all' or head indices such as 0,3,5; got {text!r}") from None
+    if not heads or min(heads) < 0:
+        raise UsageError(f"{flag} expects 'all' or non-negative head indices such as 0,3,5; got {text!r}")
+    return heads
+
+
+def _parse_vector(text: str, flag: str) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} expects comma-separated numbers, one per head (e.g. 0.5,0,1.2); got {text!r}") from None
+
+
+def _run_intervene(args: argparse.Namespace) -> None:
+    if args.mean_ablate is None and (args.codes or args.by or args.codes_split):
+        raise UsageError("--codes, --by and --codes-split go with --mean-ablate")
+    if args.mean_ablate is not None and not args.codes:
+        raise UsageError("--mean-ablate needs --codes FILE: a codes file extracted from this model (latentcode extract)")
+    if args.heads is not None and (args.zero_ablate is not None or args.mean_ablate is not None):
+        raise UsageError("--zero-ablate and --mean-ablate name their heads themselves; --heads goes with --set/--add/--scale")
+    task = parse_assignments(args.task, "--task") or None
+    heads = _parse_heads(args.heads, "--heads")
+    if args.zero_ablate is not None:
+        heads = _parse_heads(args.zero_ablate, "--zero-ablate")
+    elif args.mean_ablate is not None:
+        heads = _parse_heads(args.mean_ablate, "--mean-ablate")
+    vector = None
+    if args.set is not None or args.add is not None:
+        vector = _parse_vector(args.set if args.set is not None else args.add, "--set" if args.set is not None else "--add")
+
+    from latentcode.intervention import (
+        AddVector,
+        MeanAblate,
+        ScaleHeads,
+        SetCode,
+        ZeroAblate,
+        intervention_effects,
+        write_effects,
+    )
+
+    if args.zero_ablate is not None:
+        edit = ZeroAblate(heads=heads)
+    elif args.mean_ablate is not None:
+        edit = MeanAblate.from_codes(args.codes, heads, by=args.by, split=args.codes_split, model=args.run)
+    elif args.set is not None:
+        edit = SetCode(vector, heads=heads)
+    elif args.add is not None:
+        edit = AddVector(vector, heads=heads)
+    else:
+        edit = ScaleHeads(args.scale, heads=heads)
+    table = intervention_effects(args.run, edit, task=task, sites=args.sites, split=args.split, n=args.n,
+                                 variant=args.variant, batch_size=args.batch_size, seed=args.seed,
+                                 per_site=not args.no_per_site, progress=not args.quiet)
+    import pandas
+
+    columns = ["scope", "metric", "before", "after", "change"]
+    with pandas.option_context("display.width", 200, "display.max_rows", 200):
+        print(f"{table['model'].iloc[0]}, {table['edit'].iloc[0]}, {args.split} (n={args.n}):")
+        print(table[columns].to_string(index=False, float_format=lambda value: f"{value:.4f}"))
+    written = write_effects(table, args.out, formats=tuple(args.format or ["png"]))
+    print("wrote " + ", ".join(map(str, written)))
+
+
 # -- analysis: probe, plot, heatmap, samples, report ---------------------------------------------------
 def _default_label(files: Sequence[str], label: str | None) -> str:
     if label:
