@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from latentcode import ModelConfig, build_model, value_network_view
-from tests.models.test_attention import tiny_model
+from tests.models.tiny import tiny_model
 
 EXACT = ["softmax", "linear", "hyla", "linear_rmshead", "hyla_no_rmshead", "hyla_no_relu",
          "hyla_no_relu_no_rmshead", "hyla_softmax_instead", "hyla_deep", "hyla_softmax"]
