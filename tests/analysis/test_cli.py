@@ -5,7 +5,7 @@ import json
 import pytest
 
 from latentcode.cli import main
-from tests.analysis.test_synthetic import write_codes
+from tests.analysis.synthetic import write_codes
 
 
 @pytest.fixture(scope="module")

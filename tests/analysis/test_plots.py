@@ -13,7 +13,7 @@ from latentcode.analysis.plots import (
     plot_probe_scores,
     plot_similarity,
 )
-from tests.analysis.test_synthetic import make_labels, write_codes
+from tests.analysis.synthetic import make_labels, write_codes
 
 FIGSIZE, DPI = (7.0, 3.5), 80  # -> 560 x 280 pixels
 

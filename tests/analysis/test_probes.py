@@ -20,7 +20,7 @@ from latentcode.analysis.probes import (
     write_table,
 )
 from latentcode.store import CodeFile, CodeFileError
-from tests.analysis.test_synthetic import make_labels, write_codes
+from tests.analysis.synthetic import make_labels, write_codes
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import pytest
 
 from latentcode.analysis.similarity import mean_code_similarity, similarity_of_means
 from latentcode.store import CodeFile
-from tests.analysis.test_synthetic import write_codes
+from tests.analysis.synthetic import write_codes
 
 
 def _cosine(a, b):
