@@ -15,7 +15,7 @@ if not hasattr(transformer_lens, "TransformerBridge"):
     pytest.skip("transformer-lens < 4 has no TransformerBridge", allow_module_level=True)
 transformers = pytest.importorskip("transformers")
 
-from tests.extraction.test_sources_bridge import LENGTH, VOCAB, hf_bridge, tokens  # noqa: E402
+from tests.extraction.bridge_models import LENGTH, VOCAB, hf_bridge, tokens  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from torch import nn
 from latentcode.extraction import AdapterSource, Recorder
 from latentcode.intervention import CannotIntervene, Interchange, Intervention, SetCode, ZeroAblate
 from latentcode.store import Site
-from tests.extraction.test_sources_torch import MHA_CASES, SDPA_CASES, MhaModel, SdpaModel, mha_case
+from tests.extraction.torch_models import MHA_CASES, SDPA_CASES, MhaModel, SdpaModel, mha_case
 
 BATCH, LENGTH = 3, 6
 
