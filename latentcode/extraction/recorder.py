@@ -22,13 +22,13 @@ from collections.abc import Sequence
 import numpy as np
 from torch import Tensor, nn
 
+from latentcode.extraction.detect import detect_source
 from latentcode.extraction.site_pairs import SitePairs
 from latentcode.extraction.sites import Selector, parse_selector
 from latentcode.extraction.source import (
     AttentionSource,
     NoAttentionCaptured,
     check_score,
-    detect_source,
 )
 from latentcode.store import Site
 

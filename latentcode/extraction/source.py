@@ -21,7 +21,7 @@ Sources:
 - `latentcode.extraction.adapter.AdapterSource`: anything else, through a user-named module and a
   function from its inputs/outputs to scores (records only; it cannot edit).
 
-`detect_source(model)` picks the first that applies.
+`latentcode.extraction.detect.detect_source(model)` picks the first that applies.
 """
 
 from __future__ import annotations
@@ -167,23 +167,3 @@ class HookPointSource(AttentionSource):
         finally:
             for handle in handles:
                 handle.remove()
-
-
-def detect_source(model: nn.Module) -> AttentionSource:
-    """The source for `model`: HookPoints if it has them (our models, HookedTransformer), the
-    TransformerBridge source for transformer-lens 4.x bridges, else SDPA/MultiheadAttention
-    interception. Use `AdapterSource` explicitly for anything else."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
-    from latentcode.extraction.bridge import BridgeSource, is_transformer_bridge
-
-    if is_transformer_bridge(model):
-        return BridgeSource(model)
-    if HookPointSource.applies_to(model):
-        from latentcode.models.transformer import Transformer
-
-        return HookPointSource(model, name="latentcode" if isinstance(model, Transformer) else "transformer_lens")
-    from latentcode.extraction.torch_attention import TorchAttentionSource
-
-    return TorchAttentionSource(model)
-

@@ -50,6 +50,7 @@ import torch
 from torch import Tensor, nn
 
 from latentcode.errors import UsageError
+from latentcode.extraction.detect import detect_source
 from latentcode.extraction.recorder import Recorder
 from latentcode.extraction.site_pairs import SitePairs
 from latentcode.extraction.sites import Selector, SiteError, parse_selector
@@ -59,7 +60,6 @@ from latentcode.extraction.source import (
     PairsFor,
     Sink,
     check_score,
-    detect_source,
 )
 from latentcode.intervention.edits import Edit, EditError, Interchange, first_tensor_shape
 from latentcode.store import Site
