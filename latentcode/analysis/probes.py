@@ -162,7 +162,8 @@ class LogisticProbe(ClassifierMixin, BaseEstimator):
                 # Every class occurs in every training part (>= cv examples each, stratified),
                 # so the columns of predict_proba are self.classes_.
                 probabilities[index, validation] = logistic.predict_proba(fold_validation)
-                predictions[index, validation] = logistic.predict(fold_validation)
+                # the most probable class is what predict() returns, without a second pass
+                predictions[index, validation] = self.classes_[probabilities[index, validation].argmax(axis=1)]
                 scores[index] += self.selection_score(labels[validation], predictions[index, validation])
         best = int(np.argmax(scores))
         self.C_ = float(Cs[best])

@@ -23,11 +23,13 @@ One column of a multi-hot label, 0/1 ``[N]`` (`binary_scores`), each NaN where u
 from __future__ import annotations
 
 import numpy as np
-from sklearn.metrics import f1_score, roc_auc_score
+from scipy.stats import rankdata
+from sklearn.metrics import f1_score
 
 __all__ = [
     "BINARY_METRICS",
     "CATEGORICAL_METRICS",
+    "auroc",
     "binary_scores",
     "categorical_scores",
     "r2_per_output",
@@ -80,8 +82,19 @@ def binary_scores(truth: np.ndarray, predicted: np.ndarray, probability: np.ndar
         "balanced_accuracy": (
             float((np.mean(predicted[truth]) + np.mean(~predicted[~truth])) / 2) if both_values else np.nan
         ),
-        "auroc": float(roc_auc_score(truth, probability)) if both_values else np.nan,
+        "auroc": auroc(truth, probability) if both_values else np.nan,
     }
+
+
+def auroc(truth: np.ndarray, probability: np.ndarray) -> float:
+    """Area under the ROC curve (``roc_auc_score``) as the Mann-Whitney statistic: the chance that
+    a random 1 gets a higher probability than a random 0, ties counting half. Several times faster
+    than scikit-learn's, which matters at three predictors per column per layer."""
+    truth = np.asarray(truth).astype(bool)
+    ranks = rankdata(probability)  # ties get their mean rank
+    n_positive = np.count_nonzero(truth)
+    n_negative = len(truth) - n_positive
+    return float((ranks[truth].sum() - n_positive * (n_positive + 1) / 2) / (n_positive * n_negative))
 
 
 def why_undefined(metric: str, truth: np.ndarray, split: str) -> str:

@@ -5,7 +5,7 @@ import pytest
 from sklearn.metrics import balanced_accuracy_score, f1_score, roc_auc_score
 
 from latentcode.analysis.baselines import binary_baselines, categorical_baselines, most_frequent
-from latentcode.analysis.scores import binary_scores, categorical_scores, why_undefined
+from latentcode.analysis.scores import auroc, binary_scores, categorical_scores, why_undefined
 
 FIT = np.array([0, 0, 0, 1, 1, 2])  # shares 1/2, 1/3, 1/6
 TEST = np.array([0, 1, 1, 2, 2, 2])  # shares 1/6, 1/3, 1/2
@@ -97,3 +97,11 @@ def test_categorical_scores_by_hand():
     assert scores["balanced_accuracy"] == pytest.approx((2 / 3 + 1 + 1 / 2) / 3)
     # F1: class 0 precision 2/3 recall 2/3; class 1 precision 1/2 recall 1; class 2 precision 1 recall 1/2
     assert scores["macro_f1"] == pytest.approx((2 / 3 + 2 / 3 + 2 / 3) / 3)
+
+
+def test_auroc_is_scikit_learns_with_ties():
+    rng = np.random.default_rng(3)
+    truth = rng.integers(0, 2, 500)
+    probability = np.round(rng.random(500) + 0.3 * truth, 1)  # many ties
+    assert auroc(truth, probability) == pytest.approx(roc_auc_score(truth, probability))
+    assert auroc(truth, np.full(500, 0.3)) == 0.5
