@@ -421,8 +421,9 @@ def _probe(subparsers: argparse._SubParsersAction) -> None:
         "probe",
         help="decode a label from latent codes with linear probes",
         description="Fit a logistic regression (categorical or multi-hot labels; --ridge: ridge regression R^2) per "
-        "layer on one split and score it on another, with chance levels (label-shuffled control, majority class). "
-        "Several files are compared side by side (one model each).",
+        "layer on one split and score it on another, beside baselines (majority, prevalence-matched random, "
+        "all-present for multi-hot labels, label-shuffled probe); the best layer is chosen by cross-validation on the "
+        "fit split, never on the test split. Several files are compared side by side (one model each).",
         epilog="example:\n  latentcode probe softmax.h5 linear.h5 hyla.h5 --label rule --fit-split train --test-split ood "
         "--out results/rule",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -438,22 +439,31 @@ def _probe(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="path stem for the table (.csv, .json) and the plot (.png); default: print only")
     parser.add_argument("--format", action="append", choices=("png", "svg", "pdf"), help="plot formats (default png)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(handler=_run_probe)
 
 
 def _run_probe(args: argparse.Namespace) -> None:
-    from latentcode.analysis import decode, plot_probe_scores, regress, write_table
+    from latentcode.analysis import (
+        decode,
+        headline_lines,
+        plot_probe_scores,
+        regress,
+        summary_rows,
+        write_table,
+    )
 
     label = _default_label(args.files, args.label)
     probe = regress if args.ridge else decode
     table = probe(args.files, label, fit_split=args.fit_split, test_split=args.test_split, per_site=args.per_site,
-                  cv=args.cv, seed=args.seed)
-    summary = table[table["metric"].isin(["accuracy", "macro_f1", "mean_f1", "r2", "mean_r2"])]
-    columns = ["model", "layer", "site", "label", "metric", "value", "chance", "chance_majority", "n_fit", "n_test"]
+                  cv=args.cv, seed=args.seed, progress=not args.quiet)
+    columns = ["model", "layer", "site", "label", "metric", "value", "validation", "selected", "strongest_baseline",
+               "strongest_baseline_value", "beats_baselines", "n_fit", "n_test"]
     import pandas
 
-    with pandas.option_context("display.width", 200, "display.max_rows", 200):
-        print(summary[columns].to_string(index=False, float_format=lambda value: f"{value:.3f}"))
+    with pandas.option_context("display.width", 250, "display.max_rows", 200):
+        print(summary_rows(table)[columns].to_string(index=False, float_format=lambda value: f"{value:.3f}"))
+    print("\n".join(headline_lines(table)))
     if args.out:
         written = write_table(table, args.out) + plot_probe_scores(table, args.out, formats=tuple(args.format or ["png"]))
         print("wrote " + ", ".join(map(str, written)))

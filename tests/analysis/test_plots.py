@@ -78,7 +78,7 @@ def test_probe_score_plot_from_a_table_and_from_its_files(tmp_path, codes_path):
         (path,) = plot_probe_scores(source, tmp_path / f"probe_{source.suffix[1:]}", metric="macro_f1",
                                     formats=("pdf",), figsize=FIGSIZE, dpi=DPI)
         assert path.suffix == ".pdf" and path.stat().st_size > 1000
-    with pytest.raises(ValueError, match=r"no rows with metric 'r2'; it has \['accuracy', 'macro_f1'\]"):
+    with pytest.raises(ValueError, match=r"no rows with metric 'r2'; it has \['accuracy', 'balanced_accuracy', 'macro_f1'\]"):
         plot_probe_scores(table, tmp_path / "x", metric="r2")
 
 
