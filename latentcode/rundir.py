@@ -115,7 +115,8 @@ class RunDirectory:
                 f"{self.path} already holds a different run ({'; '.join(differences) or 'configs differ'}); "
                 "choose another output directory"
             )
-        if self.path.is_dir() and any(self.path.iterdir()):
+        leftover = f".{CONFIG_FILE}.tmp"  # from a creation killed before its rename: not a run yet
+        if self.path.is_dir() and any(path.name != leftover for path in self.path.iterdir()):
             raise RunDirectoryError(
                 f"{self.path} is not empty and holds no latentcode run; choose another output directory"
             )

@@ -127,10 +127,22 @@ def _like(template: Any, loaded: Any, where: str) -> Any:
     if isinstance(template, (list, tuple)):
         if len(template) != len(loaded):
             raise CheckpointError(f"{where} has {len(loaded)} entries, expected {len(template)}")
-        items = [_like(t, value, f"{where}[{i}]") for i, (t, value) in enumerate(zip(template, loaded, strict=True))]
+        pairs = enumerate(zip(template, loaded, strict=True))
+        items = [_like(t, value, f"{where}[{i}]") for i, (t, value) in pairs]
         return tuple(items) if isinstance(template, tuple) else items
     if isinstance(template, int) and not isinstance(template, bool) and not isinstance(loaded, int):
         raise CheckpointError(f"{where} is {loaded!r}, expected an integer")
+    return loaded
+
+
+def _metrics_like(loaded: Any, where: str) -> dict[str, dict[str, float]]:
+    """Evaluation metrics: {split: {metric: number}}."""
+    valid = isinstance(loaded, dict) and all(
+        isinstance(values, dict) and all(_json_type(v) == "number" for v in values.values())
+        for values in loaded.values()
+    )
+    if not valid:
+        raise CheckpointError(f"{where} is {loaded!r}, expected {{split: {{metric: number}}}}")
     return loaded
 
 
@@ -184,17 +196,6 @@ def optimizer_from_files(optimizer: torch.optim.Optimizer, tensors: dict[str, to
     optimizer.load_state_dict({"state": state, "param_groups": param_groups})
 
 
-def _metrics_like(loaded: Any, where: str) -> dict[str, dict[str, float]]:
-    """Evaluation metrics: {split: {metric: number}}."""
-    valid = isinstance(loaded, dict) and all(
-        isinstance(values, dict) and all(_json_type(v) == "number" for v in values.values())
-        for values in loaded.values()
-    )
-    if not valid:
-        raise CheckpointError(f"{where} is {loaded!r}, expected {{split: {{metric: number}}}}")
-    return loaded
-
-
 # -- saving and loading ----------------------------------------------------------------------------
 def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
                     grad_scaler: Any, loop: LoopState) -> None:
@@ -215,12 +216,8 @@ def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     (path / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
 
 
-def read_step(path: Path) -> int:
-    """The step a checkpoint directory records (its data-stream position)."""
-    return load_state_file(path)[1].step
-
-
-def load_state_file(path: Path) -> tuple[dict[str, Any], LoopState]:
+def _read_state(path: Path) -> tuple[dict[str, Any], LoopState]:
+    """trainer_state.json of the checkpoint `path`, and the loop state it holds, checked."""
     try:
         state = json.loads((path / STATE_FILE).read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
@@ -245,7 +242,7 @@ def load_state_file(path: Path) -> tuple[dict[str, Any], LoopState]:
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
                     grad_scaler: Any) -> LoopState:
     """Load the checkpoint directory `path` into the live objects; returns the loop's state."""
-    state, loop = load_state_file(path)
+    state, loop = _read_state(path)
     model.load_state_dict(load_file(path / MODEL_FILE))
     optimizer_from_files(optimizer, load_file(path / OPTIMIZER_FILE), state.get("optimizer") or {})
     scheduler.load_state_dict(_like(scheduler.state_dict(), state.get("scheduler"), "scheduler"))

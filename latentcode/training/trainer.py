@@ -172,7 +172,7 @@ def train(
 
     loop = LoopState()
     if resume is not None:
-        loop = _load_latest_checkpoint(accelerator, directory, model, optimizer, scheduler)
+        loop = _load_latest_checkpoint(accelerator, directory, model, optimizer, scheduler, config.steps)
         if accelerator.is_main_process:
             directory.truncate_metrics(loop.step)
     start_step = loop.step
@@ -293,7 +293,8 @@ def _save_checkpoint(accelerator, directory: RunDirectory, model, optimizer, sch
     accelerator.wait_for_everyone()
 
 
-def _load_latest_checkpoint(accelerator, directory: RunDirectory, model, optimizer, scheduler) -> LoopState:
+def _load_latest_checkpoint(accelerator, directory: RunDirectory, model, optimizer, scheduler,
+                            total_steps: int) -> LoopState:
     """Load the latest checkpoint into the live objects; a run without one starts again at step 0
     (its model is initialized from the seed, as the first session's was)."""
     refuse_pickles(directory.path)
@@ -302,10 +303,13 @@ def _load_latest_checkpoint(accelerator, directory: RunDirectory, model, optimiz
         return LoopState()
     latest = checkpoints[-1]
     try:
-        return load_checkpoint(latest, accelerator.unwrap_model(model), optimizer, scheduler, accelerator.scaler)
+        loop = load_checkpoint(latest, accelerator.unwrap_model(model), optimizer, scheduler, accelerator.scaler)
+        if loop.step > total_steps:
+            raise CheckpointError(f"it records step {loop.step}, but the run has {total_steps} steps")
     except Exception as error:  # safetensors, torch and our own checks raise many types for bad files
         reason = " ".join(f"{type(error).__name__}: {error}".split())  # one line
         raise CheckpointError(
             f"cannot load checkpoint {latest}: it is corrupt or does not match this run's model and optimizer "
             f"({reason}); remove it to resume from an earlier checkpoint"
         ) from error
+    return loop
