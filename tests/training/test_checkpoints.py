@@ -384,24 +384,33 @@ def test_a_run_killed_after_model_before_summary_resumes(campaign, tmp_path):
     assert_same_run(reference, resumed)
 
 
+def resume_events_of(campaign, root: Path) -> tuple[Path, list[Event]]:
+    """A run killed after its first checkpoint, kept in root/killed, and the line events of its resume."""
+    config, _, _, events = campaign
+    index = next(i for i, event in enumerate(events) if event.phase == "training after a checkpoint")
+    killed_at(lambda: train(config, root / "killed", progress=False), index, events[index])
+    shutil.copytree(root / "killed", root / "resumed")
+    return root / "killed", events_of(lambda: train(resume=root / "resumed", progress=False), root / "resumed",
+                                      config.steps)
+
+
+def kill_resume_and_continue(campaign, killed: Path, index: int, event: Event, where: Path) -> Run:
+    shutil.copytree(killed, where)
+    killed_at(lambda: train(resume=where, progress=False), index, event)
+    return continue_run(campaign[0], where)
+
+
 def test_a_resume_killed_while_resuming_resumes_again(campaign, tmp_path):
-    config, _, reference, events = campaign
-    index = next(i for i, event in enumerate(events) if event[0] == "training after a checkpoint")
-    killed_at(lambda: train(config, tmp_path / "run", progress=False), index, events[index])
-    resume = lambda: train(resume=tmp_path / "run", progress=False)  # noqa: E731
-    shutil.copytree(tmp_path / "run", tmp_path / "pristine")
-    resume_events = events_of(resume, tmp_path / "run", config.steps)
-    shutil.rmtree(tmp_path / "run")
-    shutil.copytree(tmp_path / "pristine", tmp_path / "run")
-    inside = [i for i, event in enumerate(resume_events) if event[0] == "resuming"]
-    killed_at(resume, inside[-1], resume_events[inside[-1]])
-    assert_same_run(reference, continue_run(config, tmp_path / "run"))
+    killed, resume_events = resume_events_of(campaign, tmp_path)
+    index = [i for i, event in enumerate(resume_events) if event.phase == "resuming"][-1]
+    resumed = kill_resume_and_continue(campaign, killed, index, resume_events[index], tmp_path / "run")
+    assert_same_run(campaign[2], resumed)
 
 
 @pytest.mark.slow
 def test_every_kill_point_resumes_to_the_uninterrupted_run(campaign, tmp_path, capsys):
     """Kill at every distinct line event of a 6-step run (a line counts once per phase and number
-    of checkpoints written: 383 kills), continue, and print how many of each phase came out
+    of checkpoints written: 384 kills), continue, and print how many of each phase came out
     equal to the uninterrupted run."""
     _, _, reference, events = campaign
     first_of_each = {}
@@ -424,4 +433,25 @@ def test_every_kill_point_resumes_to_the_uninterrupted_run(campaign, tmp_path, c
             results = outcomes[phase]
             print(f"{phase}: {sum(results)} of {len(results)} kill points resume to the uninterrupted run")
         print("\n".join(failures))
+    assert not failures, failures[:5]
+
+
+@pytest.mark.slow
+def test_every_kill_point_of_a_resume_resumes_again(campaign, tmp_path, capsys):
+    """Kill a resume at every distinct line while it loads its checkpoint and trims metrics.jsonl."""
+    killed, resume_events = resume_events_of(campaign, tmp_path)
+    first_of_each = {}
+    for index, event in enumerate(resume_events):
+        if event.phase == "resuming":
+            first_of_each.setdefault(event, index)
+    failures = []
+    for event, index in first_of_each.items():
+        where = tmp_path / f"kill-{index}"
+        try:
+            assert_same_run(campaign[2], kill_resume_and_continue(campaign, killed, index, event, where))
+        except Exception as error:  # noqa: BLE001 -- collected and reported below
+            failures.append(f"{event}: {type(error).__name__}: {' '.join(str(error).split())[:300]}")
+        shutil.rmtree(where, ignore_errors=True)
+    with capsys.disabled():
+        print(f"\nresuming: {len(first_of_each) - len(failures)} of {len(first_of_each)} kill points resume again")
     assert not failures, failures[:5]
