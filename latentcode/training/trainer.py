@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from latentcode.errors import UsageError
 from latentcode.models import build_model
 from latentcode.models.config import ConfigError
 from latentcode.rundir import RunDirectory, RunDirectoryError
@@ -155,7 +156,7 @@ def train(
             raise RunDirectoryError(f"{resume} has already finished; nothing to resume")
     else:
         if config is None or out is None:
-            raise ValueError("train needs a config and an output directory (or resume=RUN_DIR)")
+            raise UsageError("train needs a config and an output directory (or resume=RUN_DIR)")
         directory = RunDirectory(out)
 
     task = get_task(**config.task)
@@ -180,7 +181,7 @@ def train(
     n_processes = accelerator.num_processes
     micro_batch = config.batch_size // (n_processes * config.gradient_accumulation_steps)
     if micro_batch < 1:
-        raise ValueError(
+        raise UsageError(
             f"batch_size={config.batch_size} is too small for {n_processes} processes x "
             f"{config.gradient_accumulation_steps} accumulation steps"
         )
