@@ -90,14 +90,9 @@ def sweep(
             if progress:
                 print(f"[{index}/{len(pending)}] {name}", flush=True)
             try:
-                resume = directory.config_path.exists() and directory.checkpoints()
-                if resume:
+                if directory.config_path.exists():  # started before: continue it (from step 0 if never checkpointed)
                     train(resume=directory.path, progress=progress)
                 else:
-                    if directory.config_path.exists():  # created but killed before its first checkpoint
-                        import shutil
-
-                        shutil.rmtree(directory.path)
                     train(config, directory.path, progress=progress)
             except TrainingDiverged as error:
                 print(f"{name}: {error}", file=sys.stderr)
@@ -118,7 +113,7 @@ def _run_in_processes(pending: list, jobs: int, progress: bool) -> None:
             directory.path.mkdir(parents=True, exist_ok=True)
             config_file = directory.path.parent / f".{name}.train.json"
             config_file.write_text(config.to_json())
-            if directory.config_path.exists() and directory.checkpoints():
+            if directory.config_path.exists():  # started before: continue it
                 command = [sys.executable, "-m", "latentcode.cli", "train", "--resume", str(directory.path), "--quiet"]
             else:
                 command = [sys.executable, "-m", "latentcode.cli", "train", "--config", str(config_file),
