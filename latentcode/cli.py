@@ -1,31 +1,202 @@
 """The `latentcode` command line: thin wrappers that parse arguments and call the public API.
 
-Every subcommand imports what it needs when it runs, so `latentcode --help` and the analysis
-commands stay fast. Errors the user can fix (bad arguments, files that do not match) are printed
-as one line, `error: ...`, with exit status 2; set LATENTCODE_DEBUG=1 for the traceback.
+A command first checks its arguments (`checks`), with the standard library, JSON and h5py only:
+files exist and are what they should be, outputs can be written, codes files and runs belong
+together, labels and splits exist. Only then does its handler import torch or scikit-learn and call
+the functions a Python user calls. So a mistake is answered at once, as one line, `error: ...`, with
+exit status 2, naming the flag, the value received and what is expected; errors the library raises
+for what only it can see are printed the same way (set LATENTCODE_DEBUG=1 for their traceback).
+Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 from latentcode.errors import LatentcodeError, UsageError
+from latentcode.training.config import MIXED_PRECISION
 
 # What the user can fix: our own errors, and files that are missing or already there. Anything else is
 # a bug and keeps its traceback.
 USER_ERRORS = (LatentcodeError, FileExistsError, FileNotFoundError)
 
 Handler = Callable[[argparse.Namespace], int | None]
+Check = Callable[[argparse.Namespace], None]
 _SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
+_CHECKS: dict[str, Check] = {}
 
 
 def subcommand(register: Callable[[argparse._SubParsersAction], None]):
     """Decorator: `register(subparsers)` adds one subcommand (with `set_defaults(handler=...)`)."""
     _SUBCOMMANDS.append(register)
     return register
+
+
+def checks(command: str) -> Callable[[Check], Check]:
+    """Decorator: the function checks `command`'s arguments before its handler imports anything
+    heavy (it may fill in values it resolved, e.g. a default label), raising a `UsageError`."""
+
+    def register(check: Check) -> Check:
+        _CHECKS[command] = check
+        return check
+
+    return register
+
+
+class CommandLineParser(argparse.ArgumentParser):
+    """argparse with one-line errors, and epilogs built only when help is printed."""
+
+    def error(self, message: str):
+        # argparse would print the whole usage block first; one line says where to find it.
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+    def format_help(self) -> str:
+        if callable(self.epilog):  # e.g. the preset table, which needs the task modules
+            self.epilog = self.epilog()
+        return super().format_help()
+
+
+# -- argument types and checks (standard library only) --------------------------------------------
+def integer(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `minimum`."""
+    expected = {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer of at least {minimum}")
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
+
+
+def number(positive: bool) -> Callable[[str], float]:
+    """An argparse type: a finite positive (or non-negative) number."""
+    expected = "a positive number" if positive else "a non-negative number"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
+
+
+def one_of(values: Sequence[str]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in values:
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(values)}, got {text!r}")
+        return text
+
+    return parse
+
+
+POSITIVE_INTEGER, NON_NEGATIVE_INTEGER = integer(1), integer(0)
+POSITIVE_NUMBER, NON_NEGATIVE_NUMBER = number(positive=True), number(positive=False)
+
+
+def check_input_file(path: str | Path, what: str) -> Path:
+    """An existing, readable file (not a directory)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{what} {path} does not exist")
+    if path.is_dir():
+        raise UsageError(f"{what} {path} is a directory; expected a file")
+    if not os.access(path, os.R_OK):
+        raise UsageError(f"{what} {path} cannot be read (no read permission)")
+    return path
+
+
+def _why_not_writable(directory: Path) -> str:
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return "read-only file system"
+    except OSError:
+        pass
+    return "no write permission, or the directory is immutable"
+
+
+def check_output(path: str | Path, flag: str, kind: str = "file") -> Path:
+    """Refuse, before anything is computed, an output that cannot be written where asked.
+
+    kind: "file" (must not be a directory), "directory" (must not be a file) or "stem" (the
+    start of file names, e.g. a figure's; either is fine). The nearest existing directory on the
+    way to `path` must be one this process may write in.
+    """
+    path = Path(path)
+    if kind == "file" and path.is_dir():
+        raise UsageError(f"{flag} {path} is a directory; expected the name of a file to write")
+    if kind == "directory" and path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path} is a file; expected a directory (a new or an empty one)")
+    place = path if kind == "directory" and path.is_dir() else path.parent
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    if place.exists() and not place.is_dir():
+        raise UsageError(f"{flag} {path}: {place} is a file, not a directory, so nothing can be written under it")
+    if not os.access(place, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: cannot write in {place} ({_why_not_writable(place)}); choose another {flag}")
+    return path
+
+
+def open_codes_files(paths: Sequence[str | Path], what: str = "codes file") -> list:
+    """The `CodeFile`s of `paths` (h5py only), each checked to exist and to be a readable codes file."""
+    for path in paths:
+        check_input_file(path, what)
+    from latentcode.store import CodeFile
+
+    return [CodeFile(path) for path in paths]
+
+
+def _available_labels(code_file) -> list[str]:
+    present = [name for name, has in (("prediction", code_file.has_prediction), ("target", code_file.has_target))
+               if has]
+    return [*code_file.label_names, *present, *code_file.extra_names]
+
+
+def _label_name(spec: str) -> str:
+    return str(spec).split("[", 1)[0].strip()
+
+
+def check_label(code_file, spec: str, flag: str) -> None:
+    """The label spec names a per-example array of the file (its index is checked when read)."""
+    if _label_name(spec) not in _available_labels(code_file):
+        raise UsageError(f"{flag} {spec}: {code_file.path} has no label {_label_name(spec)!r}; "
+                         f"its labels are {_available_labels(code_file)}")
+
+
+def check_decodable(code_file, spec: str, flag: str, split: str) -> None:
+    """A label a probe can learn: not one value for every example of the fitting split (for a
+    multi-column label such as term_present, not one value per column: nothing to decode)."""
+    name = _label_name(spec)
+    if spec.strip() != name or name not in code_file.label_names:
+        return  # one column of a label, or a prediction: the probe checks it when it reads it
+    values = code_file.labels(name, split)
+    rows = values.reshape(len(values), -1)
+    if len(rows) and (rows == rows[:1]).all():
+        same = (f"in each of its {rows.shape[1]} columns" if rows.shape[1] > 1 else f"({rows[0, 0]})")
+        raise UsageError(
+            f"{flag} {spec}: every example of split {split!r} in {code_file.path} has the same value {same}; "
+            f"a probe needs at least two classes to learn from (choose another {flag} or --fit-split)"
+        )
+
+
+def check_splits(code_file, splits: Mapping[str, str | None]) -> None:
+    """Each `{flag: split}` names a split of the file."""
+    for flag, split in splits.items():
+        if split is not None and split not in code_file.splits:
+            raise UsageError(f"{flag} {split}: {code_file.path} has no split {split!r}; its splits are {code_file.splits}")
 
 
 # -- latentcode tasks ------------------------------------------------------------------------------
@@ -39,10 +210,10 @@ def _tasks(subparsers: argparse._SubParsersAction) -> None:
         description="Estimate the fraction of SRAVEN instances whose 8 context panels admit "
         "another rule assignment with a different answer (see latentcode.tasks.ambiguity).",
     )
-    ambiguity.add_argument("--features", type=int, default=4, help="M, features per panel (default 4)")
-    ambiguity.add_argument("--values", type=int, default=8, help="K, values per feature (default 8)")
-    ambiguity.add_argument("--n", type=int, default=4096, help="instances to check (default 4096)")
-    ambiguity.add_argument("--seed", type=int, default=0)
+    ambiguity.add_argument("--features", type=integer(1), default=4, help="M, features per panel (default 4)")
+    ambiguity.add_argument("--values", type=integer(3), default=8, help="K, values per feature (default 8)")
+    ambiguity.add_argument("--n", type=POSITIVE_INTEGER, default=4096, help="instances to check (default 4096)")
+    ambiguity.add_argument("--seed", type=NON_NEGATIVE_INTEGER, default=0)
     ambiguity.add_argument(
         "--criterion", choices=("all_features", "any_feature"), default="all_features",
         help="all_features: the authors' criterion (default); any_feature: the paper's wording",
@@ -55,8 +226,8 @@ def _tasks(subparsers: argparse._SubParsersAction) -> None:
     ambiguity.set_defaults(handler=_run_ambiguity)
 
     counts = commands.add_parser("count", help="number of possible SRAVEN tasks and instances")
-    counts.add_argument("--features", type=int, default=4)
-    counts.add_argument("--values", type=int, default=8)
+    counts.add_argument("--features", type=integer(2), default=4)
+    counts.add_argument("--values", type=integer(3), default=8)
     counts.set_defaults(handler=_run_counts)
 
 
@@ -107,22 +278,23 @@ def parse_assignments(items: Sequence[str] | None, what: str) -> dict:
 # -- latentcode train -------------------------------------------------------------------------------
 TRAIN_OVERRIDES = (
     # flag, field, type, help
-    ("--seed", "seed", int, "training seed: initialization, data stream and dropout (default 0)"),
-    ("--lr", "learning_rate", float, "peak learning rate"),
-    ("--weight-decay", "weight_decay", float, "AdamW weight decay (matrices only)"),
-    ("--warmup-steps", "warmup_steps", int, "linear warmup steps"),
-    ("--batch-size", "batch_size", int, "global batch size"),
-    ("--instances", "n_train_instances", int, "training instances (overrides the scale)"),
-    ("--n-layers", "n_layers", int, "transformer blocks"),
-    ("--width-factor", "width_factor", int, "multiplies d_model, kqv_dim, v_dim, d_mlp and n_heads"),
-    ("--n-heads", "n_heads", int, "attention heads"),
-    ("--grad-clip", "grad_clip_norm", float, "clip gradients to this global norm"),
-    ("--mixed-precision", "mixed_precision", str, "auto (bf16 where supported), no, bf16 or fp16"),
-    ("--gradient-accumulation-steps", "gradient_accumulation_steps", int, "micro-batches per update"),
-    ("--eval-every", "eval_every", int, "steps between evaluations"),
-    ("--eval-instances", "eval_instances", int, "instances per evaluation split"),
-    ("--checkpoint-every", "checkpoint_every", int, "steps between checkpoints"),
-    ("--log-every", "log_every", int, "steps between log lines"),
+    ("--seed", "seed", NON_NEGATIVE_INTEGER, "training seed: initialization, data stream and dropout (default 0)"),
+    ("--lr", "learning_rate", POSITIVE_NUMBER, "peak learning rate"),
+    ("--weight-decay", "weight_decay", NON_NEGATIVE_NUMBER, "AdamW weight decay (matrices only)"),
+    ("--warmup-steps", "warmup_steps", NON_NEGATIVE_INTEGER, "linear warmup steps"),
+    ("--batch-size", "batch_size", POSITIVE_INTEGER, "global batch size"),
+    ("--instances", "n_train_instances", POSITIVE_INTEGER, "training instances (overrides the scale)"),
+    ("--n-layers", "n_layers", POSITIVE_INTEGER, "transformer blocks"),
+    ("--width-factor", "width_factor", POSITIVE_INTEGER, "multiplies d_model, kqv_dim, v_dim, d_mlp and n_heads"),
+    ("--n-heads", "n_heads", POSITIVE_INTEGER, "attention heads"),
+    ("--grad-clip", "grad_clip_norm", POSITIVE_NUMBER, "clip gradients to this global norm"),
+    ("--mixed-precision", "mixed_precision", one_of(MIXED_PRECISION),
+     "auto (bf16 where supported), no, bf16 or fp16"),
+    ("--gradient-accumulation-steps", "gradient_accumulation_steps", POSITIVE_INTEGER, "micro-batches per update"),
+    ("--eval-every", "eval_every", POSITIVE_INTEGER, "steps between evaluations"),
+    ("--eval-instances", "eval_instances", POSITIVE_INTEGER, "instances per evaluation split"),
+    ("--checkpoint-every", "checkpoint_every", POSITIVE_INTEGER, "steps between checkpoints"),
+    ("--log-every", "log_every", POSITIVE_INTEGER, "steps between log lines"),
     ("--variant", "variant", str, "task input variant to train and evaluate on (default the task's first; "
      "sraven: permuted, unpermuted; fuzzy_logic: uniform, fixed_context, fixed_query)"),
 )
@@ -130,7 +302,12 @@ TRAIN_OVERRIDES = (
 
 @subcommand
 def _train(subparsers: argparse._SubParsersAction) -> None:
-    from latentcode.training.presets import describe_presets
+    def epilog() -> str:  # built when help is printed: the preset table imports the tasks
+        from latentcode.training.presets import describe_presets
+
+        return ("presets:\n" + describe_presets() + "\n\nscales: tiny (smoke test), demo (a few minutes), cpu (under an "
+                "hour on 2 CPU cores), paper (the paper's budget)\n\nexamples:\n  latentcode train --preset fuzzy_logic "
+                "--attention hyla --scale cpu --out runs/fuzzy-hyla\n  latentcode train --resume runs/fuzzy-hyla")
 
     parser = subparsers.add_parser(
         "train",
@@ -140,9 +317,7 @@ def _train(subparsers: argparse._SubParsersAction) -> None:
         "`accelerate launch -m latentcode.cli train ...`, or several CPU processes with "
         "`torchrun --nproc_per_node 2 -m latentcode.cli train ...`. Writes a run directory with config.json, "
         "metrics.jsonl, checkpoints/, model/ and summary.json.",
-        epilog="presets:\n" + describe_presets() + "\n\nscales: tiny (smoke test), demo (a few minutes), cpu (under an hour on 2 CPU cores), "
-        "paper (the paper's budget)\n\nexamples:\n  latentcode train --preset fuzzy_logic --attention hyla --scale cpu "
-        "--out runs/fuzzy-hyla\n  latentcode train --resume runs/fuzzy-hyla",
+        epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--preset", help="fuzzy_logic or sraven (see below)")
@@ -161,31 +336,93 @@ def _train(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_run_train)
 
 
-def _run_train(args: argparse.Namespace) -> None:
+def read_json_file(path: str, flag: str) -> dict:
+    """The JSON object in the file `path` names, refused in one line naming the file otherwise."""
     import json
-    from pathlib import Path
 
-    from latentcode.training import TrainConfig, build_train_config, train
+    text = check_input_file(path, flag).read_bytes()
+    try:
+        data = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UsageError(f"{flag} {path} is not a JSON file ({error})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{flag} {path} holds a JSON {type(data).__name__}; expected an object of TrainConfig fields")
+    return data
 
+
+@checks("train")
+def _check_train(args: argparse.Namespace) -> None:
+    """What can be checked without the model modules (which import torch): flags that go
+    together, the preset, scale, variant and --set fields, the --config file, where the run goes."""
+    from latentcode.tasks import task_class
+    from latentcode.training.presets import MODEL_FIELDS, SCALES, TRAIN_FIELDS, presets, task_fields
+
+    overrides = {field: getattr(args, field) for _, field, _, _ in TRAIN_OVERRIDES if getattr(args, field) is not None}
+    given = [flag for flag, field, _, _ in TRAIN_OVERRIDES if field in overrides]
+    given += ["--set"] * bool(args.set) + ["--compile"] * args.compile
     if args.resume:
         if args.preset or args.config:
             raise UsageError("--resume continues a run with its own config; do not combine it with --preset or --config")
+        if given or args.out:
+            raise UsageError(f"--resume continues a run with its own config and directory; "
+                             f"{', '.join(given + ['--out'] * bool(args.out))} cannot change them")
+        from latentcode.rundir import RunDirectory
+
+        RunDirectory(args.resume).read_raw_config()
+        return
+    if args.config:
+        if args.preset:
+            raise UsageError("give either --preset or --config, not both")
+        if given:
+            raise UsageError(f"--config takes every setting from its file; {', '.join(given)} cannot be combined "
+                             "with it (edit the file, or use --preset)")
+        from latentcode.models.config import ConfigError
+        from latentcode.training.config import TrainConfig
+
+        args.config_data = read_json_file(args.config, "--config")
+        try:
+            TrainConfig.check_fields(args.config_data)
+        except ConfigError as error:  # it says what is wrong, not in which file
+            raise UsageError(f"--config {args.config}: {error}") from None
+    elif args.preset:
+        if args.preset not in presets():
+            raise UsageError(f"unknown preset {args.preset!r}; valid presets: {', '.join(presets())}")
+        if args.scale not in SCALES:
+            raise UsageError(f"--scale {args.scale}: unknown scale; valid scales: {', '.join(SCALES)}")
+        variants = task_class(presets()[args.preset].task["name"]).variants
+        if args.variant is not None and args.variant not in variants:
+            raise UsageError(f"--variant {args.variant}: not a variant of the {args.preset} task; valid variants: "
+                             f"{', '.join(variants)}")
+        known = TRAIN_FIELDS | MODEL_FIELDS | task_fields()
+        for key, value in parse_assignments(args.set, "--set").items():
+            if key not in known:
+                raise UsageError(f"--set {key}={value}: unknown field {key!r}; valid fields: {', '.join(sorted(known))}")
+    else:
+        raise UsageError("latentcode train needs --preset (fuzzy_logic or sraven), --config or --resume")
+    if args.out:
+        check_output(args.out, "--out", kind="directory")
+
+
+def _run_train(args: argparse.Namespace) -> None:
+    from latentcode.models.config import ConfigError
+    from latentcode.training import TrainConfig, build_train_config, train
+
+    if args.resume:
         run = train(resume=args.resume, progress=not args.quiet)
     else:
-        overrides = {field: getattr(args, field) for _, field, _, _ in TRAIN_OVERRIDES if getattr(args, field) is not None}
-        overrides |= parse_assignments(args.set, "--set")
-        if args.compile:
-            overrides["compile"] = True
         if args.config:
-            if args.preset:
-                raise UsageError("give either --preset or --config, not both")
-            config = TrainConfig.from_dict(json.loads(Path(args.config).read_text()))
-        elif args.preset:
-            config = build_train_config(args.preset, args.scale, args.attention, **overrides)
-            overrides = {}
+            try:
+                config = TrainConfig.from_dict(args.config_data)
+            except ConfigError as error:  # it says what is wrong, not in which file
+                raise UsageError(f"--config {args.config}: {error}") from None
         else:
-            raise UsageError("latentcode train needs --preset (fuzzy_logic or sraven), --config or --resume")
-        out = args.out or f"runs/{config.preset or config.task['name']}-{config.model_config().attention_name}-{config.scale}-seed{config.seed}"
+            overrides = {field: getattr(args, field) for _, field, _, _ in TRAIN_OVERRIDES
+                         if getattr(args, field) is not None}
+            overrides |= parse_assignments(args.set, "--set") | ({"compile": True} if args.compile else {})
+            config = build_train_config(args.preset, args.scale, args.attention, **overrides)
+        out = args.out or check_output(f"runs/{config.preset or config.task['name']}-"
+                                       f"{config.model_config().attention_name}-{config.scale}-seed{config.seed}",
+                                       "--out", kind="directory")
         run = train(config, out, progress=not args.quiet)
     if int(os.environ.get("RANK", "0")) != 0:
         return  # one report per run, from the main process of a multi-process launch
@@ -216,28 +453,52 @@ def _sweep(subparsers: argparse._SubParsersAction) -> None:
                         help="values of one field (any train/model/task field, or attention); 'paper' adds the "
                         "paper's grid for the preset")
     parser.add_argument("--seeds", default="0", help="comma-separated training seeds (default 0)")
-    parser.add_argument("--jobs", type=int, default=1, help="runs at a time, each in its own process (default 1)")
+    parser.add_argument("--jobs", type=POSITIVE_INTEGER, default=1,
+                        help="runs at a time, each in its own process (default 1)")
     parser.add_argument("--quiet", action="store_true")
     parser.set_defaults(handler=_run_sweep)
 
 
-def _run_sweep(args: argparse.Namespace) -> None:
-    from latentcode.training.presets import presets
-    from latentcode.training.sweeps import best_runs, paper_grid, sweep
+@checks("sweep")
+def _check_sweep(args: argparse.Namespace) -> None:
+    """The preset, scale, grid and seeds (each grid value is checked by `sweep`, before any run)."""
+    from latentcode.training.presets import MODEL_FIELDS, SCALES, TRAIN_FIELDS, presets, task_fields
 
+    if args.preset not in presets():
+        raise UsageError(f"--preset {args.preset}: unknown preset; valid presets: {', '.join(presets())}")
+    if args.scale not in SCALES:
+        raise UsageError(f"--scale {args.scale}: unknown scale; valid scales: {', '.join(SCALES)}")
     grid: dict = {}
+    known = TRAIN_FIELDS | MODEL_FIELDS | task_fields()
     for item in args.grid or []:
         if item == "paper":
-            if args.preset not in presets():
-                raise UsageError(f"unknown preset {args.preset!r}; valid presets: {', '.join(presets())}")
-            grid |= paper_grid(args.preset)
+            grid |= {key: list(values) for key, values in presets()[args.preset].paper_grid.items()}
             continue
         key, separator, values = item.partition("=")
+        key = key.strip().replace("-", "_")
         if not separator:
             raise UsageError(f"--grid expects FIELD=V1,V2,... or 'paper', got {item!r}")
-        grid[key.strip().replace("-", "_")] = [parse_value(value) for value in values.split(",") if value]
-    seeds = [int(seed) for seed in args.seeds.split(",") if seed]
-    rows = sweep(args.preset, args.scale, grid, args.out, seeds=seeds, jobs=args.jobs, progress=not args.quiet)
+        if key not in known:
+            raise UsageError(f"--grid {item}: unknown field {key!r}; valid fields: {', '.join(sorted(known))}")
+        grid[key] = [parse_value(value) for value in values.split(",") if value]
+        if not grid[key]:
+            raise UsageError(f"--grid {item}: no values after '='; expected FIELD=V1,V2,...")
+    try:
+        args.seed_list = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
+    except ValueError:
+        args.seed_list = []
+    if not args.seed_list or min(args.seed_list) < 0:
+        raise UsageError(f"--seeds {args.seeds}: expected comma-separated non-negative integers, e.g. 0,1,2")
+    args.grid_values = grid
+    check_output(args.out, "--out", kind="directory")
+
+
+def _run_sweep(args: argparse.Namespace) -> None:
+    from latentcode.training.sweeps import best_runs, sweep
+
+    grid = args.grid_values
+    rows = sweep(args.preset, args.scale, grid, args.out, seeds=args.seed_list, jobs=args.jobs,
+                 progress=not args.quiet)
     print(f"{len(rows)} runs; table: {args.out}/results.csv")
     for attention, row in best_runs(rows, args.preset).items():
         params = {k: v for k, v in row.items() if k in grid or k == "seed"}
@@ -275,6 +536,44 @@ def _extract(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing file")
     parser.add_argument("--quiet", action="store_true")
     parser.set_defaults(handler=_run_extract)
+
+
+@checks("extract")
+def _check_extract(args: argparse.Namespace) -> None:
+    """The model, its task, the split, the variant and the output, before torch is imported."""
+    from latentcode.rundir import WEIGHTS_FILE, RunDirectory, RunRecord
+
+    for flag, value, minimum in (("--n", args.n, 1), ("--batch-size", args.batch_size, 1), ("--seed", args.seed, 0)):
+        if value is not None and value < minimum:
+            kind = "a positive integer" if minimum else "a non-negative integer"
+            raise UsageError(f"argument {flag}: expected {kind}, got {value}")
+    run = Path(args.run)
+    task = parse_assignments(args.task, "--task")
+    if RunDirectory(run).looks_like_a_run():
+        task = task or RunRecord.read(run).task_config
+    elif not (run / WEIGHTS_FILE).is_file():
+        raise UsageError(f"RUN_DIR {run} is neither a finished run directory (with model/{WEIGHTS_FILE}) nor a "
+                         f"model directory (with {WEIGHTS_FILE}){'' if run.exists() else ': it does not exist'}")
+    elif not task:
+        raise UsageError(f"{run} is a model directory without its run: give its task with --task, "
+                         "e.g. --task name=sraven")
+    from latentcode.tasks import get_task
+
+    task_object = get_task(**task)
+    if args.split not in task_object.splits:
+        raise UsageError(f"--split: unknown split {args.split!r} for task {task_object.name!r}; "
+                         f"valid splits: {list(task_object.splits)}")
+    if args.variant is not None and args.variant not in task_object.variants:
+        raise UsageError(f"--variant: unknown variant {args.variant!r} for task {task_object.name!r}; "
+                         f"valid variants: {list(task_object.variants)}")
+    out = check_output(args.out, "--out")
+    if args.append and args.overwrite:
+        raise UsageError("--append adds to --out and --overwrite replaces it: give one of them")
+    if out.exists() and not (args.append or args.overwrite):
+        raise FileExistsError(f"--out {out} already exists; add --append to add examples to it, --overwrite to "
+                              "replace it, or choose another --out")
+    if out.exists() and args.append:
+        open_codes_files([out], "--out")  # a damaged file or one that is no codes file is refused now
 
 
 def _run_extract(args: argparse.Namespace) -> None:
@@ -403,16 +702,15 @@ def _run_intervene(args: argparse.Namespace) -> None:
 
 
 # -- analysis: probe, plot, heatmap, samples, report ---------------------------------------------------
-def _default_label(files: Sequence[str], label: str | None) -> str:
+def _default_label(code_files: Sequence, label: str | None, flag: str = "--label", kind: str = "probe_label") -> str:
+    """`label`, else the one the files' task analysis names (`probe_label` or `picture_label`)."""
     if label:
         return label
-    from latentcode.store import CodeFile
-
-    labels = {CodeFile(path).task_analysis.get("probe_label") for path in files}
+    labels = {code_file.task_analysis.get(kind, code_file.task_analysis.get("probe_label")) for code_file in code_files}
     if len(labels) == 1 and None not in labels:
         return labels.pop()
-    tasks = sorted({str(CodeFile(path).task_config.get("name")) for path in files})
-    raise UsageError(f"give --label: the files (tasks {tasks}) name no single label the task's analysis decodes")
+    tasks = sorted({str(code_file.task_config.get("name")) for code_file in code_files})
+    raise UsageError(f"give {flag}: the files (tasks {tasks}) name no single label the task's analysis decodes")
 
 
 @subcommand
@@ -435,12 +733,27 @@ def _probe(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--test-split", default="ood")
     parser.add_argument("--per-site", action="store_true", help="one probe per site instead of per layer")
     parser.add_argument("--ridge", action="store_true", help="ridge regression R^2 (continuous or multi-hot labels)")
-    parser.add_argument("--cv", type=int, default=3, help="cross-validation folds on the fit split (default 3)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cv", type=integer(2), default=3, help="cross-validation folds on the fit split (default 3)")
+    parser.add_argument("--seed", type=NON_NEGATIVE_INTEGER, default=0)
     parser.add_argument("--out", help="path stem for the table (.csv, .json) and the plot (.png); default: print only")
     parser.add_argument("--format", action="append", choices=("png", "svg", "pdf"), help="plot formats (default png)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(handler=_run_probe)
+
+
+@checks("probe")
+def _check_probe(args: argparse.Namespace) -> None:
+    code_files = open_codes_files(args.files)
+    from latentcode.provenance import check_one_task
+
+    check_one_task(code_files)  # one label decoded in files of different tasks means different things
+    args.label = _default_label(code_files, args.label)
+    for code_file in code_files:
+        check_splits(code_file, {"--fit-split": args.fit_split, "--test-split": args.test_split})
+        check_label(code_file, args.label, "--label")
+        check_decodable(code_file, args.label, "--label", args.fit_split)
+    if args.out:
+        check_output(args.out, "--out", kind="stem")
 
 
 def _run_probe(args: argparse.Namespace) -> None:
@@ -453,7 +766,7 @@ def _run_probe(args: argparse.Namespace) -> None:
         write_table,
     )
 
-    label = _default_label(args.files, args.label)
+    label = args.label
     probe = regress if args.ridge else decode
     table = probe(args.files, label, fit_split=args.fit_split, test_split=args.test_split, per_site=args.per_site,
                   cv=args.cv, seed=args.seed, progress=not args.quiet)
@@ -476,15 +789,25 @@ def _add_picture_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", action="append", choices=("png", "svg", "pdf"), help="default png; repeatable")
 
 
-def _draw(args: argparse.Namespace, label: str | None, kind: str, function: str, **options) -> None:
+def _check_picture(args: argparse.Namespace, flag: str, kind: str) -> None:
+    """The file, the label (`args.label`, flag `flag`), the split, the layer and the figure's path
+    (`kind` names it: FILE_<kind>_<label>); fills in the defaults."""
+    [code_file] = open_codes_files([args.file])
+    args.label = _default_label([code_file], args.label, flag, kind="picture_label")
+    check_splits(code_file, {"--split": args.split})
+    check_label(code_file, args.label, flag)
+    if getattr(args, "layer", None) is not None and args.layer not in code_file.layers:
+        raise UsageError(f"--layer {args.layer}: {args.file} has no layer {args.layer}; its layers are {code_file.layers}")
+    args.out = args.out or str(Path(args.file).with_suffix("")) + f"_{kind}_{_label_name(args.label)}"
+    check_output(args.out, "--out", kind="stem")
+
+
+def _draw(args: argparse.Namespace, function: str, **options) -> None:
     """Draw with `latentcode.analysis.<function>(file, label, path_stem, split, formats, **options)`."""
     import importlib
-    from pathlib import Path
 
     draw = getattr(importlib.import_module("latentcode.analysis"), function)
-    label = _default_label([args.file], label)
-    out = args.out or str(Path(args.file).with_suffix("")) + f"_{kind}_{label.split('[')[0]}"
-    paths = draw(args.file, label, out, split=args.split, formats=tuple(args.format or ["png"]), **options)
+    paths = draw(args.file, args.label, args.out, split=args.split, formats=tuple(args.format or ["png"]), **options)
     print("wrote " + ", ".join(map(str, paths)))
 
 
@@ -497,12 +820,14 @@ def _plot(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_picture_arguments(parser)
     parser.add_argument("--method", choices=("tsne", "umap"), default="tsne")
-    parser.add_argument("--color", help="label to colour by (default: the task's sub-task label)")
-    parser.add_argument("--max-points", type=int, default=2000, help="subsampling cap (default 2000)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--color", dest="label", help="label to colour by (default: the task's sub-task label)")
+    parser.add_argument("--max-points", type=POSITIVE_INTEGER, default=2000, help="subsampling cap (default 2000)")
+    parser.add_argument("--seed", type=NON_NEGATIVE_INTEGER, default=0)
     parser.set_defaults(handler=lambda args: _draw(
-        args, args.color, args.method, "plot_embedding",
-        method=args.method, max_points=args.max_points, seed=args.seed))
+        args, "plot_embedding", method=args.method, max_points=args.max_points, seed=args.seed))
+
+
+checks("plot")(lambda args: _check_picture(args, "--color", args.method))
 
 
 @subcommand
@@ -514,8 +839,10 @@ def _heatmap(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_picture_arguments(parser)
     parser.add_argument("--label", help="categorical label (default: rule for SRAVEN)")
-    parser.set_defaults(handler=lambda args: _draw(
-        args, args.label, "similarity", "plot_similarity"))
+    parser.set_defaults(handler=lambda args: _draw(args, "plot_similarity"))
+
+
+checks("heatmap")(lambda args: _check_picture(args, "--label", "similarity"))
 
 
 @subcommand
@@ -524,9 +851,10 @@ def _samples(subparsers: argparse._SubParsersAction) -> None:
     _add_picture_arguments(parser)
     parser.add_argument("--label", help="integer label (default: rule for SRAVEN)")
     parser.add_argument("--layer", type=int, help="layer (default: the last)")
-    parser.set_defaults(handler=lambda args: _draw(
-        args, args.label, "samples", "plot_code_samples",
-        layer=args.layer))
+    parser.set_defaults(handler=lambda args: _draw(args, "plot_code_samples", layer=args.layer))
+
+
+checks("samples")(lambda args: _check_picture(args, "--label", "samples"))
 
 
 @subcommand
@@ -542,12 +870,38 @@ def _report(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--fit-split", default="train")
     parser.add_argument("--test-split", default="ood")
     parser.add_argument("--method", action="append", choices=("tsne", "umap"), help="embeddings to draw (default tsne)")
-    parser.add_argument("--max-points", type=int, default=1000)
+    parser.add_argument("--max-points", type=POSITIVE_INTEGER, default=1000)
     parser.add_argument("--title", default="latentcode report")
     parser.add_argument("--out", default="report.html")
     parser.add_argument("--overwrite", action="store_true")
     parser.add_argument("--quiet", action="store_true")
     parser.set_defaults(handler=_run_report)
+
+
+@checks("report")
+def _check_report(args: argparse.Namespace) -> None:
+    """Runs and codes files that belong together, a label they all have, an output to write."""
+    if not args.runs and not args.codes:
+        raise UsageError("latentcode report needs RUN_DIR arguments, --codes files, or both")
+    for run in args.runs:
+        if not Path(run).exists():
+            raise FileNotFoundError(f"RUN_DIR {run} does not exist")
+    for path in args.codes or ():
+        check_input_file(path, "--codes")
+    from latentcode.provenance import check_codes_from_runs, check_one_task, codes_of_runs
+    from latentcode.rundir import RunRecord
+
+    runs = [RunRecord.read(run) for run in args.runs]
+    code_files = open_codes_files(args.codes, "--codes") if args.codes else open_codes_files(codes_of_runs(runs))
+    check_one_task(code_files, runs)
+    check_codes_from_runs(runs, code_files)
+    if code_files:
+        label = _default_label(code_files, args.label)
+        for code_file in code_files:
+            check_label(code_file, label, "--label")
+    out = check_output(args.out, "--out")
+    if out.exists() and not args.overwrite:
+        raise FileExistsError(f"--out {out} already exists; add --overwrite to replace it, or choose another --out")
 
 
 def _run_report(args: argparse.Namespace) -> None:
@@ -575,26 +929,65 @@ def _demo(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--task", default=None,
                         help="fuzzy_logic (default) or sraven; both start from the checkpoints shipped in models/")
     parser.add_argument("--train", action="store_true", help="train the models here instead of using the shipped ones")
+    parser.add_argument("--models", metavar="DIR", help="the directory of the shipped checkpoints (default: found "
+                        "beside the source, or installed with the package; or $LATENTCODE_MODELS)")
     parser.add_argument("--scale", default="demo", help="training scale with --train (tiny, demo, cpu; default demo)")
     parser.add_argument("--out", default="latentcode-demo", help="output directory (a new one if it exists)")
-    parser.add_argument("--n-codes", type=int, default=2048, help="instances per split to extract (default 2048)")
+    parser.add_argument("--n-codes", type=POSITIVE_INTEGER, default=2048,
+                        help="instances per split to extract (default 2048)")
     parser.add_argument("--quiet", action="store_true")
     parser.set_defaults(handler=_run_demo)
 
 
+@checks("demo")
+def _check_demo(args: argparse.Namespace) -> None:
+    from latentcode.shipped import (
+        MODELS_ENV,
+        SHIPPED_ATTENTIONS,
+        find_models_directory,
+        missing_checkpoints,
+        searched,
+    )
+    from latentcode.tasks import DEMO_TASK, task_class, task_names
+
+    args.task = args.task or DEMO_TASK
+    demo_tasks = [name for name in task_names() if task_class(name).training_setup is not None]
+    if args.task not in demo_tasks:
+        raise UsageError(f"--task {args.task}: unknown demo task; choose one of {demo_tasks}")
+    if args.train:
+        from latentcode.training.presets import SCALES
+
+        if args.scale not in SCALES:
+            raise UsageError(f"--scale {args.scale}: unknown scale; valid scales: {', '.join(SCALES)}")
+    else:
+        directory = find_models_directory(args.models)
+        if directory is None:
+            raise UsageError(f"the shipped checkpoints are not installed (looked in: {searched()}); pass --models DIR "
+                             f"(the models/ directory of a latentcode checkout) or set {MODELS_ENV}, or add --train")
+        where = f"--models {args.models}" if args.models else f"{MODELS_ENV}={directory}" if os.environ.get(
+            MODELS_ENV) else str(directory)
+        if not directory.is_dir():
+            raise UsageError(f"{where} is not a directory; expected the directory of the shipped checkpoints")
+        missing = missing_checkpoints(directory, args.task, SHIPPED_ATTENTIONS)
+        if missing:
+            raise UsageError(f"{where} lacks the shipped checkpoints {missing} (<name>/model/model.safetensors); "
+                             "pass --models DIR holding them, or add --train to train new ones")
+        args.models = directory
+    check_output(args.out, "--out", kind="stem")
+
+
 def _run_demo(args: argparse.Namespace) -> None:
     from latentcode.demo import run_demo
-    from latentcode.tasks import DEMO_TASK
 
-    run_demo(task=args.task or DEMO_TASK, out=args.out, train=args.train, scale=args.scale, n_codes=args.n_codes,
-             progress=not args.quiet)
+    run_demo(task=args.task, out=args.out, train=args.train, scale=args.scale, n_codes=args.n_codes,
+             progress=not args.quiet, models_dir=None if args.train else args.models)
 
 
 # -- entry point ---------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     from latentcode import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = CommandLineParser(
         prog="latentcode",
         description="Mechanistic interpretability of attention latent codes: train softmax, linear "
         "and HYLA transformers on compositional tasks, extract latent codes with hooks into HDF5, "
@@ -608,9 +1001,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns its exit status (2: a user error, printed as one line; argparse's
+    own errors exit with 2 as well)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        check = _CHECKS.get(args.command)
+        if check is not None:
+            check(args)
         status = args.handler(args)
     except USER_ERRORS as error:
         if os.environ.get("LATENTCODE_DEBUG"):

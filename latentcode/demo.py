@@ -1,7 +1,8 @@
 """`latentcode demo`: the whole pipeline on an embedded default, in a few minutes on 2 CPU cores.
 
 1. models: softmax, linear and HYLA models for the task, from the checkpoints shipped in
-   `models/` (trained on CPU, see their model cards), or trained here with `train=True`;
+   `models/` (trained on CPU, see their model cards; found after any install, or in `models_dir`,
+   see `latentcode.shipped`), or trained here with `train=True`;
 2. extraction: their latent codes on in-distribution (`train`) and OOD (`ood`) tasks, at the
    paper's sites (SRAVEN: `sraven-rule` on unpermuted instances; fuzzy logic: `last-self` on the
    fixed-query variant, as the authors' analysis);
@@ -22,14 +23,16 @@ from pathlib import Path
 
 from latentcode.analysis.report import Report, build_report
 from latentcode.errors import UsageError
+from latentcode.shipped import SHIPPED_ATTENTIONS, shipped_run
 from latentcode.tasks import DEMO_TASK, task_class, task_names
 
-ATTENTIONS = ("softmax", "linear", "hyla")
-SHIPPED_MODELS = Path(__file__).resolve().parents[1] / "models"
+ATTENTIONS = SHIPPED_ATTENTIONS
+__all__ = ["ATTENTIONS", "demo_tasks", "fresh_directory", "run_demo", "shipped_run"]
 
 
-def shipped_run(task: str, attention: str) -> Path:
-    return SHIPPED_MODELS / f"{task}-{attention}"
+def demo_tasks() -> list[str]:
+    """The tasks the demo runs: those with a training setup (a `latentcode train` preset)."""
+    return [name for name in task_names() if task_class(name).training_setup is not None]
 
 
 def fresh_directory(path: Path) -> Path:
@@ -52,18 +55,22 @@ def run_demo(
     max_points: int = 1000,
     progress: bool = True,
     model_overrides: dict | None = None,
+    models_dir: str | Path | None = None,
 ) -> Report:
     """Run the demo (see the module docstring) and return its report.
 
     train: train the models here at `scale` instead of using the shipped checkpoints
         (`model_overrides`, e.g. {"n_layers": 1}, shrink them for tests).
     n_codes: instances per split whose latent codes are extracted.
+    models_dir: the directory of the shipped checkpoints (default: found, see `latentcode.shipped`).
     """
     import latentcode
     from latentcode.training import build_train_config
 
-    if task not in task_names() or task_class(task).training_setup is None:
-        raise UsageError(f"unknown demo task {task!r}; choose one of {[name for name in task_names() if task_class(name).training_setup]}")
+    if task not in demo_tasks():
+        raise UsageError(f"unknown demo task {task!r}; choose one of {demo_tasks()}")
+    # Find every shipped checkpoint before anything is written or trained.
+    shipped = {attention: shipped_run(task, attention, models_dir) for attention in attentions} if not train else {}
     # How the shipped checkpoints were trained (models/recreate.sh), and so how `train=True` trains;
     # the sites and input variant of the paper's latent-code analysis.
     shipped_training = task_class(task).training_setup.shipped
@@ -77,13 +84,10 @@ def run_demo(
     run_dirs = []
     for attention in attentions:
         destination = out / "runs" / attention
-        shipped = shipped_run(task, attention)
-        if not train and (shipped / "model" / "model.safetensors").is_file():
-            say(f"  {attention}: shipped checkpoint {shipped}")
-            shutil.copytree(shipped, destination, ignore=shutil.ignore_patterns("checkpoints", "*.md", "*.py"))
+        if not train:
+            say(f"  {attention}: shipped checkpoint {shipped[attention]}")
+            shutil.copytree(shipped[attention], destination, ignore=shutil.ignore_patterns("checkpoints", "*.md", "*.py"))
         else:
-            if not train:
-                say(f"  {attention}: no shipped checkpoint at {shipped}; training one at scale {scale!r}")
             config = build_train_config(task, scale, attention, **{**shipped_training, **(model_overrides or {})})
             say(f"  {attention}: training {config.steps} steps ({config.notes['scale']})")
             latentcode.train(config, destination, progress=progress)

@@ -392,6 +392,49 @@ class CodeWriter:
             self.abort()
 
 
+def check_readable_hdf5(path: Path) -> None:
+    """Refuse, naming the file, what h5py cannot open: not HDF5 at all, or truncated or damaged."""
+    if path.is_dir():
+        raise CodeFileError(f"{path} is a directory; expected a codes file")
+    if not h5py.is_hdf5(path):
+        raise CodeFileError(f"{path} is not an HDF5 file")
+    try:
+        h5py.File(path, "r").close()
+    except OSError as error:  # h5py reports a truncated or damaged file only as OSError
+        raise CodeFileError(f"{path} is a damaged or truncated HDF5 file ({error})") from None
+
+
+# Root attributes the reader parses, and what each must be; a file that fails is refused naming
+# the attribute, not with a bare JSON or key error.
+_JSON_ATTRIBUTES = ("model_config", "task_config", "selector", "splits")
+_LABEL_JSON_ATTRIBUTES = ("value_names", "column_names")
+
+
+def checked_attributes(path: Path, file: h5py.File) -> dict[str, Any]:
+    """The root attributes of an open codes file as Python values, after checking that those the
+    reader parses are there and well formed (and the label attributes it parses)."""
+    attrs = {key: (value.item() if isinstance(value, np.generic) else value) for key, value in file.attrs.items()}
+    for group in ("codes", "labels", "extra", "split"):
+        if group not in file:
+            raise CodeFileError(f"{path} has no /{group}; a latentcode codes file has /codes, /labels, /extra and /split")
+    for name in ("n_heads", *_JSON_ATTRIBUTES):
+        if name not in attrs:
+            raise CodeFileError(f"{path} lacks the root attribute {name!r} that every codes file has")
+    try:
+        int(attrs["n_heads"])
+    except (TypeError, ValueError):
+        raise CodeFileError(f"{path}: root attribute 'n_heads' is {attrs['n_heads']!r}; expected an integer") from None
+    places = [(f"root attribute {name!r}", attrs[name]) for name in (*_JSON_ATTRIBUTES, "task_analysis") if name in attrs]
+    places += [(f"attribute {kind!r} of /labels/{label}", file["labels"][label].attrs[kind])
+               for label in file["labels"] for kind in _LABEL_JSON_ATTRIBUTES if kind in file["labels"][label].attrs]
+    for where, text in places:
+        try:
+            json.loads(text or "{}")
+        except (TypeError, ValueError) as error:
+            raise CodeFileError(f"{path}: {where} is not valid JSON ({error}): {str(text)[:60]!r}") from None
+    return attrs
+
+
 class CodeFile:
     """Read a codes file: latent codes and labels as numpy arrays, filtered by site and split.
 
@@ -406,8 +449,7 @@ class CodeFile:
         self.path = Path(path)
         if not self.path.exists():
             raise FileNotFoundError(f"no codes file at {self.path}")
-        if not h5py.is_hdf5(self.path):
-            raise CodeFileError(f"{self.path} is not an HDF5 file")
+        check_readable_hdf5(self.path)
         with h5py.File(self.path, "r") as file:
             attrs = dict(file.attrs)
             if attrs.get("format") != FORMAT:
@@ -420,7 +462,7 @@ class CodeFile:
                 raise CodeFileError(
                     f"{self.path} has schema version {version}; this latentcode reads version {SCHEMA_VERSION}"
                 )
-            self.attrs = {key: (value.item() if isinstance(value, np.generic) else value) for key, value in attrs.items()}
+            self.attrs = checked_attributes(self.path, file)
             self.sites = sorted(Site.from_name(name) for name in file["codes"])
             self.heads_of = {site: file["codes"][site.name].shape[1] for site in self.sites}
             self.label_names = sorted(file["labels"])

@@ -32,6 +32,7 @@ from latentcode.analysis.plots import (
 )
 from latentcode.analysis.probes import decode, headline_lines, summary_rows, write_table
 from latentcode.errors import LatentcodeError
+from latentcode.provenance import check_codes_from_runs, check_one_task, codes_of_runs
 from latentcode.rundir import RunRecord
 from latentcode.store import CodeFile
 
@@ -152,16 +153,18 @@ def build_report(
 ) -> Report:
     """Write the report to `out` (figures and tables beside it in `<out stem>_files/`)."""
     out = Path(out)
+    if out.is_dir():
+        raise ReportError(f"out={str(out)!r} is a directory; expected the path of the HTML file to write")
     if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} already exists; choose another --out or pass overwrite=True (--overwrite)")
+        raise FileExistsError(f"{out} already exists; pass overwrite=True to replace it, or choose another out")
     if not run_dirs and not codes_files:
         raise ReportError("a report needs at least one run directory or codes file")
     runs = [RunRecord.read(path) for path in run_dirs]
-    codes_paths = [Path(p) for p in codes_files]
-    if not codes_paths:
-        for run in runs:
-            codes_paths += sorted((run.path / "codes").glob("*.h5")) if (run.path / "codes").is_dir() else []
-    code_files = [CodeFile(path) for path in codes_paths]
+    code_files = [CodeFile(path) for path in codes_files or codes_of_runs(runs)]
+    codes_paths = [code_file.path for code_file in code_files]
+    # Numbers side by side must be comparable: one task, and codes of the runs they are shown with.
+    check_one_task(code_files, runs)
+    check_codes_from_runs(runs, code_files)
     files_dir = out.with_name(f"{out.stem}_files")
     files_dir.mkdir(parents=True, exist_ok=True)
 

@@ -51,7 +51,7 @@ import math
 import numbers
 import zlib
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -96,6 +96,16 @@ class Batch:
 
     def __len__(self) -> int:
         return len(self.x)
+
+    def torch(self, device=None) -> Batch:
+        """The same batch with ``x`` and ``y`` as torch tensors on ``device`` (default CPU, sharing
+        memory with the arrays there), for a model: ``model(batch.torch().x)``. Labels stay numpy
+        arrays: they describe the instances, for the analysis. Imports torch only when called, so
+        tasks stay free of it."""
+        import torch
+
+        return replace(self, x=torch.as_tensor(self.x, device=device),
+                       y=torch.as_tensor(self.y, device=device))
 
 
 class TaskError(LatentcodeError, ValueError):

@@ -99,11 +99,20 @@ class TrainConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+    def check_fields(cls, data: dict[str, Any]) -> None:
+        """Refuse unknown or missing fields (before any validation, which needs the model modules)."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"unknown TrainConfig field(s) {unknown}; valid fields: {sorted(known)}")
+        required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING}
+        if required - set(data):
+            raise ConfigError(f"missing TrainConfig field(s) {sorted(required - set(data))}; required: {sorted(required)}")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        cls.check_fields(data)
         return cls(**data)
 
     def replace(self, **changes: Any) -> TrainConfig:

@@ -40,6 +40,8 @@ def task_fields() -> set[str]:
 
 # ModelConfig fields a user may override by name; the task fixes the input, output and context sizes.
 MODEL_FIELDS = {field.name for field in dataclasses.fields(ModelConfig)} - {"d_in", "d_out", "n_ctx"}
+# TrainConfig fields a user may override by name; the preset sets the task, model and identity.
+TRAIN_FIELDS = {field.name for field in dataclasses.fields(TrainConfig)} - {"task", "model", "preset", "scale", "notes"}
 
 
 def describe_presets() -> str:
@@ -75,14 +77,21 @@ def build_train_config(preset: str, scale: str = "cpu", attention: str = "softma
             task["seed" if key == "task_seed" else key] = value
         elif key in MODEL_FIELDS:
             model[key] = value
-        else:
+        elif key in TRAIN_FIELDS:
             train_fields[key] = value
+        else:
+            raise ConfigError(
+                f"unknown field {key!r}; valid fields: training {sorted(TRAIN_FIELDS)}, model {sorted(MODEL_FIELDS)}, "
+                f"task {sorted(task_fields())}"
+            )
 
     task_object = get_task(**task)
     model.update(d_in=task_object.d_in, d_out=task_object.d_out, n_ctx=task_object.seq_len)
 
     n_train = train_fields.pop("n_train_instances", spec.train_instances[scale])
     batch_size = train_fields.get("batch_size", 128)
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
     steps = n_train // batch_size
     notes = {"scale": f"{scale}: {n_train:,} training instances ({steps:,} steps of {batch_size})"}
     if "warmup_steps" not in overrides and train_fields["warmup_steps"] > steps // 10:

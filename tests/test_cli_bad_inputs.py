@@ -1,0 +1,382 @@
+"""Every user mistake on the command line is answered with one line, `error: ...`, exit status 2,
+naming what was wrong, and leaves everything that was already there as it was (issue 14 item 4).
+
+Each row of BAD_INPUTS runs `latentcode.cli.main` in a workspace of real inputs (a shipped run,
+codes files good and broken, configs, a file where a directory is expected, an immutable
+directory, a read-only file system) and checks the message and that the workspace is unchanged,
+byte for byte, with no file added.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from latentcode.cli import main
+from latentcode.store import CodeWriter, Site
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+SITES = [Site(0, 31, 31), Site(1, 31, 31)]
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_codes(path: Path, task_config: dict, analysis: dict, labels: dict, checkpoint: str, model_name: str,
+                n_per_split: int = 30) -> Path:
+    """A small codes file written with the store's writer: random codes, the given labels."""
+    rng = np.random.default_rng(0)
+    metadata = {"model_name": model_name, "model_config": {"attention": model_name}, "checkpoint_sha256": checkpoint,
+                "task_config": task_config, "task_analysis": analysis, "seed": 0}
+    with CodeWriter(path, SITES, 4, metadata) as writer:
+        for split in ("train", "ood"):
+            writer.append(codes={site: rng.normal(size=(n_per_split, 4)) for site in SITES},
+                          labels={name: make(rng, n_per_split) for name, make in labels.items()}, split=split)
+    return path
+
+
+FUZZY_ANALYSIS = {"probe_label": "term_present", "picture_label": "task_index", "selector": "last-self",
+                  "variant": "fixed_query", "headline_metric": "r2"}
+SRAVEN_ANALYSIS = {"probe_label": "rule", "picture_label": "rule", "selector": "sraven-rule",
+                   "variant": "unpermuted", "headline_metric": "accuracy"}
+FUZZY_LABELS = {"term_present": lambda rng, n: rng.integers(0, 2, size=(n, 6)),
+                "task_index": lambda rng, n: rng.integers(0, 5, size=n)}
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    """Inputs good and bad, made once; every row must leave them exactly as they are."""
+    root = tmp_path_factory.mktemp("workspace")
+    run = root / "run"
+    shutil.copytree(MODELS / "fuzzy_logic-hyla", run, ignore=shutil.ignore_patterns("*.md"))
+    run_task = json.loads((run / "config.json").read_text())["train"]["task"]
+    run_checkpoint = sha256(run / "model" / "model.safetensors")
+    sraven_checkpoint = sha256(MODELS / "sraven-hyla" / "model" / "model.safetensors")
+    shutil.copytree(run / "model", root / "model_only")
+
+    fuzzy = write_codes(root / "fuzzy.h5", run_task, FUZZY_ANALYSIS, FUZZY_LABELS, run_checkpoint, "hyla")
+    softmax_checkpoint = sha256(MODELS / "fuzzy_logic-softmax" / "model" / "model.safetensors")
+    write_codes(root / "fuzzy_softmax.h5", run_task, FUZZY_ANALYSIS, FUZZY_LABELS, softmax_checkpoint, "softmax")
+    (root / "softmax_checkpoint").write_text(softmax_checkpoint[:12])
+    (root / "run_checkpoint").write_text(run_checkpoint[:12])
+    write_codes(root / "fuzzy_other_task.h5", {**run_task, "frac_test": 0.5}, FUZZY_ANALYSIS, FUZZY_LABELS,
+                run_checkpoint, "hyla")
+    write_codes(root / "sraven.h5", {"name": "sraven", "n_features": 4, "n_values": 8, "frac_ood": 0.25, "seed": 0},
+                SRAVEN_ANALYSIS, {"rule": lambda rng, n: rng.integers(0, 8, size=n)}, sraven_checkpoint, "hyla")
+    write_codes(root / "one_class.h5", run_task, FUZZY_ANALYSIS,
+                {"term_present": lambda rng, n: np.tile([1, 0, 0, 1, 0, 0], (n, 1)),
+                 "constant": lambda rng, n: np.zeros(n, dtype=np.int64)}, run_checkpoint, "hyla")
+    data = fuzzy.read_bytes()
+    (root / "truncated.h5").write_bytes(data[: len(data) // 2])
+    (root / "not_hdf5.h5").write_text("latent codes, honestly\n")
+    with h5py.File(root / "other.h5", "w") as file:
+        file["x"] = np.arange(10)
+    shutil.copy(fuzzy, root / "bad_attribute.h5")
+    with h5py.File(root / "bad_attribute.h5", "r+") as file:
+        file.attrs["task_config"] = "{not json"
+    shutil.copy(fuzzy, root / "bad_label_attribute.h5")
+    with h5py.File(root / "bad_label_attribute.h5", "r+") as file:
+        file["labels/term_present"].attrs["column_names"] = "[x0, x1"
+    shutil.copy(fuzzy, root / "existing.h5")
+    (root / "existing.html").write_text("<html>my report</html>")
+
+    config = json.loads((run / "config.json").read_text())["train"]
+    (root / "config.json").write_text(json.dumps(config))
+    (root / "config_not_json.json").write_text("preset: fuzzy_logic\n")
+    (root / "config_list.json").write_text("[1, 2]")
+    (root / "config_unknown.json").write_text(json.dumps({**config, "learning_rat": 0.1}))
+    (root / "config_missing.json").write_text(json.dumps({"task": {"name": "fuzzy_logic"}}))
+    (root / "a_file").write_text("a file, not a directory")
+    (root / "a_dir").mkdir()
+    (root / "a_dir" / "keep.txt").write_text("keep")
+    (root / "empty_dir").mkdir()
+    (root / "locked").mkdir()
+    (root / "readonly").mkdir()
+    return root
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Every file and directory under root: kind, mode, size and content hash."""
+    state = {}
+    for path in sorted(root.rglob("*")):
+        info = path.lstat()
+        content = sha256(path) if path.is_file() else ""
+        state[str(path.relative_to(root))] = (path.is_dir(), oct(info.st_mode), info.st_size if path.is_file() else 0,
+                                             content)
+    return state
+
+
+@contextlib.contextmanager
+def immutable(directory: Path):
+    """The directory cannot be written in: immutable (as root, which permissions do not stop) or 0555."""
+    if os.geteuid() == 0:
+        if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(directory)]).returncode:
+            pytest.skip("needs chattr +i (CAP_LINUX_IMMUTABLE) to make an unwritable directory as root")
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-i", str(directory)], check=True)
+    else:
+        directory.chmod(0o555)
+        try:
+            yield
+        finally:
+            directory.chmod(0o755)
+
+
+@contextlib.contextmanager
+def read_only_file_system(directory: Path):
+    """A read-only tmpfs mounted on the directory (needs root and CAP_SYS_ADMIN)."""
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(directory)],
+                                           capture_output=True).returncode:
+        pytest.skip("needs mount (root, CAP_SYS_ADMIN) for a read-only file system")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", str(directory)], check=True)
+
+
+TRAIN = ["train", "--preset", "fuzzy_logic", "--scale", "tiny"]
+SWEEP = ["sweep", "--preset", "fuzzy_logic", "--scale", "tiny"]
+EXTRACT = ["extract", "{run}", "--n", "16"]
+# (id, command line with {placeholders} of workspace paths, what the one line must say, where it
+# may need an immutable directory or a read-only file system)
+BAD_INPUTS = [
+    # train
+    ("train-batch-size-0", [*TRAIN, "--batch-size", "0"], "argument --batch-size: expected a positive integer, got '0'"),
+    ("train-batch-size-negative", [*TRAIN, "--batch-size", "-4"], "argument --batch-size: expected a positive integer"),
+    ("train-lr-text", [*TRAIN, "--lr", "fast"], "argument --lr: expected a positive number, got 'fast'"),
+    ("train-lr-zero", [*TRAIN, "--lr", "0"], "argument --lr: expected a positive number, got '0'"),
+    ("train-lr-nan", [*TRAIN, "--lr", "nan"], "argument --lr: expected a positive number, got 'nan'"),
+    ("train-n-layers-0", [*TRAIN, "--n-layers", "0"], "argument --n-layers: expected a positive integer"),
+    ("train-mixed-precision", [*TRAIN, "--mixed-precision", "fp8"],
+     "argument --mixed-precision: expected one of auto, no, bf16, fp16, got 'fp8'"),
+    ("train-set-unknown-key", [*TRAIN, "--set", "nosuchkey=1"], "--set nosuchkey=1: unknown field 'nosuchkey'"),
+    ("train-set-without-value", [*TRAIN, "--set", "frac_test"], "--set expects KEY=VALUE, got 'frac_test'"),
+    ("train-unknown-preset", ["train", "--preset", "mnist"], "unknown preset 'mnist'; valid presets: fuzzy_logic"),
+    ("train-unknown-scale", [*TRAIN[:3], "--scale", "huge"], "--scale huge: unknown scale; valid scales: tiny"),
+    ("train-unknown-variant", [*TRAIN, "--variant", "mirrored"], "--variant mirrored: not a variant of the fuzzy_logic"),
+    ("train-nothing-to-train", ["train"], "latentcode train needs --preset"),
+    ("train-preset-and-config", [*TRAIN, "--config", "{config.json}"], "give either --preset or --config, not both"),
+    ("train-config-directory", ["train", "--config", "{a_dir}"], "--config {a_dir} is a directory; expected a file"),
+    ("train-config-missing", ["train", "--config", "{none.json}"], "--config {none.json} does not exist"),
+    ("train-config-not-json", ["train", "--config", "{config_not_json.json}"],
+     "--config {config_not_json.json} is not a JSON file (Expecting value: line 1 column 1"),
+    ("train-config-not-an-object", ["train", "--config", "{config_list.json}"],
+     "holds a JSON list; expected an object of TrainConfig fields"),
+    ("train-config-unknown-field", ["train", "--config", "{config_unknown.json}"],
+     "--config {config_unknown.json}: unknown TrainConfig field(s) ['learning_rat']"),
+    ("train-config-missing-fields", ["train", "--config", "{config_missing.json}"],
+     "--config {config_missing.json}: missing TrainConfig field(s) ['learning_rate', 'model'"),
+    ("train-config-with-overrides", ["train", "--config", "{config.json}", "--lr", "0.1", "--set", "seq_len=8"],
+     "--config takes every setting from its file; --lr, --set cannot be combined with it"),
+    ("train-resume-not-a-run", ["train", "--resume", "{a_dir}"], "{a_dir} is not a latentcode run directory"),
+    ("train-resume-with-preset", ["train", "--resume", "{run}", "--preset", "sraven"],
+     "--resume continues a run with its own config; do not combine it with --preset"),
+    ("train-resume-with-overrides", ["train", "--resume", "{run}", "--lr", "0.1", "--out", "{a_dir}"],
+     "--resume continues a run with its own config and directory; --lr, --out cannot change them"),
+    ("train-out-is-a-file", [*TRAIN, "--out", "{a_file}"], "--out {a_file} is a file; expected a directory"),
+    ("train-out-under-a-file", [*TRAIN, "--out", "{a_file}/run"], "{a_file} is a file, not a directory"),
+    ("train-out-immutable", [*TRAIN, "--out", "{locked}/run"], "cannot write in {locked} (no write permission"),
+    ("train-out-read-only", [*TRAIN, "--out", "{readonly}/run"], "cannot write in {readonly} (read-only file system)"),
+    # sweep
+    ("sweep-seeds-not-numbers", [*SWEEP, "--out", "{a_dir}/s", "--seeds", "a,b"],
+     "--seeds a,b: expected comma-separated non-negative integers"),
+    ("sweep-grid-without-values", [*SWEEP, "--out", "{a_dir}/s", "--grid", "lr"], "--grid expects FIELD=V1,V2,..."),
+    ("sweep-grid-unknown-field", [*SWEEP, "--out", "{a_dir}/s", "--grid", "lr=1,2"], "--grid lr=1,2: unknown field 'lr'"),
+    ("sweep-grid-empty", [*SWEEP, "--out", "{a_dir}/s", "--grid", "learning_rate="], "no values after '='"),
+    ("sweep-jobs-0", [*SWEEP, "--out", "{a_dir}/s", "--jobs", "0"], "argument --jobs: expected a positive integer"),
+    ("sweep-unknown-preset", ["sweep", "--preset", "mnist", "--out", "{a_dir}/s"], "--preset mnist: unknown preset"),
+    ("sweep-out-is-a-file", [*SWEEP, "--out", "{a_file}"], "--out {a_file} is a file; expected a directory"),
+    # extract
+    ("extract-run-missing", ["extract", "{none}", "--out", "{a_dir}/c.h5"],
+     "RUN_DIR {none} is neither a finished run directory"),
+    ("extract-run-empty-directory", ["extract", "{empty_dir}", "--out", "{a_dir}/c.h5"],
+     "RUN_DIR {empty_dir} is neither a finished run directory"),
+    ("extract-model-without-task", ["extract", "{model_only}", "--out", "{a_dir}/c.h5"],
+     "is a model directory without its run: give its task with --task"),
+    ("extract-unknown-task", ["extract", "{model_only}", "--task", "name=mnist", "--out", "{a_dir}/c.h5"],
+     "unknown task 'mnist'"),
+    ("extract-task-without-value", ["extract", "{model_only}", "--task", "sraven", "--out", "{a_dir}/c.h5"],
+     "--task expects KEY=VALUE, got 'sraven'"),
+    ("extract-n-0", ["extract", "{run}", "--n", "0", "--out", "{a_dir}/c.h5"], "argument --n: expected a positive integer"),
+    ("extract-batch-size-0", [*EXTRACT, "--batch-size", "0", "--out", "{a_dir}/c.h5"],
+     "argument --batch-size: expected a positive integer, got 0"),
+    ("extract-seed-negative", [*EXTRACT, "--seed", "-1", "--out", "{a_dir}/c.h5"],
+     "argument --seed: expected a non-negative integer, got -1"),
+    ("extract-unknown-split", [*EXTRACT, "--split", "odd", "--out", "{a_dir}/c.h5"],
+     "--split: unknown split 'odd' for task 'fuzzy_logic'; valid splits:"),
+    ("extract-unknown-variant", [*EXTRACT, "--variant", "mirrored", "--out", "{a_dir}/c.h5"],
+     "--variant: unknown variant 'mirrored' for task 'fuzzy_logic'"),
+    ("extract-out-exists", [*EXTRACT, "--out", "{existing.h5}"],
+     "--out {existing.h5} already exists; add --append to add examples to it, --overwrite to replace it"),
+    ("extract-out-directory-overwrite", [*EXTRACT, "--out", "{a_dir}", "--overwrite"],
+     "--out {a_dir} is a directory; expected the name of a file to write"),
+    ("extract-out-under-a-file", [*EXTRACT, "--out", "{a_file}/c.h5"], "{a_file} is a file, not a directory"),
+    ("extract-out-immutable", [*EXTRACT, "--out", "{locked}/c.h5"], "cannot write in {locked}"),
+    ("extract-out-read-only", [*EXTRACT, "--out", "{readonly}/c.h5"], "(read-only file system)"),
+    ("extract-append-truncated", [*EXTRACT, "--out", "{truncated.h5}", "--append"],
+     "{truncated.h5} is a damaged or truncated HDF5 file"),
+    ("extract-append-not-hdf5", [*EXTRACT, "--out", "{not_hdf5.h5}", "--append"], "{not_hdf5.h5} is not an HDF5 file"),
+    ("extract-append-other-hdf5", [*EXTRACT, "--out", "{other.h5}", "--append"],
+     "{other.h5} is an HDF5 file but not a latentcode codes file"),
+    ("extract-append-and-overwrite", [*EXTRACT, "--out", "{existing.h5}", "--append", "--overwrite"],
+     "--append adds to --out and --overwrite replaces it: give one of them"),
+    # probe
+    ("probe-file-missing", ["probe", "{none.h5}", "--label", "x"], "codes file {none.h5} does not exist"),
+    ("probe-directory", ["probe", "{a_dir}"], "codes file {a_dir} is a directory; expected a file"),
+    ("probe-not-hdf5", ["probe", "{not_hdf5.h5}"], "{not_hdf5.h5} is not an HDF5 file"),
+    ("probe-truncated", ["probe", "{truncated.h5}"], "{truncated.h5} is a damaged or truncated HDF5 file"),
+    ("probe-other-hdf5", ["probe", "{other.h5}"], "is an HDF5 file but not a latentcode codes file"),
+    ("probe-malformed-attribute", ["probe", "{bad_attribute.h5}"],
+     "{bad_attribute.h5}: root attribute 'task_config' is not valid JSON"),
+    ("probe-malformed-label-attribute", ["probe", "{bad_label_attribute.h5}"],
+     "{bad_label_attribute.h5}: attribute 'column_names' of /labels/term_present is not valid JSON"),
+    ("probe-unknown-label", ["probe", "{fuzzy.h5}", "--label", "nope"],
+     "--label nope: {fuzzy.h5} has no label 'nope'; its labels are ['task_index', 'term_present']"),
+    ("probe-unknown-fit-split", ["probe", "{fuzzy.h5}", "--fit-split", "test"],
+     "--fit-split test: {fuzzy.h5} has no split 'test'; its splits are ['train', 'ood']"),
+    ("probe-unknown-test-split", ["probe", "{fuzzy.h5}", "--test-split", "unseen_terms"],
+     "--test-split unseen_terms: {fuzzy.h5} has no split 'unseen_terms'"),
+    ("probe-cv-1", ["probe", "{fuzzy.h5}", "--cv", "1"], "argument --cv: expected an integer of at least 2, got '1'"),
+    ("probe-one-class-multi-hot", ["probe", "{one_class.h5}", "--label", "term_present"],
+     "--label term_present: every example of split 'train' in {one_class.h5} has the same value in each of its 6 "
+     "columns"),
+    ("probe-one-class-label", ["probe", "{one_class.h5}", "--label", "constant"],
+     "every example of split 'train' in {one_class.h5} has the same value (0)"),
+    ("probe-files-of-two-tasks", ["probe", "{fuzzy.h5}", "{sraven.h5}", "--label", "rule"],
+     "codes file {fuzzy.h5} (hyla on task 'fuzzy_logic') and codes file {sraven.h5} (hyla on task 'sraven') come "
+     "from different tasks"),
+    ("probe-out-under-a-file", ["probe", "{fuzzy.h5}", "--out", "{a_file}/rule"], "{a_file} is a file, not a directory"),
+    ("probe-out-read-only", ["probe", "{fuzzy.h5}", "--out", "{readonly}/rule"], "(read-only file system)"),
+    ("probe-format", ["probe", "{fuzzy.h5}", "--format", "jpg"], "argument --format: invalid choice: 'jpg'"),
+    # plot, heatmap, samples
+    ("plot-file-missing", ["plot", "{none.h5}"], "codes file {none.h5} does not exist"),
+    ("plot-truncated", ["plot", "{truncated.h5}"], "is a damaged or truncated HDF5 file"),
+    ("plot-unknown-color", ["plot", "{fuzzy.h5}", "--color", "nope"], "--color nope: {fuzzy.h5} has no label 'nope'"),
+    ("plot-unknown-split", ["plot", "{fuzzy.h5}", "--split", "test"], "--split test: {fuzzy.h5} has no split 'test'"),
+    ("plot-max-points-0", ["plot", "{fuzzy.h5}", "--max-points", "0"], "argument --max-points: expected a positive"),
+    ("plot-out-read-only", ["plot", "{fuzzy.h5}", "--out", "{readonly}/tsne"], "(read-only file system)"),
+    ("heatmap-out-immutable", ["heatmap", "{sraven.h5}", "--out", "{locked}/similarity"], "cannot write in {locked}"),
+    ("heatmap-unknown-label", ["heatmap", "{sraven.h5}", "--label", "query_rule"],
+     "--label query_rule: {sraven.h5} has no label 'query_rule'; its labels are ['rule']"),
+    ("heatmap-bad-attribute", ["heatmap", "{bad_attribute.h5}"], "root attribute 'task_config' is not valid JSON"),
+    ("samples-unknown-layer", ["samples", "{sraven.h5}", "--layer", "7"],
+     "--layer 7: {sraven.h5} has no layer 7; its layers are [0, 1]"),
+    # report
+    ("report-nothing", ["report"], "latentcode report needs RUN_DIR arguments, --codes files, or both"),
+    ("report-run-missing", ["report", "{none}"], "RUN_DIR {none} does not exist"),
+    ("report-not-a-run", ["report", "{a_dir}"], "{a_dir} is not a latentcode run directory (config.json is missing)"),
+    ("report-run-with-codes-of-another-model", ["report", "{run}", "--codes", "{sraven.h5}", "--out", "{a_dir}/r.html"],
+     "run {run} (hyla on task 'fuzzy_logic') and codes file {sraven.h5} (hyla on task 'sraven') come from "
+     "different tasks"),
+    ("report-run-with-codes-of-another-checkpoint", ["report", "{run}", "--codes", "{fuzzy_softmax.h5}"],
+     "codes file {fuzzy_softmax.h5} (softmax on task 'fuzzy_logic') holds the codes of checkpoint "
+     "{softmax_checkpoint}, which is not the model of any run given (run {run} (hyla on task 'fuzzy_logic'): "
+     "checkpoint {run_checkpoint})"),
+    ("report-run-with-codes-of-another-task", ["report", "{run}", "--codes", "{fuzzy_other_task.h5}"],
+     "codes file {fuzzy_other_task.h5} (hyla on task 'fuzzy_logic') was extracted on another task than run {run} "
+     "(hyla on task 'fuzzy_logic') was trained on (frac_test=0.5 in the codes, 0.7 in the run)"),
+    ("report-codes-of-two-tasks", ["report", "--codes", "{fuzzy.h5}", "--codes", "{sraven.h5}"], "come from different tasks"),
+    ("report-codes-truncated", ["report", "--codes", "{truncated.h5}"], "is a damaged or truncated HDF5 file"),
+    ("report-codes-missing", ["report", "--codes", "{none.h5}"], "--codes {none.h5} does not exist"),
+    ("report-unknown-label", ["report", "--codes", "{fuzzy.h5}", "--label", "rule"], "--label rule: {fuzzy.h5} has no label"),
+    ("report-out-exists", ["report", "--codes", "{fuzzy.h5}", "--out", "{existing.html}"],
+     "--out {existing.html} already exists; add --overwrite to replace it"),
+    ("report-out-directory-overwrite", ["report", "--codes", "{fuzzy.h5}", "--out", "{a_dir}", "--overwrite"],
+     "--out {a_dir} is a directory; expected the name of a file"),
+    ("report-out-under-a-file", ["report", "--codes", "{fuzzy.h5}", "--out", "{a_file}/r.html"], "is a file, not a directory"),
+    ("report-out-immutable", ["report", "--codes", "{fuzzy.h5}", "--out", "{locked}/r.html"], "cannot write in {locked}"),
+    ("report-max-points-0", ["report", "--codes", "{fuzzy.h5}", "--max-points", "0"], "argument --max-points"),
+    # demo
+    ("demo-unknown-task", ["demo", "--task", "mnist"], "--task mnist: unknown demo task; choose one of"),
+    ("demo-models-missing", ["demo", "--models", "{none}"], "--models {none} is not a directory"),
+    ("demo-models-without-checkpoints", ["demo", "--models", "{empty_dir}"],
+     "--models {empty_dir} lacks the shipped checkpoints ['fuzzy_logic-softmax', 'fuzzy_logic-linear', "
+     "'fuzzy_logic-hyla']"),
+    ("demo-n-codes-0", ["demo", "--n-codes", "0"], "argument --n-codes: expected a positive integer"),
+    ("demo-unknown-scale", ["demo", "--train", "--scale", "huge"], "--scale huge: unknown scale"),
+    ("demo-out-under-a-file", ["demo", "--out", "{a_file}/demo"], "{a_file} is a file, not a directory"),
+    ("demo-out-read-only", ["demo", "--out", "{readonly}/demo"], "(read-only file system)"),
+    # tasks, and the command itself
+    ("ambiguity-n-0", ["tasks", "ambiguity", "--n", "0"], "argument --n: expected a positive integer, got '0'"),
+    ("ambiguity-values-2", ["tasks", "ambiguity", "--values", "2"], "argument --values: expected an integer of at least 3"),
+    ("count-features-1", ["tasks", "count", "--features", "1"], "argument --features: expected an integer of at least 2"),
+    ("no-command", [], "the following arguments are required: COMMAND"),
+    ("unknown-command", ["frobnicate"], "invalid choice: 'frobnicate'"),
+]
+
+
+def expand(text: str, root: Path) -> str:
+    """`{name}` -> the workspace path `root/name` (which need not exist); `{..._checkpoint}` -> the
+    first 12 hex digits of that checkpoint's SHA-256, kept in the workspace file of that name."""
+
+    def value(match: re.Match) -> str:
+        name = match.group(1)
+        return (root / name).read_text() if name.endswith("_checkpoint") else str(root / name)
+
+    return re.sub(r"\{([^{}]+)\}", value, text)
+
+
+def test_the_table_covers_the_issue():
+    assert len(BAD_INPUTS) >= 40 and len({row[0] for row in BAD_INPUTS}) == len(BAD_INPUTS)
+
+
+@pytest.mark.parametrize("argv, message", [row[1:] for row in BAD_INPUTS], ids=[row[0] for row in BAD_INPUTS])
+def test_a_bad_input_is_one_line_and_changes_nothing(workspace, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(workspace)  # so that a default output would land in the workspace too
+    monkeypatch.delenv("LATENTCODE_DEBUG", raising=False)
+    places = []
+    if any("{locked}" in arg for arg in argv):
+        places.append(immutable(workspace / "locked"))
+    if any("{readonly}" in arg for arg in argv):
+        places.append(read_only_file_system(workspace / "readonly"))
+    argv = [expand(arg, workspace) for arg in argv]
+    before = snapshot(workspace)
+    with contextlib.ExitStack() as stack:
+        for place in places:
+            stack.enter_context(place)
+        try:
+            status = main(argv)
+        except SystemExit as exit:  # argparse's own errors
+            status = exit.code
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert status == 2, captured
+    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    assert expand(message, workspace) in lines[0]
+    assert "Traceback" not in captured.err and captured.out == ""
+    assert snapshot(workspace) == before, "a failed command changed or added files"
+
+
+def test_bad_inputs_are_answered_before_torch_and_scikit_learn_are_imported(workspace):
+    """Run in a fresh interpreter: the checks import neither torch nor scikit-learn nor matplotlib."""
+    rows = [row for row in BAD_INPUTS if "locked" not in str(row) and "readonly" not in str(row)]
+    script = (
+        "import sys, json\n"
+        "from latentcode.cli import main\n"
+        f"for argv in json.loads({json.dumps(json.dumps([[expand(a, workspace) for a in row[1]] for row in rows]))}):\n"
+        "    try:\n"
+        "        assert main(argv) == 2\n"
+        "    except SystemExit as exit:\n"
+        "        assert exit.code == 2\n"
+        "print(sorted(name for name in ('torch', 'sklearn', 'matplotlib', 'pandas', 'transformer_lens') "
+        "if name in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=workspace,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]", f"imported: {result.stdout}"
+    assert result.stderr.count("\n") == len(rows) and "Traceback" not in result.stderr
