@@ -374,10 +374,9 @@ def _plot(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--color", help="label to colour by (default: the task's sub-task label)")
     parser.add_argument("--max-points", type=int, default=2000, help="subsampling cap (default 2000)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quiet", action="store_true", help="no progress bar over the layers")
     parser.set_defaults(handler=lambda args: _draw(
         args, args.color, args.method, "plot_embedding",
-        method=args.method, max_points=args.max_points, seed=args.seed, progress=not args.quiet))
+        method=args.method, max_points=args.max_points, seed=args.seed))
 
 
 @subcommand
@@ -389,10 +388,8 @@ def _heatmap(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_picture_arguments(parser)
     parser.add_argument("--label", help="categorical label (default: rule for SRAVEN)")
-    parser.add_argument("--centre", action=argparse.BooleanOptionalAction, default=None,
-                        help="subtract the grand mean code first (default: where plain cosines all sit near 1)")
     parser.set_defaults(handler=lambda args: _draw(
-        args, args.label, "similarity", "plot_similarity", centre=args.centre))
+        args, args.label, "similarity", "plot_similarity"))
 
 
 @subcommand

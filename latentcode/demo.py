@@ -73,14 +73,13 @@ def run_demo(
     say = print if progress else (lambda *args, **kwargs: None)
     say(f"latentcode demo: {task}, models {', '.join(attentions)} -> {out}")
 
-    run_dirs, shipped_used = [], []
+    run_dirs = []
     for attention in attentions:
         destination = out / "runs" / attention
         shipped = shipped_run(task, attention)
         if not train and (shipped / "model" / "model.safetensors").is_file():
             say(f"  {attention}: shipped checkpoint {shipped}")
             shutil.copytree(shipped, destination, ignore=shutil.ignore_patterns("checkpoints", "*.md", "*.py"))
-            shipped_used.append(attention)
         else:
             if not train:
                 say(f"  {attention}: no shipped checkpoint at {shipped}; training one at scale {scale!r}")
@@ -101,12 +100,10 @@ def run_demo(
     trained_variant = shipped_training.get("variant")
     title = f"latentcode demo: {task}, " + (f"{variant} variant" if trained_variant == variant
                                              else f"codes on the {variant} variant")
-    notes = [f"Models {', '.join(shipped_used)} are the checkpoints shipped in {SHIPPED_MODELS} (see their model "
-             "cards): the Training section describes their original training, not this demo, which extracted "
-             "their latent codes and computed everything else."] if shipped_used else []
-    trained_here = [attention for attention in attentions if attention not in shipped_used]
-    if trained_here:
-        notes.append(f"Models {', '.join(trained_here)} were trained by this demo (scale {scale!r}).")
+    notes = [f"The models were trained by this demo (scale {scale!r})." if train else
+             "The models are the checkpoints shipped with latentcode (see their model cards): the Training section "
+             "describes their original training, not this demo, which extracted their latent codes and computed "
+             "everything else."]
     report = build_report(run_dirs, out=out / "report.html", fit_split="train", test_split="ood",
                           max_points=max_points, title=title, progress=progress, notes=notes)
     minutes = (time.perf_counter() - started) / 60

@@ -23,7 +23,7 @@ def test_demo_runs_end_to_end_at_tiny_scale(tmp_path, task, capsys):
     assert "report:" in printed and printed.count("decoding") == 3
     variant = {"sraven": "unpermuted", "fuzzy_logic": "fixed_query"}[task]
     assert f"on the {variant} variant" in printed and f"{variant} variant" in page, "the headline names the variant"
-    assert "In brief" in page and "trained by this demo" in page
+    assert "In brief" in page and "trained by this demo" in page, "says where the training numbers come from"
     for attention in ("softmax", "linear", "hyla"):
         assert (tmp_path / "demo" / "runs" / attention / "codes" / f"{attention}.h5").is_file()
     # Trained the way the shipped checkpoints were (models/recreate.sh).

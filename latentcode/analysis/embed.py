@@ -9,7 +9,8 @@ Embeddings run on the raw codes (no standardization), the codes of all sites of 
 concatenated, single-threaded. tSNE is scikit-learn's (Barnes-Hut, PCA initialization); UMAP is
 umap-learn's, imported on first use (it compiles with numba on the first call of a process, some
 seconds). A layer takes tens of seconds (2000 SRAVEN codes of 32 values: about 23 s with tSNE,
-29 s with UMAP, on 2 busy CPU cores), so ``progress=True`` draws a bar over the layers.
+29 s with UMAP, on 2 busy CPU cores), so a progress bar runs over the layers (by default where
+stderr is a terminal, as tqdm's ``disable=None``: `latentcode plot` shows it, captured output not).
 """
 
 from __future__ import annotations
@@ -114,13 +115,15 @@ def _embed_array(codes: np.ndarray, method: str, seed: int) -> tuple[np.ndarray,
         return np.asarray(model.fit_transform(codes), dtype=np.float32), parameters
 
 
-def _progress_bar(enabled: bool, method: str, model_name: str, n_layers: int, n_points: int):
-    if not enabled:
+def _progress_bar(progress: bool | None, method: str, model_name: str, n_layers: int, n_points: int):
+    if progress is False:
         return None
     from tqdm.auto import tqdm
 
     name = {"tsne": "tSNE", "umap": "UMAP"}.get(method, method)
-    return tqdm(total=n_layers, desc=f"{name} of {n_points} {model_name} codes", unit="layer")
+    bar = tqdm(total=n_layers, desc=f"{name} of {n_points} {model_name} codes", unit="layer",
+               disable=None if progress is None else False)
+    return None if bar.disable else bar
 
 
 def embed(
@@ -131,7 +134,7 @@ def embed(
     max_points: int | None = DEFAULT_MAX_POINTS,
     seed: int = 0,
     stratify: str | None = None,
-    progress: bool = False,
+    progress: bool | None = None,
 ) -> Embedding:
     """tSNE or UMAP of the codes of each layer (all its sites concatenated).
 
@@ -143,7 +146,8 @@ def embed(
         max_points: the cap on examples (None: no cap); larger splits are subsampled with `seed`.
         seed: seeds the subsample and the embedding.
         stratify: a label spec (one value per example) to stratify the subsample by.
-        progress: a progress bar over the layers (tqdm, on stderr).
+        progress: a progress bar over the layers (tqdm, on stderr); None: only where stderr is a
+            terminal.
     """
     if method not in METHODS:
         raise ValueError(f"method {method!r} is not one of {METHODS}")

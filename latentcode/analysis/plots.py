@@ -134,12 +134,13 @@ def plot_embedding(
     formats: Sequence[str] = ("png",),
     figsize: tuple[float, float] | None = None,
     dpi: float = 100,
-    progress: bool = False,
+    progress: bool | None = None,
 ) -> list[Path]:
     """tSNE or UMAP of the codes, one panel per layer, coloured by a label spec.
 
     The embedding is computed with `latentcode.analysis.embed.embed` (arguments `method` to
-    `stratify`, and `progress`: a bar over the layers) unless one is given. Categorical labels
+    `stratify`, and `progress`: a bar over the layers, by default where stderr is a terminal)
+    unless one is given. Categorical labels
     (integers) get a qualitative palette and a legend (beyond `MAX_LEGEND_VALUES` values, the
     `TOP_VALUES` most frequent in colour and the rest grey); continuous labels a colour bar.
     Layers whose codes are all equal get a sentence, not an empty panel. The title names the

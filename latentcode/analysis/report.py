@@ -321,7 +321,7 @@ def _pictures(
             method_name = {"tsne": "tSNE", "umap": "UMAP"}.get(method, method)
             steps.start(f"{method_name} of {code_file.model_name} ({len(code_file.layers)} layers)")
             paths = plot_embedding(code_file, picture_label, files_dir / f"{stem}_{method}", method=method,
-                                   split=split, max_points=max_points)
+                                   split=split, max_points=max_points, progress=False)  # the report has its bar
             figures.extend(paths)
             parts.append(
                 f"<h3>{name}: {method_name} of latent codes</h3>" + _image(paths[0], f"{method} {stem}")

@@ -50,11 +50,3 @@ def test_report_from_codes_files_alone(two_models, tmp_path, capsys):
     assert main(["report", "--codes", str(two_models[0]), "--out", str(out)]) == 2, "never overwrites"
     assert "already exists" in capsys.readouterr().err
 
-
-def test_plot_shows_progress_over_the_layers_unless_quiet(two_models, tmp_path, capsys):
-    arguments = ["plot", str(two_models[1]), "--color", "rule", "--max-points", "40", "--out", str(tmp_path / "p")]
-    assert main(arguments) == 0
-    err = capsys.readouterr().err
-    assert "tSNE of 40 hyla codes" in err and "2/2" in err, "a bar over the two layers"
-    assert main([*arguments, "--quiet"]) == 0 and "tSNE" not in capsys.readouterr().err
-    assert main(["heatmap", str(two_models[1]), "--label", "rule", "--no-centre", "--out", str(tmp_path / "h")]) == 0
