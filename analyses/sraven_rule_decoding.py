@@ -3,8 +3,9 @@
 As the paper (and the authors' analysis): the codes of the last query token attending to the same
 feature in the last row's two context panels (`sraven-rule`, every layer), on unpermuted
 instances; a logistic regression fitted on in-distribution rule combinations (`train`) and scored
-on held-out ones (`ood`): accuracy and macro-F1 beside a shuffled-label control and the majority
-class. Writes `rule_decoding.csv`/`.json` and `rule_decoding.png` (one line per model).
+on held-out ones (`ood`): accuracy, balanced accuracy and macro-F1 beside baselines (majority
+class, prevalence-matched random, shuffled-label probe), the layer chosen by cross-validation on
+`train`. Writes `rule_decoding.csv`/`.json` and `rule_decoding.png` (one line per model).
 
     python analyses/sraven_rule_decoding.py --scale cpu
     python analyses/sraven_rule_decoding.py --runs-from models      # the shipped checkpoints
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import common
 
-from latentcode.analysis import decode, plot_probe_scores, write_table
+from latentcode.analysis import decode, headline_lines, plot_probe_scores, write_table
 
 
 def main() -> None:
@@ -27,9 +28,9 @@ def main() -> None:
     table = decode(files, "rule", fit_split="train", test_split="ood")
     write_table(table, out / "rule_decoding")
     plot_probe_scores(table, out / "rule_decoding", metric="accuracy")
-    summary = table[table["metric"].isin(["accuracy", "macro_f1"])]
-    print(summary[["model", "layer", "metric", "value", "chance", "chance_majority"]]
-          .to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(table[["model", "layer", "metric", "value", "validation", "selected", "strongest_baseline",
+                 "strongest_baseline_value"]].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print("\n".join(headline_lines(table)))
     print(f"wrote {out / 'rule_decoding.csv'} and {out / 'rule_decoding.png'}")
 
 

@@ -37,4 +37,5 @@ with tempfile.TemporaryDirectory() as folder:
 
     # 3. Decode the rule of the query position, fitted in distribution and scored OOD.
     table = decode(codes, "rule", fit_split="train", test_split="ood")
-    print(table[table["metric"] == "accuracy"][["layer", "value", "chance", "chance_majority"]].to_string(index=False))
+    print(table[table["metric"] == "accuracy"][["layer", "value", "validation", "selected", "strongest_baseline",
+                                                "strongest_baseline_value"]].to_string(index=False))

@@ -24,6 +24,7 @@ _WHERE = {
     "Run": "latentcode.training.run",
     "extract": "latentcode.extraction.pipeline",
     "Recorder": "latentcode.extraction.recorder",
+    "Intervention": "latentcode.intervention.intervener",
     "CodeFile": "latentcode.store",
     "CodeWriter": "latentcode.store",
     "Site": "latentcode.store",

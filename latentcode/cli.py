@@ -12,7 +12,11 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-USER_ERRORS = (ValueError, FileExistsError, FileNotFoundError, IndexError, MemoryError, KeyError)
+from latentcode.errors import LatentcodeError, UsageError
+
+# What the user can fix: our own errors, and files that are missing or already there. Anything else is
+# a bug and keeps its traceback.
+USER_ERRORS = (LatentcodeError, FileExistsError, FileNotFoundError)
 
 Handler = Callable[[argparse.Namespace], int | None]
 _SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
@@ -95,7 +99,7 @@ def parse_assignments(items: Sequence[str] | None, what: str) -> dict:
     for item in items or []:
         key, separator, value = item.partition("=")
         if not separator or not key:
-            raise ValueError(f"{what} expects KEY=VALUE, got {item!r}")
+            raise UsageError(f"{what} expects KEY=VALUE, got {item!r}")
         values[key.strip().replace("-", "_")] = parse_value(value)
     return values
 
@@ -165,7 +169,7 @@ def _run_train(args: argparse.Namespace) -> None:
 
     if args.resume:
         if args.preset or args.config:
-            raise ValueError("--resume continues a run with its own config; do not combine it with --preset or --config")
+            raise UsageError("--resume continues a run with its own config; do not combine it with --preset or --config")
         run = train(resume=args.resume, progress=not args.quiet)
     else:
         overrides = {field: getattr(args, field) for _, field, _, _ in TRAIN_OVERRIDES if getattr(args, field) is not None}
@@ -174,13 +178,13 @@ def _run_train(args: argparse.Namespace) -> None:
             overrides["compile"] = True
         if args.config:
             if args.preset:
-                raise ValueError("give either --preset or --config, not both")
+                raise UsageError("give either --preset or --config, not both")
             config = TrainConfig.from_dict(json.loads(Path(args.config).read_text()))
         elif args.preset:
             config = build_train_config(args.preset, args.scale, args.attention, **overrides)
             overrides = {}
         else:
-            raise ValueError("latentcode train needs --preset (fuzzy_logic or sraven), --config or --resume")
+            raise UsageError("latentcode train needs --preset (fuzzy_logic or sraven), --config or --resume")
         out = args.out or f"runs/{config.preset or config.task['name']}-{config.model_config().attention_name}-{config.scale}-seed{config.seed}"
         run = train(config, out, progress=not args.quiet)
     if int(os.environ.get("RANK", "0")) != 0:
@@ -225,12 +229,12 @@ def _run_sweep(args: argparse.Namespace) -> None:
     for item in args.grid or []:
         if item == "paper":
             if args.preset not in presets():
-                raise ValueError(f"unknown preset {args.preset!r}; valid presets: {', '.join(presets())}")
+                raise UsageError(f"unknown preset {args.preset!r}; valid presets: {', '.join(presets())}")
             grid |= paper_grid(args.preset)
             continue
         key, separator, values = item.partition("=")
         if not separator:
-            raise ValueError(f"--grid expects FIELD=V1,V2,... or 'paper', got {item!r}")
+            raise UsageError(f"--grid expects FIELD=V1,V2,... or 'paper', got {item!r}")
         grid[key.strip().replace("-", "_")] = [parse_value(value) for value in values.split(",") if value]
     seeds = [int(seed) for seed in args.seeds.split(",") if seed]
     rows = sweep(args.preset, args.scale, grid, args.out, seeds=seeds, jobs=args.jobs, progress=not args.quiet)
@@ -286,6 +290,118 @@ def _run_extract(args: argparse.Namespace) -> None:
           f"{codes.n_heads} heads, labels {codes.label_names}")
 
 
+# -- latentcode intervene ---------------------------------------------------------------------------
+@subcommand
+def _intervene(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "intervene",
+        help="edit latent codes of a trained model and measure the task metric before/after",
+        description="Run a trained model on task instances with its latent codes a[:, q, k] edited at the selected "
+        "sites (after the score normalization, before the value network), at all sites together and at each site "
+        "alone, and write the task metrics without and with the edit as a tidy table (.csv, .json) and a plot.",
+        epilog="operations (one of): --zero-ablate HEADS, --mean-ablate HEADS --codes FILE [--by LABEL], "
+        "--set V1,V2,... / --add V1,V2,... (one value per head) or --scale FACTOR, optionally with --heads HEADS; "
+        "HEADS is 'all' or a list such as 0,3,5\n\nexample:\n  latentcode extract runs/sraven-hyla --split train "
+        "--n 4096 --sites sraven-rule --out codes.h5\n  latentcode intervene runs/sraven-hyla --sites sraven-rule "
+        "--mean-ablate all --codes codes.h5 --by rule --out results/mean-ablate",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("run", metavar="RUN_DIR", help="a run directory (or a saved model directory with --task)")
+    parser.add_argument("--sites", default="last-self", help="site selector, as for extract (default last-self)")
+    parser.add_argument("--split", default="ood", help="task split (default ood)")
+    parser.add_argument("--n", type=int, default=1024, help="instances (default 1024)")
+    operation = parser.add_mutually_exclusive_group(required=True)
+    operation.add_argument("--zero-ablate", metavar="HEADS", help="set the codes of these heads to zero")
+    operation.add_argument("--mean-ablate", metavar="HEADS", help="set the codes of these heads to their mean in --codes")
+    operation.add_argument("--set", metavar="VECTOR", help="set the codes to this vector (one value per head)")
+    operation.add_argument("--add", metavar="VECTOR", help="add this vector to the codes (steering)")
+    operation.add_argument("--scale", type=float, metavar="FACTOR", help="multiply the codes by FACTOR")
+    parser.add_argument("--heads", metavar="HEADS", help="heads --set/--add/--scale change (default all)")
+    parser.add_argument("--codes", metavar="CODES.h5", help="codes file of this model for --mean-ablate")
+    parser.add_argument("--by", metavar="LABEL", help="--mean-ablate with one mean per value of this label")
+    parser.add_argument("--codes-split", help="take the means over this split of --codes (default all examples)")
+    parser.add_argument("--out", required=True, help="path stem of the table (.csv, .json) and the plot")
+    parser.add_argument("--variant", help="task variant (default: the selector's, else the task's default)")
+    parser.add_argument("--batch-size", type=int, default=256, help="instances per forward pass (default 256)")
+    parser.add_argument("--seed", type=int, help="sample seed (default: the split's evaluation seed)")
+    parser.add_argument("--task", metavar="KEY=VALUE", action="append",
+                        help="task config for a model directory, e.g. --task name=sraven --task n_features=4")
+    parser.add_argument("--no-per-site", action="store_true", help="only all sites together, not each site alone")
+    parser.add_argument("--format", action="append", choices=("png", "svg", "pdf"), help="plot formats (default png)")
+    parser.add_argument("--quiet", action="store_true")
+    parser.set_defaults(handler=_run_intervene)
+
+
+def _parse_heads(text: str | None, flag: str) -> list[int] | None:
+    """'all' (or nothing) -> None; '0,3,5' -> [0, 3, 5]."""
+    if text is None or text.strip() == "all":
+        return None
+    try:
+        heads = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} expects 'all' or head indices such as 0,3,5; got {text!r}") from None
+    if not heads or min(heads) < 0:
+        raise UsageError(f"{flag} expects 'all' or non-negative head indices such as 0,3,5; got {text!r}")
+    return heads
+
+
+def _parse_vector(text: str, flag: str) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} expects comma-separated numbers, one per head (e.g. 0.5,0,1.2); got {text!r}") from None
+
+
+def _run_intervene(args: argparse.Namespace) -> None:
+    if args.mean_ablate is None and (args.codes or args.by or args.codes_split):
+        raise UsageError("--codes, --by and --codes-split go with --mean-ablate")
+    if args.mean_ablate is not None and not args.codes:
+        raise UsageError("--mean-ablate needs --codes FILE: a codes file extracted from this model (latentcode extract)")
+    if args.heads is not None and (args.zero_ablate is not None or args.mean_ablate is not None):
+        raise UsageError("--zero-ablate and --mean-ablate name their heads themselves; --heads goes with --set/--add/--scale")
+    task = parse_assignments(args.task, "--task") or None
+    heads = _parse_heads(args.heads, "--heads")
+    if args.zero_ablate is not None:
+        heads = _parse_heads(args.zero_ablate, "--zero-ablate")
+    elif args.mean_ablate is not None:
+        heads = _parse_heads(args.mean_ablate, "--mean-ablate")
+    vector = None
+    if args.set is not None or args.add is not None:
+        vector = _parse_vector(args.set if args.set is not None else args.add, "--set" if args.set is not None else "--add")
+
+    from latentcode.intervention import (
+        AddVector,
+        MeanAblate,
+        ScaleHeads,
+        SetCode,
+        ZeroAblate,
+        intervention_effects,
+        write_effects,
+    )
+
+    if args.zero_ablate is not None:
+        edit = ZeroAblate(heads=heads)
+    elif args.mean_ablate is not None:
+        edit = MeanAblate.from_codes(args.codes, heads, by=args.by, split=args.codes_split, model=args.run)
+    elif args.set is not None:
+        edit = SetCode(vector, heads=heads)
+    elif args.add is not None:
+        edit = AddVector(vector, heads=heads)
+    else:
+        edit = ScaleHeads(args.scale, heads=heads)
+    table = intervention_effects(args.run, edit, task=task, sites=args.sites, split=args.split, n=args.n,
+                                 variant=args.variant, batch_size=args.batch_size, seed=args.seed,
+                                 per_site=not args.no_per_site, progress=not args.quiet)
+    import pandas
+
+    columns = ["scope", "metric", "before", "after", "change"]
+    with pandas.option_context("display.width", 200, "display.max_rows", 200):
+        print(f"{table['model'].iloc[0]}, {table['edit'].iloc[0]}, {args.split} (n={args.n}):")
+        print(table[columns].to_string(index=False, float_format=lambda value: f"{value:.4f}"))
+    written = write_effects(table, args.out, formats=tuple(args.format or ["png"]))
+    print("wrote " + ", ".join(map(str, written)))
+
+
 # -- analysis: probe, plot, heatmap, samples, report ---------------------------------------------------
 def _default_label(files: Sequence[str], label: str | None) -> str:
     if label:
@@ -296,7 +412,7 @@ def _default_label(files: Sequence[str], label: str | None) -> str:
     if len(labels) == 1 and None not in labels:
         return labels.pop()
     tasks = sorted({str(CodeFile(path).task_config.get("name")) for path in files})
-    raise ValueError(f"give --label: the files (tasks {tasks}) name no single label the task's analysis decodes")
+    raise UsageError(f"give --label: the files (tasks {tasks}) name no single label the task's analysis decodes")
 
 
 @subcommand
@@ -305,8 +421,9 @@ def _probe(subparsers: argparse._SubParsersAction) -> None:
         "probe",
         help="decode a label from latent codes with linear probes",
         description="Fit a logistic regression (categorical or multi-hot labels; --ridge: ridge regression R^2) per "
-        "layer on one split and score it on another, with chance levels (label-shuffled control, majority class). "
-        "Several files are compared side by side (one model each).",
+        "layer on one split and score it on another, beside baselines (majority, prevalence-matched random, "
+        "all-present for multi-hot labels, label-shuffled probe); the best layer is chosen by cross-validation on the "
+        "fit split, never on the test split. Several files are compared side by side (one model each).",
         epilog="example:\n  latentcode probe softmax.h5 linear.h5 hyla.h5 --label rule --fit-split train --test-split ood "
         "--out results/rule",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -322,22 +439,31 @@ def _probe(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="path stem for the table (.csv, .json) and the plot (.png); default: print only")
     parser.add_argument("--format", action="append", choices=("png", "svg", "pdf"), help="plot formats (default png)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(handler=_run_probe)
 
 
 def _run_probe(args: argparse.Namespace) -> None:
-    from latentcode.analysis import decode, plot_probe_scores, regress, write_table
+    from latentcode.analysis import (
+        decode,
+        headline_lines,
+        plot_probe_scores,
+        regress,
+        summary_rows,
+        write_table,
+    )
 
     label = _default_label(args.files, args.label)
     probe = regress if args.ridge else decode
     table = probe(args.files, label, fit_split=args.fit_split, test_split=args.test_split, per_site=args.per_site,
-                  cv=args.cv, seed=args.seed)
-    summary = table[table["metric"].isin(["accuracy", "macro_f1", "mean_f1", "r2", "mean_r2"])]
-    columns = ["model", "layer", "site", "label", "metric", "value", "chance", "chance_majority", "n_fit", "n_test"]
+                  cv=args.cv, seed=args.seed, progress=not args.quiet)
+    columns = ["model", "layer", "site", "label", "metric", "value", "validation", "selected", "strongest_baseline",
+               "strongest_baseline_value", "beats_baselines", "n_fit", "n_test"]
     import pandas
 
-    with pandas.option_context("display.width", 200, "display.max_rows", 200):
-        print(summary[columns].to_string(index=False, float_format=lambda value: f"{value:.3f}"))
+    with pandas.option_context("display.width", 250, "display.max_rows", 200):
+        print(summary_rows(table)[columns].to_string(index=False, float_format=lambda value: f"{value:.3f}"))
+    print("\n".join(headline_lines(table)))
     if args.out:
         written = write_table(table, args.out) + plot_probe_scores(table, args.out, formats=tuple(args.format or ["png"]))
         print("wrote " + ", ".join(map(str, written)))
@@ -489,8 +615,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS as error:
         if os.environ.get("LATENTCODE_DEBUG"):
             raise
-        message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

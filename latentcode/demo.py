@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from latentcode.analysis.report import Report, build_report
+from latentcode.errors import UsageError
 from latentcode.tasks import DEMO_TASK, task_class, task_names
 
 ATTENTIONS = ("softmax", "linear", "hyla")
@@ -62,7 +63,7 @@ def run_demo(
     from latentcode.training import build_train_config
 
     if task not in task_names() or task_class(task).training_setup is None:
-        raise ValueError(f"unknown demo task {task!r}; choose one of {[name for name in task_names() if task_class(name).training_setup]}")
+        raise UsageError(f"unknown demo task {task!r}; choose one of {[name for name in task_names() if task_class(name).training_setup]}")
     # How the shipped checkpoints were trained (models/recreate.sh), and so how `train=True` trains;
     # the sites and input variant of the paper's latent-code analysis.
     shipped_training = task_class(task).training_setup.shipped

@@ -10,3 +10,7 @@ from __future__ import annotations
 
 class LatentcodeError(Exception):
     """A mistake the user can fix; the message names the value received and what is expected."""
+
+
+class UsageError(LatentcodeError, ValueError):
+    """A command or function called with arguments that do not go together, or a value it does not accept."""

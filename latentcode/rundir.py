@@ -6,8 +6,9 @@
                          defaults (`task_analysis`), latentcode and torch versions, creation time
       metrics.jsonl      one JSON object per logging step ({"event": "train", ...}) and per
                          evaluation ({"event": "eval", "step": ..., "splits": {split: metrics}})
-      checkpoints/       step_XXXXXXXX/: model, optimizer, scheduler and RNG states plus
-                         trainer_state.json (step = data-stream position); each written to a
+      checkpoints/       step_XXXXXXXX/: model and optimizer tensors (safetensors) plus
+                         trainer_state.json (step = data-stream position, scheduler and loop
+                         state; see training/checkpoint.py; no pickles); each written to a
                          temporary directory and renamed, the last few kept
       model/             the final model (config.json + model.safetensors, see models.persistence)
       summary.json       final metrics per split, steps, wall time; present once the run finished
@@ -114,7 +115,8 @@ class RunDirectory:
                 f"{self.path} already holds a different run ({'; '.join(differences) or 'configs differ'}); "
                 "choose another output directory"
             )
-        if self.path.is_dir() and any(self.path.iterdir()):
+        leftover = f".{CONFIG_FILE}.tmp"  # from a creation killed before its rename: not a run yet
+        if self.path.is_dir() and any(path.name != leftover for path in self.path.iterdir()):
             raise RunDirectoryError(
                 f"{self.path} is not empty and holds no latentcode run; choose another output directory"
             )
@@ -142,14 +144,33 @@ class RunDirectory:
         with self.metrics_path.open("a") as file:
             file.write(json.dumps(record, sort_keys=True, default=float) + "\n")
 
-    def read_metrics(self) -> list[dict[str, Any]]:
+    def read_metrics(self, drop_torn_last_line: bool = False) -> list[dict[str, Any]]:
+        """The records of metrics.jsonl; a line that is not JSON raises RunDirectoryError naming the
+        file and line, except, with `drop_torn_last_line`, an unterminated last line (a run killed
+        while appending it)."""
         if not self.metrics_path.exists():
             return []
-        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        text = self.metrics_path.read_text()
+        lines = text.splitlines()
+        records = []
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                if drop_torn_last_line and number == len(lines) and not text.endswith("\n"):
+                    continue
+                raise RunDirectoryError(
+                    f"{self.metrics_path} line {number} is not valid JSON ({error.msg}): {line[:80]!r}"
+                ) from None
+        return records
 
     def truncate_metrics(self, last_step: int) -> None:
-        """Drop records after `last_step` (left by a run killed after its last checkpoint)."""
-        kept = [record for record in self.read_metrics() if record.get("step", 0) <= last_step]
+        """Drop records after `last_step` (left by a run killed after its last checkpoint) and a
+        torn last line (left by a kill while appending)."""
+        kept = [record for record in self.read_metrics(drop_torn_last_line=True)
+                if record.get("step", 0) <= last_step]
         temporary = self.metrics_path.with_name(f".{METRICS_FILE}.tmp")
         temporary.write_text("".join(json.dumps(record, sort_keys=True) + "\n" for record in kept))
         os.replace(temporary, self.metrics_path)

@@ -10,7 +10,8 @@ from latentcode.demo import fresh_directory, run_demo, shipped_run
 SMALL = dict(n_layers=2, d_model=32, d_mlp=32)
 
 
-@pytest.mark.parametrize("task", ["fuzzy_logic", "sraven"])
+# SRAVEN's tiny demo is the quicker one and stays in the default run; the rest are slow.
+@pytest.mark.parametrize("task", [pytest.param("fuzzy_logic", marks=pytest.mark.slow), "sraven"])
 def test_demo_runs_end_to_end_at_tiny_scale(tmp_path, task, capsys):
     report = run_demo(task, tmp_path / "demo", train=True, scale="tiny", n_codes=160, max_points=80,
                       progress=False, model_overrides=SMALL)
@@ -40,6 +41,7 @@ def test_demo_never_overwrites_an_existing_directory(tmp_path):
     assert fresh_directory(tmp_path / "latentcode-demo") == tmp_path / "latentcode-demo-2"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["fuzzy_logic", "sraven"])
 def test_demo_from_the_shipped_checkpoints(tmp_path, task):
     for attention in ("softmax", "linear", "hyla"):

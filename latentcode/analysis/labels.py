@@ -32,11 +32,15 @@ _SPEC = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(?:\[\s*(-?\d+(?:\s*,\s*-?\d+)*)\s*
 MAX_CATEGORIES = 20
 
 
+class LabelSpecError(CodeFileError):
+    """A label spec that cannot be read or does not fit the label's shape."""
+
+
 def parse_label_spec(spec: str) -> tuple[str, tuple[int, ...]]:
     """``"query_rule[-1]"`` -> ``("query_rule", (-1,))``; ``"rule"`` -> ``("rule", ())``."""
     match = _SPEC.match(str(spec))
     if not match:
-        raise ValueError(
+        raise LabelSpecError(
             f"{spec!r} is not a label spec; expected a label name, optionally with an index into its "
             "columns, e.g. 'rule', 'query_rule[-1]' or 'negation_bits[0,2]'"
         )
@@ -86,13 +90,13 @@ def select_label(code_file: CodeFile | str, spec: str, split: str | None = None)
     trailing = values.shape[1:]
     if len(index) > len(trailing):
         what = "one value per example" if not trailing else f"shape [N, {', '.join(map(str, trailing))}]"
-        raise ValueError(
+        raise LabelSpecError(
             f"label {name!r} has {what}; {spec!r} gives {len(index)} indices but it takes at most "
             f"{len(trailing)}"
         )
     for axis, (position, size) in enumerate(zip(index, trailing[: len(index)], strict=True), start=1):
         if not -size <= position < size:
-            raise ValueError(
+            raise LabelSpecError(
                 f"label {name!r} has shape [N, {', '.join(map(str, trailing))}]: index {position} in "
                 f"{spec!r} is out of range for axis {axis} (size {size})"
             )

@@ -1,10 +1,9 @@
 """The report's words: the findings in brief, what was analysed, and where every number comes from.
 
-All of it is read from the run directories (`latentcode.rundir.RunRecord`) and the codes files
-(`latentcode.store.CodeFile`: selector, variant, split descriptions), never from a task module,
-so a report of any task explains itself. The probe table may come from either generation of
-`latentcode.analysis.probes` (``chance`` or ``shuffled_labels`` for the shuffled-label control;
-with or without a ``selected`` layer).
+All of it is read from the run directories (`latentcode.rundir.RunRecord`), the codes files
+(`latentcode.store.CodeFile`: selector, variant, split descriptions) and the probe table (its
+selected layers, `latentcode.analysis.probes.headline_rows`), never from a task module, so a
+report of any task explains itself.
 """
 
 from __future__ import annotations
@@ -15,14 +14,13 @@ from collections.abc import Sequence
 import pandas as pd
 
 from latentcode.analysis.captions import site_set, variant_of
+from latentcode.analysis.probes import headline_rows
 from latentcode.analysis.similarity import mean_code_similarity
 from latentcode.rundir import RunRecord
 from latentcode.store import CodeFile
 
 __all__ = ["about_html", "context_line", "findings_paragraph", "split_descriptions", "training_variants"]
 
-# The probe metric a summary quotes: the first of these the table has.
-SUMMARY_PROBE_METRICS = ("accuracy", "mean_balanced_accuracy", "mean_auroc", "mean_f1", "mean_r2", "r2", "macro_f1")
 CANONICAL_SPLITS = ("train", "test", "ood", "unseen_terms")
 
 
@@ -69,41 +67,25 @@ def context_line(runs: Sequence[RunRecord], code_files: Sequence[CodeFile]) -> s
 
 
 # -- findings --------------------------------------------------------------------------------------
-def _probe_metric(table: pd.DataFrame) -> str | None:
-    present = set(table["metric"])
-    return next((metric for metric in SUMMARY_PROBE_METRICS if metric in present), None)
-
-
-def _probe_result(rows: pd.DataFrame) -> tuple[pd.Series, str]:
-    """The row to quote for one model: its selected layer where the table chose one on validation,
-    else its best layer on the test split (and the words that say which)."""
-    if "selected" in rows and rows["selected"].astype(bool).any():
-        return rows[rows["selected"].astype(bool)].iloc[0], "the layer chosen on validation"
-    return rows.loc[rows["value"].idxmax()], "the best layer"
-
-
 def _probe_sentence(table: pd.DataFrame, fit_split: str, test_split: str, descriptions: dict[str, str]) -> str:
-    metric = _probe_metric(table)
-    if metric is None:
-        return ""
-    rows = table[(table["metric"] == metric) & (table["site"] == "all")].dropna(subset=["value"])
+    """The probes' headline in words: per model, the headline metric at the layer chosen on the fit
+    split, beside its strongest baseline."""
+    rows = headline_rows(table).dropna(subset=["value"]).sort_values("value", ascending=False)
     if rows.empty:
         return ""
-    control = "shuffled_labels" if "shuffled_labels" in rows else "chance"
-    label = rows["label"].iloc[0]
-    results = []
-    for model, model_rows in rows.groupby("model", sort=False):
-        row, which = _probe_result(model_rows)
-        results.append((float(row["value"]), model, int(row["layer"]), float(row[control]), which))
-    results.sort(key=lambda result: -result[0])
-    quoted = [f"{model} {value:.2f} (layer {layer}; shuffled-label control {chance:.2f})"
-              for value, model, layer, chance, _ in results]
+    quoted, below = [], []
+    for _, row in rows.iterrows():
+        baseline = (f"; strongest baseline {row['strongest_baseline']} {row['strongest_baseline_value']:.2f}"
+                    if row["strongest_baseline"] else "")
+        quoted.append(f"{row['model']} {row['value']:.2f} (layer {int(row['layer'])}{baseline})")
+        if row["strongest_baseline"] and not pd.isna(row["beats_baselines"]) and not row["beats_baselines"]:
+            below.append(str(row["model"]))
     test_words = f"{test_split} ({descriptions[test_split]})" if test_split in descriptions else test_split
-    sentence = (f"A linear probe decodes {label} from the latent codes of each layer, fitted on {fit_split} and "
-                f"scored on {test_words}: {metric} at {results[0][4]} is " + _and(quoted) + ".")
-    below = [model for value, model, _, chance, _ in results if not value > chance + 0.02]
+    sentence = (f"A linear probe decodes {rows['label'].iloc[0]} from the latent codes of each layer, fitted on "
+                f"{fit_split} and scored on {test_words}; at the layer chosen on {fit_split} (never on the test "
+                f"split), {rows['metric'].iloc[0]} is " + _and(quoted) + ".")
     if below:
-        sentence += f" For {_and(below)} that is no better than the control."
+        sentence += f" For {_and(below)} that is not above the strongest baseline."
     return sentence
 
 

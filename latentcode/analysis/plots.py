@@ -28,13 +28,13 @@ from matplotlib.lines import Line2D
 from latentcode.analysis.captions import codes_context, site_set, variant_of, wrap_lines
 from latentcode.analysis.embed import DEFAULT_MAX_POINTS, Embedding, embed
 from latentcode.analysis.labels import display_value, is_categorical, select_label, value_names
+from latentcode.analysis.probes import HEADLINE_METRICS
 from latentcode.analysis.similarity import mean_code_similarity
 from latentcode.store import CodeFile
 
 __all__ = ["FORMATS", "plot_code_samples", "plot_embedding", "plot_probe_scores", "plot_similarity"]
 
 FORMATS = ("png", "svg", "pdf")
-HEADLINE_METRICS = ("accuracy", "mean_f1", "mean_r2", "r2")
 
 
 # -- shared helpers --------------------------------------------------------------------------------
@@ -452,7 +452,7 @@ def plot_probe_scores(
 ) -> list[Path]:
     """Score per layer per model from a `decode` / `regress` table (or its CSV / JSON file): one
     solid line per (model, site, label), with its shuffled-label control dashed and its
-    majority-class predictor dotted in the same colour.
+    strongest baseline dotted in the same colour.
 
     `metric` defaults to the first of `HEADLINE_METRICS` the table has.
     """
@@ -481,18 +481,18 @@ def plot_probe_scores(
         if rows["label"].nunique() > 1:
             name += f", {label}"
         line, = axis.plot(group["layer"], group["value"], marker="o", label=name)
-        axis.plot(group["layer"], group["chance"], linestyle="--", color=line.get_color(), alpha=0.8)
-        axis.plot(group["layer"], group["chance_majority"], linestyle=":", color=line.get_color(), alpha=0.8)
+        axis.plot(group["layer"], group["shuffled_labels"], linestyle="--", color=line.get_color(), alpha=0.8)
+        axis.plot(group["layer"], group["strongest_baseline_value"], linestyle=":", color=line.get_color(), alpha=0.8)
     style_handles = [
         Line2D([], [], color="grey", linestyle="--", label="shuffled-label control"),
-        Line2D([], [], color="grey", linestyle=":", label="majority class" if "r2" not in metric else "fit-split mean"),
+        Line2D([], [], color="grey", linestyle=":", label="strongest baseline"),
     ]
     axis.legend(handles=[*axis.get_legend_handles_labels()[0], *style_handles], fontsize="small")
     layers = sorted(rows["layer"].unique())
     axis.set_xticks(layers)
     axis.set_xlabel("layer")
     axis.set_ylabel(metric)
-    if metric in ("accuracy", "macro_f1", "f1", "mean_f1"):
+    if "r2" not in metric:  # every decoding metric lies in [0, 1]
         axis.set_ylim(0, 1.02)
     axis.grid(alpha=0.3)
     labels = ", ".join(dict.fromkeys(rows["label"]))

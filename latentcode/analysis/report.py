@@ -42,7 +42,7 @@ from latentcode.analysis.plots import (
     plot_probe_scores,
     plot_similarity,
 )
-from latentcode.analysis.probes import decode, write_table
+from latentcode.analysis.probes import decode, headline_lines, summary_rows, write_table
 from latentcode.errors import LatentcodeError
 from latentcode.rundir import RunRecord
 from latentcode.store import CodeFile
@@ -71,16 +71,7 @@ class Report:
                      if metric in values and split != "train"]
             lines.append(f"{run.name:12s} task: " + ", ".join(parts))
         if self.probe_table is not None and len(self.probe_table):
-            for model, rows in self.probe_table.groupby("model", sort=False):
-                probe_metric = rows["metric"].iloc[0] if "mean_f1" not in set(rows["metric"]) else "mean_f1"
-                rows = rows[(rows["metric"] == probe_metric) & (rows["site"] == "all")]
-                if len(rows):
-                    best = rows.loc[rows["value"].idxmax()]
-                    lines.append(
-                        f"{model:12s} decoding {best['label']} ({best['fit_split']} -> {best['test_split']}): best layer "
-                        f"{int(best['layer'])} {probe_metric} {best['value']:.3f} (shuffled-label control "
-                        f"{best['chance']:.3f}, majority {best['chance_majority']:.3f})"
-                    )
+            lines += headline_lines(self.probe_table)
         return lines
 
 
@@ -228,20 +219,26 @@ def build_report(
         skipped = [f for f in code_files if f not in usable]
         probe_html = ""
         if usable:
-            probe_table = decode(usable, probe_label, fit_split=fit_split, test_split=test_split)
+            probe_table = decode(usable, probe_label, fit_split=fit_split, test_split=test_split, progress=progress)
             steps.advance(f"probes ({probe_label})", len(usable))
             write_table(probe_table, files_dir / "probes")
             probe_plot = plot_probe_scores(probe_table, files_dir / "probe_scores")[0]
             figures.append(probe_plot)
-            summary = probe_table[probe_table["site"] == "all"]
-            summary = summary[summary["metric"].isin(["accuracy", "macro_f1", "mean_f1", "r2", "mean_r2"])]
+            summary = summary_rows(probe_table)
+            summary = summary[summary["site"] == "all"]
             probe_html = (
                 f"<p>Logistic-regression decoding of <b>{html.escape(probe_label)}</b> from the latent codes of each "
                 f"layer (all sites of a layer concatenated), fitted on <b>{fit_split}</b> and scored on "
-                f"<b>{test_split}</b>. <i>chance</i> is a probe fitted the same way on shuffled labels; "
-                "<i>chance_majority</i> always predicts the most frequent class.</p>"
+                f"<b>{test_split}</b>. <i>validation</i> scores the probe on held-out folds of {fit_split}; the "
+                f"<i>selected</i> layer has the best validation score, the test split is never used to choose. "
+                "Baselines, scored on the same test split: <i>majority</i> predicts the most frequent value "
+                "(per column for a multi-hot label), <i>prevalence_random</i> draws values at their "
+                f"{fit_split} prevalence, <i>all_present</i> predicts every column of a multi-hot label present, "
+                "<i>shuffled_labels</i> is a probe fitted the same way on shuffled labels.</p>"
+                + "".join(f"<p><b>{html.escape(line)}</b></p>" for line in headline_lines(probe_table))
                 + _image(probe_plot, "probe scores")
-                + _table(summary[["model", "layer", "label", "metric", "value", "chance", "chance_majority",
+                + _table(summary[["model", "layer", "label", "metric", "value", "validation", "selected",
+                                  "strongest_baseline", "strongest_baseline_value", "beats_baselines",
                                   "n_fit", "n_test"]])
                 + f'<p class="note">Full table (every column): {html.escape(str(files_dir / "probes.csv"))}</p>'
             )

@@ -5,6 +5,7 @@
 
 from latentcode.extraction.adapter import AdapterSource
 from latentcode.extraction.bridge import BridgeSource, is_transformer_bridge
+from latentcode.extraction.detect import detect_source
 from latentcode.extraction.pipeline import extract
 from latentcode.extraction.recorder import Recorder
 from latentcode.extraction.sites import PRESETS, Selector, SiteError, parse_selector
@@ -12,7 +13,6 @@ from latentcode.extraction.source import (
     AttentionSource,
     HookPointSource,
     NoAttentionCaptured,
-    detect_source,
 )
 from latentcode.extraction.torch_attention import TorchAttentionSource
 from latentcode.store import Site

@@ -26,6 +26,9 @@ softmax over keys, computed for the requested queries only); from probabilities 
 It may also recompute the attention from the module's inputs and weights, e.g. from the hidden
 states in `args[0]`, even by calling the module again (that inner call is not recorded).
 
+It records only: the codes it reads were already used by the module, so an `Intervention`
+through an AdapterSource raises `CannotIntervene`.
+
 Layers are numbered in the order the modules are given (a dict keeps its order; its keys become
 the layer names). A module called several times in one forward pass reports each call under the
 same layer, and the last call's codes are kept.
@@ -41,15 +44,22 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from latentcode.errors import UsageError
+from latentcode.extraction.attention_rows import (
+    check_pairs,
+    codes_of_rows,
+    slice_pairs,
+    softmax_rows,
+)
 from latentcode.extraction.source import (
     SCORE_KINDS,
     AttentionSource,
+    CannotIntervene,
+    Editor,
     PairsFor,
     Sink,
     check_score,
-    slice_pairs,
 )
-from latentcode.extraction.torch_attention import check_pairs, codes_of_rows, softmax_rows
 
 ScoresFn = Callable[[nn.Module, tuple, dict, Any], Tensor]
 
@@ -64,7 +74,7 @@ def find_module(model: nn.Module, name: str) -> nn.Module:
     close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
     attention_like = [n for n in names if any(word in n.lower() for word in ("attn", "attention"))]
     examples = list(dict.fromkeys(close + attention_like + names))[:8]
-    raise ValueError(
+    raise UsageError(
         f"{type(model).__name__} has no module named {name!r}; "
         + (f"did you mean one of {close}? " if close else "")
         + f"its modules include {examples}"
@@ -96,11 +106,11 @@ class AdapterSource(AttentionSource):
         if not callable(scores_fn):
             raise TypeError(f"scores_fn must be callable (module, args, kwargs, output) -> tensor, got {scores_fn!r}")
         if score_kind not in SCORE_KINDS:
-            raise ValueError(f"score_kind must be one of {SCORE_KINDS}, got {score_kind!r}")
+            raise UsageError(f"score_kind must be one of {SCORE_KINDS}, got {score_kind!r}")
         if isinstance(modules, str) or not isinstance(modules, (Mapping, Sequence)):
             raise TypeError(f"modules must be a list of module names or a dict name -> module, got {modules!r}")
         if not modules:
-            raise ValueError("modules is empty: name at least one attention module")
+            raise UsageError("modules is empty: name at least one attention module")
         names_by_module = {id(module): module_name for module_name, module in model.named_modules()}
         items = modules.items() if isinstance(modules, Mapping) else [(None, entry) for entry in modules]
         self.modules: list[nn.Module] = []
@@ -126,11 +136,18 @@ class AdapterSource(AttentionSource):
     def layer_names(self) -> list[str]:
         return list(self._layer_names)
 
+    def edit(self, pairs_for: PairsFor, editor: Editor) -> Iterator[None]:
+        raise CannotIntervene(
+            "AdapterSource cannot edit latent codes: its scores_fn reads the attention after the module has "
+            "computed its output with it; edit models whose attention passes through a hook_pattern HookPoint "
+            "or calls scaled_dot_product_attention / nn.MultiheadAttention"
+        )
+
     @contextmanager
     def capture(self, pairs_for: PairsFor, score: str, sink: Sink) -> Iterator[None]:
         check_score(score)
         if score == "scores" and self.score_kind == "pattern":
-            raise ValueError(
+            raise UsageError(
                 "raw scores were asked for, but this AdapterSource's scores_fn returns probabilities "
                 "(score_kind='pattern'); record score='pattern', or give a scores_fn that returns raw "
                 "scores with score_kind='scores'"
@@ -150,7 +167,7 @@ class AdapterSource(AttentionSource):
                         busy.discard(layer)
                     if not isinstance(attention, Tensor) or attention.dim() != 4:
                         shape = tuple(attention.shape) if isinstance(attention, Tensor) else type(attention).__name__
-                        raise ValueError(
+                        raise UsageError(
                             f"scores_fn for layer {layer} ({self._layer_names[layer]}) must return a "
                             f"[batch, head, query, key] tensor, got {shape}"
                         )

@@ -35,6 +35,14 @@ The hooks are plain PyTorch forward hooks on the HookPoint modules (the HookPoin
 conversion applied), invisible to TransformerLens's hook bookkeeping, so `run_with_hooks`,
 `run_with_cache` and `reset_hooks()` neither see nor remove them.
 
+Interventions (`edit`): the edit hook on `hook_pattern` returns the edited pattern. That reaches the
+layer's output where the bridge computes attention from the hooked pattern: `boot_native` models
+(the pattern passes through `hook_pattern` inside the computation) and bridges that rebuild the
+attention themselves (joint-QKV attention such as GPT-2's). Where the bridge delegates to the
+wrapped Hugging Face module and fires `hook_pattern` only after that module returned (e.g. BERT),
+an edit could not change anything, and the source raises `CannotIntervene` at the first forward
+pass that would edit such a layer.
+
 transformer-lens 3.x `HookedTransformer`s do not need this module: they have the same hook names
 as our models and `HookPointSource` reads them.
 """
@@ -42,7 +50,6 @@ as our models and `HookPointSource` reads them.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -50,17 +57,24 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from latentcode.extraction.attention_rows import (
+    as_minus_infinity,
+    check_pairs,
+    codes_of_rows,
+    slice_pairs,
+    softmax_rows,
+    write_pairs,
+)
 from latentcode.extraction.source import (
+    PATTERN_HOOK,
     AttentionSource,
+    CannotIntervene,
+    Editor,
     NoAttentionCaptured,
     PairsFor,
     Sink,
     check_score,
-    slice_pairs,
 )
-from latentcode.extraction.torch_attention import check_pairs, codes_of_rows, softmax_rows
-
-_PATTERN_HOOK = re.compile(r"^blocks\.(\d+)\.attn\.hook_pattern$")
 
 
 def is_transformer_bridge(model: Any) -> bool:
@@ -76,12 +90,6 @@ def _converted(hook_point: nn.Module, tensor: Any) -> Any:
     """What a TransformerLens hook on `hook_point` sees (4.x HookPoints may reshape, e.g. hook_q)."""
     conversion = getattr(hook_point, "hook_conversion", None)
     return conversion.convert(tensor) if conversion is not None and isinstance(tensor, Tensor) else tensor
-
-
-def _as_minus_infinity(scores: Tensor) -> Tensor:
-    """float32 scores with the large negative "minus infinity" of additive masks turned into -inf."""
-    lowest = torch.finfo(scores.dtype).min if scores.dtype.is_floating_point else -math.inf
-    return scores.float().masked_fill(scores <= lowest / 2, float("-inf"))
 
 
 def _dropout_active(attention: nn.Module) -> bool:
@@ -107,7 +115,7 @@ class BridgeSource(AttentionSource):
             raise TypeError(f"BridgeSource reads transformer-lens 4.x TransformerBridge models, got {type(model).__name__}")
         self.model = model
         self.hook_dict = model.hook_dict
-        layers = {int(match.group(1)) for name in self.hook_dict if (match := _PATTERN_HOOK.match(name))}
+        layers = {int(match.group(1)) for name in self.hook_dict if (match := PATTERN_HOOK.match(name))}
         if not layers:
             raise NoAttentionCaptured(
                 f"this TransformerBridge has no hook named blocks.<layer>.attn.hook_pattern "
@@ -145,6 +153,56 @@ class BridgeSource(AttentionSource):
                     handles.append(hook_point.register_forward_hook(record))
             else:
                 handles += self._capture_scores(pairs_for, sink)
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    @contextmanager
+    def edit(self, pairs_for: PairsFor, editor: Editor) -> Iterator[None]:
+        """Return the edited pattern from `hook_pattern`, for bridges whose attention computes its
+        output from the hooked pattern (see the module docstring); otherwise raise CannotIntervene."""
+        self.hook_dict = self.model.hook_dict
+        handles = []
+        try:
+            for layer in range(self._n_layers):
+                hook_point = self._hook(layer, "hook_pattern")
+                if hook_point is None:
+                    continue
+                attention = self.model.get_submodule(f"blocks.{layer}.attn")
+                wrapped = getattr(attention, "original_component", None)
+                state = {"wrapped_returned": False}  # this call: the wrapped HF module has returned
+
+                def starts(module, args, state=state):
+                    state["wrapped_returned"] = False
+
+                def returned(module, args, output, state=state):
+                    state["wrapped_returned"] = True
+
+                handles.append(attention.register_forward_pre_hook(starts))
+                if isinstance(wrapped, nn.Module):
+                    handles.append(wrapped.register_forward_hook(returned))
+
+                def edit(module, inputs, output, layer=layer, attention=attention, state=state):
+                    pattern = _converted(module, output)
+                    pairs = pairs_for(layer, pattern.shape[-1])
+                    if pairs is None:
+                        return None
+                    if state["wrapped_returned"]:
+                        raise CannotIntervene(
+                            f"blocks.{layer}.attn: this TransformerBridge's attention "
+                            f"({type(getattr(attention, 'original_component', attention)).__name__}) computes its "
+                            "output inside the wrapped Hugging Face module and fires hook_pattern afterwards, so an "
+                            "edited pattern cannot reach the output; load the Hugging Face model with "
+                            "attn_implementation='sdpa' and intervene on it directly (TorchAttentionSource)"
+                        )
+                    check_pairs(pairs, pattern.shape[-2], pattern.shape[-1], f"blocks.{layer}.attn")
+                    queries, keys = (index.to(pattern.device) for index in pairs)
+                    edited = write_pairs(pattern, pairs, editor(layer, *pairs, pattern[:, :, queries, keys]))
+                    conversion = getattr(module, "hook_conversion", None)
+                    return conversion.revert(edited) if conversion is not None else edited
+
+                handles.append(hook_point.register_forward_hook(edit))
             yield
         finally:
             for handle in handles:
@@ -211,7 +269,7 @@ class BridgeSource(AttentionSource):
             and given is not pattern
             and not torch.equal(given.index_select(-2, rows), pattern.index_select(-2, rows))
         ):
-            return _as_minus_infinity(given.index_select(-2, rows))
+            return as_minus_infinity(given.index_select(-2, rows))
         q, k = tensors.get("hook_q"), tensors.get("hook_k")
         if q is None or k is None or q.dim() != 4 or k.dim() != 4:
             raise NoAttentionCaptured(

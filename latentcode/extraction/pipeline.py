@@ -13,7 +13,6 @@ added: the rule that governs that query position (what the paper decodes).
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from latentcode.errors import UsageError
 from latentcode.extraction.recorder import Recorder
 from latentcode.extraction.sites import Selector, parse_selector
 from latentcode.rundir import RunDirectory, RunRecord
@@ -54,11 +54,17 @@ def resolve_model(run_or_model: str | Path | nn.Module) -> tuple[nn.Module, dict
 
     if isinstance(run_or_model, nn.Module):
         model = run_or_model
-        if isinstance(model, Transformer):
-            info = {"model_name": model.config.attention_name, "model_config": model.config.to_dict()}
-        else:
-            info = {"model_name": type(model).__name__, "model_config": {"class": type(model).__qualname__}}
-        return model, {**info, "checkpoint_sha256": sha256_of_state(model), "task_config": None}
+        if not isinstance(model, Transformer):
+            raise TypeError(
+                f"extract() reads latentcode models, got a {type(model).__name__}; for other models use "
+                "latentcode.extraction.Recorder (it detects the source)"
+            )
+        return model, {
+            "model_name": model.config.attention_name,
+            "model_config": model.config.to_dict(),
+            "checkpoint_sha256": sha256_of_state(model),
+            "task_config": None,
+        }
     path = Path(run_or_model)
     run = RunDirectory(path)
     if run.looks_like_a_run():
@@ -112,30 +118,28 @@ def extract(
     model, info = resolve_model(run_or_model)
     if task is None:
         if not info["task_config"]:
-            raise ValueError("no task given and the model comes without a run directory; pass task=")
+            raise UsageError("no task given and the model comes without a run directory; pass task=")
         task = get_task(**info["task_config"])
     elif isinstance(task, Mapping):
         task = get_task(**task)
     if split not in task.splits:
-        raise ValueError(f"unknown split {split!r} for task {task.name!r}; valid splits: {list(task.splits)}")
+        raise UsageError(f"unknown split {split!r} for task {task.name!r}; valid splits: {list(task.splits)}")
     if n < 1:
-        raise ValueError(f"n must be a positive number of instances, got {n}")
+        raise UsageError(f"n must be a positive number of instances, got {n}")
     if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+        raise UsageError(f"batch_size must be positive, got {batch_size}")
     for name, values in (extra or {}).items():
         if len(values) != n:
-            raise ValueError(f"extra array {name!r} has {len(values)} rows; expected n={n}, one per instance")
+            raise UsageError(f"extra array {name!r} has {len(values)} rows; expected n={n}, one per instance")
 
     parsed = parse_selector(selector, task)
     variant = variant or parsed.default_variant or task.variants[0]
     if variant not in task.variants:
-        raise ValueError(f"unknown variant {variant!r} for task {task.name!r}; valid variants: {list(task.variants)}")
+        raise UsageError(f"unknown variant {variant!r} for task {task.name!r}; valid variants: {list(task.variants)}")
     seed = eval_seed(split) if seed is None else seed
-    n_layers = getattr(getattr(model, "config", None), "n_layers", None)
-    if n_layers is None:
-        raise TypeError("extract() reads latentcode models; for other models use Recorder with a source")
-    sites = parsed.resolve(n_layers, task.seq_len)
+    sites = parsed.resolve(model.config.n_layers, task.seq_len)
     n_heads = model.config.sizes.n_heads
+    recorder = Recorder(model, sites, score=score)
 
     metadata = {
         **info,
@@ -143,7 +147,7 @@ def extract(
         "selector": {"spec": selector if isinstance(selector, str) else parsed.name, **parsed.to_dict(),
                      "sites": [[s.layer, s.query, s.key] for s in sites], "variant": variant},
         "score": score,
-        "source": "latentcode",
+        "source": recorder.source.name,
         "task_analysis": task.analysis.to_dict(),
         "value_names": task.value_names(),
         "column_names": task.column_names(),
@@ -158,7 +162,7 @@ def extract(
             from tqdm.auto import tqdm
 
             batches = tqdm(batches, desc=f"extract {split}", unit="batch")
-        with Recorder(model, sites, score=score) as recorder, torch.no_grad():
+        with recorder, torch.no_grad():
             for index in batches:
                 start = index * batch_size
                 size = min(batch_size, n - start)
@@ -187,13 +191,4 @@ def record_batch(
         target=batch.y,
         extra=extra,
     )
-
-
-def describe(path: str | Path) -> str:
-    """A short human-readable summary of a codes file."""
-    from latentcode.store import CodeFile
-
-    codes = CodeFile(path)
-    return json.dumps({"examples": len(codes), "splits": codes.splits, "sites": [s.name for s in codes.sites],
-                       "heads": codes.n_heads, "labels": codes.label_names}, indent=1)
 

@@ -20,22 +20,15 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 from torch import Tensor, nn
 
-from latentcode.extraction.sites import (
-    MAX_ALL_PAIRS,
-    Selector,
-    SiteError,
-    check_layer,
-    parse_selector,
-    resolve_positions,
-)
+from latentcode.extraction.detect import detect_source
+from latentcode.extraction.site_pairs import SitePairs
+from latentcode.extraction.sites import Selector, parse_selector
 from latentcode.extraction.source import (
     AttentionSource,
     NoAttentionCaptured,
     check_score,
-    detect_source,
 )
 from latentcode.store import Site
 
@@ -62,64 +55,14 @@ class Recorder:
         self.selector = parse_selector(sites, task_config)
         self.source = source if source is not None else detect_source(model)
         self.n_layers = self.source.n_layers()
-        if self.n_layers is not None:
-            self._check_layers_exist(self.n_layers)
+        self.pairs_for = SitePairs(self.selector, self.n_layers, self.source.name)
         self.n_heads: int | None = None
-        self._pairs_cache: dict[tuple[int, int], tuple[Tensor, Tensor] | None] = {}
         self._finished: dict[Site, list[np.ndarray]] = defaultdict(list)
         self._layers_seen: set[int] = set()
         self._pass = 0  # forward passes seen by the root module's pre-hook
         self._pass_of_last: dict[Site, int] = {}
         self._handles: list = []
         self._capture = None
-
-    # -- which pairs ------------------------------------------------------------------------------
-    def _check_layers_exist(self, n_layers: int) -> None:
-        if self.selector.all_pairs_layer is not None:
-            check_layer(self.selector.all_pairs_layer, n_layers, self.selector.name)
-        for layer, query, key in self.selector.requests:
-            if layer is not None:
-                check_layer(layer, n_layers, f"{layer}:{query}:{key}")
-
-    def _requested_layer(self, layer: int | None) -> int | None:
-        if layer is None or layer >= 0:
-            return layer
-        if self.n_layers is None:
-            raise SiteError(
-                f"negative layer {layer} needs the number of attention layers, which the "
-                f"{self.source.name} source learns only during a forward pass; give a non-negative layer"
-            )
-        return layer % self.n_layers
-
-    def pairs_for(self, layer: int, seq_len: int) -> tuple[Tensor, Tensor] | None:
-        """The absolute (query, key) positions to record in `layer`, or None to skip the layer."""
-        key = (layer, seq_len)
-        if key not in self._pairs_cache:
-            if self.selector.all_pairs_layer is not None:
-                pairs = []
-                if layer == self._requested_layer(self.selector.all_pairs_layer):
-                    if seq_len * seq_len > MAX_ALL_PAIRS:
-                        raise SiteError(
-                            f"all-pairs on sequences of {seq_len} tokens is {seq_len * seq_len} sites, more than "
-                            f"the {MAX_ALL_PAIRS} allowed; select query/key positions explicitly"
-                        )
-                    pairs = [(query, key) for query in range(seq_len) for key in range(seq_len)]
-            else:
-                pairs = []
-                for requested_layer, query, key_position in self.selector.requests:
-                    requested = self._requested_layer(requested_layer)
-                    if requested is None or requested == layer:
-                        try:
-                            pairs.append(resolve_positions((query, key_position), seq_len))
-                        except SiteError as error:
-                            raise SiteError(f"site {requested_layer}:{query}:{key_position} in layer {layer}: {error}") from None
-                pairs = list(dict.fromkeys(pairs))
-            if pairs:
-                queries, keys = zip(*pairs, strict=True)
-                self._pairs_cache[key] = (torch.tensor(queries), torch.tensor(keys))
-            else:
-                self._pairs_cache[key] = None
-        return self._pairs_cache[key]
 
     # -- capture ------------------------------------------------------------------------------------
     def _sink(self, layer: int, queries: Tensor, keys: Tensor, codes: Tensor) -> None:
@@ -151,16 +94,7 @@ class Recorder:
                 "scaled_dot_product_attention or nn.MultiheadAttention that could be intercepted, or the "
                 "selected layers never ran; for other attention code use latentcode.extraction.AdapterSource"
             )
-        wanted = {self._requested_layer(layer) for layer, _, _ in self.selector.requests} - {None}
-        if self.selector.all_pairs_layer is not None:
-            wanted.add(self._requested_layer(self.selector.all_pairs_layer))
-        if self.n_layers is None:
-            ran = max(self._layers_seen) + 1
-            missing = sorted(layer for layer in wanted if layer >= ran)
-            if missing:
-                raise SiteError(
-                    f"sites in layer(s) {missing} were requested but the model ran only {ran} attention layers"
-                )
+        self.pairs_for.check_ran(self._layers_seen)
 
     def __enter__(self) -> Recorder:
         self._handles = [

@@ -50,13 +50,7 @@ class Selector:
         """Absolute sites for a model of `n_layers` layers on sequences of `seq_len` tokens."""
         if self.all_pairs_layer is not None:
             layer = check_layer(self.all_pairs_layer, n_layers, f"all-pairs:{self.all_pairs_layer}")
-            n_sites = seq_len * seq_len
-            if n_sites > MAX_ALL_PAIRS:
-                raise SiteError(
-                    f"all-pairs on sequences of {seq_len} tokens is {n_sites} sites, more than the "
-                    f"{MAX_ALL_PAIRS} allowed; select query/key positions explicitly (LAYER:QUERY:KEY,...)"
-                )
-            return [Site(layer, q, k) for q in range(seq_len) for k in range(seq_len)]
+            return [Site(layer, query, key) for query, key in all_pairs(seq_len)]
         sites = []
         for layer, query, key in self.requests:
             layers = range(n_layers) if layer is None else [check_layer(layer, n_layers, f"{layer}:{query}:{key}")]
@@ -66,6 +60,16 @@ class Selector:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "requests": [list(r) for r in self.requests], "all_pairs_layer": self.all_pairs_layer}
+
+
+def all_pairs(seq_len: int) -> list[tuple[int, int]]:
+    """Every (query, key) pair of a sequence of `seq_len` tokens; refused above `MAX_ALL_PAIRS`."""
+    if seq_len * seq_len > MAX_ALL_PAIRS:
+        raise SiteError(
+            f"all-pairs on sequences of {seq_len} tokens is {seq_len * seq_len} sites, more than the "
+            f"{MAX_ALL_PAIRS} allowed; select query/key positions explicitly (LAYER:QUERY:KEY,...)"
+        )
+    return [(query, key) for query in range(seq_len) for key in range(seq_len)]
 
 
 def check_layer(layer: int, n_layers: int, what: str) -> int:

@@ -5,6 +5,11 @@ calls `sink(layer, query_positions, key_positions, codes)` once per captured att
 with `codes[b, h, i] = a[b, h, query_positions[i], key_positions[i]]` `[batch, head, n_pairs]`,
 sliced as the forward pass runs so that memory stays O(batch x sites x heads).
 
+Sources that can intervene also implement `edit(...)`: during each forward pass it calls
+`editor(layer, query_positions, key_positions, codes)` with the same codes (not detached, so
+gradients flow) and makes the rest of the layer compute with the codes the editor returns
+(`latentcode.intervention` builds on it). A source that cannot raises `CannotIntervene`.
+
 Sources:
 
 - `HookPointSource` (this file): models whose attention passes through TransformerLens-style
@@ -14,9 +19,9 @@ Sources:
 - `latentcode.extraction.torch_attention.TorchAttentionSource`: any PyTorch model whose attention goes
   through `torch.nn.functional.scaled_dot_product_attention` or `torch.nn.MultiheadAttention`.
 - `latentcode.extraction.adapter.AdapterSource`: anything else, through a user-named module and a
-  function from its inputs/outputs to scores.
+  function from its inputs/outputs to scores (records only; it cannot edit).
 
-`detect_source(model)` picks the first that applies.
+`latentcode.extraction.detect.detect_source(model)` picks the first that applies.
 """
 
 from __future__ import annotations
@@ -24,11 +29,12 @@ from __future__ import annotations
 import abc
 import re
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 from torch import Tensor, nn
 
-from latentcode.errors import LatentcodeError
+from latentcode.errors import LatentcodeError, UsageError
+from latentcode.extraction.attention_rows import slice_pairs, write_pairs
 
 SCORE_KINDS = ("pattern", "scores")
 
@@ -36,10 +42,18 @@ SCORE_KINDS = ("pattern", "scores")
 Sink = Callable[[int, Tensor, Tensor, Tensor], None]
 # pairs_for(layer, seq_len) -> (query_positions, key_positions) to record, or None to skip the layer
 PairsFor = Callable[[int, int], "tuple[Tensor, Tensor] | None"]
+# editor(layer, query_positions [n], key_positions [n], codes [batch, head, n]) -> edited codes, same shape
+Editor = Callable[[int, Tensor, Tensor, Tensor], Tensor]
+
+PATTERN_HOOK = re.compile(r"^blocks\.(\d+)\.attn\.hook_pattern$")
 
 
 class NoAttentionCaptured(LatentcodeError, RuntimeError):
     """A forward pass ran but no latent code could be captured from the model."""
+
+
+class CannotIntervene(LatentcodeError, ValueError):
+    """Latent codes of this model (or of this call) cannot be edited; says why and what would work."""
 
 
 class AttentionSource(abc.ABC):
@@ -61,20 +75,15 @@ class AttentionSource(abc.ABC):
     def capture(self, pairs_for: PairsFor, score: str, sink: Sink) -> Iterator[None]:
         """While active, every forward pass reports the requested codes to `sink`."""
 
+    def edit(self, pairs_for: PairsFor, editor: Editor) -> AbstractContextManager[None]:
+        """While active, every forward pass computes with the codes `editor` returns."""
+        raise CannotIntervene(f"the {self.name} source ({type(self).__name__}) cannot edit latent codes")
+
 
 def check_score(score: str) -> str:
     if score not in SCORE_KINDS:
-        raise ValueError(f"score must be one of {SCORE_KINDS}, got {score!r}")
+        raise UsageError(f"score must be one of {SCORE_KINDS}, got {score!r}")
     return score
-
-
-def slice_pairs(attention: Tensor, pairs: tuple[Tensor, Tensor]) -> Tensor:
-    """`attention[:, :, q_i, k_i]` for each pair: `[batch, head, n_pairs]`, detached and float32."""
-    queries, keys = pairs
-    return attention[:, :, queries.to(attention.device), keys.to(attention.device)].detach().float()
-
-
-_PATTERN_HOOK = re.compile(r"^blocks\.(\d+)\.attn\.hook_pattern$")
 
 
 class HookPointSource(AttentionSource):
@@ -93,7 +102,7 @@ class HookPointSource(AttentionSource):
         self.model = model
         self.hook_points = {}
         for hook_name, hook_point in hook_dict.items():
-            match = _PATTERN_HOOK.match(hook_name)
+            match = PATTERN_HOOK.match(hook_name)
             if match:
                 self.hook_points[int(match.group(1))] = hook_point
         if not self.hook_points:
@@ -106,7 +115,7 @@ class HookPointSource(AttentionSource):
     @staticmethod
     def applies_to(model: nn.Module) -> bool:
         hook_dict = getattr(model, "hook_dict", None)
-        return bool(hook_dict) and any(_PATTERN_HOOK.match(name) for name in hook_dict)
+        return bool(hook_dict) and any(PATTERN_HOOK.match(name) for name in hook_dict)
 
     def n_layers(self) -> int:
         return self._n_layers
@@ -120,38 +129,41 @@ class HookPointSource(AttentionSource):
     @contextmanager
     def capture(self, pairs_for: PairsFor, score: str, sink: Sink) -> Iterator[None]:
         check_score(score)
+
+        def record(layer, output):
+            pairs = pairs_for(layer, output.shape[-1])
+            if pairs is not None:
+                sink(layer, *pairs, slice_pairs(output, pairs))
+
+        with self._hooked(score, record):
+            yield
+
+    @contextmanager
+    def edit(self, pairs_for: PairsFor, editor: Editor) -> Iterator[None]:
+        """The hook on `hook_pattern` returns the edited pattern, which the rest of the layer (dropout,
+        the value network) consumes; for our HYLA models `hook_pattern` is after RMSHead."""
+
+        def edit(layer, output):
+            pairs = pairs_for(layer, output.shape[-1])
+            if pairs is None:
+                return None
+            queries, keys = (index.to(output.device) for index in pairs)
+            return write_pairs(output, pairs, editor(layer, *pairs, output[:, :, queries, keys]))
+
+        with self._hooked("pattern", edit):
+            yield
+
+    @contextmanager
+    def _hooked(self, score: str, hook: Callable[[int, Tensor], Tensor | None]) -> Iterator[None]:
+        """`hook(layer, output)` as a forward hook of every layer's hook point; removed on exit."""
         handles = []
         try:
             for layer in range(self._n_layers):
                 hook_point = self.hook_dict[self.hook_name(layer, score)]
-
-                def record(module, inputs, output, layer=layer):
-                    pairs = pairs_for(layer, output.shape[-1])
-                    if pairs is not None:
-                        sink(layer, *pairs, slice_pairs(output, pairs))
-
-                handles.append(hook_point.register_forward_hook(record))
+                handles.append(hook_point.register_forward_hook(
+                    lambda module, inputs, output, layer=layer: hook(layer, output)
+                ))
             yield
         finally:
             for handle in handles:
                 handle.remove()
-
-
-def detect_source(model: nn.Module) -> AttentionSource:
-    """The source for `model`: HookPoints if it has them (our models, HookedTransformer), the
-    TransformerBridge source for transformer-lens 4.x bridges, else SDPA/MultiheadAttention
-    interception. Use `AdapterSource` explicitly for anything else."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
-    from latentcode.extraction.bridge import BridgeSource, is_transformer_bridge
-
-    if is_transformer_bridge(model):
-        return BridgeSource(model)
-    if HookPointSource.applies_to(model):
-        from latentcode.models.transformer import Transformer
-
-        return HookPointSource(model, name="latentcode" if isinstance(model, Transformer) else "transformer_lens")
-    from latentcode.extraction.torch_attention import TorchAttentionSource
-
-    return TorchAttentionSource(model)
-

@@ -49,6 +49,15 @@ MultiheadAttention takes the standard path. Its outputs at real tokens are the s
 rounding; note that the nested-tensor path of `nn.TransformerEncoder` returns zeros at padded
 positions, while the standard path returns ordinary values there.
 
+Interventions (`edit`): the intercepted call recomputes the probabilities of the requested query
+rows as above (float32, from the call's own inputs), hands the codes at the pairs to the editor,
+and where the edit changed a code returns `edited_probabilities @ value` for that (batch, head,
+query row); for MultiheadAttention the whole query row is recomputed through the out-projection
+(heads mix there) and `need_weights` weights follow the edit. Every other entry is the fused
+call's own result, so an edit that changes nothing changes no bit (with the fast path off, as
+above). Edited rows are computed without dropout, so calls with dropout are refused: intervene in
+eval mode.
+
 Hugging Face `transformers` models are covered with their default `attn_implementation="sdpa"`;
 with "eager" they compute the softmax themselves (load them with "sdpa", or use the adapter).
 Not covered (use `latentcode.extraction.AdapterSource`): attention written with explicit
@@ -59,7 +68,7 @@ graphs (`torch.compile`) where the Python-level call never happens.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -68,7 +77,21 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from latentcode.extraction.source import AttentionSource, PairsFor, Sink, check_score
+from latentcode.extraction.attention_rows import (
+    as_minus_infinity,
+    changed,
+    check_pairs,
+    codes_of_rows,
+    softmax_rows,
+)
+from latentcode.extraction.source import (
+    AttentionSource,
+    CannotIntervene,
+    Editor,
+    PairsFor,
+    Sink,
+    check_score,
+)
 
 _SDPA = F.scaled_dot_product_attention
 _MHA = F.multi_head_attention_forward
@@ -90,8 +113,7 @@ def additive_mask(mask: Tensor, true_means: str) -> Tensor:
     if mask.dtype == torch.bool:
         masked = ~mask if true_means == "attend" else mask
         return torch.zeros(masked.shape, device=mask.device).masked_fill(masked, float("-inf"))
-    lowest = torch.finfo(mask.dtype).min if mask.dtype.is_floating_point else -math.inf
-    return mask.float().masked_fill(mask <= lowest / 2, float("-inf"))
+    return as_minus_infinity(mask)
 
 
 def rows_of(mask: Tensor, rows: Tensor) -> Tensor:
@@ -99,13 +121,6 @@ def rows_of(mask: Tensor, rows: Tensor) -> Tensor:
     if mask.dim() >= 2 and mask.shape[-2] != 1:
         return mask.index_select(-2, rows.to(mask.device))
     return mask
-
-
-def softmax_rows(scores: Tensor) -> Tensor:
-    """softmax over keys; rows whose keys are all masked (-inf) become zeros, not NaN."""
-    probabilities = torch.softmax(scores, dim=-1)
-    fully_masked = torch.isneginf(scores).all(dim=-1, keepdim=True)
-    return probabilities.masked_fill(fully_masked, 0.0)
 
 
 def as_batch_head(tensor: Tensor) -> Tensor:
@@ -198,19 +213,132 @@ def pattern_or_scores(scores: Tensor, score: str) -> Tensor:
     return softmax_rows(scores) if score == "pattern" else scores
 
 
-def codes_of_rows(rows_attention: Tensor, inverse: Tensor, keys: Tensor) -> Tensor:
-    """`[batch, head, rows, key]` + pair indices -> `[batch, head, n_pairs]`, detached float32."""
-    return rows_attention[:, :, inverse.to(rows_attention.device), keys.to(rows_attention.device)].detach().float()
+def call_shape(kind: str, call: dict[str, Any]) -> tuple[int, int]:
+    """(queries, keys) of an intercepted call; MultiheadAttention's keys include bias_k and the zero key."""
+    if kind == "sdpa":
+        return call["query"].shape[-2], call["key"].shape[-2]
+    n_keys = call["static_k"].shape[1] if call.get("static_k") is not None else call["key"].shape[0]
+    n_keys += int(call.get("bias_k") is not None) + int(bool(call.get("add_zero_attn")))
+    return call["query"].shape[0], n_keys
 
 
-def check_pairs(pairs: tuple[Tensor, Tensor], n_queries: int, n_keys: int, where: str) -> None:
-    queries, keys = pairs
-    if len(queries) and (int(queries.max()) >= n_queries or int(keys.max()) >= n_keys):
-        raise IndexError(
-            f"{where}: the call has {n_queries} queries and {n_keys} keys, but query position "
-            f"{int(queries.max())} / key position {int(keys.max())} was requested; with a key/value "
-            "cache or cross-attention the query axis is shorter than the key axis, so select positions "
-            "explicitly"
+def call_scores(kind: str, call: dict[str, Any], rows: Tensor) -> Tensor:
+    """Raw scores `[batch, head, len(rows), key]` of an intercepted call, float32, -inf where masked."""
+    if kind == "mha":
+        return mha_scores(call, rows)
+    return as_batch_head(sdpa_scores(
+        call["query"], call["key"], rows,
+        attn_mask=call.get("attn_mask"), is_causal=bool(call.get("is_causal", False)),
+        scale=call.get("scale"), enable_gqa=bool(call.get("enable_gqa", False)),
+    ))  # fmt: skip
+
+
+# -- the arithmetic of an edit: outputs of the edited query rows ---------------------------------------
+def mha_values(call: dict[str, Any]) -> Tensor:
+    """The values of an `F.multi_head_attention_forward` call, `[batch, head, key, head_dim]`
+    float32, following PyTorch: in-projection, bias_v, static_v, add_zero_attn (as `mha_scores`)."""
+    query, value = call["query"], call["value"]
+    if query.dim() == 2:  # unbatched [sequence, embed]
+        query, value = query.unsqueeze(1), value.unsqueeze(1)
+    batch, n_heads = query.shape[1], call["num_heads"]
+    head_dim = query.shape[2] // n_heads
+    if call.get("static_v") is not None:
+        v = call["static_v"].float().reshape(batch, n_heads, -1, head_dim)
+    else:
+        w_v = call["v_proj_weight"] if call.get("use_separate_proj_weight") else call["in_proj_weight"].chunk(3)[2]
+        b_v = None if call.get("in_proj_bias") is None else call["in_proj_bias"].chunk(3)[2]
+        v = F.linear(value, w_v, b_v).float()
+        if call.get("bias_v") is not None:
+            v = torch.cat([v, call["bias_v"].float().repeat(1, batch, 1)])
+        v = v.reshape(v.shape[0], batch, n_heads, head_dim).permute(1, 2, 0, 3)
+    if call.get("add_zero_attn"):
+        v = torch.cat([v, v.new_zeros(batch, n_heads, 1, head_dim)], dim=2)
+    return v
+
+
+def edit_rows(scores: Tensor, inverse: Tensor, keys: Tensor, edit: Callable[[Tensor], Tensor]):
+    """Probabilities of the requested rows `[batch, head, rows, key]`, edited at the pairs.
+
+    Returns `(edited_probabilities, changed_rows)`, `changed_rows` `[batch, head, rows]` marking the
+    rows where the edit changed some code; `(None, None)` when it changed nothing."""
+    probabilities = softmax_rows(scores)
+    inverse, keys = inverse.to(scores.device), keys.to(scores.device)
+    codes = probabilities[:, :, inverse, keys]
+    edited = edit(codes)
+    if edited.shape != codes.shape:
+        raise ValueError(f"the edit returned codes of shape {tuple(edited.shape)}; expected {tuple(codes.shape)}")
+    changed_pairs = changed(edited, codes)
+    if not bool(changed_pairs.any()):
+        return None, None
+    probabilities = probabilities.clone()
+    probabilities[:, :, inverse, keys] = edited.float()
+    changed_rows = torch.zeros(probabilities.shape[:3], device=scores.device)
+    changed_rows = changed_rows.index_add(2, inverse, changed_pairs.float()) > 0
+    return probabilities, changed_rows
+
+
+def edited_sdpa_output(call: dict[str, Any], output: Tensor, rows: Tensor, inverse: Tensor, keys: Tensor,
+                       edit: Callable[[Tensor], Tensor]) -> Tensor:
+    """An SDPA call's output with `edited_probabilities @ value` in every (batch, head, query row)
+    whose codes the edit changed, and the fused call's own output everywhere else."""
+    rows = rows.to(output.device)
+    probabilities, changed_rows = edit_rows(call_scores("sdpa", call, rows), inverse, keys, edit)
+    if probabilities is None:
+        return output
+    value = call["value"]
+    if call.get("enable_gqa") and value.dim() >= 3 and value.shape[-3] != call["query"].shape[-3]:
+        value = value.repeat_interleave(call["query"].shape[-3] // value.shape[-3], dim=-3)
+    fused_rows = output.index_select(-2, rows)  # [..., rows, dim_v]
+    leading = fused_rows.shape[:-2]
+    edited_rows = torch.matmul(probabilities.reshape(*leading, *probabilities.shape[-2:]), value.float())
+    new_rows = torch.where(
+        changed_rows.reshape(*leading, len(rows), 1), edited_rows.to(output.dtype), fused_rows
+    )
+    return output.index_copy(output.dim() - 2, rows, new_rows)
+
+
+def edited_mha_output(call: dict[str, Any], result: tuple, rows: Tensor, inverse: Tensor, keys: Tensor,
+                      edit: Callable[[Tensor], Tensor]) -> tuple:
+    """`(attn_output, attn_weights)` of an `F.multi_head_attention_forward` call with the output rows
+    recomputed from the edited probabilities where the edit changed a code of some head (the heads
+    mix in the out-projection), the fused output elsewhere; returned weights follow the edit."""
+    rows = rows.to(result[0].device)
+    probabilities, changed_rows = edit_rows(call_scores("mha", call, rows), inverse, keys, edit)
+    if probabilities is None:
+        return result
+    output, weights = result
+    unbatched = call["query"].dim() == 2
+    if unbatched:
+        output = output.unsqueeze(1)
+        weights = None if weights is None else weights.unsqueeze(0)
+    n_rows, (_, batch, embed) = len(rows), output.shape
+    changed_query = changed_rows.any(dim=1)  # [batch, rows]
+    heads = torch.matmul(probabilities, mha_values(call))  # [batch, head, rows, head_dim]
+    edited_rows = F.linear(heads.permute(2, 0, 1, 3).reshape(n_rows, batch, embed),
+                           call["out_proj_weight"].float(), None if call.get("out_proj_bias") is None
+                           else call["out_proj_bias"].float())  # fmt: skip
+    new_rows = torch.where(changed_query.T[..., None], edited_rows.to(output.dtype), output.index_select(0, rows))
+    output = output.index_copy(0, rows, new_rows)
+    if weights is not None:
+        per_head = weights.dim() == 4
+        edited_weights = probabilities if per_head else probabilities.mean(dim=1)
+        mask = changed_query[:, None, :, None] if per_head else changed_query[..., None]
+        new_weights = torch.where(mask, edited_weights.to(weights.dtype), weights.index_select(-2, rows))
+        weights = weights.index_copy(weights.dim() - 2, rows, new_weights)
+    if unbatched:
+        output = output.squeeze(1)
+        weights = None if weights is None else weights.squeeze(0)
+    return output, weights
+
+
+def check_no_dropout(kind: str, call: dict[str, Any], where: str) -> None:
+    """An edit replaces probabilities by values computed without dropout: refuse calls that drop out."""
+    rate = float(call.get("dropout_p") or 0.0)
+    active = rate > 0 and (kind == "sdpa" or bool(call.get("training", True)))
+    if active:
+        raise CannotIntervene(
+            f"{where}: the attention call applies dropout (dropout_p={rate:g}); an intervention computes the "
+            "edited rows without dropout, so it needs the model in eval mode (model.eval())"
         )
 
 
@@ -222,7 +350,8 @@ def bind(names: tuple[str, ...], args: tuple, kwargs: dict) -> dict[str, Any]:
 
 
 class _AttentionCalls(TorchFunctionMode):
-    """Calls `on_call(kind, bound_arguments)` after each SDPA / multi_head_attention_forward call."""
+    """After each SDPA / multi_head_attention_forward call, `on_call(kind, bound_arguments, result)`,
+    whose return value the caller gets."""
 
     def __init__(self, on_call):
         super().__init__()
@@ -232,9 +361,9 @@ class _AttentionCalls(TorchFunctionMode):
         kwargs = kwargs or {}
         result = func(*args, **kwargs)  # the model's own result, from the original call
         if func is _SDPA:
-            self.on_call("sdpa", bind(_SDPA_ARGS, args, kwargs))
-        elif func is _MHA:
-            self.on_call("mha", bind(_MHA_ARGS, args, kwargs))
+            return self.on_call("sdpa", bind(_SDPA_ARGS, args, kwargs), result)
+        if func is _MHA:
+            return self.on_call("mha", bind(_MHA_ARGS, args, kwargs), result)
         return result
 
 
@@ -277,6 +406,48 @@ class TorchAttentionSource(AttentionSource):
     @contextmanager
     def capture(self, pairs_for: PairsFor, score: str, sink: Sink) -> Iterator[None]:
         check_score(score)
+
+        def on_call(layer: int, where: str, kind: str, call: dict[str, Any], result: Any) -> Any:
+            n_queries, n_keys = call_shape(kind, call)
+            pairs = pairs_for(layer, n_keys)
+            if pairs is not None:
+                check_pairs(pairs, n_queries, n_keys, where)
+                rows, inverse = torch.unique(pairs[0], return_inverse=True)
+                with torch.no_grad():
+                    scores = call_scores(kind, call, rows)
+                    sink(layer, *pairs, codes_of_rows(pattern_or_scores(scores, score), inverse, pairs[1]))
+            return result
+
+        with self._intercepted(on_call):
+            yield
+
+    @contextmanager
+    def edit(self, pairs_for: PairsFor, editor: Editor) -> Iterator[None]:
+        """Each intercepted call computes the probabilities of the requested query rows, edits them,
+        and returns `edited_probabilities @ value` in the rows the edit changed (for
+        MultiheadAttention, through the out-projection); every other entry is the fused call's own
+        result, so an edit that changes nothing changes no bit. Calls with dropout are refused."""
+
+        def on_call(layer: int, where: str, kind: str, call: dict[str, Any], result: Any) -> Any:
+            n_queries, n_keys = call_shape(kind, call)
+            pairs = pairs_for(layer, n_keys)
+            if pairs is None:
+                return result
+            check_pairs(pairs, n_queries, n_keys, where)
+            check_no_dropout(kind, call, where)
+            rows, inverse = torch.unique(pairs[0], return_inverse=True)
+            edit = lambda codes: editor(layer, *pairs, codes)  # noqa: E731
+            if kind == "sdpa":
+                return edited_sdpa_output(call, result, rows, inverse, pairs[1], edit)
+            return edited_mha_output(call, result, rows, inverse, pairs[1], edit)
+
+        with self._intercepted(on_call):
+            yield
+
+    @contextmanager
+    def _intercepted(self, on_call: Callable[[int, str, str, dict[str, Any], Any], Any]) -> Iterator[None]:
+        """While active, `on_call(layer, where, kind, call, result)` sees every attention call the model
+        makes and returns what the model gets; layers are numbered and named as the module docstring says."""
         running: list[str] = []  # names of the model's modules whose forward is running, outermost first
         pass_names: list[str] = []  # the module name of each call in this pass
         calls_per_module: dict[str, int] = {}
@@ -295,37 +466,15 @@ class TorchAttentionSource(AttentionSource):
             if not running and pass_names:
                 self._layer_names = list(pass_names)
 
-        def on_call(kind: str, call: dict[str, Any]) -> None:
+        def intercept(kind: str, call: dict[str, Any], result: Any) -> Any:
             if not running:
-                return  # not made by the model
+                return result  # not made by the model
             module_name = running[-1]
             count = calls_per_module.get(module_name, 0)
             calls_per_module[module_name] = count + 1
             layer = len(pass_names)
             pass_names.append(module_name if count == 0 else f"{module_name}#{count}")
-            if kind == "sdpa":
-                n_queries, n_keys = call["query"].shape[-2], call["key"].shape[-2]
-            else:
-                query, key = call["query"], call["key"]
-                n_queries = query.shape[0]
-                n_keys = (call["static_k"].shape[1] if call.get("static_k") is not None else key.shape[0])
-                n_keys += int(call.get("bias_k") is not None) + int(bool(call.get("add_zero_attn")))
-            pairs = pairs_for(layer, n_keys)
-            if pairs is None:
-                return
-            check_pairs(pairs, n_queries, n_keys, f"attention call {layer} ({pass_names[-1]})")
-            rows, inverse = torch.unique(pairs[0], return_inverse=True)
-            with torch.no_grad():
-                if kind == "sdpa":
-                    scores = sdpa_scores(
-                        call["query"], call["key"], rows,
-                        attn_mask=call.get("attn_mask"), is_causal=bool(call.get("is_causal", False)),
-                        scale=call.get("scale"), enable_gqa=bool(call.get("enable_gqa", False)),
-                    )  # fmt: skip
-                    scores = as_batch_head(scores)
-                else:
-                    scores = mha_scores(call, rows)
-                sink(layer, *pairs, codes_of_rows(pattern_or_scores(scores, score), inverse, pairs[1]))
+            return on_call(layer, f"attention call {layer} ({pass_names[-1]})", kind, call, result)
 
         handles = []
         try:
@@ -335,7 +484,7 @@ class TorchAttentionSource(AttentionSource):
                 handles.append(
                     module.register_forward_hook(lambda m, a, o, name=name: leave(m, a, o, name), always_call=True)
                 )
-            with mha_fastpath_disabled(), _AttentionCalls(on_call):
+            with mha_fastpath_disabled(), _AttentionCalls(intercept):
                 yield
         finally:
             for handle in handles:

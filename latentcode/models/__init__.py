@@ -18,7 +18,7 @@ _WHERE = {
     "ViewTooLarge": "latentcode.models.hypernetwork",
     "value_network_view": "latentcode.models.hypernetwork",
     "ModelFileError": "latentcode.models.persistence",
-    "load_model": "latentcode.models.persistence",
+    "load_model": "latentcode.models.transformer",
     "save_model": "latentcode.models.persistence",
     "InputShapeError": "latentcode.models.transformer",
     "Transformer": "latentcode.models.transformer",

@@ -32,6 +32,10 @@ from latentcode.errors import LatentcodeError
 from latentcode.models.transformer import Transformer
 
 
+class ViewSelectionError(LatentcodeError, IndexError):
+    """A layer, query or key selection outside the model or the sequence."""
+
+
 class ViewTooLarge(LatentcodeError, ValueError):
     """The generated weights of the selected pairs would take more memory than `max_bytes`."""
 
@@ -82,10 +86,10 @@ def _positions(selection: Sequence[int] | Tensor | None, n_positions: int, what:
         return torch.arange(n_positions)
     positions = torch.as_tensor(selection, dtype=torch.long).reshape(-1)
     if positions.numel() == 0:
-        raise ValueError(f"{what} selection is empty")
+        raise ViewSelectionError(f"{what} selection is empty")
     bad = positions[(positions < -n_positions) | (positions >= n_positions)]
     if bad.numel():
-        raise IndexError(
+        raise ViewSelectionError(
             f"{what} positions {bad.tolist()} are outside the sequence of {n_positions} positions "
             f"(valid: -{n_positions}..{n_positions - 1})"
         )
@@ -111,7 +115,7 @@ def value_network_view(
     """
     n_layers = model.config.n_layers
     if not -n_layers <= layer < n_layers:
-        raise IndexError(f"layer {layer} is outside the model's {n_layers} layers (0..{n_layers - 1})")
+        raise ViewSelectionError(f"layer {layer} is outside the model's {n_layers} layers (0..{n_layers - 1})")
     layer %= n_layers
     attention = model.blocks[layer].attn
     value_network = attention.value_network

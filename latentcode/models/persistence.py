@@ -22,7 +22,6 @@ from safetensors.torch import load_file, save_file
 
 from latentcode.errors import LatentcodeError
 from latentcode.models.config import ModelConfig
-from latentcode.models.transformer import Transformer, build_model
 
 FORMAT = "latentcode-model/1"
 CONFIG_FILE = "config.json"
@@ -39,9 +38,10 @@ def _package_version() -> str:
     return __version__
 
 
-def save_model(model: Transformer, path: str | Path, overwrite: bool = False, dtype: torch.dtype | None = None) -> Path:
-    """Write the model directory (see the module docstring); `dtype` (e.g. torch.float16) stores the
-    weights in a smaller type, which `load_model` turns back into the model's float32."""
+def save_model(model: torch.nn.Module, path: str | Path, overwrite: bool = False, dtype: torch.dtype | None = None) -> Path:
+    """Write the model directory of a `Transformer` (see the module docstring); `dtype` (e.g.
+    torch.float16) stores the weights in a smaller type, which `load_model` turns back into the
+    model's float32."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"cannot save a model to {path}: it exists and is not a directory")
@@ -83,8 +83,8 @@ def load_config(path: str | Path) -> ModelConfig:
         raise ModelFileError(f"{config_path} is not valid JSON: {error}") from error
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> Transformer:
-    """Load a model saved by `model.save(path)`; the returned model is in eval mode."""
+def read_model_files(path: str | Path, device: str | torch.device = "cpu") -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The config and the stored weights of a model directory (see `latentcode.models.load_model`)."""
     path = Path(path)
     config = load_config(path)
     weights_path = path / WEIGHTS_FILE
@@ -94,8 +94,11 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> Transfor
         state = load_file(weights_path, device=str(device))
     except Exception as error:  # safetensors raises several types for corrupt files
         raise ModelFileError(f"cannot read {weights_path}: {error}") from error
-    model = build_model(config).to(device)
-    expected = model.state_dict()
+    return config, state
+
+
+def check_weights_fit(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], path: str | Path) -> None:
+    """Refuse stored weights whose names or shapes differ from what the config implies; names each."""
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     wrong_shape = [
@@ -111,6 +114,6 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> Transfor
             problems.append(f"weights the config does not have {unexpected}")
         if wrong_shape:
             problems.append("shapes differ: " + "; ".join(wrong_shape))
-        raise ModelFileError(f"the weights in {weights_path} do not match {CONFIG_FILE}: " + ", ".join(problems))
-    model.load_state_dict(state)  # copies into the model's float32 parameters, whatever the stored type
-    return model.eval()
+        raise ModelFileError(
+            f"the weights in {Path(path) / WEIGHTS_FILE} do not match {CONFIG_FILE}: " + ", ".join(problems)
+        )

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from latentcode.models.config import ConfigError
+
 
 def relative_position_buckets(n_query: int, n_key: int, n_buckets: int, max_distance: int) -> np.ndarray:
     """T5 unidirectional bucket index of every (query, key) pair: int64 `[n_query, n_key]`."""
@@ -38,7 +40,7 @@ class RelativePositionBias(nn.Module):
     def __init__(self, n_heads: int, n_ctx: int):
         super().__init__()
         if n_ctx < 2:
-            raise ValueError(f"relative positions need n_ctx >= 2, got n_ctx={n_ctx}")
+            raise ConfigError(f"relative positions need n_ctx >= 2, got n_ctx={n_ctx}")
         self.n_buckets = self.max_distance = n_ctx
         # [n_heads, n_buckets]; Flax's default embedding init (variance 1 / fan_in).
         self.bias_table = nn.Parameter(torch.randn(n_heads, self.n_buckets) / math.sqrt(self.n_buckets))
@@ -56,7 +58,7 @@ class Rotary(nn.Module):
     def __init__(self, d_head: int, n_ctx: int, base: float = 10000.0):
         super().__init__()
         if d_head % 2:
-            raise ValueError(f"rotary positions need an even head width, got d_head={d_head}")
+            raise ConfigError(f"rotary positions need an even head width, got d_head={d_head}")
         inverse_frequency = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
         angle = torch.arange(n_ctx, dtype=torch.float64)[:, None] * inverse_frequency[None, :]
         angle = torch.cat([angle, angle], dim=-1)  # [n_ctx, d_head]

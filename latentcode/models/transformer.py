@@ -44,6 +44,7 @@ from latentcode.models.attention import Attention, lecun_normal_
 from latentcode.models.config import ModelConfig
 from latentcode.models.feedforward import MLP, MixtureOfExperts
 from latentcode.models.hooks import HookedRootModule, HookPoint
+from latentcode.models.persistence import check_weights_fit, read_model_files, save_model
 
 
 class InputShapeError(LatentcodeError, ValueError):
@@ -180,8 +181,6 @@ class Transformer(HookedRootModule):
     # -- persistence -----------------------------------------------------------------------------
     def save(self, path: str | Path, overwrite: bool = False, dtype: torch.dtype | None = None) -> Path:
         """Write `config.json` and `model.safetensors` into the directory `path` (see `persistence`)."""
-        from latentcode.models.persistence import save_model
-
         return save_model(self, path, overwrite=overwrite, dtype=dtype)
 
     @property
@@ -202,3 +201,15 @@ def build_model(config: ModelConfig, seed: int | None = None) -> Transformer:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return Transformer(config)
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> Transformer:
+    """Load a model saved by `model.save(path)` (see `latentcode.models.persistence`); in eval mode.
+
+    Every stored weight must match the shape the stored config implies; what differs is named.
+    """
+    config, state = read_model_files(path, device)
+    model = build_model(config).to(device)
+    check_weights_fit(state, model.state_dict(), path)
+    model.load_state_dict(state)  # copies into the model's float32 parameters, whatever the stored type
+    return model.eval()

@@ -93,7 +93,7 @@ import math
 
 import numpy as np
 
-from latentcode.tasks.base import check_integer
+from latentcode.tasks.base import TaskError, check_integer
 
 CRITERIA = ("all_features", "any_feature")
 # When a rule fits a feature's cells: only as the generator makes it, or as the authors' checker.
@@ -110,7 +110,7 @@ _CHUNK_ENTRIES = 2**23
 def check_rules(rules: str) -> str:
     """Refuse a rule definition other than those of ``RULE_DEFINITIONS``."""
     if rules not in RULE_DEFINITIONS:
-        raise ValueError(
+        raise TaskError(
             f"unknown rules {rules!r}; valid rule definitions: {list(RULE_DEFINITIONS)}"
         )
     return rules
@@ -119,7 +119,7 @@ def check_rules(rules: str) -> str:
 def check_criterion(criterion: str) -> str:
     """Refuse a criterion other than those of ``CRITERIA``."""
     if criterion not in CRITERIA:
-        raise ValueError(f"unknown criterion {criterion!r}; valid criteria: {list(CRITERIA)}")
+        raise TaskError(f"unknown criterion {criterion!r}; valid criteria: {list(CRITERIA)}")
     return criterion
 
 
@@ -230,7 +230,7 @@ def check_ambiguity_feasible(n_instances: int, n_features: int) -> None:
     pairs = math.factorial(n_features) ** 2
     checks = n_instances * pairs * n_features
     if checks > MAX_PERMUTATION_CHECKS:
-        raise ValueError(
+        raise TaskError(
             f"an exhaustive ambiguity check of {n_instances} instances with "
             f"n_features={n_features} "
             f"enumerates {n_instances} x ({n_features}!)^2 = {n_instances * pairs:,} column "
@@ -270,12 +270,12 @@ def is_ambiguous(
         or panels.shape[1:3] != (3, 3)
         or not np.issubdtype(panels.dtype, np.integer)
     ):
-        raise ValueError(
+        raise TaskError(
             f"panels must be an integer array [n, 3, 3, M]; got dtype {panels.dtype} and "
             f"shape {panels.shape}"
         )
     if panels.size and (panels.min() < 0 or panels.max() >= n_values):
-        raise ValueError(
+        raise TaskError(
             f"panel values range over [{panels.min()}, {panels.max()}], outside 0..{n_values - 1} "
             f"for n_values={n_values}"
         )

@@ -56,6 +56,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from latentcode.errors import LatentcodeError
+
 SPLIT_STREAM = 0
 FIXED_INPUT_STREAM = 1
 SAMPLE_STREAM = 2
@@ -87,13 +89,17 @@ class Batch:
     def __post_init__(self) -> None:
         n = len(self.x)
         if len(self.y) != n:
-            raise ValueError(f"y has {len(self.y)} rows but x has {n}")
+            raise TaskError(f"y has {len(self.y)} rows but x has {n}")
         for name, values in self.labels.items():
             if len(values) != n:
-                raise ValueError(f"label {name!r} has {len(values)} rows but x has {n}")
+                raise TaskError(f"label {name!r} has {len(values)} rows but x has {n}")
 
     def __len__(self) -> int:
         return len(self.x)
+
+
+class TaskError(LatentcodeError, ValueError):
+    """A task parameter, split, variant or input that the task does not accept; says which and why."""
 
 
 @dataclass(frozen=True)
@@ -270,7 +276,7 @@ class Task(abc.ABC):
 
     def _split_index(self, split: str) -> int:
         if split not in self.splits:
-            raise ValueError(
+            raise TaskError(
                 f"unknown split {split!r} for task {self.name!r}; valid splits: {list(self.splits)}"
             )
         return self.splits.index(split)
@@ -279,7 +285,7 @@ class Task(abc.ABC):
         if variant is None:
             return self.variants[0]
         if variant not in self.variants:
-            raise ValueError(
+            raise TaskError(
                 f"unknown variant {variant!r} for task {self.name!r}; "
                 f"valid variants: {list(self.variants)}"
             )
@@ -289,7 +295,7 @@ class Task(abc.ABC):
         prediction = np.asarray(prediction)
         expected = (len(batch), self.n_predictions, self.d_out)
         if prediction.shape != expected:
-            raise ValueError(
+            raise TaskError(
                 f"prediction has shape {prediction.shape}; expected {expected} "
                 "[n, n_predictions, d_out] for this batch"
             )
@@ -317,7 +323,7 @@ def task_names() -> tuple[str, ...]:
 def task_class(name: str) -> type[Task]:
     """The class registered as ``name`` (its class attributes describe the task without building it)."""
     if name not in _TASK_CLASSES:
-        raise ValueError(f"unknown task {name!r}; valid names: {list(task_names())}")
+        raise TaskError(f"unknown task {name!r}; valid names: {list(task_names())}")
     return _TASK_CLASSES[name]
 
 
@@ -327,7 +333,7 @@ def get_task(name: str, **params) -> Task:
     valid = cls.parameter_names()
     unknown = sorted(set(params) - set(valid))
     if unknown:
-        raise ValueError(
+        raise TaskError(
             f"unknown parameter(s) {unknown} for task {name!r}; valid parameters: {list(valid)}"
         )
     return cls(**params)
@@ -339,22 +345,22 @@ def get_task(name: str, **params) -> Task:
 def check_integer(name: str, value, minimum: int | None = None, maximum: int | None = None) -> int:
     """``value`` as an int, or a ValueError naming ``name``, the value and the allowed range."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name}={value!r} must be an integer")
+        raise TaskError(f"{name}={value!r} must be an integer")
     value = int(value)
     if minimum is not None and value < minimum:
-        raise ValueError(f"{name}={value} must be at least {minimum}")
+        raise TaskError(f"{name}={value} must be at least {minimum}")
     if maximum is not None and value > maximum:
-        raise ValueError(f"{name}={value} must be at most {maximum}")
+        raise TaskError(f"{name}={value} must be at most {maximum}")
     return value
 
 
 def check_fraction(name: str, value) -> float:
     """``value`` as a float strictly between 0 and 1, or a ValueError."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name}={value!r} must be a number strictly between 0 and 1")
+        raise TaskError(f"{name}={value!r} must be a number strictly between 0 and 1")
     value = float(value)
     if not 0.0 < value < 1.0:
-        raise ValueError(f"{name}={value} must be strictly between 0 and 1")
+        raise TaskError(f"{name}={value} must be strictly between 0 and 1")
     return value
 
 
@@ -365,7 +371,7 @@ def normalize_seed(seed: int | Sequence[int]) -> tuple[int, ...]:
         isinstance(part, bool) or not isinstance(part, numbers.Integral) or part < 0
         for part in parts
     ):
-        raise ValueError(
+        raise TaskError(
             f"seed={seed!r} must be a non-negative integer or a non-empty sequence of them"
         )
     return tuple(int(part) for part in parts)
@@ -387,7 +393,7 @@ def enumerate_combinations(
     """
     count = math.comb(n_items + k - 1, k) if with_replacement else math.comb(n_items, k)
     if count > MAX_ENUMERATED_COMBINATIONS:
-        raise ValueError(
+        raise TaskError(
             f"there are {count:,} {what}, more than the {MAX_ENUMERATED_COMBINATIONS:,} "
             "this generator enumerates; choose fewer items or a smaller combination size"
         )
@@ -426,7 +432,7 @@ def hold_out_combinations(
             reserved.append(row)
             covered |= items
     if count - n_held_out < len(reserved):
-        raise ValueError(
+        raise TaskError(
             f"{what}: holding out {n_held_out} of {count} combinations leaves {count - n_held_out} "
             f"for training, but {len(reserved)} are needed for every one of the "
             f"{len(items_to_cover)} {parts} to occur in training; hold out a smaller fraction"

@@ -54,6 +54,7 @@ from latentcode.tasks.base import (
     AnalysisDefaults,
     Batch,
     Task,
+    TaskError,
     TrainingSetup,
     check_fraction,
     check_integer,
@@ -188,14 +189,14 @@ class FuzzyLogic(Task):
 
         n_unseen = fraction_of(self.frac_unseen_terms, self.n_all_terms)
         if n_unseen < K:
-            raise ValueError(
+            raise TaskError(
                 f"frac_unseen_terms={self.frac_unseen_terms} holds out {n_unseen} of the "
                 f"{self.n_all_terms} terms, fewer than the n_terms={K} a task needs: the "
                 "unseen_terms split would be empty; use a larger fraction"
             )
         n_seen = self.n_all_terms - n_unseen
         if n_seen < K + 1:
-            raise ValueError(
+            raise TaskError(
                 f"frac_unseen_terms={self.frac_unseen_terms} leaves {n_seen} seen terms, too few "
                 f"to form both training and ood combinations of n_terms={K}; use a smaller fraction"
             )
@@ -216,7 +217,7 @@ class FuzzyLogic(Task):
 
         n_ood = fraction_of(self.frac_test, len(seen_pool))
         if n_ood < 1:
-            raise ValueError(
+            raise TaskError(
                 f"frac_test={self.frac_test} holds out 0 of the {len(seen_pool)} combinations of "
                 "seen terms: the ood split would be empty; use a larger fraction"
             )
@@ -312,14 +313,14 @@ class FuzzyLogic(Task):
         n = len(batch)
         expected = (n, self.seq_len, self.d_in)
         if batch.x.shape != expected:
-            raise ValueError(
+            raise TaskError(
                 f"batch.x has shape {batch.x.shape}; expected {expected} [n, N, L + 1] for {self!r}"
             )
         terms = self._check_terms(terms)
         if terms.ndim == 1:
             terms = np.broadcast_to(terms, (n, len(terms)))
         elif len(terms) != n:
-            raise ValueError(f"terms has shape {terms.shape}; expected [k] or [{n}, k] [n, k]")
+            raise TaskError(f"terms has shape {terms.shape}; expected [k] or [{n}, k] [n, k]")
         query_inputs = batch.x[:, -1:, : self.n_variables]  # [n, 1, L]
         negation_bits = negation_bits_of_terms(terms, self.n_variables)  # [n, k, L]
         return evaluate_disjunction(query_inputs, negation_bits)[:, 0]
@@ -338,7 +339,7 @@ class FuzzyLogic(Task):
         """
         terms = self._check_terms(terms)
         if terms.shape != (self.n_terms,) or len(np.unique(terms)) != self.n_terms:
-            raise ValueError(
+            raise TaskError(
                 f"terms={terms.tolist()} must be {self.n_terms} distinct term indices, a task's "
                 "term set"
             )
@@ -353,12 +354,12 @@ class FuzzyLogic(Task):
         """``terms`` as int64 ``[k]`` or ``[n, k]`` (k >= 1), each in ``0..2**L-1``."""
         array = np.asarray(terms)
         if array.dtype == bool or not np.issubdtype(array.dtype, np.integer):
-            raise ValueError(f"terms={terms!r} must be integer term indices")
+            raise TaskError(f"terms={terms!r} must be integer term indices")
         if array.ndim not in (1, 2) or array.shape[-1] == 0:
-            raise ValueError(f"terms has shape {array.shape}; expected [k] or [n, k] with k >= 1")
+            raise TaskError(f"terms has shape {array.shape}; expected [k] or [n, k] with k >= 1")
         outside = (array < 0) | (array >= self.n_all_terms)
         if outside.any():
-            raise ValueError(
+            raise TaskError(
                 f"term {array[outside][0]} is out of range; expected 0..{self.n_all_terms - 1} "
                 f"for n_variables={self.n_variables}"
             )

@@ -64,6 +64,7 @@ from latentcode.tasks.base import (
     AnalysisDefaults,
     Batch,
     Task,
+    TaskError,
     TrainingSetup,
     check_fraction,
     check_integer,
@@ -110,7 +111,7 @@ def check_n_values(n_values) -> int:
     """K as an int, refusing K < 3 (distribute_three needs three distinct values)."""
     n_values = check_integer("n_values", n_values)
     if n_values < 3:
-        raise ValueError(
+        raise TaskError(
             f"n_values={n_values} is too small: distribute_three needs at least 3 distinct values"
         )
     return n_values
@@ -277,7 +278,7 @@ class SRaven(Task):
         count = len(self.all_combinations)
         n_ood = fraction_of(self.frac_ood, count)
         if n_ood < 1:
-            raise ValueError(
+            raise TaskError(
                 f"frac_ood={self.frac_ood} holds out 0 of the {count} rule multisets: the ood "
                 "split would be empty; use a larger fraction"
             )
@@ -345,12 +346,12 @@ class SRaven(Task):
         M, K = self.n_features, self.n_values
         n = len(batch)
         if batch.x.shape != (n, self.seq_len, K):
-            raise ValueError(
+            raise TaskError(
                 f"batch.x has shape {batch.x.shape}; expected {(n, self.seq_len, K)} "
                 f"[n, 9M, K] for {self!r}"
             )
         if "column_permutations" not in batch.labels:
-            raise ValueError(
+            raise TaskError(
                 f"the batch has labels {sorted(batch.labels)}, without 'column_permutations'; "
                 "expected a batch of this task"
             )
@@ -391,7 +392,7 @@ class SRaven(Task):
         feature = self._per_instance_index("feature", feature, n, self.n_features)
         if isinstance(rule, str):
             if rule not in RULES:
-                raise ValueError(f"unknown rule {rule!r}; valid rules: {list(RULES)}")
+                raise TaskError(f"unknown rule {rule!r}; valid rules: {list(RULES)}")
             rule = RULES.index(rule)
         rule = self._per_instance_index("rule", rule, n, len(RULES))
 
@@ -424,14 +425,14 @@ class SRaven(Task):
         """``index`` (an int or ints ``[n]``) as int64 ``[n]``, each in ``0..count-1``."""
         array = np.asarray(index)
         if array.dtype == bool or not np.issubdtype(array.dtype, np.integer):
-            raise ValueError(f"{name}={index!r} must be an integer or an integer array [n]")
+            raise TaskError(f"{name}={index!r} must be an integer or an integer array [n]")
         if array.ndim == 0:
             array = np.full(n, array, dtype=np.int64)
         if array.shape != (n,):
-            raise ValueError(f"{name} has shape {array.shape}; expected () or ({n},) [n]")
+            raise TaskError(f"{name} has shape {array.shape}; expected () or ({n},) [n]")
         outside = (array < 0) | (array >= count)
         if outside.any():
-            raise ValueError(f"{name}={array[outside][0]} is out of range; expected 0..{count - 1}")
+            raise TaskError(f"{name}={array[outside][0]} is out of range; expected 0..{count - 1}")
         return array.astype(np.int64)
 
 
@@ -511,7 +512,7 @@ def estimate_ambiguity(
     n_instances = check_integer("n_instances", n_instances, minimum=1)
     seed = check_integer("seed", seed, minimum=0)
     if criterion not in CRITERIA:
-        raise ValueError(f"unknown criterion {criterion!r}; valid criteria: {list(CRITERIA)}")
+        raise TaskError(f"unknown criterion {criterion!r}; valid criteria: {list(CRITERIA)}")
     check_rules(rules)
     check_ambiguity_feasible(n_instances, n_features)
 

@@ -11,14 +11,15 @@ number, and 2 processes draw the same batch as 1 process accumulating 2 micro-ba
 
 Reproducibility: the model is initialized from `seed`, and every step reseeds torch's RNG (which
 drives attention dropout) from `(seed, step, process)`. A run killed and resumed from a checkpoint
-therefore takes exactly the steps an uninterrupted run takes. Checkpoints also hold accelerate's
-RNG states, the optimizer and the scheduler.
+therefore takes exactly the steps an uninterrupted run takes. Checkpoints (`checkpoint.py`) hold
+the model, optimizer, scheduler and grad scaler in safetensors and JSON, never a pickle, and the
+loop's own progress (last evaluation, the open logging interval), so that a run killed at any
+moment resumes to the same weights, metrics rows, final metrics and summary; one killed before
+its first checkpoint resumes from step 0.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import shutil
 import sys
@@ -29,11 +30,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from latentcode.errors import LatentcodeError
 from latentcode.models import build_model
 from latentcode.models.config import ConfigError
 from latentcode.rundir import RunDirectory, RunDirectoryError
 from latentcode.tasks import get_task
+from latentcode.training.checkpoint import (
+    CheckpointError,
+    LoopState,
+    load_checkpoint,
+    refuse_pickles,
+    save_checkpoint,
+)
 from latentcode.training.config import TrainConfig
 from latentcode.training.evaluate import eval_sets_of, evaluate
 from latentcode.training.objective import prediction_positions, task_loss, to_tensors
@@ -44,10 +51,6 @@ from latentcode.training.schedule import build_scheduler
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite; the run stopped and its last good checkpoint is kept."""
-
-
-class CheckpointError(LatentcodeError, ValueError):
-    """A checkpoint that cannot be loaded into this run."""
 
 
 def _make_accelerator(config: TrainConfig):
@@ -165,14 +168,14 @@ def train(
     optimizer = build_optimizer(model, config.learning_rate, config.weight_decay)
     scheduler = build_scheduler(optimizer, config.warmup_steps, config.steps, config.lr_final_fraction)
     model, optimizer = accelerator.prepare(model, optimizer)
-    accelerator.register_for_checkpointing(scheduler)
     forward = torch.compile(model) if config.compile else model
 
-    start_step = 0
+    loop = LoopState()
     if resume is not None:
-        start_step = _load_latest_checkpoint(accelerator, directory)
+        loop = _load_latest_checkpoint(accelerator, directory, model, optimizer, scheduler, config.steps)
         if accelerator.is_main_process:
-            directory.truncate_metrics(start_step)
+            directory.truncate_metrics(loop.step)
+    start_step = loop.step
 
     n_processes = accelerator.num_processes
     micro_batch = config.batch_size // (n_processes * config.gradient_accumulation_steps)
@@ -187,9 +190,11 @@ def train(
         bar.message(f"resuming {directory.path} at step {start_step} of {config.steps}")
 
     model.train()
-    started = time.perf_counter()
-    interval_start, interval_instances, interval_losses = time.perf_counter(), 0, []
-    last_metrics: dict[str, dict[str, float]] = {}
+    # Time counts training only, summed over the sessions of a resumed run.
+    started = time.perf_counter() - loop.elapsed_seconds
+    interval_start = time.perf_counter() - loop.interval_seconds
+    interval_instances, interval_losses = loop.interval_instances, list(loop.interval_losses)
+    last_metrics = loop.last_eval
     try:
         for step in range(start_step, config.steps):
             torch.manual_seed(_step_seed(config.seed, step, accelerator.process_index))
@@ -248,13 +253,17 @@ def train(
                     bar.message(f"eval at step {done}: {_format_metrics(last_metrics)}")
                 accelerator.wait_for_everyone()
             if done % config.checkpoint_every == 0 or done == config.steps:
-                _save_checkpoint(accelerator, directory, done, config.keep_checkpoints)
+                progress_now = LoopState(done, last_metrics, list(interval_losses), interval_instances,
+                                         pause - interval_start, pause - started)
+                _save_checkpoint(accelerator, directory, model, optimizer, scheduler, progress_now,
+                                 config.keep_checkpoints)
             interval_start += time.perf_counter() - pause  # evaluation and checkpoints are not throughput
     finally:
         bar.close()
 
     if accelerator.is_main_process:
-        accelerator.unwrap_model(model).save(directory.model_path)
+        # A resumed run may find the model/ its killed session saved: the same weights, replaced.
+        accelerator.unwrap_model(model).save(directory.model_path, overwrite=resume is not None)
         directory.write_summary({
             "steps": config.steps,
             "instances": config.steps * config.batch_size,
@@ -267,17 +276,16 @@ def train(
     return Run(directory.path)
 
 
-def _save_checkpoint(accelerator, directory: RunDirectory, step: int, keep: int) -> None:
-    """accelerate's save_state into a temporary directory, renamed into place when complete."""
-    final = directory.checkpoint_path(step)
-    temporary = final.with_name(f".tmp-{final.name}")
+def _save_checkpoint(accelerator, directory: RunDirectory, model, optimizer, scheduler, loop: LoopState,
+                     keep: int) -> None:
+    """The main process writes the checkpoint into a temporary directory, renamed into place when
+    complete (every process holds the same model and optimizer state)."""
     if accelerator.is_main_process:
+        final = directory.checkpoint_path(loop.step)
+        temporary = final.with_name(f".tmp-{final.name}")
         shutil.rmtree(temporary, ignore_errors=True)
         directory.checkpoints_path.mkdir(parents=True, exist_ok=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(temporary), safe_serialization=True)
-    if accelerator.is_main_process:
-        (temporary / "trainer_state.json").write_text(json.dumps({"step": step}) + "\n")
+        save_checkpoint(temporary, accelerator.unwrap_model(model), optimizer, scheduler, accelerator.scaler, loop)
         if final.exists():
             shutil.rmtree(final)
         os.replace(temporary, final)
@@ -285,22 +293,23 @@ def _save_checkpoint(accelerator, directory: RunDirectory, step: int, keep: int)
     accelerator.wait_for_everyone()
 
 
-def _load_latest_checkpoint(accelerator, directory: RunDirectory) -> int:
+def _load_latest_checkpoint(accelerator, directory: RunDirectory, model, optimizer, scheduler,
+                            total_steps: int) -> LoopState:
+    """Load the latest checkpoint into the live objects; a run without one starts again at step 0
+    (its model is initialized from the seed, as the first session's was)."""
+    refuse_pickles(directory.path)
     checkpoints = directory.checkpoints()
     if not checkpoints:
-        raise RunDirectoryError(
-            f"{directory.path} has no checkpoint to resume from; start the run again in a new directory"
-        )
+        return LoopState()
     latest = checkpoints[-1]
     try:
-        step = int(json.loads((latest / "trainer_state.json").read_text())["step"])
-        accelerator.load_state(str(latest))
-    except Exception as error:  # accelerate/safetensors/torch raise many types for bad files
+        loop = load_checkpoint(latest, accelerator.unwrap_model(model), optimizer, scheduler, accelerator.scaler)
+        if loop.step > total_steps:
+            raise CheckpointError(f"it records step {loop.step}, but the run has {total_steps} steps")
+    except Exception as error:  # safetensors, torch and our own checks raise many types for bad files
+        reason = " ".join(f"{type(error).__name__}: {error}".split())  # one line
         raise CheckpointError(
             f"cannot load checkpoint {latest}: it is corrupt or does not match this run's model and optimizer "
-            f"({type(error).__name__}: {error}); remove it to resume from an earlier checkpoint"
+            f"({reason}); remove it to resume from an earlier checkpoint"
         ) from error
-    if not math.isfinite(step) or step < 1:
-        raise CheckpointError(f"checkpoint {latest} records an invalid step {step}")
-    return step
-
+    return loop

@@ -9,7 +9,7 @@ from latentcode.analysis.captions import (
 )
 from latentcode.store import CodeFile
 from latentcode.tasks.sraven import SRaven
-from tests.analysis.test_synthetic import write_codes
+from tests.analysis.synthetic import write_codes
 
 
 def test_site_set_variant_and_split_of_a_file(tmp_path):

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from latentcode.cli import main
-from tests.analysis.test_synthetic import write_codes
+from tests.analysis.synthetic import write_codes
 
 
 @pytest.fixture(scope="module")
@@ -21,12 +21,15 @@ def test_probe_compares_models_in_one_table_and_figure(two_models, tmp_path, cap
     assert "softmax" in out and "hyla" in out and "accuracy" in out
     records = json.loads((tmp_path / "rule.json").read_text())
     assert {r["model"] for r in records} == {"softmax", "hyla"} and (tmp_path / "rule.png").stat().st_size > 0
-    assert {"layer", "site", "label", "metric", "value", "n_fit", "n_test", "chance"} <= set(records[0])
+    assert {"layer", "site", "label", "metric", "value", "n_fit", "n_test", "shuffled_labels", "majority",
+            "strongest_baseline", "selected"} <= set(records[0])
+    assert "chosen on train" in out, "the headline line names the layer chosen on the fit split"
 
 
 def test_probe_defaults_to_the_tasks_label_and_reports_errors(two_models, capsys):
-    assert main(["probe", str(two_models[0])]) == 0  # SRAVEN file: decodes `rule`
-    assert "rule" in capsys.readouterr().out
+    assert main(["probe", str(two_models[0]), "--quiet"]) == 0  # SRAVEN file: decodes `rule`
+    printed = capsys.readouterr()
+    assert "rule" in printed.out and printed.err == "", "--quiet: no progress bar"
     assert main(["probe", str(two_models[0]), "--label", "nope"]) == 2
     assert "no label 'nope'" in capsys.readouterr().err
 

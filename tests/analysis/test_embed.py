@@ -5,7 +5,7 @@ import pytest
 
 from latentcode.analysis.embed import embed, subsample
 from latentcode.store import CodeFile
-from tests.analysis.test_synthetic import write_codes
+from tests.analysis.synthetic import write_codes
 
 
 @pytest.fixture(scope="module")

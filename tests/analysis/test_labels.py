@@ -13,7 +13,7 @@ from latentcode.analysis.labels import (
 )
 from latentcode.store import CodeFile, CodeFileError
 from latentcode.tasks.sraven import RULES
-from tests.analysis.test_synthetic import write_codes
+from tests.analysis.synthetic import write_codes
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import sys
 import textwrap
 
 import latentcode.analysis
-from tests.analysis.test_synthetic import write_codes
+from tests.analysis.synthetic import write_codes
 
 
 def test_analysis_modules_and_a_small_run_leave_torch_unimported(tmp_path):

@@ -21,7 +21,7 @@ from latentcode.analysis.plots import (
 )
 from latentcode.analysis.similarity import Similarity
 from latentcode.tasks.sraven import SRaven
-from tests.analysis.test_synthetic import make_labels, write_codes
+from tests.analysis.synthetic import make_labels, write_codes
 
 FIGSIZE, DPI = (7.0, 3.5), 80  # -> 560 x 280 pixels
 
@@ -86,7 +86,7 @@ def test_probe_score_plot_from_a_table_and_from_its_files(tmp_path, codes_path):
         (path,) = plot_probe_scores(source, tmp_path / f"probe_{source.suffix[1:]}", metric="macro_f1",
                                     formats=("pdf",), figsize=FIGSIZE, dpi=DPI)
         assert path.suffix == ".pdf" and path.stat().st_size > 1000
-    with pytest.raises(ValueError, match=r"no rows with metric 'r2'; it has \['accuracy', 'macro_f1'\]"):
+    with pytest.raises(ValueError, match=r"no rows with metric 'r2'; it has \['accuracy', 'balanced_accuracy', 'macro_f1'\]"):
         plot_probe_scores(table, tmp_path / "x", metric="r2")
 
 

@@ -12,7 +12,7 @@ from latentcode.analysis.report import build_report
 from latentcode.rundir import RunRecord
 from latentcode.store import CodeFile
 from latentcode.tasks.sraven import SRaven
-from tests.analysis.test_synthetic import write_codes
+from tests.analysis.synthetic import write_codes
 
 SELECTOR = {"name": "sraven-rule", "variant": "unpermuted"}
 
@@ -53,34 +53,34 @@ def test_report_of_codes_files_explains_itself(two_models, tmp_path):
     # One similarity heatmap for both models, and per model a tSNE and a samples grid.
     assert page.count("data:image/png;base64,") == 1 + 1 + 2 * 2
     assert page.count('class="caption"') >= 1 + 2 * 2
-    # The summary quotes each model's best layer from the probe table.
+    # The summary quotes each model's selected layer (the best validation score) from the probe table.
     rows = report.probe_table[(report.probe_table["metric"] == "accuracy") & (report.probe_table["site"] == "all")]
     for model, model_rows in rows.groupby("model"):
-        best = model_rows.loc[model_rows["value"].idxmax()]
-        assert f"{model} {best['value']:.2f} (layer {int(best['layer'])}" in report.summary
+        chosen = model_rows.loc[model_rows["validation"].idxmax()]
+        assert f"{model} {chosen['value']:.2f} (layer {int(chosen['layer'])}; strongest baseline" in report.summary
     assert "The codes of hyla layer 0 are the same for every example" in report.summary
 
 
-def test_findings_name_variants_and_splits_and_read_either_probe_table(two_models):
+def test_findings_name_variants_splits_and_the_layer_chosen_on_validation(two_models):
     code_files = [CodeFile(path) for path in two_models]
     runs = [_run("softmax", "unpermuted", {"ood": {"accuracy": 0.971}, "train": {"accuracy": 0.99}}),
             _run("hyla", None, {"ood": {"accuracy": 0.949}})]
     table = pd.DataFrame({
-        "model": ["softmax", "softmax", "hyla", "hyla"], "layer": [0, 1, 0, 1], "site": "all", "label": "rule",
-        "metric": "accuracy", "value": [0.9, 0.5, 0.3, 0.6], "shuffled_labels": [0.12, 0.13, 0.125, 0.11],
-        "selected": [False, True, False, True],
+        "model": ["softmax", "softmax", "hyla", "hyla"], "file": ["s.h5", "s.h5", "h.h5", "h.h5"],
+        "layer": [0, 1, 0, 1], "site": "all", "label": "rule", "metric": "accuracy",
+        "value": [0.9, 0.5, 0.3, 0.6], "selected": [False, True, False, True],
+        "strongest_baseline": "shuffled_labels", "strongest_baseline_value": [0.12, 0.13, 0.125, 0.11],
+        "beats_baselines": True,
     })
     summary = findings_paragraph(runs, code_files, table, "train", "ood")
     assert "trained and evaluated on the unpermuted variant and the task's default variant" in summary
     assert "on ood (held-out rule multisets, never trained on), softmax 0.97 and hyla 0.95" in summary
     assert "0.99" not in summary, "the training split's metric is not a result"
     # The layer chosen on validation is quoted, not the best test score (softmax layer 0, 0.90).
-    assert "accuracy at the layer chosen on validation is hyla 0.60 (layer 1; shuffled-label control 0.11)" in summary
-    assert "softmax 0.50 (layer 1; shuffled-label control 0.13)" in summary
-    older = table.drop(columns="selected").rename(columns={"shuffled_labels": "chance"})
-    assert "at the best layer is softmax 0.90 (layer 0; shuffled-label control 0.12)" in findings_paragraph(
-        runs, code_files, older, "train", "ood")
-    weak = table.assign(value=[0.1, 0.12, 0.1, 0.1])
-    assert "For softmax and hyla that is no better than the control." in findings_paragraph(
+    assert ("at the layer chosen on train (never on the test split), accuracy is hyla 0.60 (layer 1; strongest "
+            "baseline shuffled_labels 0.11) and softmax 0.50 (layer 1; strongest baseline shuffled_labels 0.13)"
+            ) in summary
+    weak = table.assign(beats_baselines=[True, False, True, True])
+    assert "For softmax that is not above the strongest baseline." in findings_paragraph(
         runs, code_files, weak, "train", "ood")
     assert context_line(runs, code_files).startswith("sraven: trained and evaluated on the unpermuted variant")

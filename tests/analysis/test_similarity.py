@@ -10,7 +10,7 @@ from latentcode.analysis.similarity import (
     similarity_of_means,
 )
 from latentcode.store import CodeFile
-from tests.analysis.test_synthetic import write_codes
+from tests.analysis.synthetic import write_codes
 
 
 def _cosine(a, b):

@@ -43,7 +43,7 @@ def test_extract_records_codes_labels_predictions_and_provenance(sraven_run, tmp
     np.testing.assert_allclose(codes.prediction(), output[:, -4:].detach().numpy(), rtol=1e-5, atol=1e-6)
     query_rule = np.concatenate([b.labels["query_rule"] for b in batches])
     np.testing.assert_array_equal(codes.labels("query_rule"), query_rule)
-    np.testing.assert_array_equal(codes.labels("rule"), query_rule[:, -1]), "the rule of the last query token"
+    np.testing.assert_array_equal(codes.labels("rule"), query_rule[:, -1], err_msg="the rule of the last query token")
     np.testing.assert_array_equal(codes.target(), np.concatenate([b.y for b in batches]))
 
 

@@ -18,7 +18,7 @@ if not hasattr(transformer_lens, "TransformerBridge"):
     pytest.skip("transformer-lens < 4 has no TransformerBridge", allow_module_level=True)
 transformers = pytest.importorskip("transformers")
 
-BATCH, LENGTH, VOCAB = 2, 6, 99
+from tests.extraction.bridge_models import BATCH, LENGTH, VOCAB, hf_bridge, tokens  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -37,23 +37,6 @@ def tokenizer(tmp_path_factory):
     (directory / "vocab.txt").write_text("\n".join(vocab))
     transformers.BertTokenizerFast(vocab_file=str(directory / "vocab.txt")).save_pretrained(directory)
     return transformers.AutoTokenizer.from_pretrained(directory)
-
-
-def hf_bridge(kind, tokenizer):
-    torch.manual_seed(0)
-    if kind == "bert":
-        config = transformers.BertConfig(
-            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, vocab_size=VOCAB
-        )
-        model = transformers.BertForMaskedLM(config)
-    else:
-        config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=16)
-        model = transformers.GPT2LMHeadModel(config)
-    return transformer_lens.TransformerBridge.boot_transformers(kind, hf_model=model.eval(), tokenizer=tokenizer)
-
-
-def tokens():
-    return torch.randint(5, VOCAB, (BATCH, LENGTH), generator=torch.Generator().manual_seed(1))
 
 
 def right_padding():

@@ -75,7 +75,14 @@ def reference_attention(attn, x, normalization, value_network, position_bias=Non
                     if position_bias is not None:
                         scores[b, h, i, j] += position_bias[h, i, j]
     a = reference_normalize(normalization, scores, allowed, eps)
+    return reference_attention_with_pattern(attn, x, a, value_network), a
 
+
+def reference_attention_with_pattern(attn, x, a, value_network):
+    """Output [batch, pos, d_model] of one attention layer whose latent codes are `a`
+    [batch, head, query, key] (given, e.g. edited), for input x: the value network from the formulas."""
+    batch, n_pos, d_model = x.shape
+    n_heads = attn.W_Q.shape[0]
     W_value = [attn.W_V[h].T for h in range(n_heads)]  # [d_head_v, d_model]
     W_out = [attn.W_O[h].T for h in range(n_heads)]  # [d_model, d_head_v]
     out = torch.zeros(batch, n_pos, d_model)
@@ -98,7 +105,7 @@ def reference_attention(attn, x, normalization, value_network, position_bias=Non
                     generated_out = sum(a[b, h, i, j] * W_out[h] for h in range(n_heads))
                     y = y + generated_out @ hidden
             out[b, i] = y
-    return out, a
+    return out
 
 
 def reference_mlp(mlp, x):

@@ -6,7 +6,7 @@ import torch
 from latentcode import ModelConfig, build_model, value_network_view
 from latentcode.errors import LatentcodeError
 from latentcode.models import VALUE_NETWORKS, NoExactView, ViewTooLarge
-from tests.models.test_attention import TINY, tiny_model
+from tests.models.tiny import TINY, tiny_model
 
 EXACT = ["softmax", "linear", "hyla", "linear_rmshead", "hyla_no_rmshead", "hyla_no_relu",
          "hyla_no_relu_no_rmshead", "hyla_softmax_instead", "hyla_deep", "hyla_softmax"]

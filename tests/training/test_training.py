@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from latentcode.models import build_model
 from latentcode.models.config import ConfigError
@@ -76,6 +77,7 @@ def test_kill_and_resume_ends_with_the_same_parameters(tmp_path, small_config):
     assert steps == sorted(steps) and len(steps) == len(set(steps)), "records after the checkpoint are not repeated"
 
 
+@pytest.mark.slow
 def test_a_process_killed_with_sigkill_resumes_to_the_same_parameters(tmp_path, small_config):
     config = small_config(n_train_instances=150 * 128, checkpoint_every=20, eval_every=1000, log_every=1000,
                           eval_instances=64)
@@ -138,12 +140,23 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp_path, 
         train(config, tmp_path / "run", progress=False)
     checkpoints = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
     assert checkpoints[-1] == "step_00000008"
-    state = torch.load  # the kept checkpoint still loads
-    del state
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1] == {"event": "diverged", "step": 9, "loss": records[-1]["loss"]}
 
+    # The kept checkpoint loads into the run's model and holds the weights of step 8, untouched by
+    # the NaN: those of a run without the fault, stopped after the same checkpoint.
+    monkeypatch.undo()
+    healthy = train(config, tmp_path / "healthy", progress=False, stop_after_step=9)
+    kept = load_file(tmp_path / "run" / "checkpoints" / "step_00000008" / "model.safetensors")
+    expected = load_file(healthy.path / "checkpoints" / "step_00000008" / "model.safetensors")
+    build_model(config.model_config()).load_state_dict(kept, strict=True)
+    assert kept.keys() == expected.keys()
+    assert all(torch.equal(kept[name], expected[name]) for name in kept), "the kept weights are not step 8's"
+    initial = build_model(config.model_config(), seed=config.seed).state_dict()
+    assert any(not torch.equal(kept[name], initial[name]) for name in kept), "the checkpoint holds untrained weights"
 
+
+@pytest.mark.slow
 def test_two_cpu_processes_train_like_one_process_accumulating_two_micro_batches(tmp_path, small_config):
     """A torchrun launch on CPU is one data-parallel run: rank 0 alone writes the run directory,
     and its averaged gradients equal those of one process accumulating the same two half-batches."""
@@ -151,7 +164,8 @@ def test_two_cpu_processes_train_like_one_process_accumulating_two_micro_batches
                           attn_dropout=0.0)
     config_file = tmp_path / "config.json"
     config_file.write_text(config.to_json())
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+    # --standalone: the rendezvous takes a free port, so parallel runs of this test never collide.
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
               "-m", "latentcode.cli", "train", "--config", str(config_file), "--quiet", "--out", str(tmp_path / "ddp")]
     finished = subprocess.run(launch, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert finished.returncode == 0, finished.stderr[-3000:]

@@ -1,0 +1,42 @@
+"""Interventions on latent codes: the Recorder's twin. Edit the codes a[:, q, k] at selected sites
+during forward passes and see what the model computes with them.
+
+    from latentcode.intervention import Intervention, ZeroAblate
+    with Intervention(model, ZeroAblate(heads=[0, 3]), sites="last-self"):
+        edited_output = model(inputs)
+
+`intervention_effects` measures a task metric with and without an edit (what `latentcode intervene`
+prints and writes).
+"""
+
+from latentcode.extraction.source import CannotIntervene
+from latentcode.intervention.checkpoints import CodesOfAnotherModel, checkpoint_sha256_of
+from latentcode.intervention.edits import (
+    AddVector,
+    Edit,
+    EditError,
+    Interchange,
+    MeanAblate,
+    ScaleHeads,
+    SetCode,
+    ZeroAblate,
+)
+from latentcode.intervention.effects import intervention_effects, write_effects
+from latentcode.intervention.intervener import Intervention
+
+__all__ = [
+    "AddVector",
+    "CannotIntervene",
+    "CodesOfAnotherModel",
+    "Edit",
+    "EditError",
+    "Interchange",
+    "Intervention",
+    "MeanAblate",
+    "ScaleHeads",
+    "SetCode",
+    "ZeroAblate",
+    "checkpoint_sha256_of",
+    "intervention_effects",
+    "write_effects",
+]

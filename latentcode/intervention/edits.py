@@ -1,0 +1,313 @@
+"""Edits of latent codes: small dataclasses that map the codes of the edited sites to edited codes.
+
+An edit is called as `edit(codes, sites)` with `codes` `[batch, head, n_sites]` (the latent codes
+a[:, q, k] of the sites `sites`, one column per site, all of one layer) and returns edited codes of
+the same shape. Every edit takes two keyword arguments:
+
+- `heads`: the heads it changes (None: all); the other heads keep their codes.
+- `sites`: the sites it applies to, a selector spec or list as for `Recorder` (None: the sites of
+  the `Intervention` it is given to).
+
+The edits:
+
+    SetCode(value)           a[h] = value[h]                    value [H] or one per example [batch, H]
+    AddVector(vector)        a[h] = a[h] + vector[h]            steering; [H] or [batch, H]
+    ScaleHeads(factor)       a[h] = factor[h] * a[h]            factor a number or [H]
+    ZeroAblate()             a[h] = 0
+    MeanAblate(means)        a[h] = mean code of the site[h]    from a codes file, optionally per label value
+    Interchange(codes)       a[h] = the code of the same site   on a second (source) input: activation patching
+
+Vectors are whole latent codes, one entry per head (width H); `heads` picks which entries are
+written. For softmax attention an edited row of probabilities need not sum to one any more: that
+is intended (an intervention asks what the layer computes with *this* code), and nothing
+renormalizes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from latentcode.errors import LatentcodeError
+from latentcode.store import Site
+
+SiteSpec = Any  # a selector spec: str, Selector, or a list of Sites / (layer, query, key) tuples
+
+
+class EditError(LatentcodeError, ValueError):
+    """An edit that does not fit the codes it is applied to; names the value and what is expected."""
+
+
+def _as_array(values: Any, what: str) -> np.ndarray:
+    if isinstance(values, Tensor):
+        values = values.detach().cpu().numpy()
+    array = np.asarray(values, dtype=np.float32)
+    if array.ndim not in (1, 2):
+        raise EditError(f"{what} must be a vector [H] or one vector per example [batch, H], got shape {array.shape}")
+    return array
+
+
+def _per_example(values: np.ndarray, codes: Tensor, sites: list[Site], what: str) -> Tensor:
+    """`[H]` or `[batch, H]` -> a tensor `[batch or 1, H, 1]` on the codes' device, checked."""
+    batch, n_heads = codes.shape[:2]
+    layer = sites[0].layer
+    if values.shape[-1] != n_heads:
+        raise EditError(
+            f"{what} has width {values.shape[-1]} but the latent codes at layer {layer} have {n_heads} heads; "
+            f"give a vector of {n_heads} values (one per head)"
+        )
+    if values.ndim == 2 and values.shape[0] != batch:
+        raise EditError(
+            f"{what} gives {values.shape[0]} vectors (one per example) but this forward pass has {batch} examples; "
+            f"give one vector [{n_heads}] for all examples or one per example [{batch}, {n_heads}]"
+        )
+    tensor = torch.as_tensor(values, device=codes.device, dtype=codes.dtype)
+    return tensor.reshape(-1, n_heads, 1)
+
+
+@dataclass(frozen=True, eq=False)
+class Edit:
+    """Base class: `replacement(codes, sites)` gives the new codes; `heads` and `sites` as the module
+    docstring says."""
+
+    heads: Sequence[int] | None = field(default=None, kw_only=True)
+    sites: SiteSpec | None = field(default=None, kw_only=True)
+
+    def __call__(self, codes: Tensor, sites: list[Site]) -> Tensor:
+        """codes `[batch, head, n_sites]` at `sites` -> edited codes, same shape."""
+        new = self.replacement(codes, sites)
+        if self.heads is None:
+            return new.expand_as(codes).to(codes.dtype)
+        return torch.where(self.head_mask(codes, sites), new.to(codes.dtype), codes)
+
+    def replacement(self, codes: Tensor, sites: list[Site]) -> Tensor:
+        raise NotImplementedError
+
+    def head_mask(self, codes: Tensor, sites: list[Site]) -> Tensor:
+        """Boolean `[1, head, 1]`: the heads this edit writes."""
+        n_heads = codes.shape[1]
+        mask = torch.zeros(1, n_heads, 1, dtype=torch.bool, device=codes.device)
+        for head in self.heads:
+            if not 0 <= int(head) < n_heads:
+                raise EditError(
+                    f"{type(self).__name__}: head {head} is outside the {n_heads} heads of the latent codes at "
+                    f"layer {sites[0].layer} (valid: 0..{n_heads - 1})"
+                )
+            mask[0, int(head), 0] = True
+        return mask
+
+    def describe(self) -> str:
+        """A short name for tables: the operation and its heads."""
+        heads = "all heads" if self.heads is None else "heads " + ",".join(map(str, self.heads))
+        return f"{type(self).__name__} ({heads})"
+
+
+@dataclass(frozen=True, eq=False)
+class SetCode(Edit):
+    """Set the code to `value`: one vector `[H]` for all examples, or one per example `[batch, H]`."""
+
+    value: Any
+
+    def replacement(self, codes: Tensor, sites: list[Site]) -> Tensor:
+        return _per_example(_as_array(self.value, "SetCode value"), codes, sites, "SetCode value")
+
+
+@dataclass(frozen=True, eq=False)
+class AddVector(Edit):
+    """Add `vector` to the code (steering): `[H]` for all examples, or `[batch, H]`."""
+
+    vector: Any
+
+    def replacement(self, codes: Tensor, sites: list[Site]) -> Tensor:
+        return codes + _per_example(_as_array(self.vector, "AddVector vector"), codes, sites, "AddVector vector")
+
+
+@dataclass(frozen=True, eq=False)
+class ScaleHeads(Edit):
+    """Multiply the code by `factor`: a number, or one factor per head `[H]`."""
+
+    factor: Any
+
+    def replacement(self, codes: Tensor, sites: list[Site]) -> Tensor:
+        if np.ndim(self.factor) == 0:
+            return codes * float(self.factor)
+        factor = _as_array(self.factor, "ScaleHeads factor")
+        if factor.ndim != 1:
+            raise EditError(f"ScaleHeads factor must be a number or one factor per head [H], got shape {factor.shape}")
+        return codes * _per_example(factor, codes, sites, "ScaleHeads factor")
+
+
+@dataclass(frozen=True, eq=False)
+class ZeroAblate(Edit):
+    """Set the code to zero."""
+
+    def replacement(self, codes: Tensor, sites: list[Site]) -> Tensor:
+        return torch.zeros_like(codes)
+
+
+def _codes_at(values: Mapping[Site, np.ndarray], sites: list[Site], what: str) -> np.ndarray:
+    """`{site: [..., H]}` -> `[..., H, n_sites]` for `sites`; a missing site is an error."""
+    missing = [site for site in sites if site not in values]
+    if missing:
+        have = ", ".join(site.name for site in sorted(values)[:12]) + (" ..." if len(values) > 12 else "")
+        raise EditError(f"{what} has no code at site {missing[0]}; it has codes at {have}")
+    return np.stack([values[site] for site in sites], axis=-1)
+
+
+@dataclass(frozen=True, eq=False)
+class MeanAblate(Edit):
+    """Set the code to the mean code of its site.
+
+    means: `{Site: [H]}`, or with `label_values` `{Site: [n_values, H]}`: one mean per label value.
+    label_values: the label value of each row of the means (per-label means), else None.
+    labels: `[batch]`, the label of each example of the next forward passes (per-label means only;
+        `with_labels` gives a copy for another batch).
+    Build it from a codes file with `MeanAblate.from_codes`.
+    """
+
+    means: Mapping[Site, np.ndarray]
+    label_values: np.ndarray | None = field(default=None, kw_only=True)
+    labels: np.ndarray | None = field(default=None, kw_only=True)
+    label: str | None = field(default=None, kw_only=True)  # the label's name, for messages
+
+    @classmethod
+    def from_codes(
+        cls,
+        path: str | Path,
+        heads: Sequence[int] | None = None,
+        *,
+        by: str | None = None,
+        split: str | None = None,
+        model: str | Path | nn.Module | None = None,
+        checkpoint_sha256: str | None = None,
+        sites: SiteSpec | None = None,
+    ) -> MeanAblate:
+        """Mean codes of every site of the codes file at `path` (of `split`; all examples if None),
+        per value of the label `by` if given.
+
+        model / checkpoint_sha256: the model that will be edited (a run or model directory, or a model
+        object), or its checkpoint's SHA-256; when given, the file must come from that checkpoint.
+        A codes file records the SHA-256 of the weights file for run and model directories and of the
+        weights as safetensors bytes for model objects, so pass what the file was extracted from."""
+        from latentcode.intervention.checkpoints import check_codes_file_matches
+        from latentcode.store import CodeFile
+
+        codes_file = CodeFile(path)
+        check_codes_file_matches(codes_file, model=model, checkpoint_sha256=checkpoint_sha256)
+        if codes_file.attrs.get("score", "pattern") != "pattern":
+            raise EditError(
+                f"{codes_file.path} holds raw scores (score={codes_file.attrs.get('score')!r}); mean-ablation "
+                "replaces latent codes, so it needs a file extracted with score='pattern'"
+            )
+        if by is None:
+            means = {site: codes_file.codes(site, split).mean(axis=0) for site in codes_file.sites}
+            return cls(means, heads=heads, sites=sites)
+        labels = codes_file.labels(by, split)
+        if labels.ndim != 1:
+            raise EditError(
+                f"per-label means need a label with one value per example; {by!r} in {codes_file.path} has shape "
+                f"{labels.shape[1:]} per example (use a label such as 'rule', or name one entry of it)"
+            )
+        values = np.unique(labels)
+        means = {}
+        for site in codes_file.sites:
+            codes = codes_file.codes(site, split)
+            means[site] = np.stack([codes[labels == value].mean(axis=0) for value in values])
+        return cls(means, heads=heads, sites=sites, label_values=values, label=by)
+
+    def with_labels(self, labels: Any) -> MeanAblate:
+        """This edit for a batch whose examples have `labels` `[batch]` (per-label means)."""
+        return dataclasses.replace(self, labels=np.asarray(labels))
+
+    def replacement(self, codes: Tensor, sites: list[Site]) -> Tensor:
+        means = _codes_at(self.means, sites, "MeanAblate")  # [H, n] or [n_values, H, n]
+        if self.label_values is None:
+            values = means[None]
+        else:
+            if self.labels is None:
+                raise EditError(
+                    f"MeanAblate has one mean per value of {self.label or 'a label'} but no labels for this batch; "
+                    "call edit.with_labels(labels_of_the_batch) before the forward pass"
+                )
+            labels = self.labels.reshape(-1)
+            if len(labels) != codes.shape[0]:
+                raise EditError(
+                    f"MeanAblate was given labels for {len(labels)} examples but this forward pass has "
+                    f"{codes.shape[0]} examples; give one label per example"
+                )
+            rows = np.searchsorted(self.label_values, labels)
+            known = (rows < len(self.label_values)) & (self.label_values[np.minimum(rows, len(self.label_values) - 1)] == labels)
+            if not known.all():
+                unknown = labels[~known][0].item()
+                raise EditError(
+                    f"MeanAblate has no mean for {self.label or 'label'} value {unknown!r}: the codes file holds "
+                    f"the values {self.label_values.tolist()}"
+                )
+            values = means[rows]
+        if values.shape[1] != codes.shape[1]:
+            raise EditError(
+                f"MeanAblate means have width {values.shape[1]} but the latent codes at layer {sites[0].layer} have "
+                f"{codes.shape[1]} heads; use a codes file of this model"
+            )
+        return torch.as_tensor(values, device=codes.device, dtype=codes.dtype)
+
+    def describe(self) -> str:
+        return super().describe() + (f" by {self.label}" if self.label_values is not None else "")
+
+
+@dataclass(frozen=True, eq=False)
+class Interchange(Edit):
+    """Set the code to that of the same site on a second (source) input: activation patching.
+
+    codes: `{Site: [batch, H]}`, the source input's codes (as `Recorder.pop()` returns them).
+    source_shape: the shape of the source input's first tensor; when known, the intervention checks
+        that each forward pass gets an input of this shape.
+    Build it with `Interchange.from_inputs(model, source_inputs, sites=...)`.
+    """
+
+    codes: Mapping[Site, np.ndarray]
+    source_shape: tuple[int, ...] | None = field(default=None, kw_only=True)
+
+    @classmethod
+    def from_inputs(
+        cls,
+        model: nn.Module,
+        *inputs: Any,
+        sites: SiteSpec = "last-self",
+        heads: Sequence[int] | None = None,
+        source: Any = None,
+        task_config: dict | None = None,
+        **kwargs: Any,
+    ) -> Interchange:
+        """Run `model(*inputs, **kwargs)` once (no gradients) under a Recorder at `sites` and keep its
+        codes; the edit then applies at those sites."""
+        from latentcode.extraction.recorder import Recorder
+
+        with Recorder(model, sites, source=source, task_config=task_config) as recorder, torch.no_grad():
+            model(*inputs, **kwargs)
+        return cls(recorder.pop(), heads=heads, sites=sites, source_shape=first_tensor_shape(inputs, kwargs))
+
+    def replacement(self, codes: Tensor, sites: list[Site]) -> Tensor:
+        values = _codes_at(self.codes, sites, "Interchange")  # [source batch, H, n]
+        if values.shape[0] != codes.shape[0] or values.shape[1] != codes.shape[1]:
+            raise EditError(
+                f"Interchange: the source input gave codes for {values.shape[0]} examples x {values.shape[1]} heads "
+                f"but this forward pass has {codes.shape[0]} examples x {codes.shape[1]} heads at layer "
+                f"{sites[0].layer}; give a source batch of the same shape"
+            )
+        return torch.as_tensor(values, device=codes.device, dtype=codes.dtype)
+
+
+def first_tensor_shape(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[int, ...] | None:
+    """The shape of the first tensor among a call's arguments (None if there is none)."""
+    for value in [*args, *kwargs.values()]:
+        if isinstance(value, Tensor):
+            return tuple(value.shape)
+    return None

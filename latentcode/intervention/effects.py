@@ -1,0 +1,173 @@
+"""What an edit does to a trained model's task performance: the task metric without and with the
+edit, at all selected sites together and at each site alone. `latentcode intervene` calls this.
+
+    table = intervention_effects("runs/sraven-hyla", MeanAblate.from_codes("codes.h5", model="runs/sraven-hyla"),
+                                 sites="sraven-rule", split="ood", n=1024)
+    write_effects(table, "results/mean-ablate")        # .csv, .json and .png
+
+The table is tidy: one row per (scope, metric) with the columns `model`, `task`, `split`,
+`variant`, `n`, `edit`, `scope` ("all sites", or one site as `l{layer}_q{query}_k{key}`), `metric`,
+`before`, `after` and `change` (after - before). Metrics are the task's own (`task.evaluate`) on the
+same `n` instances (the split's evaluation seed unless `seed` is given). A `MeanAblate` with
+per-label means gets each batch's labels (task labels, and SRAVEN's `rule` of the sites' query).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from latentcode.errors import UsageError
+from latentcode.intervention.edits import Edit, MeanAblate
+from latentcode.intervention.intervener import Intervention
+
+ALL_SITES = "all sites"
+
+
+def intervention_effects(
+    run_or_model: str | Path | nn.Module,
+    edits: Edit | Sequence[Edit],
+    *,
+    task: Any = None,
+    sites: str | Sequence = "last-self",
+    split: str = "ood",
+    n: int = 1024,
+    variant: str | None = None,
+    batch_size: int = 256,
+    seed: int | None = None,
+    per_site: bool = True,
+    progress: bool = False,
+):
+    """The task metrics of `n` instances of `split` without and with `edits` at `sites` (all at once,
+    and with `per_site` each site alone); returns the tidy pandas table described in the module
+    docstring. The edits' own `sites` are replaced by each scope."""
+    import pandas as pd
+
+    from latentcode.extraction.pipeline import resolve_model
+    from latentcode.extraction.sites import parse_selector
+    from latentcode.tasks import Batch, eval_seed, get_task
+
+    edits = (edits,) if isinstance(edits, Edit) else tuple(edits)
+    if not edits:
+        raise UsageError("give at least one edit")
+    if n < 1 or batch_size < 1:
+        raise UsageError(f"n and batch_size must be positive, got n={n}, batch_size={batch_size}")
+    model, info = resolve_model(run_or_model)
+    if task is None:
+        if not info["task_config"]:
+            raise UsageError("no task given and the model comes without a run directory; pass task=")
+        task = get_task(**info["task_config"])
+    elif isinstance(task, Mapping):
+        task = get_task(**task)
+    if split not in task.splits:
+        raise UsageError(f"unknown split {split!r} for task {task.name!r}; valid splits: {list(task.splits)}")
+    selector = parse_selector(sites, task.config())
+    variant = variant or selector.default_variant or task.variants[0]
+    if variant not in task.variants:
+        raise UsageError(f"unknown variant {variant!r} for task {task.name!r}; valid variants: {list(task.variants)}")
+    resolved = selector.resolve(model.config.n_layers, task.seq_len)
+    seed = eval_seed(split) if seed is None else seed
+    model.eval()
+
+    batches = [task.sample(min(batch_size, n - start), split, seed=(seed, index), variant=variant)
+               for index, start in enumerate(range(0, n, batch_size))]  # fmt: skip
+    everything = Batch(
+        x=np.concatenate([batch.x for batch in batches]),
+        y=np.concatenate([batch.y for batch in batches]),
+        labels={name: np.concatenate([batch.labels[name] for batch in batches]) for name in batches[0].labels},
+        split=split,
+        variant=variant,
+    )
+
+    def metrics(scope_sites: list | None) -> dict[str, float]:
+        predictions = []
+        for batch in batches:
+            labels = {**batch.labels, **task.derived_labels(batch, resolved)}
+            with torch.no_grad():
+                if scope_sites is None:
+                    output = model(torch.from_numpy(batch.x))
+                else:
+                    scoped = [for_batch(edit, labels, scope_sites) for edit in edits]
+                    with Intervention(model, scoped, sites=scope_sites):
+                        output = model(torch.from_numpy(batch.x))
+            predictions.append(output[:, -task.n_predictions :, :].float().numpy())
+        return task.evaluate(np.concatenate(predictions), everything)
+
+    scopes = [(ALL_SITES, resolved)]
+    if per_site and len(resolved) > 1:
+        scopes += [(site.name, [site]) for site in resolved]
+    if progress:
+        from tqdm.auto import tqdm
+
+        scopes = tqdm(scopes, desc="intervene", unit="scope")
+    before = metrics(None)
+    rows = []
+    description = "; ".join(edit.describe() for edit in edits)
+    for scope, scope_sites in scopes:
+        after = metrics(scope_sites)
+        for metric, value in before.items():
+            rows.append({
+                "model": info["model_name"], "task": task.name, "split": split, "variant": variant, "n": n,
+                "edit": description, "scope": scope, "metric": metric, "before": value, "after": after[metric],
+                "change": after[metric] - value,
+            })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def for_batch(edit: Edit, labels: Mapping[str, np.ndarray], scope_sites: list) -> Edit:
+    """The edit restricted to `scope_sites`, with this batch's labels where it needs them."""
+    edit = dataclasses.replace(edit, sites=scope_sites)
+    if isinstance(edit, MeanAblate) and edit.label_values is not None:
+        if edit.label not in labels:
+            raise UsageError(
+                f"MeanAblate has one mean per value of {edit.label!r}, which the task's batches do not carry; "
+                f"their labels are {sorted(labels)}"
+            )
+        edit = edit.with_labels(labels[edit.label])
+    return edit
+
+
+def write_effects(table, path_stem: str | Path, formats: Sequence[str] = ("png",)) -> list[Path]:
+    """Write the table as `<stem>.csv` and `<stem>.json` and draw it (`<stem>.png`: one panel per
+    metric, the metric after the edit per scope, the metric before it as a dashed line)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    stem = Path(path_stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    csv_path, json_path = stem.with_name(stem.name + ".csv"), stem.with_name(stem.name + ".json")
+    table.to_csv(csv_path, index=False)
+    table.to_json(json_path, orient="records", indent=1)
+
+    metrics = list(dict.fromkeys(table["metric"]))
+    scopes = list(dict.fromkeys(table["scope"]))
+    columns = min(3, len(metrics))
+    n_rows = math.ceil(len(metrics) / columns)
+    figure = Figure(figsize=(max(4.0, 0.5 * len(scopes) + 2) * columns, 3.2 * n_rows), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(n_rows, columns, squeeze=False).ravel()
+    for axis, metric in zip(axes, metrics, strict=False):
+        rows = table[table["metric"] == metric].set_index("scope").loc[scopes]
+        axis.bar(range(len(scopes)), rows["after"], color=["tab:red"] + ["tab:orange"] * (len(scopes) - 1))
+        axis.axhline(rows["before"].iloc[0], color="black", linestyle="--", linewidth=1, label="without the edit")
+        axis.set_xticks(range(len(scopes)), scopes, rotation=45, ha="right", fontsize=7)
+        axis.set_ylabel(metric)
+        axis.set_title(f"{metric} with the edit", fontsize=9)
+        axis.legend(fontsize=7, loc="lower right")
+    for axis in axes[len(metrics) :]:
+        axis.set_visible(False)
+    first = table.iloc[0]
+    figure.suptitle(f"{first['model']} on {first['task']} {first['split']} (n={first['n']}): {first['edit']}", fontsize=9)
+    paths = [csv_path, json_path]
+    for fmt in formats:
+        path = stem.with_name(f"{stem.name}.{fmt}")
+        figure.savefig(path, format=fmt)
+        paths.append(path)
+    return paths

@@ -1,0 +1,222 @@
+"""Interventions on our own models: the identity edit changes no bit for every attention preset, a
+non-trivial edit equals the slow reference of tests/models/reference.py run with the edited pattern,
+recording in the same pass sees the edited codes, hooks are gone after the context, and bad input
+gives a one-line error."""
+
+import numpy as np
+import pytest
+import torch
+
+from latentcode import ATTENTION_PRESETS, ModelConfig, build_model
+from latentcode.extraction import Recorder, SiteError
+from latentcode.extraction.pipeline import sha256_of_state
+from latentcode.intervention import (
+    AddVector,
+    CodesOfAnotherModel,
+    EditError,
+    Interchange,
+    Intervention,
+    MeanAblate,
+    ScaleHeads,
+    SetCode,
+    ZeroAblate,
+)
+from latentcode.store import CodeWriter, Site
+from tests.models.reference import (
+    reference_attention,
+    reference_attention_with_pattern,
+    reference_mlp,
+)
+
+TINY = dict(n_layers=2, d_model=6, n_heads=3, kqv_dim=6, v_dim=6, d_mlp=8, n_ctx=5, d_in=3, d_out=2)
+BATCH, LENGTH = 2, 5
+
+
+def tiny_model(attention, seed=0, **overrides):
+    model = build_model(ModelConfig(attention=attention, **{**TINY, **overrides}), seed=seed).eval()
+    with torch.no_grad():  # non-zero biases, so that every bias enters
+        for name, parameter in model.named_parameters():
+            if name.split(".")[-1] in ("b_Q", "b_K", "b_V", "b_O", "b", "b_in", "b_out"):
+                parameter.copy_(0.3 * torch.randn_like(parameter))
+    return model
+
+
+def inputs(seed=1):
+    return torch.randn(BATCH, LENGTH, TINY["d_in"], generator=torch.Generator().manual_seed(seed))
+
+
+def all_hooks(model):
+    return [hook for module in model.modules() for hook in (*module._forward_hooks.values(), *module._forward_pre_hooks.values())]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("attention", list(ATTENTION_PRESETS))
+def test_setting_every_code_to_its_own_value_changes_no_bit(attention, causal):
+    model = tiny_model(attention, causal=causal)
+    x = inputs()
+    with torch.no_grad():
+        expected = model(x)
+        identity = [Interchange.from_inputs(model, x, sites=f"all-pairs:{layer}") for layer in range(2)]
+        with Recorder(model, "*:-1:-1") as recorder:
+            model(x)
+        own = recorder.pop()[Site(1, LENGTH - 1, LENGTH - 1)]  # one vector per example
+        with Intervention(model, [*identity, SetCode(own, sites="1:-1:-1")]):
+            edited = model(x)
+    assert torch.equal(edited, expected)
+
+
+def reference_model(model, x, edit_pattern):
+    """The whole model from the formulas (tests/models/reference.py), each layer's latent codes
+    passed through `edit_pattern(layer, a)` before the value network. Returns (output, patterns)."""
+    config = model.config
+    residual = x @ model.embed.W_E + model.embed.b_E
+    patterns = []
+    for layer, block in enumerate(model.blocks):
+        ln1 = torch.nn.functional.layer_norm(residual, (6,), block.ln1.w, block.ln1.b, 1e-6)
+        _, a = reference_attention(block.attn, ln1, config.score_normalization, config.value_network,
+                                   position_bias=block.attn.relative_position_bias(LENGTH))
+        a = edit_pattern(layer, a.clone())
+        patterns.append(a)
+        residual = residual + reference_attention_with_pattern(block.attn, ln1, a, config.value_network)
+        ln2 = torch.nn.functional.layer_norm(residual, (6,), block.ln2.w, block.ln2.b, 1e-6)
+        residual = residual + reference_mlp(block.mlp, ln2)
+    final = torch.nn.functional.layer_norm(residual, (6,), model.ln_final.w, model.ln_final.b, 1e-6)
+    return final @ model.unembed.W_U + model.unembed.b_U, patterns
+
+
+@pytest.mark.parametrize("attention", ["softmax", "linear", "hyla"])
+def test_an_edit_equals_the_reference_computed_with_the_edited_pattern(attention):
+    model = tiny_model(attention)
+    x = inputs()
+    value = np.array([0.7, -0.4, 1.3], dtype=np.float32)
+    steer = np.array([[0.5, 0.0, -1.0], [2.0, 1.0, 0.0]], dtype=np.float32)  # one per example
+    edits = [
+        SetCode(value, heads=[1], sites="0:4:2"),
+        ZeroAblate(heads=[0, 2], sites="1:4:4,1:0:3"),
+        AddVector(steer, sites="1:2:2"),
+        ScaleHeads(-2.0, heads=[2], sites="1:4:4"),  # after the zero-ablation: stays zero; head 1 untouched
+    ]
+
+    def edit_by_hand(layer, a):
+        if layer == 0:
+            a[:, 1, 4, 2] = float(value[1])
+        else:
+            a[:, [0, 2], 4, 4] = 0.0
+            a[:, [0, 2], 0, 3] = 0.0
+            a[:, :, 2, 2] += torch.from_numpy(steer)
+        return a
+
+    with torch.no_grad():
+        unedited, _ = reference_model(model, x, lambda layer, a: a)
+        expected, patterns = reference_model(model, x, edit_by_hand)
+        with Intervention(model, edits, record="0:4:2,1:4:4,1:2:2,1:3:1") as intervention:
+            edited = model(x)
+    assert (expected - unedited).abs().max() > 1e-3  # the edit matters
+    torch.testing.assert_close(edited, expected, atol=1e-5, rtol=1e-5)
+    recorded = intervention.pop()  # the codes the layers computed with: edited where edited
+    for site, codes in recorded.items():
+        np.testing.assert_allclose(codes, patterns[site.layer][:, :, site.query, site.key].numpy(), atol=1e-5)
+    assert (recorded[Site(0, 4, 2)][:, 1] == value[1]).all()
+
+
+def test_hooks_are_removed_after_the_context_and_after_an_exception():
+    model = tiny_model("hyla")
+    with torch.no_grad():
+        expected = model(inputs())
+    assert all_hooks(model) == []
+    with Intervention(model, ZeroAblate(), record="last-self"):
+        assert all_hooks(model)
+        model(inputs())
+    assert all_hooks(model) == []
+    with pytest.raises(RuntimeError, match="boom"):
+        with Intervention(model, ZeroAblate()):
+            model(inputs())
+            raise RuntimeError("boom")
+    assert all_hooks(model) == []
+    with pytest.raises(SiteError):
+        with Intervention(model, ZeroAblate(), sites="0:9:0"):
+            model(inputs())
+    assert all_hooks(model) == []
+    with torch.no_grad():
+        assert torch.equal(model(inputs()), expected)
+
+
+def test_gradients_flow_through_an_edit():
+    model = tiny_model("softmax")
+    with Intervention(model, ScaleHeads(3.0, heads=[0])):
+        model(inputs()).sum().backward()
+    assert model.blocks[0].attn.W_Q.grad is not None and model.blocks[0].attn.W_Q.grad.abs().sum() > 0
+
+
+def one_line_error(error_type, match, edit, sites="last-self", x=None, model=None):
+    model = model or tiny_model("softmax")
+    with pytest.raises(error_type, match=match) as raised:
+        with Intervention(model, edit, sites=sites):
+            model(inputs() if x is None else x)
+    assert "\n" not in str(raised.value)
+
+
+def test_bad_input_gives_one_line_errors():
+    one_line_error(EditError, r"SetCode value has width 2 but the latent codes at layer 0 have 3 heads", SetCode([1.0, 2.0]))
+    one_line_error(EditError, r"gives 5 vectors .* this forward pass has 2 examples", AddVector(np.ones((5, 3))))
+    one_line_error(EditError, r"head 3 is outside the 3 heads .* \(valid: 0..2\)", ZeroAblate(heads=[3]))
+    one_line_error(SiteError, r"position 7 is outside the sequence of 5 tokens", ZeroAblate(), sites="0:7:0")
+    one_line_error(SiteError, r"layer 4 is outside the model's 2 layers", ZeroAblate(), sites="4:0:0")
+    model = tiny_model("softmax")
+    source = Interchange.from_inputs(model, torch.randn(3, LENGTH, 3), sites="last-self")
+    one_line_error(EditError, r"source input has shape \[3, 5, 3\] but the model was called with shape \[2, 5, 3\]",
+                   source, model=model)
+    shorter = Interchange.from_inputs(model, torch.randn(BATCH, 4, 3), sites="last-self")
+    one_line_error(EditError, r"source input has shape \[2, 4, 3\]", shorter, model=model)
+
+
+def write_codes(path, model, codes, labels, sha=None):
+    metadata = {"model_name": "tiny", "checkpoint_sha256": sha or sha256_of_state(model)}
+    with CodeWriter(path, sorted(codes), 3, metadata) as writer:
+        writer.append(codes=codes, labels=labels, split="train")
+
+
+def test_mean_ablation_from_a_codes_file_sets_the_mean_code_overall_and_per_label(tmp_path):
+    model = tiny_model("hyla")
+    rng = np.random.default_rng(0)
+    site = Site(1, LENGTH - 1, LENGTH - 1)
+    stored = rng.normal(size=(40, 3)).astype(np.float32)
+    rule = np.arange(40) % 4
+    write_codes(tmp_path / "codes.h5", model, {site: stored}, {"rule": rule})
+    x = inputs()
+
+    def output(edit):
+        with torch.no_grad(), Intervention(model, edit, sites=[site]):
+            return model(x)
+
+    overall = MeanAblate.from_codes(tmp_path / "codes.h5", heads=[0, 2], model=model)
+    expected_mean = stored.astype(np.float64).mean(axis=0)
+    with Recorder(model, [site]) as recorder:
+        model(x)
+    own = recorder.pop()[site]
+    expected = own.copy()
+    expected[:, [0, 2]] = expected_mean[[0, 2]]
+    torch.testing.assert_close(output(overall), output(SetCode(expected)), atol=1e-6, rtol=1e-6)
+
+    batch_rules = np.array([3, 1])
+    by_rule = MeanAblate.from_codes(tmp_path / "codes.h5", by="rule", model=model).with_labels(batch_rules)
+    per_example = np.stack([stored[rule == value].astype(np.float64).mean(axis=0) for value in batch_rules])
+    torch.testing.assert_close(output(by_rule), output(SetCode(per_example)), atol=1e-6, rtol=1e-6)
+    with pytest.raises(EditError, match=r"no mean for rule value 7: .* values \[0, 1, 2, 3\]"):
+        output(by_rule.with_labels(np.array([7, 1])))
+    with pytest.raises(EditError, match=r"has no code at site \(layer 0, query 4, key 4\)"):
+        with Intervention(model, overall, sites="0:-1:-1"):
+            model(x)
+
+
+def test_a_codes_file_of_another_model_is_refused_naming_both_hashes(tmp_path):
+    model, other = tiny_model("hyla", seed=0), tiny_model("hyla", seed=1)
+    site = Site(1, LENGTH - 1, LENGTH - 1)
+    write_codes(tmp_path / "codes.h5", other, {site: np.zeros((4, 3), np.float32)}, {"rule": np.zeros(4, int)})
+    with pytest.raises(CodesOfAnotherModel) as raised:
+        MeanAblate.from_codes(tmp_path / "codes.h5", model=model)
+    message = str(raised.value)
+    assert sha256_of_state(other) in message and sha256_of_state(model) in message and "\n" not in message
+    with pytest.raises(CodesOfAnotherModel, match="0" * 64):
+        MeanAblate.from_codes(tmp_path / "codes.h5", checkpoint_sha256="0" * 64)
+    MeanAblate.from_codes(tmp_path / "codes.h5", model=other)  # its own model: accepted
