@@ -102,10 +102,18 @@ def run_demo(
                                append=index > 0, progress=progress)
         say(f"  {attention}: latent codes of {n_codes} train + {n_codes} ood instances -> {codes}")
 
+    trained_variant = shipped_training.get("variant")
+    title = f"latentcode demo: {task}, " + (f"{variant} variant" if trained_variant == variant
+                                             else f"codes on the {variant} variant")
+    notes = [f"The models were trained by this demo (scale {scale!r})." if train else
+             "The models are the checkpoints shipped with latentcode (see their model cards): the Training section "
+             "describes their original training, not this demo, which extracted their latent codes and computed "
+             "everything else."]
     report = build_report(run_dirs, out=out / "report.html", fit_split="train", test_split="ood",
-                          max_points=max_points, title=f"latentcode demo: {task}", progress=progress)
+                          max_points=max_points, title=title, progress=progress, notes=notes)
     minutes = (time.perf_counter() - started) / 60
     print(f"\nreport: {report.path.resolve()}  ({minutes:.1f} min)")
+    print(f"  {report.context}")
     for line in report.headline():
         print("  " + line)
     return report

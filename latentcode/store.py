@@ -21,6 +21,8 @@ Schema (version 1), readable with h5py alone::
         task_analysis         JSON: what the task's analysis uses (Task.analysis): selector, variant,
                               probe_label, picture_label, headline_metric; "{}" if unknown
         prediction_kind       what /prediction holds: "logits", "regression output" or ""
+        split_descriptions    JSON: split name -> what it holds, in words (Task.split_descriptions);
+                              "{}" if unknown
     /codes/<site>             float32 [N, H]: one dataset per site, named "l{layer}_q{query}_k{key}"
                               (positions absolute, counted from 0); attributes layer, query, key
     /labels/<name>            [N, ...]: one dataset per task label (numeric); attributes, where the
@@ -202,6 +204,7 @@ class CodeWriter:
         attrs["n_heads"] = self.n_heads
         attrs["task_analysis"] = _json(self.metadata.get("task_analysis", {}))
         attrs["prediction_kind"] = str(self.metadata.get("prediction_kind", ""))
+        attrs["split_descriptions"] = _json(self.metadata.get("split_descriptions", {}))
         codes = self.file.create_group("codes")
         for site in self.sites:
             dataset = self._create(codes, site.name, (self.heads_of[site],), np.float32)
@@ -481,6 +484,7 @@ class CodeFile:
         self.selector = json.loads(self.attrs["selector"] or "{}")
         self.task_analysis = json.loads(self.attrs.get("task_analysis") or "{}")
         self.prediction_kind = str(self.attrs.get("prediction_kind", ""))
+        self.split_descriptions = json.loads(self.attrs.get("split_descriptions") or "{}")
         self.model_name = self.attrs.get("model_name") or self.model_config.get("attention", "model")
         if isinstance(self.model_name, list):
             self.model_name = "+".join(self.model_name)

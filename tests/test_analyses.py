@@ -76,7 +76,8 @@ def test_sraven_scripts(tiny_runs, tmp_path, script):
     assert sorted(tiny_runs.rglob("*")) == runs_before, "the runs read (e.g. shipped models/) gained files"
     written = {path.name for path in tmp_path.iterdir()}
     expected = {"sraven_rule_decoding.py": {"rule_decoding.csv", "rule_decoding.png"},
-                "sraven_rule_heatmap.py": {"hyla_rule_similarity.png", "hyla_rule_similarity.json"},
+                "sraven_rule_heatmap.py": {"hyla_rule_similarity.png", "hyla_rule_similarity.json",
+                                           "rule_similarity.png", "rule_similarity_centred.png"},
                 "latent_tsne.py": {"softmax_tsne.png", "linear_tsne.png", "hyla_tsne.png"}}[script]
     assert expected <= written
 

@@ -17,10 +17,14 @@ def test_demo_runs_end_to_end_at_tiny_scale(tmp_path, task, capsys):
                       progress=False, model_overrides=SMALL)
     page = report.path.read_text()
     assert "<script" not in page and "Training" in page and "Decoding the sub-task" in page
-    assert page.count("data:image/png;base64,") >= 1 + 1 + 3 * 3  # curves, probes, 3 x (tSNE, heatmap, samples)
+    # curves, probes, one heatmap comparing the models, 3 x (tSNE, samples)
+    assert page.count("data:image/png;base64,") >= 1 + 1 + 1 + 3 * 2
     assert set(report.probe_table["model"]) == {"softmax", "linear", "hyla"}
     printed = capsys.readouterr().out
     assert "report:" in printed and printed.count("decoding") == 3
+    variant = {"sraven": "unpermuted", "fuzzy_logic": "fixed_query"}[task]
+    assert f"on the {variant} variant" in printed and f"{variant} variant" in page, "the headline names the variant"
+    assert "In brief" in page and "trained by this demo" in page, "says where the training numbers come from"
     for attention in ("softmax", "linear", "hyla"):
         assert (tmp_path / "demo" / "runs" / attention / "codes" / f"{attention}.h5").is_file()
     # Trained the way the shipped checkpoints were (models/recreate.sh).

@@ -13,6 +13,7 @@ The pixel size of a PNG is ``figsize * dpi`` exactly (no tight bounding box).
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,10 +21,11 @@ import numpy as np
 import pandas as pd
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colors import Normalize
+from matplotlib.colors import Colormap, Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from latentcode.analysis.captions import codes_context, site_set, variant_of, wrap_lines
 from latentcode.analysis.embed import DEFAULT_MAX_POINTS, Embedding, embed
 from latentcode.analysis.labels import display_value, is_categorical, select_label, value_names
 from latentcode.analysis.probes import HEADLINE_METRICS
@@ -62,10 +64,6 @@ def _open(code_file: CodeFile | str) -> CodeFile:
     return code_file if isinstance(code_file, CodeFile) else CodeFile(code_file)
 
 
-def _split_text(split: str | None) -> str:
-    return "all splits" if split is None else f"split {split}"
-
-
 def _palette(n: int) -> list:
     colours = colormaps["tab10" if n <= 10 else "tab20"]
     return [colours(i % colours.N) for i in range(n)]
@@ -81,6 +79,47 @@ def _one_column(values: np.ndarray, label: str) -> np.ndarray:
 
 
 # -- embeddings ------------------------------------------------------------------------------------
+# Categorical labels with more values than a legend can tell apart show their most frequent values
+# in colour and the rest in grey.
+MAX_LEGEND_VALUES = 20
+TOP_VALUES = 10
+OTHER_COLOUR = (0.78, 0.78, 0.78, 1.0)
+
+
+def _is_categorical_label(values: np.ndarray) -> bool:
+    """Integer (or bool) labels are categories, however many values they take (a task index, a
+    rule); float labels are continuous unless they hold a few integer values."""
+    return values.dtype.kind in "biu" or is_categorical(values)
+
+
+def _category_groups(values: np.ndarray, names: Sequence[str] | None) -> tuple[list[tuple[str, np.ndarray, tuple]], str]:
+    """``(groups, note)``: a (legend text, member mask, colour) per value, in value order, with
+    'other' first (drawn underneath) when there are more than `MAX_LEGEND_VALUES` values; the
+    note says so for the title."""
+    categories, counts = np.unique(values, return_counts=True)
+    if len(categories) <= MAX_LEGEND_VALUES:
+        colours = _palette(len(categories))
+        return [(display_value(category, names), values == category, colour)
+                for category, colour in zip(categories, colours, strict=True)], ""
+    top = np.sort(categories[np.argsort(-counts, kind="stable")[:TOP_VALUES]])
+    rest = ~np.isin(values, top)
+    n_rest = len(categories) - len(top)
+    groups = [(f"other ({n_rest} values)", rest, OTHER_COLOUR)]
+    groups += [(display_value(category, names), values == category, colour)
+               for category, colour in zip(top, _palette(len(top)), strict=True)]
+    note = f"the {len(top)} most frequent of {len(categories)} values of {{label}} in colour, the other {n_rest} grey"
+    return groups, note
+
+
+def _constant_sentence(layers: Sequence[int], what: str) -> str:
+    if not layers:
+        return ""
+    names = ", ".join(map(str, layers))
+    layer_text = f"layer {names} is" if len(layers) == 1 else f"layers {names} are"
+    return (f"{layer_text[0].upper()}{layer_text[1:]} not drawn: {'its' if len(layers) == 1 else 'their'} codes "
+            f"are the same for every example, so there is nothing to {what}")
+
+
 def plot_embedding(
     code_file: CodeFile | str,
     color_by: str,
@@ -95,117 +134,215 @@ def plot_embedding(
     formats: Sequence[str] = ("png",),
     figsize: tuple[float, float] | None = None,
     dpi: float = 100,
+    progress: bool | None = None,
 ) -> list[Path]:
     """tSNE or UMAP of the codes, one panel per layer, coloured by a label spec.
 
     The embedding is computed with `latentcode.analysis.embed.embed` (arguments `method` to
-    `stratify`) unless one is given. The title says how many of how many examples were used.
+    `stratify`, and `progress`: a bar over the layers, by default where stderr is a terminal)
+    unless one is given. Categorical labels
+    (integers) get a qualitative palette and a legend (beyond `MAX_LEGEND_VALUES` values, the
+    `TOP_VALUES` most frequent in colour and the rest grey); continuous labels a colour bar.
+    Layers whose codes are all equal get a sentence, not an empty panel. The title names the
+    model, the sites, the variant and the split, and how many of how many examples were used.
     """
     code_file = _open(code_file)
     if embedding is None:
-        embedding = embed(code_file, method, split, layers, max_points, seed, stratify)
+        embedding = embed(code_file, method, split, layers, max_points, seed, stratify, progress=progress)
     values, label = select_label(code_file, color_by, embedding.split)
     values = _one_column(values, label)[embedding.indices]
     method_name = {"tsne": "tSNE", "umap": "UMAP"}.get(embedding.method, embedding.method)
-    n_panels = len(embedding.layers)
-    figure = _figure(figsize or (3.6 * n_panels + 2.4, 4.4), dpi)
+    drawn = [layer for layer in embedding.layers if layer not in embedding.constant_layers]
+    n_panels = max(1, len(drawn))
+    categorical = _is_categorical_label(values)
+    width = figsize[0] if figsize else max(7.0, 3.6 * n_panels + (2.6 if categorical else 1.4))
+    figure = _figure(figsize or (width, 4.9), dpi)
     axes = np.atleast_1d(figure.subplots(1, n_panels, squeeze=False)[0])
     size = float(np.clip(6000 / max(embedding.n_used, 1), 2, 24))
-    categorical = is_categorical(values)
+    note = ""
     if categorical:
-        names = value_names(code_file, label)
-        categories = np.unique(values)
-        colours = _palette(len(categories))
+        groups, note = _category_groups(values, value_names(code_file, label))
+        note = note.format(label=label)
     else:
         norm = Normalize(float(np.nanmin(values)), float(np.nanmax(values)))
-    for axis, layer in zip(axes, embedding.layers, strict=True):
+    for axis, layer in zip(axes, drawn, strict=False):
         xy = embedding.coordinates[layer]
         if categorical:
-            for category, colour in zip(categories, colours, strict=True):
-                chosen = values == category
-                axis.scatter(xy[chosen, 0], xy[chosen, 1], s=size, color=colour, linewidths=0, alpha=0.8)
+            for _, members, colour in groups:
+                axis.scatter(xy[members, 0], xy[members, 1], s=size, color=colour, linewidths=0, alpha=0.85)
         else:
             mappable = axis.scatter(xy[:, 0], xy[:, 1], c=values, s=size, cmap="viridis", norm=norm, linewidths=0)
-        constant = " (codes constant: one point)" if layer in embedding.constant_layers else ""
-        axis.set_title(f"layer {layer}{constant}")
+        axis.set_title(f"layer {layer}")
         axis.set_xlabel(f"{method_name} 1")
         axis.set_ylabel(f"{method_name} 2")
         axis.set_xticks([])
         axis.set_yticks([])
-    if categorical:
-        handles = [
-            Line2D([], [], marker="o", linestyle="", color=colour, label=display_value(category, names))
-            for category, colour in zip(categories, colours, strict=True)
-        ]
-        figure.legend(handles=handles, title=label, loc="outside right upper", fontsize="small")
+    constant = _constant_sentence(embedding.constant_layers, "embed")
+    if not drawn:  # every layer constant: the sentence is the figure
+        axes[0].set_axis_off()
+        axes[0].text(0.5, 0.5, "\n".join(textwrap.wrap(constant, 40)), ha="center", va="center",
+                     transform=axes[0].transAxes)
+    elif categorical:
+        handles = [Line2D([], [], marker="o", linestyle="", color=colour, label=text) for text, _, colour in groups]
+        if groups[0][2] == OTHER_COLOUR:  # 'other' last in the legend, first underneath the points
+            handles = handles[1:] + handles[:1]
+        # On the last panel, so that constrained layout keeps it clear of the title.
+        axes[len(drawn) - 1].legend(handles=handles, title=label, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                                    borderaxespad=0, fontsize="small")
     else:
         figure.colorbar(mappable, ax=list(axes), label=label)
-    figure.suptitle(
-        f"{embedding.model_name}: {method_name} of latent codes, {_split_text(embedding.split)}, "
-        f"coloured by {label}\n{embedding.describe()}"
-    )
+    figure.suptitle(wrap_lines([
+        f"{embedding.model_name}: {method_name} of latent codes, coloured by {label}",
+        codes_context(code_file, embedding.split),
+        embedding.describe() + (f"; {note}" if note else ""),
+        constant if drawn else "",
+    ], width, fontsize_points=10), fontsize="medium")
     return _save(figure, path_stem, formats, dpi)
 
 
 # -- similarity heatmap ----------------------------------------------------------------------------
 ANNOTATE_MAX_VALUES = 20
+# Centre the codes (by default) where most panels' plain cosines lie within this of 1: there they
+# mostly measure the code all values share.
+CENTRE_BELOW_SPREAD = 0.2
+
+
+def _as_list(code_files) -> list[CodeFile]:
+    if isinstance(code_files, (CodeFile, str, Path)):
+        code_files = [code_files]
+    return [_open(code_file) for code_file in code_files]
+
+
+def _heatmap_side(n_values: int) -> float:
+    """Inches per panel: room for the tick names, at most 7 (a comparison has several rows)."""
+    return min(max(3.6, 0.42 * n_values + 2.0), 7.0)
+
+
+def _should_centre(panels: Sequence) -> tuple[bool, str]:
+    spreads = [1.0 - panel.off_diagonal_range()[0] for panel in panels if not panel.constant]
+    if not spreads:
+        return False, ""
+    median = float(np.median(spreads))
+    if median >= CENTRE_BELOW_SPREAD:
+        return False, ""
+    lowest = 1.0 - max(spreads)
+    return True, (f"centred because the plain cosine similarities of most panels lie within {CENTRE_BELOW_SPREAD} "
+                  f"of 1 (median spread {median:.3f}, lowest value {lowest:.2f}); centre=False draws them")
+
+
+def _similarity_scale(panels: Sequence, centre: bool) -> tuple[Normalize, Colormap]:
+    """One colour scale for every panel of a figure: -1 to 1 on a diverging map (white at 0) for
+    centred or partly negative similarities, else the lowest value of any panel to 1 on viridis."""
+    low = min((float(panel.matrix.min()) for panel in panels if not panel.constant), default=1.0)
+    if centre or low < 0:
+        return Normalize(-1.0, 1.0), colormaps["RdBu_r"]
+    return Normalize(min(low, 0.99), 1.0), colormaps["viridis"]
 
 
 def plot_similarity(
-    code_file: CodeFile | str,
+    code_files: CodeFile | str | Path | Sequence[CodeFile | str | Path],
     label: str,
     path_stem: str | Path,
     layers: Sequence[int] | None = None,
     split: str | None = None,
     annotate: bool | None = None,
+    centre: bool | None = None,
     formats: Sequence[str] = ("png",),
     figsize: tuple[float, float] | None = None,
     dpi: float = 100,
 ) -> list[Path]:
-    """Cosine similarity of the mean latent code of each label value, one heatmap per layer
-    (default: every layer), rows and columns in each layer's clustered order.
+    """Cosine similarity of the mean latent code of each label value: one heatmap per layer
+    (default: every layer) and per codes file (a row per model), all on one colour scale, rows
+    and columns of each panel in its clustered order.
 
+    centre: subtract the grand mean code before comparing (see `latentcode.analysis.similarity`),
+        drawn on a diverging scale from -1 to 1; by default (None) centred where the plain
+        cosines of most panels lie within `CENTRE_BELOW_SPREAD` of 1, and the title says so.
     annotate: write the value in each cell; by default only up to ANNOTATE_MAX_VALUES label values,
         beyond which the numbers are too small to read (the colour bar still gives them).
+
+    Layers whose codes are all equal get a sentence instead of a uniform square.
     """
-    code_file = _open(code_file)
-    layers = list(code_file.layers if layers is None else layers)
-    results = [mean_code_similarity(code_file, label, layer, split) for layer in layers]
-    label = results[0].label
-    names = value_names(code_file, label)
-    n_values = len(results[0].values)
+    files = _as_list(code_files)
+    layers_of = [list(code_file.layers if layers is None else layers) for code_file in files]
+    plain = [[mean_code_similarity(code_file, label, layer, split) for layer in file_layers]
+             for code_file, file_layers in zip(files, layers_of, strict=True)]
+    reason = ""
+    if centre is None:
+        centre, reason = _should_centre([panel for row in plain for panel in row])
+    rows = plain if not centre else [
+        [mean_code_similarity(code_file, label, layer, split, centre=True) for layer in file_layers]
+        for code_file, file_layers in zip(files, layers_of, strict=True)
+    ]
+    panels = [panel for row in rows for panel in row]
+    label = panels[0].label
+    names = value_names(files[0], label)
+    n_values = max(len(panel.values) for panel in panels)
     if annotate is None:
         annotate = n_values <= ANNOTATE_MAX_VALUES
-    side = min(max(3.6, 0.42 * n_values + 2.0), 12.0)
-    figure = _figure(figsize or (side * len(layers) + 1.2, side + 0.8), dpi)
-    axes = np.atleast_1d(figure.subplots(1, len(layers), squeeze=False)[0])
-    low = min(float(result.matrix.min()) for result in results)
-    norm = Normalize(min(low, 0.99), 1.0)
-    colours = colormaps["viridis"]
-    for axis, result in zip(axes, results, strict=True):
-        image = axis.imshow(result.matrix, cmap=colours, norm=norm)
-        ticks = [display_value(value, names) for value in result.values]
-        positions = np.arange(len(ticks))
-        axis.set_xticks(positions, ticks, rotation=90, fontsize="small")
-        axis.set_yticks(positions, ticks, fontsize="small")
-        axis.set_xlabel(label)
-        axis.set_ylabel(label)
-        axis.set_title(f"layer {result.layer}")
-        if annotate:
-            font = max(4.0, min(9.0, 80.0 / len(ticks)))
-            for (row, column), value in np.ndenumerate(result.matrix):
-                # Light text on the dark (low) end of viridis, dark text on the light end.
-                text_colour = "white" if norm(value) < 0.6 else "black"
-                axis.text(column, row, f"{value:.2f}", ha="center", va="center", fontsize=font, color=text_colour)
-    figure.colorbar(image, ax=list(axes), label="cosine similarity", shrink=0.8)
-    figure.suptitle(
-        f"{results[0].model_name}: cosine similarity of the mean latent code per {label}, "
-        f"{_split_text(split)} (rows ordered by hierarchical clustering)"
-    )
+    side = _heatmap_side(n_values)
+    n_columns = max(len(row) for row in rows)
+    width = side * n_columns + 1.4
+    figure = _figure(figsize or (width, side * len(rows) + 1.3), dpi)
+    axes = figure.subplots(len(rows), n_columns, squeeze=False)
+    norm, colours = _similarity_scale(panels, centre)
+    image = None
+    for row_axes, row, code_file in zip(axes, rows, files, strict=True):
+        for axis, panel in zip(row_axes, row, strict=False):
+            title = f"layer {panel.layer}" if len(files) == 1 else f"{code_file.model_name}, layer {panel.layer}"
+            if panel.constant:
+                axis.set_axis_off()
+                axis.text(0.5, 0.5, "\n".join(textwrap.wrap(
+                    f"{title}: the codes are the same for every example, so every mean code is too; "
+                    "nothing to compare", 32)), ha="center", va="center", transform=axis.transAxes)
+                continue
+            if panel.explained_variance is not None:
+                share = panel.explained_variance
+                title += f" ({label} explains {share:.1%} of code variance)" if share < 0.1 else \
+                    f" ({label} explains {share:.0%} of code variance)"
+            axis.set_title("\n".join(textwrap.wrap(title, int(side * 72 / 6.6))))
+            image = axis.imshow(panel.matrix, cmap=colours, norm=norm)
+            ticks = [display_value(value, names) for value in panel.values]
+            positions = np.arange(len(ticks))
+            axis.set_xticks(positions, ticks, rotation=90, fontsize="small" if len(ticks) <= 30 else "x-small")
+            axis.set_yticks(positions, ticks, fontsize="small" if len(ticks) <= 30 else "x-small")
+            axis.set_xlabel(label)
+            axis.set_ylabel(label)
+            if annotate:
+                font = max(4.0, min(9.0, 80.0 / len(ticks)))
+                for (row_index, column), value in np.ndenumerate(panel.matrix):
+                    shade = norm(value)
+                    # Light text on the dark ends of the map, dark text in between.
+                    dark = shade < 0.6 if colours.name == "viridis" else abs(shade - 0.5) > 0.3
+                    axis.text(column, row_index, f"{value:.2f}", ha="center", va="center", fontsize=font,
+                              color="white" if dark else "black")
+        for axis in row_axes[len(row):]:
+            axis.set_visible(False)
+    if image is not None:
+        what = "centred cosine similarity" if centre else "cosine similarity"
+        figure.colorbar(image, ax=axes.ravel().tolist(), label=what, shrink=0.8)
+    models = ", ".join(code_file.model_name for code_file in files)
+    contexts = list(dict.fromkeys(codes_context(code_file, split) for code_file in files))
+    measure = "centred cosine similarity (grand mean code subtracted)" if centre else "cosine similarity"
+    figure.suptitle(wrap_lines([
+        f"{models}: {measure} of the mean latent code per {label}",
+        *contexts,
+        "each panel's rows and columns ordered by hierarchical clustering; one colour scale for all panels",
+        reason,
+    ], width, fontsize_points=10), fontsize="medium")
     return _save(figure, path_stem, formats, dpi)
 
 
 # -- raw code samples ------------------------------------------------------------------------------
+def _code_scale(codes: np.ndarray) -> tuple[Normalize, str]:
+    """Signed codes (HYLA, linear attention): symmetric about 0 on a diverging map, white at 0;
+    non-negative codes (softmax): from 0 to the largest on a sequential map."""
+    if codes.min() < 0:
+        reach = float(np.abs(codes).max())
+        return Normalize(-reach, reach), "RdBu_r"
+    return Normalize(0.0, float(codes.max()) or 1.0), "magma"
+
+
 def plot_code_samples(
     code_file: CodeFile | str,
     label: str,
@@ -222,7 +359,8 @@ def plot_code_samples(
     """A grid of raw latent codes: one panel per value of an integer label (the `max_values` most
     frequent, if there are more), showing up to `n_samples` random examples (rows, drawn with
     `seed`) by heads (columns), on one shared colour scale. The codes are those of all sites of
-    `layer` (default: the last), side by side."""
+    `layer` (default: the last), side by side. Signed codes (HYLA, linear attention) are drawn
+    on a diverging scale with 0 white; non-negative ones (softmax) on a sequential scale from 0."""
     code_file = _open(code_file)
     layer = code_file.layers[-1] if layer is None else layer
     values, label = select_label(code_file, label, split)
@@ -244,29 +382,63 @@ def plot_code_samples(
         samples.append((category, len(members), codes[chosen]))
     n_columns = min(4, len(categories))
     n_rows = -(-len(categories) // n_columns)
-    figure = _figure(figsize or (3.4 * n_columns + 1.0, 2.2 * n_rows + 1.0), dpi)
+    width = 3.4 * n_columns + 1.0
+    figure = _figure(figsize or (width, 2.2 * n_rows + 1.3), dpi)
     axes = figure.subplots(n_rows, n_columns, squeeze=False).ravel()
     shown = np.concatenate([block for _, _, block in samples])
-    norm = Normalize(float(shown.min()), float(shown.max()) if shown.max() > shown.min() else float(shown.min()) + 1)
+    norm, colours = _code_scale(shown)
+    signed = colours == "RdBu_r"
+    separator = "black" if signed else "white"
     for axis, (category, count, block) in zip(axes, samples, strict=False):
-        image = axis.imshow(block, cmap="magma", norm=norm, aspect="auto", interpolation="nearest")
+        image = axis.imshow(block, cmap=colours, norm=norm, aspect="auto", interpolation="nearest")
         axis.set_title(f"{label} = {display_value(category, names)} (n={count})", fontsize="small")
         axis.set_xlabel("head" if len(sites) == 1 else "site × head")
         axis.set_ylabel("example")
         axis.set_yticks(range(len(block)))
         axis.tick_params(labelsize="x-small")
         for boundary in range(1, len(sites)):
-            axis.axvline(boundary * code_file.n_heads - 0.5, color="white", linewidth=1)
+            axis.axvline(boundary * code_file.n_heads - 0.5, color=separator, linewidth=1)
     for axis in axes[len(samples):]:
         axis.set_visible(False)
-    figure.colorbar(image, ax=list(axes[: len(samples)]), label="latent code (attention score)", shrink=0.8)
-    site_names = ", ".join(site.name for site in sites)
-    figure.suptitle(
-        f"{code_file.model_name}: raw latent codes at layer {layer} ({site_names}), {_split_text(split)}, "
-        f"up to {n_samples} random examples per {label}"
-        + (f" ({len(categories)} most frequent of {n_values} values)" if n_values > len(categories) else "")
-    )
+    scale = "signed: 0 is white" if signed else "non-negative"
+    figure.colorbar(image, ax=list(axes[: len(samples)]), label=f"latent code ({scale})", shrink=0.8)
+    constant = np.ptp(codes, axis=0).max() == 0 if len(codes) else False
+    figure.suptitle(wrap_lines([
+        f"{code_file.model_name}: raw latent codes at layer {layer}, up to {n_samples} random examples per {label}"
+        + (f" ({len(categories)} most frequent of {n_values} values)" if n_values > len(categories) else ""),
+        codes_context(code_file, split, layer),
+        f"layer {layer}'s codes are the same for every example" if constant else "",
+    ], width, fontsize_points=10), fontsize="medium")
     return _save(figure, path_stem, formats, dpi)
+
+
+def _files_of_table(rows: pd.DataFrame) -> list[CodeFile]:
+    """The codes files a probe table was made from, where they can still be read."""
+    files = []
+    for path in dict.fromkeys(rows["file"].astype(str)) if "file" in rows else ():
+        try:
+            files.append(CodeFile(path))
+        except (OSError, ValueError):  # moved or deleted since: the title just says less
+            pass
+    return files
+
+
+def _table_context(rows: pd.DataFrame) -> str:
+    """The site sets and variants of the files of a table, e.g. 'last-self sites (...) · fixed_query variant'."""
+    contexts = []
+    for code_file in _files_of_table(rows):
+        variant = variant_of(code_file)
+        contexts.append(site_set(code_file) + (f" · {variant} variant" if variant else ""))
+    return " | ".join(dict.fromkeys(contexts))
+
+
+def _described_splits(rows: pd.DataFrame, splits: str) -> str:
+    """``"ood"`` -> ``"ood (held-out rule multisets)"`` where the table's files describe the split."""
+    descriptions = {}
+    for code_file in _files_of_table(rows):
+        descriptions = {**code_file.split_descriptions, **descriptions}
+    return "/".join(f"{split} ({descriptions[split]})" if split in descriptions else split
+                    for split in splits.split("/"))
 
 
 # -- probe scores ----------------------------------------------------------------------------------
@@ -326,5 +498,7 @@ def plot_probe_scores(
     labels = ", ".join(dict.fromkeys(rows["label"]))
     splits = rows[["fit_split", "test_split"]].drop_duplicates()
     fit, test = ("/".join(dict.fromkeys(splits[column].astype(str))) for column in ("fit_split", "test_split"))
-    axis.set_title(f"decoding {labels} from latent codes: {metric}\nfit on {fit}, scored on {test}", fontsize="medium")
+    fit, test = _described_splits(rows, fit), _described_splits(rows, test)
+    axis.set_title(wrap_lines([f"decoding {labels} from latent codes: {metric}", f"fit on {fit}, scored on {test}",
+                               _table_context(rows)], figsize[0], fontsize_points=10), fontsize="medium")
     return _save(figure, path_stem, formats, dpi)

@@ -5,9 +5,15 @@
 For each run directory it reads `config.json`, `metrics.jsonl` and `summary.json` (plain JSON: no
 torch needed), and for each codes file (given, or found as `RUN_DIR/codes/*.h5`) it decodes the
 task's sub-task label from the latent codes (fit on `fit_split`, scored on `test_split`), and
-draws the tSNE of the codes and the cosine-similarity heatmap of mean codes. Several runs share
-one metrics table, one curves figure and one probe figure. Images are embedded as data URIs and
-the page has no JavaScript, so it reads offline as one file.
+draws the tSNE of the codes, raw code samples, and one cosine-similarity heatmap of mean codes
+comparing every model and layer on one colour scale. Several runs share one metrics table, one
+curves figure and one probe figure.
+
+The page explains itself (`latentcode.analysis.narrative`): a plain-language summary of the
+findings at the top, then the task, the variants the models were trained on and the codes
+extracted on, the sites, what each split holds and what it is used for, and where every number
+comes from (the run directories' own training, or this report). Every figure has a caption.
+Images are embedded as data URIs and the page has no JavaScript, so it reads offline as one file.
 """
 
 from __future__ import annotations
@@ -24,6 +30,12 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from latentcode.analysis.narrative import (
+    about_html,
+    context_line,
+    findings_paragraph,
+    training_variants,
+)
 from latentcode.analysis.plots import (
     plot_code_samples,
     plot_embedding,
@@ -47,6 +59,8 @@ class Report:
     runs: list[RunRecord]
     probe_table: pd.DataFrame | None
     figures: list[Path] = field(default_factory=list)
+    context: str = ""  # task, variants and sites in one line (`narrative.context_line`)
+    summary: str = ""  # the plain-language findings at the top of the page
 
     def headline(self) -> list[str]:
         """One line per model: the OOD task metric and the best-layer decoding of the sub-task."""
@@ -82,7 +96,8 @@ def plot_training_curves(runs: Sequence[RunRecord], path_stem: Path, dpi: float 
             points = [(r["step"], r["splits"][split].get(metric)) for r in evaluations if split in r["splits"]]
             if points:
                 axis.plot(*zip(*points, strict=True), marker="o", markersize=3, label=run.name)
-    axes[0].set(title=f"training loss ({task})", xlabel="step", ylabel="loss", yscale="log")
+    variants = ", ".join(training_variants(runs))
+    axes[0].set(title=f"training loss ({task}, {variants} variant)", xlabel="step", ylabel="loss", yscale="log")
     for axis, split in zip(axes[1:], splits, strict=True):
         axis.set(title=f"{split}: {metric}", xlabel="step", ylabel=metric)
     axes[0].legend(fontsize="small")
@@ -103,6 +118,7 @@ th, td { border: 1px solid #ddd; padding: .25em .6em; text-align: right; }
 th { background: #f4f4f4; } td:first-child, th:first-child { text-align: left; }
 img { max-width: 100%; border: 1px solid #eee; margin: .5em 0; }
 .note { color: #666; font-size: .9em; } pre { background: #f7f7f7; padding: .6em; overflow-x: auto; }
+.caption { color: #444; font-size: .9em; margin-top: 0; max-width: 60em; }
 """
 
 
@@ -130,6 +146,7 @@ def _settings_frame(runs: Sequence[RunRecord]) -> pd.DataFrame:
         train = run.config["train"]
         rows.append({
             "model": run.name, "run": str(run.path), "task": json.dumps(train["task"]),
+            "variant": train.get("variant") or "default",
             "steps": run.config.get("steps"), "batch": train["batch_size"], "lr": train["learning_rate"],
             "weight decay": train["weight_decay"], "warmup": train["warmup_steps"], "seed": train["seed"],
             "scale": train.get("scale"), "wall s": (run.summary or {}).get("wall_seconds"),
@@ -150,8 +167,13 @@ def build_report(
     title: str = "latentcode report",
     overwrite: bool = False,
     progress: bool = True,
+    notes: Sequence[str] = (),
 ) -> Report:
-    """Write the report to `out` (figures and tables beside it in `<out stem>_files/`)."""
+    """Write the report to `out` (figures and tables beside it in `<out stem>_files/`).
+
+    notes: sentences for the 'Where the numbers come from' list, e.g. that the runs are shipped
+        checkpoints whose training happened elsewhere (`latentcode demo` says so).
+    """
     out = Path(out)
     if out.is_dir():
         raise ReportError(f"out={str(out)!r} is a directory; expected the path of the HTML file to write")
@@ -168,15 +190,26 @@ def build_report(
     files_dir = out.with_name(f"{out.stem}_files")
     files_dir.mkdir(parents=True, exist_ok=True)
 
-    steps = _Steps(progress, total=(1 if runs else 0) + 2 * len(code_files) + len(code_files) * len(methods))
+    # Steps: curves, probes (one per file), and per file its embeddings and samples, then the heatmap.
+    steps = _Steps(progress, total=(1 if runs else 0) + len(code_files) * (2 + len(methods)) + bool(code_files))
     sections: list[str] = []
     figures: list[Path] = []
     if runs:
+        steps.start("training curves")
         curves = plot_training_curves(runs, files_dir / "training_curves")
         figures.append(curves)
         steps.advance("training curves")
-        sections.append("<h2>Training</h2>" + _table(_settings_frame(runs), "{:g}") + _image(curves, "training curves")
-                        + "<h3>Final metrics per split</h3>" + _table(_metrics_frame(runs)))
+        variants = ", ".join(training_variants(runs))
+        sections.append(
+            "<h2>Training (as recorded in the run directories)</h2>"
+            f"<p>How the models were trained, read from their run directories; the task metrics were evaluated "
+            f"during that training on the <b>{html.escape(variants)}</b> variant of each split (see "
+            "<i>What was analysed</i> for what the splits hold).</p>"
+            + _table(_settings_frame(runs), "{:g}") + _image(curves, "training curves")
+            + _caption("Training loss, and the task metric of each split as evaluated during training, against "
+                       "training steps; one line per model.")
+            + "<h3>Final metrics per split</h3>" + _table(_metrics_frame(runs))
+        )
 
     probe_table = None
     if code_files:
@@ -218,39 +251,102 @@ def build_report(
         sections.append("<h2>Decoding the sub-task from latent codes</h2>" + probe_html)
 
         picture_label = label or code_files[0].task_analysis.get("picture_label", probe_label)
-        picture_html = []
-        for code_file in code_files:
-            stem = code_file.path.stem
-            split = embedding_split or (test_split if test_split in code_file.splits else None)
-            for method in methods:
-                paths = plot_embedding(code_file, picture_label, files_dir / f"{stem}_{method}", method=method,
-                                       split=split, max_points=max_points)
-                figures += paths
-                picture_html.append(f"<h3>{html.escape(code_file.model_name)}: {method} of latent codes</h3>"
-                                    + _image(paths[0], f"{method} {stem}"))
-                steps.advance(f"{method} {stem}")
-            if picture_label.split("[")[0] in code_file.label_names:
-                heatmap = plot_similarity(code_file, picture_label, files_dir / f"{stem}_similarity", split=split)
-                samples = plot_code_samples(code_file, picture_label, files_dir / f"{stem}_samples", split=split)
-                figures += heatmap + samples
-                picture_html.append(f"<h3>{html.escape(code_file.model_name)}: cosine similarity of mean codes</h3>"
-                                    + _image(heatmap[0], f"similarity {stem}") + _image(samples[0], f"samples {stem}"))
-            steps.advance(f"heatmap {stem}")
-        sections.append("<h2>Latent codes</h2>" + "".join(picture_html))
+        picture_html = _pictures(code_files, picture_label, files_dir, embedding_split, test_split, methods,
+                                 max_points, steps, figures)
+        sections.append("<h2>Latent codes</h2>" + picture_html)
 
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     inputs = "".join(f"<li>{html.escape(str(p))}</li>" for p in [*map(str, run_dirs), *map(str, codes_paths)])
+    picture_split = embedding_split or (test_split if code_files and test_split in code_files[0].splits else None)
+    summary = findings_paragraph(runs, code_files, probe_table, fit_split, test_split,
+                                 picture_label if code_files else None, picture_split)
+    context = context_line(runs, code_files)
     page = (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
-        f"<p class=note>Written {created} by latentcode. Inputs:</p><ul class=note>{inputs}</ul>"
-        + "".join(sections) + "</body></html>"
+        f"<p class=note>{html.escape(context)}</p>"
+        f"<h2>In brief</h2><p>{html.escape(summary)}</p>"
+        + about_html(runs, code_files, fit_split, test_split, picture_split, notes)
+        + "".join(sections)
+        + f"<p class=note>Written {created} by latentcode. Inputs:</p><ul class=note>{inputs}</ul></body></html>"
     )
     temporary = out.with_name(f".{out.name}.tmp")
     temporary.write_text(page)
     temporary.replace(out)
     steps.close()
-    return Report(out, runs, probe_table, figures)
+    return Report(out, runs, probe_table, figures, context=context, summary=summary)
+
+
+def _caption(text: str) -> str:
+    return f'<p class="caption">{html.escape(text)}</p>'
+
+
+def _pictures(
+    code_files: Sequence[CodeFile], picture_label: str, files_dir: Path, embedding_split: str | None,
+    test_split: str, methods: Sequence[str], max_points: int, steps: _Steps, figures: list[Path],
+) -> str:
+    """The 'Latent codes' section: one similarity heatmap of every model and layer (one colour
+    scale), then per model its embeddings and raw code samples, each with a caption."""
+    parts = []
+    first = code_files[0]
+    split = embedding_split or (test_split if test_split in first.splits else None)
+    split_words = "every split" if split is None else f"the {split} split" + (
+        f" ({first.split_descriptions[split]})" if split in first.split_descriptions else "")
+    one_value = all(picture_label.split("[")[0] in code_file.label_names for code_file in code_files)
+    if one_value:
+        steps.start("similarity heatmap")
+        try:
+            heatmap = plot_similarity(code_files, picture_label, files_dir / "similarity", split=split)
+        except ValueError as error:  # e.g. a continuous label: no heatmap, and the page says why
+            parts.append(f"<p class=note>No similarity heatmap of {html.escape(picture_label)}: "
+                         f"{html.escape(str(error))}</p>")
+        else:
+            figures.extend(heatmap)
+            parts.append(
+                f"<h3>Similarity of the mean codes of each {html.escape(picture_label)}, all models</h3>"
+                + _image(heatmap[0], "similarity of mean codes")
+                + _caption(
+                    f"Each cell compares the mean latent code of two values of {picture_label} on {split_words} by "
+                    "cosine similarity; one row of panels per model, one panel per layer, one colour scale for "
+                    "all. The title says whether the grand mean code was subtracted first (centred) and why: "
+                    "where the codes share a large common part, plain cosines all sit near 1. Each panel's title "
+                    f"gives the share of the code variance that {picture_label} explains: where it is near 0 the "
+                    "colours show small differences, however strong they look.")
+            )
+        steps.advance("similarity heatmap")
+    for code_file in code_files:
+        stem = code_file.path.stem
+        name = html.escape(code_file.model_name)
+        for method in methods:
+            method_name = {"tsne": "tSNE", "umap": "UMAP"}.get(method, method)
+            steps.start(f"{method_name} of {code_file.model_name} ({len(code_file.layers)} layers)")
+            paths = plot_embedding(code_file, picture_label, files_dir / f"{stem}_{method}", method=method,
+                                   split=split, max_points=max_points, progress=False)  # the report has its bar
+            figures.extend(paths)
+            parts.append(
+                f"<h3>{name}: {method_name} of latent codes</h3>" + _image(paths[0], f"{method} {stem}")
+                + _caption(f"Each point is one example's latent code (all sites of a layer side by side), placed "
+                           f"by {method_name} so that similar codes lie close; coloured by {picture_label}, on "
+                           f"{split_words}. Points of one colour that gather show codes that carry "
+                           f"{picture_label}; {method_name} distances between clusters mean little.")
+            )
+            steps.advance(f"{method} {stem}")
+        if one_value:
+            steps.start(f"code samples of {code_file.model_name}")
+            try:
+                samples = plot_code_samples(code_file, picture_label, files_dir / f"{stem}_samples", split=split)
+            except ValueError as error:
+                parts.append(f"<p class=note>No code samples: {html.escape(str(error))}</p>")
+            else:
+                figures.extend(samples)
+                parts.append(
+                    f"<h3>{name}: raw latent codes</h3>" + _image(samples[0], f"samples {stem}")
+                    + _caption(f"Random examples' latent codes at the last layer, one panel per value of "
+                               f"{picture_label}: rows are examples, columns heads (of each site, separated by a "
+                               "line). Signed codes are drawn with 0 white.")
+                )
+        steps.advance(f"samples {stem}")
+    return "".join(parts)
 
 
 class _Steps:
@@ -262,6 +358,11 @@ class _Steps:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, desc="report", unit="step")
+
+    def start(self, what: str) -> None:
+        """Say what is running now (the bar advances only when it is done)."""
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{what} ...")
 
     def advance(self, what: str, n: int = 1) -> None:
         if self.bar is not None:

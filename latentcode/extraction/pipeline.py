@@ -152,6 +152,7 @@ def extract(
         "value_names": task.value_names(),
         "column_names": task.column_names(),
         "prediction_kind": task.prediction_kind(),
+        "split_descriptions": getattr(task, "split_descriptions", {}),
         "seed": seed,
     }
     model.eval()

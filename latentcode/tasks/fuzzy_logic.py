@@ -122,6 +122,8 @@ class FuzzyLogic(Task):
     # fixed-query variant, so that codes differ by the function only; each term is decoded.
     analysis = AnalysisDefaults(selector="last-self", variant="fixed_query", probe_label="term_present",
                                 picture_label="task_index", headline_metric="r2")
+    split_descriptions = {"train": "in-distribution functions", "test": "new instances of the training functions",
+                          "ood": "unseen combinations of seen terms", "unseen_terms": "functions of terms never seen"}
     training_setup = TrainingSetup(
         description="fuzzy logic, L=4 variables, K=2 terms, N=32 examples (paper Table: 2 layers, d_model 128, "
         "8 heads, kqv 16, d_mlp 256, batch 128, warmup 100, 50,000 steps)",

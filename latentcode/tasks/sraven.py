@@ -213,6 +213,8 @@ class SRaven(Task):
     # panel is feature j; the rule of that feature is what the codes should tell.
     analysis = AnalysisDefaults(selector="sraven-rule", variant="unpermuted", probe_label="rule",
                                 picture_label="rule", headline_metric="accuracy")
+    split_descriptions = {"train": "in-distribution rule multisets", "test": "new instances of the training rule "
+                          "multisets", "ood": "held-out rule multisets, never trained on"}
     training_setup = TrainingSetup(
         description="SRAVEN, M=4 features, K=8 values, 25% of rule multisets held out (paper Table: 4/8/16 "
         "layers, width factor 1/2/4, d_model 128, 16 heads, kqv 64, d_mlp 256, batch 128, 20M instances)",

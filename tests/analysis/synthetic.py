@@ -54,8 +54,10 @@ def write_codes(
     constant_layers=(),
     planted=("rule", "term_present", "negation_bits"),
     rule_weights=None,
+    selector: dict | None = None,
 ):
-    """Write a codes file; returns its path. Keyword arguments shape the planted signal."""
+    """Write a codes file; returns its path. Keyword arguments shape the planted signal; `selector`
+    (name, variant) is recorded as extraction records it."""
     n_per_split = n_per_split or {"train": 400, "ood": 400}
     rng = np.random.default_rng(seed)
     sites = [Site(layer, 10 + query, 5) for layer in layers for query in range(sites_per_layer)]
@@ -66,7 +68,10 @@ def write_codes(
     if task in task_names():  # what extraction records about the task
         described = get_task(**task_config)
         metadata |= {"task_analysis": described.analysis.to_dict(), "value_names": described.value_names(),
-                     "column_names": described.column_names()}
+                     "column_names": described.column_names(),
+                     "split_descriptions": getattr(described, "split_descriptions", {})}
+    if selector is not None:
+        metadata["selector"] = {**selector, "sites": [[s.layer, s.query, s.key] for s in sites]}
     with CodeWriter(path, sites, n_heads=n_heads, metadata=metadata) as writer:
         for split, n in n_per_split.items():
             if labels_of_split and split in labels_of_split:

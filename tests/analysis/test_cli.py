@@ -52,3 +52,4 @@ def test_report_from_codes_files_alone(two_models, tmp_path, capsys):
     assert "Decoding the sub-task" in page and "softmax" in page and "hyla" in page
     assert main(["report", "--codes", str(two_models[0]), "--out", str(out)]) == 2, "never overwrites"
     assert "already exists" in capsys.readouterr().err
+

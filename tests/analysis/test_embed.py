@@ -62,3 +62,11 @@ def test_embed_errors(codes_path):
         embed(codes_path, "pca")
     with pytest.raises(ValueError, match=r"stratify needs one value per example; label 'query_rule' has shape \[300, 4\]"):
         embed(codes_path, split="train", stratify="query_rule")
+
+
+def test_progress_bar_over_the_layers(codes_path, capsys):
+    embed(codes_path, "tsne", split="ood", max_points=40, progress=True)
+    err = capsys.readouterr().err
+    assert "tSNE of 40 hyla codes" in err and "2/2" in err, "a bar over the two layers, on stderr"
+    embed(codes_path, "tsne", split="ood", max_points=40)
+    assert capsys.readouterr().err == "", "by default only on a terminal"

@@ -1,4 +1,8 @@
-"""Every figure is written, non-empty, at the size asked for, in the formats asked for."""
+"""Every figure is written, non-empty, at the size asked for, in the formats asked for; categorical
+labels get a palette and a legend, signed codes and centred similarities a diverging scale centred at
+0, a comparison one colour scale, constant layers a sentence, and titles name sites, variant and split."""
+
+import re
 
 import matplotlib
 import numpy as np
@@ -8,11 +12,15 @@ from matplotlib.image import imread
 from latentcode.analysis import decode, write_table
 from latentcode.analysis.embed import embed
 from latentcode.analysis.plots import (
+    _code_scale,
+    _similarity_scale,
     plot_code_samples,
     plot_embedding,
     plot_probe_scores,
     plot_similarity,
 )
+from latentcode.analysis.similarity import Similarity
+from latentcode.tasks.sraven import SRaven
 from tests.analysis.synthetic import make_labels, write_codes
 
 FIGSIZE, DPI = (7.0, 3.5), 80  # -> 560 x 280 pixels
@@ -96,6 +104,94 @@ def test_similarity_heatmap_of_many_values_is_capped_and_not_annotated(tmp_path)
     many = write_codes(tmp_path / "many.h5", labels_of_split={"train": labels}, n_per_split={"train": 600})
     with matplotlib.rc_context({"svg.fonttype": "none"}):
         (svg,) = plot_similarity(many, "task_index", tmp_path / "many", layers=[1], formats=("svg",))
-    assert ">29<" in svg.read_text() and ">1.00<" not in svg.read_text(), "ticks named, no unreadable cell numbers"
+    numbers = re.findall(r">-?\d\.\d\d<", svg.read_text())
+    assert ">29<" in svg.read_text() and len(numbers) < 20, "ticks named; only the colour bar's numbers, no cells'"
     (png,) = plot_similarity(many, "task_index", tmp_path / "many", layers=[1], dpi=50)
-    assert_png(png, figsize=(12.0 + 1.2, 12.0 + 0.8), dpi=50)
+    assert_png(png, figsize=(7.0 + 1.4, 7.0 + 1.3), dpi=50)
+
+
+def _svg_text(path):
+    return path.read_text()
+
+
+def test_titles_name_the_model_sites_variant_and_split(tmp_path):
+    path = write_codes(tmp_path / "hyla.h5", n_per_split={"train": 80, "ood": 40}, planted=("rule",),
+                       selector={"name": "sraven-rule", "variant": "unpermuted"})
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        written = [
+            plot_embedding(path, "rule", tmp_path / "tsne", split="ood", layers=[1], formats=("svg",)),
+            plot_similarity(path, "rule", tmp_path / "similarity", split="ood", formats=("svg",)),
+            plot_code_samples(path, "rule", tmp_path / "samples", split="ood", formats=("svg",)),
+        ]
+    for (svg,) in written:
+        text = _svg_text(svg)
+        assert "hyla" in text and "sraven-rule sites" in text and "unpermuted variant" in text, svg.name
+        assert "split ood" in text and SRaven.split_descriptions["ood"].split()[0] in text, svg.name
+
+
+def test_integer_labels_with_many_values_show_the_most_frequent_in_colour_and_the_rest_grey(tmp_path):
+    labels = make_labels(np.random.default_rng(2), 300)
+    labels["task_index"] = np.r_[np.zeros(60, int), np.arange(240) % 30 + 1]  # value 0 the most frequent
+    path = write_codes(tmp_path / "many.h5", labels_of_split={"train": labels}, n_per_split={"train": 300})
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        (svg,) = plot_embedding(path, "task_index", tmp_path / "tsne", layers=[1], max_points=None, formats=("svg",))
+    text = _svg_text(svg)
+    assert "other (21 values)" in text, "31 values: 10 in colour, 21 grey"
+    assert "the 10 most frequent of 31 values of task_index in colour" in text
+    legend_entries = re.findall(r">(\d+)</text>", text)
+    assert "0" in legend_entries, "the most frequent value has its own colour"
+    assert "colorbar" not in text.lower() and "task_index" in text
+
+
+def test_constant_layers_are_a_sentence_not_an_empty_panel(tmp_path):
+    path = write_codes(tmp_path / "codes.h5", n_per_split={"train": 120}, constant_layers=(0,), planted=("rule",))
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        (tsne,) = plot_embedding(path, "rule", tmp_path / "tsne", formats=("svg",))
+        (heatmap,) = plot_similarity(path, "rule", tmp_path / "similarity", formats=("svg",))
+    text = _svg_text(tsne)
+    assert "Layer 0 is not drawn: its codes are the same for every example" in text
+    assert ">layer 1<" in text and ">layer 0<" not in text, "only the layer with something to embed has a panel"
+    assert "layer 0: the codes are the same" in _svg_text(heatmap), "a sentence, not a uniform square"
+
+
+def test_similarity_centres_where_plain_cosines_are_all_near_one_and_shares_one_scale(tmp_path):
+    offset = write_codes(tmp_path / "offset.h5", n_per_split={"train": 200}, planted=("rule",))
+    import h5py
+
+    with h5py.File(offset, "r+") as file:  # a large code every example shares: plain cosines near 1
+        for name in file["codes"]:
+            file["codes"][name][...] = file["codes"][name][...] + 30.0
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        (centred,) = plot_similarity(offset, "rule", tmp_path / "centred", formats=("svg",))
+        (plain,) = plot_similarity(offset, "rule", tmp_path / "plain", centre=False, formats=("svg",))
+    assert "centred cosine similarity (grand mean code subtracted)" in _svg_text(centred)
+    assert "centred because the plain cosine similarities" in _svg_text(centred)
+    assert "centred" not in _svg_text(plain)
+    # A comparison: one row per file, one colour scale for every panel.
+    other = write_codes(tmp_path / "other.h5", n_per_split={"train": 200}, planted=("rule",), strength=2.0, seed=5)
+    (both,) = plot_similarity([offset, other], "rule", tmp_path / "both", centre=False, dpi=50)
+    assert_png(both, figsize=(2 * (0.42 * 8 + 2.0) + 1.4, 2 * (0.42 * 8 + 2.0) + 1.3), dpi=50)
+
+
+def _panel(matrix, constant=False):
+    return Similarity(np.asarray(matrix, float), np.arange(len(matrix)), np.arange(len(matrix)),
+                      np.ones(len(matrix)), np.eye(len(matrix)), constant=constant)
+
+
+def test_one_colour_scale_spans_every_panel():
+    panels = [_panel([[1, 0.5], [0.5, 1]]), _panel([[1, 0.8], [0.8, 1]]), _panel([[1, 1], [1, 1]], constant=True)]
+    norm, colours = _similarity_scale(panels, centre=False)
+    assert (norm.vmin, norm.vmax, colours.name) == (0.5, 1.0, "viridis"), "the lowest value of any panel to 1"
+    norm, colours = _similarity_scale([*panels, _panel([[1, -0.2], [-0.2, 1]])], centre=False)
+    assert (norm.vmin, norm.vmax, colours.name) == (-1, 1, "RdBu_r"), "a negative value: diverging, white at 0"
+    norm, colours = _similarity_scale(panels, centre=True)
+    assert (norm.vmin, norm.vmax, colours.name) == (-1, 1, "RdBu_r"), "centred: diverging, white at 0"
+    norm, _ = _similarity_scale([_panel([[1, 0.999], [0.999, 1]])], centre=False)
+    assert norm.vmin == 0.99, "a scale at least 0.01 wide"
+
+
+def test_signed_codes_get_a_diverging_scale_centred_at_zero():
+    norm, colours = _code_scale(np.array([[-0.5, 2.0], [1.0, 0.0]]))
+    assert (norm.vmin, norm.vmax, colours) == (-2.0, 2.0, "RdBu_r") and norm(0.0) == 0.5
+    norm, colours = _code_scale(np.array([[0.1, 0.7], [0.2, 0.0]]))
+    assert (norm.vmin, norm.vmax, colours) == (0.0, pytest.approx(0.7), "magma")

@@ -9,6 +9,7 @@ import torch
 import latentcode
 from latentcode.store import CodeFile, CodeFileError, Site
 from latentcode.tasks import eval_seed
+from latentcode.tasks.sraven import SRaven
 from latentcode.training import build_train_config, train
 
 
@@ -28,6 +29,7 @@ def test_extract_records_codes_labels_predictions_and_provenance(sraven_run, tmp
     assert codes.attrs["checkpoint_sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
     assert codes.model_config["attention"] == "hyla" and codes.task_config["name"] == "sraven"
     assert codes.selector["variant"] == "unpermuted" and codes.attrs["seed"] == str(eval_seed("ood"))
+    assert codes.split_descriptions == SRaven.split_descriptions, "what each split holds, for titles and reports"
 
     # The same instances, regenerated, give the same codes through the model's own cache.
     task, model = sraven_run.task(), sraven_run.load_model()
