@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,14 +179,15 @@ def ambiguity_table() -> str:
 
 
 def page(args: argparse.Namespace) -> None:
-    figures = RESULTS / "figures"
+    page_path = Path(args.page)
+    figures = page_path.parent / "results" / "figures"
     figures.mkdir(parents=True, exist_ok=True)
     text = PAGE_TEMPLATE.format(
         table_a1=table_a1(), fig2c=fig2c(figures / "fig2c_ood_r2_vs_held_out.png"), ambiguity=ambiguity_table(),
         plan="\n".join(f"    {' '.join(run.command(Path('analyses/output/runs') / run.name))}" for run in plan()),
     )
-    PAGE.write_text(text)
-    print(f"wrote {PAGE}")
+    page_path.write_text(text)
+    print(f"wrote {page_path}")
 
 
 PAGE_TEMPLATE = """# Reproducing "Attention as a Hypernetwork" at CPU scale
@@ -232,7 +232,8 @@ def main() -> None:
     train_parser.add_argument("--runs", default="analyses/output/runs", help="where runs train (not committed)")
     train_parser.add_argument("--jobs", type=int, default=2, help="runs side by side, one thread each")
     train_parser.add_argument("--only", nargs="+", default=["table_a1", "fig2c", "ablations"])
-    commands.add_parser("page", help="regenerate analyses/RESULTS.md from the recorded runs")
+    page_parser = commands.add_parser("page", help="regenerate analyses/RESULTS.md from the recorded runs")
+    page_parser.add_argument("--page", default=str(PAGE), help="where the page goes (its figures beside it)")
     commands.add_parser("plan", help="print the training command of every run")
     args = parser.parse_args()
     if args.command == "train":
@@ -245,4 +246,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -18,7 +18,8 @@ from latentcode.training import build_train_config
 
 ANALYSES = Path(__file__).resolve().parents[1] / "analyses"
 MODELS = Path(__file__).resolve().parents[1] / "models"
-SCRIPTS = sorted(path.name for path in ANALYSES.glob("*.py") if path.name != "common.py")
+# The scripts of one paper result each (reproduce.py orchestrates the results page: tested below).
+SCRIPTS = sorted(path.name for path in ANALYSES.glob("*.py") if path.name not in ("common.py", "reproduce.py"))
 SMALL = ["--set", "n_layers=2", "--set", "d_model=32", "--set", "d_mlp=32"]
 
 
@@ -120,3 +121,20 @@ def test_scripts_read_the_shipped_checkpoints(tmp_path, monkeypatch, script, exp
 def test_runs_from_a_directory_without_runs_says_so(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="no finished run at"):
         run_in_process(monkeypatch, "sraven_rule_decoding.py", "--runs-from", str(tmp_path))
+
+
+def test_the_results_page_is_regenerated_from_the_recorded_runs(tmp_path, monkeypatch, capsys):
+    """RESULTS.md's Table A1 quotes the recorded runs: the seed-0 rows are the shipped fuzzy-logic models."""
+    monkeypatch.syspath_prepend(str(ANALYSES))
+    monkeypatch.setattr(sys, "argv", ["reproduce.py", "page", "--page", str(tmp_path / "RESULTS.md")])
+    runpy.run_path(str(ANALYSES / "reproduce.py"), run_name="__main__")
+    capsys.readouterr()
+    page = (tmp_path / "RESULTS.md").read_text()
+    assert (tmp_path / "results" / "figures" / "fig2c_ood_r2_vs_held_out.png").is_file()
+    for attention in ("softmax", "linear", "hyla"):
+        shipped = json.loads((MODELS / f"fuzzy_logic-{attention}" / "summary.json").read_text())
+        assert f"{100 * shipped['final_metrics']['ood']['r2']:.2f}" in page
+    monkeypatch.setattr(sys, "argv", ["reproduce.py", "plan"])
+    runpy.run_path(str(ANALYSES / "reproduce.py"), run_name="__main__")
+    commands = capsys.readouterr().out.splitlines()
+    assert len(commands) == 9 + 6 + 8 and all(line.startswith("latentcode train --preset fuzzy_logic") for line in commands)
