@@ -14,3 +14,7 @@ class LatentcodeError(Exception):
 
 class UsageError(LatentcodeError, ValueError):
     """A command or function called with arguments that do not go together, or a value it does not accept."""
+
+
+class AnalysisError(LatentcodeError, ValueError):
+    """Codes or labels that a probe, an embedding, a heatmap or a plot cannot be made from; says why."""

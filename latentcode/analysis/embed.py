@@ -24,6 +24,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from latentcode.analysis.labels import select_label
+from latentcode.errors import AnalysisError
 from latentcode.store import CodeFile
 
 __all__ = ["DEFAULT_MAX_POINTS", "METHODS", "Embedding", "embed", "subsample"]
@@ -74,13 +75,13 @@ def subsample(n_total: int, max_points: int | None, seed: int = 0, strata: np.nd
     if max_points is None or n_total <= max_points:
         return np.arange(n_total)
     if max_points < 1:
-        raise ValueError(f"max_points={max_points}: need at least 1 point (or None for all)")
+        raise AnalysisError(f"max_points={max_points}: need at least 1 point (or None for all)")
     rng = np.random.default_rng(seed)
     if strata is None:
         return np.sort(rng.choice(n_total, size=max_points, replace=False))
     strata = np.asarray(strata)
     if strata.shape != (n_total,):
-        raise ValueError(f"strata has shape {list(strata.shape)}; expected [{n_total}], one value per example")
+        raise AnalysisError(f"strata has shape {list(strata.shape)}; expected [{n_total}], one value per example")
     _, inverse, counts = np.unique(strata, return_inverse=True, return_counts=True)
     share = counts * (max_points / n_total)
     take = np.floor(share).astype(np.int64)
@@ -96,7 +97,7 @@ def subsample(n_total: int, max_points: int | None, seed: int = 0, strata: np.nd
 def _embed_array(codes: np.ndarray, method: str, seed: int) -> tuple[np.ndarray, dict]:
     n = len(codes)
     if n < 3:
-        raise ValueError(f"{method} needs at least 3 examples to embed; got {n}")
+        raise AnalysisError(f"{method} needs at least 3 examples to embed; got {n}")
     if method == "tsne":
         from sklearn.manifold import TSNE
 
@@ -150,7 +151,7 @@ def embed(
             terminal.
     """
     if method not in METHODS:
-        raise ValueError(f"method {method!r} is not one of {METHODS}")
+        raise AnalysisError(f"method {method!r} is not one of {METHODS}")
     code_file = code_file if isinstance(code_file, CodeFile) else CodeFile(code_file)
     layers = list(code_file.layers if layers is None else layers)
     n_total = len(code_file.split_of_examples(split))
@@ -158,7 +159,7 @@ def embed(
     if stratify is not None:
         strata, stratify = select_label(code_file, stratify, split)
         if strata.ndim != 1:
-            raise ValueError(f"stratify needs one value per example; label {stratify!r} has shape {list(strata.shape)}")
+            raise AnalysisError(f"stratify needs one value per example; label {stratify!r} has shape {list(strata.shape)}")
     indices = subsample(n_total, max_points, seed, strata)
     coordinates, parameters, constant_layers = {}, {}, []
     bar = _progress_bar(progress, method, code_file.model_name, len(layers), len(indices))
@@ -168,7 +169,7 @@ def embed(
                                                     if method == "umap" and "umap" not in sys.modules else ""))
         codes = code_file.layer_codes(layer, split)[indices].astype(np.float64)
         if not np.isfinite(codes).all():
-            raise ValueError(f"the codes of layer {layer} in split {split!r} contain NaN or inf; cannot embed them")
+            raise AnalysisError(f"the codes of layer {layer} in split {split!r} contain NaN or inf; cannot embed them")
         # One BLAS / OpenMP thread: at these sizes more threads gain little, and on a busy machine
         # OpenMP's waiting threads make tSNE several times slower.
         if len(codes) and np.ptp(codes, axis=0).max() == 0:

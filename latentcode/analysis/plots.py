@@ -30,6 +30,7 @@ from latentcode.analysis.embed import DEFAULT_MAX_POINTS, Embedding, embed
 from latentcode.analysis.labels import display_value, is_categorical, select_label, value_names
 from latentcode.analysis.probes import HEADLINE_METRICS
 from latentcode.analysis.similarity import mean_code_similarity
+from latentcode.errors import AnalysisError
 from latentcode.store import CodeFile
 
 __all__ = ["FORMATS", "plot_code_samples", "plot_embedding", "plot_probe_scores", "plot_similarity"]
@@ -48,7 +49,7 @@ def _save(figure: Figure, path_stem: str | Path, formats: Sequence[str], dpi: fl
     formats = [formats] if isinstance(formats, str) else list(formats)
     unknown = [fmt for fmt in formats if fmt not in FORMATS]
     if unknown or not formats:
-        raise ValueError(f"formats {formats}: expected one or more of {FORMATS}")
+        raise AnalysisError(f"formats {formats}: expected one or more of {FORMATS}")
     stem = Path(path_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -71,7 +72,7 @@ def _palette(n: int) -> list:
 
 def _one_column(values: np.ndarray, label: str) -> np.ndarray:
     if values.ndim != 1:
-        raise ValueError(
+        raise AnalysisError(
             f"label {label!r} has shape [N, {', '.join(map(str, values.shape[1:]))}]: colour and group by "
             f"one value per example; pick a column, e.g. '{label}[0]'"
         )
@@ -366,7 +367,7 @@ def plot_code_samples(
     values, label = select_label(code_file, label, split)
     values = _one_column(values, label)
     if values.dtype.kind not in "iub":
-        raise ValueError(f"label {label!r} is not integer-valued; the sample grid needs one panel per value")
+        raise AnalysisError(f"label {label!r} is not integer-valued; the sample grid needs one panel per value")
     codes = code_file.layer_codes(layer, split)
     sites = code_file.sites_of_layer(layer)
     names = value_names(code_file, label)
@@ -462,12 +463,12 @@ def plot_probe_scores(
     if metric is None:
         present = [name for name in HEADLINE_METRICS if (table["metric"] == name).any()]
         if not present:
-            raise ValueError(f"the table has no metric of {HEADLINE_METRICS}; pass metric= one of "
+            raise AnalysisError(f"the table has no metric of {HEADLINE_METRICS}; pass metric= one of "
                              f"{sorted(table['metric'].unique())}")
         metric = present[0]
     rows = table[table["metric"] == metric]
     if rows.empty:
-        raise ValueError(f"the table has no rows with metric {metric!r}; it has {sorted(table['metric'].unique())}")
+        raise AnalysisError(f"the table has no rows with metric {metric!r}; it has {sorted(table['metric'].unique())}")
     keys = ["model", "file", "site", "label"]
     groups = list(rows.groupby(keys, sort=False))
     models_per_name = rows.groupby("model")["file"].nunique()

@@ -22,6 +22,7 @@ import numpy as np
 from scipy.cluster.hierarchy import leaves_list, linkage
 
 from latentcode.analysis.labels import select_label
+from latentcode.errors import AnalysisError
 from latentcode.store import CodeFile, Site
 
 __all__ = [
@@ -88,11 +89,11 @@ def similarity_of_means(
     """
     codes, labels = np.asarray(codes, dtype=np.float64), np.asarray(labels)
     if len(codes) != len(labels):
-        raise ValueError(f"{len(codes)} codes but {len(labels)} labels")
+        raise AnalysisError(f"{len(codes)} codes but {len(labels)} labels")
     if labels.ndim == 1:
         values = np.unique(labels)
         if len(values) > MAX_VALUES:
-            raise ValueError(
+            raise AnalysisError(
                 f"the label has {len(values)} distinct values; a similarity heatmap takes at most "
                 f"{MAX_VALUES} (is it continuous?)"
             )
@@ -103,12 +104,12 @@ def similarity_of_means(
         present = members.any(axis=1)  # a column with no 1 has no mean code
         members, values = members[present], values[present]
     else:
-        raise ValueError(
+        raise AnalysisError(
             f"labels of shape {list(labels.shape)}: expected one value per example, or a multi-hot "
             "[N, C] 0/1 array; pick a column with name[i]"
         )
     if len(values) == 0:
-        raise ValueError("no label values to compare")
+        raise AnalysisError("no label values to compare")
     counts = members.sum(axis=1)
     mean_codes = (members.astype(np.float64) @ codes) / counts[:, None]
     if centre:
@@ -119,7 +120,7 @@ def similarity_of_means(
     norms = np.linalg.norm(mean_codes, axis=1)
     if (norms == 0).any():
         what = "equals the grand mean code" if centre else "is zero"
-        raise ValueError(
+        raise AnalysisError(
             f"the mean code of label value(s) {values[norms == 0].tolist()} {what}; cosine similarity "
             "is undefined for it"
         )
@@ -173,7 +174,7 @@ def between_value_variance_share(codes: np.ndarray, labels: np.ndarray) -> float
     deviations = codes - codes.mean(axis=0)
     total = float((deviations**2).sum())
     if total == 0:
-        raise ValueError("the codes are all the same; the share of their variance is undefined")
+        raise AnalysisError("the codes are all the same; the share of their variance is undefined")
     _, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
     sums = np.zeros((len(counts), codes.shape[1]))
     np.add.at(sums, inverse, deviations)
