@@ -152,7 +152,10 @@ class ExclusiveLock:
     def __del__(self) -> None:
         # A lock object dropped without release (an exception in a constructor) still lets go.
         if getattr(self, "_descriptor", None) is not None:
-            self.release()
+            try:
+                self.release()
+            except Exception:  # noqa: BLE001 - at interpreter exit modules may be gone; the kernel lets go
+                pass
 
 
 def _same_file(descriptor: int, path: Path) -> bool:

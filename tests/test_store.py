@@ -219,7 +219,7 @@ def test_every_write_records_its_rows_splits_and_seed(tmp_path):
     rng = np.random.default_rng(0)
     path = tmp_path / "codes.h5"
     for seed, split, n, options in ((7, "train", 5, {}), (9, "ood", 3, {"append": True}),
-                                    (11, "train", 4, {"append": True})):
+                                    (np.int64(11), "train", 4, {"append": True})):
         with CodeWriter(path, SITES, 4, {**METADATA, "seed": seed, "selector": {"spec": "x", "sites": [[0, 1, 1]]}},
                         **options) as writer:
             writer.append(**batch(rng, n, split))
