@@ -2,10 +2,15 @@
 `torch.no_grad()` forward pass on the same batches. The goal is a ratio of at most 1.25.
 
     python benchmarks/bench_extract.py [--batches 32] [--batch-size 256] [--repeats 5] [--sites sraven-rule]
+                                       [--compression gzip lzf none]
 
 Model: the paper's SRAVEN model (4 layers, d_model 128, 16 heads, kqv 64, d_mlp 256, 36 tokens),
 untrained (speed does not depend on the weights). Task instances are generated once, before timing,
-and shared by both measurements. Prints the median over repeats of each and their ratio.
+and shared by both measurements. Prints the median over repeats of each and their ratio, for each
+compression of the codes file asked for (interleaved, so all see the same machine load), and the
+size of the file each wrote. The HDF5 writing alone (the same rows, recorded once, appended with no
+model running) is timed too, as a fraction of the bare forward: it is what compression changes, and
+it is far less noisy on a loaded machine than the difference of two forward-pass timings.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import torch
 from latentcode import ModelConfig, build_model
 from latentcode.extraction import Recorder, parse_selector
 from latentcode.extraction.pipeline import record_batch
-from latentcode.store import CodeWriter
+from latentcode.store import COMPRESSIONS, DEFAULT_COMPRESSION, CodeWriter
 from latentcode.tasks import get_task
 
 
@@ -32,6 +37,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sites", default="sraven-rule")
     parser.add_argument("--attention", default="hyla")
+    parser.add_argument("--compression", nargs="+", choices=COMPRESSIONS, default=[DEFAULT_COMPRESSION])
     args = parser.parse_args()
 
     task = get_task("sraven")
@@ -50,26 +56,66 @@ def main() -> None:
                 model(x)
         return time.perf_counter() - start
 
-    def extraction(directory: Path, repeat: int) -> float:
+    sizes: dict[str, int] = {}
+
+    class Rows:
+        """Stands in for a CodeWriter to keep what record_batch appends."""
+
+        def __init__(self):
+            self.appended = []
+
+        def append(self, **rows):
+            self.appended.append(rows)
+
+    rows = Rows()
+    with Recorder(model, sites) as recorder, torch.no_grad():
+        for batch in batches:
+            record_batch(model, task, batch, recorder, rows, sites)
+
+    def writing(directory: Path, repeat: int, compression: str) -> float:
+        path = directory / f"rows-{compression}-{repeat}.h5"
         start = time.perf_counter()
-        with CodeWriter(directory / f"codes{repeat}.h5", sites, config.sizes.n_heads, {"model_name": "bench"}) as writer:
+        with CodeWriter(path, sites, config.sizes.n_heads, {"model_name": "bench"}, compression=compression) as writer:
+            for appended in rows.appended:
+                writer.append(**appended)
+        seconds = time.perf_counter() - start
+        path.unlink()
+        return seconds
+
+    def extraction(directory: Path, repeat: int, compression: str) -> float:
+        path = directory / f"codes-{compression}-{repeat}.h5"
+        start = time.perf_counter()
+        with CodeWriter(path, sites, config.sizes.n_heads, {"model_name": "bench"}, compression=compression) as writer:
             with Recorder(model, sites) as recorder, torch.no_grad():
                 for batch in batches:
                     record_batch(model, task, batch, recorder, writer, sites)
-        return time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        sizes[compression] = path.stat().st_size
+        path.unlink()
+        return seconds
 
     bare()  # warm up
-    bare_times, extract_times = [], []
+    bare_times, extract_times = [], {compression: [] for compression in args.compression}
+    write_times = {compression: [] for compression in args.compression}
     with tempfile.TemporaryDirectory() as directory:
-        for repeat in range(args.repeats):  # interleaved, so both see the same machine load
+        for repeat in range(args.repeats):  # interleaved, so all see the same machine load
             bare_times.append(bare())
-            extract_times.append(extraction(Path(directory), repeat))
-    bare_median, extract_median = statistics.median(bare_times), statistics.median(extract_times)
+            for compression in args.compression:
+                extract_times[compression].append(extraction(Path(directory), repeat, compression))
+                write_times[compression].append(writing(Path(directory), repeat, compression))
+    bare_median = statistics.median(bare_times)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; SRAVEN-size {args.attention} model; "
           f"{args.batches} batches of {args.batch_size}; sites {args.sites} ({len(sites)} sites); {args.repeats} repeats")
     print(f"bare no_grad forward:        {n_examples / bare_median:10.0f} examples/s (median {bare_median:.3f} s)")
-    print(f"extraction (hooks + HDF5):   {n_examples / extract_median:10.0f} examples/s (median {extract_median:.3f} s)")
-    print(f"time ratio extraction / bare: {extract_median / bare_median:.3f} (goal <= 1.25)")
+    for compression, times in extract_times.items():
+        extract_median = statistics.median(times)
+        print(f"extraction, {compression:5s}:         {n_examples / extract_median:10.0f} examples/s "
+              f"(median {extract_median:.3f} s; file {sizes[compression] / 2**20:.1f} MiB); "
+              f"time ratio extraction / bare {extract_median / bare_median:.3f} (goal <= 1.25)")
+    for compression, times in write_times.items():
+        write_median = statistics.median(times)
+        print(f"HDF5 writing alone, {compression:5s}: median {write_median:.3f} s = "
+              f"{write_median / bare_median:.3f} of the bare forward")
 
 
 if __name__ == "__main__":

@@ -534,6 +534,10 @@ def _extract(subparsers: argparse._SubParsersAction) -> None:
                         help="task config for a model directory, e.g. --task name=sraven --task n_features=4")
     parser.add_argument("--append", action="store_true", help="add examples to an existing file with the same schema")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing file")
+    parser.add_argument("--compression", choices=("gzip", "lzf", "none"), default="gzip",
+                        help="of a new file: gzip (default; h5dump and every HDF5 tool read it), lzf (h5py only), none")
+    parser.add_argument("--wait-for-lock", type=float, default=0.0, metavar="SECONDS",
+                        help="wait this long while another process writes --out (default: refuse at once)")
     parser.add_argument("--quiet", action="store_true")
     parser.set_defaults(handler=_run_extract)
 
@@ -583,7 +587,7 @@ def _run_extract(args: argparse.Namespace) -> None:
     task = parse_assignments(args.task, "--task") or None
     path = extract(args.run, task, args.sites, args.split, args.n, args.out, variant=args.variant, score=args.score,
                    batch_size=args.batch_size, seed=args.seed, append=args.append, overwrite=args.overwrite,
-                   progress=not args.quiet)
+                   progress=not args.quiet, compression=args.compression, wait_for_lock=args.wait_for_lock)
     codes = CodeFile(path)
     print(f"wrote {path}: {len(codes)} examples (splits {codes.splits}), {len(codes.sites)} sites, "
           f"{codes.n_heads} heads, labels {codes.label_names}")

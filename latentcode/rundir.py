@@ -16,6 +16,11 @@
 A directory is never reused for a different run, and nothing in it is overwritten except by
 `--resume` of the same run. Training writes it (`latentcode.training`); extraction, the report and
 `models/ship.py` read it through `RunRecord`, which needs neither torch nor the trainer.
+
+One writer at a time: `train` and `train --resume` hold `RunDirectory.lock()`, the lock file
+`.RUN_DIR.lock` beside the directory (beside, so that a fresh directory stays empty until the run
+writes it), for the whole run; a second train into the same directory is refused naming the first
+(pid, host, since when). The kernel drops the lock when its process dies (`latentcode.files`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from latentcode.errors import LatentcodeError
+from latentcode.files import ExclusiveLock
 
 RUN_FORMAT = "latentcode-run/1"
 CONFIG_FILE = "config.json"
@@ -87,6 +93,19 @@ class RunDirectory:
     def looks_like_a_run(self) -> bool:
         """A config.json and final weights: a finished (or at least saved) run directory."""
         return self.config_path.is_file() and self.weights_path.is_file()
+
+    def lock(self, wait: float | None = 0.0, *, new: bool = False) -> ExclusiveLock:
+        """The run's writer lock, a context manager: `with directory.lock(): ...train...`.
+        Raises `latentcode.files.LockHeld` if another process holds it for more than `wait`
+        seconds (None: wait as long as it takes). `new`: the run is to be created here, so its
+        parent directory is made if missing; otherwise the directory must exist."""
+        if new:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        elif not self.path.is_dir():
+            raise RunDirectoryError(f"{self.path} is not a latentcode run directory (it does not exist)")
+        # resolved: `runs/x/`, `./runs/x` and a symlink to it are one directory, one lock
+        return ExclusiveLock(self.path.resolve(), wait=wait, purpose="training",
+                             hint="wait until that run stops, or train into another directory")
 
     # -- creating and reopening --------------------------------------------------------------------
     def create(self, record: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ Schema (version 1), readable with h5py alone::
         selector              JSON: {"name": ..., "sites": [[layer, query, key], ...]}
         score                 "pattern" (normalized latent codes, default) or "scores" (raw, before normalization)
         source                where codes came from: "latentcode", "transformer_lens", "torch", ...
-        seed                  the sample seed of the first write
+        seed                  the sample seed of the first write (every write's seed: /provenance)
         splits                JSON list of the split names present, in order of first appearance
         n_heads               H, the length of a latent code (0 when sites differ: then each
                               codes dataset's width is its own H, e.g. layers with different heads)
@@ -29,20 +29,35 @@ Schema (version 1), readable with h5py alone::
                               task names them: value_names (JSON list: the name of each integer
                               value, e.g. the SRAVEN rules) and column_names (JSON list: the name of
                               each column of a multi-column label, e.g. the terms of term_present)
-    /prediction               [N, ...] float32: the model's output at the prediction positions (optional)
+    /prediction               [N, ...] float32: the model's output at the prediction positions (optional);
+                              attribute kind, as prediction_kind
     /target                   [N, ...]: the task's target (optional)
     /split                    [N] UTF-8 strings: the split of each example
     /extra/<name>             [N, ...]: any further per-example arrays the caller passed
+    /provenance               [W] UTF-8 strings: one JSON object per write (the first and each
+                              append), in order: rows [start, stop), splits, seed, mode ("new",
+                              "overwrite", "append"), written (UTC time), latentcode_version,
+                              source, score and the selector without its sites. Absent in files
+                              written before it existed: there the root seed covers every row.
 
-All per-example datasets are chunked along N, compressed (LZF with byte shuffling: fast, and
-bundled with every h5py; pass `compression="gzip"` for files other HDF5 tools must read) and
-resizable; examples are
-appended in batches, so a file of a million examples is never held in memory. Every per-example
-dataset has the same length N.
+All per-example datasets are chunked along N, compressed and resizable; examples are appended in
+batches, so a file of a million examples is never held in memory. Every per-example dataset has
+the same length N. Compression (`compression=`): "gzip" (default, with byte shuffling: deflate is
+part of every HDF5 build, so h5dump, HDFView, netCDF, MATLAB, R and Julia read the file), "lzf"
+(somewhat faster, but only h5py ships its filter) or "none". An appended file keeps its own.
 
-Atomicity: `CodeWriter` writes to a temporary file next to the target and renames it over the
-target only when closed without error. An interrupted extraction leaves no file under the final
-name, and when appending, the previous file stays intact (the temporary file starts as its copy).
+A codes file refers to nothing outside itself: the reader refuses external links, virtual datasets
+with sources in other files and datasets stored in external raw files, which h5py would otherwise
+follow silently (`CodeFile(path, allow_external=True)` reads such a file anyway).
+
+Writers: one at a time. `CodeWriter` holds the lock `.NAME.lock` beside the file (see
+`latentcode.files`) from before it looks at the file until its final rename; a second writer is
+refused naming the first (pid, host, since when), or waits `wait_for_lock` seconds if asked.
+Atomicity: the writer writes to a temporary file `.NAME.<random>.tmp` next to the target and
+renames it over the target only when closed without error. An interrupted extraction leaves no
+file under the final name, and when appending, the previous file stays intact (the temporary file
+starts as its copy); temporary files of killed writers are removed by the next writer. A new file
+gets the mode the process umask gives; an appended or overwritten file keeps its mode.
 """
 
 from __future__ import annotations
@@ -52,7 +67,7 @@ import json
 import os
 import re
 import shutil
-import tempfile
+import stat
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -63,10 +78,16 @@ import h5py
 import numpy as np
 
 from latentcode.errors import LatentcodeError
+from latentcode.files import ExclusiveLock, new_temporary_file, remove_dead_temporaries
 
 FORMAT = "latentcode-codes"
 SCHEMA_VERSION = 1
 SCORE_KINDS = ("pattern", "scores")
+COMPRESSIONS = ("gzip", "lzf", "none")
+DEFAULT_COMPRESSION = "gzip"
+# Deflate level 1: writing the SRAVEN benchmark's 8192 examples took 0.43 s (lzf 0.38 s, level 4
+# 0.47 s) for 3.80 MiB (lzf 4.17, level 4 3.77); higher levels buy almost nothing on float codes.
+_GZIP_LEVEL = 1
 _SITE_NAME = re.compile(r"^l(\d+)_q(\d+)_k(\d+)$")
 _CHUNK_ROWS = 1024
 _FLUSH_ROWS = 4096
@@ -110,6 +131,60 @@ def _json(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
 
 
+def _from_json(text: Any) -> Any:
+    """An attribute written by `_json`: JSON where it parses, else the string itself."""
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return text
+
+
+def check_compression(compression: str | None) -> str | None:
+    """The h5py filter name for a `compression` choice ("gzip", "lzf", "none" or None)."""
+    if compression is None or compression == "none":
+        return None
+    if compression not in COMPRESSIONS:
+        raise CodeFileError(f"compression must be one of {list(COMPRESSIONS)}, got {compression!r}")
+    return compression
+
+
+def _compression_of(dataset: h5py.Dataset) -> str | None:
+    return dataset.compression if dataset.compression in COMPRESSIONS else None
+
+
+def references_outside(file: h5py.File) -> list[str]:
+    """What in `file` points into other files: external links, virtual datasets with sources
+    elsewhere, datasets stored in external raw files; walked without following any of them."""
+    found: list[str] = []
+    seen: set = set()
+
+    def walk(group: h5py.Group, prefix: str) -> None:
+        for name in group:
+            path = f"{prefix}/{name}"
+            link = group.get(name, getlink=True)
+            if isinstance(link, h5py.ExternalLink):
+                found.append(f"{path} is an external link to {link.filename}:{link.path}")
+                continue
+            if isinstance(link, h5py.SoftLink):
+                continue  # a path inside this file, reached through its hard link
+            item = group[name]
+            if item.id in seen:  # hard links can make cycles
+                continue
+            seen.add(item.id)
+            if isinstance(item, h5py.Group):
+                walk(item, path)
+            elif isinstance(item, h5py.Dataset):
+                if item.is_virtual:
+                    files = sorted({source.file_name for source in item.virtual_sources()} - {"."})
+                    if files:
+                        found.append(f"{path} is a virtual dataset reading {files}")
+                if item.external:
+                    found.append(f"{path} is stored in external files {[entry[0] for entry in item.external]}")
+
+    walk(file, "")
+    return found
+
+
 class CodeWriter:
     """Stream latent codes and their labels into a codes file, atomically.
 
@@ -122,7 +197,9 @@ class CodeWriter:
     `append=True` an existing file is extended if its schema is compatible (same sites, heads,
     score, labels, model, checkpoint and task), otherwise refused with the reasons; with
     `append=False` an existing file is refused (nothing already written is overwritten) unless
-    `overwrite=True`.
+    `overwrite=True`. `compression`: "gzip" (default), "lzf" or "none" (None) for a new file.
+    The writer holds the file's lock from construction to `close`/`abort`; another writer holding
+    it raises `LockHeld` at once, or after `wait_for_lock` seconds (None: wait as long as it takes).
     """
 
     def __init__(
@@ -134,7 +211,8 @@ class CodeWriter:
         *,
         append: bool = False,
         overwrite: bool = False,
-        compression: str | None = "lzf",
+        compression: str | None = DEFAULT_COMPRESSION,
+        wait_for_lock: float | None = 0.0,
     ):
         self.path = Path(path)
         self.sites = sorted(dict.fromkeys(sites))
@@ -146,28 +224,38 @@ class CodeWriter:
             self.heads_of = {site: int(n_heads) for site in self.sites}
         widths = set(self.heads_of.values())
         self.n_heads = widths.pop() if len(widths) == 1 else 0
-        self.compression = compression
+        self.compression = check_compression(compression)
         self.metadata = dict(metadata or {})
         score = self.metadata.setdefault("score", "pattern")
         if score not in SCORE_KINDS:
             raise CodeFileError(f"score must be one of {SCORE_KINDS}, got {score!r}")
-        exists = self.path.exists()
-        if exists and not append and not overwrite:
-            raise FileExistsError(
-                f"{self.path} already exists; pass append=True to add examples to it "
-                "(--append on the command line), overwrite=True to replace it, or choose another path"
-            )
-        if append and exists and not h5py.is_hdf5(self.path):
-            raise CodeFileError(f"cannot append to {self.path}: it is not an HDF5 file")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        os.close(handle)
-        self.temporary_path = Path(temporary)
+        # Everything from here on, the existence checks included, happens under the lock.
+        self._lock = ExclusiveLock(
+            self.path, wait=wait_for_lock, purpose="writing latent codes",
+            hint="wait until it has finished (--wait-for-lock SECONDS / wait_for_lock= waits for it) "
+                 "or choose another path",
+        ).acquire()
+        self._closed = False
         try:
-            if append and exists:
+            exists = self.path.exists()
+            if exists and not append and not overwrite:
+                raise FileExistsError(
+                    f"{self.path} already exists; pass append=True to add examples to it "
+                    "(--append on the command line), overwrite=True to replace it, or choose another path"
+                )
+            if append and exists and not h5py.is_hdf5(self.path):
+                raise CodeFileError(f"cannot append to {self.path}: it is not an HDF5 file")
+            self.mode = "append" if append and exists else "overwrite" if exists else "new"
+            remove_dead_temporaries(self.path)
+            self.temporary_path = new_temporary_file(self.path)
+            if exists:  # the rename must not change who may read the file
+                os.chmod(self.temporary_path, stat.S_IMODE(os.stat(self.path).st_mode))
+            if self.mode == "append":
                 shutil.copyfile(self.path, self.temporary_path)
                 self.file = h5py.File(self.temporary_path, "r+")
                 self._check_compatible()
+                self.compression = _compression_of(self.file["codes"][self.sites[0].name])
             else:
                 self.file = h5py.File(self.temporary_path, "w")
                 self._initialize()
@@ -175,13 +263,14 @@ class CodeWriter:
             self._discard()
             raise
         self.n_appended = 0
+        self._first_row = len(self.file["split"])
+        self._splits_written: list[str] = []
         # Rows wait in memory and go to HDF5 in blocks: one h5py write per dataset per block,
         # not per batch (with many sites, per-call overhead otherwise dominates).
         self._pending: dict[str, list[np.ndarray]] = {}
         self._pending_rows = 0
         self._pending_bytes = 0
-        self._n_rows = len(self.file["split"])
-        self._closed = False
+        self._n_rows = self._first_row
 
     # -- setup ---------------------------------------------------------------------------------
     def _initialize(self) -> None:
@@ -213,14 +302,20 @@ class CodeWriter:
         self.file.create_group("extra")
         self.file.create_dataset(
             "split", shape=(0,), maxshape=(None,), dtype=h5py.string_dtype(), chunks=(_CHUNK_ROWS,),
-            compression=self.compression,
+            **self._filters(shuffle=False),
         )
+
+    def _filters(self, shuffle: bool = True) -> dict[str, Any]:
+        if self.compression is None:
+            return {}
+        level = {"compression_opts": _GZIP_LEVEL} if self.compression == "gzip" else {}
+        return {"compression": self.compression, "shuffle": shuffle, **level}
 
     def _create(self, group: h5py.Group, name: str, row_shape: tuple[int, ...], dtype) -> h5py.Dataset:
         return group.create_dataset(
             name, shape=(0, *row_shape), maxshape=(None, *row_shape), dtype=dtype,
             chunks=(min(_CHUNK_ROWS, max(1, 2**18 // max(1, int(np.prod(row_shape))))), *row_shape),
-            compression=self.compression, shuffle=self.compression is not None,
+            **self._filters(),
         )
 
     def _check_compatible(self) -> None:
@@ -228,6 +323,9 @@ class CodeWriter:
         problems = []
         if attrs.get("format") != FORMAT:
             raise CodeFileError(f"cannot append to {self.path}: it is not a latentcode codes file")
+        outside = references_outside(self.file)
+        if outside:
+            raise CodeFileError(f"cannot append to {self.path}: it refers to other files ({'; '.join(outside)})")
         if int(attrs.get("schema_version", -1)) != SCHEMA_VERSION:
             problems.append(f"schema version {attrs.get('schema_version')} (this writer: {SCHEMA_VERSION})")
         existing_sites = sorted(Site.from_name(name) for name in self.file["codes"])
@@ -314,6 +412,8 @@ class CodeWriter:
                         names = self.metadata.get(kind, {}).get(leaf)
                         if names is not None:
                             dataset.attrs[kind] = _json(list(names))
+                if name == "prediction":
+                    dataset.attrs["kind"] = str(self.file.attrs.get("prediction_kind", ""))
             dataset = self.file[name]
             if dataset.shape[1:] != array.shape[1:]:
                 raise CodeFileError(
@@ -325,6 +425,8 @@ class CodeWriter:
         for name in dict.fromkeys(splits):
             if name not in known:
                 known.append(name)
+            if name not in self._splits_written:
+                self._splits_written.append(name)
         self.file.attrs["splits"] = json.dumps(known)
         self.n_appended += batch_size
         self._n_rows += batch_size
@@ -361,29 +463,71 @@ class CodeWriter:
 
     # -- finishing -----------------------------------------------------------------------------
     def close(self) -> Path:
-        """Finish the file and move it under its final name."""
+        """Finish the file, move it under its final name and let the next writer in."""
         if self._closed:
             return self.path
-        self.flush()
-        self.file.close()
-        os.replace(self.temporary_path, self.path)
+        try:
+            self.flush()
+            self._record_provenance()
+            self.file.close()
+            os.replace(self.temporary_path, self.path)
+        except BaseException:
+            self._discard()
+            raise
         self._closed = True
+        self._lock.release()
         return self.path
 
     def abort(self) -> None:
         """Drop everything written by this writer; an existing file under `path` stays as it was."""
         if not self._closed:
             self._discard()
-            self._closed = True
+
+    def _record_provenance(self) -> None:
+        """One /provenance entry for this write: which rows, which splits, from which seed."""
+        if "provenance" not in self.file:
+            self.file.create_dataset("provenance", shape=(0,), maxshape=(None,), dtype=h5py.string_dtype(),
+                                     chunks=(64,))
+            if self._first_row:  # a file from before /provenance: its rows came from the root seed
+                attrs = self.file.attrs
+                self._extend(self.file["provenance"], np.asarray([_json({
+                    "rows": [0, self._first_row], "splits": json.loads(attrs["splits"]),
+                    "seed": _from_json(attrs.get("seed", "")), "mode": "new", "written": attrs.get("created", ""),
+                    "latentcode_version": attrs.get("latentcode_version", ""), "reconstructed": True,
+                })], dtype=object))
+        selector = self.metadata.get("selector", {})
+        if isinstance(selector, str):
+            selector = json.loads(selector or "{}")
+        if not isinstance(selector, dict):
+            selector = {"spec": selector}
+        seed = self.metadata.get("seed", "")
+        entry = {
+            "rows": [self._first_row, self._n_rows],
+            "splits": self._splits_written,
+            "seed": seed.item() if isinstance(seed, np.generic) else seed,
+            "mode": self.mode,
+            "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "latentcode_version": _package_version(),
+            "source": str(self.metadata.get("source", "")),
+            "score": self.metadata["score"],
+            "selector": {key: value for key, value in selector.items() if key != "sites"},
+        }
+        self._extend(self.file["provenance"], np.asarray([_json(entry)], dtype=object))
 
     def _discard(self) -> None:
-        file = getattr(self, "file", None)
-        if file is not None:
-            try:
-                file.close()
-            except Exception:  # noqa: BLE001 - the file is being thrown away
-                pass
-        self.temporary_path.unlink(missing_ok=True)
+        self._closed = True
+        try:
+            file = getattr(self, "file", None)
+            if file is not None:
+                try:
+                    file.close()
+                except Exception:  # noqa: BLE001 - the file is being thrown away
+                    pass
+            temporary = getattr(self, "temporary_path", None)
+            if temporary is not None:
+                temporary.unlink(missing_ok=True)
+        finally:
+            self._lock.release()
 
     def __enter__(self) -> CodeWriter:
         return self
@@ -446,14 +590,24 @@ class CodeFile:
     >>> codes.codes(Site(1, 35, 35), split="ood")      # [N_ood, H]
     >>> codes.layer_codes(1, split="ood")               # [N_ood, n_sites_of_layer_1 * H]
     >>> codes.labels("query_rule", split="ood")         # [N_ood, M]
+    >>> codes.split_seeds                               # {"ood": [seed, ...]}: one per write
+
+    A file that refers to other files (external links, virtual datasets, external storage) is
+    refused unless `allow_external=True`: h5py would read those files without a word.
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, allow_external: bool = False):
         self.path = Path(path)
         if not self.path.exists():
             raise FileNotFoundError(f"no codes file at {self.path}")
         check_readable_hdf5(self.path)
         with h5py.File(self.path, "r") as file:
+            outside = [] if allow_external else references_outside(file)
+            if outside:
+                raise CodeFileError(
+                    f"{self.path} refers to other files ({'; '.join(outside)}); a codes file holds its "
+                    "data itself: rewrite it, or open it with CodeFile(path, allow_external=True) if you trust them"
+                )
             attrs = dict(file.attrs)
             if attrs.get("format") != FORMAT:
                 raise CodeFileError(
@@ -477,6 +631,8 @@ class CodeFile:
                                 for name in self.label_names if "value_names" in file["labels"][name].attrs}
             self.column_names = {name: json.loads(file["labels"][name].attrs["column_names"])
                                  for name in self.label_names if "column_names" in file["labels"][name].attrs}
+            provenance = file["provenance"].asstr()[:] if "provenance" in file else []
+            self.writes: list[dict[str, Any]] = [json.loads(entry) for entry in provenance]
         self.n_heads = int(self.attrs["n_heads"])
         self.splits = json.loads(self.attrs["splits"])
         self.model_config = json.loads(self.attrs["model_config"] or "{}")
@@ -488,6 +644,19 @@ class CodeFile:
         self.model_name = self.attrs.get("model_name") or self.model_config.get("attention", "model")
         if isinstance(self.model_name, list):
             self.model_name = "+".join(self.model_name)
+        if not self.writes:  # written before /provenance: one write, from the root seed
+            self.writes = [{"rows": [0, len(self)], "splits": list(self.splits),
+                            "seed": _from_json(self.attrs.get("seed", "")), "reconstructed": True}]
+
+    @property
+    def split_seeds(self) -> dict[str, list[Any]]:
+        """The sample seed of each write that added examples to a split, in write order (a seed
+        listed twice for one split means those examples were drawn twice)."""
+        seeds: dict[str, list[Any]] = {split: [] for split in self.splits}
+        for write in self.writes:
+            for split in write["splits"]:
+                seeds.setdefault(split, []).append(write["seed"])
+        return seeds
 
     def __len__(self) -> int:
         return len(self._split_of_example)

@@ -1,6 +1,8 @@
 """The HDF5 codes file: round trip, atomic writes, appends, refusals."""
 
 import json
+import shutil
+import subprocess
 
 import h5py
 import numpy as np
@@ -48,7 +50,7 @@ def test_round_trip_of_codes_labels_and_attributes(tmp_path):
     assert len(frame) == 3 and "query_rule[2]" in frame and "l1_q35_k27.h3" in frame
     # readable with h5py alone
     with h5py.File(tmp_path / "codes.h5", "r") as file:
-        assert file["codes/l0_q35_k35"].dtype == np.float32 and file["codes/l0_q35_k35"].compression == "lzf"
+        assert file["codes/l0_q35_k35"].dtype == np.float32 and file["codes/l0_q35_k35"].compression == "gzip"
         assert json.loads(file.attrs["model_config"])["attention"] == "hyla"
         assert file.attrs["schema_version"] == 1 and file.attrs["latentcode_version"]
 
@@ -163,3 +165,127 @@ def test_sites_may_have_different_head_counts(tmp_path):
             writer.append(codes={SITES[0]: np.ones((3, 4)), SITES[1]: np.zeros((3, 4))}, split="train")
     codes = CodeFile(tmp_path / "c.h5")
     assert codes.n_heads == 0 and codes.heads_of == heads and codes.codes(SITES[1]).shape == (3, 2)
+
+
+# -- portability: compression, what h5py alone (and h5dump) sees ---------------------------------------
+@pytest.mark.skipif(shutil.which("h5dump") is None, reason="h5dump (apt-get install hdf5-tools) is not installed")
+def test_h5dump_reads_the_default_compression(tmp_path):
+    """h5dump is the HDF5 library's own reader, without h5py's LZF filter."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "codes.h5"
+    b = batch(rng, 50, "train")
+    with CodeWriter(path, SITES, 4, {**METADATA, "value_names": {"rule": [f"rule {i}" for i in range(8)]}}) as writer:
+        writer.append(**b)
+    dump = tmp_path / "codes.bin"
+    subprocess.run(["h5dump", "-d", "/codes/l1_q35_k27", "-b", "LE", "-o", str(dump), str(path)],
+                   check=True, capture_output=True)
+    np.testing.assert_array_equal(np.fromfile(dump, dtype="<f4").reshape(50, 4), b["codes"][SITES[1]])
+    attribute = subprocess.run(["h5dump", "-a", "/labels/rule/value_names", str(path)],
+                               check=True, capture_output=True, text=True).stdout
+    assert "rule 7" in attribute
+
+
+def test_compression_is_chosen_for_new_files_and_kept_on_append(tmp_path):
+    rng = np.random.default_rng(0)
+    filters = {}
+    for compression in ("gzip", "lzf", "none", None):
+        path = tmp_path / f"{compression}.h5"
+        b = batch(rng, 6, "train")
+        with CodeWriter(path, SITES, 4, METADATA, compression=compression) as writer:
+            writer.append(**b)
+        with h5py.File(path, "r") as file:
+            filters[compression] = {file[name].compression for name in ("codes/l0_q35_k35", "labels/rule", "split")}
+        np.testing.assert_array_equal(CodeFile(path).codes(SITES[0]), b["codes"][SITES[0]])
+    assert filters == {"gzip": {"gzip"}, "lzf": {"lzf"}, "none": {None}, None: {None}}
+    with CodeWriter(tmp_path / "lzf.h5", SITES, 4, METADATA, append=True) as writer:  # default gzip asked
+        writer.append(**batch(rng, 3, "ood"))
+    with h5py.File(tmp_path / "lzf.h5", "r") as file:
+        assert file["codes/l0_q35_k35"].compression == "lzf" and len(file["split"]) == 9
+    with pytest.raises(CodeFileError, match=r"compression must be one of \['gzip', 'lzf', 'none'\], got 'zstd'"):
+        CodeWriter(tmp_path / "z.h5", SITES, 4, METADATA, compression="zstd")
+    assert not (tmp_path / "z.h5").exists()
+
+
+def test_prediction_says_what_it_holds(tmp_path):
+    rng = np.random.default_rng(0)
+    with CodeWriter(tmp_path / "c.h5", SITES, 4, {**METADATA, "prediction_kind": "logits"}) as writer:
+        writer.append(**batch(rng, 2, "train"))
+    with h5py.File(tmp_path / "c.h5", "r") as file:
+        assert file["prediction"].attrs["kind"] == "logits" and file.attrs["prediction_kind"] == "logits"
+
+
+# -- provenance of each write ------------------------------------------------------------------------------
+def test_every_write_records_its_rows_splits_and_seed(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "codes.h5"
+    for seed, split, n, options in ((7, "train", 5, {}), (9, "ood", 3, {"append": True}),
+                                    (np.int64(11), "train", 4, {"append": True})):
+        with CodeWriter(path, SITES, 4, {**METADATA, "seed": seed, "selector": {"spec": "x", "sites": [[0, 1, 1]]}},
+                        **options) as writer:
+            writer.append(**batch(rng, n, split))
+    codes = CodeFile(path)
+    assert [(w["rows"], w["splits"], w["seed"], w["mode"]) for w in codes.writes] == [
+        ([0, 5], ["train"], 7, "new"), ([5, 8], ["ood"], 9, "append"), ([8, 12], ["train"], 11, "append")]
+    assert codes.writes[1]["selector"] == {"spec": "x"} and codes.writes[1]["source"] == "latentcode"
+    assert codes.split_seeds == {"train": [7, 11], "ood": [9]} and codes.attrs["seed"] == "7"
+    with h5py.File(path, "r") as file:  # h5py alone
+        assert [json.loads(entry)["seed"] for entry in file["provenance"].asstr()[:]] == [7, 9, 11]
+    with CodeWriter(path, SITES, 4, {**METADATA, "seed": 13}, overwrite=True) as writer:
+        writer.append(**batch(rng, 2, "ood"))
+    assert [(w["rows"], w["mode"]) for w in CodeFile(path).writes] == [([0, 2], "overwrite")]
+
+
+def test_a_file_from_before_provenance_gets_its_first_write_reconstructed(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "codes.h5"
+    with CodeWriter(path, SITES, 4, METADATA) as writer:
+        writer.append(**batch(rng, 5, "train"))
+    with h5py.File(path, "r+") as file:
+        del file["provenance"]
+    assert CodeFile(path).split_seeds == {"train": [7]}
+    with CodeWriter(path, SITES, 4, {**METADATA, "seed": 8}, append=True) as writer:
+        writer.append(**batch(rng, 2, "train"))
+    writes = CodeFile(path).writes
+    assert [(w["rows"], w["seed"], w.get("reconstructed", False)) for w in writes] == [
+        ([0, 5], 7, True), ([5, 7], 8, False)]
+
+
+# -- nothing outside the file ------------------------------------------------------------------------------
+def outside_reference(kind, path, tmp_path):
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as file:
+        file["secret"] = np.arange(2.0)
+    with h5py.File(path, "r+") as file:
+        if kind == "external link":
+            file["extra/loss2"] = h5py.ExternalLink(str(other), "/secret")
+        elif kind == "virtual dataset":
+            layout = h5py.VirtualLayout(shape=(2,), dtype="f8")
+            layout[:] = h5py.VirtualSource(str(other), "secret", shape=(2,))
+            file["extra"].create_virtual_dataset("loss2", layout)
+        else:
+            file["extra"].create_dataset("loss2", shape=(2,), dtype="f8", external=[(str(tmp_path / "raw.bin"), 0, 16)])
+
+
+@pytest.mark.parametrize("kind", ["external link", "virtual dataset", "external storage"])
+def test_files_that_point_outside_themselves_are_refused(tmp_path, kind):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "codes.h5"
+    with CodeWriter(path, SITES, 4, METADATA) as writer:
+        writer.append(**batch(rng, 2, "train"))
+    outside_reference(kind, path, tmp_path)
+    with pytest.raises(CodeFileError, match=r"codes.h5 refers to other files \(/extra/loss2 is .*allow_external=True"):
+        CodeFile(path)
+    assert "loss2" in CodeFile(path, allow_external=True).extra_names
+    with pytest.raises(CodeFileError, match=r"cannot append to .*: it refers to other files \(/extra/loss2"):
+        CodeWriter(path, SITES, 4, METADATA, append=True)
+
+
+def test_links_inside_the_file_and_cycles_are_fine(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "codes.h5"
+    with CodeWriter(path, SITES, 4, METADATA) as writer:
+        writer.append(**batch(rng, 2, "train"))
+    with h5py.File(path, "r+") as file:
+        file["extra/loop"] = file["extra"]  # a hard link from a group to itself
+        file["alias"] = h5py.SoftLink("/codes")
+    assert len(CodeFile(path)) == 2

@@ -26,7 +26,7 @@ from latentcode.errors import UsageError
 from latentcode.extraction.recorder import Recorder
 from latentcode.extraction.sites import Selector, parse_selector
 from latentcode.rundir import RunDirectory, RunRecord
-from latentcode.store import CodeWriter, Site
+from latentcode.store import DEFAULT_COMPRESSION, CodeWriter, Site, check_compression
 from latentcode.tasks import Batch, Task, eval_seed, get_task
 
 
@@ -104,6 +104,8 @@ def extract(
     overwrite: bool = False,
     extra: Mapping[str, np.ndarray] | None = None,
     progress: bool = True,
+    compression: str | None = DEFAULT_COMPRESSION,
+    wait_for_lock: float | None = 0.0,
 ) -> Path:
     """Record the latent codes of `n` instances of `split` at the `selector`'s sites into `out`.
 
@@ -113,6 +115,8 @@ def extract(
     variant: the task variant (default: the selector's, e.g. `unpermuted` for `sraven-rule`, else
         the task's default).
     extra: further per-example arrays of length n to store beside the codes.
+    compression: of a new file: "gzip" (default; any HDF5 tool reads it), "lzf" or "none".
+    wait_for_lock: seconds to wait while another process writes `out` (default: refuse at once).
     Returns the path of the written file.
     """
     model, info = resolve_model(run_or_model)
@@ -128,6 +132,7 @@ def extract(
         raise UsageError(f"n must be a positive number of instances, got {n}")
     if batch_size < 1:
         raise UsageError(f"batch_size must be positive, got {batch_size}")
+    check_compression(compression)
     for name, values in (extra or {}).items():
         if len(values) != n:
             raise UsageError(f"extra array {name!r} has {len(values)} rows; expected n={n}, one per instance")
@@ -157,7 +162,8 @@ def extract(
     }
     model.eval()
     batches = range(math.ceil(n / batch_size))
-    with CodeWriter(out, sites, n_heads, metadata, append=append, overwrite=overwrite) as writer:
+    with CodeWriter(out, sites, n_heads, metadata, append=append, overwrite=overwrite, compression=compression,
+                    wait_for_lock=wait_for_lock) as writer:
         if progress:  # only once the writer has accepted `out`, so a refusal prints no bar
             from tqdm.auto import tqdm
 

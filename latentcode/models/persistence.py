@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from latentcode.errors import LatentcodeError
+from latentcode.files import give_umask_mode
 from latentcode.models.config import ModelConfig
 
 FORMAT = "latentcode-model/1"
@@ -51,11 +52,13 @@ def save_model(model: torch.nn.Module, path: str | Path, overwrite: bool = False
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    give_umask_mode(staging, directory=True)  # mkdtemp's 0700 would survive the rename
     try:
         (staging / CONFIG_FILE).write_text(model.config.to_json() + "\n")
         state = {name: tensor.detach().cpu().to(dtype or tensor.dtype).contiguous()
                  for name, tensor in model.state_dict().items()}
         save_file(state, staging / WEIGHTS_FILE, metadata={"format": FORMAT, "latentcode_version": _package_version()})
+        give_umask_mode(staging / WEIGHTS_FILE)  # safetensors writes 0600 whatever the umask
         if path.exists():
             backup = path.with_name(f".{path.name}.old")
             path.rename(backup)

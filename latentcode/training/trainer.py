@@ -20,6 +20,7 @@ its first checkpoint resumes from step 0.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -142,10 +143,21 @@ def train(
 ) -> Run:
     """Train a model as `config` says, into the run directory `out`; or continue `resume`.
 
+    The run directory is locked for the whole run (`RunDirectory.lock`): a second `train` or
+    `--resume` into it is refused with `latentcode.files.LockHeld`, naming the first.
     stop_after_step: stop (as if killed) once this many steps are done, without the final
         evaluation, checkpoint or model; for tests of resuming.
     on_step: called with (step, loss) after every optimizer step.
     """
+    target = resume if resume is not None else out
+    # Process 0 of a run holds the lock for all of its processes (torchrun / accelerate set RANK).
+    holds_lock = target is not None and os.environ.get("RANK", "0") == "0"
+    with RunDirectory(target).lock(new=resume is None) if holds_lock else contextlib.nullcontext():
+        return _train(config, out, resume=resume, progress=progress, stop_after_step=stop_after_step,
+                      on_step=on_step)
+
+
+def _train(config, out, *, resume, progress, stop_after_step, on_step) -> Run:
     if resume is not None:
         directory = RunDirectory(resume)
         stored = read_train_config(directory)
