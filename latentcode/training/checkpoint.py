@@ -32,6 +32,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from latentcode.errors import LatentcodeError
+from latentcode.files import give_umask_mode
 
 CHECKPOINT_FORMAT = "latentcode-checkpoint/2"
 STATE_FILE = "trainer_state.json"
@@ -205,6 +206,8 @@ def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     save_file(model_state, path / MODEL_FILE, metadata={"format": CHECKPOINT_FORMAT})
     optimizer_tensors, optimizer_structure = optimizer_to_files(optimizer)
     save_file(optimizer_tensors, path / OPTIMIZER_FILE, metadata={"format": CHECKPOINT_FORMAT})
+    for written in (path / MODEL_FILE, path / OPTIMIZER_FILE):
+        give_umask_mode(written)  # safetensors writes 0600 whatever the umask
     state = {
         "format": CHECKPOINT_FORMAT,
         "step": loop.step,
