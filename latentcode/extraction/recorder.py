@@ -92,7 +92,9 @@ class Recorder:
                 f"no latent code was captured from {type(self.model).__name__} ({self.source.name} source): "
                 "it has no HookPoint named blocks.<layer>.attn.hook_pattern and made no call to "
                 "scaled_dot_product_attention or nn.MultiheadAttention that could be intercepted, or the "
-                "selected layers never ran; for other attention code use latentcode.extraction.AdapterSource"
+                "selected layers never ran; for attention written by hand (matmul, softmax) use "
+                "latentcode.extraction.SoftmaxSource(model, r'NAME_PATTERN') naming the modules that compute "
+                "the softmax, and for other attention code latentcode.extraction.AdapterSource"
             )
         self.pairs_for.check_ran(self._layers_seen)
 

@@ -40,8 +40,9 @@ SCORE_KINDS = ("pattern", "scores")
 
 # sink(layer, query_positions [n], key_positions [n], codes [batch, head, n])
 Sink = Callable[[int, Tensor, Tensor, Tensor], None]
-# pairs_for(layer, seq_len) -> (query_positions, key_positions) to record, or None to skip the layer
-PairsFor = Callable[[int, int], "tuple[Tensor, Tensor] | None"]
+# pairs_for(layer, seq_len[, n_queries]) -> (query_positions, key_positions) to record, or None to skip
+# the layer; seq_len is the number of keys, n_queries (where given) that of queries: cross-attention
+PairsFor = Callable[..., "tuple[Tensor, Tensor] | None"]
 # editor(layer, query_positions [n], key_positions [n], codes [batch, head, n]) -> edited codes, same shape
 Editor = Callable[[int, Tensor, Tensor, Tensor], Tensor]
 

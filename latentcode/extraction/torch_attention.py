@@ -409,7 +409,7 @@ class TorchAttentionSource(AttentionSource):
 
         def on_call(layer: int, where: str, kind: str, call: dict[str, Any], result: Any) -> Any:
             n_queries, n_keys = call_shape(kind, call)
-            pairs = pairs_for(layer, n_keys)
+            pairs = pairs_for(layer, n_keys, n_queries)
             if pairs is not None:
                 check_pairs(pairs, n_queries, n_keys, where)
                 rows, inverse = torch.unique(pairs[0], return_inverse=True)
@@ -430,7 +430,7 @@ class TorchAttentionSource(AttentionSource):
 
         def on_call(layer: int, where: str, kind: str, call: dict[str, Any], result: Any) -> Any:
             n_queries, n_keys = call_shape(kind, call)
-            pairs = pairs_for(layer, n_keys)
+            pairs = pairs_for(layer, n_keys, n_queries)
             if pairs is None:
                 return result
             check_pairs(pairs, n_queries, n_keys, where)

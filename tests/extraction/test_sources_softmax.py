@@ -1,0 +1,149 @@
+"""SoftmaxSource (hand-written attention) and cross-attention sites, on Hugging Face `transformers` models
+built from configs (random weights, no download), against each model's own eager `output_attentions` /
+`cross_attentions`."""
+
+import numpy as np
+import pytest
+import torch
+
+from latentcode.extraction import Recorder, TorchAttentionSource, detect_source
+from latentcode.extraction.softmax_capture import SoftmaxCaptureError, SoftmaxSource
+from latentcode.store import Site
+
+transformers = pytest.importorskip("transformers")
+
+BATCH, LENGTH, DECODER_LENGTH, VOCAB = 3, 7, 5, 99
+
+GPT2 = dict(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=32, bos_token_id=0, eos_token_id=0)
+LLAMA = dict(
+    hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    intermediate_size=37, vocab_size=VOCAB, max_position_embeddings=32,
+)  # fmt: skip
+BART = dict(
+    vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+    decoder_attention_heads=4, encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=32,
+)  # fmt: skip
+
+
+def padding_mask(length=LENGTH):
+    mask = torch.ones(BATCH, length, dtype=torch.long)
+    mask[1, length - 2:] = 0  # right padding: every query still has a key
+    mask[2, 3:] = 0
+    return mask
+
+
+def built(model_class, config_class, implementation, **config):
+    torch.manual_seed(0)
+    return model_class(config_class(**config, attn_implementation=implementation)).eval()
+
+
+def token_ids(length, seed):
+    return torch.randint(0, VOCAB, (BATCH, length), generator=torch.Generator().manual_seed(seed))
+
+
+def recorded(model, layer, inputs, n_queries, n_keys, score="pattern", source=None):
+    """`[batch, head, query, key]` of one layer, recorded site by site (explicit LAYER:QUERY:KEY sites)."""
+    sites = ",".join(f"{layer}:{q}:{k}" for q in range(n_queries) for k in range(n_keys))
+    with Recorder(model, sites, score=score, source=source) as recorder:
+        model(**inputs)
+    codes = recorder.pop()
+    return np.stack(
+        [np.stack([codes[Site(layer, q, k)] for k in range(n_keys)], axis=-1) for q in range(n_queries)], axis=-2
+    )
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_eager_decoder_codes_equal_output_attentions(name, padded):
+    if name == "gpt2":
+        model = built(transformers.GPT2Model, transformers.GPT2Config, "eager", **GPT2)
+        expected_names = ["h.0.attn", "h.1.attn"]
+    else:  # grouped-query attention: the softmax sees the repeated key heads
+        model = built(transformers.LlamaModel, transformers.LlamaConfig, "eager", **LLAMA)
+        expected_names = ["layers.0.self_attn", "layers.1.self_attn"]
+    inputs = {"input_ids": token_ids(LENGTH, 1)}
+    if padded:
+        inputs["attention_mask"] = padding_mask()
+    reference = model(**inputs, output_attentions=True).attentions
+    source = detect_source(model)
+    assert isinstance(source, SoftmaxSource)
+    for layer in range(2):
+        codes = recorded(model, layer, inputs, LENGTH, LENGTH, source=source)
+        np.testing.assert_allclose(codes, reference[layer].detach().numpy(), rtol=1e-6, atol=1e-7)
+    assert source.layer_names() == expected_names
+
+
+def test_raw_scores_are_minus_infinity_where_masked_and_softmax_to_the_pattern():
+    model = built(transformers.GPT2Model, transformers.GPT2Config, "eager", **GPT2)
+    inputs = {"input_ids": token_ids(LENGTH, 2), "attention_mask": padding_mask()}
+    scores = recorded(model, 1, inputs, LENGTH, LENGTH, score="scores", source=SoftmaxSource(model))
+    future = np.triu(np.ones((LENGTH, LENGTH), dtype=bool), k=1)
+    padded_keys = (padding_mask() == 0).numpy()[:, None, None, :]
+    masked = np.broadcast_to(future | padded_keys, scores.shape)
+    assert np.isneginf(scores[masked]).all() and np.isfinite(scores[~masked]).all()
+    reference = model(**inputs, output_attentions=True).attentions[1].detach()
+    rows_with_a_key = ~masked.all(axis=-1)  # fully masked rows: the model's own softmax is uniform there
+    pattern = torch.softmax(torch.from_numpy(scores), -1).numpy()
+    np.testing.assert_allclose(pattern[rows_with_a_key], reference.numpy()[rows_with_a_key], atol=1e-6)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_encoder_decoder_self_and_cross_attention_equal_eager_attentions(implementation, padded):
+    model = built(transformers.BartModel, transformers.BartConfig, implementation, **BART)
+    eager = built(transformers.BartModel, transformers.BartConfig, "eager", **BART)
+    eager.load_state_dict(model.state_dict())
+    inputs = {"input_ids": token_ids(LENGTH, 3), "decoder_input_ids": token_ids(DECODER_LENGTH, 4)}
+    if padded:
+        inputs["attention_mask"] = padding_mask()
+        inputs["decoder_attention_mask"] = padding_mask(DECODER_LENGTH)
+    reference = eager(**inputs, output_attentions=True)
+    source = detect_source(model)
+    assert isinstance(source, TorchAttentionSource if implementation == "sdpa" else SoftmaxSource)
+    expected = [  # (layer's reference, queries, keys)
+        (reference.encoder_attentions[0], LENGTH, LENGTH),
+        (reference.decoder_attentions[0], DECODER_LENGTH, DECODER_LENGTH),
+        (reference.cross_attentions[0], DECODER_LENGTH, LENGTH),  # decoder queries, encoder keys
+    ]
+    for layer, (attention, n_queries, n_keys) in enumerate(expected):
+        codes = recorded(model, layer, inputs, n_queries, n_keys, source=source)
+        np.testing.assert_allclose(codes, attention.detach().numpy(), rtol=1e-4, atol=1e-6)
+    assert source.layer_names() == ["encoder.layers.0.self_attn", "decoder.layers.0.self_attn",
+                                    "decoder.layers.0.encoder_attn"]  # fmt: skip
+
+
+def test_last_self_on_cross_attention_is_the_last_decoder_query_and_the_last_encoder_key():
+    model = built(transformers.BartModel, transformers.BartConfig, "eager", **BART)
+    inputs = {"input_ids": token_ids(LENGTH, 5), "decoder_input_ids": token_ids(DECODER_LENGTH, 6)}
+    reference = model(**inputs, output_attentions=True).cross_attentions[0].detach().numpy()
+    with Recorder(model, "last-self") as recorder:
+        model(**inputs)
+    codes = recorder.pop()
+    assert Site(2, DECODER_LENGTH - 1, LENGTH - 1) in codes
+    np.testing.assert_allclose(codes[Site(2, DECODER_LENGTH - 1, LENGTH - 1)], reference[:, :, -1, -1], atol=1e-7)
+
+
+def test_a_chosen_module_without_a_softmax_or_with_several_is_named():
+    class TwoSoftmaxes(torch.nn.Module):
+        def forward(self, scores):
+            return scores.softmax(-1) + torch.softmax(scores, dim=-1)
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.attn = inner
+
+        def forward(self, scores):
+            return self.attn(scores)
+
+    scores = torch.randn(2, 3, 4, 4)
+    with pytest.raises(SoftmaxCaptureError, match=r"module 'attn' computed several softmaxes"):
+        model = Wrapper(TwoSoftmaxes())
+        with Recorder(model, "last-self", source=SoftmaxSource(model)):
+            model(scores)
+    model = Wrapper(torch.nn.Identity())
+    with pytest.raises(SoftmaxCaptureError, match=r"module 'attn' \(Identity\) ran but computed no softmax"):
+        with Recorder(model, "last-self", source=SoftmaxSource(model)):
+            model(scores)
+    with pytest.raises(SoftmaxCaptureError, match=r"no module of Wrapper matches 'nothing'"):
+        SoftmaxSource(model, "nothing")
