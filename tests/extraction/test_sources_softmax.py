@@ -147,3 +147,49 @@ def test_a_chosen_module_without_a_softmax_or_with_several_is_named():
             model(scores)
     with pytest.raises(SoftmaxCaptureError, match=r"no module of Wrapper matches 'nothing'"):
         SoftmaxSource(model, "nothing")
+
+
+# -- interventions through SoftmaxSource and on cross-attention ---------------------------------------
+def sdpa_and_eager_pair(model_class, config_class, **config):
+    sdpa = built(model_class, config_class, "sdpa", **config)
+    eager = built(model_class, config_class, "eager", **config)
+    eager.load_state_dict(sdpa.state_dict())
+    return sdpa, eager
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bart"])
+def test_an_edit_of_a_hand_written_softmax_equals_the_same_edit_through_sdpa(name):
+    """Eager (SoftmaxSource) and SDPA (TorchAttentionSource, tested on its own) models with the same
+    weights give the same edited outputs; for BART the edit is on the cross-attention (layer 2)."""
+    from latentcode.intervention import Intervention, SetCode
+
+    if name == "gpt2":
+        sdpa, eager = sdpa_and_eager_pair(transformers.GPT2Model, transformers.GPT2Config, **GPT2)
+        inputs = {"input_ids": token_ids(LENGTH, 7), "attention_mask": padding_mask()}
+        sites = "1:-1:2"
+    else:
+        sdpa, eager = sdpa_and_eager_pair(transformers.BartModel, transformers.BartConfig, **BART)
+        inputs = {"input_ids": token_ids(LENGTH, 8), "decoder_input_ids": token_ids(DECODER_LENGTH, 9)}
+        sites = "2:-1:-1"  # the last decoder query, the last encoder key
+    plain = eager(**inputs).last_hidden_state
+    edit = SetCode(np.array([0.9, 0.0, 0.5, 0.2], dtype=np.float32))
+    outputs = {}
+    for implementation, model in (("eager", eager), ("sdpa", sdpa)):
+        with Intervention(model, edit, sites=sites, record=sites) as intervention:
+            outputs[implementation] = model(**inputs).last_hidden_state.detach()
+        (site, codes), = intervention.pop().items()
+        np.testing.assert_allclose(codes, np.broadcast_to(edit.value, (BATCH, 4)), atol=1e-7)
+    assert isinstance(Intervention(eager, edit, sites=sites).source, SoftmaxSource)
+    assert not torch.allclose(outputs["eager"], plain, atol=1e-4)  # the edit reached the output
+    torch.testing.assert_close(outputs["eager"], outputs["sdpa"], rtol=1e-4, atol=1e-5)
+
+
+def test_an_edit_that_changes_nothing_changes_no_bit_of_a_hand_written_model():
+    from latentcode.intervention import Intervention, ScaleHeads
+
+    model = built(transformers.LlamaModel, transformers.LlamaConfig, "eager", **LLAMA)
+    inputs = {"input_ids": token_ids(LENGTH, 10)}
+    plain = model(**inputs).last_hidden_state
+    with Intervention(model, ScaleHeads(1.0), sites="*:-1:-1"):
+        unchanged = model(**inputs).last_hidden_state
+    assert torch.equal(plain, unchanged)
