@@ -18,6 +18,8 @@ Sources:
 - `latentcode.extraction.bridge.BridgeSource`: transformer-lens 4.x `TransformerBridge`s.
 - `latentcode.extraction.torch_attention.TorchAttentionSource`: any PyTorch model whose attention goes
   through `torch.nn.functional.scaled_dot_product_attention` or `torch.nn.MultiheadAttention`.
+- `latentcode.extraction.softmax_capture.SoftmaxSource`: attention written by hand, read at the
+  softmax computed inside chosen modules (Hugging Face models with `attn_implementation="eager"`).
 - `latentcode.extraction.adapter.AdapterSource`: anything else, through a user-named module and a
   function from its inputs/outputs to scores (records only; it cannot edit).
 

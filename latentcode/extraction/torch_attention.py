@@ -59,9 +59,12 @@ above). Edited rows are computed without dropout, so calls with dropout are refu
 eval mode.
 
 Hugging Face `transformers` models are covered with their default `attn_implementation="sdpa"`;
-with "eager" they compute the softmax themselves (load them with "sdpa", or use the adapter).
-Not covered (use `latentcode.extraction.AdapterSource`): attention written with explicit
-matmul/softmax, `flex_attention`, fused kernels called directly (e.g. flash-attn), and compiled
+with "eager" they compute the softmax themselves: `latentcode.extraction.SoftmaxSource` reads
+those (and `detect_source` picks it). Cross-attention calls (queries of the decoder, keys of the
+encoder, e.g. BART's `decoder.layers.0.encoder_attn`) are layers like any other; their query
+positions are resolved against the call's queries and key positions against its keys.
+Not covered (use `SoftmaxSource` or `latentcode.extraction.AdapterSource`): attention written with
+explicit matmul/softmax, `flex_attention`, fused kernels called directly (e.g. flash-attn), and compiled
 graphs (`torch.compile`) where the Python-level call never happens.
 """
 

@@ -26,6 +26,9 @@ RMSHead), i.e. on what `hook_pattern` carries. Sources (`latentcode.extraction.s
   recomputes the probabilities of the affected query rows from its own inputs, edits them and
   returns `edited_probabilities @ value` there (through the out-projection for MultiheadAttention);
   all other entries are the fused call's own output. Eval mode only: calls with dropout are refused;
+- `SoftmaxSource` (hand-written attention): the softmax inside the chosen module returns its result
+  with the edited codes written at the sites, which the rest of the module (dropout, the value sum)
+  consumes; cross-attention layers are edited like self-attention layers by every source;
 - `AdapterSource`: cannot edit (it reads attention after the module used it): `CannotIntervene`.
 
 An edit that sets every code to its own value changes no output bit, for every source.
