@@ -52,7 +52,14 @@ from latentcode.extraction.attention_rows import (
     slice_pairs,
     write_pairs,
 )
-from latentcode.extraction.source import AttentionSource, Editor, PairsFor, Sink, check_score
+from latentcode.extraction.source import (
+    AttentionSource,
+    Editor,
+    PairsFor,
+    Sink,
+    check_score,
+    layer_kind,
+)
 
 _SOFTMAXES = (torch.softmax, F.softmax, Tensor.softmax, torch.special.softmax)
 
@@ -128,6 +135,7 @@ class SoftmaxSource(AttentionSource):
                 "(name, module) -> bool, as in SoftmaxSource(model, r'layers\\.\\d+\\.attn')"
             )
         self._layer_names: list[str] | None = None
+        self._layers: list[dict] | None = None
 
     def n_layers(self) -> int | None:
         """Attention layers per forward pass, once a pass has run under `capture` (else None)."""
@@ -135,6 +143,10 @@ class SoftmaxSource(AttentionSource):
 
     def layer_names(self) -> list[str] | None:
         return None if self._layer_names is None else list(self._layer_names)
+
+    def layers(self) -> list[dict] | None:
+        """Name, kind ("self"/"cross", by module name) and query/key lengths of each layer of the last pass."""
+        return None if self._layers is None else [dict(layer) for layer in self._layers]
 
     @contextmanager
     def capture(self, pairs_for: PairsFor, score: str, sink: Sink) -> Iterator[None]:
@@ -180,10 +192,12 @@ class SoftmaxSource(AttentionSource):
         running: list[str] = []  # chosen modules whose forward is running, outermost first
         softmaxes_in_call: list[int] = []  # per running chosen module, softmaxes seen so far
         pass_names: list[str] = []
+        pass_layers: list[dict] = []  # name, kind and lengths of each layer in this pass
         calls_per_module: dict[str, int] = {}
 
         def root_enter(module, args):  # a new forward pass (stale entries of one that raised go too)
             pass_names.clear()
+            pass_layers.clear()
             calls_per_module.clear()
             running.clear()
             softmaxes_in_call.clear()
@@ -191,6 +205,7 @@ class SoftmaxSource(AttentionSource):
         def root_leave(module, args, output):
             if pass_names:
                 self._layer_names = list(pass_names)
+                self._layers = list(pass_layers)
 
         def enter(module, args, name):
             running.append(name)
@@ -221,6 +236,8 @@ class SoftmaxSource(AttentionSource):
             calls_per_module[name] = count + 1
             layer = len(pass_names)
             pass_names.append(name if count == 0 else f"{name}#{count}")
+            pass_layers.append({"name": pass_names[-1], "kind": layer_kind(name),
+                                "queries": result.shape[-2], "keys": result.shape[-1]})  # fmt: skip
             scores = tensor if isinstance(tensor, Tensor) else result
             return on_softmax(layer, f"attention layer {layer} ({pass_names[-1]})", scores, result)
 

@@ -49,6 +49,10 @@ PairsFor = Callable[..., "tuple[Tensor, Tensor] | None"]
 Editor = Callable[[int, Tensor, Tensor, Tensor], Tensor]
 
 PATTERN_HOOK = re.compile(r"^blocks\.(\d+)\.attn\.hook_pattern$")
+#: module names of cross-attention (queries of one sequence, keys of another) in common libraries:
+#: BART/T5-style `encoder_attn`, `EncDecAttention`, BERT-decoder `crossattention`, `cross_attn`
+CROSS_ATTENTION_NAMES = re.compile(r"(^|.*\.)(encoder_attn|encdecattention|crossattention|cross_attn|"
+                                   r"cross_attention)(\..*)?$", re.IGNORECASE)
 
 
 class NoAttentionCaptured(LatentcodeError, RuntimeError):
@@ -73,6 +77,11 @@ class AttentionSource(abc.ABC):
         """A module name per attention layer, where known."""
         return None
 
+    def layers(self) -> list[dict] | None:
+        """Per attention layer of the last forward pass, where known: `{"name", "kind" ("self" or
+        "cross"), "queries", "keys"}` (the lengths of the query and key axes)."""
+        return None
+
     @abc.abstractmethod
     @contextmanager
     def capture(self, pairs_for: PairsFor, score: str, sink: Sink) -> Iterator[None]:
@@ -81,6 +90,12 @@ class AttentionSource(abc.ABC):
     def edit(self, pairs_for: PairsFor, editor: Editor) -> AbstractContextManager[None]:
         """While active, every forward pass computes with the codes `editor` returns."""
         raise CannotIntervene(f"the {self.name} source ({type(self).__name__}) cannot edit latent codes")
+
+
+def layer_kind(module_name: str, cross: bool = False) -> str:
+    """The kind of an attention layer: "cross" for a cross-attention module (by its name, or `cross`
+    where the call shows it), else "self"."""
+    return "cross" if cross or CROSS_ATTENTION_NAMES.fullmatch(module_name.split("#")[0]) else "self"
 
 
 def check_score(score: str) -> str:

@@ -110,6 +110,11 @@ def test_encoder_decoder_self_and_cross_attention_equal_eager_attentions(impleme
         np.testing.assert_allclose(codes, attention.detach().numpy(), rtol=1e-4, atol=1e-6)
     assert source.layer_names() == ["encoder.layers.0.self_attn", "decoder.layers.0.self_attn",
                                     "decoder.layers.0.encoder_attn"]  # fmt: skip
+    assert source.layers() == [
+        {"name": "encoder.layers.0.self_attn", "kind": "self", "queries": LENGTH, "keys": LENGTH},
+        {"name": "decoder.layers.0.self_attn", "kind": "self", "queries": DECODER_LENGTH, "keys": DECODER_LENGTH},
+        {"name": "decoder.layers.0.encoder_attn", "kind": "cross", "queries": DECODER_LENGTH, "keys": LENGTH},
+    ]
 
 
 def test_last_self_on_cross_attention_is_the_last_decoder_query_and_the_last_encoder_key():

@@ -242,6 +242,7 @@ def test_cross_attention_positions_resolve_against_their_own_axis():
     with Recorder(model, "last-self") as recorder:  # the last query (1 of 2), the last key (5 of 6)
         model(query, key)
     assert list(recorder.pop()) == [Site(0, 1, 5)]
+    assert recorder.source.layers() == [{"name": "attn", "kind": "cross", "queries": 2, "keys": 6}]
     with pytest.raises(SiteError, match="position 5 is outside the query axis of 2 tokens"):
         with Recorder(model, "0:5:0"):
             model(query, key)
