@@ -198,3 +198,20 @@ def test_an_edit_that_changes_nothing_changes_no_bit_of_a_hand_written_model():
     with Intervention(model, ScaleHeads(1.0), sites="*:-1:-1"):
         unchanged = model(**inputs).last_hidden_state
     assert torch.equal(plain, unchanged)
+
+
+def test_the_error_for_a_model_no_source_could_read_names_the_attention_like_modules():
+    from latentcode.extraction import NoAttentionCaptured
+
+    class HandWritten(torch.nn.Module):  # attention by hand, not a Hugging Face model: not detected
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([torch.nn.ModuleDict({"attn": torch.nn.Identity()})])
+
+        def forward(self, x):
+            return torch.softmax(x @ x.transpose(-1, -2), dim=-1) @ self.blocks[0]["attn"](x)
+
+    model = HandWritten()
+    with pytest.raises(NoAttentionCaptured, match=r"SoftmaxSource\(model, .*modules named like attention: blocks\.0\.attn"):
+        with Recorder(model, "last-self"):
+            model(torch.randn(2, 3, 4, 5))
