@@ -87,11 +87,25 @@ def test_raw_scores_are_minus_infinity_where_masked_and_softmax_to_the_pattern()
     np.testing.assert_allclose(pattern[rows_with_a_key], reference.numpy()[rows_with_a_key], atol=1e-6)
 
 
+T5 = dict(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=37, num_layers=1, num_decoder_layers=1, num_heads=4)
+ENCODER_DECODERS = {  # name: (model class, config class, config, attention implementation, layer names)
+    "bart-sdpa": ("BartModel", "BartConfig", BART, "sdpa", ["encoder.layers.0.self_attn", "decoder.layers.0.self_attn",
+                                                            "decoder.layers.0.encoder_attn"]),
+    "bart-eager": ("BartModel", "BartConfig", BART, "eager", ["encoder.layers.0.self_attn", "decoder.layers.0.self_attn",
+                                                              "decoder.layers.0.encoder_attn"]),
+    "t5-eager": ("T5Model", "T5Config", T5, "eager", ["encoder.block.0.layer.0.SelfAttention",
+                                                      "decoder.block.0.layer.0.SelfAttention",
+                                                      "decoder.block.0.layer.1.EncDecAttention"]),
+}  # fmt: skip
+
+
 @pytest.mark.parametrize("padded", [False, True])
-@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
-def test_encoder_decoder_self_and_cross_attention_equal_eager_attentions(implementation, padded):
-    model = built(transformers.BartModel, transformers.BartConfig, implementation, **BART)
-    eager = built(transformers.BartModel, transformers.BartConfig, "eager", **BART)
+@pytest.mark.parametrize("name", sorted(ENCODER_DECODERS))
+def test_encoder_decoder_self_and_cross_attention_equal_eager_attentions(name, padded):
+    model_class, config_class, config, implementation, expected_names = ENCODER_DECODERS[name]
+    model_class, config_class = getattr(transformers, model_class), getattr(transformers, config_class)
+    model = built(model_class, config_class, implementation, **config)
+    eager = built(model_class, config_class, "eager", **config)
     eager.load_state_dict(model.state_dict())
     inputs = {"input_ids": token_ids(LENGTH, 3), "decoder_input_ids": token_ids(DECODER_LENGTH, 4)}
     if padded:
@@ -108,12 +122,10 @@ def test_encoder_decoder_self_and_cross_attention_equal_eager_attentions(impleme
     for layer, (attention, n_queries, n_keys) in enumerate(expected):
         codes = recorded(model, layer, inputs, n_queries, n_keys, source=source)
         np.testing.assert_allclose(codes, attention.detach().numpy(), rtol=1e-4, atol=1e-6)
-    assert source.layer_names() == ["encoder.layers.0.self_attn", "decoder.layers.0.self_attn",
-                                    "decoder.layers.0.encoder_attn"]  # fmt: skip
     assert source.layers() == [
-        {"name": "encoder.layers.0.self_attn", "kind": "self", "queries": LENGTH, "keys": LENGTH},
-        {"name": "decoder.layers.0.self_attn", "kind": "self", "queries": DECODER_LENGTH, "keys": DECODER_LENGTH},
-        {"name": "decoder.layers.0.encoder_attn", "kind": "cross", "queries": DECODER_LENGTH, "keys": LENGTH},
+        {"name": expected_names[0], "kind": "self", "queries": LENGTH, "keys": LENGTH},
+        {"name": expected_names[1], "kind": "self", "queries": DECODER_LENGTH, "keys": DECODER_LENGTH},
+        {"name": expected_names[2], "kind": "cross", "queries": DECODER_LENGTH, "keys": LENGTH},
     ]
 
 
