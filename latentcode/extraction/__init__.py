@@ -9,6 +9,7 @@ from latentcode.extraction.detect import detect_source
 from latentcode.extraction.pipeline import extract
 from latentcode.extraction.recorder import Recorder
 from latentcode.extraction.sites import PRESETS, Selector, SiteError, parse_selector
+from latentcode.extraction.softmax_capture import SoftmaxCaptureError, SoftmaxSource
 from latentcode.extraction.source import (
     AttentionSource,
     HookPointSource,
@@ -28,6 +29,8 @@ __all__ = [
     "Selector",
     "Site",
     "SiteError",
+    "SoftmaxCaptureError",
+    "SoftmaxSource",
     "TorchAttentionSource",
     "detect_source",
     "extract",

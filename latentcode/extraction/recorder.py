@@ -33,6 +33,17 @@ from latentcode.extraction.source import (
 from latentcode.store import Site
 
 
+def attention_like_modules(model: nn.Module, shown: int = 4) -> str:
+    """The model's modules whose names look like attention, for an error message."""
+    from latentcode.extraction.softmax_capture import ATTENTION_NAMES
+
+    names = [name for name, _ in model.named_modules() if name and ATTENTION_NAMES.fullmatch(name)]
+    if not names:
+        return "none of its modules is named like attention; list them with model.named_modules()"
+    more = f", ... ({len(names)} in all)" if len(names) > shown else ""
+    return f"modules named like attention: {', '.join(names[:shown])}{more}"
+
+
 class Recorder:
     """Record the latent codes (`score="pattern"`) or raw scores (`score="scores"`) at `sites`.
 
@@ -92,7 +103,10 @@ class Recorder:
                 f"no latent code was captured from {type(self.model).__name__} ({self.source.name} source): "
                 "it has no HookPoint named blocks.<layer>.attn.hook_pattern and made no call to "
                 "scaled_dot_product_attention or nn.MultiheadAttention that could be intercepted, or the "
-                "selected layers never ran; for other attention code use latentcode.extraction.AdapterSource"
+                "selected layers never ran; for attention written by hand (matmul, softmax) use "
+                f"latentcode.extraction.SoftmaxSource(model, r'NAME_PATTERN') naming the modules that compute "
+                f"the softmax ({attention_like_modules(self.model)}), and for other attention code "
+                "latentcode.extraction.AdapterSource"
             )
         self.pairs_for.check_ran(self._layers_seen)
 

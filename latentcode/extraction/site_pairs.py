@@ -51,21 +51,28 @@ class SitePairs:
             wanted.add(self.requested_layer(self.selector.all_pairs_layer))
         return wanted
 
-    def __call__(self, layer: int, seq_len: int) -> tuple[Tensor, Tensor] | None:
-        """The absolute (query, key) positions of `layer` on `seq_len` keys, or None: none there."""
-        key = (layer, seq_len)
+    def __call__(self, layer: int, seq_len: int, n_queries: int | None = None) -> tuple[Tensor, Tensor] | None:
+        """The absolute (query, key) positions of `layer` on `seq_len` keys, or None: none there.
+
+        `n_queries`: the length of the query axis where it differs from the key axis (cross-attention:
+        queries of the decoder, keys of the encoder); query positions are resolved against it."""
+        n_queries = seq_len if n_queries is None else n_queries
+        key = (layer, seq_len, n_queries)
         if key not in self._cache:
             selector = self.selector
             if selector.all_pairs_layer is not None:
                 wanted = layer == self.requested_layer(selector.all_pairs_layer)
-                pairs = all_pairs(seq_len) if wanted else []
+                pairs = all_pairs(n_queries, seq_len) if wanted else []
             else:
                 pairs = []
+                # Self-attention has one sequence; cross-attention a query and a key axis of their own.
+                query_axis, key_axis = ("sequence", "sequence") if n_queries == seq_len else ("query", "key")
                 for requested_layer, query, key_position in selector.requests:
                     requested = self.requested_layer(requested_layer)
                     if requested is None or requested == layer:
                         try:
-                            pairs.append(resolve_positions((query, key_position), seq_len))
+                            pairs.append(resolve_positions((query,), n_queries, query_axis)
+                                         + resolve_positions((key_position,), seq_len, key_axis))
                         except SiteError as error:
                             raise SiteError(f"site {requested_layer}:{query}:{key_position} in layer {layer}: {error}") from None
                 pairs = list(dict.fromkeys(pairs))

@@ -62,14 +62,16 @@ class Selector:
         return {"name": self.name, "requests": [list(r) for r in self.requests], "all_pairs_layer": self.all_pairs_layer}
 
 
-def all_pairs(seq_len: int) -> list[tuple[int, int]]:
-    """Every (query, key) pair of a sequence of `seq_len` tokens; refused above `MAX_ALL_PAIRS`."""
-    if seq_len * seq_len > MAX_ALL_PAIRS:
+def all_pairs(seq_len: int, n_keys: int | None = None) -> list[tuple[int, int]]:
+    """Every (query, key) pair of `seq_len` queries and `n_keys` keys (default: as many as queries,
+    self-attention); refused above `MAX_ALL_PAIRS`."""
+    n_keys = seq_len if n_keys is None else n_keys
+    if seq_len * n_keys > MAX_ALL_PAIRS:
         raise SiteError(
-            f"all-pairs on sequences of {seq_len} tokens is {seq_len * seq_len} sites, more than the "
+            f"all-pairs on {seq_len} queries x {n_keys} keys is {seq_len * n_keys} sites, more than the "
             f"{MAX_ALL_PAIRS} allowed; select query/key positions explicitly (LAYER:QUERY:KEY,...)"
         )
-    return [(query, key) for query in range(seq_len) for key in range(seq_len)]
+    return [(query, key) for query in range(seq_len) for key in range(n_keys)]
 
 
 def check_layer(layer: int, n_layers: int, what: str) -> int:
@@ -78,13 +80,15 @@ def check_layer(layer: int, n_layers: int, what: str) -> int:
     return layer % n_layers
 
 
-def resolve_positions(positions: Iterable[int], seq_len: int) -> tuple[int, ...]:
-    """Absolute positions; negative ones count from the end. Out of range raises SiteError."""
+def resolve_positions(positions: Iterable[int], seq_len: int, axis: str = "sequence") -> tuple[int, ...]:
+    """Absolute positions; negative ones count from the end. Out of range raises SiteError.
+    `axis` names what is indexed in the message ("query", "key": they differ in cross-attention)."""
     resolved = []
     for position in positions:
         if not -seq_len <= position < seq_len:
+            what = "the sequence" if axis == "sequence" else f"the {axis} axis"
             raise SiteError(
-                f"position {position} is outside the sequence of {seq_len} tokens "
+                f"position {position} is outside {what} of {seq_len} tokens "
                 f"(valid: 0..{seq_len - 1}, or -{seq_len}..-1 from the end)"
             )
         resolved.append(position % seq_len)

@@ -18,6 +18,8 @@ Sources:
 - `latentcode.extraction.bridge.BridgeSource`: transformer-lens 4.x `TransformerBridge`s.
 - `latentcode.extraction.torch_attention.TorchAttentionSource`: any PyTorch model whose attention goes
   through `torch.nn.functional.scaled_dot_product_attention` or `torch.nn.MultiheadAttention`.
+- `latentcode.extraction.softmax_capture.SoftmaxSource`: attention written by hand, read at the
+  softmax computed inside chosen modules (Hugging Face models with `attn_implementation="eager"`).
 - `latentcode.extraction.adapter.AdapterSource`: anything else, through a user-named module and a
   function from its inputs/outputs to scores (records only; it cannot edit).
 
@@ -40,12 +42,17 @@ SCORE_KINDS = ("pattern", "scores")
 
 # sink(layer, query_positions [n], key_positions [n], codes [batch, head, n])
 Sink = Callable[[int, Tensor, Tensor, Tensor], None]
-# pairs_for(layer, seq_len) -> (query_positions, key_positions) to record, or None to skip the layer
-PairsFor = Callable[[int, int], "tuple[Tensor, Tensor] | None"]
+# pairs_for(layer, seq_len[, n_queries]) -> (query_positions, key_positions) to record, or None to skip
+# the layer; seq_len is the number of keys, n_queries (where given) that of queries: cross-attention
+PairsFor = Callable[..., "tuple[Tensor, Tensor] | None"]
 # editor(layer, query_positions [n], key_positions [n], codes [batch, head, n]) -> edited codes, same shape
 Editor = Callable[[int, Tensor, Tensor, Tensor], Tensor]
 
 PATTERN_HOOK = re.compile(r"^blocks\.(\d+)\.attn\.hook_pattern$")
+#: module names of cross-attention (queries of one sequence, keys of another) in common libraries:
+#: BART/T5-style `encoder_attn`, `EncDecAttention`, BERT-decoder `crossattention`, `cross_attn`
+CROSS_ATTENTION_NAMES = re.compile(r"(^|.*\.)(encoder_attn|encdecattention|crossattention|cross_attn|"
+                                   r"cross_attention)(\..*)?$", re.IGNORECASE)
 
 
 class NoAttentionCaptured(LatentcodeError, RuntimeError):
@@ -70,6 +77,11 @@ class AttentionSource(abc.ABC):
         """A module name per attention layer, where known."""
         return None
 
+    def layers(self) -> list[dict] | None:
+        """Per attention layer of the last forward pass, where known: `{"name", "kind" ("self" or
+        "cross"), "queries", "keys"}` (the lengths of the query and key axes)."""
+        return None
+
     @abc.abstractmethod
     @contextmanager
     def capture(self, pairs_for: PairsFor, score: str, sink: Sink) -> Iterator[None]:
@@ -78,6 +90,12 @@ class AttentionSource(abc.ABC):
     def edit(self, pairs_for: PairsFor, editor: Editor) -> AbstractContextManager[None]:
         """While active, every forward pass computes with the codes `editor` returns."""
         raise CannotIntervene(f"the {self.name} source ({type(self).__name__}) cannot edit latent codes")
+
+
+def layer_kind(module_name: str, cross: bool = False) -> str:
+    """The kind of an attention layer: "cross" for a cross-attention module (by its name, or `cross`
+    where the call shows it), else "self"."""
+    return "cross" if cross or CROSS_ATTENTION_NAMES.fullmatch(module_name.split("#")[0]) else "self"
 
 
 def check_score(score: str) -> str:

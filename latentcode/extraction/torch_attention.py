@@ -59,9 +59,12 @@ above). Edited rows are computed without dropout, so calls with dropout are refu
 eval mode.
 
 Hugging Face `transformers` models are covered with their default `attn_implementation="sdpa"`;
-with "eager" they compute the softmax themselves (load them with "sdpa", or use the adapter).
-Not covered (use `latentcode.extraction.AdapterSource`): attention written with explicit
-matmul/softmax, `flex_attention`, fused kernels called directly (e.g. flash-attn), and compiled
+with "eager" they compute the softmax themselves: `latentcode.extraction.SoftmaxSource` reads
+those (and `detect_source` picks it). Cross-attention calls (queries of the decoder, keys of the
+encoder, e.g. BART's `decoder.layers.0.encoder_attn`) are layers like any other; their query
+positions are resolved against the call's queries and key positions against its keys.
+Not covered (use `SoftmaxSource` or `latentcode.extraction.AdapterSource`): attention written with
+explicit matmul/softmax, `flex_attention`, fused kernels called directly (e.g. flash-attn), and compiled
 graphs (`torch.compile`) where the Python-level call never happens.
 """
 
@@ -91,6 +94,7 @@ from latentcode.extraction.source import (
     PairsFor,
     Sink,
     check_score,
+    layer_kind,
 )
 
 _SDPA = F.scaled_dot_product_attention
@@ -394,6 +398,7 @@ class TorchAttentionSource(AttentionSource):
             raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
         self.model = model
         self._layer_names: list[str] | None = None
+        self._layers: list[dict] | None = None
 
     def n_layers(self) -> int | None:
         """Attention calls per forward pass, once a pass has run under `capture` (else None)."""
@@ -403,13 +408,18 @@ class TorchAttentionSource(AttentionSource):
         """The module that made each attention call of the last forward pass, by call order."""
         return None if self._layer_names is None else list(self._layer_names)
 
+    def layers(self) -> list[dict] | None:
+        """Name, kind ("self"/"cross": by module name, or a MultiheadAttention called with a key that
+        is not its query) and query/key lengths of each attention call of the last forward pass."""
+        return None if self._layers is None else [dict(layer) for layer in self._layers]
+
     @contextmanager
     def capture(self, pairs_for: PairsFor, score: str, sink: Sink) -> Iterator[None]:
         check_score(score)
 
         def on_call(layer: int, where: str, kind: str, call: dict[str, Any], result: Any) -> Any:
             n_queries, n_keys = call_shape(kind, call)
-            pairs = pairs_for(layer, n_keys)
+            pairs = pairs_for(layer, n_keys, n_queries)
             if pairs is not None:
                 check_pairs(pairs, n_queries, n_keys, where)
                 rows, inverse = torch.unique(pairs[0], return_inverse=True)
@@ -430,7 +440,7 @@ class TorchAttentionSource(AttentionSource):
 
         def on_call(layer: int, where: str, kind: str, call: dict[str, Any], result: Any) -> Any:
             n_queries, n_keys = call_shape(kind, call)
-            pairs = pairs_for(layer, n_keys)
+            pairs = pairs_for(layer, n_keys, n_queries)
             if pairs is None:
                 return result
             check_pairs(pairs, n_queries, n_keys, where)
@@ -450,6 +460,7 @@ class TorchAttentionSource(AttentionSource):
         makes and returns what the model gets; layers are numbered and named as the module docstring says."""
         running: list[str] = []  # names of the model's modules whose forward is running, outermost first
         pass_names: list[str] = []  # the module name of each call in this pass
+        pass_layers: list[dict] = []  # name, kind and lengths of each call in this pass
         calls_per_module: dict[str, int] = {}
 
         def enter(module, args, name):
@@ -457,6 +468,7 @@ class TorchAttentionSource(AttentionSource):
                 running.clear()  # stale entries of a pass that raised
             if not running:  # the outermost module starts: a new forward pass
                 pass_names.clear()
+                pass_layers.clear()
                 calls_per_module.clear()
             running.append(name)
 
@@ -465,6 +477,7 @@ class TorchAttentionSource(AttentionSource):
                 del running[len(running) - 1 - running[::-1].index(name)]
             if not running and pass_names:
                 self._layer_names = list(pass_names)
+                self._layers = list(pass_layers)
 
         def intercept(kind: str, call: dict[str, Any], result: Any) -> Any:
             if not running:
@@ -474,6 +487,10 @@ class TorchAttentionSource(AttentionSource):
             calls_per_module[module_name] = count + 1
             layer = len(pass_names)
             pass_names.append(module_name if count == 0 else f"{module_name}#{count}")
+            n_queries, n_keys = call_shape(kind, call)
+            cross = kind == "mha" and call["query"] is not call["key"]
+            pass_layers.append({"name": pass_names[-1], "kind": layer_kind(pass_names[-1], cross),
+                                "queries": n_queries, "keys": n_keys})  # fmt: skip
             return on_call(layer, f"attention call {layer} ({pass_names[-1]})", kind, call, result)
 
         handles = []

@@ -26,6 +26,9 @@ RMSHead), i.e. on what `hook_pattern` carries. Sources (`latentcode.extraction.s
   recomputes the probabilities of the affected query rows from its own inputs, edits them and
   returns `edited_probabilities @ value` there (through the out-projection for MultiheadAttention);
   all other entries are the fused call's own output. Eval mode only: calls with dropout are refused;
+- `SoftmaxSource` (hand-written attention): the softmax inside the chosen module returns its result
+  with the edited codes written at the sites, which the rest of the module (dropout, the value sum)
+  consumes; cross-attention layers are edited like self-attention layers by every source;
 - `AdapterSource`: cannot edit (it reads attention after the module used it): `CannotIntervene`.
 
 An edit that sets every code to its own value changes no output bit, for every source.
@@ -159,17 +162,18 @@ class Intervention:
         return self._site_pairs[selector]
 
     # -- what each layer edits ---------------------------------------------------------------------
-    def _pairs_for(self, layer: int, seq_len: int) -> tuple[Tensor, Tensor] | None:
-        """The union of the pairs every edit and recorder asks for in `layer` (the source's pairs_for)."""
-        key = (layer, seq_len)
+    def _pairs_for(self, layer: int, seq_len: int, n_queries: int | None = None) -> tuple[Tensor, Tensor] | None:
+        """The union of the pairs every edit and recorder asks for in `layer` (the source's pairs_for);
+        `n_queries` where the query axis differs from the key axis (cross-attention)."""
+        key = (layer, seq_len, n_queries)
         if key not in self._plans:  # cleared when the edits change and on entering
-            record_pairs = [(sink, pairs_for(layer, seq_len)) for pairs_for, sink in self._taps]
-            self._plans[key] = self._plan(layer, seq_len, record_pairs)
+            record_pairs = [(sink, pairs_for(layer, seq_len, n_queries)) for pairs_for, sink in self._taps]
+            self._plans[key] = self._plan(layer, seq_len, record_pairs, n_queries)
         plan = self._plans[key]
         self._plan_of_layer[layer] = plan
         return None if plan is None else (plan.queries, plan.keys)
 
-    def _plan(self, layer: int, seq_len: int, record_pairs: list) -> _LayerPlan | None:
+    def _plan(self, layer: int, seq_len: int, record_pairs: list, n_queries: int | None = None) -> _LayerPlan | None:
         column_of: dict[tuple[int, int], int] = {}
 
         def columns(pairs: tuple[Tensor, Tensor]) -> Tensor:
@@ -178,7 +182,7 @@ class Intervention:
 
         edits = []
         for edit in self._edits:
-            pairs = self._pairs_of(edit)(layer, seq_len)
+            pairs = self._pairs_of(edit)(layer, seq_len, n_queries)
             if pairs is not None:
                 edits.append((edit, columns(pairs), [Site(layer, q, k) for q, k in zip(*(p.tolist() for p in pairs), strict=True)]))
         record = [(sink, columns(pairs), *pairs) for sink, pairs in record_pairs if pairs is not None]

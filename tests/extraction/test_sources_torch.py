@@ -14,7 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from latentcode.extraction import NoAttentionCaptured, Recorder, TorchAttentionSource, detect_source
+from latentcode.extraction import (
+    NoAttentionCaptured,
+    Recorder,
+    SiteError,
+    TorchAttentionSource,
+    detect_source,
+)
 from latentcode.store import Site
 from tests.extraction.torch_models import (
     BATCH,
@@ -230,9 +236,13 @@ def test_a_model_without_capturable_attention_raises_a_clear_error():
             mlp(torch.randn(2, 5, 3))
 
 
-def test_asking_for_a_query_beyond_the_calls_queries_is_a_clear_error():
+def test_cross_attention_positions_resolve_against_their_own_axis():
     model = MhaModel(nn.MultiheadAttention(E, H, batch_first=True).eval())
     query, key = torch.randn(1, 2, E), torch.randn(1, 6, E)
-    with pytest.raises(IndexError, match="2 queries and 6 keys"):
-        with Recorder(model, "last-self"):
+    with Recorder(model, "last-self") as recorder:  # the last query (1 of 2), the last key (5 of 6)
+        model(query, key)
+    assert list(recorder.pop()) == [Site(0, 1, 5)]
+    assert recorder.source.layers() == [{"name": "attn", "kind": "cross", "queries": 2, "keys": 6}]
+    with pytest.raises(SiteError, match="position 5 is outside the query axis of 2 tokens"):
+        with Recorder(model, "0:5:0"):
             model(query, key)

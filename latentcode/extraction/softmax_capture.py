@@ -1,0 +1,256 @@
+"""`SoftmaxSource`: latent codes of attention written by hand, read at the softmax the model computes.
+
+    source = SoftmaxSource(model)                    # modules named like attention (ATTENTION_NAMES)
+    source = SoftmaxSource(model, r"h\\.\\d+\\.attn")  # or a regular expression on module names
+    source = SoftmaxSource(model, lambda name, module: isinstance(module, MyAttention))
+    with Recorder(model, "last-self", source=source) as recorder:
+        model(inputs)
+    source.layer_names()     # e.g. ['h.0.attn', 'h.1.attn']
+
+For models that compute attention themselves, scores = q·kᵀ, softmax, weighted sum of values, as
+Hugging Face `transformers` models do with `attn_implementation="eager"`. While `capture` is
+active, a `torch.overrides.TorchFunctionMode` sees every call to `torch.softmax`,
+`torch.nn.functional.softmax` and `Tensor.softmax`; a call made while a chosen module's forward
+runs, on a 4-D tensor `[batch, head, query, key]` over its last axis, is that module's attention:
+
+- `score="pattern"`: the softmax's own result (the probabilities the model goes on to use; dropout,
+  if any, comes after, so call `model.eval()` to compare with the model's attention outputs);
+- `score="scores"`: the softmax's input (scores plus whatever mask the model added), float32, with
+  the large negative numbers used as minus infinity (at or below half the dtype's lowest value)
+  turned into -inf.
+
+Layers: the chosen modules in the order they compute their attention in one forward pass, numbered
+from 0, named by module (`layer_names()`, known after the first pass). Nested choices keep the
+innermost (GPT-Neo's `h.0.attn.attention`, not its wrapper `h.0.attn`). Cross-attention is a layer
+like any other: its query axis is the decoder's, its key axis the encoder's.
+
+Each chosen module must compute exactly one such softmax per call: one that computes none (it may
+call `scaled_dot_product_attention`: use `TorchAttentionSource`) or several raises
+`SoftmaxCaptureError` naming the module.
+
+Interventions (`edit`): the softmax's result is returned with the editor's codes written at the
+pairs, so the rest of the module (dropout, the value sum) computes with them; an edit that changes
+nothing changes no bit.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+
+from latentcode.errors import LatentcodeError
+from latentcode.extraction.attention_rows import (
+    as_minus_infinity,
+    check_pairs,
+    slice_pairs,
+    write_pairs,
+)
+from latentcode.extraction.source import (
+    AttentionSource,
+    Editor,
+    PairsFor,
+    Sink,
+    check_score,
+    layer_kind,
+)
+
+_SOFTMAXES = (torch.softmax, F.softmax, Tensor.softmax, torch.special.softmax)
+
+#: module names that look like attention: the last part of the name (`h.0.attn`, `layers.1.self_attn`,
+#: `decoder.layers.0.encoder_attn`, `encoder.layer.0.attention.self`, `h.0.attn.attention`)
+ATTENTION_NAMES = re.compile(
+    r"(^|.*\.)(attn|self_attn|attention|self_attention|encoder_attn|cross_attn|crossattention|"
+    r"cross_attention|selfattention|encdecattention|self)$",
+    re.IGNORECASE,
+)
+
+ModuleChoice = str | re.Pattern | Callable[[str, nn.Module], bool]
+
+
+class SoftmaxCaptureError(LatentcodeError, RuntimeError):
+    """A chosen module computed no softmax over `[batch, head, query, key]`, or several, in one call."""
+
+
+def chosen_modules(model: nn.Module, modules: ModuleChoice | None) -> dict[str, nn.Module]:
+    """`{name: module}` of the modules `modules` chooses (a regular expression matched against the
+    whole name, or a predicate `(name, module) -> bool`); of nested choices only the innermost."""
+    if modules is None:
+        modules = ATTENTION_NAMES
+    if isinstance(modules, str):
+        modules = re.compile(modules)
+    if isinstance(modules, re.Pattern):
+        pattern = modules
+        modules = lambda name, module: pattern.fullmatch(name) is not None  # noqa: E731
+    chosen = {name: module for name, module in model.named_modules() if name and modules(name, module)}
+    # Keep the innermost: drop a chosen module with a chosen descendant.
+    return {name: module for name, module in chosen.items()
+            if not any(other.startswith(name + ".") for other in chosen)}  # fmt: skip
+
+
+def _softmax_input_and_dim(func, args: tuple, kwargs: dict) -> tuple[Tensor | None, Any]:
+    tensor = args[0] if args else kwargs.get("input", kwargs.get("self"))
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    return tensor, dim
+
+
+class _Softmaxes(TorchFunctionMode):
+    """After each softmax call, `on_softmax(input, dim, result)`, whose return value the caller gets."""
+
+    def __init__(self, on_softmax):
+        super().__init__()
+        self.on_softmax = on_softmax
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        if func in _SOFTMAXES:
+            tensor, dim = _softmax_input_and_dim(func, args, kwargs)
+            return self.on_softmax(tensor, dim, result)
+        return result
+
+
+class SoftmaxSource(AttentionSource):
+    """Latent codes of hand-written attention, at the softmax computed inside chosen modules; see the
+    module docstring."""
+
+    name = "softmax"
+
+    def __init__(self, model: nn.Module, modules: ModuleChoice | None = None):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
+        self.model = model
+        self.modules = chosen_modules(model, modules)
+        if not self.modules:
+            what = "the attention-like names (ATTENTION_NAMES)" if modules is None else repr(modules)
+            raise SoftmaxCaptureError(
+                f"no module of {type(model).__name__} matches {what}; name the attention modules with a "
+                "regular expression on their names (list them with model.named_modules()) or a predicate "
+                "(name, module) -> bool, as in SoftmaxSource(model, r'layers\\.\\d+\\.attn')"
+            )
+        self._layer_names: list[str] | None = None
+        self._layers: list[dict] | None = None
+
+    def n_layers(self) -> int | None:
+        """Attention layers per forward pass, once a pass has run under `capture` (else None)."""
+        return None if self._layer_names is None else len(self._layer_names)
+
+    def layer_names(self) -> list[str] | None:
+        return None if self._layer_names is None else list(self._layer_names)
+
+    def layers(self) -> list[dict] | None:
+        """Name, kind ("self"/"cross", by module name) and query/key lengths of each layer of the last pass."""
+        return None if self._layers is None else [dict(layer) for layer in self._layers]
+
+    @contextmanager
+    def capture(self, pairs_for: PairsFor, score: str, sink: Sink) -> Iterator[None]:
+        check_score(score)
+
+        def on_softmax(layer: int, where: str, scores: Tensor, probabilities: Tensor) -> Tensor:
+            n_queries, n_keys = probabilities.shape[-2:]
+            pairs = pairs_for(layer, n_keys, n_queries)
+            if pairs is not None:
+                check_pairs(pairs, n_queries, n_keys, where)
+                attention = probabilities if score == "pattern" else as_minus_infinity(scores.detach())
+                sink(layer, *pairs, slice_pairs(attention, pairs))
+            return probabilities
+
+        with self._intercepted(on_softmax):
+            yield
+
+    @contextmanager
+    def edit(self, pairs_for: PairsFor, editor: Editor) -> Iterator[None]:
+        """The softmax returns its result with the editor's codes written at the pairs."""
+
+        def on_softmax(layer: int, where: str, scores: Tensor, probabilities: Tensor) -> Tensor:
+            n_queries, n_keys = probabilities.shape[-2:]
+            pairs = pairs_for(layer, n_keys, n_queries)
+            if pairs is None:
+                return probabilities
+            check_pairs(pairs, n_queries, n_keys, where)
+            queries, keys = (index.to(probabilities.device) for index in pairs)
+            codes = probabilities[:, :, queries, keys]
+            edited = editor(layer, *pairs, codes)
+            if edited.shape != codes.shape:
+                raise ValueError(f"{where}: the edit returned codes of shape {tuple(edited.shape)}; "
+                                 f"expected {tuple(codes.shape)}")  # fmt: skip
+            return write_pairs(probabilities, pairs, edited)
+
+        with self._intercepted(on_softmax):
+            yield
+
+    @contextmanager
+    def _intercepted(self, on_softmax: Callable[[int, str, Tensor, Tensor], Tensor]) -> Iterator[None]:
+        """While active, `on_softmax(layer, where, scores, probabilities)` sees the attention softmax of
+        every chosen module and returns what the module gets."""
+        running: list[str] = []  # chosen modules whose forward is running, outermost first
+        softmaxes_in_call: list[int] = []  # per running chosen module, softmaxes seen so far
+        pass_names: list[str] = []
+        pass_layers: list[dict] = []  # name, kind and lengths of each layer in this pass
+        calls_per_module: dict[str, int] = {}
+
+        def root_enter(module, args):  # a new forward pass (stale entries of one that raised go too)
+            pass_names.clear()
+            pass_layers.clear()
+            calls_per_module.clear()
+            running.clear()
+            softmaxes_in_call.clear()
+
+        def root_leave(module, args, output):
+            if pass_names:
+                self._layer_names = list(pass_names)
+                self._layers = list(pass_layers)
+
+        def enter(module, args, name):
+            running.append(name)
+            softmaxes_in_call.append(0)
+
+        def leave(module, args, output, name):
+            if not running or running[-1] != name:
+                return  # a pass that raised left stale entries; the root's pre-hook clears them
+            running.pop()
+            if softmaxes_in_call.pop() == 0:
+                raise SoftmaxCaptureError(
+                    f"module {name!r} ({type(module).__name__}) ran but computed no softmax over a "
+                    "[batch, head, query, key] tensor; if it calls scaled_dot_product_attention use "
+                    "TorchAttentionSource, else choose the modules that compute the softmax"
+                )
+
+        def intercept(tensor: Tensor | None, dim: Any, result: Tensor) -> Tensor:
+            if not running or not isinstance(result, Tensor) or result.dim() != 4 or dim not in (-1, 3):
+                return result
+            name = running[-1]
+            softmaxes_in_call[-1] += 1
+            if softmaxes_in_call[-1] > 1:
+                raise SoftmaxCaptureError(
+                    f"module {name!r} computed several softmaxes over [batch, head, query, key] tensors in "
+                    "one call; choose the inner modules that compute one each"
+                )
+            count = calls_per_module.get(name, 0)
+            calls_per_module[name] = count + 1
+            layer = len(pass_names)
+            pass_names.append(name if count == 0 else f"{name}#{count}")
+            pass_layers.append({"name": pass_names[-1], "kind": layer_kind(name),
+                                "queries": result.shape[-2], "keys": result.shape[-1]})  # fmt: skip
+            scores = tensor if isinstance(tensor, Tensor) else result
+            return on_softmax(layer, f"attention layer {layer} ({pass_names[-1]})", scores, result)
+
+        handles = [
+            self.model.register_forward_pre_hook(root_enter),
+            self.model.register_forward_hook(root_leave, always_call=True),
+        ]
+        try:
+            for name, module in self.modules.items():
+                handles.append(module.register_forward_pre_hook(lambda m, a, name=name: enter(m, a, name)))
+                handles.append(module.register_forward_hook(lambda m, a, o, name=name: leave(m, a, o, name)))
+            with _Softmaxes(intercept):
+                yield
+        finally:
+            for handle in handles:
+                handle.remove()
