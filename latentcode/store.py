@@ -21,6 +21,10 @@ Schema (version 1), readable with h5py alone::
         task_analysis         JSON: what the task's analysis uses (Task.analysis): selector, variant,
                               probe_label, picture_label, headline_metric; "{}" if unknown
         prediction_kind       what /prediction holds: "logits", "regression output" or ""
+        attention_layers      JSON list, one entry per attention layer the source read, where known:
+                              {"name", "kind" ("self" or "cross"), "queries", "keys"} (the lengths of
+                              the query and key axes; a cross-attention layer's queries index the
+                              decoder, its keys the encoder); "[]" if unknown
         split_descriptions    JSON: split name -> what it holds, in words (Task.split_descriptions);
                               "{}" if unknown
     /codes/<site>             float32 [N, H]: one dataset per site, named "l{layer}_q{query}_k{key}"
@@ -293,6 +297,7 @@ class CodeWriter:
         attrs["n_heads"] = self.n_heads
         attrs["task_analysis"] = _json(self.metadata.get("task_analysis", {}))
         attrs["prediction_kind"] = str(self.metadata.get("prediction_kind", ""))
+        attrs["attention_layers"] = _json(list(self.metadata.get("attention_layers") or []))
         attrs["split_descriptions"] = _json(self.metadata.get("split_descriptions", {}))
         codes = self.file.create_group("codes")
         for site in self.sites:
@@ -571,7 +576,8 @@ def checked_attributes(path: Path, file: h5py.File) -> dict[str, Any]:
         int(attrs["n_heads"])
     except (TypeError, ValueError):
         raise CodeFileError(f"{path}: root attribute 'n_heads' is {attrs['n_heads']!r}; expected an integer") from None
-    places = [(f"root attribute {name!r}", attrs[name]) for name in (*_JSON_ATTRIBUTES, "task_analysis") if name in attrs]
+    optional = ("task_analysis", "attention_layers", "split_descriptions")
+    places = [(f"root attribute {name!r}", attrs[name]) for name in (*_JSON_ATTRIBUTES, *optional) if name in attrs]
     places += [(f"attribute {kind!r} of /labels/{label}", file["labels"][label].attrs[kind])
                for label in file["labels"] for kind in _LABEL_JSON_ATTRIBUTES if kind in file["labels"][label].attrs]
     for where, text in places:
@@ -640,6 +646,7 @@ class CodeFile:
         self.selector = json.loads(self.attrs["selector"] or "{}")
         self.task_analysis = json.loads(self.attrs.get("task_analysis") or "{}")
         self.prediction_kind = str(self.attrs.get("prediction_kind", ""))
+        self.attention_layers = json.loads(self.attrs.get("attention_layers") or "[]")
         self.split_descriptions = json.loads(self.attrs.get("split_descriptions") or "{}")
         self.model_name = self.attrs.get("model_name") or self.model_config.get("attention", "model")
         if isinstance(self.model_name, list):

@@ -141,6 +141,11 @@ class Recorder:
     def sites(self) -> list[Site]:
         return sorted(self._finished)
 
+    def layers(self) -> list[dict] | None:
+        """Per attention layer of the last pass, where the source knows it: `{"name", "kind" ("self" or
+        "cross"), "queries", "keys"}`; pass it to `CodeWriter` as `metadata["attention_layers"]`."""
+        return self.source.layers()
+
     def codes(self) -> dict[Site, np.ndarray]:
         """`{site: float32 [N, H]}` over every forward pass recorded so far."""
         return {site: np.concatenate(self._finished[site], axis=0) for site in self.sites}

@@ -227,3 +227,20 @@ def test_the_error_for_a_model_no_source_could_read_names_the_attention_like_mod
     with pytest.raises(NoAttentionCaptured, match=r"SoftmaxSource\(model, .*modules named like attention: blocks\.0\.attn"):
         with Recorder(model, "last-self"):
             model(torch.randn(2, 3, 4, 5))
+
+
+def test_a_codes_file_records_which_layer_is_cross_attention_and_both_lengths(tmp_path):
+    from latentcode.store import CodeFile, CodeWriter
+
+    model = built(transformers.BartModel, transformers.BartConfig, "sdpa", **BART)
+    inputs = {"input_ids": token_ids(LENGTH, 7), "decoder_input_ids": token_ids(DECODER_LENGTH, 8)}
+    with Recorder(model, "2:-1:0,2:-1:-1") as recorder:
+        model(**inputs)
+    codes = recorder.pop()
+    with CodeWriter(tmp_path / "codes.h5", list(codes), n_heads=4,
+                    metadata={"attention_layers": recorder.layers(), "source": recorder.source.name}) as writer:
+        writer.append(codes, split="all")
+    layers = CodeFile(tmp_path / "codes.h5").attention_layers
+    assert [layer["kind"] for layer in layers] == ["self", "self", "cross"]
+    assert (layers[2]["queries"], layers[2]["keys"]) == (DECODER_LENGTH, LENGTH)
+    assert sorted((site.query, site.key) for site in codes) == [(DECODER_LENGTH - 1, 0), (DECODER_LENGTH - 1, LENGTH - 1)]
