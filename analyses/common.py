@@ -241,3 +241,34 @@ def subset(batch, mask):
 
     return dataclasses.replace(batch, x=batch.x[mask], y=batch.y[mask],
                                labels={name: values[mask] for name, values in batch.labels.items()})
+
+
+def variance_explained(codes, labels) -> float:
+    """The share of the codes' variance `[n, dim]` that the label `[n]` explains: between-group sum
+    of squares over total sum of squares (eta², 0: the label is invisible in the codes' means)."""
+    import numpy as np
+
+    codes = np.asarray(codes, dtype=np.float64)
+    centered = codes - codes.mean(axis=0)
+    total = float((centered**2).sum())
+    values, group = np.unique(labels, return_inverse=True)
+    sums = np.zeros((len(values), codes.shape[1]))
+    np.add.at(sums, group, centered)
+    between = float(((sums**2).sum(axis=1) / np.bincount(group)).sum())
+    return between / total if total > 0 else float("nan")
+
+
+def share_of_code_variance(codes_path: Path, scopes: dict, label: str, split: str = "train") -> dict:
+    """`{(site set, scope): variance_explained}` of `label` in the codes file's codes at each scope's
+    sites (concatenated), on `split`: how much of the code the edits' label actually changes; and
+    under the key "chance" its expectation for a label unrelated to the codes, (groups - 1) / (n - 1)."""
+    import numpy as np
+
+    import latentcode
+
+    codes_file = latentcode.CodeFile(codes_path)
+    labels = codes_file.labels(label, split)
+    shares = {(site_set, scope): variance_explained(np.concatenate([codes_file.codes(site, split) for site in sites], 1),
+                                                    labels)
+              for site_set, set_scopes in scopes.items() for scope, sites in set_scopes.items()}
+    return {**shares, "chance": (len(np.unique(labels)) - 1) / (len(labels) - 1)}

@@ -41,11 +41,13 @@ import dataclasses
 from pathlib import Path
 
 import common
+import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+import latentcode
 from latentcode.store import Site
 
 SITE_SETS = ("sraven-rule", "query-row")
@@ -151,16 +153,16 @@ def run_model(name: str, run: Path, args) -> tuple[list[dict], list[dict]]:
                 donor_fractions = fractions(prediction, truth, donor_target, donor_counted)
                 row.update({"follow_donor_rule": donor_fractions["follow"], "n_donor": donor_fractions["n"]})
                 rows.append(row)
-                if condition == SWAP and scope == "all layers":
+                if scope == "all layers":
                     for own in range(answers.shape[1]):
                         for other in range(answers.shape[1]):
                             cell = eligible & (rule == own) & (other_rule == other)
                             if cell.any():
-                                matrix.append({"model": name, "site_set": site_set, "rule": own, "other_rule": other,
-                                               "n": int(cell.sum()),
+                                matrix.append({"model": name, "site_set": site_set, "condition": condition,
+                                               "rule": own, "other_rule": other, "n": int(cell.sum()),
                                                "follow": float((prediction == follow_target)[cell].mean())})
             if not args.quiet:
-                print(f"{name} {site_set}: done", flush=True)
+                print(f"{name} {site_set} {scope}: done", flush=True)
     return rows, matrix
 
 
@@ -192,23 +194,35 @@ def plot_bars(table: pd.DataFrame, site_set: str, models: list[str], path: Path,
 
 
 def plot_matrix(matrix: pd.DataFrame, site_set: str, models: list[str], path: Path, variant: str) -> Path:
+    """Per (own rule, r'): the fraction following r' under the swap, and under the all-rules mean
+    (the baseline: how often a code without the rule lands on r''s answer anyway)."""
     from latentcode.tasks.sraven import RULES
 
-    figure = Figure(figsize=(4.4 * len(models) + 0.8, 4.6), dpi=100, layout="constrained")
+    shown = (SWAP, "baseline: all-rules mean")
+    figure = Figure(figsize=(4.0 * len(models) + 0.8, 8.4), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
-    axes = figure.subplots(1, len(models), squeeze=False)[0]
+    axes = figure.subplots(len(shown), len(models), squeeze=False)
+    colormap = matplotlib.colormaps["viridis"].with_extremes(bad="lightgray")
     image = None
-    for axis, model in zip(axes, models, strict=True):
-        grid = np.full((len(RULES), len(RULES)), np.nan)
-        for row in matrix[(matrix["model"] == model) & (matrix["site_set"] == site_set)].itertuples():
-            grid[row.rule, row.other_rule] = row.follow
-        image = axis.imshow(grid, vmin=0, vmax=1, cmap="viridis")
-        axis.set_xticks(range(len(RULES)), RULES, rotation=60, ha="right", fontsize=7)
-        axis.set_yticks(range(len(RULES)), RULES, fontsize=7)
-        axis.set(xlabel="r' (mean code patched in)", ylabel="own rule", title=f"{model}")
-    figure.colorbar(image, ax=list(axes), shrink=0.8, label="fraction = r''s answer")
-    figure.suptitle(f"SRAVEN rule swap in all layers at once: site set {site_set}, OOD split, {variant} "
-                    "variant\nfraction of predictions = r''s answer, per (own rule, r')", fontsize=10)
+    for row_index, condition in enumerate(shown):
+        for axis, model in zip(axes[row_index], models, strict=True):
+            grid = np.full((len(RULES), len(RULES)), np.nan)
+            cells = matrix[(matrix["model"] == model) & (matrix["site_set"] == site_set)
+                           & (matrix["condition"] == condition)]
+            for row in cells.itertuples():
+                grid[row.rule, row.other_rule] = row.follow
+            image = axis.imshow(np.ma.masked_invalid(grid), vmin=0, vmax=1, cmap=colormap)
+            for own, other in zip(*np.nonzero(np.nan_to_num(grid) >= 0.1), strict=True):
+                axis.text(other, own, f"{grid[own, other]:.2f}", ha="center", va="center", fontsize=6, color="white")
+            axis.set_xticks(range(len(RULES)), RULES, rotation=60, ha="right", fontsize=7)
+            axis.set_yticks(range(len(RULES)), RULES, fontsize=7)
+            axis.set_xlabel("r' (whose answer is counted)", fontsize=8)
+            axis.set_ylabel("own rule", fontsize=8)
+            axis.set_title(f"{model}: {condition}", fontsize=8)
+    figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label="fraction = r''s answer")
+    figure.suptitle(f"SRAVEN rule swap in all layers at once: site set {site_set}, OOD split, {variant} variant\n"
+                    "fraction of predictions = r''s answer per (own rule, r'), swap vs all-rules mean; grey: no "
+                    "instance", fontsize=10)
     figure.savefig(path)
     return path
 
@@ -222,15 +236,24 @@ def main() -> None:
     runs = common.model_runs(args, "sraven")
     rows, matrix = [], []
     for name, run in runs.items():
-        key = f"{name}-{checkpoint_sha256_of(run)[:12]}-n{args.n}-seed{args.seed}-{args.variant}-codes{args.n_codes}"
+        key = f"v2-{name}-{checkpoint_sha256_of(run)[:12]}-n{args.n}-seed{args.seed}-{args.variant}-codes{args.n_codes}"
         model_rows, model_matrix = common.cached(Path(args.out) / "per_model" / f"{key}.json",
                                                  lambda name=name, run=run: run_model(name, run, args))
+        task = latentcode.Run(run).task()
+        site_scopes = scopes(task, latentcode.Run(run).config.model_config().n_layers)
+        row_spec = ",".join(f"*:{site.query}:{site.key}" for site in site_scopes["query-row"]["layer 0"])
+        codes = common.codes_of(run, row_spec, args.variant, args.n_codes, args.out, splits=("train",),
+                                quiet=args.quiet, name="query-row")
+        shares = common.share_of_code_variance(codes, site_scopes, "rule")
+        for row in model_rows:
+            row["rule_share_of_code_variance"] = shares[row["site_set"], row["scope"]]
+            row["rule_share_of_code_variance_chance"] = shares["chance"]
         rows += model_rows
         matrix += model_matrix
     out = Path(args.out)
     table, matrix = pd.DataFrame(rows), pd.DataFrame(matrix)
     summary = table[["model", "site_set", "scope", "condition", "n", "follow", "follow_se", "keep", "keep_se",
-                     "other", "follow_donor_rule"]]
+                     "other", "follow_donor_rule", "rule_share_of_code_variance"]]
     common.write_tables(table, out / "rule_swap", summary)
     matrix.to_csv(out / "rule_swap_matrix.csv", index=False)
     models = list(runs)

@@ -49,6 +49,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+import latentcode
 from latentcode.store import Site
 
 SITE_SETS = ("last-self", "last-row")
@@ -214,13 +215,23 @@ def main() -> None:
     rows = []
     for name, run in runs.items():
         key = f"{name}-{checkpoint_sha256_of(run)[:12]}-n{args.n}-seed{args.seed}-{args.variant}-codes{args.n_codes}"
-        rows += common.cached(Path(args.out) / "per_model" / f"{key}.json",
-                              lambda name=name, run=run: run_model(name, run, args))
+        model_rows = common.cached(Path(args.out) / "per_model" / f"{key}.json",
+                                   lambda name=name, run=run: run_model(name, run, args))
+        task = latentcode.Run(run).task()
+        site_scopes = scopes(task, latentcode.Run(run).config.model_config().n_layers)
+        row_spec = ",".join(f"*:{site.query}:{site.key}" for site in site_scopes["last-row"]["layer 0"])
+        codes = common.codes_of(run, row_spec, model_rows[0]["variant"], args.n_codes, args.out,
+                                splits=("train", "ood"), quiet=args.quiet, name="last-row")
+        shares = common.share_of_code_variance(codes, site_scopes, "task_index")
+        for row in model_rows:
+            row["task_share_of_code_variance"] = shares[row["site_set"], row["scope"]]
+            row["task_share_of_code_variance_chance"] = shares["chance"]
+        rows += model_rows
     out = Path(args.out)
     table = pd.DataFrame(rows)
     summary = table[["model", "site_set", "scope", "condition", "n", "r2_counterfactual", "r2_counterfactual_se",
                      "r2_original", "r2_original_se", "shift", "shift_se", "r2_counterfactual_differ",
-                     "r2_original_differ", "n_differ"]]
+                     "r2_original_differ", "n_differ", "task_share_of_code_variance"]]
     common.write_tables(table, out / "term_swap", summary)
     figures = [plot(table, site_set, list(runs), out / f"term_swap_{site_set}.png", int(table["n"].iloc[0]))
                for site_set in SITE_SETS]

@@ -195,3 +195,17 @@ def test_topographic_similarity_script(tiny_runs, tmp_path):
     expected = spearmanr(pdist(multi_hot, "hamming"), pdist(means, "cosine")).statistic
     assert row["rho"] == pytest.approx(expected, abs=1e-9) and row["n_tasks"] == len(tasks)
     assert any(r["model"] == "raw inputs (no model)" for r in rows)
+
+
+def test_variance_explained_is_the_r2_of_regressing_codes_on_the_label(analyses_modules):
+    import numpy as np
+
+    common = analyses_modules("common")
+    rng = np.random.default_rng(1)
+    labels = rng.integers(5, size=300)
+    codes = rng.standard_normal((300, 3)) + np.array([0.0, 1.0, -2.0])[None] * labels[:, None] / 4
+    one_hot = np.eye(5)[labels]
+    residual = codes - one_hot @ np.linalg.lstsq(one_hot, codes, rcond=None)[0]
+    expected = 1 - (residual**2).sum() / ((codes - codes.mean(0)) ** 2).sum()
+    assert common.variance_explained(codes, labels) == pytest.approx(expected)
+    assert common.variance_explained(codes, np.zeros(300, dtype=int)) == pytest.approx(0)
