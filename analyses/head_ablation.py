@@ -175,7 +175,7 @@ def plot_single(table: pd.DataFrame, task: str, models: list[str], path: Path) -
 def plot_cumulative(table: pd.DataFrame, task: str, models: list[str], path: Path) -> Path:
     rows = table[table["task"] == task]
     metric = rows["metric"].iloc[0]
-    figure = Figure(figsize=(11, 4.4), dpi=100, layout="constrained")
+    figure = Figure(figsize=(11, 5.2), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(1, len(KINDS), sharey=True)
     for axis, kind in zip(axes, KINDS, strict=True):
@@ -190,7 +190,8 @@ def plot_cumulative(table: pd.DataFrame, task: str, models: list[str], path: Pat
             axis.axhline(baseline["value"], color=color, linestyle="--", linewidth=1, label=baseline["kind"])
         axis.set(xlabel="heads ablated in every layer (H - 1: one head left per layer)", ylabel=f"OOD {metric}",
                  title=f"{kind}-ablation", ylim=(-1.0, 1.0) if metric == "r2" else (0.0, 1.0))
-    axes[-1].legend(fontsize=7)
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside lower center", ncols=4, fontsize=7)
     clipped = " (R² below -1 is off the axis: see the table)" if metric == "r2" else ""
     figure.suptitle(f"{task}: OOD {metric} as heads are ablated cumulatively ({rows['variant'].iloc[0]} variant, "
                     f"n={int(rows[rows['experiment'] == 'cumulative']['n'].iloc[0])}){clipped}", fontsize=10)
@@ -221,6 +222,7 @@ def main() -> None:
     table = pd.DataFrame(rows)
     summary = table[table["experiment"] != "single head"][["task", "model", "experiment", "kind", "order", "k", "n",
                                                           "value"]]
+    summary = summary.astype({"k": "Int64"}).fillna({"order": ""})
     common.write_tables(table, out / "head_ablation", summary)
     for task in args.task:
         figures.append(plot_single(table, task, models_of[task], out / f"head_ablation_single_{task}.png"))

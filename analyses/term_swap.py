@@ -16,10 +16,13 @@ on (counterfactual - original), 0 when the prediction keeps the original functio
 moves all the way to the counterfactual one, and both R² on the instances where the functions
 differ by more than 0.1 (`*_differ`).
 
-Variant: `uniform`, the variant the models were trained on, for both the edited instances and the
-mean codes. Its query inputs vary, so R² against a function is defined over instances (on
-`fixed_query`, the analysis variant of the probes, every instance of a task has one query input and
-one target). The mean code of a task is then averaged over query inputs, like the edit it makes.
+Variant (default: the run's training variant, `uniform`), for both the edited instances and the
+mean codes: the model is measured on the inputs it was trained on, and its query inputs vary, so
+R² against a function speaks of the function over the input space. On `fixed_query` (`--variant
+fixed_query`, the probes' analysis variant) every instance shares one query input, so R² there
+only compares tasks at that one point; its codes, though, separate tasks far better (see the
+`task_share_of_code_variance` column: the share of the codes' variance the task explains, beside
+its chance level for as many tasks), so both are worth running.
 
 Beside the swap, on the same instances and swaps:
 
@@ -36,6 +39,7 @@ Bootstrap standard errors over instances (500 resamples). Each model's rows are 
 `term_swap.html` under --out.
 
     python analyses/term_swap.py --runs-from models
+    python analyses/term_swap.py --runs-from models --variant fixed_query --out analyses/output/term_swap_fixed_query
 """
 
 from __future__ import annotations

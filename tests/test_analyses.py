@@ -120,7 +120,6 @@ def test_term_swap_r2_and_shift_match_independent_formulas(analyses_modules):
     assert term_swap.shift(prediction, original, counterfactual) == pytest.approx(0.3, abs=0.02)
 
 
-@pytest.mark.slow
 def test_rule_swap_script(tiny_runs, tmp_path, analyses_modules):
     import numpy as np
 
@@ -144,7 +143,6 @@ def test_rule_swap_script(tiny_runs, tmp_path, analyses_modules):
     assert np.isfinite([r["follow"] for r in rows]).all()
 
 
-@pytest.mark.slow
 def test_term_swap_script(tiny_runs, tmp_path):
     run_script("term_swap.py", "--runs-from", str(tiny_runs), "--attention", "softmax", "--n", "96",
                "--n-codes", "640", "--out", str(tmp_path))
@@ -157,7 +155,6 @@ def test_term_swap_script(tiny_runs, tmp_path):
     assert (tmp_path / "term_swap_last-row.png").is_file()
 
 
-@pytest.mark.slow
 def test_head_ablation_script(tiny_runs, tmp_path):
     run_script("head_ablation.py", "--runs-from", str(tiny_runs), "--task", "fuzzy_logic", "--attention", "linear",
                "--n", "64", "--n-single", "32", "--n-order", "32", "--n-means", "32", "--out", str(tmp_path))
@@ -174,7 +171,6 @@ def test_head_ablation_script(tiny_runs, tmp_path):
     assert (tmp_path / "head_ablation_cumulative_fuzzy_logic.png").is_file()
 
 
-@pytest.mark.slow
 def test_topographic_similarity_script(tiny_runs, tmp_path):
     import numpy as np
     from scipy.spatial.distance import pdist
