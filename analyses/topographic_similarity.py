@@ -95,7 +95,7 @@ def plot(table: pd.DataFrame, preset: str, models: list[str], path: Path) -> Pat
     rows = table[table["task"] == preset]
     model_rows = rows[rows["model"].isin(models)]
     layers = list(dict.fromkeys(model_rows["layer"]))
-    figure = Figure(figsize=(5.2 * len(SPLITS), 4.4), dpi=100, layout="constrained")
+    figure = Figure(figsize=(5.2 * len(SPLITS), 4.8), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(1, len(SPLITS), sharey=True)
     width = 0.8 / len(models)
@@ -115,10 +115,11 @@ def plot(table: pd.DataFrame, preset: str, models: list[str], path: Path) -> Pat
         axis.set_xticks(range(len(layers)), layers, fontsize=8)
         axis.set(ylabel="Spearman rho (composition vs code distance)",
                  title=f"{split} split ({'held-out' if split == 'ood' else 'training'} tasks, {n_tasks} tasks)")
-    axes[0].legend(fontsize=7)
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=8)
     first = model_rows.iloc[0]
     figure.suptitle(f"{preset}: topographic similarity of mean latent codes, site set {first['site_set']}, "
-                    f"{first['variant']} variant, cosine code distance", fontsize=10)
+                    f"{first['variant']} variant, cosine code distance (no bar: the codes do not vary)", fontsize=10)
     figure.savefig(path)
     return path
 
