@@ -138,3 +138,135 @@ def test_the_results_page_is_regenerated_from_the_recorded_runs(tmp_path, monkey
     runpy.run_path(str(ANALYSES / "reproduce.py"), run_name="__main__")
     commands = capsys.readouterr().out.splitlines()
     assert len(commands) == 9 + 6 + 8 and all(line.startswith("latentcode train --preset fuzzy_logic") for line in commands)
+
+
+# --- the intervention experiments (rule_swap, term_swap, head_ablation, topographic_similarity) ---
+
+@pytest.fixture
+def analyses_modules(monkeypatch):
+    """The analyses/ scripts as importable modules (they import their sibling `common`)."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(ANALYSES))
+    return lambda name: importlib.import_module(name)
+
+
+def test_rule_swap_chooses_a_different_rule_whose_answer_differs(analyses_modules):
+    import numpy as np
+
+    rule_swap = analyses_modules("rule_swap")
+    task = latentcode.get_task("sraven")
+    batch = task.sample(300, "ood", seed=(3,), variant="unpermuted")
+    rule, truth = batch.labels["query_rule"][:, -1], batch.y[:, -1]
+    answers, defined = rule_swap.counterfactuals(task, batch, np.full(300, task.n_features - 1))
+    other, eligible = rule_swap.choose_other_rules(rule, truth, answers, defined, np.random.default_rng(0))
+    assert eligible.mean() > 0.9
+    assert (other != rule)[eligible].all()
+    for candidate in range(8):
+        chosen = eligible & (other == candidate)
+        answer, is_defined = task.counterfactual_answer(batch, task.n_features - 1, candidate)
+        assert is_defined[chosen].all() and (answer != truth)[chosen].all()
+    # the own rule's answer is the truth wherever it is defined (what "keep" is measured against)
+    own = answers[np.arange(300), rule]
+    assert (own == truth)[defined[np.arange(300), rule]].all()
+
+
+def test_term_swap_r2_and_shift_match_independent_formulas(analyses_modules):
+    import numpy as np
+    from sklearn.metrics import r2_score
+
+    term_swap = analyses_modules("term_swap")
+    rng = np.random.default_rng(0)
+    original, counterfactual = rng.random(200), rng.random(200)
+    prediction = original + 0.3 * (counterfactual - original) + 0.01 * rng.standard_normal(200)
+    assert term_swap.r2(prediction, counterfactual) == pytest.approx(r2_score(counterfactual, prediction))
+    slope = np.linalg.lstsq((counterfactual - original)[:, None], prediction - original, rcond=None)[0][0]
+    assert term_swap.shift(prediction, original, counterfactual) == pytest.approx(slope)
+    assert term_swap.shift(prediction, original, counterfactual) == pytest.approx(0.3, abs=0.02)
+
+
+def test_rule_swap_script(tiny_runs, tmp_path, analyses_modules):
+    import numpy as np
+
+    common = analyses_modules("common")
+
+    run_script("rule_swap.py", "--runs-from", str(tiny_runs), "--attention", "hyla", "--variant", "permuted",
+               "--n", "64", "--n-codes", "128", "--out", str(tmp_path))
+    rows = json.loads((tmp_path / "rule_swap.json").read_text())
+    assert {r["condition"] for r in rows} == {"unpatched", "swap: mean code of r'", "control: own-rule mean",
+                                              "baseline: all-rules mean", "control: random instance"}
+    assert {(r["site_set"], r["scope"]) for r in rows} == {
+        (s, scope) for s in ("sraven-rule", "query-row") for scope in ("layer 0", "layer 1", "all layers")}
+    assert all(abs(r["follow"] + r["keep"] + r["other"] - 1) < 1e-9 and 0 < r["n"] <= 64 for r in rows)
+    # the unpatched accuracy at the last query position, computed here by the task's own metric
+    model, task, _ = common.load_run(tiny_runs / "sraven-hyla")
+    batch = common.sample(task, 64, "ood", "permuted")
+    logits = common.predict(model, batch.x, task.n_predictions)
+    expected = task.evaluate(logits, batch)[f"feature_accuracy_{task.n_features - 1}"]
+    assert rows[0]["accuracy_unpatched"] == pytest.approx(expected)
+    assert (tmp_path / "rule_swap_query-row.png").is_file() and (tmp_path / "rule_swap.html").is_file()
+    assert np.isfinite([r["follow"] for r in rows]).all()
+
+
+def test_term_swap_script(tiny_runs, tmp_path):
+    run_script("term_swap.py", "--runs-from", str(tiny_runs), "--attention", "softmax", "--n", "96",
+               "--n-codes", "640", "--out", str(tmp_path))
+    rows = json.loads((tmp_path / "term_swap.json").read_text())
+    reference = [r for r in rows if r["condition"] == "reference: counterfactual function"]
+    assert reference and all(r["r2_counterfactual"] == pytest.approx(1) and r["shift"] == pytest.approx(1)
+                             for r in reference)
+    swaps = [r for r in rows if r["condition"].startswith("swap")]
+    assert len(swaps) == 6 and all(r["n"] > 0 for r in swaps)  # 2 site sets x (2 layers + all layers)
+    assert (tmp_path / "term_swap_last-row.png").is_file()
+
+
+def test_head_ablation_script(tiny_runs, tmp_path):
+    run_script("head_ablation.py", "--runs-from", str(tiny_runs), "--task", "fuzzy_logic", "--attention", "linear",
+               "--n", "64", "--n-single", "32", "--n-order", "32", "--n-means", "32", "--out", str(tmp_path))
+    rows = json.loads((tmp_path / "head_ablation.json").read_text())
+    singles = [r for r in rows if r["experiment"] == "single head"]
+    assert len(singles) == 2 * 2 * 8  # zero and mean, 2 layers x 8 heads
+    cumulative = [r for r in rows if r["experiment"] == "cumulative"]
+    for kind in ("zero", "mean"):
+        # every head ablated: the order no longer matters, and it changes the output
+        everything = {r["order"]: r["value"] for r in cumulative if r["kind"] == kind and r["k"] == 8}
+        assert len(everything) == 2 and len(set(everything.values())) == 1
+    unpatched = next(r for r in rows if r["experiment"] == "unpatched")["value"]
+    assert next(r for r in cumulative if r["kind"] == "zero" and r["k"] == 8)["value"] != unpatched
+    assert (tmp_path / "head_ablation_cumulative_fuzzy_logic.png").is_file()
+
+
+def test_topographic_similarity_script(tiny_runs, tmp_path):
+    import numpy as np
+    from scipy.spatial.distance import pdist
+    from scipy.stats import spearmanr
+
+    run_script("topographic_similarity.py", "--runs-from", str(tiny_runs), "--task", "fuzzy_logic",
+               "--attention", "softmax", "--n-codes", "400", "--permutations", "50", "--out", str(tmp_path))
+    rows = json.loads((tmp_path / "topographic_similarity.json").read_text())
+    row = next(r for r in rows if r["model"] == "softmax" and r["split"] == "train" and r["layer"] == "layer 1")
+    # rho recomputed here from the extracted codes with scipy
+    codes_file = latentcode.CodeFile(next((tmp_path / "codes" / "fuzzy_logic-softmax").glob("*.h5")))
+    codes, task_index = codes_file.layer_codes(1, "train"), codes_file.labels("task_index", "train")
+    tasks = np.unique(task_index)
+    means = np.stack([codes[task_index == t].mean(0) for t in tasks])
+    combinations = latentcode.Run(tiny_runs / "fuzzy_logic-softmax").task().all_combinations[tasks]
+    multi_hot = np.zeros((len(tasks), 16))
+    np.put_along_axis(multi_hot, combinations, 1, axis=1)
+    expected = spearmanr(pdist(multi_hot, "hamming"), pdist(means, "cosine")).statistic
+    assert row["rho"] == pytest.approx(expected, abs=1e-9) and row["n_tasks"] == len(tasks)
+    assert any(r["model"] == "raw inputs (no model)" for r in rows)
+
+
+def test_variance_explained_is_the_r2_of_regressing_codes_on_the_label(analyses_modules):
+    import numpy as np
+
+    common = analyses_modules("common")
+    rng = np.random.default_rng(1)
+    labels = rng.integers(5, size=300)
+    codes = rng.standard_normal((300, 3)) + np.array([0.0, 1.0, -2.0])[None] * labels[:, None] / 4
+    one_hot = np.eye(5)[labels]
+    residual = codes - one_hot @ np.linalg.lstsq(one_hot, codes, rcond=None)[0]
+    expected = 1 - (residual**2).sum() / ((codes - codes.mean(0)) ** 2).sum()
+    assert common.variance_explained(codes, labels) == pytest.approx(expected)
+    assert common.variance_explained(codes, np.zeros(300, dtype=int)) == pytest.approx(0)
