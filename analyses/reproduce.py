@@ -198,8 +198,8 @@ the runs still missing. Every number here was measured by this toolkit on a 2-co
 (fuzzy logic: 8,000 steps of 128 = 1.0M instances, 16% of the paper's 50,000 steps), so none of it is a
 replication of the paper's budget. Seeds: `--seed s --set task_seed=s` (s = 0, 1, 2): the held-out
 combinations differ between seeds. Mean ± standard error over seeds. Wall times are as each run
-recorded them: the seed-0 runs had the machine to themselves, the seed-1 runs shared its 2 cores with
-up to ten other processes (load average about 10), so their 1-2 hours are not the cost of a run.
+recorded them: the seed-0 runs had the machine to themselves, the seed-1 softmax and linear runs shared its 2 cores with
+up to ten other processes (load average about 10), so their 2 hours are not the cost of a run.
 
 ## Table A1, fuzzy-logic column (T = 32, 70% of term combinations held out)
 
