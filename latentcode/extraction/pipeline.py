@@ -88,6 +88,20 @@ def resolve_model(run_or_model: str | Path | nn.Module) -> tuple[nn.Module, dict
     }
 
 
+def resolve_task(task: Task | Mapping[str, Any] | None, info: Mapping[str, Any], split: str) -> Task:
+    """The task to read: `task` (a Task or its config), else the run's own (`info` from
+    `resolve_model`); refuses a split the task does not have."""
+    if task is None:
+        if not info["task_config"]:
+            raise UsageError("no task given and the model comes without a run directory; pass task=")
+        task = get_task(**info["task_config"])
+    elif isinstance(task, Mapping):
+        task = get_task(**task)
+    if split not in task.splits:
+        raise UsageError(f"unknown split {split!r} for task {task.name!r}; valid splits: {list(task.splits)}")
+    return task
+
+
 def extract(
     run_or_model: str | Path | nn.Module,
     task: Task | Mapping[str, Any] | None = None,
@@ -120,14 +134,7 @@ def extract(
     Returns the path of the written file.
     """
     model, info = resolve_model(run_or_model)
-    if task is None:
-        if not info["task_config"]:
-            raise UsageError("no task given and the model comes without a run directory; pass task=")
-        task = get_task(**info["task_config"])
-    elif isinstance(task, Mapping):
-        task = get_task(**task)
-    if split not in task.splits:
-        raise UsageError(f"unknown split {split!r} for task {task.name!r}; valid splits: {list(task.splits)}")
+    task = resolve_task(task, info, split)
     if n < 1:
         raise UsageError(f"n must be a positive number of instances, got {n}")
     if batch_size < 1:

@@ -50,9 +50,9 @@ def intervention_effects(
     docstring. The edits' own `sites` are replaced by each scope."""
     import pandas as pd
 
-    from latentcode.extraction.pipeline import resolve_model
+    from latentcode.extraction.pipeline import resolve_model, resolve_task
     from latentcode.extraction.sites import parse_selector
-    from latentcode.tasks import Batch, eval_seed, get_task
+    from latentcode.tasks import Batch, eval_seed
 
     edits = (edits,) if isinstance(edits, Edit) else tuple(edits)
     if not edits:
@@ -60,14 +60,7 @@ def intervention_effects(
     if n < 1 or batch_size < 1:
         raise UsageError(f"n and batch_size must be positive, got n={n}, batch_size={batch_size}")
     model, info = resolve_model(run_or_model)
-    if task is None:
-        if not info["task_config"]:
-            raise UsageError("no task given and the model comes without a run directory; pass task=")
-        task = get_task(**info["task_config"])
-    elif isinstance(task, Mapping):
-        task = get_task(**task)
-    if split not in task.splits:
-        raise UsageError(f"unknown split {split!r} for task {task.name!r}; valid splits: {list(task.splits)}")
+    task = resolve_task(task, info, split)
     selector = parse_selector(sites, task.config())
     variant = variant or selector.default_variant or task.variants[0]
     if variant not in task.variants:
