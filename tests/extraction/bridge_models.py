@@ -26,3 +26,13 @@ def tokens():
     return torch.randint(5, VOCAB, (BATCH, LENGTH), generator=torch.Generator().manual_seed(1))
 
 
+
+
+def word_tokenizer(directory):
+    """A word-level BERT tokenizer written to `directory` and loaded back (a bridge needs name_or_path)."""
+    import transformers
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(VOCAB - 5)]
+    (directory / "vocab.txt").write_text("\n".join(vocab))
+    transformers.BertTokenizerFast(vocab_file=str(directory / "vocab.txt")).save_pretrained(directory)
+    return transformers.AutoTokenizer.from_pretrained(directory)

@@ -18,7 +18,7 @@ if not hasattr(transformer_lens, "TransformerBridge"):
     pytest.skip("transformer-lens < 4 has no TransformerBridge", allow_module_level=True)
 transformers = pytest.importorskip("transformers")
 
-from tests.extraction.bridge_models import BATCH, LENGTH, VOCAB, hf_bridge, tokens  # noqa: E402
+from tests.extraction.bridge_models import BATCH, LENGTH, VOCAB, hf_bridge, tokens, word_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +31,7 @@ def native():
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    """A word-level BERT tokenizer written to disk and loaded back (the bridge needs name_or_path)."""
-    directory = tmp_path_factory.mktemp("tokenizer")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(VOCAB - 5)]
-    (directory / "vocab.txt").write_text("\n".join(vocab))
-    transformers.BertTokenizerFast(vocab_file=str(directory / "vocab.txt")).save_pretrained(directory)
-    return transformers.AutoTokenizer.from_pretrained(directory)
+    return word_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
 def right_padding():
