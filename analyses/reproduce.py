@@ -165,6 +165,54 @@ def fig2c(path: Path) -> str:
     return "\n".join(lines)
 
 
+# -- Fig. 2B / 5F: decoding the sub-task from OOD latent codes, per layer -----------------------------
+# task -> (the analysis script, its table's file stem, the metric shown). The scripts run on the shipped
+# checkpoints (models/TASK-ATTENTION, seed 0); their CSV and figure are copied to results/decoding/.
+DECODING = {
+    "fuzzy_logic": ("fuzzy_term_decoding.py", "term_decoding", "mean_balanced_accuracy"),
+    "sraven": ("sraven_rule_decoding.py", "rule_decoding", "accuracy"),
+}
+DECODED = RESULTS / "decoding"
+
+
+def decoding(args: argparse.Namespace) -> None:
+    """Run the decoding scripts on the shipped checkpoints and record their tables and figures."""
+    DECODED.mkdir(parents=True, exist_ok=True)
+    for task, (script, stem, _) in DECODING.items():
+        out = Path(args.out) / f"decoding-{task}"
+        command = ["python", str(ROOT / script), "--runs-from", args.models, "--out", str(out), "--quiet",
+                   "--n-codes", str(args.n_codes)]
+        print(" ".join(command), flush=True)
+        subprocess.run(command, check=True)
+        for suffix in (".csv", ".png"):
+            shutil.copy2(out / f"{stem}{suffix}", DECODED / f"{task}_{stem}{suffix}")
+
+
+def decoding_table(task: str) -> str:
+    """Per model and layer: the probe's test score (fitted on train, scored on ood), its
+    cross-validated score on train (which picks the layer, marked *) and the strongest baseline."""
+    import pandas as pd
+
+    _, stem, metric = DECODING[task]
+    path = DECODED / f"{task}_{stem}.csv"
+    if not path.is_file():
+        return f"not computed yet: `python analyses/reproduce.py decoding` writes {path.relative_to(ROOT.parent)}"
+    table = pd.read_csv(path)
+    rows = table[table["metric"] == metric]
+    layers = sorted(rows["layer"].unique())
+    lines = [f"| model | " + " | ".join(f"layer {layer}: ood (train cv) / strongest baseline" for layer in layers) + " |",
+             "|---" * (len(layers) + 1) + "|"]
+    for model, of_model in rows.groupby("model", sort=False):
+        cells = []
+        for layer in layers:
+            row = of_model[of_model["layer"] == layer].iloc[0]
+            mark = "**" if row["selected"] else ""
+            cells.append(f"{mark}{row['value']:.3f}{mark} ({row['validation']:.3f}) / {row['strongest_baseline_value']:.3f} "
+                         f"{row['strongest_baseline']}")
+        lines.append(f"| {model} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def ambiguity_table() -> str:
     from latentcode.tasks.sraven import estimate_ambiguity
 
@@ -184,6 +232,7 @@ def page(args: argparse.Namespace) -> None:
     figures.mkdir(parents=True, exist_ok=True)
     text = PAGE_TEMPLATE.format(
         table_a1=table_a1(), fig2c=fig2c(figures / "fig2c_ood_r2_vs_held_out.png"), ambiguity=ambiguity_table(),
+        fuzzy_decoding=decoding_table("fuzzy_logic"), sraven_decoding=decoding_table("sraven"),
         plan="\n".join(f"    {' '.join(run.command(Path('analyses/output/runs') / run.name))}" for run in plan()),
     )
     page_path.write_text(text)
@@ -221,6 +270,35 @@ The paper's Table A2 corresponds to `authors`.
 
 Regenerate: `latentcode tasks ambiguity --features 4 --values K --n 4096 --rules strict|authors`.
 
+## Fig. 2B / 5F: decoding the sub-task from the latent codes of unseen compositions, per layer
+
+The paper fits a logistic regression on the latent codes of in-distribution tasks and decodes the
+sub-task on held-out compositions. Here: the shipped checkpoints (`models/`, seed 0; the SRAVEN ones
+were trained on the unpermuted variant, see models/README.md), 2,048 instances per split, probes
+fitted on `train` and scored on `ood`; the regularization C is chosen by 3-fold cross-validation on
+`train`, and the layer (**bold**) by the cross-validated score on `train` (in brackets), never by the
+OOD score. Beside each: the strongest of the trivial baselines on the same OOD instances (majority
+class, prevalence-matched random guess, all terms present, and a probe fitted to shuffled labels).
+Regenerate: `python analyses/reproduce.py decoding` (about a minute), then `page`.
+
+**Fuzzy logic** (Fig. 2B): which of the terms is present, one probe per term, codes of the last
+token attending to itself (`last-self`) on the fixed-query variant; metric: mean balanced accuracy
+over terms (0.5 = chance). In layer 0 the linear and HYLA codes are the same on every instance (the
+fixed query token attends to itself, and their scores are not normalized over the other keys), so
+their layer-0 probes sit exactly at chance: a built-in check that the probe reads nothing else.
+
+{fuzzy_decoding}
+
+![fuzzy-logic term decoding per layer](results/decoding/fuzzy_logic_term_decoding.png)
+
+**SRAVEN** (Fig. 5F): the rule of the last query feature, codes of the last query token attending to
+the same feature of the last row's two context panels (`sraven-rule`); metric: accuracy over the
+rules (chance about 1/8 for 8 balanced rules: see the baselines).
+
+{sraven_decoding}
+
+![SRAVEN rule decoding per layer](results/decoding/sraven_rule_decoding.png)
+
 ## The runs
 
 {plan}
@@ -236,12 +314,19 @@ def main() -> None:
     train_parser.add_argument("--only", nargs="+", default=["table_a1", "fig2c", "ablations"])
     page_parser = commands.add_parser("page", help="regenerate analyses/RESULTS.md from the recorded runs")
     page_parser.add_argument("--page", default=str(PAGE), help="where the page goes (its figures beside it)")
+    decoding_parser = commands.add_parser("decoding", help="Fig. 2B/5F: decode the sub-task from the shipped "
+                                          "models' OOD codes, per layer; record the tables and figures")
+    decoding_parser.add_argument("--models", default=str(ROOT.parent / "models"), help="finished runs TASK-ATTENTION")
+    decoding_parser.add_argument("--out", default="analyses/output", help="where codes are extracted (not committed)")
+    decoding_parser.add_argument("--n-codes", type=int, default=2048, help="instances per split (train, ood)")
     commands.add_parser("plan", help="print the training command of every run")
     args = parser.parse_args()
     if args.command == "train":
         train(args)
     elif args.command == "page":
         page(args)
+    elif args.command == "decoding":
+        decoding(args)
     else:
         for run in plan():
             print(" ".join(run.command(Path("analyses/output/runs") / run.name)))

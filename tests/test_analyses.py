@@ -134,6 +134,15 @@ def test_the_results_page_is_regenerated_from_the_recorded_runs(tmp_path, monkey
     for attention in ("softmax", "linear", "hyla"):
         shipped = json.loads((MODELS / f"fuzzy_logic-{attention}" / "summary.json").read_text())
         assert f"{100 * shipped['final_metrics']['ood']['r2']:.2f}" in page
+    # Fig. 2B/5F: each model's layer chosen on train is shown in bold with its recorded OOD score.
+    import pandas as pd
+
+    for task, metric in (("fuzzy_logic_term_decoding", "mean_balanced_accuracy"), ("sraven_rule_decoding", "accuracy")):
+        table = pd.read_csv(ANALYSES / "results" / "decoding" / f"{task}.csv")
+        chosen = table[(table["metric"] == metric) & table["selected"]]
+        assert len(chosen) == 3
+        for value in chosen["value"]:
+            assert f"**{value:.3f}**" in page
     monkeypatch.setattr(sys, "argv", ["reproduce.py", "plan"])
     runpy.run_path(str(ANALYSES / "reproduce.py"), run_name="__main__")
     commands = capsys.readouterr().out.splitlines()
