@@ -146,7 +146,11 @@ def test_the_results_page_is_regenerated_from_the_recorded_runs(tmp_path, monkey
     monkeypatch.setattr(sys, "argv", ["reproduce.py", "plan"])
     runpy.run_path(str(ANALYSES / "reproduce.py"), run_name="__main__")
     commands = capsys.readouterr().out.splitlines()
-    assert len(commands) == 9 + 6 + 8 and all(line.startswith("latentcode train --preset fuzzy_logic") for line in commands)
+    fuzzy = [line for line in commands if line.startswith("latentcode train --preset fuzzy_logic")]
+    sraven = [line for line in commands if line.startswith("latentcode train --preset sraven")]
+    assert len(fuzzy) == 9 + 6 + 8 and len(sraven) == 9 + 2 and len(commands) == len(fuzzy) + len(sraven)
+    assert all("--set n_features=2 --set n_layers=2" in line for line in sraven)
+    assert sum("--set n_heads=1" in line for line in sraven) == 2
 
 
 # --- the intervention experiments (rule_swap, term_swap, head_ablation, topographic_similarity) ---
