@@ -3,7 +3,7 @@
 Built only on latentcode's public API. Every script takes `--scale` (tiny, demo, cpu, paper) and
 writes its table and figure under `--out`; trained runs live in `OUT/runs/` (a sweep directory,
 so a script run again skips finished runs and resumes unfinished ones). `--runs-from DIR` uses
-finished runs `DIR/<task>-<attention>` instead of training (e.g. `--runs-from models` for the
+finished runs `DIR/<task>-<attention>` (or `--run-name`) instead of training (e.g. `--runs-from models` for the
 shipped checkpoints).
 """
 
@@ -28,6 +28,9 @@ def parser(description: str, default_out: str) -> argparse.ArgumentParser:
                         help="override a model/task/training field of every run, e.g. --set n_layers=1")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at a time, each in its own process")
     parser.add_argument("--runs-from", metavar="DIR", help="use finished runs DIR/<task>-<attention> instead of training")
+    parser.add_argument("--run-name", default="{preset}-{attention}",
+                        help="with --runs-from: the run directories' names (default {preset}-{attention}, the "
+                             "shipped names; e.g. sraven-permuted-{attention})")
     parser.add_argument("--n-codes", type=int, default=2048, help="instances per split whose codes are extracted")
     parser.add_argument("--quiet", action="store_true")
     return parser
@@ -59,7 +62,8 @@ def train_grid(args: argparse.Namespace, preset: str, grid: dict[str, list]) -> 
 def model_runs(args: argparse.Namespace, preset: str, extra_grid: dict | None = None) -> dict[str, Path]:
     """One finished run per attention preset (first seed): from `--runs-from`, else trained."""
     if args.runs_from:
-        runs = {attention: Path(args.runs_from) / f"{preset}-{attention}" for attention in args.attention}
+        runs = {attention: Path(args.runs_from) / args.run_name.format(preset=preset, attention=attention)
+                for attention in args.attention}
         missing = [str(path) for path in runs.values() if not (path / "summary.json").is_file()]
         if missing:
             raise SystemExit(f"--runs-from: no finished run at {', '.join(missing)}")

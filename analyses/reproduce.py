@@ -269,8 +269,9 @@ def fig5c_table() -> str:
 # task -> (the analysis script, its table's file stem, the metric shown). The scripts run on the shipped
 # checkpoints (models/TASK-ATTENTION, seed 0); their CSV and figure are copied to results/decoding/.
 DECODING = {
-    "fuzzy_logic": ("fuzzy_term_decoding.py", "term_decoding", "mean_balanced_accuracy"),
-    "sraven": ("sraven_rule_decoding.py", "rule_decoding", "accuracy"),
+    "fuzzy_logic": ("fuzzy_term_decoding.py", "term_decoding", "mean_balanced_accuracy", "fuzzy_logic-{attention}"),
+    "sraven": ("sraven_rule_decoding.py", "rule_decoding", "accuracy", "sraven-{attention}"),
+    "sraven_permuted": ("sraven_rule_decoding.py", "rule_decoding", "accuracy", "sraven-permuted-{attention}"),
 }
 DECODED = RESULTS / "decoding"
 
@@ -278,22 +279,25 @@ DECODED = RESULTS / "decoding"
 def decoding(args: argparse.Namespace) -> None:
     """Run the decoding scripts on the shipped checkpoints and record their tables and figures."""
     DECODED.mkdir(parents=True, exist_ok=True)
-    for task, (script, stem, _) in DECODING.items():
-        out = Path(args.out) / f"decoding-{task}"
-        command = ["python", str(ROOT / script), "--runs-from", args.models, "--out", str(out), "--quiet",
-                   "--n-codes", str(args.n_codes)]
+    for key, (script, stem, _, run_name) in DECODING.items():
+        if not (Path(args.models) / run_name.format(attention="hyla") / "summary.json").is_file():
+            print(f"skipped {key}: no {run_name} in {args.models}")
+            continue
+        out = Path(args.out) / f"decoding-{key}"
+        command = ["python", str(ROOT / script), "--runs-from", args.models, "--run-name", run_name, "--out", str(out),
+                   "--quiet", "--n-codes", str(args.n_codes)]
         print(" ".join(command), flush=True)
         subprocess.run(command, check=True)
         for suffix in (".csv", ".png"):
-            shutil.copy2(out / f"{stem}{suffix}", DECODED / f"{task}_{stem}{suffix}")
+            shutil.copy2(out / f"{stem}{suffix}", DECODED / f"{key}_{stem}{suffix}")
 
 
-def decoding_table(task: str) -> str:
+def decoding_table(task: str) -> str:  # task: a key of DECODING
     """Per model and layer: the probe's test score (fitted on train, scored on ood), its
     cross-validated score on train (which picks the layer, marked *) and the strongest baseline."""
     import pandas as pd
 
-    _, stem, metric = DECODING[task]
+    _, stem, metric, _ = DECODING[task]
     path = DECODED / f"{task}_{stem}.csv"
     if not path.is_file():
         return f"not computed yet: `python analyses/reproduce.py decoding` writes {path.relative_to(ROOT.parent)}"
@@ -334,6 +338,7 @@ def page(args: argparse.Namespace) -> None:
     text = PAGE_TEMPLATE.format(
         table_a1=table_a1(), fig2c=fig2c(figures / "fig2c_ood_r2_vs_held_out.png"), ambiguity=ambiguity_table(),
         fuzzy_decoding=decoding_table("fuzzy_logic"), sraven_decoding=decoding_table("sraven"),
+        sraven_permuted_decoding=decoding_table("sraven_permuted"),
         sraven=sraven_table(), fig5c=fig5c_table(),
         plan="\n".join(f"    {' '.join(run.command(Path('analyses/output/runs') / run.name))}" for run in plan()),
     )
@@ -427,6 +432,14 @@ rules (chance about 1/8 for 8 balanced rules: see the baselines).
 {sraven_decoding}
 
 ![SRAVEN rule decoding per layer](results/decoding/sraven_rule_decoding.png)
+
+**SRAVEN, models trained on the permuted task** (M = 2, 2 layers, seed 0: `models/sraven-permuted-*`),
+codes read as above on unpermuted instances of their task (the identity is one of the permutations
+they were trained on).
+
+{sraven_permuted_decoding}
+
+![SRAVEN permuted-model rule decoding per layer](results/decoding/sraven_permuted_rule_decoding.png)
 
 ## The runs
 
