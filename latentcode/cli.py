@@ -150,6 +150,21 @@ def check_output(path: str | Path, flag: str, kind: str = "file") -> Path:
     return path
 
 
+def check_stem_free(stem: str | Path, suffixes: Sequence[str], overwrite: bool, flag: str = "--out") -> None:
+    """Refuse to replace files already written at `stem` + each suffix (tables, figures) unless
+    --overwrite: a result written earlier is never lost by running a command again."""
+    stem = Path(stem)
+    existing = [str(stem.with_name(stem.name + suffix)) for suffix in suffixes
+                if stem.with_name(stem.name + suffix).exists()]
+    if existing and not overwrite:
+        raise FileExistsError(f"{flag} {stem}: {', '.join(existing)} already exist; add --overwrite to replace "
+                              f"them, or choose another {flag}")
+
+
+def _formats(args: argparse.Namespace) -> tuple[str, ...]:
+    return tuple(args.format or ["png"])
+
+
 def open_codes_files(paths: Sequence[str | Path], what: str = "codes file") -> list:
     """The `CodeFile`s of `paths` (h5py only), each checked to exist and to be a readable codes file."""
     for path in paths:
@@ -631,6 +646,7 @@ def _intervene(subparsers: argparse._SubParsersAction) -> None:
                         help="task config for a model directory, e.g. --task name=sraven --task n_features=4")
     parser.add_argument("--no-per-site", action="store_true", help="only all sites together, not each site alone")
     parser.add_argument("--format", action="append", choices=("png", "svg", "pdf"), help="plot formats (default png)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the table and plot if --out has them")
     parser.add_argument("--quiet", action="store_true")
     parser.set_defaults(handler=_run_intervene)
 
@@ -656,6 +672,8 @@ def _parse_vector(text: str, flag: str) -> list[float]:
 
 
 def _run_intervene(args: argparse.Namespace) -> None:
+    check_output(args.out, "--out", kind="stem")
+    check_stem_free(args.out, (".csv", ".json", *(f".{fmt}" for fmt in _formats(args))), args.overwrite)
     if args.mean_ablate is None and (args.codes or args.by or args.codes_split):
         raise UsageError("--codes, --by and --codes-split go with --mean-ablate")
     if args.mean_ablate is not None and not args.codes:
@@ -701,7 +719,7 @@ def _run_intervene(args: argparse.Namespace) -> None:
     with pandas.option_context("display.width", 200, "display.max_rows", 200):
         print(f"{table['model'].iloc[0]}, {table['edit'].iloc[0]}, {args.split} (n={args.n}):")
         print(table[columns].to_string(index=False, float_format=lambda value: f"{value:.4f}"))
-    written = write_effects(table, args.out, formats=tuple(args.format or ["png"]))
+    written = write_effects(table, args.out, formats=_formats(args))
     print("wrote " + ", ".join(map(str, written)))
 
 
@@ -741,6 +759,7 @@ def _probe(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=NON_NEGATIVE_INTEGER, default=0)
     parser.add_argument("--out", help="path stem for the table (.csv, .json) and the plot (.png); default: print only")
     parser.add_argument("--format", action="append", choices=("png", "svg", "pdf"), help="plot formats (default png)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the table and plot if --out has them")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(handler=_run_probe)
 
@@ -758,6 +777,7 @@ def _check_probe(args: argparse.Namespace) -> None:
         check_decodable(code_file, args.label, "--label", args.fit_split)
     if args.out:
         check_output(args.out, "--out", kind="stem")
+        check_stem_free(args.out, (".csv", ".json", *(f".{fmt}" for fmt in _formats(args))), args.overwrite)
 
 
 def _run_probe(args: argparse.Namespace) -> None:
@@ -782,7 +802,7 @@ def _run_probe(args: argparse.Namespace) -> None:
         print(summary_rows(table)[columns].to_string(index=False, float_format=lambda value: f"{value:.3f}"))
     print("\n".join(headline_lines(table)))
     if args.out:
-        written = write_table(table, args.out) + plot_probe_scores(table, args.out, formats=tuple(args.format or ["png"]))
+        written = write_table(table, args.out) + plot_probe_scores(table, args.out, formats=_formats(args))
         print("wrote " + ", ".join(map(str, written)))
 
 
@@ -791,6 +811,7 @@ def _add_picture_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", help="only this split (default: all)")
     parser.add_argument("--out", help="path stem of the figure (default: next to the file)")
     parser.add_argument("--format", action="append", choices=("png", "svg", "pdf"), help="default png; repeatable")
+    parser.add_argument("--overwrite", action="store_true", help="replace the figure if it exists")
 
 
 def _check_picture(args: argparse.Namespace, flag: str, kind: str) -> None:
@@ -804,6 +825,7 @@ def _check_picture(args: argparse.Namespace, flag: str, kind: str) -> None:
         raise UsageError(f"--layer {args.layer}: {args.file} has no layer {args.layer}; its layers are {code_file.layers}")
     args.out = args.out or str(Path(args.file).with_suffix("")) + f"_{kind}_{_label_name(args.label)}"
     check_output(args.out, "--out", kind="stem")
+    check_stem_free(args.out, tuple(f".{fmt}" for fmt in _formats(args)), args.overwrite)
 
 
 def _draw(args: argparse.Namespace, function: str, **options) -> None:
@@ -811,7 +833,7 @@ def _draw(args: argparse.Namespace, function: str, **options) -> None:
     import importlib
 
     draw = getattr(importlib.import_module("latentcode.analysis"), function)
-    paths = draw(args.file, args.label, args.out, split=args.split, formats=tuple(args.format or ["png"]), **options)
+    paths = draw(args.file, args.label, args.out, split=args.split, formats=_formats(args), **options)
     print("wrote " + ", ".join(map(str, paths)))
 
 

@@ -53,3 +53,17 @@ def test_report_from_codes_files_alone(two_models, tmp_path, capsys):
     assert main(["report", "--codes", str(two_models[0]), "--out", str(out)]) == 2, "never overwrites"
     assert "already exists" in capsys.readouterr().err
 
+
+
+@pytest.mark.parametrize("command", [["probe", "--label", "rule", "--quiet"], ["heatmap", "--label", "rule"]])
+def test_outputs_already_written_are_kept_unless_overwrite(two_models, tmp_path, capsys, command):
+    stem = tmp_path / "result"
+    arguments = [command[0], str(two_models[0]), *command[1:], "--out", str(stem)]
+    assert main(arguments) == 0
+    stem.with_suffix(".png").write_bytes(b"an earlier figure")
+    assert main(arguments) == 2
+    error = capsys.readouterr().err
+    assert "already exist" in error and "--overwrite" in error and str(stem.with_suffix(".png")) in error
+    assert stem.with_suffix(".png").read_bytes() == b"an earlier figure", "refused before writing anything"
+    assert main([*arguments, "--overwrite"]) == 0
+    assert stem.with_suffix(".png").read_bytes().startswith(b"\x89PNG")

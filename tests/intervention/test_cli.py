@@ -66,3 +66,14 @@ def test_intervene_refuses_bad_input_in_one_line(tmp_path, capsys):
         status = main(["intervene", str(RUN), "--n", "4", "--out", str(tmp_path / "t"), "--quiet", *arguments])
         error = capsys.readouterr().err
         assert status == 2 and message in error and error.count("\n") == 1, (arguments, error)
+
+
+@pytest.mark.skipif(not RUN.is_dir(), reason="shipped checkpoint models/fuzzy_logic-hyla is missing")
+def test_intervene_keeps_an_earlier_table_unless_overwrite(tmp_path, capsys):
+    stem = tmp_path / "zero"
+    stem.with_suffix(".csv").write_text("an earlier table")
+    arguments = ["intervene", str(RUN), "--n", "8", "--zero-ablate", "0", "--out", str(stem), "--quiet"]
+    assert main(arguments) == 2
+    assert "already exist" in capsys.readouterr().err and stem.with_suffix(".csv").read_text() == "an earlier table"
+    assert main([*arguments, "--overwrite"]) == 0
+    assert "scope" in stem.with_suffix(".csv").read_text()
