@@ -865,7 +865,11 @@ def _heatmap(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_picture_arguments(parser)
     parser.add_argument("--label", help="categorical label (default: rule for SRAVEN)")
-    parser.set_defaults(handler=lambda args: _draw(args, "plot_similarity"))
+    parser.add_argument("--centre", choices=("auto", "yes", "no"), default="auto",
+                        help="subtract the grand mean code before the cosine (diverging scale -1..1); auto (default): "
+                        "where the plain cosines of most panels all lie close to 1, and the title says so")
+    parser.set_defaults(handler=lambda args: _draw(
+        args, "plot_similarity", centre={"auto": None, "yes": True, "no": False}[args.centre]))
 
 
 checks("heatmap")(lambda args: _check_picture(args, "--label", "similarity"))
@@ -957,6 +961,8 @@ def _demo(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--train", action="store_true", help="train the models here instead of using the shipped ones")
     parser.add_argument("--models", metavar="DIR", help="the directory of the shipped checkpoints (default: found "
                         "beside the source, or installed with the package; or $LATENTCODE_MODELS)")
+    parser.add_argument("--checkpoints", help="another shipped trio of the task: 'permuted' (SRAVEN models trained on "
+                        "the paper's permuted task, M=2 features; the default trio is trained on the unpermuted one)")
     parser.add_argument("--scale", default="demo", help="training scale with --train (tiny, demo, cpu; default demo)")
     parser.add_argument("--out", default="latentcode-demo", help="output directory (a new one if it exists)")
     parser.add_argument("--n-codes", type=POSITIVE_INTEGER, default=2048,
@@ -980,6 +986,8 @@ def _check_demo(args: argparse.Namespace) -> None:
     demo_tasks = [name for name in task_names() if task_class(name).training_setup is not None]
     if args.task not in demo_tasks:
         raise UsageError(f"--task {args.task}: unknown demo task; choose one of {demo_tasks}")
+    if args.train and args.checkpoints:
+        raise UsageError(f"--checkpoints {args.checkpoints} picks shipped models and --train trains new ones: give one")
     if args.train:
         from latentcode.training.presets import SCALES
 
@@ -994,10 +1002,12 @@ def _check_demo(args: argparse.Namespace) -> None:
             MODELS_ENV) else str(directory)
         if not directory.is_dir():
             raise UsageError(f"{where} is not a directory; expected the directory of the shipped checkpoints")
-        missing = missing_checkpoints(directory, args.task, SHIPPED_ATTENTIONS)
+        missing = missing_checkpoints(directory, args.task, SHIPPED_ATTENTIONS, args.checkpoints)
         if missing:
-            raise UsageError(f"{where} lacks the shipped checkpoints {missing} (<name>/model/model.safetensors); "
-                             "pass --models DIR holding them, or add --train to train new ones")
+            others = sorted({path.name.split("-")[1] for path in directory.glob(f"{args.task}-*-hyla")})
+            hint = (f"--checkpoints takes one of {others} for --task {args.task}" if args.checkpoints
+                    else "pass --models DIR holding them, or add --train to train new ones")
+            raise UsageError(f"{where} lacks the shipped checkpoints {missing} (<name>/model/model.safetensors); {hint}")
         args.models = directory
     check_output(args.out, "--out", kind="stem")
 
@@ -1006,7 +1016,7 @@ def _run_demo(args: argparse.Namespace) -> None:
     from latentcode.demo import run_demo
 
     run_demo(task=args.task, out=args.out, train=args.train, scale=args.scale, n_codes=args.n_codes,
-             progress=not args.quiet, models_dir=None if args.train else args.models)
+             progress=not args.quiet, models_dir=None if args.train else args.models, checkpoints=args.checkpoints)
 
 
 # -- entry point ---------------------------------------------------------------------------------

@@ -56,6 +56,7 @@ def run_demo(
     progress: bool = True,
     model_overrides: dict | None = None,
     models_dir: str | Path | None = None,
+    checkpoints: str | None = None,
 ) -> Report:
     """Run the demo (see the module docstring) and return its report.
 
@@ -63,6 +64,8 @@ def run_demo(
         (`model_overrides`, e.g. {"n_layers": 1}, shrink them for tests).
     n_codes: instances per split whose latent codes are extracted.
     models_dir: the directory of the shipped checkpoints (default: found, see `latentcode.shipped`).
+    checkpoints: which shipped trio: None for the task's default one, "permuted" for SRAVEN's
+        models trained on the permuted task (`models/sraven-permuted-*`).
     """
     import latentcode
     from latentcode.training import build_train_config
@@ -70,7 +73,10 @@ def run_demo(
     if task not in demo_tasks():
         raise UsageError(f"unknown demo task {task!r}; choose one of {demo_tasks()}")
     # Find every shipped checkpoint before anything is written or trained.
-    shipped = {attention: shipped_run(task, attention, models_dir) for attention in attentions} if not train else {}
+    if train and checkpoints:
+        raise UsageError(f"checkpoints={checkpoints!r} picks shipped models; train=True trains new ones: give one")
+    shipped = {attention: shipped_run(task, attention, models_dir, checkpoints)
+               for attention in attentions} if not train else {}
     # How the shipped checkpoints were trained (models/recreate.sh), and so how `train=True` trains;
     # the sites and input variant of the paper's latent-code analysis.
     shipped_training = task_class(task).training_setup.shipped
@@ -102,7 +108,8 @@ def run_demo(
                                append=index > 0, progress=progress)
         say(f"  {attention}: latent codes of {n_codes} train + {n_codes} ood instances -> {codes}")
 
-    trained_variant = shipped_training.get("variant")
+    first_run = latentcode.Run(run_dirs[0])  # the variant the models were trained on (None: the task's default)
+    trained_variant = first_run.config.variant or first_run.task().variants[0]
     title = f"latentcode demo: {task}, " + (f"{variant} variant" if trained_variant == variant
                                              else f"codes on the {variant} variant")
     notes = [f"The models were trained by this demo (scale {scale!r})." if train else

@@ -9,7 +9,9 @@ Where they are looked for, in order:
    (setup.py's build step puts it there; pyproject.toml holds everything else).
 
 Each shipped checkpoint is a run directory `<task>-<attention>/` (config.json, metrics.jsonl,
-summary.json, model/) with its model card (README.md).
+summary.json, model/) with its model card (README.md). A task may ship a second trio, named
+`<task>-<checkpoints>-<attention>/`: SRAVEN's `permuted` trio was trained on the paper's permuted
+task (M = 2 features), its default trio on the unpermuted variant (M = 4).
 """
 
 from __future__ import annotations
@@ -43,21 +45,24 @@ def find_models_directory(models_dir: str | Path | None = None) -> Path | None:
     return None
 
 
-def shipped_name(task: str, attention: str) -> str:
-    return f"{task}-{attention}"
+def shipped_name(task: str, attention: str, checkpoints: str | None = None) -> str:
+    """`<task>-<attention>`, or `<task>-<checkpoints>-<attention>` for a task's other trio."""
+    return f"{task}-{checkpoints}-{attention}" if checkpoints else f"{task}-{attention}"
 
 
-def missing_checkpoints(directory: Path, task: str, attentions: Sequence[str]) -> list[str]:
+def missing_checkpoints(directory: Path, task: str, attentions: Sequence[str], checkpoints: str | None = None
+                        ) -> list[str]:
     """The names of the checkpoints of `task` for `attentions` that `directory` lacks."""
-    return [shipped_name(task, attention) for attention in attentions
-            if not (directory / shipped_name(task, attention) / MODEL_DIR / WEIGHTS_FILE).is_file()]
+    names = [shipped_name(task, attention, checkpoints) for attention in attentions]
+    return [name for name in names if not (directory / name / MODEL_DIR / WEIGHTS_FILE).is_file()]
 
 
 def searched() -> str:
     return f"{MODELS_ENV} unset, {SOURCE_TREE_MODELS} and {INSTALLED_MODELS}"
 
 
-def shipped_run(task: str, attention: str, models_dir: str | Path | None = None) -> Path:
+def shipped_run(task: str, attention: str, models_dir: str | Path | None = None, checkpoints: str | None = None
+                ) -> Path:
     """The shipped run directory of `task` with `attention`; raises `ShippedModelsNotFound`
     naming where it looked and how to point at the checkpoints."""
     directory = find_models_directory(models_dir)
@@ -66,10 +71,10 @@ def shipped_run(task: str, attention: str, models_dir: str | Path | None = None)
             f"the shipped checkpoints are not installed (looked in: {searched()}); pass models_dir= or set "
             f"{MODELS_ENV} to the models/ directory of a latentcode checkout, or train new models (train=True)"
         )
-    missing = missing_checkpoints(directory, task, [attention])
+    missing = missing_checkpoints(directory, task, [attention], checkpoints)
     if missing:
         raise ShippedModelsNotFound(
             f"{directory} holds no shipped checkpoint {missing[0]} ({MODEL_DIR}/{WEIGHTS_FILE} is missing); "
             "pass models_dir= the directory that holds it, or train new models (train=True)"
         )
-    return directory / shipped_name(task, attention)
+    return directory / shipped_name(task, attention, checkpoints)

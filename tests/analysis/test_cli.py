@@ -67,3 +67,16 @@ def test_outputs_already_written_are_kept_unless_overwrite(two_models, tmp_path,
     assert stem.with_suffix(".png").read_bytes() == b"an earlier figure", "refused before writing anything"
     assert main([*arguments, "--overwrite"]) == 0
     assert stem.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_heatmap_centre_flag_reaches_the_figure(two_models, tmp_path, capsys, monkeypatch):
+    import latentcode.analysis as analysis
+
+    seen = []
+    original = analysis.plot_similarity
+    monkeypatch.setattr(analysis, "plot_similarity", lambda *args, **kwargs: seen.append(kwargs["centre"])
+                        or original(*args, **kwargs))
+    for choice, expected in (("yes", True), ("no", False), ("auto", None)):
+        assert main(["heatmap", str(two_models[0]), "--label", "rule", "--centre", choice,
+                     "--out", str(tmp_path / choice)]) == 0
+        assert seen[-1] is expected and (tmp_path / f"{choice}.png").stat().st_size > 0
