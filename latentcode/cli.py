@@ -1005,8 +1005,12 @@ def _check_demo(args: argparse.Namespace) -> None:
         missing = missing_checkpoints(directory, args.task, SHIPPED_ATTENTIONS, args.checkpoints)
         if missing:
             others = sorted({path.name.split("-")[1] for path in directory.glob(f"{args.task}-*-hyla")})
-            hint = (f"--checkpoints takes one of {others} for --task {args.task}" if args.checkpoints
-                    else "pass --models DIR holding them, or add --train to train new ones")
+            if not args.checkpoints:
+                hint = "pass --models DIR holding them, or add --train to train new ones"
+            elif others:
+                hint = f"--checkpoints takes one of {others} for --task {args.task}"
+            else:
+                hint = f"{where} ships no other trio of --task {args.task}: leave out --checkpoints"
             raise UsageError(f"{where} lacks the shipped checkpoints {missing} (<name>/model/model.safetensors); {hint}")
         args.models = directory
     check_output(args.out, "--out", kind="stem")

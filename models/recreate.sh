@@ -15,3 +15,11 @@ for attention in softmax linear hyla; do
   python models/ship.py "runs/sraven-$attention" "sraven-$attention" --overwrite --note "$sraven_note" \
     --command "latentcode train --preset sraven --attention $attention --scale cpu --variant unpermuted --out runs/sraven-$attention"
 done
+# SRAVEN on the paper's permuted task at the smallest setting a 2-core CPU learns (analyses/RESULTS.md):
+# M = 2 features, K = 8 values, 2 layers of the paper's SRAVEN block, 8,000 steps of 128, seed 0.
+permuted_note="Trained on the paper's permuted SRAVEN task (the features of each column's panels are permuted, so the model must find which feature corresponds to which) at a scale a 2-core CPU trains: M = 2 features instead of the paper's 4, 2 layers instead of 4 (d_model 128, 16 heads, kqv 64 as in the paper), 1 million training instances instead of 20 million. The search that chose this setting, the other seeds and the trivial baselines are in analyses/RESULTS.md. Use it beside the unpermuted trio: \`latentcode demo --task sraven --checkpoints permuted\`; its latent codes are read, as the paper's, at the \`sraven-rule\` sites on unpermuted instances (the identity is one of the permutations it was trained on)."
+for attention in softmax linear hyla; do
+  command="latentcode train --preset sraven --scale cpu --attention $attention --seed 0 --set task_seed=0 --set n_features=2 --set n_layers=2 --out runs/sraven-permuted-$attention"
+  $command
+  python models/ship.py "runs/sraven-permuted-$attention" "sraven-permuted-$attention" --overwrite --note "$permuted_note" --command "$command"
+done

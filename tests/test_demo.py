@@ -42,13 +42,19 @@ def test_demo_never_overwrites_an_existing_directory(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", ["fuzzy_logic", "sraven"])
-def test_demo_from_the_shipped_checkpoints(tmp_path, task):
+@pytest.mark.parametrize(("task", "checkpoints"), [("fuzzy_logic", None), ("sraven", None), ("sraven", "permuted")])
+def test_demo_from_the_shipped_checkpoints(tmp_path, task, checkpoints, capsys):
     for attention in ("softmax", "linear", "hyla"):
-        assert (shipped_run(task, attention) / "model").is_dir(), f"the {task} demo needs the shipped {attention} model"
-    report = run_demo(task, tmp_path / "demo", n_codes=256, max_points=100, progress=False)
+        assert (shipped_run(task, attention, checkpoints=checkpoints) / "model").is_dir(), \
+            f"the {task} demo needs the shipped {attention} model"
+    report = run_demo(task, tmp_path / "demo", n_codes=256, max_points=100, progress=False, checkpoints=checkpoints)
     assert report.path.is_file() and len(report.runs) == 3
     assert all(run.summary for run in report.runs), "shipped runs carry their training metrics"
+    trained = {run.config.variant or run.task().variants[0] for run in report.runs}
+    if checkpoints == "permuted":
+        # Trained on the permuted task (M = 2), read on unpermuted instances: the title says both.
+        assert trained == {"permuted"} and {run.task().n_features for run in report.runs} == {2}
+        assert "codes on the unpermuted variant" in report.path.read_text()
 
 
 def test_report_of_runs_without_codes(tmp_path):
