@@ -200,7 +200,7 @@ def decoding_table(task: str) -> str:
     table = pd.read_csv(path)
     rows = table[table["metric"] == metric]
     layers = sorted(rows["layer"].unique())
-    lines = [f"| model | " + " | ".join(f"layer {layer}: ood (train cv) / strongest baseline" for layer in layers) + " |",
+    lines = ["| model | " + " | ".join(f"layer {layer}: ood (train cv) / strongest baseline" for layer in layers) + " |",
              "|---" * (len(layers) + 1) + "|"]
     for model, of_model in rows.groupby("model", sort=False):
         cells = []
