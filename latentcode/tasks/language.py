@@ -56,7 +56,7 @@ from latentcode.tasks.base import (
 VOCABULARY = 256  # bytes
 # The paper scale's training windows: 5 passes over the training bytes at seq_len 128, as the
 # authors' 5 epochs of WikiText-103.
-PAPER_WINDOWS = 5 * (corpus.TEXT_BYTES - math.floor(corpus.VALIDATION_FRACTION * corpus.TEXT_BYTES + 0.5)) // 128
+PAPER_WINDOWS = 5 * corpus.split_ranges()["train"][1] // 128
 RECENT_KEYS = 128  # keys of the `last-recent` selector
 BYTE_CLASSES = ("letter", "digit", "whitespace", "punctuation", "other")
 
@@ -83,19 +83,12 @@ def byte_name(byte: int) -> str:
     return character if byte < 128 and character.isprintable() else f"\\x{byte:02x}"
 
 
-def previous_position(tokens: np.ndarray, query: int, matches: np.ndarray) -> np.ndarray:
-    """The last position before ``query`` where ``matches`` holds, -1 where none does.
-
-    Args:
-        tokens: ``[n, seq_len]``, only for its shape.
-        query: the query position.
-        matches: bool ``[n, query]``: which earlier positions qualify.
-
-    Returns:
-        int64 ``[n]``.
-    """
+def previous_position(matches: np.ndarray) -> np.ndarray:
+    """The last position where ``matches`` ``[n, query]`` (bool: which positions before the query
+    qualify) holds, -1 where none does: int64 ``[n]``."""
+    n, query = matches.shape
     if query == 0:
-        return np.full(len(tokens), -1, dtype=np.int64)
+        return np.full(n, -1, dtype=np.int64)
     last_from_the_end = matches[:, ::-1].argmax(axis=1)
     return np.where(matches.any(axis=1), query - 1 - last_from_the_end, -1).astype(np.int64)
 
@@ -230,9 +223,9 @@ class Language(Task):
             "query_byte": query_byte.astype(np.int64),
             "query_class": BYTE_CLASS_OF[query_byte],
             "target_class": BYTE_CLASS_OF[targets[:, query]],
-            "previous_occurrence": previous_position(tokens, query, earlier == query_byte[:, None]),
-            "previous_space": previous_position(tokens, query, earlier == ord(" ")),
-            "previous_newline": previous_position(tokens, query, earlier == ord("\n")),
+            "previous_occurrence": previous_position(earlier == query_byte[:, None]),
+            "previous_space": previous_position(earlier == ord(" ")),
+            "previous_newline": previous_position(earlier == ord("\n")),
         }
 
     def _generate(self, n: int, split: str, variant: str, rng: np.random.Generator) -> Batch:
