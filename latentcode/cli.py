@@ -335,7 +335,7 @@ def _train(subparsers: argparse._SubParsersAction) -> None:
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--preset", help="fuzzy_logic or sraven (see below)")
+    parser.add_argument("--preset", help="fuzzy_logic, sraven or language (see below)")
     parser.add_argument("--attention", default="softmax",
                         help="attention preset (softmax, linear, hyla, ... or NORMALIZATION+VALUE_NETWORK; default softmax)")
     parser.add_argument("--scale", default="cpu", help="tiny, demo, cpu or paper (default cpu)")
@@ -413,7 +413,7 @@ def _check_train(args: argparse.Namespace) -> None:
             if key not in known:
                 raise UsageError(f"--set {key}={value}: unknown field {key!r}; valid fields: {', '.join(sorted(known))}")
     else:
-        raise UsageError("latentcode train needs --preset (fuzzy_logic or sraven), --config or --resume")
+        raise UsageError("latentcode train needs --preset (fuzzy_logic, sraven or language), --config or --resume")
     if args.out:
         check_output(args.out, "--out", kind="directory")
 

@@ -6,6 +6,7 @@ shipped HYLA checkpoints, in this process.
 """
 
 import json
+import math
 import runpy
 import subprocess
 import sys
@@ -31,6 +32,16 @@ def tiny_runs(tmp_path_factory):
         for attention in ("softmax", "linear", "hyla"):
             config = build_train_config(task, "tiny", attention, n_layers=2, d_model=32, d_mlp=32)
             latentcode.train(config, folder / f"{task}-{attention}", progress=False)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def language_runs(tmp_path_factory):
+    """Finished tiny language runs DIR/language-<attention> on windows of 512 bytes."""
+    folder = tmp_path_factory.mktemp("language-runs")
+    for attention in ("softmax", "linear", "hyla"):
+        config = build_train_config("language", "tiny", attention, seq_len=512)
+        latentcode.train(config, folder / f"language-{attention}", progress=False)
     return folder
 
 
@@ -283,3 +294,28 @@ def test_variance_explained_is_the_r2_of_regressing_codes_on_the_label(analyses_
     expected = 1 - (residual**2).sum() / ((codes - codes.mean(0)) ** 2).sum()
     assert common.variance_explained(codes, labels) == pytest.approx(expected)
     assert common.variance_explained(codes, np.zeros(300, dtype=int)) == pytest.approx(0)
+
+
+@pytest.mark.slow
+def test_language_scripts(language_runs, tmp_path):
+    """The codes of tiny language models read at T=512: token-class probes and the curves."""
+    runs_before = sorted(language_runs.rglob("*"))
+    out = run_script("language_codes.py", "--runs-from", str(language_runs), "--out", str(tmp_path), "--n-codes", "320")
+    assert sorted(language_runs.rglob("*")) == runs_before, "the runs read gained files"
+    probes = json.loads((tmp_path / "key_class_probe.json").read_text())
+    assert {(row["model"], row["key_class"]) for row in probes} == {
+        (model, key) for model in ("softmax", "linear", "hyla")
+        for key in ("previous_occurrence", "previous_space", "previous_newline")}
+    assert all(row["n_fit"] > 100 and 0 <= row["accuracy"] <= 1 for row in probes)
+    decoded = json.loads((tmp_path / "query_class.json").read_text())
+    assert {row["model"] for row in decoded} == {"softmax", "linear", "hyla"}
+    codes = latentcode.CodeFile(next((tmp_path / "codes" / "language-hyla").glob("*.h5")))
+    assert {site.query for site in codes.sites} == {511} and len(codes.sites) == 128
+    assert (tmp_path / "language_codes.png").stat().st_size > 0 and "wrote" in out
+
+    run_script("language_modelling.py", "--runs-from", str(language_runs), "--out", str(tmp_path))
+    final = json.loads((tmp_path / "language_modelling.json").read_text())
+    assert [row["model"] for row in final] == ["softmax", "linear", "hyla"]
+    for row in final:
+        assert row["validation.bits_per_byte"] == pytest.approx(row["validation.loss"] / math.log(2))
+    assert (tmp_path / "language_modelling.png").stat().st_size > 0

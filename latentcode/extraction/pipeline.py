@@ -5,9 +5,10 @@
 Instances are drawn batch by batch with `task.sample(batch, split, seed=(seed, batch_index),
 variant)`; the default `seed` is the split's evaluation seed, so every model is read on the same
 instances. Per example the file holds the codes of every site, every task label, the model's
-prediction at the prediction positions, the target, the split, and any extra arrays passed. For
-SRAVEN, when all sites share one query position among the last M tokens, the label `rule` is
-added: the rule that governs that query position (what the paper decodes).
+prediction at the last `task.n_recorded_predictions` prediction positions, the target, the split,
+and any extra arrays passed. For SRAVEN, when all sites share one query position among the last M
+tokens, the label `rule` is added: the rule that governs that query position (what the paper
+decodes).
 """
 
 from __future__ import annotations
@@ -149,6 +150,9 @@ def extract(
     if variant not in task.variants:
         raise UsageError(f"unknown variant {variant!r} for task {task.name!r}; valid variants: {list(task.variants)}")
     seed = eval_seed(split) if seed is None else seed
+    if task.seq_len > model.config.n_ctx:
+        raise UsageError(f"the task's seq_len={task.seq_len} is longer than the model accepts (n_ctx="
+                         f"{model.config.n_ctx}); expected seq_len <= {model.config.n_ctx}")
     sites = parsed.resolve(model.config.n_layers, task.seq_len)
     n_heads = model.config.sizes.n_heads
     recorder = Recorder(model, sites, score=score)
@@ -200,7 +204,7 @@ def record_batch(
         codes=recorder.pop(),
         labels={**batch.labels, **task.derived_labels(batch, sites)},
         split=batch.split,
-        prediction=output[:, -task.n_predictions:, :].float().numpy(),
+        prediction=output[:, -task.n_recorded_predictions:, :].float().numpy(),
         target=batch.y,
         extra=extra,
     )

@@ -1,4 +1,4 @@
-"""The in-context learning tasks of "Attention as a Hypernetwork": fuzzy logic and SRAVEN.
+"""The tasks of "Attention as a Hypernetwork": fuzzy logic, SRAVEN and byte-level language modelling.
 
 A task owns everything known about it: its generator, splits and labels, and what later stages
 need (`Task.analysis`, `Task.training_setup`, `Task.selectors`, `Task.derived_labels`, the names of
@@ -20,6 +20,7 @@ from latentcode.tasks.base import (
     task_names,
 )
 from latentcode.tasks.fuzzy_logic import FuzzyLogic
+from latentcode.tasks.language import Language
 from latentcode.tasks.sraven import RULES, SRaven
 
 # The task of `latentcode demo`, the main job's embedded default (its models are shipped).
@@ -31,6 +32,7 @@ __all__ = [
     "AnalysisDefaults",
     "Batch",
     "FuzzyLogic",
+    "Language",
     "SRaven",
     "Task",
     "TrainingSetup",

@@ -2,8 +2,9 @@
 
 Batches
 -------
-``Task.sample`` returns a :class:`Batch`: the model input ``x`` ``[n, seq_len, d_in]``, the
-targets ``y`` ``[n, n_predictions]`` and ``labels``, a dict of named per-example arrays that
+``Task.sample`` returns a :class:`Batch`: the model input ``x`` ``[n, seq_len, d_in]`` (or integer
+tokens ``[n, seq_len]`` for a task with a ``d_vocab``), the targets ``y`` ``[n, n_predictions]`` and
+``labels``, a dict of named per-example arrays that
 describe what generated each instance. Labels travel with the data so that later stages
 (extraction, probes, plots) never recompute them.
 
@@ -72,7 +73,8 @@ class Batch:
     """A batch of task instances.
 
     Attributes:
-        x: float32 ``[n, seq_len, d_in]``, the model input.
+        x: the model input: float32 ``[n, seq_len, d_in]``, or int64 token ids ``[n, seq_len]``
+            for a task with a ``d_vocab`` (e.g. the language task's bytes).
         y: ``[n, n_predictions]`` targets: float32 values (regression) or int64 class indices
             (classification), one per prediction position (the last ``n_predictions`` tokens).
         labels: named arrays describing each instance, each with first dimension ``n``.
@@ -125,6 +127,7 @@ class AnalysisDefaults:
         picture_label: what figures colour by: one value per example.
         headline_metric: the task metric (of `Task.evaluate`) that sums up a split.
         selection_split: the in-distribution split a sweep selects runs on (the paper's protocol).
+        lower_is_better: whether a lower headline metric is better (a loss, bits per byte).
     """
 
     selector: str
@@ -133,6 +136,7 @@ class AnalysisDefaults:
     picture_label: str
     headline_metric: str
     selection_split: str = "test"
+    lower_is_better: bool = False
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
@@ -145,13 +149,16 @@ class TrainingSetup:
     Attributes:
         description: one line for `latentcode train --help`.
         task: the `get_task` parameters of the paper's default setting.
-        model: `ModelConfig` fields of the paper's model (d_in, d_out, n_ctx come from the task).
+        model: `ModelConfig` fields of the paper's model (d_in or d_vocab, d_out and n_ctx come from
+            the task).
         optimizer: batch_size, learning_rate, weight_decay, warmup_steps.
         train_instances: training instances per scale (tiny, demo, cpu, paper).
         eval_instances: evaluation instances per split, per scale.
         paper_grid: the values the paper searched, per field (`latentcode sweep --grid paper`).
         shipped: overrides with which the checkpoints in `models/` were trained (and so how
             `latentcode demo --train` trains), e.g. a variant this CPU can learn.
+        scales: overrides of task, model or training fields by scale (applied before the user's),
+            e.g. a smaller model that a CPU trains at the cpu scale and the paper's at paper.
     """
 
     description: str
@@ -162,6 +169,7 @@ class TrainingSetup:
     eval_instances: dict[str, int]
     paper_grid: dict[str, list]
     shipped: dict[str, Any] = field(default_factory=dict)
+    scales: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def eval_seed(split: str) -> int:
@@ -186,7 +194,8 @@ class Task(abc.ABC):
     training_setup: ClassVar[TrainingSetup | None] = None  # None: no `latentcode train` preset
 
     seq_len: int  # tokens per instance
-    d_in: int  # width of one input token
+    d_in: int | None  # width of one input token (None for a task of integer tokens)
+    d_vocab: int | None = None  # tasks of integer tokens: how many ids (x is int64 [n, seq_len])
     d_out: int  # model output width per prediction position
     n_predictions: int  # how many final positions carry predictions
     seed: int  # the task's own seed: fixes the splits and any fixed inputs
@@ -281,6 +290,13 @@ class Task(abc.ABC):
     def prediction_kind(self) -> str:
         """What the model's raw output at a prediction position is, as stored in a codes file."""
         return "logits" if self.objective == "classification" else "regression output"
+
+    @property
+    def n_recorded_predictions(self) -> int:
+        """How many of the last prediction positions a codes file keeps the model's outputs of:
+        all ``n_predictions``, unless a task keeps fewer (a language model's logits at every
+        position would outweigh everything else in the file)."""
+        return self.n_predictions
 
     # --- validation ---------------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ def task_fields() -> set[str]:
 
 
 # ModelConfig fields a user may override by name; the task fixes the input, output and context sizes.
-MODEL_FIELDS = {field.name for field in dataclasses.fields(ModelConfig)} - {"d_in", "d_out", "n_ctx"}
+MODEL_FIELDS = {field.name for field in dataclasses.fields(ModelConfig)} - {"d_in", "d_vocab", "d_out", "n_ctx"}
 # TrainConfig fields a user may override by name; the preset sets the task, model and identity.
 TRAIN_FIELDS = {field.name for field in dataclasses.fields(TrainConfig)} - {"task", "model", "preset", "scale", "notes"}
 
@@ -58,6 +58,7 @@ def build_train_config(preset: str, scale: str = "cpu", attention: str = "softma
 
     Overrides may name TrainConfig fields (`learning_rate`, `seed`, `n_train_instances`, ...), model
     fields (`n_layers`, `width_factor`, ...) or task fields (`seq_len`, `frac_test`, `task_seed`, ...).
+    The preset's own overrides for `scale` (`TrainingSetup.scales`) come first, the given ones after.
     """
     known = presets()
     if preset not in known:
@@ -68,7 +69,7 @@ def build_train_config(preset: str, scale: str = "cpu", attention: str = "softma
     task = dict(spec.task)
     model = {**spec.model, "attention": attention}
     train_fields: dict[str, Any] = dict(spec.optimizer)
-    for key, value in overrides.items():
+    for key, value in {**spec.scales.get(scale, {}), **overrides}.items():
         if value is None:
             continue
         if key in task_fields():
@@ -86,7 +87,8 @@ def build_train_config(preset: str, scale: str = "cpu", attention: str = "softma
             )
 
     task_object = get_task(**task)
-    model.update(d_in=task_object.d_in, d_out=task_object.d_out, n_ctx=task_object.seq_len)
+    model.update(d_in=task_object.d_in, d_vocab=task_object.d_vocab, d_out=task_object.d_out,
+                 n_ctx=task_object.seq_len)
 
     n_train = train_fields.pop("n_train_instances", spec.train_instances[scale])
     batch_size = train_fields.get("batch_size", 128)

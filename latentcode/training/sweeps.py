@@ -35,6 +35,12 @@ def selection_metric(preset: str) -> tuple[str, str]:
     return analysis.selection_split, analysis.headline_metric
 
 
+def _better(value: float, than: float, preset: str) -> bool:
+    """Whether `value` of the selection metric beats `than` (lower is better for a loss)."""
+    lower_is_better = task_class(presets()[preset].task["name"]).analysis.lower_is_better
+    return value < than if lower_is_better else value > than
+
+
 def expand_grid(grid: dict[str, list[Any]], seeds: list[int]) -> list[dict[str, Any]]:
     """Every combination of the grid's values, once per seed."""
     keys = list(grid)
@@ -163,7 +169,7 @@ def best_runs(rows: list[dict[str, Any]], preset: str) -> dict[str, dict[str, An
         if row.get("status") != "finished" or value is None or not math.isfinite(value):
             continue
         current = best.get(row["attention"])
-        if current is None or value > current[key]:
+        if current is None or _better(value, current[key], preset):
             best[row["attention"]] = row
     return best
 

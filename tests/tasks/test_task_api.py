@@ -33,7 +33,7 @@ def assert_batches_equal(first: Batch, second: Batch) -> None:
 
 
 def test_registry_names_and_classes():
-    assert task_names() == ("fuzzy_logic", "sraven")
+    assert task_names() == ("fuzzy_logic", "language", "sraven")
     assert isinstance(get_task("fuzzy_logic"), FuzzyLogic)
     assert isinstance(get_task("sraven"), SRaven)
 

@@ -22,7 +22,7 @@ def test_train_help_shows_the_presets():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["train", "--preset", "mnist"], "error: unknown preset 'mnist'; valid presets: fuzzy_logic, sraven"),
+        (["train", "--preset", "mnist"], "error: unknown preset 'mnist'; valid presets: fuzzy_logic, language, sraven"),
         (["train", "--preset", "sraven", "--attention", "nope"], "error: unknown attention preset 'nope'"),
         (["train", "--preset", "sraven", "--n-heads", "5"], "error: kqv_dim=64 is not divisible by n_heads=5"),
         (["train"], "error: latentcode train needs --preset"),

