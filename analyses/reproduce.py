@@ -75,7 +75,7 @@ def plan() -> list[PlannedRun]:
     runs += [fuzzy("fig2c", a, 0, f) for f in (0.3, 0.5) for a in ATTENTIONS]
     runs += [fuzzy("ablations", a, 0, 0.7) for a in ABLATIONS]
     runs += [sraven("sraven", a, 0) for a in ATTENTIONS]
-    runs += [sraven("fig5c", a, 0, n_heads=1) for a in ("softmax", "hyla")]
+    runs += [sraven("fig5c", a, 0, n_heads=1) for a in ("hyla", "softmax")]
     runs += [sraven("sraven", a, s) for s in (1, 2) for a in ATTENTIONS]
     return runs
 
