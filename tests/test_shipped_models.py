@@ -20,8 +20,17 @@ SHIPPED = sorted(path.name for path in MODELS.iterdir() if (path / "model" / "mo
 
 
 def test_the_models_of_both_demos_are_shipped():
-    expected = {f"{task}-{attention}" for task in ("fuzzy_logic", "sraven") for attention in ("softmax", "linear", "hyla")}
+    trios = ("fuzzy_logic", "sraven", "sraven-permuted")  # sraven-permuted: `latentcode demo --checkpoints permuted`
+    expected = {f"{trio}-{attention}" for trio in trios for attention in ("softmax", "linear", "hyla")}
     assert expected <= set(SHIPPED)
+
+
+def test_the_permuted_sraven_trio_was_trained_on_the_permuted_task():
+    """The paper's task (column permutations: the task's default variant), at M = 2 features."""
+    for attention in ("softmax", "linear", "hyla"):
+        run = latentcode.Run(MODELS / f"sraven-permuted-{attention}")
+        assert (run.config.variant or run.task().variants[0]) == "permuted"
+        assert run.task().n_features == 2 and run.load_model().config.attention == attention
 
 
 @pytest.mark.parametrize("name", SHIPPED)
