@@ -39,16 +39,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from latentcode.errors import LatentcodeError
-from latentcode.models.attention import Attention, lecun_normal_
+from latentcode.models.attention import Attention, InputShapeError, lecun_normal_
 from latentcode.models.config import ModelConfig
 from latentcode.models.feedforward import MLP, MixtureOfExperts
 from latentcode.models.hooks import HookedRootModule, HookPoint
 from latentcode.models.persistence import check_weights_fit, read_model_files, save_model
 
-
-class InputShapeError(LatentcodeError, ValueError):
-    """An input that does not match the model; the message names the expected and received shape."""
+__all__ = ["InputShapeError", "LayerNorm", "Transformer", "build_model", "load_model"]
 
 
 class LayerNorm(nn.Module):
