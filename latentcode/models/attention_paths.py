@@ -109,6 +109,7 @@ def block_value_network(value_network: ValueNetwork, codes: Tensor, values: Tens
     tile by tile over keys (without gradients: the tiles' z are added in place)."""
     forward = value_network.forward_tile if value_network.has_tile_kernels else value_network
     n_keys = codes.shape[-1]
+    key_tile = key_tile if value_network.sums_over_keys else n_keys
     z = forward(codes[..., :key_tile], values[:, :key_tile])
     for key_start in range(key_tile, n_keys, key_tile):
         key_end = key_start + key_tile
@@ -211,8 +212,9 @@ class BlockwiseAttention(torch.autograd.Function):
                     codes = codes * keep[..., query_start:query_end, :n_keys]
             codes_detached = codes.detach()
             grad_codes = torch.empty_like(codes_detached) if codes.requires_grad else None
-            for key_start in range(0, n_keys, plan.key_tile):
-                key_end = min(key_start + plan.key_tile, n_keys)
+            key_tile = plan.key_tile if value_network.sums_over_keys else n_keys
+            for key_start in range(0, n_keys, key_tile):
+                key_end = min(key_start + key_tile, n_keys)
                 if value_network.has_tile_kernels:  # written-out backward, no graph
                     with recompute()[1]:
                         tile_codes_grad, tile_values_grad = value_network.backward_tile(
@@ -291,9 +293,10 @@ def sdpa_z(attention: Attention, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 # -- linear attention in associative form -----------------------------------------------------------
 
 
-def associative_z(attention: Attention, q: Tensor, k: Tensor, v: Tensor, chunk: int = LINEAR_CHUNK) -> Tensor:
+def associative_z(attention: Attention, q: Tensor, k: Tensor, v: Tensor, chunk: int | None = None) -> Tensor:
     """z[q] = sum_k (q_q . k_k / sqrt(d_head)) v_k (keys k <= q when causal) without the [query, key]
-    scores of the whole sequence."""
+    scores of the whole sequence; `chunk` queries per chunk when causal (None: `LINEAR_CHUNK`)."""
+    chunk = LINEAR_CHUNK if chunk is None else chunk
     q = q * (1.0 / math.sqrt(attention.d_head))
     if attention.allowed is None:
         return torch.einsum("bqhd,bhde->bqhe", q, torch.einsum("bkhd,bkhe->bhde", k, v))
