@@ -256,6 +256,9 @@ def block_parameters(attention: Attention) -> tuple[list[Tensor], list[Tensor]]:
     return ([bias.bias_table] if bias is not None else []), list(attention.value_network.parameters())
 
 
+# torch.compile would unroll every block and tile into one graph: 9 minutes of compilation for a
+# HYLA model at T=1024 and no faster step (benchmarks/bench_long_sequences.py); it runs eagerly.
+@torch.compiler.disable
 def blockwise_z(
     attention: Attention, plan: BlockPlan, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None
 ) -> Tensor:
@@ -297,20 +300,22 @@ def associative_z(attention: Attention, q: Tensor, k: Tensor, v: Tensor, chunk: 
     """z[q] = sum_k (q_q . k_k / sqrt(d_head)) v_k (keys k <= q when causal) without the [query, key]
     scores of the whole sequence; `chunk` queries per chunk when causal (None: `LINEAR_CHUNK`)."""
     chunk = LINEAR_CHUNK if chunk is None else chunk
-    q = q * (1.0 / math.sqrt(attention.d_head))
+    # [batch, head, pos, d] once, so that every product below reads slices of it without copies.
+    q = (q * (1.0 / math.sqrt(attention.d_head))).transpose(1, 2).contiguous()
+    k, v = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
     if attention.allowed is None:
-        return torch.einsum("bqhd,bhde->bqhe", q, torch.einsum("bkhd,bkhe->bhde", k, v))
-    n_positions = q.shape[1]
+        return torch.matmul(q, torch.matmul(k.transpose(-1, -2), v)).transpose(1, 2)
+    n_positions = q.shape[2]
     z_chunks, state = [], None  # state: sum over earlier chunks of k^T v, [batch, head, d_head, d_head_v]
     for start in range(0, n_positions, chunk):
         end = min(start + chunk, n_positions)
-        q_chunk, k_chunk, v_chunk = q[:, start:end], k[:, start:end], v[:, start:end]
-        scores = torch.einsum("bqhd,bkhd->bhqk", q_chunk, k_chunk)
+        q_chunk, k_chunk, v_chunk = q[:, :, start:end], k[:, :, start:end], v[:, :, start:end]
+        scores = torch.matmul(q_chunk, k_chunk.transpose(-1, -2))
         scores = scores.masked_fill(~attention.allowed[: end - start, : end - start], 0.0)
-        z_chunk = torch.einsum("bhqk,bkhe->bqhe", scores, v_chunk)
+        z_chunk = torch.matmul(scores, v_chunk)
         if state is not None:
-            z_chunk = z_chunk + torch.einsum("bqhd,bhde->bqhe", q_chunk, state)
+            z_chunk = z_chunk + torch.matmul(q_chunk, state)
         z_chunks.append(z_chunk)
-        chunk_state = torch.einsum("bkhd,bkhe->bhde", k_chunk, v_chunk)
+        chunk_state = torch.matmul(k_chunk.transpose(-1, -2), v_chunk)
         state = chunk_state if state is None else state + chunk_state
-    return torch.cat(z_chunks, dim=1)
+    return torch.cat(z_chunks, dim=2).transpose(1, 2)
