@@ -46,9 +46,13 @@ What each hook costs (hook points of this layer):
                         hooks, run_with_cache, interventions that edit codes, backward hooks): the
                         full path, T^2 floats per batch element and head, forward and backward
     value_network.hook_hidden, hook_hidden2 (hyper_*), or any hook on the value network module
-                        the full path, with the whole hidden activation `[batch, query, key, d_head_v]`
-                        (T^2 d_head_v floats per batch element; for HYLA at T=1024 about 0.5 GB
-                        per layer and batch element, kept for the backward)
+                        the full path, with whole hidden activations `[batch, query, key, d_head_v]`
+                        (T^2 d_head_v floats per batch element each, several kept for the backward)
+
+What the full path costs where a faster one exists (benchmarks/bench_long_sequences.py; 2 layers,
+d_model 256, 4 heads of width 64, batch 2, T=1024, causal, one forward+backward on one CPU
+thread): HYLA about 3 GB and 8x the time of the blockwise path (under 0.1 GB); softmax about 2x
+the memory of sdpa; linear about 1.7x the memory and 1.5x the time of the associative form.
 
 Global module hooks (`torch.nn.modules.module.register_module_forward_hook` and friends) also
 select the full path: they would see blocks.

@@ -28,7 +28,8 @@ Every activation passes through a `HookPoint` named as in TransformerLens, so `r
     ln_final.hook_normalized                    [batch, pos, d_model]
 
 `hook_normalized` is the LayerNorm's output after its affine map: the exact input of the next
-layer.
+layer. On long sequences the attention layers compute blockwise unless a hook needs a whole
+`[batch, head, query, key]` tensor: `latentcode.models.attention` says what each hook costs.
 """
 
 from __future__ import annotations
