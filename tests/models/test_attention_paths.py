@@ -107,11 +107,12 @@ def through_path(layer, x, path, seed=1):
     return result
 
 
-def assert_all_close(got, expected):
+def assert_all_close(got, expected, relative=2e-5):
+    """Each tensor within `relative` of its largest entry (sums in another order differ by that)."""
     largest = max(tensor.abs().max().item() for tensor in expected)
     for index, (got_tensor, expected_tensor) in enumerate(zip(got, expected, strict=True)):
         # The floor: gradients that vanish in theory (b_K under softmax without rotary) are float noise.
-        atol = max(2e-5 * expected_tensor.abs().max().item(), 2e-6 * largest)
+        atol = max(relative * expected_tensor.abs().max().item(), relative / 10 * largest)
         torch.testing.assert_close(got_tensor, expected_tensor, atol=atol, rtol=1e-4,
                                    msg=lambda message, index=index: f"tensor {index}: {message}")
 
@@ -405,4 +406,4 @@ def test_long_sequence_of_a_wider_model_through_auto_equals_the_full_path(attent
         results[path] = [output.detach(), *[parameter.grad.clone() for parameter in model.parameters()]]
         if path == "auto":
             assert model.blocks[0].attn.last_path != "full"
-    assert_all_close(results["auto"], results["full"])
+    assert_all_close(results["auto"], results["full"], relative=1e-4)  # sums over 300 keys, reordered
