@@ -1,14 +1,24 @@
-"""Time one training step (forward + backward + AdamW step) of the paper's models on this machine.
+"""Time one training step (forward + backward + AdamW step) of the paper's models on this machine,
+eager against the other ways of running it, measured in the same run.
 
 Sizes as in the paper: SRAVEN (4 layers, d_model 128, 16 heads, kqv 64, d_mlp 256, 36 tokens of
 width 8) and fuzzy logic (2 layers, d_model 128, 8 heads, kqv 16, d_mlp 256, 32 tokens of width 5),
-batch 128, attention dropout 0.1, training mode. Prints the median and interquartile range of the
-step time in milliseconds for each attention preset, eager and (with --compile) torch.compile'd.
+batch 128, attention dropout 0.1, training mode. For each attention preset it prints the median
+and interquartile range of the step time in milliseconds of each mode, and the ratio of the eager
+median to each mode's median (above 1: faster than eager):
 
-    python benchmarks/bench_model_step.py [--steps 30] [--compile] [--threads 2]
+    eager       the default: sequences this short take the full attention path
+    blockwise   the blockwise attention path forced (`Attention.path = "blockwise"`)
+    compiled    torch.compile'd model (with --compile)
 
-Reference (the paper's JAX implementation on a 2-core machine of this kind, median ms per step):
-SRAVEN 341 / 345 / 587 and fuzzy logic 119 / 103 / 168 for softmax / linear / hyla.
+    python benchmarks/bench_model_step.py [--steps 30] [--compile] [--threads 1]
+
+The modes of one configuration run in interleaved rounds (each round times every mode for
+`--steps / --rounds` steps), so that a change of machine load hits them alike. Only ratios within
+one run compare: an earlier version printed reference times of the paper's JAX implementation
+measured on another day, which is no comparison (run both side by side instead). Two torch jobs
+with default threads on the same 2 cores slow each other down (up to 6x, OpenMP threads spinning):
+on a shared machine give `--threads 1`.
 """
 
 from __future__ import annotations
@@ -20,40 +30,46 @@ import time
 import torch
 
 from latentcode import ModelConfig, build_model
+from latentcode.models.attention import Attention
 
 SIZES = {
     "sraven": dict(n_layers=4, d_model=128, n_heads=16, kqv_dim=64, d_mlp=256, n_ctx=36, d_in=8, d_out=8),
     "fuzzy_logic": dict(n_layers=2, d_model=128, n_heads=8, kqv_dim=16, d_mlp=256, n_ctx=32, d_in=5, d_out=1),
 }
-REFERENCE_MS = {
-    ("sraven", "softmax"): 341, ("sraven", "linear"): 345, ("sraven", "hyla"): 587,
-    ("fuzzy_logic", "softmax"): 119, ("fuzzy_logic", "linear"): 103, ("fuzzy_logic", "hyla"): 168,
-}
 
 
-def time_steps(task: str, attention: str, steps: int, warmup: int, compile_model: bool) -> list[float]:
-    config = ModelConfig(attention=attention, attn_dropout=0.1, **SIZES[task])
-    model = build_model(config, seed=0).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
-    forward = torch.compile(model) if compile_model else model
-    generator = torch.Generator().manual_seed(0)
-    inputs = torch.rand(128, config.n_ctx, config.d_in, generator=generator)
-    targets = torch.randn(128, config.n_ctx, config.d_out, generator=generator)
-    times = []
-    for step in range(warmup + steps):
-        start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.mse_loss(forward(inputs), targets)
-        loss.backward()
-        optimizer.step()
-        if step >= warmup:
+class Stepper:
+    """One model, optimizer and batch in one mode; `run(n)` returns the milliseconds of n steps."""
+
+    def __init__(self, task: str, attention: str, mode: str):
+        config = ModelConfig(attention=attention, attn_dropout=0.1, **SIZES[task])
+        self.model = build_model(config, seed=0).train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3, weight_decay=0.1)
+        self.forward = torch.compile(self.model) if mode == "compiled" else self.model
+        if mode == "blockwise":
+            for layer in self.model.modules():
+                if isinstance(layer, Attention):
+                    layer.path = "blockwise"
+        generator = torch.Generator().manual_seed(0)
+        self.inputs = torch.rand(128, config.n_ctx, config.d_in, generator=generator)
+        self.targets = torch.randn(128, config.n_ctx, config.d_out, generator=generator)
+
+    def run(self, steps: int) -> list[float]:
+        times = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.mse_loss(self.forward(self.inputs), self.targets)
+            loss.backward()
+            self.optimizer.step()
             times.append((time.perf_counter() - start) * 1000)
-    return times
+        return times
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile'd models")
@@ -62,22 +78,25 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch 128, {args.steps} timed steps")
-    print(f"{'task':12s} {'attention':10s} {'mode':8s} {'median ms':>10s} {'IQR ms':>14s} {'reference':>10s} {'speed-up':>9s}")
-    modes = ["eager"] + (["compiled"] if args.compile else [])
+    modes = ["eager", "blockwise"] + (["compiled"] if args.compile else [])
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch 128, {args.steps} timed steps "
+          f"per mode in {args.rounds} interleaved rounds")
+    print(f"{'task':12s} {'attention':10s} {'mode':10s} {'median ms':>10s} {'IQR ms':>14s} {'eager / mode':>13s}")
     for task in args.task:
         for attention in args.attention:
+            steppers = {mode: Stepper(task, attention, mode) for mode in modes}
+            for stepper in steppers.values():
+                stepper.run(args.warmup)  # compiles the compiled one
+            times: dict[str, list[float]] = {mode: [] for mode in modes}
+            for _ in range(args.rounds):
+                for mode, stepper in steppers.items():
+                    times[mode] += stepper.run(max(args.steps // args.rounds, 1))
+            eager = statistics.median(times["eager"])
             for mode in modes:
-                times = time_steps(task, attention, args.steps, args.warmup, mode == "compiled")
-                quartiles = statistics.quantiles(times, n=4)
-                median = statistics.median(times)
-                reference = REFERENCE_MS.get((task, attention))
-                speedup = f"{reference / median:.2f}x" if reference else "-"
-                print(
-                    f"{task:12s} {attention:10s} {mode:8s} {median:10.1f} "
-                    f"{quartiles[0]:6.1f}-{quartiles[2]:6.1f} {reference or '-':>10} {speedup:>9s}",
-                    flush=True,
-                )
+                quartiles = statistics.quantiles(times[mode], n=4)
+                median = statistics.median(times[mode])
+                print(f"{task:12s} {attention:10s} {mode:10s} {median:10.1f} {quartiles[0]:6.1f}-{quartiles[2]:6.1f} "
+                      f"{eager / median:12.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,10 @@
 
 Works for any model a source can read (see `latentcode.extraction.source`): our models, TransformerLens
 models, and PyTorch models using scaled_dot_product_attention / nn.MultiheadAttention, or an
-adapter. Only the selected entries are kept, sliced while the forward pass runs.
+adapter. Only the selected entries are kept, sliced while the forward pass runs. On hook points
+the Recorder's hooks are `QueryBlockHook`s: our attention layers, which compute long sequences in
+blocks of queries, hand each block over, so recording never assembles the whole
+`[batch, head, query, key]` pattern (see `latentcode.models.attention`).
 
 Hooks run in the order they were added: a Recorder reads a hook point's value before any hook
 added after it (e.g. a patching hook of a later `run_with_hooks`) changes it, and after hooks that

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 
 from latentcode.errors import LatentcodeError, UsageError
 from latentcode.extraction.attention_rows import slice_pairs, write_pairs
+from latentcode.models.query_block_hook import QueryBlockHook
 
 SCORE_KINDS = ("pattern", "scores")
 
@@ -146,15 +147,33 @@ class HookPointSource(AttentionSource):
 
     @contextmanager
     def capture(self, pairs_for: PairsFor, score: str, sink: Sink) -> Iterator[None]:
+        """Records through `QueryBlockHook`s: a layer that computes blocks of queries (our attention
+        on long sequences) hands each block over and never assembles the whole pattern for it."""
         check_score(score)
 
-        def record(layer, output):
-            pairs = pairs_for(layer, output.shape[-1])
-            if pairs is not None:
-                sink(layer, *pairs, slice_pairs(output, pairs))
+        def record(layer, block, query_start):
+            pairs = pairs_for(layer, block.shape[-1])
+            if pairs is None:
+                return
+            queries, keys = pairs
+            if query_start or block.shape[-2] < int(queries.max()) + 1:
+                in_block = (queries >= query_start) & (queries < query_start + block.shape[-2])
+                if not bool(in_block.any()):
+                    return
+                queries, keys = queries[in_block], keys[in_block]
+            sink(layer, queries, keys, slice_pairs(block, (queries - query_start, keys)))
 
-        with self._hooked(score, record):
+        handles = []
+        try:
+            for layer in range(self._n_layers):
+                hook_point = self.hook_dict[self.hook_name(layer, score)]
+                handles.append(hook_point.register_forward_hook(QueryBlockHook(
+                    lambda block, query_start, layer=layer: record(layer, block, query_start)
+                )))
             yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
     @contextmanager
     def edit(self, pairs_for: PairsFor, editor: Editor) -> Iterator[None]:

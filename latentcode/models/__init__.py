@@ -20,7 +20,10 @@ _WHERE = {
     "ModelFileError": "latentcode.models.persistence",
     "load_model": "latentcode.models.transformer",
     "save_model": "latentcode.models.persistence",
-    "InputShapeError": "latentcode.models.transformer",
+    "InputShapeError": "latentcode.models.attention",
+    "AttentionPathError": "latentcode.models.attention",
+    "attention_path": "latentcode.models.attention",
+    "QueryBlockHook": "latentcode.models.query_block_hook",
     "Transformer": "latentcode.models.transformer",
     "build_model": "latentcode.models.transformer",
 }

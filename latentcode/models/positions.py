@@ -51,6 +51,10 @@ class RelativePositionBias(nn.Module):
         """Bias `[n_heads, n_positions, n_positions]` for a sequence of `n_positions` tokens."""
         return self.bias_table[:, self.buckets[:n_positions, :n_positions]]
 
+    def block(self, query_start: int, query_end: int, n_keys: int) -> Tensor:
+        """The rows `query_start:query_end` of the bias, keys `0:n_keys`: `[n_heads, rows, n_keys]`."""
+        return self.bias_table[:, self.buckets[query_start:query_end, :n_keys]]
+
 
 class Rotary(nn.Module):
     """Rotary position embedding (GPT-NeoX layout: the two halves of each head are rotated)."""

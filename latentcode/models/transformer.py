@@ -28,7 +28,8 @@ Every activation passes through a `HookPoint` named as in TransformerLens, so `r
     ln_final.hook_normalized                    [batch, pos, d_model]
 
 `hook_normalized` is the LayerNorm's output after its affine map: the exact input of the next
-layer.
+layer. On long sequences the attention layers compute blockwise unless a hook needs a whole
+`[batch, head, query, key]` tensor: `latentcode.models.attention` says what each hook costs.
 """
 
 from __future__ import annotations
@@ -39,16 +40,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from latentcode.errors import LatentcodeError
-from latentcode.models.attention import Attention, lecun_normal_
+from latentcode.models.attention import Attention, InputShapeError, lecun_normal_
 from latentcode.models.config import ModelConfig
 from latentcode.models.feedforward import MLP, MixtureOfExperts
 from latentcode.models.hooks import HookedRootModule, HookPoint
 from latentcode.models.persistence import check_weights_fit, read_model_files, save_model
 
-
-class InputShapeError(LatentcodeError, ValueError):
-    """An input that does not match the model; the message names the expected and received shape."""
+__all__ = ["InputShapeError", "LayerNorm", "Transformer", "build_model", "load_model"]
 
 
 class LayerNorm(nn.Module):

@@ -23,7 +23,9 @@ latent code generates. Their hidden activation `[batch, query, key, d_head_v]` p
 Each value network is one class that knows its `config_name`, its forward, and the network it
 applies to each key input x_k for a pair (q, k) (`generated_layers`, `floats_per_pair`): the
 hypernetwork view (`latentcode.models.hypernetwork`) only asks it. `VALUE_NETWORKS` is the one
-table of names.
+table of names. For the attention layer's blockwise path it also says whether z is a sum of one
+term per key (`sums_over_keys`: then a block's keys may be split into tiles) and how many floats
+its forward holds per (batch, query, key) pair besides the latent code (`floats_held_per_pair`).
 """
 
 from __future__ import annotations
@@ -69,6 +71,10 @@ class ValueNetwork(nn.Module):
 
     # The name ModelConfig uses. Not `name`: TransformerLens sets each module's `name` to its path.
     config_name: ClassVar[str]
+    # z[q] = sum_k f(a[:, q, k], v[k]): the keys may be processed in tiles whose z are added.
+    sums_over_keys: ClassVar[bool] = True
+    # forward_tile / backward_tile exist: the blockwise path's hand-written kernels (no autograd).
+    has_tile_kernels: ClassVar[bool] = False
 
     def __init__(self, n_heads: int, d_head_v: int):
         super().__init__()
@@ -88,6 +94,11 @@ class ValueNetwork(nn.Module):
     def floats_per_pair(self, d_model: int) -> int:
         """How many floats `generated_layers` returns for one (batch, query, key) pair."""
         raise NotImplementedError
+
+    def floats_held_per_pair(self) -> int:
+        """Floats the forward materializes per (batch, query, key) pair besides the latent code
+        (0: none; the attention layer sizes its key tiles with it)."""
+        return 0
 
 
 class LinearValueNetwork(ValueNetwork):
@@ -124,6 +135,7 @@ class ReluLinearValueNetwork(ValueNetwork):
     so the layer is not a sum over keys of per-pair networks and has no hypernetwork view."""
 
     config_name = "relu_linear"
+    sums_over_keys = False  # the ReLU comes after the sum over keys
 
     def forward(self, latent_codes: Tensor, values: Tensor) -> Tensor:
         return torch.relu(torch.einsum("bhqk,bkhd->bqhd", latent_codes, values))
@@ -192,6 +204,53 @@ class HyperValueNetwork(ValueNetwork):
     def floats_per_pair(self, d_model: int) -> int:
         return 2 * self.d_head_v * d_model + self.d_head_v
 
+    def floats_held_per_pair(self) -> int:
+        return self.d_head_v  # the hidden activation (its gradient takes its place in the backward)
+
+    # -- the blockwise path's kernels for one tile of keys ------------------------------------------
+    # forward() through einsum is slow for these shapes (the head axis it sums over is short); these
+    # keep the hidden activation in the layout [batch, key, query, d_head_v], where every product is
+    # a plain batched matrix product, and skip autograd: the backward is written out. Both equal
+    # forward() and its autograd gradients to float tolerance (tests/models/test_attention_paths.py).
+    has_tile_kernels = True
+
+    def _tile_hidden(self, latent_codes: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """`(codes [batch, key, query, head], hidden [batch, key, query, d_head_v])` of a tile."""
+        codes_by_key = latent_codes.permute(0, 3, 2, 1).contiguous()
+        hidden = torch.matmul(codes_by_key, values)  # sum_h a[b, h, q, k] v[b, k, h]
+        if self.activation == "relu":
+            hidden = hidden.relu_()
+        return codes_by_key, hidden
+
+    def forward_tile(self, latent_codes: Tensor, values: Tensor) -> Tensor:
+        """forward(latent_codes, values) of a tile of keys, without hooks and without a graph."""
+        _, hidden = self._tile_hidden(latent_codes, values)
+        # z[b, q, h] = sum_k a[b, h, q, k] hidden[b, k, q], one batched product per batch element.
+        return torch.stack([
+            torch.bmm(codes.transpose(0, 1), element_hidden.transpose(0, 1))
+            for codes, element_hidden in zip(latent_codes, hidden, strict=True)
+        ])
+
+    def backward_tile(self, latent_codes: Tensor, values: Tensor, grad_z: Tensor) -> tuple[Tensor, Tensor]:
+        """Gradients `(d latent_codes [batch, head, query, key], d values [batch, key, head, d_head_v])`
+        of `sum(forward(latent_codes, values) * grad_z)` for a tile, recomputing its hidden activation."""
+        codes_by_key, hidden = self._tile_hidden(latent_codes, values)
+        grad_codes = latent_codes.new_empty(latent_codes.shape)
+        grad_values = values.new_empty(values.shape)
+        for index in range(latent_codes.shape[0]):
+            codes, element_hidden, element_grad_z = latent_codes[index], hidden[index], grad_z[index]
+            # d hidden[k, q] = sum_h a[h, q, k] dz[q, h]: [key, query, d_head_v]
+            grad_hidden = torch.bmm(codes.permute(1, 2, 0), element_grad_z).transpose(0, 1)
+            if self.activation == "relu":
+                grad_hidden = torch.ops.aten.threshold_backward(grad_hidden, element_hidden, 0)
+            # d a[h, q, k] = dz[q, h] . hidden[k, q]  +  d hidden[k, q] . v[k, h]
+            through_last = torch.bmm(element_grad_z, element_hidden.permute(1, 2, 0))  # [query, head, key]
+            through_first = torch.bmm(grad_hidden, values[index].transpose(1, 2))  # [key, query, head]
+            grad_codes[index] = through_last.permute(1, 0, 2) + through_first.permute(2, 1, 0)
+            # d v[k, h] = sum_q a[h, q, k] d hidden[k, q]
+            grad_values[index] = torch.bmm(codes_by_key[index].transpose(1, 2), grad_hidden)
+        return grad_codes, grad_values
+
 
 class HyperLinearValueNetwork(HyperValueNetwork):
     config_name = "hyper_linear"
@@ -210,6 +269,7 @@ class HyperDeepValueNetwork(HyperValueNetwork):
 
     config_name = "hyper_deep"
     activation = "relu"
+    has_tile_kernels = False  # its tiles go through forward() and autograd
 
     def __init__(self, n_heads: int, d_head_v: int):
         super().__init__(n_heads, d_head_v)
@@ -223,9 +283,16 @@ class HyperDeepValueNetwork(HyperValueNetwork):
 
     def forward(self, latent_codes: Tensor, values: Tensor) -> Tensor:
         hidden = self.first_layer(latent_codes, values)
-        # sum_h a[h,q,k] W_value2[h] is the generated second-layer weight of each pair.
-        generated = torch.einsum("bhqk,hde->bqkde", latent_codes, self.W_value2)
-        hidden = self.hook_hidden2(torch.relu(torch.einsum("bqkd,bqkde->bqke", hidden, generated)))
+        if self.n_heads < self.d_head_v:
+            # Wide heads: sum_h a[h] (hidden W_value2[h]) holds [head, d_head_v] per pair instead
+            # of the generated [d_head_v, d_head_v] weight; the same sum, reassociated.
+            per_head = torch.einsum("bqkd,hde->bqkhe", hidden, self.W_value2)
+            second = torch.einsum("bhqk,bqkhe->bqke", latent_codes, per_head)
+        else:
+            # sum_h a[h,q,k] W_value2[h] is the generated second-layer weight of each pair.
+            generated = torch.einsum("bhqk,hde->bqkde", latent_codes, self.W_value2)
+            second = torch.einsum("bqkd,bqkde->bqke", hidden, generated)
+        hidden = self.hook_hidden2(torch.relu(second))
         return self.last_layer(latent_codes, hidden)
 
     def generated_layers(
@@ -243,6 +310,10 @@ class HyperDeepValueNetwork(HyperValueNetwork):
 
     def floats_per_pair(self, d_model: int) -> int:
         return super().floats_per_pair(d_model) + self.d_head_v**2
+
+    def floats_held_per_pair(self) -> int:
+        width = self.d_head_v
+        return 3 * width + min(self.n_heads, width) * width
 
 
 VALUE_NETWORKS: dict[str, type[ValueNetwork]] = {

@@ -1,0 +1,321 @@
+"""The memory-efficient ways an attention layer computes z from its queries, keys and values.
+
+Each equals the full computation of `latentcode.models.attention` to float tolerance, in outputs
+and in gradients; `Attention` chooses among them (see its module docstring for when and why).
+Shapes: `q, k` `[batch, pos, head, d_head]`, `v` `[batch, pos, head, d_head_v]` (after rotary),
+`z` `[batch, query, head, d_head_v]`.
+
+- `blockwise_z`: every variant. For one block of queries at a time: scores -> sigma -> dropout
+  -> value network -> z. Every score normalization acts within one query row (softmax over keys)
+  or one (query, key) pair (rms over heads), so a block of query rows is computed exactly as in
+  the full tensor; under a causal mask a block needs only the keys up to its last query (the
+  others are masked and contribute exactly zero). The value networks whose z is a sum over keys
+  (all but `relu_linear`) also split a block's keys into tiles, so that a tile's hidden
+  activations `[batch, query, key, d_head_v]` stay in cache. With gradients, `BlockwiseAttention`
+  (a custom autograd Function) stores only q, k, v and the dropout mask and recomputes each
+  block in the backward, so the forward+backward never holds more than one block's tensors.
+- `sdpa_z`: softmax scores with the linear value network, through
+  `F.scaled_dot_product_attention` (no `[batch, head, query, key]` tensor on fused kernels).
+- `associative_z`: linear attention (identity sigma, linear value network, no position bias):
+  z_q = q_q (sum_k k_k^T v_k), and with a causal mask the same sum chunk by chunk (quadratic
+  inside a chunk, a running `[head, d_head, d_head_v]` state across chunks): O(T d^2), no T^2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from latentcode.models.attention import Attention
+    from latentcode.models.value_network import ValueNetwork
+
+BLOCK_BYTES = 2 * 2**20
+"""Target size of a block's largest tensor: about a core's L2 cache on the machines we measured
+(benchmarks/bench_long_sequences.py); blocks much larger spill to memory and run slower."""
+MIN_QUERY_BLOCK, MAX_QUERY_BLOCK, MIN_KEY_TILE = 8, 512, 16
+LINEAR_CHUNK = 64  # queries per chunk of causal linear attention
+
+Reader = Callable[[Tensor, int], None]
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """How `blockwise_z` splits one forward pass.
+
+    query_block: queries per block; key_tile: keys per tile of the value network;
+    score_readers / pattern_readers: `QueryBlockHook.read`s of `hook_attn_scores` / `hook_pattern`,
+    called with each block `[batch, head, block queries, every key]` and its first query.
+    """
+
+    query_block: int
+    key_tile: int
+    score_readers: tuple[Reader, ...] = ()
+    pattern_readers: tuple[Reader, ...] = ()
+
+
+def plan_blocks(
+    attention: Attention,
+    batch: int,
+    n_positions: int,
+    query_block: int | None = None,
+    score_readers: Sequence[Reader] = (),
+    pattern_readers: Sequence[Reader] = (),
+) -> BlockPlan:
+    """Query blocks whose latent codes, and key tiles whose per-pair activations, take about
+    `BLOCK_BYTES` each (tiles about square); `query_block` (where given) fixes the queries per block."""
+    value_network = attention.value_network
+    held = value_network.floats_held_per_pair() if value_network.sums_over_keys else 0
+    pairs_per_tile = max(BLOCK_BYTES // (4 * batch * held), 1) if held else 0
+    if query_block is None:
+        row_bytes = 4 * batch * attention.n_heads * n_positions  # one query row of the codes
+        query_block = BLOCK_BYTES // row_bytes
+        if held:
+            query_block = min(query_block, math.isqrt(pairs_per_tile))
+        query_block = min(max(query_block, MIN_QUERY_BLOCK), MAX_QUERY_BLOCK)
+    query_block = min(query_block, n_positions)
+    key_tile = max(pairs_per_tile // query_block, MIN_KEY_TILE) if held else n_positions
+    return BlockPlan(query_block, key_tile, tuple(score_readers), tuple(pattern_readers))
+
+
+# -- blockwise ---------------------------------------------------------------------------------
+
+
+def block_codes(
+    attention: Attention, q_block: Tensor, keys: Tensor, query_start: int, n_keys: int,
+    score_readers: Sequence[Reader] = (),
+) -> Tensor:
+    """Latent codes `[batch, head, block queries, n_keys]` of the queries `q_block` (the first at
+    `query_start`) against `keys[:, :n_keys]`; the score readers see the scores of all of `keys`."""
+    query_end = query_start + q_block.shape[1]
+    scores = torch.einsum("bqhd,bkhd->bhqk", q_block * (1.0 / math.sqrt(attention.d_head)), keys)
+    if attention.relative_position_bias is not None:
+        scores = scores + attention.relative_position_bias.block(query_start, query_end, keys.shape[1])
+    for read in score_readers:
+        read(scores, query_start)
+    scores = scores[..., :n_keys]
+    allowed = None if attention.allowed is None else attention.allowed[query_start:query_end, :n_keys]
+    return attention.normalize(scores, allowed, attention.rms_head_eps)
+
+
+def block_value_network(value_network: ValueNetwork, codes: Tensor, values: Tensor, key_tile: int) -> Tensor:
+    """z of one query block `[batch, block queries, head, d_head_v]` from its codes and values,
+    tile by tile over keys (without gradients: the tiles' z are added in place)."""
+    forward = value_network.forward_tile if value_network.has_tile_kernels else value_network
+    n_keys = codes.shape[-1]
+    key_tile = key_tile if value_network.sums_over_keys else n_keys
+    z = forward(codes[..., :key_tile], values[:, :key_tile])
+    for key_start in range(key_tile, n_keys, key_tile):
+        key_end = key_start + key_tile
+        z += forward(codes[..., key_start:key_end], values[:, key_start:key_end])
+    return z
+
+
+def query_blocks(n_positions: int, plan: BlockPlan, causal: bool) -> list[tuple[int, int, int]]:
+    """`(query_start, query_end, n_keys)` of each block: a causal block needs keys `< query_end`."""
+    return [
+        (start, min(start + plan.query_block, n_positions), min(start + plan.query_block, n_positions)
+         if causal else n_positions)
+        for start in range(0, n_positions, plan.query_block)
+    ]
+
+
+def blockwise_forward(
+    attention: Attention, plan: BlockPlan, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None
+) -> Tensor:
+    """z without a graph, block by block; `keep` `[1, 1, query, key]`: the dropout mask or None."""
+    n_positions = q.shape[1]
+    z_blocks = []
+    for query_start, query_end, n_keys in query_blocks(n_positions, plan, attention.allowed is not None):
+        score_keys = n_positions if plan.score_readers else n_keys  # readers see every key's score
+        codes = block_codes(
+            attention, q[:, query_start:query_end], k[:, :score_keys], query_start, n_keys, plan.score_readers
+        )
+        if plan.pattern_readers:
+            # Masked keys after the block's last query have the code 0 exactly, as in the full path.
+            every_key = codes if n_keys == n_positions else F.pad(codes, (0, n_positions - n_keys))
+            for read in plan.pattern_readers:
+                read(every_key, query_start)
+        if keep is not None:
+            codes = codes * keep[..., query_start:query_end, :n_keys]
+        z_blocks.append(block_value_network(attention.value_network, codes, v[:, :n_keys], plan.key_tile))
+    return torch.cat(z_blocks, dim=1)
+
+
+def _gradients(output: Tensor, inputs: Sequence[Tensor], grad_output: Tensor) -> list[Tensor | None]:
+    """d output / d input for the inputs that require grad (None for the others)."""
+    wanted = [index for index, tensor in enumerate(inputs) if tensor.requires_grad]
+    gradients: list[Tensor | None] = [None] * len(inputs)
+    if wanted and output.requires_grad:
+        found = torch.autograd.grad(
+            output, [inputs[index] for index in wanted], grad_output.to(output.dtype), allow_unused=True
+        )
+        for index, gradient in zip(wanted, found, strict=True):
+            gradients[index] = gradient
+    return gradients
+
+
+def _accumulate(total: list[Tensor | None], parts: Sequence[Tensor | None]) -> None:
+    for index, part in enumerate(parts):
+        if part is not None:
+            total[index] = part if total[index] is None else total[index] + part
+
+
+class BlockwiseAttention(torch.autograd.Function):
+    """z = blockwise_forward(...), whose backward recomputes one query block (and one key tile) at a
+    time and differentiates it at once, so that no block's tensors outlive its turn.
+
+    apply(attention, plan, q, k, v, keep, *score_parameters, *value_parameters): the parameters
+    the blocks use besides q, k, v (the relative position bias table; the value network's own
+    weights), so that autograd routes their gradients."""
+
+    @staticmethod
+    def forward(ctx, attention, plan, q, k, v, keep, *parameters):
+        ctx.attention, ctx.plan = attention, plan
+        device_type = q.device.type
+        ctx.autocast = (device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
+        ctx.save_for_backward(q, k, v, keep)
+        return blockwise_forward(attention, plan, q, k, v, keep)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_z):
+        attention, plan = ctx.attention, ctx.plan
+        q, k, v, keep = ctx.saved_tensors
+        device_type, autocast_enabled, autocast_dtype = ctx.autocast
+        score_parameters, value_parameters = block_parameters(attention)
+        need_q, need_k, need_v = ctx.needs_input_grad[2:5]
+        grad_q = torch.zeros_like(q) if need_q else None
+        grad_k = torch.zeros_like(k) if need_k else None
+        grad_v = torch.zeros_like(v) if need_v else None
+        grad_score_parameters: list[Tensor | None] = [None] * len(score_parameters)
+        grad_value_parameters: list[Tensor | None] = [None] * len(value_parameters)
+        value_network = attention.value_network
+
+        def recompute():
+            return torch.enable_grad(), torch.autocast(device_type, autocast_dtype, enabled=autocast_enabled)
+
+        for query_start, query_end, n_keys in query_blocks(q.shape[1], plan, attention.allowed is not None):
+            grad_z_block = grad_z[:, query_start:query_end]
+            grad_mode, autocast = recompute()
+            with grad_mode, autocast:
+                q_block = q[:, query_start:query_end].detach().requires_grad_(need_q)
+                keys = k[:, :n_keys].detach().requires_grad_(need_k)
+                codes = block_codes(attention, q_block, keys, query_start, n_keys)
+                if keep is not None:
+                    codes = codes * keep[..., query_start:query_end, :n_keys]
+            codes_detached = codes.detach()
+            grad_codes = torch.empty_like(codes_detached) if codes.requires_grad else None
+            key_tile = plan.key_tile if value_network.sums_over_keys else n_keys
+            for key_start in range(0, n_keys, key_tile):
+                key_end = min(key_start + key_tile, n_keys)
+                if value_network.has_tile_kernels:  # written-out backward, no graph
+                    with recompute()[1]:
+                        tile_codes_grad, tile_values_grad = value_network.backward_tile(
+                            codes_detached[..., key_start:key_end], v[:, key_start:key_end], grad_z_block
+                        )
+                    if grad_codes is not None:
+                        grad_codes[..., key_start:key_end] = tile_codes_grad
+                    if need_v:
+                        grad_v[:, key_start:key_end] += tile_values_grad
+                    continue
+                grad_mode, autocast = recompute()
+                with grad_mode, autocast:
+                    tile_codes = codes_detached[..., key_start:key_end].detach().requires_grad_(grad_codes is not None)
+                    tile_values = v[:, key_start:key_end].detach().requires_grad_(need_v)
+                    z_tile = value_network(tile_codes, tile_values)
+                tile_codes_grad, tile_values_grad, *parameters_grad = _gradients(
+                    z_tile, [tile_codes, tile_values, *value_parameters], grad_z_block
+                )
+                if grad_codes is not None:
+                    grad_codes[..., key_start:key_end] = tile_codes_grad
+                if tile_values_grad is not None:
+                    grad_v[:, key_start:key_end] += tile_values_grad
+                _accumulate(grad_value_parameters, parameters_grad)
+            if grad_codes is not None:
+                q_grad, keys_grad, *parameters_grad = _gradients(
+                    codes, [q_block, keys, *score_parameters], grad_codes
+                )
+                if q_grad is not None:
+                    grad_q[:, query_start:query_end] = q_grad
+                if keys_grad is not None:
+                    grad_k[:, :n_keys] += keys_grad
+                _accumulate(grad_score_parameters, parameters_grad)
+        return (None, None, grad_q, grad_k, grad_v, None, *grad_score_parameters, *grad_value_parameters)
+
+
+def block_parameters(attention: Attention) -> tuple[list[Tensor], list[Tensor]]:
+    """The parameters a block uses besides q, k, v: of the scores, and of the value network."""
+    bias = attention.relative_position_bias
+    return ([bias.bias_table] if bias is not None else []), list(attention.value_network.parameters())
+
+
+# torch.compile would unroll every block and tile into one graph: 9 minutes of compilation for a
+# HYLA model at T=1024 and no faster step (benchmarks/bench_long_sequences.py); it runs eagerly.
+@torch.compiler.disable
+def blockwise_z(
+    attention: Attention, plan: BlockPlan, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None
+) -> Tensor:
+    """z computed block by block; through `BlockwiseAttention` where gradients are needed."""
+    score_parameters, value_parameters = block_parameters(attention)
+    parameters = [*score_parameters, *value_parameters]
+    if torch.is_grad_enabled() and any(tensor.requires_grad for tensor in (q, k, v, *parameters)):
+        return BlockwiseAttention.apply(attention, plan, q, k, v, keep, *parameters)
+    with torch.no_grad():
+        return blockwise_forward(attention, plan, q, k, v, keep)
+
+
+# -- softmax through scaled_dot_product_attention ---------------------------------------------------
+
+
+def sdpa_z(attention: Attention, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """softmax(q k^T / sqrt(d_head) + bias, masked) v through `F.scaled_dot_product_attention`,
+    without dropout (the layer's dropout is one [query, key] mask shared by batch and heads, which
+    SDPA's own dropout is not)."""
+    n_positions = q.shape[1]
+    causal = attention.allowed is not None
+    bias = None
+    if attention.relative_position_bias is not None:
+        bias = attention.relative_position_bias(n_positions)  # [head, query, key]
+        if causal:
+            bias = bias.masked_fill(~attention.allowed[:n_positions, :n_positions], float("-inf"))
+        bias = bias.to(q.dtype)
+    z = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+        attn_mask=bias, is_causal=causal and bias is None, scale=1.0 / math.sqrt(attention.d_head),
+    )
+    return z.transpose(1, 2)
+
+
+# -- linear attention in associative form -----------------------------------------------------------
+
+
+def associative_z(attention: Attention, q: Tensor, k: Tensor, v: Tensor, chunk: int | None = None) -> Tensor:
+    """z[q] = sum_k (q_q . k_k / sqrt(d_head)) v_k (keys k <= q when causal) without the [query, key]
+    scores of the whole sequence; `chunk` queries per chunk when causal (None: `LINEAR_CHUNK`)."""
+    chunk = LINEAR_CHUNK if chunk is None else chunk
+    # [batch, head, pos, d] once, so that every product below reads slices of it without copies.
+    q = (q * (1.0 / math.sqrt(attention.d_head))).transpose(1, 2).contiguous()
+    k, v = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+    if attention.allowed is None:
+        return torch.matmul(q, torch.matmul(k.transpose(-1, -2), v)).transpose(1, 2)
+    n_positions = q.shape[2]
+    z_chunks, state = [], None  # state: sum over earlier chunks of k^T v, [batch, head, d_head, d_head_v]
+    for start in range(0, n_positions, chunk):
+        end = min(start + chunk, n_positions)
+        q_chunk, k_chunk, v_chunk = q[:, :, start:end], k[:, :, start:end], v[:, :, start:end]
+        scores = torch.matmul(q_chunk, k_chunk.transpose(-1, -2))
+        scores = scores.masked_fill(~attention.allowed[: end - start, : end - start], 0.0)
+        z_chunk = torch.matmul(scores, v_chunk)
+        if state is not None:
+            z_chunk = z_chunk + torch.matmul(q_chunk, state)
+        z_chunks.append(z_chunk)
+        chunk_state = torch.matmul(k_chunk.transpose(-1, -2), v_chunk)
+        state = chunk_state if state is None else state + chunk_state
+    return torch.cat(z_chunks, dim=2).transpose(1, 2)
