@@ -50,10 +50,13 @@ def test_demo_from_the_shipped_checkpoints(tmp_path, task, checkpoints, capsys):
     report = run_demo(task, tmp_path / "demo", n_codes=256, max_points=100, progress=False, checkpoints=checkpoints)
     assert report.path.is_file() and len(report.runs) == 3
     assert all(run.summary for run in report.runs), "shipped runs carry their training metrics"
-    trained = {run.config.variant or run.task().variants[0] for run in report.runs}
+    import latentcode
+
+    runs = [latentcode.Run(record.path) for record in report.runs]
+    trained = {run.config.variant or run.task().variants[0] for run in runs}
     if checkpoints == "permuted":
         # Trained on the permuted task (M = 2), read on unpermuted instances: the title says both.
-        assert trained == {"permuted"} and {run.task().n_features for run in report.runs} == {2}
+        assert trained == {"permuted"} and {run.task().n_features for run in runs} == {2}
         assert "codes on the unpermuted variant" in report.path.read_text()
 
 
