@@ -125,8 +125,7 @@ def summary_of(name: str) -> dict | None:
 
 
 def ood_r2(name: str) -> float | None:
-    summary = summary_of(name)
-    return None if summary is None else 100 * summary["final_metrics"]["ood"]["r2"]
+    return metric_of(name, "ood", "r2")
 
 
 def minutes(names: list[str]) -> str:
@@ -349,6 +348,8 @@ def _verdict(wins: list[tuple[int, int]]) -> str:
 
 def verdicts() -> str:
     """One line per finding of the paper: reproduced, partly, not, or not measured yet, with the numbers."""
+    import pandas as pd
+
     lines = []
     # (1) HYLA generalizes better than softmax and linear (fuzzy logic, Table A1).
     fuzzy = {a: _ood_values([f"fuzzy-{a}-f0.7-s{s}" for s in (0, 1, 2)], ("ood", "r2")) for a in ATTENTIONS}
@@ -420,8 +421,6 @@ def verdicts() -> str:
         if not path.is_file():
             lines.append(f"- **Decoding {label}**: not measured yet.")
             continue
-        import pandas as pd
-
         table = pd.read_csv(path)
         chosen = table[(table["metric"] == DECODING[key][2]) & table["selected"]]
         beats = bool(chosen["beats_baselines"].astype(bool).all())
