@@ -347,6 +347,9 @@ def _train(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="override any task, model or training field, e.g. --set frac_test=0.7 --set seq_len=16")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model for training")
+    parser.add_argument("--threads", type=POSITIVE_INTEGER,
+                        help="CPU threads of this process (default torch's, one per core; give each of several jobs "
+                        "side by side its own, e.g. --threads 1 for two jobs on 2 cores)")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
     parser.set_defaults(handler=_run_train)
 
@@ -422,6 +425,8 @@ def _run_train(args: argparse.Namespace) -> None:
     from latentcode.models.config import ConfigError
     from latentcode.training import TrainConfig, build_train_config, train
 
+    _choose_threads(args.threads)
+
     if args.resume:
         run = train(resume=args.resume, progress=not args.quiet)
     else:
@@ -445,6 +450,21 @@ def _run_train(args: argparse.Namespace) -> None:
     print(f"run finished: {run.path}  ({summary.get('steps')} steps, {summary.get('wall_seconds', 0):.0f} s)")
     for split, metrics in (summary.get("final_metrics") or {}).items():
         print(f"  {split:14s} " + "  ".join(f"{key} {value:.4f}" for key, value in metrics.items()))
+
+
+def _choose_threads(threads: int | None) -> None:
+    """--threads sets this process's CPU threads; without it (and without OMP_NUM_THREADS), say so in
+    one line when other processes already keep the cores busy (see training/threads.py)."""
+    import torch
+
+    from latentcode.training.threads import busy_cores_elsewhere, contention_note
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    elif "OMP_NUM_THREADS" not in os.environ and int(os.environ.get("RANK", "0")) == 0:
+        note = contention_note(torch.get_num_threads(), busy_cores_elsewhere())
+        if note:
+            print(note, file=sys.stderr)
 
 
 # -- latentcode sweep -------------------------------------------------------------------------------

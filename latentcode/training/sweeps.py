@@ -27,6 +27,7 @@ from latentcode.rundir import RunDirectory
 from latentcode.tasks import task_class
 from latentcode.training.presets import build_train_config, presets
 from latentcode.training.run import Run
+from latentcode.training.threads import thread_environment
 
 
 def selection_metric(preset: str) -> tuple[str, str]:
@@ -110,7 +111,9 @@ def sweep(
 
 
 def _run_in_processes(pending: list, jobs: int, progress: bool) -> None:
-    """Each run as `python -m latentcode.cli train ...` in its own process, `jobs` at a time."""
+    """Each run as `python -m latentcode.cli train ...` in its own process, `jobs` at a time, each with
+    its share of the cores as its threads (`thread_environment`): processes with a thread per core
+    each would spin against each other."""
     running: list[tuple[str, subprocess.Popen]] = []
     queue = list(pending)
     while queue or running:
@@ -125,7 +128,8 @@ def _run_in_processes(pending: list, jobs: int, progress: bool) -> None:
                 command = [sys.executable, "-m", "latentcode.cli", "train", "--config", str(config_file),
                            "--out", str(directory.path), "--quiet"]
             log = (directory.path.parent / f"{name}.log").open("w")
-            running.append((name, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)))
+            running.append((name, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                                   env=thread_environment(jobs))))
             if progress:
                 print(f"started {name}", flush=True)
         for name, process in list(running):

@@ -1,0 +1,58 @@
+"""How many CPU threads a training process uses, and when to say it should use fewer.
+
+PyTorch's CPU kernels run one OpenMP thread per core by default. Two such processes on the same
+cores fight over them: an OpenMP thread that waits for its team spins instead of sleeping, so
+each job can run several times slower than it would alone, and slower than two one-thread jobs
+side by side. Hence:
+
+- `threads_per_job(jobs, cores)`: the threads that share `cores` between `jobs` processes
+  (`latentcode sweep --jobs N` gives each of its processes that many, unless OMP_NUM_THREADS is set);
+- `contention_note(...)`: the one line `latentcode train` prints when other processes already keep
+  cores busy and this one would still start a thread per core (it does not change the count on its
+  own: a run's thread count is the user's choice, and `--threads N` makes it);
+- `busy_cores_elsewhere()`: how many cores other processes keep busy, measured over a short interval.
+"""
+
+from __future__ import annotations
+
+import os
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def threads_per_job(jobs: int, cores: int | None = None) -> int:
+    """Threads for each of `jobs` processes sharing `cores` (default: this machine's), at least 1."""
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    return max(1, cores // max(1, jobs))
+
+
+def thread_environment(jobs: int, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for one of `jobs` training processes: `environ` (default os.environ) with
+    OMP_NUM_THREADS and MKL_NUM_THREADS set to `threads_per_job(jobs)`, unless the user set
+    OMP_NUM_THREADS already (their choice wins)."""
+    environ = dict(os.environ if environ is None else environ)
+    if "OMP_NUM_THREADS" in environ:
+        return environ
+    threads = str(threads_per_job(jobs))
+    return environ | {variable: threads for variable in THREAD_VARIABLES}
+
+
+def busy_cores_elsewhere(interval: float = 0.3) -> float:
+    """Cores that other processes keep busy: system-wide CPU use over `interval` seconds, during
+    which this process sleeps, so the use is theirs."""
+    import psutil
+
+    return psutil.cpu_percent(interval=interval) / 100 * (os.cpu_count() or 1)
+
+
+def contention_note(threads: int, busy_cores: float, cores: int | None = None) -> str | None:
+    """One line when `threads` threads of ours plus `busy_cores` cores used by others would need
+    more than `cores` cores (half a core of slack for background noise); None when they fit."""
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    if threads <= 1 or threads + busy_cores <= cores + 0.5:
+        return None
+    suggested = max(1, round(cores - busy_cores))
+    return (f"note: other processes keep about {busy_cores:.1f} of this machine's {cores} cores busy, and this run "
+            f"starts {threads} threads; threads that share cores spin against each other and can make every job "
+            f"several times slower. Give each job its own cores: --threads {suggested} (or OMP_NUM_THREADS={suggested}) "
+            f"for this run, one thread per job when several run side by side")
