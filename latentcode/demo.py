@@ -3,9 +3,10 @@
 1. models: softmax, linear and HYLA models for the task, from the checkpoints shipped in
    `models/` (trained on CPU, see their model cards; found after any install, or in `models_dir`,
    see `latentcode.shipped`), or trained here with `train=True`;
-2. extraction: their latent codes on in-distribution (`train`) and OOD (`ood`) tasks, at the
+2. extraction: their latent codes on in-distribution (`train`) and held-out instances (the task's
+   `held_out_split`: `ood` for the compositional tasks, `validation` bytes for language), at the
    paper's sites (SRAVEN: `sraven-rule` on unpermuted instances; fuzzy logic: `last-self` on the
-   fixed-query variant, as the authors' analysis);
+   fixed-query variant, as the authors' analysis; language: `last-recent`);
 3. analysis: decode the sub-task (SRAVEN: the rule of the query position; fuzzy logic: each term)
    from the codes, fitted in distribution and scored OOD; tSNE plots and the mean-code heatmap;
 4. the report: one HTML page, and the headline numbers printed.
@@ -99,14 +100,14 @@ def run_demo(
             latentcode.train(config, destination, progress=progress)
         run_dirs.append(destination)
 
-    selector, variant = analysis.selector, analysis.variant
+    selector, variant, held_out = analysis.selector, analysis.variant, analysis.held_out_split
     for attention, run_dir in zip(attentions, run_dirs, strict=True):
         codes = run_dir / "codes" / f"{attention}.h5"
         codes.parent.mkdir(parents=True, exist_ok=True)
-        for index, split in enumerate(("train", "ood")):
+        for index, split in enumerate(("train", held_out)):
             latentcode.extract(run_dir, selector=selector, split=split, n=n_codes, out=codes, variant=variant,
                                append=index > 0, progress=progress)
-        say(f"  {attention}: latent codes of {n_codes} train + {n_codes} ood instances -> {codes}")
+        say(f"  {attention}: latent codes of {n_codes} train + {n_codes} {held_out} instances -> {codes}")
 
     first_run = latentcode.Run(run_dirs[0])  # the variant the models were trained on (None: the task's default)
     trained_variant = first_run.config.variant or first_run.task().variants[0]
@@ -116,7 +117,7 @@ def run_demo(
              "The models are the checkpoints shipped with latentcode (see their model cards): the Training section "
              "describes their original training, not this demo, which extracted their latent codes and computed "
              "everything else."]
-    report = build_report(run_dirs, out=out / "report.html", fit_split="train", test_split="ood",
+    report = build_report(run_dirs, out=out / "report.html", fit_split="train", test_split=held_out,
                           max_points=max_points, title=title, progress=progress, notes=notes)
     minutes = (time.perf_counter() - started) / 60
     print(f"\nreport: {report.path.resolve()}  ({minutes:.1f} min)")

@@ -128,6 +128,8 @@ class AnalysisDefaults:
         headline_metric: the task metric (of `Task.evaluate`) that sums up a split.
         selection_split: the in-distribution split a sweep selects runs on (the paper's protocol).
         lower_is_better: whether a lower headline metric is better (a loss, bits per byte).
+        held_out_split: the split whose codes are read beside `train`'s, where probes fitted on
+            `train` are scored: unseen compositions (`ood`), or held-out text (`validation`).
     """
 
     selector: str
@@ -137,6 +139,7 @@ class AnalysisDefaults:
     headline_metric: str
     selection_split: str = "test"
     lower_is_better: bool = False
+    held_out_split: str = "ood"
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)

@@ -117,7 +117,8 @@ class Language(Task):
     # The last token's row of codes over the recent keys; decoded: what kind of byte it is.
     analysis = AnalysisDefaults(selector="last-recent", variant="plain", probe_label="query_class",
                                 picture_label="query_class", headline_metric="bits_per_byte",
-                                selection_split="validation", lower_is_better=True)
+                                selection_split="validation", lower_is_better=True,
+                                held_out_split="validation")
     split_descriptions = {"train": "the first 90% of the corpus bytes",
                           "validation": "the last 10% of the corpus bytes, never trained on"}
     d_vocab = VOCABULARY
