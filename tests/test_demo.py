@@ -33,6 +33,19 @@ def test_demo_runs_end_to_end_at_tiny_scale(tmp_path, task, capsys):
     assert trained["variant"] == expected_variant and expected_task.items() <= trained["task"].items()
 
 
+@pytest.mark.slow
+def test_language_demo_reads_the_validation_bytes(tmp_path, capsys):
+    """Language has no `ood` split: the demo reads and scores its held-out split, `validation`."""
+    report = run_demo("language", tmp_path / "demo", train=True, scale="tiny", n_codes=256, max_points=80,
+                      progress=False)
+    assert set(report.probe_table["model"]) == {"softmax", "linear", "hyla"}
+    import latentcode
+
+    code_file = latentcode.CodeFile(tmp_path / "demo" / "runs" / "hyla" / "codes" / "hyla.h5")
+    assert set(code_file.splits) == {"train", "validation"}
+    assert "(train -> validation)" in capsys.readouterr().out
+
+
 def test_demo_never_overwrites_an_existing_directory(tmp_path):
     (tmp_path / "latentcode-demo").mkdir()
     (tmp_path / "latentcode-demo" / "mine.txt").write_text("keep")
