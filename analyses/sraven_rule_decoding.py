@@ -20,6 +20,16 @@ import common
 from latentcode.analysis import decode, headline_lines, plot_probe_scores, write_table
 
 
+def trained_on(runs) -> str:
+    """What the models were trained on, for the figure's title: the codes are read on unpermuted
+    instances whatever the training variant."""
+    import latentcode
+
+    tasks = {(run.config.variant or run.task().variants[0], run.task().n_features)
+             for run in map(latentcode.Run, runs)}
+    return "models trained on " + "; ".join(f"the {variant} variant, M = {features}" for variant, features in sorted(tasks))
+
+
 def main() -> None:
     args = common.parser(__doc__, "sraven_rule_decoding").parse_args()
     runs = common.model_runs(args, "sraven")
@@ -27,7 +37,7 @@ def main() -> None:
     out = Path(args.out)
     table = decode(files, "rule", fit_split="train", test_split="ood")
     write_table(table, out / "rule_decoding")
-    plot_probe_scores(table, out / "rule_decoding", metric="accuracy")
+    plot_probe_scores(table, out / "rule_decoding", metric="accuracy", models_note=trained_on(runs.values()))
     print(table[["model", "layer", "metric", "value", "validation", "selected", "strongest_baseline",
                  "strongest_baseline_value"]].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print("\n".join(headline_lines(table)))

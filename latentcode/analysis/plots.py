@@ -450,12 +450,15 @@ def plot_probe_scores(
     formats: Sequence[str] = ("png",),
     figsize: tuple[float, float] = (6.4, 4.4),
     dpi: float = 100,
+    models_note: str | None = None,
 ) -> list[Path]:
     """Score per layer per model from a `decode` / `regress` table (or its CSV / JSON file): one
     solid line per (model, site, label), with its shuffled-label control dashed and its
     strongest baseline dotted in the same colour.
 
-    `metric` defaults to the first of `HEADLINE_METRICS` the table has.
+    `metric` defaults to the first of `HEADLINE_METRICS` the table has. `models_note` adds a line to
+    the title about the models that the codes file cannot say, e.g. "models trained on the
+    permuted variant" where their codes were read on another.
     """
     if not isinstance(table, pd.DataFrame):
         path = Path(table)
@@ -501,5 +504,6 @@ def plot_probe_scores(
     fit, test = ("/".join(dict.fromkeys(splits[column].astype(str))) for column in ("fit_split", "test_split"))
     fit, test = _described_splits(rows, fit), _described_splits(rows, test)
     axis.set_title(wrap_lines([f"decoding {labels} from latent codes: {metric}", f"fit on {fit}, scored on {test}",
-                               _table_context(rows)], figsize[0], fontsize_points=10), fontsize="medium")
+                               _table_context(rows), *([models_note] if models_note else [])], figsize[0],
+                              fontsize_points=10), fontsize="medium")
     return _save(figure, path_stem, formats, dpi)

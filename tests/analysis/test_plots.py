@@ -88,6 +88,10 @@ def test_probe_score_plot_from_a_table_and_from_its_files(tmp_path, codes_path):
         assert path.suffix == ".pdf" and path.stat().st_size > 1000
     with pytest.raises(ValueError, match=r"no rows with metric 'r2'; it has \['accuracy', 'balanced_accuracy', 'macro_f1'\]"):
         plot_probe_scores(table, tmp_path / "x", metric="r2")
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text as text, so it can be searched
+        (svg,) = plot_probe_scores(table, tmp_path / "noted", formats=("svg",), figsize=FIGSIZE, dpi=DPI,
+                                   models_note="models trained on the permuted variant")
+    assert "models trained on the permuted variant" in svg.read_text()
 
 
 def test_bad_format_and_no_figure_left_open(tmp_path, codes_path):
