@@ -235,14 +235,7 @@ def sraven_curves(path: Path) -> None:
     FigureCanvasAgg(figure)
     axis = figure.subplots()
     for index, attention in enumerate(ATTENTIONS):
-        metrics_path = RECORDED / f"sraven-M2-{attention}-s0" / "metrics.jsonl"
-        if not metrics_path.is_file():
-            continue
-        evals = [json.loads(line) for line in metrics_path.read_text().splitlines() if '"eval"' in line]
-        steps = [record["step"] for record in evals]
-        for split, style in (("test", "-"), ("ood", "--")):
-            axis.plot(steps, [100 * record["splits"][split]["accuracy"] for record in evals], style, marker="o",
-                      markersize=3, color=f"C{index}", label=f"{attention}, {split}")
+        draw_curves(axis, f"sraven-M2-{attention}-s0", "accuracy", ("test", "ood"), f"C{index}", attention, scale=100)
     axis.axhline(100 / 64, color="grey", linestyle=":", label="uniform guess (1/64)")
     axis.set(xlabel="training step (batch 128)", ylabel="accuracy, all features right (%)", ylim=(0, 100),
              title="SRAVEN permuted, M=2, K=8, 2 layers, seed 0, scale cpu:\n"
@@ -251,6 +244,23 @@ def sraven_curves(path: Path) -> None:
     axis.legend(fontsize=7, ncol=2)
     figure.tight_layout()
     figure.savefig(path)
+
+
+def eval_records(name: str) -> list[dict]:
+    """The evaluations a recorded run logged, in step order ([] where the run is not recorded)."""
+    path = RECORDED / name / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [record for record in map(json.loads, path.read_text().splitlines()) if record.get("event") == "eval"]
+
+
+def draw_curves(axis, name: str, metric: str, splits: tuple[str, str], color: str, model: str, scale: float = 1.0):
+    """`metric` of the run `name` against the step: the first split solid, the second dashed."""
+    evals = eval_records(name)
+    steps = [record["step"] for record in evals]
+    for split, style in zip(splits, ("-", "--"), strict=True):
+        axis.plot(steps, [scale * record["splits"][split][metric] for record in evals], style, marker="o",
+                  markersize=3, color=color, label=f"{model}, {split}")
 
 
 def fig5c_table() -> str:
@@ -284,13 +294,6 @@ def language_baselines() -> dict[str, float]:
     return {"unigram (no context)": float(unigram_bits), "bigram (the previous byte)": float(bigram_bits)}
 
 
-def language_evals(name: str) -> list[dict]:
-    path = RECORDED / name / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [record for record in map(json.loads, path.read_text().splitlines()) if record.get("event") == "eval"]
-
-
 def language_parameters(name: str) -> int:
     """Parameters of the recorded run's model, built from its config (no weights needed)."""
     from latentcode.models import build_model
@@ -313,7 +316,7 @@ def language_table(path: Path) -> str:
     axis = figure.subplots()
     for index, attention in enumerate(ATTENTIONS):
         name = f"language-{attention}-s0"
-        summary, evals = summary_of(name), language_evals(name)
+        summary = summary_of(name)
         if summary is None:
             lines.append(f"| {attention} | not trained yet | | | | |")
             continue
@@ -321,10 +324,7 @@ def language_table(path: Path) -> str:
         lines.append(f"| {attention} | {final['validation']['bits_per_byte']:.3f} | {final['train']['bits_per_byte']:.3f} | "
                      f"{100 * final['validation']['accuracy']:.1f} | {language_parameters(name):,} | "
                      f"{summary['wall_seconds'] / 60:.0f} |")
-        steps = [record["step"] for record in evals]
-        for split, style in (("validation", "-"), ("train", "--")):
-            axis.plot(steps, [record["splits"][split]["bits_per_byte"] for record in evals], style, marker="o",
-                      markersize=3, color=f"C{index}", label=f"{attention}, {split}")
+        draw_curves(axis, name, "bits_per_byte", ("validation", "train"), f"C{index}", attention)
     for (name, bits), style in zip(language_baselines().items(), (":", "-."), strict=True):
         lines.append(f"| *baseline: {name}* | {bits:.3f} | | | | |")
         axis.axhline(bits, color="grey", linestyle=style, linewidth=0.9, label=f"{name.split(' (')[0]} baseline")
