@@ -556,7 +556,8 @@ def _extract(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("run", metavar="RUN_DIR", help="a run directory (or a saved model directory with --task)")
-    parser.add_argument("--split", default="ood", help="task split (default ood)")
+    parser.add_argument("--split", help="task split (default: the task's held-out split, ood; validation for "
+                        "language)")
     parser.add_argument("--n", type=int, default=8192, help="instances (default 8192)")
     parser.add_argument("--sites", default="last-self", help="site selector (default last-self)")
     parser.add_argument("--out", required=True, help="the HDF5 file to write")
@@ -599,6 +600,7 @@ def _check_extract(args: argparse.Namespace) -> None:
     from latentcode.tasks import get_task
 
     task_object = get_task(**task)
+    args.split = args.split or task_object.analysis.held_out_split
     if args.split not in task_object.splits:
         raise UsageError(f"--split: unknown split {args.split!r} for task {task_object.name!r}; "
                          f"valid splits: {list(task_object.splits)}")
@@ -646,7 +648,8 @@ def _intervene(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("run", metavar="RUN_DIR", help="a run directory (or a saved model directory with --task)")
     parser.add_argument("--sites", default="last-self", help="site selector, as for extract (default last-self)")
-    parser.add_argument("--split", default="ood", help="task split (default ood)")
+    parser.add_argument("--split", help="task split (default: the task's held-out split, ood; validation for "
+                        "language)")
     parser.add_argument("--n", type=int, default=1024, help="instances (default 1024)")
     operation = parser.add_mutually_exclusive_group(required=True)
     operation.add_argument("--zero-ablate", metavar="HEADS", help="set the codes of these heads to zero")
@@ -737,7 +740,7 @@ def _run_intervene(args: argparse.Namespace) -> None:
 
     columns = ["scope", "metric", "before", "after", "change"]
     with pandas.option_context("display.width", 200, "display.max_rows", 200):
-        print(f"{table['model'].iloc[0]}, {table['edit'].iloc[0]}, {args.split} (n={args.n}):")
+        print(f"{table['model'].iloc[0]}, {table['edit'].iloc[0]}, {table['split'].iloc[0]} (n={args.n}):")
         print(table[columns].to_string(index=False, float_format=lambda value: f"{value:.4f}"))
     written = write_effects(table, args.out, formats=_formats(args))
     print("wrote " + ", ".join(map(str, written)))

@@ -89,25 +89,28 @@ def resolve_model(run_or_model: str | Path | nn.Module) -> tuple[nn.Module, dict
     }
 
 
-def resolve_task(task: Task | Mapping[str, Any] | None, info: Mapping[str, Any], split: str) -> Task:
+def resolve_task(task: Task | Mapping[str, Any] | None, info: Mapping[str, Any], split: str | None
+                 ) -> tuple[Task, str]:
     """The task to read: `task` (a Task or its config), else the run's own (`info` from
-    `resolve_model`); refuses a split the task does not have."""
+    `resolve_model`); and the split: `split`, or None for the task's held-out split (`ood`, or
+    language's `validation`); refuses a split the task does not have."""
     if task is None:
         if not info["task_config"]:
             raise UsageError("no task given and the model comes without a run directory; pass task=")
         task = get_task(**info["task_config"])
     elif isinstance(task, Mapping):
         task = get_task(**task)
+    split = task.analysis.held_out_split if split is None else split
     if split not in task.splits:
         raise UsageError(f"unknown split {split!r} for task {task.name!r}; valid splits: {list(task.splits)}")
-    return task
+    return task, split
 
 
 def extract(
     run_or_model: str | Path | nn.Module,
     task: Task | Mapping[str, Any] | None = None,
     selector: str | Selector | list = "last-self",
-    split: str = "ood",
+    split: str | None = None,
     n: int = 8192,
     out: str | Path = "codes.h5",
     *,
@@ -126,6 +129,7 @@ def extract(
 
     run_or_model: a run directory, a saved model directory, or a model object.
     task: a Task, a task config dict, or None to use the run's task.
+    split: a split of the task; None: its held-out split (`ood`; `validation` for language).
     selector: see `latentcode.extraction.sites` (`last-self`, `sraven-rule`, `all-pairs:L`, lists).
     variant: the task variant (default: the selector's, e.g. `unpermuted` for `sraven-rule`, else
         the task's default).
@@ -135,7 +139,7 @@ def extract(
     Returns the path of the written file.
     """
     model, info = resolve_model(run_or_model)
-    task = resolve_task(task, info, split)
+    task, split = resolve_task(task, info, split)
     if n < 1:
         raise UsageError(f"n must be a positive number of instances, got {n}")
     if batch_size < 1:

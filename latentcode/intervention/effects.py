@@ -37,7 +37,7 @@ def intervention_effects(
     *,
     task: Any = None,
     sites: str | Sequence = "last-self",
-    split: str = "ood",
+    split: str | None = None,
     n: int = 1024,
     variant: str | None = None,
     batch_size: int = 256,
@@ -45,7 +45,8 @@ def intervention_effects(
     per_site: bool = True,
     progress: bool = False,
 ):
-    """The task metrics of `n` instances of `split` without and with `edits` at `sites` (all at once,
+    """The task metrics of `n` instances of `split` (None: the task's held-out split, `ood` or
+    language's `validation`) without and with `edits` at `sites` (all at once,
     and with `per_site` each site alone); returns the tidy pandas table described in the module
     docstring. The edits' own `sites` are replaced by each scope."""
     import pandas as pd
@@ -60,7 +61,7 @@ def intervention_effects(
     if n < 1 or batch_size < 1:
         raise UsageError(f"n and batch_size must be positive, got n={n}, batch_size={batch_size}")
     model, info = resolve_model(run_or_model)
-    task = resolve_task(task, info, split)
+    task, split = resolve_task(task, info, split)
     selector = parse_selector(sites, task.config())
     variant = variant or selector.default_variant or task.variants[0]
     if variant not in task.variants:

@@ -361,3 +361,18 @@ def test_extracting_longer_windows_than_the_model_accepts_is_refused(tmp_path):
         latentcode.extract(untrained_model(256), {"name": "language", "seq_len": 512}, "last-recent", "train",
                            n=4, out=tmp_path / "codes.h5", progress=False)
     assert "\n" not in str(raised.value) and not (tmp_path / "codes.h5").exists()
+
+
+def test_extract_and_intervene_default_to_the_held_out_validation_bytes(tmp_path):
+    """Language has no `ood` split: without a split, extraction and interventions read the task's
+    held-out split, its `validation` bytes."""
+    import latentcode
+    from latentcode.intervention import ZeroAblate, intervention_effects
+
+    model, task = untrained_model(64), {"name": "language", "seq_len": 64}
+    latentcode.extract(model, task, "last-self", n=4, out=tmp_path / "codes.h5", progress=False)
+    assert latentcode.CodeFile(tmp_path / "codes.h5").splits == ["validation"]
+    table = intervention_effects(model, ZeroAblate(), task=task, n=4, per_site=False)
+    assert set(table["split"]) == {"validation"}
+    with pytest.raises(UsageError, match=r"unknown split 'ood' for task 'language'; valid splits: \['train', 'validation'\]"):
+        latentcode.extract(model, task, "last-self", split="ood", n=4, out=tmp_path / "other.h5", progress=False)
