@@ -107,8 +107,9 @@ At the end of training (float32):
   model.safetensors `{sha256}`), `config.json` (the run's full config), `metrics.jsonl` (training
   curves), `summary.json`.
 
-Use it: `latentcode extract models/{args.name} --split ood --n 8192 --out codes.h5` (a run directory),
-`latentcode report models/{args.name}`, or `latentcode demo`, which starts from these checkpoints.
+Use it: `latentcode extract models/{args.name} --split {task.analysis.held_out_split} --n 8192 --sites {task.analysis.selector} --out codes.h5`
+(a run directory), `latentcode report models/{args.name}`, or `latentcode demo --task {task.name}`, which
+starts from these checkpoints.
 """
     (destination / "README.md").write_text(card)
     print(f"shipped {destination}: {weights.stat().st_size / 1e6:.2f} MB")
