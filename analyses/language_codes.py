@@ -28,6 +28,7 @@ Writes `language_codes.png` (probe accuracy by layer; mean difference per head) 
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import common
@@ -127,14 +128,17 @@ def key_class_tables(code_files: dict[str, Path], seed: int) -> tuple[pd.DataFra
     return pd.DataFrame(probe_rows), pd.DataFrame(mean_rows)
 
 
-def plot(probes: pd.DataFrame, means: pd.DataFrame, path: Path) -> Path:
+def plot(probes: pd.DataFrame, means: pd.DataFrame, path: Path, context: str) -> Path:
+    """Probe accuracy by layer (top) and the mean-difference heatmaps (bottom, one signed colour
+    scale for all three, values written in the cells); `context` heads the title."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     models = list(dict.fromkeys(probes["model"]))
-    figure, axes = plt.subplots(2, len(KEY_CLASSES), figsize=(4.2 * len(KEY_CLASSES), 7.5), squeeze=False)
+    limit = float(np.nanmax(np.abs(means["difference_in_sd"].to_numpy()))) if len(means) else 1.0
+    figure, axes = plt.subplots(2, len(KEY_CLASSES), figsize=(4.2 * len(KEY_CLASSES), 7.8), squeeze=False)
     for column, key_class in enumerate(KEY_CLASSES):
         axis = axes[0, column]
         for model in models:
@@ -150,12 +154,19 @@ def plot(probes: pd.DataFrame, means: pd.DataFrame, path: Path) -> Path:
         table = means[means["key_class"] == key_class].pivot_table(index=["model", "layer"], columns="head",
                                                                      values="difference_in_sd", sort=False)
         axis = axes[1, column]
-        limit = float(np.nanmax(np.abs(table.to_numpy()))) if table.size else 1.0
-        image = axis.imshow(table.to_numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+        values = table.to_numpy()
+        image = axis.imshow(values, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+        for (row, head), value in np.ndenumerate(values):
+            axis.text(head, row, f"{value:.1f}", ha="center", va="center", fontsize=7,
+                      color="white" if abs(value) > 0.6 * limit else "black")
         axis.set_yticks(range(len(table)), [f"{model} L{layer}" for model, layer in table.index], fontsize=8)
-        axis.set(xlabel="head", title="code there minus at matched keys (SD)")
+        axis.set_xticks(range(values.shape[1]))
+        axis.set(xlabel="head", title="mean code there minus at matched keys\n(SD of the head's codes; train pairs)")
         figure.colorbar(image, ax=axis, shrink=0.8)
-    figure.suptitle("The last token's latent code at keys chosen by token class")
+    lines = ["The last token's latent code at keys chosen by token class", *textwrap.wrap(context, 150),
+             "top: probe fitted on train pairs, scored on validation pairs (chance 0.5: the pairs are balanced); "
+             "x, dotted: the same probe fitted to shuffled labels"]
+    figure.suptitle("\n".join(lines), fontsize=10)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)
@@ -171,6 +182,7 @@ def main() -> None:
                         "(default 16: HYLA holds a [batch, query, key, width] tensor per head)")
     args = parser.parse_args()
 
+    import latentcode
     from latentcode.analysis import (
         decode,
         headline_lines,
@@ -206,7 +218,10 @@ def main() -> None:
     probes, means = key_class_tables(files, seed=0)
     common.write_tables(probes, out / "key_class_probe")
     common.write_tables(means, out / "key_class_mean_difference")
-    figure = plot(probes, means, out / "language_codes.png")
+    seq_lens = sorted({latentcode.CodeFile(path).task_config["seq_len"] for path in files.values()})
+    context = (f"{', '.join(files)} byte-level models, last-recent sites (the last query to its most recent keys), "
+               f"T = {'/'.join(map(str, seq_lens))}, {args.n_codes} windows per split")
+    figure = plot(probes, means, out / "language_codes.png", context)
     shown = [column for column in ("model", "layer", "key_class", "accuracy", "shuffled_labels", "n_fit", "n_test")
              if column in probes]
     (out / "language_codes.md").write_text(
