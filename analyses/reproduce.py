@@ -360,6 +360,7 @@ def language_codes_section() -> str:
     if not table.is_file():
         return "Not measured yet: `python analyses/reproduce.py language-codes`, then `page`."
     body = table.read_text().split("\n", 1)[1].replace("](language_codes.png)", "](results/language/language_codes.png)")
+    body = body.replace("\n## ", "\n### ")  # its sections sit inside the page's Fig. 6 section
     return body.strip()
 
 
