@@ -425,10 +425,10 @@ def _run_train(args: argparse.Namespace) -> None:
     from latentcode.models.config import ConfigError
     from latentcode.training import TrainConfig, build_train_config, train
 
-    _choose_threads(args.threads)
+    on_step = _choose_threads(args.threads)
 
     if args.resume:
-        run = train(resume=args.resume, progress=not args.quiet)
+        run = train(resume=args.resume, progress=not args.quiet, on_step=on_step)
     else:
         if args.config:
             try:
@@ -443,7 +443,7 @@ def _run_train(args: argparse.Namespace) -> None:
         out = args.out or check_output(f"runs/{config.preset or config.task['name']}-"
                                        f"{config.model_config().attention_name}-{config.scale}-seed{config.seed}",
                                        "--out", kind="directory")
-        run = train(config, out, progress=not args.quiet)
+        run = train(config, out, progress=not args.quiet, on_step=on_step)
     if int(os.environ.get("RANK", "0")) != 0:
         return  # one report per run, from the main process of a multi-process launch
     summary = run.summary or {}
@@ -452,19 +452,34 @@ def _run_train(args: argparse.Namespace) -> None:
         print(f"  {split:14s} " + "  ".join(f"{key} {value:.4f}" for key, value in metrics.items()))
 
 
-def _choose_threads(threads: int | None) -> None:
-    """--threads sets this process's CPU threads; without it (and without OMP_NUM_THREADS), say so in
-    one line when other processes already keep the cores busy (see training/threads.py)."""
+def _choose_threads(threads: int | None):
+    """--threads sets this process's CPU threads. Without it (and without OMP_NUM_THREADS), measure
+    how busy the cores are before training starts, and return an `on_step` that says so in one line
+    at the first step where other processes already keep them busy (see training/threads.py): at
+    the first step, so that a run refused before it starts (a held lock, a finished run) prints
+    only its error."""
     import torch
 
     from latentcode.training.threads import busy_cores_elsewhere, contention_note
 
     if threads is not None:
         torch.set_num_threads(threads)
-    elif "OMP_NUM_THREADS" not in os.environ and int(os.environ.get("RANK", "0")) == 0:
-        note = contention_note(torch.get_num_threads(), busy_cores_elsewhere())
-        if note:
-            print(note, file=sys.stderr)
+        return None
+    if "OMP_NUM_THREADS" in os.environ or int(os.environ.get("RANK", "0")) != 0:
+        return None
+    note = contention_note(torch.get_num_threads(), busy_cores_elsewhere())
+    if note is None:
+        return None
+
+    said = False
+
+    def say_once(step: int, loss: float) -> None:
+        nonlocal said
+        if not said:
+            print(note, file=sys.stderr, flush=True)
+            said = True
+
+    return say_once
 
 
 # -- latentcode sweep -------------------------------------------------------------------------------

@@ -73,6 +73,11 @@ def test_train_says_when_other_processes_keep_the_cores_busy(tmp_path, restore_t
     monkeypatch.setattr(threads, "busy_cores_elsewhere", lambda: 0.1)
     assert main([*arguments, "--out", str(tmp_path / "idle")]) == 0
     assert "note:" not in capsys.readouterr().err
+    # A run refused before its first step prints its one-line error and no note.
+    monkeypatch.setattr(threads, "busy_cores_elsewhere", lambda: 1.0)
+    assert main(["train", "--resume", str(tmp_path / "busy"), "--quiet"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error:") and "has already finished" in error and "note:" not in error
 
 
 def test_train_threads_must_be_positive(capsys):
