@@ -104,9 +104,11 @@ def run_demo(
     for attention, run_dir in zip(attentions, run_dirs, strict=True):
         codes = run_dir / "codes" / f"{attention}.h5"
         codes.parent.mkdir(parents=True, exist_ok=True)
+        # In the batches the run evaluated in: a language model's long windows are slower in larger ones.
+        batch_size = latentcode.Run(run_dir).config.eval_batch_size
         for index, split in enumerate(("train", held_out)):
             latentcode.extract(run_dir, selector=selector, split=split, n=n_codes, out=codes, variant=variant,
-                               append=index > 0, progress=progress)
+                               batch_size=batch_size, append=index > 0, progress=progress)
         say(f"  {attention}: latent codes of {n_codes} train + {n_codes} {held_out} instances -> {codes}")
 
     first_run = latentcode.Run(run_dirs[0])  # the variant the models were trained on (None: the task's default)

@@ -66,7 +66,8 @@ def test_shipped_model_matches_its_model_card(name):
     assert model.config.attention == name.rsplit("-", 1)[1]
     task = run.task()
     expected = json.loads((directory / "summary.json").read_text())["shipped_metrics"]
-    measured = evaluate(model, task, eval_sets_of(task, run.config.eval_instances, run.config.variant))
+    measured = evaluate(model, task, eval_sets_of(task, run.config.eval_instances, run.config.variant),
+                        run.config.eval_batch_size)
     assert set(measured) == set(expected)
     for split, metrics in expected.items():
         for metric, value in metrics.items():
