@@ -95,6 +95,21 @@ def record(run_dir: Path, name: str) -> None:
         shutil.copy2(run_dir / file, destination / file)
 
 
+def in_training(out: Path) -> bool:
+    """Whether another process holds the run directory's writer lock (training or resuming it): its
+    directory is then neither removed nor trained a second time."""
+    from latentcode.files import LockHeld
+    from latentcode.rundir import RunDirectory
+
+    if not out.is_dir():
+        return False
+    try:
+        with RunDirectory(out).lock():
+            return False
+    except LockHeld:
+        return True
+
+
 def train(args: argparse.Namespace) -> None:
     todo = [run for run in plan() if run.group in args.only and not (RECORDED / run.name / "summary.json").is_file()]
     print(f"{len(todo)} runs to train: {', '.join(run.name for run in todo) or 'none'}")
@@ -104,6 +119,9 @@ def train(args: argparse.Namespace) -> None:
         while todo and len(running) < args.jobs:
             run = todo.pop(0)
             out = Path(args.runs) / run.name
+            if in_training(out):
+                print(f"{time.strftime('%H:%M:%S')} skip {run.name}: another process is training it", flush=True)
+                continue
             resumable = (out / "checkpoints").is_dir() and not (out / "summary.json").is_file()
             command = ["latentcode", "train", "--resume", str(out), "--quiet"] if resumable else run.command(out)
             if not resumable and out.exists() and not (out / "summary.json").is_file():
