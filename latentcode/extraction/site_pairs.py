@@ -14,7 +14,8 @@ from latentcode.extraction.sites import (
     SiteError,
     all_pairs,
     check_layer,
-    resolve_positions,
+    expand_request,
+    request_spec,
 )
 
 
@@ -31,7 +32,7 @@ class SitePairs:
                 check_layer(selector.all_pairs_layer, n_layers, selector.name)
             for layer, query, key in selector.requests:
                 if layer is not None:
-                    check_layer(layer, n_layers, f"{layer}:{query}:{key}")
+                    check_layer(layer, n_layers, request_spec((layer, query, key)))
         self._cache: dict[tuple[int, int], tuple[Tensor, Tensor] | None] = {}
 
     def requested_layer(self, layer: int | None) -> int | None:
@@ -67,14 +68,14 @@ class SitePairs:
                 pairs = []
                 # Self-attention has one sequence; cross-attention a query and a key axis of their own.
                 query_axis, key_axis = ("sequence", "sequence") if n_queries == seq_len else ("query", "key")
-                for requested_layer, query, key_position in selector.requests:
+                for request in selector.requests:
+                    requested_layer, query, key_position = request
                     requested = self.requested_layer(requested_layer)
                     if requested is None or requested == layer:
                         try:
-                            pairs.append(resolve_positions((query,), n_queries, query_axis)
-                                         + resolve_positions((key_position,), seq_len, key_axis))
+                            pairs += expand_request(query, key_position, n_queries, seq_len, (query_axis, key_axis))
                         except SiteError as error:
-                            raise SiteError(f"site {requested_layer}:{query}:{key_position} in layer {layer}: {error}") from None
+                            raise SiteError(f"site {request_spec(request)} in layer {layer}: {error}") from None
                 pairs = list(dict.fromkeys(pairs))
             if pairs:
                 queries, keys = zip(*pairs, strict=True)

@@ -12,8 +12,16 @@ Selector specs (strings, as on the command line):
   attending to the same feature in the two context panels of the last row, in every layer (the
   paper's SRAVEN analysis), read on the task's analysis variant by default.
 - `all-pairs:LAYER`: every (query, key) pair of one layer; refused above `MAX_ALL_PAIRS` sites.
-- an explicit list `LAYER:QUERY:KEY[,LAYER:QUERY:KEY...]`; `*` as LAYER means every layer
-  (e.g. `*:-1:-1` is `last-self`).
+- an explicit list `LAYER:QUERY:KEY[,LAYER:QUERY:KEY...]`; each field is an integer, `*` (every
+  layer, every query or every key) or a half-open range `START..STOP` (as Python's `range`; either
+  end may be left out and negative ends count from the end: `-6..` is the last six positions):
+  `*:-1:-1` is `last-self`, `2:*:*` every pair of layer 2, `*:35:*` the whole row of query 35 in
+  every layer, `*:*:0` the column of key 0, `1:32..36:0..8` a block, `3:35:7|15|23` a list of keys. A field that is not a single
+  integer is expanded when the sequence length is known, so no list of thousands of sites is
+  written by hand.
+
+In Python, `block(layers=..., queries=..., keys=...)` builds the same selectors from ints, `range`s,
+lists or None (every one).
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from latentcode.errors import LatentcodeError
 from latentcode.store import Site
 from latentcode.tasks import Task, get_task
@@ -29,8 +39,45 @@ from latentcode.tasks import Task, get_task
 PRESETS = ("last-self", "all-pairs")  # and the named site sets of the task (`Task.selectors`)
 MAX_ALL_PAIRS = 4096
 
-# A request: (layer, query, key) with possibly negative positions; layer None means every layer.
-SiteRequest = tuple[int | None, int, int]
+
+
+@dataclass(frozen=True)
+class Positions:
+    """A set of positions on one axis, resolved once the axis length is known: the half-open range
+    `start..stop` (None: from the first / to the last; negative ends count from the end), or an
+    explicit tuple `items` of positions (negative ones count from the end)."""
+
+    start: int | None = None
+    stop: int | None = None
+    items: tuple[int, ...] | None = None
+
+    def resolve(self, length: int, axis: str = "sequence") -> tuple[int, ...]:
+        if self.items is not None:
+            return resolve_positions(self.items, length, axis)
+        what = "the sequence" if axis == "sequence" else f"the {axis} axis"
+        for end in (self.start, self.stop):
+            if end is not None and not -length <= end <= length:
+                raise SiteError(f"range {self.spec()} reaches past {what} of {length} tokens (ends valid from "
+                                f"-{length} to {length}; the range is half-open, START..STOP)")
+        positions = tuple(range(length)[slice(self.start, self.stop)])
+        if not positions:
+            raise SiteError(f"range {self.spec()} selects no position of {what} of {length} tokens "
+                            "(half-open: START..STOP holds START up to STOP - 1)")
+        return positions
+
+    def spec(self) -> str:
+        if self.items is not None:
+            return "|".join(map(str, self.items))
+        if self.start is None and self.stop is None:
+            return "*"
+        return f"{'' if self.start is None else self.start}..{'' if self.stop is None else self.stop}"
+
+
+EVERY = Positions()
+
+# A request: (layer, query, key); layer None means every layer; query and key are positions (negative
+# ones count from the end) or `Positions` (a range, an explicit set, or every position).
+SiteRequest = tuple[int | None, "int | Positions", "int | Positions"]
 
 
 class SiteError(LatentcodeError, ValueError):
@@ -53,13 +100,79 @@ class Selector:
             return [Site(layer, query, key) for query, key in all_pairs(seq_len)]
         sites = []
         for layer, query, key in self.requests:
-            layers = range(n_layers) if layer is None else [check_layer(layer, n_layers, f"{layer}:{query}:{key}")]
-            for resolved_layer in layers:
-                sites.append(Site(resolved_layer, *resolve_positions((query, key), seq_len)))
+            what = request_spec((layer, query, key))
+            layers = range(n_layers) if layer is None else [check_layer(layer, n_layers, what)]
+            pairs = expand_request(query, key, seq_len, seq_len)
+            sites += [Site(resolved_layer, q, k) for resolved_layer in layers for q, k in pairs]
         return sorted(dict.fromkeys(sites))
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "requests": [list(r) for r in self.requests], "all_pairs_layer": self.all_pairs_layer}
+        requests = [[field.spec() if isinstance(field, Positions) else field for field in request] for request in self.requests]
+        return {"name": self.name, "requests": requests, "all_pairs_layer": self.all_pairs_layer}
+
+    def spec(self) -> str:
+        """The selector as a spec string that `parse_selector` reads back (task names as they are)."""
+        if self.name != "explicit":
+            return self.name
+        return ",".join(request_spec(request) for request in self.requests)
+
+
+def request_spec(request: SiteRequest) -> str:
+    """`LAYER:QUERY:KEY` of one request, as the command line writes it."""
+    layer, query, key = request
+    fields = ["*" if layer is None else str(layer)]
+    fields += [field.spec() if isinstance(field, Positions) else str(field) for field in (query, key)]
+    return ":".join(fields)
+
+
+def expand_request(query: int | Positions, key: int | Positions, n_queries: int, n_keys: int,
+                   axes: tuple[str, str] = ("sequence", "sequence")) -> list[tuple[int, int]]:
+    """The absolute (query, key) pairs of one request on `n_queries` queries and `n_keys` keys."""
+    queries = query.resolve(n_queries, axes[0]) if isinstance(query, Positions) else resolve_positions((query,), n_queries, axes[0])
+    keys = key.resolve(n_keys, axes[1]) if isinstance(key, Positions) else resolve_positions((key,), n_keys, axes[1])
+    return [(q, k) for q in queries for k in keys]
+
+
+def _as_positions(value: Any, what: str) -> int | Positions:
+    """An int, None (every position), a `range` with step 1, a slice or a list -> int or `Positions`."""
+    if value is None:
+        return EVERY
+    if isinstance(value, Positions):
+        return value
+    if isinstance(value, (bool, np.bool_)):
+        raise SiteError(f"{what} must be a position, a range, a list of positions or None (every one); got {value!r}")
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (range, slice)):
+        if value.step not in (None, 1):
+            raise SiteError(f"{what} range {value!r} has step {value.step}; only contiguous ranges (step 1) are supported")
+        return Positions(value.start, value.stop)
+    if isinstance(value, (list, tuple, np.ndarray)):
+        items = tuple(np.asarray(value).reshape(-1).tolist())
+        if not items or not all(isinstance(item, int) and not isinstance(item, bool) for item in items):
+            raise SiteError(f"{what} must be a non-empty list of integer positions; got {value!r}")
+        return Positions(items=items)
+    raise SiteError(f"{what} must be a position, a range, a list of positions or None (every one); got {value!r}")
+
+
+def block(layers: Any = None, queries: Any = None, keys: Any = None) -> Selector:
+    """Every (query, key) pair of `queries` x `keys` in each of `layers`, as a Selector.
+
+    Each argument is an int, a `range` (or slice), a list of ints, or None for every one; positions
+    may be negative (from the end). `block(layers=2)` is every pair of layer 2, `block(queries=-1)`
+    the last query's whole row in every layer, `block(2, range(32, 36), range(0, 8))` a block."""
+    if layers is None:
+        layer_list: list[int | None] = [None]
+    elif isinstance(layers, (int, np.integer)) and not isinstance(layers, bool):
+        layer_list = [int(layers)]
+    elif isinstance(layers, (range, list, tuple, np.ndarray)):
+        layer_list = [int(layer) for layer in layers]
+        if not layer_list:
+            raise SiteError(f"layers is empty ({layers!r}); give layers, or None for every layer")
+    else:
+        raise SiteError(f"layers must be an int, a range or list of ints, or None (every layer); got {layers!r}")
+    query, key = _as_positions(queries, "queries"), _as_positions(keys, "keys")
+    return Selector("explicit", requests=tuple((layer, query, key) for layer in layer_list))
 
 
 def all_pairs(seq_len: int, n_keys: int | None = None) -> list[tuple[int, int]]:
@@ -140,13 +253,27 @@ def parse_selector(spec: str | Selector | Sequence, task: Task | Mapping[str, An
         try:
             if len(fields) != 3:
                 raise ValueError
-            layer = None if fields[0] == "*" else int(fields[0])
-            requests.append((layer, int(fields[1]), int(fields[2])))
+            layer = None if fields[0].strip() == "*" else int(fields[0])
+            requests.append((layer, parse_positions(fields[1]), parse_positions(fields[2])))
         except ValueError:
             presets = [*PRESETS, *task_selectors]
             raise SiteError(
                 f"cannot read site {part.strip()!r} of {spec!r}: expected a preset ({', '.join(presets)}) or "
-                "LAYER:QUERY:KEY[,LAYER:QUERY:KEY...] with integers (negative positions count from the end, "
-                "* as LAYER means every layer)"
+                "LAYER:QUERY:KEY[,LAYER:QUERY:KEY...] where each field is an integer (negative positions count "
+                "from the end), * (every one) or, for QUERY and KEY, a half-open range START..STOP (e.g. "
+                "2:*:*, *:35:*, 1:32..36:0..8)"
             ) from None
     return Selector("explicit", requests=tuple(requests))
+
+
+def parse_positions(field: str) -> int | Positions:
+    """One QUERY or KEY field: an integer, `*`, or `START..STOP` (either end optional)."""
+    field = field.strip()
+    if field == "*":
+        return EVERY
+    if "|" in field:
+        return Positions(items=tuple(int(item) for item in field.split("|")))
+    if ".." in field:
+        start, _, stop = field.partition("..")
+        return Positions(int(start) if start.strip() else None, int(stop) if stop.strip() else None)
+    return int(field)
