@@ -56,6 +56,21 @@ CROSS_ATTENTION_NAMES = re.compile(r"(^|.*\.)(encoder_attn|encdecattention|cross
                                    r"cross_attention)(\..*)?$", re.IGNORECASE)
 
 
+class DifferentiableEditor:
+    """An editor whose returned codes carry a gradient someone wants (attribution patching, an edit
+    with a tensor that requires grad): sources compute the layer's output from the returned codes
+    even where they equal the originals. (An SDPA source otherwise keeps the fused call's output
+    there, so that an identity edit changes no bit, and no gradient would reach the codes.)"""
+
+    differentiable = True
+
+    def __init__(self, editor: Editor):
+        self.editor = editor
+
+    def __call__(self, layer: int, queries: Tensor, keys: Tensor, codes: Tensor) -> Tensor:
+        return self.editor(layer, queries, keys, codes)
+
+
 class NoAttentionCaptured(LatentcodeError, RuntimeError):
     """A forward pass ran but no latent code could be captured from the model."""
 

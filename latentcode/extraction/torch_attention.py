@@ -272,6 +272,8 @@ def edit_rows(scores: Tensor, inverse: Tensor, keys: Tensor, edit: Callable[[Ten
     if edited.shape != codes.shape:
         raise ValueError(f"the edit returned codes of shape {tuple(edited.shape)}; expected {tuple(codes.shape)}")
     changed_pairs = changed(edited, codes)
+    if getattr(edit, "differentiable", False) and torch.is_grad_enabled():
+        changed_pairs = torch.ones_like(changed_pairs)  # the output must come from the codes for their gradient
     if not bool(changed_pairs.any()):
         return None, None
     probabilities = probabilities.clone()
@@ -447,6 +449,7 @@ class TorchAttentionSource(AttentionSource):
             check_no_dropout(kind, call, where)
             rows, inverse = torch.unique(pairs[0], return_inverse=True)
             edit = lambda codes: editor(layer, *pairs, codes)  # noqa: E731
+            edit.differentiable = getattr(editor, "differentiable", False)
             if kind == "sdpa":
                 return edited_sdpa_output(call, result, rows, inverse, pairs[1], edit)
             return edited_mha_output(call, result, rows, inverse, pairs[1], edit)

@@ -18,7 +18,12 @@ The edits:
     Interchange(codes)       a[h] = the code of the same site   on a second (source) input: activation patching
 
 Vectors are whole latent codes, one entry per head (width H); `heads` picks which entries are
-written. For softmax attention an edited row of probabilities need not sum to one any more: that
+written. Values given as torch tensors are used as they are, graph included: a gradient of the
+output flows to an `AddVector`/`SetCode`/`ScaleHeads` tensor that requires grad, so an edit can be
+optimised (attribution patching and learned interventions are built on this,
+`latentcode.intervention.patching` and `latentcode.intervention.subspace`).
+
+For softmax attention an edited row of probabilities need not sum to one any more: that
 is intended (an intervention asks what the layer computes with *this* code), and nothing
 renormalizes it.
 """
@@ -45,16 +50,35 @@ class EditError(LatentcodeError, ValueError):
     """An edit that does not fit the codes it is applied to; names the value and what is expected."""
 
 
-def _as_array(values: Any, what: str) -> np.ndarray:
+def check_finite(values: Any, what: str) -> None:
+    """Refuse NaN or infinite edit values: every edited output would be NaN, silently. A tensor that
+    requires grad (an edit being optimised) is left alone: checking it would sync every step."""
     if isinstance(values, Tensor):
-        values = values.detach().cpu().numpy()
-    array = np.asarray(values, dtype=np.float32)
-    if array.ndim not in (1, 2):
-        raise EditError(f"{what} must be a vector [H] or one vector per example [batch, H], got shape {array.shape}")
-    return array
+        if values.requires_grad or bool(torch.isfinite(values).all()):
+            return
+        bad = values.detach().cpu().numpy()
+    else:
+        try:
+            bad = np.asarray(values, dtype=np.float64)
+        except (TypeError, ValueError):
+            return  # not numbers: the shape checks say what is wrong
+        if np.isfinite(bad).all():
+            return
+    raise EditError(f"{what} holds {int((~np.isfinite(bad)).sum())} NaN or infinite value(s) "
+                    f"({np.ravel(bad)[:8].tolist()}); expected finite numbers")
 
 
-def _per_example(values: np.ndarray, codes: Tensor, sites: list[Site], what: str) -> Tensor:
+def _as_values(values: Any, what: str) -> Tensor:
+    """A vector `[H]` or one per example `[batch, H]` as a tensor. A tensor is kept as it is, graph
+    and all, so that a gradient reaches it (an edit can be optimised); anything else becomes float32."""
+    if not isinstance(values, Tensor):
+        values = torch.as_tensor(np.asarray(values, dtype=np.float32))
+    if values.ndim not in (1, 2):
+        raise EditError(f"{what} must be a vector [H] or one vector per example [batch, H], got shape {tuple(values.shape)}")
+    return values
+
+
+def _per_example(values: Tensor, codes: Tensor, sites: list[Site], what: str) -> Tensor:
     """`[H]` or `[batch, H]` -> a tensor `[batch or 1, H, 1]` on the codes' device, checked."""
     batch, n_heads = codes.shape[:2]
     layer = sites[0].layer
@@ -68,8 +92,7 @@ def _per_example(values: np.ndarray, codes: Tensor, sites: list[Site], what: str
             f"{what} gives {values.shape[0]} vectors (one per example) but this forward pass has {batch} examples; "
             f"give one vector [{n_heads}] for all examples or one per example [{batch}, {n_heads}]"
         )
-    tensor = torch.as_tensor(values, device=codes.device, dtype=codes.dtype)
-    return tensor.reshape(-1, n_heads, 1)
+    return values.to(device=codes.device, dtype=codes.dtype).reshape(-1, n_heads, 1)
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,6 +126,12 @@ class Edit:
             mask[0, int(head), 0] = True
         return mask
 
+    def carries_gradient(self) -> bool:
+        """Whether a value of this edit is a tensor that requires grad (the edit is being optimised or
+        differentiated): sources then compute the output from the edited codes everywhere."""
+        return any(isinstance(getattr(self, f.name), Tensor) and getattr(self, f.name).requires_grad
+                   for f in dataclasses.fields(self))
+
     def describe(self) -> str:
         """A short name for tables: the operation and its heads."""
         heads = "all heads" if self.heads is None else "heads " + ",".join(map(str, self.heads))
@@ -116,7 +145,8 @@ class SetCode(Edit):
     value: Any
 
     def replacement(self, codes: Tensor, sites: list[Site]) -> Tensor:
-        return _per_example(_as_array(self.value, "SetCode value"), codes, sites, "SetCode value")
+        check_finite(self.value, "SetCode value")
+        return _per_example(_as_values(self.value, "SetCode value"), codes, sites, "SetCode value")
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,7 +156,8 @@ class AddVector(Edit):
     vector: Any
 
     def replacement(self, codes: Tensor, sites: list[Site]) -> Tensor:
-        return codes + _per_example(_as_array(self.vector, "AddVector vector"), codes, sites, "AddVector vector")
+        check_finite(self.vector, "AddVector vector")
+        return codes + _per_example(_as_values(self.vector, "AddVector vector"), codes, sites, "AddVector vector")
 
 
 @dataclass(frozen=True, eq=False)
@@ -136,9 +167,12 @@ class ScaleHeads(Edit):
     factor: Any
 
     def replacement(self, codes: Tensor, sites: list[Site]) -> Tensor:
-        if np.ndim(self.factor) == 0:
+        check_finite(self.factor, "ScaleHeads factor")
+        if not isinstance(self.factor, Tensor) and np.ndim(self.factor) == 0:
             return codes * float(self.factor)
-        factor = _as_array(self.factor, "ScaleHeads factor")
+        if isinstance(self.factor, Tensor) and self.factor.ndim == 0:
+            return codes * self.factor.to(device=codes.device, dtype=codes.dtype)
+        factor = _as_values(self.factor, "ScaleHeads factor")
         if factor.ndim != 1:
             raise EditError(f"ScaleHeads factor must be a number or one factor per head [H], got shape {factor.shape}")
         return codes * _per_example(factor, codes, sites, "ScaleHeads factor")
@@ -158,6 +192,8 @@ def _codes_at(values: Mapping[Site, np.ndarray], sites: list[Site], what: str) -
     if missing:
         have = ", ".join(site.name for site in sorted(values)[:12]) + (" ..." if len(values) > 12 else "")
         raise EditError(f"{what} has no code at site {missing[0]}; it has codes at {have}")
+    if any(isinstance(values[site], Tensor) for site in sites):
+        return torch.stack([torch.as_tensor(values[site]) for site in sites], dim=-1)
     return np.stack([values[site] for site in sites], axis=-1)
 
 
@@ -302,7 +338,7 @@ class Interchange(Edit):
                 f"but this forward pass has {codes.shape[0]} examples x {codes.shape[1]} heads at layer "
                 f"{sites[0].layer}; give a source batch of the same shape"
             )
-        return torch.as_tensor(values, device=codes.device, dtype=codes.dtype)
+        return torch.as_tensor(values).to(device=codes.device, dtype=codes.dtype)
 
 
 def first_tensor_shape(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[int, ...] | None:

@@ -59,6 +59,7 @@ from latentcode.extraction.site_pairs import SitePairs
 from latentcode.extraction.sites import Selector, SiteError, parse_selector
 from latentcode.extraction.source import (
     AttentionSource,
+    DifferentiableEditor,
     NoAttentionCaptured,
     PairsFor,
     Sink,
@@ -239,7 +240,9 @@ class Intervention:
 
     def __enter__(self) -> Intervention:
         self._plans = {}
-        self._editing = self.source.edit(self._pairs_for, self._edit)
+        carries_gradient = any(edit.carries_gradient() for edit in self._edits)
+        editor = DifferentiableEditor(self._edit) if carries_gradient else self._edit
+        self._editing = self.source.edit(self._pairs_for, editor)
         self._editing.__enter__()
         try:
             # After the source's own hooks, so that a TorchAttentionSource has counted the pass's layers.
