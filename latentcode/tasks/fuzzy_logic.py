@@ -350,6 +350,73 @@ class FuzzyLogic(Task):
             neighbours = np.intersect1d(neighbours, self._split_pools[split])
         return neighbours.astype(np.int64)
 
+    def counterfactual_pairs(self, n: int, split: str = "ood", *, seed: int = 0, variant: str | None = None,
+                             prediction: int = 0, pool: int = 8, min_difference: float = 0.1):
+        """``n`` base instances of ``split`` with a donor per relation (``different``, ``third``,
+        ``same``; see ``latentcode.tasks.counterfactuals``); the sub-task is the term set
+        (``task_index``).
+
+        The target task T' of each base is drawn uniformly among the tasks of the donor pool whose
+        function differs from the base's at the base's query by more than ``min_difference`` (so
+        that following T' is visible); the third donor's task T'' is neither, and its function there
+        differs from T''s by more than ``min_difference``. Donors come from ``pool * n`` fresh
+        instances of the same split and variant (default: the task's training variant, whose query
+        inputs vary)."""
+        from latentcode.tasks.counterfactuals import (
+            CounterfactualPairs,
+            check_pair_request,
+            choose_donors,
+            choose_third,
+            draw_from_pool,
+            take,
+        )
+
+        prediction = check_pair_request(n, prediction, self.n_predictions, pool)
+        if not np.isfinite(min_difference) or min_difference < 0:
+            raise TaskError(f"min_difference={min_difference!r} must be a finite number >= 0")
+        variant = self._check_variant(variant)
+        n_candidates = 2 * n
+        candidates = self.sample(n_candidates, split, seed=(seed, 1), variant=variant)
+        donor_pool = self.sample(pool * n, split, seed=(seed, 2), variant=variant)
+        rng = np.random.default_rng([seed, 3])
+        tasks, pool_part = np.unique(donor_pool.labels["task_index"], return_inverse=True)
+        base_task = candidates.labels["task_index"]
+        base_part = np.searchsorted(tasks, base_task)
+        base_part = np.where((base_part < len(tasks)) & (tasks[np.minimum(base_part, len(tasks) - 1)] == base_task),
+                             base_part, len(tasks))  # len(tasks): the base's task is not in the pool
+        functions = np.stack([self.counterfactual_target(candidates, self.all_combinations[task]) for task in tasks], 1)
+        truth = candidates.y[:, prediction]
+        target_ok = np.abs(functions - truth[:, None]) > min_difference  # [candidates, pool tasks]
+        padded = np.concatenate([target_ok, np.zeros((n_candidates, 1), dtype=bool)], axis=1)
+        kept, target, donor_different, donor_same = choose_donors(rng, base_part, padded, pool_part)
+        target = np.minimum(target, len(tasks) - 1)
+        target_value = functions[np.arange(n_candidates), target]
+        third_ok = np.abs(functions - target_value[:, None]) > min_difference
+        third_ok &= np.abs(functions - truth[:, None]) > min_difference
+        has_third, third = choose_third(rng, third_ok, pool_part)
+        donor_third = draw_from_pool(rng, pool_part, third)
+        kept &= has_third & (donor_third >= 0) & (donor_same >= 0)
+        rows = np.flatnonzero(kept)
+        if len(rows) < n:
+            raise TaskError(
+                f"only {len(rows)} of {n_candidates} {split} instances have donors of every relation with functions "
+                f"that differ by more than {min_difference} at the query; ask for fewer pairs than {n}, a larger pool "
+                "or a smaller min_difference"
+            )
+        rows = rows[:n]
+        counts = {"candidates": n_candidates, "tasks in the donor pool": len(tasks),
+                  "with a distinguishing task T'": int(target_ok.any(1).sum()), "kept (all donors found)": int(kept.sum()),
+                  "pairs": n}
+        return CounterfactualPairs(
+            base=take(candidates, rows),
+            donors={"different": take(donor_pool, donor_different[rows]), "third": take(donor_pool, donor_third[rows]),
+                    "same": take(donor_pool, donor_same[rows])},
+            prediction=prediction, base_answer=truth[rows], counterfactual_answer=target_value[rows],
+            base_part=base_task[rows], donor_parts={"different": tasks[target[rows]], "third": tasks[third[rows]],
+                                                   "same": base_task[rows]},
+            part_names=[" ∨ ".join(self.term_names()[term] for term in terms) for terms in self.all_combinations],
+            counts=counts)
+
     def _check_terms(self, terms) -> np.ndarray:
         """``terms`` as int64 ``[k]`` or ``[n, k]`` (k >= 1), each in ``0..2**L-1``."""
         array = np.asarray(terms)
