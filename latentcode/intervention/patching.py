@@ -207,18 +207,34 @@ def record_codes(model: nn.Module, inputs: Any, sites: str | Selector | Sequence
 
 
 # -- the exact sweep -------------------------------------------------------------------------------
+def _mean_and_se(values: np.ndarray) -> tuple[float, float]:
+    n = len(values)
+    return float(values.mean()), float(values.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
+
+
 @dataclass
 class PatchingSweep:
-    """The result of `patching_sweep`: `table` (pandas) has one row per group with its coordinates,
-    `group` (its selector and heads), `n`, `metric` (patched, mean over examples), `effect` (patched
-    minus base, mean) and `effect_se` (standard error over examples), plus `base_metric`;
-    `effects` holds the per-example effects `[groups, batch]`."""
+    """The result of `patching_sweep`.
+
+    `patched[name]` and `base[name]`: each metric per group and example `[groups, batch]` and
+    unpatched `[batch]`; `effects`: the first metric's patched minus base `[groups, batch]`.
+    `table` (pandas) has one row per group: its coordinates, `group` (selector and heads), `n`, and
+    per metric NAME its mean `NAME`, standard error `NAME_se` and unpatched mean `NAME_base`; and
+    `effect`, `effect_se` for the first metric (paired over examples)."""
 
     groups: list[SiteGroup]
-    effects: np.ndarray
-    patched: np.ndarray
-    base: np.ndarray
+    patched: dict[str, np.ndarray]
+    base: dict[str, np.ndarray]
     forward_passes: int
+
+    @property
+    def metric_names(self) -> list[str]:
+        return list(self.patched)
+
+    @property
+    def effects(self) -> np.ndarray:
+        first = self.metric_names[0]
+        return self.patched[first] - self.base[first][None]
 
     @property
     def table(self):
@@ -226,10 +242,13 @@ class PatchingSweep:
 
         n = self.effects.shape[1]
         rows = []
-        for group, effect, patched in zip(self.groups, self.effects, self.patched, strict=True):
-            rows.append({**group.coordinates, "group": group.name, "n": n, "metric": float(patched.mean()),
-                         "effect": float(effect.mean()), "effect_se": float(effect.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan"),
-                         "base_metric": float(self.base.mean())})
+        for index, group in enumerate(self.groups):
+            row = {**group.coordinates, "group": group.name, "n": n}
+            for name in self.metric_names:
+                row[name], row[f"{name}_se"] = _mean_and_se(self.patched[name][index])
+                row[f"{name}_base"] = float(self.base[name].mean())
+            row["effect"], row["effect_se"] = _mean_and_se(self.effects[index])
+            rows.append(row)
         return pd.DataFrame(rows)
 
 
@@ -279,21 +298,32 @@ def _union(groups: Sequence[SiteGroup]) -> Selector:
     return Selector("explicit", requests=tuple(request for group in groups for request in group.selector.requests))
 
 
+def _metrics(metric: Metric | Mapping[str, Metric]) -> dict[str, Metric]:
+    if callable(metric):
+        return {"metric": metric}
+    if isinstance(metric, Mapping) and metric and all(callable(m) for m in metric.values()):
+        return dict(metric)
+    raise UsageError(f"metric must be a function of the model's output (one number per example) or a dict of "
+                     f"them by name, got {metric!r}")
+
+
 def patching_sweep(
     model: nn.Module,
     base_inputs: Any,
     donor_inputs: Any,
     groups: Sequence[SiteGroup],
-    metric: Metric,
+    metric: Metric | Mapping[str, Metric],
     *,
     source: AttentionSource | None = None,
     groups_per_pass: int | None = None,
-    max_examples_per_pass: int = 4096,
+    max_examples_per_pass: int = 1024,
 ) -> PatchingSweep:
     """Patch the codes of each group from `donor_inputs` into `base_inputs` (example i takes donor
-    example i's codes) and measure `metric` (one number per example) of the patched output; one row
-    per group (see `PatchingSweep`). Several groups share one forward pass (`groups_per_pass`, by
-    default as many as fit in `max_examples_per_pass` examples)."""
+    example i's codes) and measure `metric` (one number per example; or a dict of such metrics by
+    name, all read from the same passes) of the patched output; one row per group (see
+    `PatchingSweep`). Several groups share one forward pass (`groups_per_pass`, by default as many
+    as fit in `max_examples_per_pass` examples; larger passes were no faster per example on a CPU)."""
+    metrics = _metrics(metric)
     _check_eval(model)
     if not groups:
         raise UsageError("no site groups to sweep: give a list of SiteGroup (site_grid, head_grid)")
@@ -305,9 +335,13 @@ def patching_sweep(
     donor = _LayerCodes(SitePairs(_union(groups), source.n_layers(), source.name))
     with source.capture(donor.pairs_for, "pattern", donor.sink), torch.no_grad():
         _call(model, donor_inputs)
+    def measure(output: Any) -> dict[str, np.ndarray]:
+        return {name: _per_example(function(output), batch, name).detach().float().cpu().numpy()
+                for name, function in metrics.items()}
+
     with torch.no_grad():
-        base = _per_example(metric(_call(model, base_inputs)), batch, "metric").float().cpu()
-    patched_rows = []
+        base = measure(_call(model, base_inputs))
+    patched_rows: dict[str, list[np.ndarray]] = {name: [] for name in metrics}
     passes = 2
     for start in range(0, len(groups), groups_per_pass):
         chunk = list(groups[start:start + groups_per_pass])
@@ -316,10 +350,10 @@ def patching_sweep(
             output = _call(model, _repeat(base_inputs, len(chunk)))
         passes += 1
         for index in range(len(chunk)):
-            patched_rows.append(_per_example(metric(_slice_output(output, index * batch, (index + 1) * batch)),
-                                             batch, "metric").float().cpu())
-    patched = torch.stack(patched_rows).numpy()
-    return PatchingSweep(list(groups), patched - base.numpy()[None], patched, base.numpy(), passes)
+            for name, values in measure(_slice_output(output, index * batch, (index + 1) * batch)).items():
+                patched_rows[name].append(values)
+    patched = {name: np.stack(rows) for name, rows in patched_rows.items()}
+    return PatchingSweep(list(groups), patched, base, passes)
 
 
 def _slice_output(output: Any, start: int, stop: int) -> Any:

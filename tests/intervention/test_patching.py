@@ -70,14 +70,14 @@ def test_the_sweep_equals_one_interchange_per_group(attention):
     assert sweep.forward_passes == 2 + -(-len(groups) // 3)
     with torch.no_grad():
         unpatched = metric(model(base))
-        for group, patched in zip(groups, sweep.patched, strict=True):
+        for group, patched in zip(groups, sweep.patched["metric"], strict=True):
             edit = Interchange.from_inputs(model, donor, sites=group.selector, heads=group.heads)
             with Intervention(model, edit, sites=group.selector):
                 expected = metric(model(base))
             torch.testing.assert_close(torch.as_tensor(patched).double(), expected, rtol=1e-5, atol=1e-6)
     table = sweep.table
-    assert len(table) == len(groups) and set(table.columns) >= {"layer", "effect", "effect_se", "n", "base_metric"}
-    assert table["base_metric"].iloc[0] == pytest.approx(unpatched.mean().item(), rel=1e-5)
+    assert len(table) == len(groups) and set(table.columns) >= {"layer", "effect", "effect_se", "n", "metric", "metric_se", "metric_base"}
+    assert table["metric_base"].iloc[0] == pytest.approx(unpatched.mean().item(), rel=1e-5)
     assert not (sweep.effects == 0).all()  # the donor differs, so some group moves the metric
 
 
