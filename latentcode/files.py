@@ -11,6 +11,15 @@ for the lock only when asked (`wait` seconds).
 Temporary files of a target are named `.NAME.<random>.tmp`; as only the lock holder writes them,
 any found by the next lock holder belong to a dead writer and are removed.
 
+Hostile directories (a second user who can write in the same directory): nothing here follows a
+symbolic link. The lock file is opened with `O_NOFOLLOW` and refused unless it is a regular file
+with one name; temporaries are created with `O_EXCL` (which never follows a link) under random
+names; a target is replaced only if it is missing or a regular file, never a link, a directory,
+a device or a FIFO (`check_replaceable`). `AtomicOutputs` writes the files of one command as a
+set: each into a temporary beside it, all renamed only when all are written. An `OSError` while
+writing (no space left, a name too long) becomes a one-line `WriteError`, and no half-written file
+is left under the target's name.
+
 New files and directories get the usual modes under the process umask (0644 and 0755 under umask
 022), not tempfile's private 0600 and 0700.
 """
@@ -18,12 +27,15 @@ New files and directories get the usual modes under the process umask (0644 and 
 from __future__ import annotations
 
 import datetime
+import errno
 import json
 import os
 import re
 import secrets
 import socket
+import stat
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +45,54 @@ try:
     import fcntl
 except ImportError:  # Windows: no flock; the maintained `filelock` package does the locking there
     fcntl = None
+
+
+class UnsafePath(LatentcodeError, ValueError):
+    """A path that is not a regular file where one is written: a symbolic link, a directory, a
+    device, a FIFO or a socket (possibly planted by someone else); never followed or replaced."""
+
+
+class WriteError(LatentcodeError, OSError):
+    """Writing a file failed (no space left, a name too long, a directory in the way); says which
+    file and why. Nothing half-written is left under the file's name."""
+
+
+def write_error(error: BaseException, path: str | Path) -> WriteError:
+    """The one-line user error for an OSError (or HDF5's RuntimeError) raised while writing `path`."""
+    if isinstance(error, LatentcodeError):
+        return error
+    reason = getattr(error, "strerror", None) or str(error)
+    # HDF5 wraps the system's reason in several lines: "... error message = 'No space left on device' ..."
+    system = re.search(r"error message = '([^']*)'", reason)
+    reason = system.group(1) if system else " ".join(reason.split())[:200]
+    return WriteError(f"cannot write {path}: {reason}")
+
+
+def kind_of(mode: int) -> str:
+    """What a file of `st_mode` is, in words: "a symbolic link", "a directory", ..."""
+    for test, words in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
+                        (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def check_replaceable(target: str | Path, what: str = "") -> None:
+    """Refuse a `target` that exists and is not a regular file: writing would follow a symbolic
+    link (into another user's file) or replace a link, directory, device or FIFO with a file."""
+    target = Path(target)
+    try:
+        info = os.lstat(target)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # nothing there to follow or replace (a file on the way is the writer's to report)
+    except OSError as error:
+        raise write_error(error, target) from None
+    if not stat.S_ISREG(info.st_mode):
+        extra = f" -> {os.readlink(target)}" if stat.S_ISLNK(info.st_mode) else ""
+        raise UnsafePath(f"{what + ' ' if what else ''}{target} is {kind_of(info.st_mode)}{extra}; latentcode "
+                         "writes only regular files and never follows or replaces anything else; remove it or "
+                         "choose another path")
 
 
 class LockHeld(LatentcodeError):
@@ -89,7 +149,7 @@ class ExclusiveLock:
             return self._acquire_with_filelock()
         started = time.monotonic()
         while True:
-            descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+            descriptor = _open_lock_file(self.path)
             try:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -158,6 +218,29 @@ class ExclusiveLock:
                 pass
 
 
+def _open_lock_file(path: Path) -> int:
+    """Open (creating, 0644 under umask 022) the sidecar lock file without following a link, and
+    refuse anything but a regular file with one name: a planted `.NAME.lock` pointing at another
+    file would otherwise get that file truncated and overwritten with the holder's JSON."""
+    check_replaceable(path, "lock file")  # devices and FIFOs are refused before they are opened
+    flags = (os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+             | getattr(os, "O_NONBLOCK", 0))
+    try:
+        descriptor = os.open(path, flags, 0o666)
+    except OSError as error:
+        if error.errno == errno.ELOOP:  # a link planted between the check and the open
+            raise UnsafePath(f"lock file {path} is a symbolic link; latentcode never follows one; remove it "
+                             "or choose another path") from None
+        raise write_error(error, path) from None
+    info = os.fstat(descriptor)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+        os.close(descriptor)
+        what = kind_of(info.st_mode) if not stat.S_ISREG(info.st_mode) else f"a file with {info.st_nlink} hard links"
+        raise UnsafePath(f"lock file {path} is {what}; expected a regular file of its own; remove it or choose "
+                         "another path")
+    return descriptor
+
+
 def _same_file(descriptor: int, path: Path) -> bool:
     try:
         on_disk = os.stat(path)
@@ -188,9 +271,12 @@ def new_temporary_file(target: str | Path) -> Path:
     for _ in range(100):
         candidate = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
         try:
-            descriptor = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+            descriptor = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+                                 | getattr(os, "O_NOFOLLOW", 0), 0o666)
         except FileExistsError:
             continue
+        except OSError as error:
+            raise write_error(error, target) from None
         os.close(descriptor)
         return candidate
     raise FileExistsError(f"could not create a temporary file beside {target}")
@@ -204,10 +290,139 @@ def remove_dead_temporaries(target: str | Path) -> list[Path]:
     pattern = _temporary_pattern(target)
     removed = []
     for path in target.parent.iterdir():
-        if pattern.match(path.name) and path.is_file():
-            path.unlink(missing_ok=True)
+        if pattern.match(path.name) and (path.is_symlink() or path.is_file()):
+            path.unlink(missing_ok=True)  # unlink removes a link itself, never what it points to
             removed.append(path)
     return removed
+
+
+# -- writing outputs ---------------------------------------------------------------------------------
+class AtomicOutputs:
+    """The files of one command, written as a set: each into a random temporary beside it, all
+    renamed over their targets only when every one is written; on any error none is renamed and
+    the temporaries are removed. A target that exists and is not a regular file is refused.
+
+    >>> with AtomicOutputs(lock="results/rule") as outputs:
+    ...     table.to_csv(outputs.temporary("results/rule.csv"))
+    ...     figure.savefig(outputs.temporary("results/rule.png"), format="png")
+    >>> outputs.written   # [Path("results/rule.csv"), Path("results/rule.png")]
+
+    lock: a path whose sidecar lock (`.NAME.lock`) is held from entry to the last rename, so two
+    commands writing the same outputs do not mix their files (the second is refused, or waits
+    `wait` seconds). An existing target keeps its mode; a new one gets the umask's.
+    """
+
+    def __init__(self, lock: str | Path | None = None, *, wait: float | None = 0.0, purpose: str = "writing results",
+                 hint: str = "wait until it has finished or choose another output"):
+        self._lock = ExclusiveLock(lock, wait=wait, purpose=purpose, hint=hint) if lock is not None else None
+        self._temporaries: dict[Path, Path] = {}
+        self.written: list[Path] = []
+
+    def __enter__(self) -> AtomicOutputs:
+        if self._lock is not None:
+            try:
+                self._lock.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise write_error(error, self._lock.target) from None
+            self._lock.acquire()
+        return self
+
+    def temporary(self, target: str | Path) -> Path:
+        """The temporary file to write `target`'s content to (created empty, beside it)."""
+        target = Path(target)
+        if target in self._temporaries:
+            return self._temporaries[target]
+        check_replaceable(target)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise write_error(error, target) from None
+        if self._lock is not None:
+            remove_dead_temporaries(target)
+        self._temporaries[target] = new_temporary_file(target)
+        return self._temporaries[target]
+
+    def write_text(self, target: str | Path, text: str) -> None:
+        self.write_bytes(target, text.encode())
+
+    def write_bytes(self, target: str | Path, data: bytes) -> None:
+        temporary = self.temporary(target)
+        try:
+            with open(temporary, "wb") as file:
+                file.write(data)
+        except OSError as error:
+            raise write_error(error, target) from None
+
+    def commit(self) -> list[Path]:
+        """Rename every temporary over its target (after checking them all); returns the targets."""
+        try:
+            for target in self._temporaries:
+                check_replaceable(target)
+            for target, temporary in list(self._temporaries.items()):
+                try:
+                    os.chmod(temporary, stat.S_IMODE(os.stat(target, follow_symlinks=False).st_mode))
+                except FileNotFoundError:
+                    pass
+                os.replace(temporary, target)
+                del self._temporaries[target]
+                self.written.append(target)
+        except OSError as error:
+            self.discard()
+            raise write_error(error, target) from None
+        except BaseException:
+            self.discard()
+            raise
+        self._release()
+        return self.written
+
+    def discard(self) -> None:
+        """Remove the temporaries not yet renamed and let go of the lock."""
+        for temporary in self._temporaries.values():
+            try:
+                temporary.unlink(missing_ok=True)
+            except OSError:
+                pass
+        self._temporaries.clear()
+        self._release()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if exc_type is None:
+            self.commit()
+            return
+        targets = list(self._temporaries)
+        self.discard()
+        if isinstance(exc, OSError) and not isinstance(exc, LatentcodeError):
+            raise write_error(exc, targets[-1] if targets else "the output") from None
+
+
+def atomic_write_text(target: str | Path, text: str, *, lock: bool = False) -> Path:
+    """Write `text` to `target` through a random temporary and a rename (see AtomicOutputs);
+    `lock`: hold the target's sidecar lock while doing so."""
+    target = Path(target)
+    with AtomicOutputs(lock=target if lock else None) as outputs:
+        outputs.write_text(target, text)
+    return target
+
+
+def open_for_append(path: str | Path):
+    """`open(path, "a")` that never follows a symbolic link and refuses anything but a regular file."""
+    path = Path(path)
+    check_replaceable(path)
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+                             | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0), 0o666)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise UnsafePath(f"{path} is a symbolic link; latentcode never follows one") from None
+        raise write_error(error, path) from None
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise UnsafePath(f"{path} is not a regular file; latentcode appends only to regular files")
+    return os.fdopen(descriptor, "a")
 
 
 # -- modes -------------------------------------------------------------------------------------------

@@ -26,14 +26,14 @@ writes it), for the whole run; a second train into the same directory is refused
 from __future__ import annotations
 
 import json
-import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from latentcode.errors import LatentcodeError
-from latentcode.files import ExclusiveLock
+from latentcode.files import ExclusiveLock, atomic_write_text, open_for_append
 
 RUN_FORMAT = "latentcode-run/1"
 CONFIG_FILE = "config.json"
@@ -50,9 +50,34 @@ class RunDirectoryError(LatentcodeError, ValueError):
 
 
 def write_json_atomically(path: Path, data: Any) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(temporary, path)
+    """Through a random temporary and a rename: never through a planted link (latentcode.files)."""
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+# A config.json temporary left by a creation killed before its rename (fixed name before random ones).
+_CONFIG_LEFTOVER = re.compile(rf"^\.{re.escape(CONFIG_FILE)}(\.[^./]+)?\.tmp$")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_metrics_record(path: Path, number: int, record: Any) -> None:
+    """One metrics.jsonl record has the structure its readers use; else one line naming the line."""
+    problem = None
+    if not isinstance(record, dict):
+        problem = f"holds a JSON {type(record).__name__}; expected an object"
+    elif "step" in record and not _is_number(record["step"]):
+        problem = f"has step {record['step']!r}; expected a number"
+    elif record.get("event") == "train" and not (_is_number(record.get("step")) and _is_number(record.get("loss"))):
+        problem = "is a train record without a numeric step and loss"
+    elif record.get("event") == "eval" and not (
+        _is_number(record.get("step")) and isinstance(record.get("splits"), dict)
+        and all(isinstance(metrics, dict) for metrics in record["splits"].values())
+    ):
+        problem = "is an eval record without a numeric step and an object of metrics per split"
+    if problem:
+        raise RunDirectoryError(f"{path} line {number} {problem}")
 
 
 class RunDirectory:
@@ -134,8 +159,8 @@ class RunDirectory:
                 f"{self.path} already holds a different run ({'; '.join(differences) or 'configs differ'}); "
                 "choose another output directory"
             )
-        leftover = f".{CONFIG_FILE}.tmp"  # from a creation killed before its rename: not a run yet
-        if self.path.is_dir() and any(path.name != leftover for path in self.path.iterdir()):
+        # a config temporary from a creation killed before its rename: not a run yet
+        if self.path.is_dir() and any(not _CONFIG_LEFTOVER.match(path.name) for path in self.path.iterdir()):
             raise RunDirectoryError(
                 f"{self.path} is not empty and holds no latentcode run; choose another output directory"
             )
@@ -156,11 +181,22 @@ class RunDirectory:
             raise RunDirectoryError(
                 f"{self.config_path} is not a latentcode run config (format {found!r}, expected {RUN_FORMAT!r})"
             )
+        train = data["train"]
+        wrong = [] if isinstance(train, dict) else [f"'train' is a JSON {type(train).__name__}; expected an object"]
+        if isinstance(train, dict):
+            wrong += [f"'train.{key}' is {type(train.get(key)).__name__ if key in train else 'missing'}; expected an "
+                      "object" for key in ("task", "model") if not isinstance(train.get(key), dict)]
+            if isinstance(train.get("task"), dict) and not isinstance(train["task"].get("name"), str):
+                wrong.append("'train.task.name' is not a string")
+        wrong += [f"{key!r} is a JSON {type(data[key]).__name__}; expected an object"
+                  for key in ("resolved_model_config", "task_analysis") if key in data and not isinstance(data[key], dict)]
+        if wrong:
+            raise RunDirectoryError(f"{self.config_path} is not a well-formed run config: {'; '.join(wrong)}")
         return data
 
     # -- metrics -----------------------------------------------------------------------------------
     def append_metrics(self, record: dict[str, Any]) -> None:
-        with self.metrics_path.open("a") as file:
+        with open_for_append(self.metrics_path) as file:
             file.write(json.dumps(record, sort_keys=True, default=float) + "\n")
 
     def read_metrics(self, drop_torn_last_line: bool = False) -> list[dict[str, Any]]:
@@ -176,13 +212,15 @@ class RunDirectory:
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError as error:
                 if drop_torn_last_line and number == len(lines) and not text.endswith("\n"):
                     continue
                 raise RunDirectoryError(
                     f"{self.metrics_path} line {number} is not valid JSON ({error.msg}): {line[:80]!r}"
                 ) from None
+            _check_metrics_record(self.metrics_path, number, record)
+            records.append(record)
         return records
 
     def truncate_metrics(self, last_step: int) -> None:
@@ -190,15 +228,26 @@ class RunDirectory:
         torn last line (left by a kill while appending)."""
         kept = [record for record in self.read_metrics(drop_torn_last_line=True)
                 if record.get("step", 0) <= last_step]
-        temporary = self.metrics_path.with_name(f".{METRICS_FILE}.tmp")
-        temporary.write_text("".join(json.dumps(record, sort_keys=True) + "\n" for record in kept))
-        os.replace(temporary, self.metrics_path)
+        atomic_write_text(self.metrics_path, "".join(json.dumps(record, sort_keys=True) + "\n" for record in kept))
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_json_atomically(self.summary_path, summary)
 
     def read_summary(self) -> dict[str, Any] | None:
-        return json.loads(self.summary_path.read_text()) if self.summary_path.is_file() else None
+        if not self.summary_path.is_file():
+            return None
+        try:
+            summary = json.loads(self.summary_path.read_text())
+        except json.JSONDecodeError as error:
+            raise RunDirectoryError(f"{self.summary_path} is not valid JSON ({error})") from None
+        final = summary.get("final_metrics", {}) if isinstance(summary, dict) else None
+        if not isinstance(summary, dict) or not isinstance(final, dict) or not all(
+                isinstance(metrics, dict) for metrics in final.values()):
+            what = (f"a JSON {type(summary).__name__}" if not isinstance(summary, dict)
+                    else "an object whose final_metrics is not an object of metrics per split")
+            raise RunDirectoryError(f"{self.summary_path} is {what}; expected an object with final_metrics "
+                                    "{split: {metric: value}}")
+        return summary
 
     # -- checkpoints -------------------------------------------------------------------------------
     def checkpoints(self) -> list[Path]:

@@ -66,12 +66,15 @@ gets the mode the process umask gives; an appended or overwritten file keeps its
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import re
 import shutil
 import stat
+import sys
+import traceback
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -82,7 +85,13 @@ import h5py
 import numpy as np
 
 from latentcode.errors import LatentcodeError
-from latentcode.files import ExclusiveLock, new_temporary_file, remove_dead_temporaries
+from latentcode.files import (
+    ExclusiveLock,
+    check_replaceable,
+    new_temporary_file,
+    remove_dead_temporaries,
+    write_error,
+)
 
 FORMAT = "latentcode-codes"
 SCHEMA_VERSION = 1
@@ -189,6 +198,64 @@ def references_outside(file: h5py.File) -> list[str]:
     return found
 
 
+def _write_nowhere(file: h5py.File) -> None:
+    """Point an open file that is being thrown away at an anonymous file in memory, so that closing
+    it succeeds whatever HDF5 still has to write (on a full disk, its cached chunks: a close that
+    fails leaves HDF5's objects open, and the next h5py call crashes the interpreter, SIGSEGV)."""
+    try:
+        if not file.id.valid or not hasattr(os, "memfd_create"):
+            return
+        handle = file.id.get_vfd_handle()
+        null = os.memfd_create("latentcode-discarded")  # sparse: extending it costs nothing
+    except Exception:  # noqa: BLE001 - another driver, or no handle: close as it is
+        return
+    try:
+        os.dup2(null, handle)
+    finally:
+        os.close(null)
+
+
+@contextlib.contextmanager
+def _failed_writes(path: Path):
+    """Raise a WriteError for writes HDF5 could not do: on a full disk h5py reports most of them only
+    while freeing its objects, as 'Exception ignored' tracebacks on stderr, and carries on."""
+    failures: list[BaseException] = []
+    previous = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if "h5py" in repr(unraisable.object) and isinstance(unraisable.exc_value, (OSError, RuntimeError)):
+            failures.append(unraisable.exc_value)
+        else:
+            previous(unraisable)
+
+    def print_hook(kind, value, trace) -> None:  # Cython prints the traceback first, through excepthook
+        frame = trace
+        while frame is not None and frame.tb_next is not None:
+            frame = frame.tb_next
+        if frame is not None and "h5py" in frame.tb_frame.f_code.co_filename:
+            return
+        previous_print(kind, value, trace)
+
+    previous_print = sys.excepthook
+    sys.unraisablehook, sys.excepthook = hook, print_hook
+    try:
+        yield
+    except (OSError, RuntimeError) as error:
+        if isinstance(error, LatentcodeError) or (isinstance(error, OSError) and error.errno is None
+                                                   and "write" not in str(error)):
+            raise
+        # Let go of the h5py objects the failed frames hold, now, while the file is open: freed
+        # after it is closed (kept alive by the traceback), HDF5 crashes the interpreter (SIGSEGV).
+        traceback.clear_frames(error.__traceback__)
+        failures.append(error)
+    finally:
+        sys.unraisablehook, sys.excepthook = previous, previous_print
+    if failures:
+        failure = write_error(failures[0], path)
+        failures.clear()
+        raise failure
+
+
 class CodeWriter:
     """Stream latent codes and their labels into a codes file, atomically.
 
@@ -233,7 +300,10 @@ class CodeWriter:
         score = self.metadata.setdefault("score", "pattern")
         if score not in SCORE_KINDS:
             raise CodeFileError(f"score must be one of {SCORE_KINDS}, got {score!r}")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise write_error(error, self.path) from None
         # Everything from here on, the existence checks included, happens under the lock.
         self._lock = ExclusiveLock(
             self.path, wait=wait_for_lock, purpose="writing latent codes",
@@ -242,6 +312,9 @@ class CodeWriter:
         ).acquire()
         self._closed = False
         try:
+            # A symbolic link (dangling or not), a device, a FIFO or a directory under the name is
+            # refused: the rename would replace the link itself, or a device with a regular file.
+            check_replaceable(self.path)
             exists = self.path.exists()
             if exists and not append and not overwrite:
                 raise FileExistsError(
@@ -263,6 +336,11 @@ class CodeWriter:
             else:
                 self.file = h5py.File(self.temporary_path, "w")
                 self._initialize()
+        except OSError as error:
+            self._discard()
+            if error.errno is None or isinstance(error, LatentcodeError):
+                raise  # h5py's own OSErrors (a damaged file) carry no errno and say what they mean
+            raise write_error(error, self.path) from None
         except BaseException:
             self._discard()
             raise
@@ -272,6 +350,7 @@ class CodeWriter:
         # Rows wait in memory and go to HDF5 in blocks: one h5py write per dataset per block,
         # not per batch (with many sites, per-call overhead otherwise dominates).
         self._pending: dict[str, list[np.ndarray]] = {}
+        self._open_datasets: dict[str, h5py.Dataset] = {}
         self._pending_rows = 0
         self._pending_bytes = 0
         self._n_rows = self._first_row
@@ -445,8 +524,13 @@ class CodeWriter:
 
     def flush(self) -> None:
         """Write the rows waiting in memory into the (temporary) file."""
-        for name, blocks in self._pending.items():
-            self._extend(self.file[name], blocks[0] if len(blocks) == 1 else np.concatenate(blocks))
+        with _failed_writes(self.path):  # no space left, said once
+            for name, blocks in self._pending.items():
+                # Datasets stay open until the file closes: one closed by the garbage collector when
+                # its cached chunks cannot be written (a full disk) stays half-open in HDF5 for good.
+                if name not in self._open_datasets:
+                    self._open_datasets[name] = self.file[name]
+                self._extend(self._open_datasets[name], blocks[0] if len(blocks) == 1 else np.concatenate(blocks))
         self._pending, self._pending_rows, self._pending_bytes = {}, 0, 0
 
     def _check_same_per_example_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
@@ -473,9 +557,20 @@ class CodeWriter:
             return self.path
         try:
             self.flush()
-            self._record_provenance()
-            self.file.close()
+            with _failed_writes(self.path):
+                self._record_provenance()
+                # Everything reaches the disk (or fails, e.g. no space left) here: a failed flush
+                # leaves the file to be thrown away cleanly; a failed close could not be undone.
+                self.file.flush()
+            file, self.file = self.file, None  # closed at most once, even if closing fails
+            with _failed_writes(self.path):
+                file.close()
+            self._open_datasets = {}
+            check_replaceable(self.path)  # a link planted while we wrote is not replaced either
             os.replace(self.temporary_path, self.path)
+        except OSError as error:
+            self._discard()
+            raise write_error(error, self.path) from None
         except BaseException:
             self._discard()
             raise
@@ -523,12 +618,16 @@ class CodeWriter:
         self._closed = True
         try:
             file = getattr(self, "file", None)
+            temporary = getattr(self, "temporary_path", None)
             if file is not None:
+                _write_nowhere(file)
                 try:
-                    file.close()
+                    with _failed_writes(self.path):
+                        file.close()
                 except Exception:  # noqa: BLE001 - the file is being thrown away
                     pass
-            temporary = getattr(self, "temporary_path", None)
+                self.file = None
+                self.__dict__.pop("_open_datasets", None)
             if temporary is not None:
                 temporary.unlink(missing_ok=True)
         finally:

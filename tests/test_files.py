@@ -15,7 +15,16 @@ import numpy as np
 import pytest
 
 from latentcode.errors import LatentcodeError
-from latentcode.files import ExclusiveLock, LockHeld, lock_path_of, process_umask
+from latentcode.files import (
+    AtomicOutputs,
+    ExclusiveLock,
+    LockHeld,
+    UnsafePath,
+    WriteError,
+    atomic_write_text,
+    lock_path_of,
+    process_umask,
+)
 from latentcode.store import CodeFile, CodeWriter, Site
 
 SITE = Site(0, 1, 1)
@@ -207,3 +216,153 @@ def test_a_saved_model_directory_follows_the_umask(tmp_path, umask_027):
     save_model(model, tmp_path / "model")
     assert mode(tmp_path / "model") == 0o750
     assert {mode(file) for file in (tmp_path / "model").iterdir()} == {0o640}
+
+
+# -- hostile directories: planted links, devices, FIFOs (issue 23) -------------------------------------
+VICTIM_TEXT = "another user's file\n"
+
+
+@pytest.fixture
+def victim(tmp_path) -> Path:
+    """A file someone else owns, which a planted link points at; it must never change."""
+    path = tmp_path / "elsewhere" / "victim.txt"
+    path.parent.mkdir()
+    path.write_text(VICTIM_TEXT)
+    return path
+
+
+@pytest.mark.parametrize("writer", ["lock", "codes"])
+def test_a_planted_lock_link_is_refused_and_its_target_untouched(tmp_path, victim, writer):
+    """The lock file used to be opened following links: the victim got truncated to the holder's JSON."""
+    target = tmp_path / "codes.h5"
+    lock_path_of(target).symlink_to(victim)
+    with pytest.raises(UnsafePath, match=rf"lock file {lock_path_of(target)} is a symbolic link"):
+        if writer == "lock":
+            ExclusiveLock(target).acquire()
+        else:
+            write_rows(target, 1, 2)
+    assert victim.read_text() == VICTIM_TEXT and lock_path_of(target).is_symlink() and not target.exists()
+
+
+def test_a_lock_file_that_is_a_fifo_or_a_second_name_of_a_file_is_refused(tmp_path, victim):
+    target = tmp_path / "codes.h5"
+    os.mkfifo(lock_path_of(target))
+    with pytest.raises(UnsafePath, match="is a FIFO"):
+        ExclusiveLock(target).acquire()
+    lock_path_of(target).unlink()
+    os.link(victim, lock_path_of(target))  # a hard link: writing the lock would write the victim
+    with pytest.raises(UnsafePath, match="a file with 2 hard links"):
+        ExclusiveLock(target).acquire()
+    assert victim.read_text() == VICTIM_TEXT
+
+
+@pytest.mark.parametrize("mode", ["new", "append", "overwrite"])
+@pytest.mark.parametrize("planted", ["link", "dangling link", "fifo", "directory"])
+def test_a_codes_file_name_that_is_not_a_regular_file_is_never_written_through_or_replaced(tmp_path, victim, planted,
+                                                                                            mode):
+    """--append through a link used to replace the link with a file (the target unchanged); a dangling
+    link got the new file in its place; --overwrite replaced a device or FIFO with a regular file."""
+    path = tmp_path / "codes.h5"
+    if planted == "link":
+        write_rows(victim.with_name("real.h5"), 1, 2)
+        path.symlink_to(victim.with_name("real.h5"))
+    elif planted == "dangling link":
+        path.symlink_to(tmp_path / "elsewhere" / "nothing.h5")
+    elif planted == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(UnsafePath, match=rf"{path} is a "):
+        write_rows(path, 2, 2, append=mode == "append", overwrite=mode == "overwrite")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert not (tmp_path / "elsewhere" / "nothing.h5").exists()
+    if planted == "link":
+        assert path.is_symlink() and tags_in(victim.with_name("real.h5")) == [1.0, 1.0]
+
+
+def test_outputs_are_written_as_a_set_never_through_a_link_and_a_failure_leaves_nothing(tmp_path, victim):
+    table, figure = tmp_path / "out.csv", tmp_path / "out.png"
+    (tmp_path / "out.json").symlink_to(victim)
+    with pytest.raises(UnsafePath, match="out.json is a symbolic link"):
+        with AtomicOutputs(lock=tmp_path / "out") as outputs:
+            outputs.write_text(table, "a,b\n")
+            outputs.write_text(tmp_path / "out.json", "{}")
+    assert victim.read_text() == VICTIM_TEXT and sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "out.json"]
+    with pytest.raises(RuntimeError):
+        with AtomicOutputs(lock=tmp_path / "out") as outputs:
+            outputs.write_text(table, "a,b\n")
+            raise RuntimeError("the figure failed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "out.json"]
+    with AtomicOutputs(lock=tmp_path / "out") as outputs:
+        outputs.write_text(table, "a,b\n")
+        outputs.write_bytes(figure, b"png")
+    assert outputs.written == [table, figure] and table.read_text() == "a,b\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "out.csv", "out.json", "out.png"]
+
+
+def test_fixed_temporary_names_are_gone_a_planted_one_is_not_followed(tmp_path, victim):
+    """Run directories wrote `.config.json.tmp` and `.metrics.jsonl.tmp`, the report `.NAME.tmp`:
+    a link planted under such a name got the content written into the victim."""
+    from latentcode.rundir import RunDirectory
+
+    directory = RunDirectory(tmp_path / "run")
+    directory.path.mkdir()
+    (directory.path / ".config.json.tmp").symlink_to(victim)
+    directory.create({"train": {"task": {"name": "fuzzy_logic"}, "model": {}}})
+    for name in (".metrics.jsonl.tmp", ".summary.json.tmp"):
+        (directory.path / name).symlink_to(victim)
+    directory.append_metrics({"event": "train", "step": 1, "loss": 0.5})
+    directory.append_metrics({"event": "train", "step": 2, "loss": 0.4})
+    directory.truncate_metrics(1)
+    directory.write_summary({"final_metrics": {}})
+    assert victim.read_text() == VICTIM_TEXT
+    assert [record["step"] for record in directory.read_metrics()] == [1]
+    directory.metrics_path.unlink()
+    directory.metrics_path.symlink_to(victim)
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        directory.append_metrics({"event": "train", "step": 3, "loss": 0.3})
+    assert victim.read_text() == VICTIM_TEXT
+    atomic_write_text(tmp_path / "report.html", "<html></html>")
+    assert (tmp_path / "report.html").read_text() == "<html></html>"
+
+
+def test_write_errors_are_one_line_and_leave_nothing(tmp_path):
+    long_name = tmp_path / ("x" * 250 + ".h5")  # its lock and temporary names pass the 255-byte limit
+    with pytest.raises(WriteError, match=r"cannot write .*: File name too long"):
+        write_rows(long_name, 1, 2)
+    with pytest.raises(WriteError, match="Is a directory|Not a directory"):
+        with AtomicOutputs() as outputs:
+            outputs.write_text(tmp_path / "a_file" / "x.csv", "")  # a file where a directory is needed
+            (tmp_path / "a_file").write_text("")
+    assert sorted(p.name for p in tmp_path.iterdir()) in (["a_file"], [])
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 256 KiB tmpfs (needs root and CAP_SYS_ADMIN); skipped where it cannot be mounted."""
+    place = tmp_path / "small"
+    place.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(place)],
+                                           capture_output=True).returncode:
+        pytest.skip("needs mount (root, CAP_SYS_ADMIN) for a small file system")
+    yield place
+    subprocess.run(["umount", str(place)], check=True)
+
+
+def test_a_full_disk_is_a_one_line_error_and_the_previous_outputs_stay_whole(full_disk):
+    path = full_disk / "codes.h5"
+    write_rows(path, 1, 2)
+    before = path.read_bytes()
+    with pytest.raises(WriteError, match=rf"cannot write {path}"):
+        with CodeWriter(path, [SITE], 2, append=True) as writer:
+            for _ in range(20):
+                writer.append(codes={SITE: np.random.default_rng(0).normal(size=(4096, 2))}, split="big")
+            writer.flush()
+    assert path.read_bytes() == before and sorted(p.name for p in full_disk.iterdir()) == ["codes.h5"]
+    (full_disk / "table.csv").write_text("old\n")
+    with pytest.raises(WriteError, match="No space left on device"):
+        with AtomicOutputs(lock=full_disk / "table") as outputs:
+            outputs.write_bytes(full_disk / "table.csv", b"x" * 2**20)
+    assert (full_disk / "table.csv").read_text() == "old\n"
+    assert sorted(p.name for p in full_disk.iterdir()) == ["codes.h5", "table.csv"]
