@@ -668,6 +668,13 @@ def checked_attributes(path: Path, file: h5py.File) -> dict[str, Any]:
     for group in ("codes", "labels", "extra", "split"):
         if group not in file:
             raise CodeFileError(f"{path} has no /{group}; a latentcode codes file has /codes, /labels, /extra and /split")
+        expected = h5py.Dataset if group == "split" else h5py.Group
+        if not isinstance(file[group], expected):
+            raise CodeFileError(f"{path}: /{group} is {_kind(file[group])}; expected "
+                                f"{'a dataset' if group == 'split' else 'a group'}")
+    for name in file["labels"]:
+        if not isinstance(file["labels"][name], h5py.Dataset):
+            raise CodeFileError(f"{path}: /labels/{name} is {_kind(file['labels'][name])}; expected a dataset")
     for name in ("n_heads", *_JSON_ATTRIBUTES):
         if name not in attrs:
             raise CodeFileError(f"{path} lacks the root attribute {name!r} that every codes file has")
@@ -681,10 +688,94 @@ def checked_attributes(path: Path, file: h5py.File) -> dict[str, Any]:
                for label in file["labels"] for kind in _LABEL_JSON_ATTRIBUTES if kind in file["labels"][label].attrs]
     for where, text in places:
         try:
-            json.loads(text or "{}")
+            value = json.loads(text or "{}")
         except (TypeError, ValueError) as error:
             raise CodeFileError(f"{path}: {where} is not valid JSON ({error}): {str(text)[:60]!r}") from None
+        name = where.split("'")[1]
+        expected = _JSON_TYPES[name]
+        if text and not isinstance(value, expected):
+            raise CodeFileError(f"{path}: {where} holds a JSON {type(value).__name__}; expected a JSON "
+                                f"{'object' if expected is dict else 'list'}")
+        if name in ("splits", "value_names", "column_names") and not all(
+                isinstance(item, str) for item in value):
+            raise CodeFileError(f"{path}: {where} must be a JSON list of strings; got {str(text)[:60]!r}")
     return attrs
+
+
+# What each JSON attribute must hold once parsed.
+_JSON_TYPES = {"model_config": dict, "task_config": dict, "selector": dict, "splits": list, "task_analysis": dict,
+               "attention_layers": list, "split_descriptions": dict, "value_names": list, "column_names": list}
+
+
+def _extra_names(file: h5py.File) -> list[str]:
+    """The per-example arrays under /extra (groups there, which no writer makes, are not among them)."""
+    return sorted(name for name in file["extra"] if isinstance(file["extra"].get(name), h5py.Dataset))
+
+
+def _kind(item: Any) -> str:
+    if isinstance(item, h5py.Group):
+        return "a group"
+    if isinstance(item, h5py.Dataset):
+        return f"a {item.ndim}-D {item.dtype} dataset"
+    return type(item).__name__
+
+
+def checked_datasets(path: Path, file: h5py.File, n_heads: int) -> list[Site]:
+    """The sites of an open codes file, after checking the datasets: /codes/<site> 2-D float
+    [N, H] datasets with site names, /split 1-D strings, and every per-example dataset N rows."""
+    split = file["split"]
+    if split.ndim != 1 or h5py.check_string_dtype(split.dtype) is None:
+        raise CodeFileError(f"{path}: /split is {_kind(split)}; expected a 1-D dataset of strings")
+    n_rows = split.shape[0]
+    sites = []
+    for name in file["codes"]:
+        item = file["codes"][name]
+        if not isinstance(item, h5py.Dataset) or item.ndim != 2 or item.dtype.kind != "f":
+            raise CodeFileError(f"{path}: /codes/{name} is {_kind(item)}; expected a 2-D float dataset "
+                                "[examples, heads]")
+        if n_heads and item.shape[1] != n_heads:
+            raise CodeFileError(f"{path}: /codes/{name} has {item.shape[1]} heads but the root attribute n_heads "
+                                f"says {n_heads}")
+        try:
+            sites.append(Site.from_name(name))
+        except CodeFileError as error:
+            raise CodeFileError(f"{path}: /codes/{name}: {error}") from None
+    if not sites:
+        raise CodeFileError(f"{path}: /codes holds no sites")
+    per_example = [f"codes/{name}" for name in file["codes"]]
+    per_example += [f"labels/{name}" for name in file["labels"]]
+    per_example += [f"extra/{name}" for name in _extra_names(file)]
+    per_example += [name for name in ("prediction", "target") if name in file]
+    for name in per_example:
+        item = file[name]
+        if not isinstance(item, h5py.Dataset) or item.ndim < 1:
+            raise CodeFileError(f"{path}: /{name} is {_kind(item)}; expected a dataset with one row per example")
+        if not name.startswith("codes/") and item.dtype.kind not in "biuf":
+            raise CodeFileError(f"{path}: /{name} is {_kind(item)}; expected numbers")
+        if item.shape[0] != n_rows:
+            raise CodeFileError(f"{path}: /{name} has {item.shape[0]} rows but /split has {n_rows}; every "
+                                "per-example dataset has one row per example (a damaged or hand-edited file)")
+    return sorted(sites)
+
+
+def _checked_provenance(path: Path, file: h5py.File) -> list[dict[str, Any]]:
+    """The /provenance entries: JSON objects with the rows and splits of each write."""
+    if "provenance" not in file:
+        return []
+    item = file["provenance"]
+    if not isinstance(item, h5py.Dataset) or item.ndim != 1 or h5py.check_string_dtype(item.dtype) is None:
+        raise CodeFileError(f"{path}: /provenance is {_kind(item)}; expected a 1-D dataset of JSON strings")
+    writes = []
+    for number, text in enumerate(item.asstr()[:]):
+        try:
+            entry = json.loads(text)
+        except ValueError:
+            entry = None
+        if not isinstance(entry, dict) or not isinstance(entry.get("splits"), list) or "seed" not in entry:
+            raise CodeFileError(f"{path}: /provenance entry {number} is not a JSON object with the splits and seed "
+                                f"of a write: {str(text)[:60]!r}")
+        writes.append(entry)
+    return writes
 
 
 class CodeFile:
@@ -719,16 +810,19 @@ class CodeFile:
                     f"{self.path} is an HDF5 file but not a latentcode codes file (format attribute "
                     f"{attrs.get('format')!r}, expected {FORMAT!r})"
                 )
-            version = int(attrs.get("schema_version", -1))
+            try:
+                version = int(attrs.get("schema_version", -1))
+            except (TypeError, ValueError):
+                version = attrs.get("schema_version")
             if version != SCHEMA_VERSION:
                 raise CodeFileError(
-                    f"{self.path} has schema version {version}; this latentcode reads version {SCHEMA_VERSION}"
+                    f"{self.path} has schema version {version!r}; this latentcode reads version {SCHEMA_VERSION}"
                 )
             self.attrs = checked_attributes(self.path, file)
-            self.sites = sorted(Site.from_name(name) for name in file["codes"])
+            self.sites = checked_datasets(self.path, file, int(self.attrs["n_heads"]))
             self.heads_of = {site: file["codes"][site.name].shape[1] for site in self.sites}
             self.label_names = sorted(file["labels"])
-            self.extra_names = sorted(file["extra"])
+            self.extra_names = _extra_names(file)
             self.has_prediction = "prediction" in file
             self.has_target = "target" in file
             self._split_of_example = file["split"].asstr()[:].astype(str)
@@ -736,8 +830,7 @@ class CodeFile:
                                 for name in self.label_names if "value_names" in file["labels"][name].attrs}
             self.column_names = {name: json.loads(file["labels"][name].attrs["column_names"])
                                  for name in self.label_names if "column_names" in file["labels"][name].attrs}
-            provenance = file["provenance"].asstr()[:] if "provenance" in file else []
-            self.writes: list[dict[str, Any]] = [json.loads(entry) for entry in provenance]
+            self.writes: list[dict[str, Any]] = _checked_provenance(self.path, file)
         self.n_heads = int(self.attrs["n_heads"])
         self.splits = json.loads(self.attrs["splits"])
         self.model_config = json.loads(self.attrs["model_config"] or "{}")
@@ -753,6 +846,11 @@ class CodeFile:
         if not self.writes:  # written before /provenance: one write, from the root seed
             self.writes = [{"rows": [0, len(self)], "splits": list(self.splits),
                             "seed": _from_json(self.attrs.get("seed", "")), "reconstructed": True}]
+
+        unlisted = sorted({str(name) for name in np.unique(self._split_of_example)} - set(self.splits))
+        if unlisted:
+            raise CodeFileError(f"{self.path}: /split names splits {unlisted[:5]} that the root attribute 'splits' "
+                                f"({self.splits}) does not list")
 
     @property
     def split_seeds(self) -> dict[str, list[Any]]:

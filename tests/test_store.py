@@ -289,3 +289,61 @@ def test_links_inside_the_file_and_cycles_are_fine(tmp_path):
         file["extra/loop"] = file["extra"]  # a hard link from a group to itself
         file["alias"] = h5py.SoftLink("/codes")
     assert len(CodeFile(path)) == 2
+
+
+# -- structure checked at open (issue 23) -------------------------------------------------------------------
+def _replace(name, data):
+    def edit(file):
+        del file[name]
+        file[name] = data
+    return edit
+
+
+def _set_attribute(name, value, where="/"):
+    return lambda file: file[where].attrs.__setitem__(name, value)
+
+
+MALFORMED = [
+    ("codes 1-D", _replace("codes/l0_q35_k35", np.zeros(4)), "/codes/l0_q35_k35 is a 1-D float64 dataset; expected a 2-D"),
+    ("codes 3-D", _replace("codes/l0_q35_k35", np.zeros((4, 4, 2))), "/codes/l0_q35_k35 is a 3-D float64 dataset"),
+    ("codes of integers", _replace("codes/l0_q35_k35", np.zeros((4, 4), dtype=np.int64)), "is a 2-D int64 dataset"),
+    ("codes of strings", _replace("codes/l0_q35_k35", np.array([[b"a"] * 4] * 4)), "is a 2-D |S1 dataset"),
+    ("codes of another width", _replace("codes/l0_q35_k35", np.zeros((4, 3), dtype=np.float32)),
+     "/codes/l0_q35_k35 has 3 heads but the root attribute n_heads says 4"),
+    ("a group for codes", lambda file: (file.__delitem__("codes/l0_q35_k35"), file.create_group("codes/l0_q35_k35")),
+     "/codes/l0_q35_k35 is a group; expected a 2-D float dataset"),
+    ("a dataset for /codes", _replace("codes", np.zeros(3)), "/codes is a 1-D float64 dataset; expected a group"),
+    ("a group for a label", lambda file: (file.__delitem__("labels/rule"), file.create_group("labels/rule")),
+     "/labels/rule is a group; expected a dataset"),
+    ("a label of strings", _replace("labels/rule", np.array([b"x"] * 4)), "/labels/rule is a 1-D |S1 dataset; expected numbers"),
+    ("a label too short", _replace("labels/rule", np.zeros(3, dtype=np.int64)), "/labels/rule has 3 rows but /split has 4"),
+    ("codes too long", _replace("codes/l1_q35_k27", np.zeros((5, 4), dtype=np.float32)),
+     "/codes/l1_q35_k27 has 5 rows but /split has 4"),
+    ("a site name that is not one", lambda file: file.move("codes/l0_q35_k35", "codes/layer0"),
+     "/codes/layer0: 'layer0' is not a site name"),
+    ("split of numbers", _replace("split", np.zeros(4)), "/split is a 1-D float64 dataset; expected a 1-D dataset of strings"),
+    ("a split the attribute does not list", _set_attribute("splits", '["train"]'),
+     "/split names splits ['ood'] that the root attribute 'splits' (['train']) does not list"),
+    ("task_config a list", _set_attribute("task_config", "[1]"), "root attribute 'task_config' holds a JSON list; expected a JSON object"),
+    ("splits of numbers", _set_attribute("splits", "[1, 2]"), "root attribute 'splits' must be a JSON list of strings"),
+    ("value_names an object", _set_attribute("value_names", '{"a": 1}', "labels/rule"),
+     "attribute 'value_names' of /labels/rule holds a JSON dict; expected a JSON list"),
+    ("schema version not a number", _set_attribute("schema_version", "one"), "has schema version 'one'"),
+    ("provenance not JSON", _replace("provenance", np.array(["{"], dtype=h5py.string_dtype())),
+     "/provenance entry 0 is not a JSON object with the splits and seed of a write"),
+]
+
+
+@pytest.mark.parametrize("edit, message", [row[1:] for row in MALFORMED], ids=[row[0] for row in MALFORMED])
+def test_a_codes_file_of_the_wrong_structure_is_refused_at_open_naming_what_is_wrong(tmp_path, edit, message):
+    """These gave IndexError, AttributeError ('Group' has no 'shape'), KeyError or silently wrong rows."""
+    path = tmp_path / "codes.h5"
+    rng = np.random.default_rng(0)
+    with CodeWriter(path, SITES, n_heads=4, metadata={**METADATA, "value_names": {}}) as writer:
+        writer.append(**batch(rng, 2, "train"))
+        writer.append(**batch(rng, 2, "ood"))
+    with h5py.File(path, "r+") as file:
+        edit(file)
+    with pytest.raises(CodeFileError) as refused:
+        CodeFile(path)
+    assert message in str(refused.value) and str(path) in str(refused.value)
