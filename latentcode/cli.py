@@ -62,16 +62,18 @@ class CommandLineParser(argparse.ArgumentParser):
 
 
 # -- argument types and checks (standard library only) --------------------------------------------
-def integer(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer of at least `minimum`."""
+def integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `minimum` (and at most `maximum`)."""
     expected = {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer of at least {minimum}")
+    if maximum is not None:
+        expected += f" below {maximum + 1}"
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-        if value < minimum:
+        if value < minimum or (maximum is not None and value > maximum):
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
         return value
 
@@ -94,6 +96,17 @@ def number(positive: bool) -> Callable[[str], float]:
     return parse
 
 
+def finite_number(text: str) -> float:
+    """An argparse type: any finite number (nan and inf would make every result NaN, silently)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
 def one_of(values: Sequence[str]) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in values:
@@ -104,6 +117,8 @@ def one_of(values: Sequence[str]) -> Callable[[str], str]:
 
 
 POSITIVE_INTEGER, NON_NEGATIVE_INTEGER = integer(1), integer(0)
+SEED_LIMIT = 2**32  # numpy's and torch's seeds are 32-bit: a larger one is refused, not a traceback
+SEED = integer(0, SEED_LIMIT - 1)
 POSITIVE_NUMBER, NON_NEGATIVE_NUMBER = number(positive=True), number(positive=False)
 
 
@@ -135,6 +150,8 @@ def check_output(path: str | Path, flag: str, kind: str = "file") -> Path:
     start of file names, e.g. a figure's; either is fine). The nearest existing directory on the
     way to `path` must be one this process may write in.
     """
+    from latentcode.files import check_replaceable
+
     path = Path(path)
     if kind == "file" and path.is_dir():
         raise UsageError(f"{flag} {path} is a directory; expected the name of a file to write")
@@ -147,13 +164,19 @@ def check_output(path: str | Path, flag: str, kind: str = "file") -> Path:
         raise UsageError(f"{flag} {path}: {place} is a file, not a directory, so nothing can be written under it")
     if not os.access(place, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {path}: cannot write in {place} ({_why_not_writable(place)}); choose another {flag}")
+    if kind == "file":
+        check_replaceable(path, flag)  # a symbolic link, a device or a FIFO is never written through
     return path
 
 
 def check_stem_free(stem: str | Path, suffixes: Sequence[str], overwrite: bool, flag: str = "--out") -> None:
     """Refuse to replace files already written at `stem` + each suffix (tables, figures) unless
     --overwrite: a result written earlier is never lost by running a command again."""
+    from latentcode.files import check_replaceable
+
     stem = Path(stem)
+    for suffix in suffixes:
+        check_replaceable(stem.with_name(stem.name + suffix), flag)
     existing = [str(stem.with_name(stem.name + suffix)) for suffix in suffixes
                 if stem.with_name(stem.name + suffix).exists()]
     if existing and not overwrite:
@@ -228,7 +251,7 @@ def _tasks(subparsers: argparse._SubParsersAction) -> None:
     ambiguity.add_argument("--features", type=integer(1), default=4, help="M, features per panel (default 4)")
     ambiguity.add_argument("--values", type=integer(3), default=8, help="K, values per feature (default 8)")
     ambiguity.add_argument("--n", type=POSITIVE_INTEGER, default=4096, help="instances to check (default 4096)")
-    ambiguity.add_argument("--seed", type=NON_NEGATIVE_INTEGER, default=0)
+    ambiguity.add_argument("--seed", type=SEED, default=0)
     ambiguity.add_argument(
         "--criterion", choices=("all_features", "any_feature"), default="all_features",
         help="all_features: the authors' criterion (default); any_feature: the paper's wording",
@@ -293,7 +316,7 @@ def parse_assignments(items: Sequence[str] | None, what: str) -> dict:
 # -- latentcode train -------------------------------------------------------------------------------
 TRAIN_OVERRIDES = (
     # flag, field, type, help
-    ("--seed", "seed", NON_NEGATIVE_INTEGER, "training seed: initialization, data stream and dropout (default 0)"),
+    ("--seed", "seed", SEED, "training seed: initialization, data stream and dropout (default 0)"),
     ("--lr", "learning_rate", POSITIVE_NUMBER, "peak learning rate"),
     ("--weight-decay", "weight_decay", NON_NEGATIVE_NUMBER, "AdamW weight decay (matrices only)"),
     ("--warmup-steps", "warmup_steps", NON_NEGATIVE_INTEGER, "linear warmup steps"),
@@ -537,8 +560,9 @@ def _check_sweep(args: argparse.Namespace) -> None:
         args.seed_list = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
     except ValueError:
         args.seed_list = []
-    if not args.seed_list or min(args.seed_list) < 0:
-        raise UsageError(f"--seeds {args.seeds}: expected comma-separated non-negative integers, e.g. 0,1,2")
+    if not args.seed_list or min(args.seed_list) < 0 or max(args.seed_list) >= SEED_LIMIT:
+        raise UsageError(f"--seeds {args.seeds}: expected comma-separated non-negative integers below {SEED_LIMIT}, "
+                         "e.g. 0,1,2")
     args.grid_values = grid
     check_output(args.out, "--out", kind="directory")
 
@@ -587,7 +611,7 @@ def _extract(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing file")
     parser.add_argument("--compression", choices=("gzip", "lzf", "none"), default="gzip",
                         help="of a new file: gzip (default; h5dump and every HDF5 tool read it), lzf (h5py only), none")
-    parser.add_argument("--wait-for-lock", type=float, default=0.0, metavar="SECONDS",
+    parser.add_argument("--wait-for-lock", type=NON_NEGATIVE_NUMBER, default=0.0, metavar="SECONDS",
                         help="wait this long while another process writes --out (default: refuse at once)")
     parser.add_argument("--quiet", action="store_true")
     parser.set_defaults(handler=_run_extract)
@@ -602,6 +626,8 @@ def _check_extract(args: argparse.Namespace) -> None:
         if value is not None and value < minimum:
             kind = "a positive integer" if minimum else "a non-negative integer"
             raise UsageError(f"argument {flag}: expected {kind}, got {value}")
+    if args.seed is not None and args.seed >= SEED_LIMIT:
+        raise UsageError(f"argument --seed: expected a non-negative integer below {SEED_LIMIT}, got {args.seed}")
     run = Path(args.run)
     task = parse_assignments(args.task, "--task")
     if RunDirectory(run).looks_like_a_run():
@@ -671,7 +697,7 @@ def _intervene(subparsers: argparse._SubParsersAction) -> None:
     operation.add_argument("--mean-ablate", metavar="HEADS", help="set the codes of these heads to their mean in --codes")
     operation.add_argument("--set", metavar="VECTOR", help="set the codes to this vector (one value per head)")
     operation.add_argument("--add", metavar="VECTOR", help="add this vector to the codes (steering)")
-    operation.add_argument("--scale", type=float, metavar="FACTOR", help="multiply the codes by FACTOR")
+    operation.add_argument("--scale", type=finite_number, metavar="FACTOR", help="multiply the codes by FACTOR")
     parser.add_argument("--heads", metavar="HEADS", help="heads --set/--add/--scale change (default all)")
     parser.add_argument("--codes", metavar="CODES.h5", help="codes file of this model for --mean-ablate")
     parser.add_argument("--by", metavar="LABEL", help="--mean-ablate with one mean per value of this label")
@@ -679,7 +705,7 @@ def _intervene(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", required=True, help="path stem of the table (.csv, .json) and the plot")
     parser.add_argument("--variant", help="task variant (default: the selector's, else the task's default)")
     parser.add_argument("--batch-size", type=int, default=256, help="instances per forward pass (default 256)")
-    parser.add_argument("--seed", type=int, help="sample seed (default: the split's evaluation seed)")
+    parser.add_argument("--seed", type=SEED, help="sample seed (default: the split's evaluation seed)")
     parser.add_argument("--task", metavar="KEY=VALUE", action="append",
                         help="task config for a model directory, e.g. --task name=sraven --task n_features=4")
     parser.add_argument("--no-per-site", action="store_true", help="only all sites together, not each site alone")
@@ -704,9 +730,12 @@ def _parse_heads(text: str | None, flag: str) -> list[int] | None:
 
 def _parse_vector(text: str, flag: str) -> list[float]:
     try:
-        return [float(part) for part in text.split(",") if part.strip()]
+        values = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise UsageError(f"{flag} expects comma-separated numbers, one per head (e.g. 0.5,0,1.2); got {text!r}") from None
+    if not all(math.isfinite(value) for value in values):
+        raise UsageError(f"{flag} expects finite numbers, one per head (e.g. 0.5,0,1.2); got {text!r}")
+    return values
 
 
 def _run_intervene(args: argparse.Namespace) -> None:
@@ -794,7 +823,7 @@ def _probe(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--per-site", action="store_true", help="one probe per site instead of per layer")
     parser.add_argument("--ridge", action="store_true", help="ridge regression R^2 (continuous or multi-hot labels)")
     parser.add_argument("--cv", type=integer(2), default=3, help="cross-validation folds on the fit split (default 3)")
-    parser.add_argument("--seed", type=NON_NEGATIVE_INTEGER, default=0)
+    parser.add_argument("--seed", type=SEED, default=0)
     parser.add_argument("--out", help="path stem for the table (.csv, .json) and the plot (.png); default: print only")
     parser.add_argument("--format", action="append", choices=("png", "svg", "pdf"), help="plot formats (default png)")
     parser.add_argument("--overwrite", action="store_true", help="replace the table and plot if --out has them")
@@ -886,7 +915,7 @@ def _plot(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--method", choices=("tsne", "umap"), default="tsne")
     parser.add_argument("--color", dest="label", help="label to colour by (default: the task's sub-task label)")
     parser.add_argument("--max-points", type=POSITIVE_INTEGER, default=2000, help="subsampling cap (default 2000)")
-    parser.add_argument("--seed", type=NON_NEGATIVE_INTEGER, default=0)
+    parser.add_argument("--seed", type=SEED, default=0)
     parser.set_defaults(handler=lambda args: _draw(
         args, "plot_embedding", method=args.method, max_points=args.max_points, seed=args.seed))
 
@@ -970,6 +999,10 @@ def _check_report(args: argparse.Namespace) -> None:
     out = check_output(args.out, "--out")
     if out.exists() and not args.overwrite:
         raise FileExistsError(f"--out {out} already exists; add --overwrite to replace it, or choose another --out")
+    files_dir = out.with_name(f"{out.stem}_files")  # the report's figures and tables
+    if files_dir.is_dir() and any(files_dir.iterdir()) and not args.overwrite:
+        raise FileExistsError(f"--out {out}: {files_dir} already holds files; add --overwrite to replace the "
+                              "report's files in it, or choose another --out")
 
 
 def _run_report(args: argparse.Namespace) -> None:

@@ -104,7 +104,61 @@ def workspace(tmp_path_factory) -> Path:
     (root / "empty_dir").mkdir()
     (root / "locked").mkdir()
     (root / "readonly").mkdir()
+    add_hostile_inputs(root, fuzzy, run)
     return root
+
+
+def copy_and_edit(source: Path, path: Path, edit) -> None:
+    """A copy of the codes file `source` at `path`, changed by `edit(h5py.File)`."""
+    shutil.copy(source, path)
+    with h5py.File(path, "r+") as file:
+        edit(file)
+
+
+def replace_dataset(name: str, data) -> callable:
+    def edit(file):
+        del file[name]
+        file[name] = data
+    return edit
+
+
+def add_hostile_inputs(root: Path, fuzzy: Path, run: Path) -> None:
+    """Issue 23: what a second user sharing the directory could plant, and files and run
+    directories whose structure is wrong where their syntax is right."""
+    (root / "victim.txt").write_text("another user's file\n")
+    (root / "link_existing.h5").symlink_to(root / "existing.h5")
+    (root / "dangling.h5").symlink_to(root / "nowhere.h5")
+    os.mkfifo(root / "fifo.h5")
+    for suffix in (".csv", ".png", ".html"):
+        (root / f"planted{suffix}").symlink_to(root / "victim.txt")
+    (root / "mine_files").mkdir()
+    (root / "mine_files" / "probes.csv").write_text("the user's own table")
+    site = "codes/l0_q31_k31"
+    copy_and_edit(fuzzy, root / "codes_1d.h5", replace_dataset(site, np.zeros(60)))
+    copy_and_edit(fuzzy, root / "codes_strings.h5", replace_dataset(site, np.array([b"a"] * 60)))
+    copy_and_edit(fuzzy, root / "codes_group.h5", lambda file: (file.__delitem__(site), file.create_group(site)))
+    copy_and_edit(fuzzy, root / "split_group.h5", lambda file: (file.__delitem__("split"), file.create_group("split")))
+    copy_and_edit(fuzzy, root / "rows_disagree.h5", replace_dataset("labels/task_index", np.zeros(50, dtype=np.int64)))
+    copy_and_edit(fuzzy, root / "attribute_list.h5", lambda file: file.attrs.__setitem__("task_config", "[1, 2]"))
+    copy_and_edit(fuzzy, root / "splits_object.h5", lambda file: file.attrs.__setitem__("splits", '{"train": 1}'))
+    copy_and_edit(fuzzy, root / "provenance_not_json.h5",
+                  replace_dataset("provenance", np.array(["{not json"], dtype=h5py.string_dtype())))
+    config = json.loads((run / "config.json").read_text())
+    broken_runs = {
+        "run_train_list": ({**config, "train": [1, 2]}, None, None),
+        "run_model_missing": ({**config, "train": {k: v for k, v in config["train"].items() if k != "model"}}, None, None),
+        "run_summary_list": (config, "[1, 2]", None),
+        "run_summary_metrics_list": (config, json.dumps({"final_metrics": [1]}), None),
+        "run_metrics_list": (config, None, '{"event": "train", "step": 1, "loss": 0.5}\n[1, 2]\n'),
+        "run_eval_without_splits": (config, None, '{"event": "eval", "step": 5}\n'),
+    }
+    for name, (run_config, summary, metrics) in broken_runs.items():
+        (root / name).mkdir()
+        (root / name / "config.json").write_text(json.dumps(run_config))
+        if summary is not None:
+            (root / name / "summary.json").write_text(summary)
+        if metrics is not None:
+            (root / name / "metrics.jsonl").write_text(metrics)
 
 
 def snapshot(root: Path) -> dict[str, tuple]:
@@ -310,6 +364,73 @@ BAD_INPUTS = [
     ("demo-unknown-scale", ["demo", "--train", "--scale", "huge"], "--scale huge: unknown scale"),
     ("demo-out-under-a-file", ["demo", "--out", "{a_file}/demo"], "{a_file} is a file, not a directory"),
     ("demo-out-read-only", ["demo", "--out", "{readonly}/demo"], "(read-only file system)"),
+    # issue 23: planted links, devices and FIFOs under output names are never written through or replaced
+    ("extract-append-through-a-link", [*EXTRACT, "--out", "{link_existing.h5}", "--append"],
+     "--out {link_existing.h5} is a symbolic link -> {existing.h5}; latentcode writes only regular files"),
+    ("extract-overwrite-a-dangling-link", [*EXTRACT, "--out", "{dangling.h5}", "--overwrite"],
+     "--out {dangling.h5} is a symbolic link -> {nowhere.h5}"),
+    ("extract-new-file-at-a-dangling-link", [*EXTRACT, "--out", "{dangling.h5}"], "--out {dangling.h5} is a symbolic link"),
+    ("extract-overwrite-a-fifo", [*EXTRACT, "--out", "{fifo.h5}", "--overwrite"], "--out {fifo.h5} is a FIFO"),
+    ("probe-out-planted-link", ["probe", "{fuzzy.h5}", "--out", "{planted}", "--overwrite"],
+     "--out {planted.csv} is a symbolic link -> {victim.txt}"),
+    ("plot-out-planted-link", ["plot", "{fuzzy.h5}", "--out", "{planted}", "--overwrite"],
+     "--out {planted.png} is a symbolic link"),
+    ("heatmap-out-planted-link", ["heatmap", "{sraven.h5}", "--out", "{planted}", "--overwrite"],
+     "--out {planted.png} is a symbolic link"),
+    ("intervene-out-planted-link", ["intervene", "{run}", "--zero-ablate", "all", "--out", "{planted}", "--overwrite"],
+     "--out {planted.csv} is a symbolic link"),
+    ("report-out-planted-link", ["report", "--codes", "{fuzzy.h5}", "--out", "{planted.html}", "--overwrite"],
+     "--out {planted.html} is a symbolic link"),
+    ("report-files-of-the-user", ["report", "--codes", "{fuzzy.h5}", "--out", "{mine.html}"],
+     "--out {mine.html}: {mine_files} already holds files; add --overwrite"),
+    # issue 23: codes files whose structure is wrong
+    ("probe-codes-1d", ["probe", "{codes_1d.h5}"],
+     "{codes_1d.h5}: /codes/l0_q31_k31 is a 1-D float64 dataset; expected a 2-D float dataset [examples, heads]"),
+    ("probe-codes-strings", ["probe", "{codes_strings.h5}"], "/codes/l0_q31_k31 is a 1-D |S1 dataset; expected a 2-D"),
+    ("probe-codes-group", ["probe", "{codes_group.h5}"], "{codes_group.h5}: /codes/l0_q31_k31 is a group; expected a 2-D"),
+    ("probe-split-group", ["probe", "{split_group.h5}"], "{split_group.h5}: /split is a group; expected a dataset"),
+    ("probe-row-counts-disagree", ["probe", "{rows_disagree.h5}"],
+     "{rows_disagree.h5}: /labels/task_index has 50 rows but /split has 60"),
+    ("plot-attribute-of-the-wrong-type", ["plot", "{attribute_list.h5}"],
+     "{attribute_list.h5}: root attribute 'task_config' holds a JSON list; expected a JSON object"),
+    ("heatmap-splits-attribute-an-object", ["heatmap", "{splits_object.h5}"],
+     "root attribute 'splits' holds a JSON dict; expected a JSON list"),
+    ("report-provenance-not-json", ["report", "--codes", "{provenance_not_json.h5}"],
+     "{provenance_not_json.h5}: /provenance entry 0 is not a JSON object"),
+    # issue 23: run directories whose JSON has the wrong types
+    ("report-run-train-a-list", ["report", "{run_train_list}"], "is not a well-formed run config: 'train' is a JSON list"),
+    ("report-run-model-missing", ["report", "{run_model_missing}"], "'train.model' is missing; expected an object"),
+    ("report-run-summary-a-list", ["report", "{run_summary_list}"],
+     "{run_summary_list}/summary.json is a JSON list; expected an object with final_metrics"),
+    ("report-run-final-metrics-a-list", ["report", "{run_summary_metrics_list}"],
+     "final_metrics is not an object of metrics per split"),
+    ("report-run-metrics-line-a-list", ["report", "{run_metrics_list}"],
+     "{run_metrics_list}/metrics.jsonl line 2 holds a JSON list; expected an object"),
+    ("report-run-eval-without-splits", ["report", "{run_eval_without_splits}"],
+     "metrics.jsonl line 1 is an eval record without a numeric step and an object of metrics per split"),
+    # issue 23: numbers out of range are refused before any work
+    ("extract-wait-for-lock-nan", [*EXTRACT, "--out", "{a_dir}/c.h5", "--wait-for-lock", "nan"],
+     "argument --wait-for-lock: expected a non-negative number, got 'nan'"),
+    ("extract-wait-for-lock-inf", [*EXTRACT, "--out", "{a_dir}/c.h5", "--wait-for-lock", "inf"],
+     "argument --wait-for-lock: expected a non-negative number, got 'inf'"),
+    ("extract-wait-for-lock-negative", [*EXTRACT, "--out", "{a_dir}/c.h5", "--wait-for-lock", "-1"],
+     "argument --wait-for-lock: expected a non-negative number, got '-1'"),
+    ("extract-seed-2-32", [*EXTRACT, "--seed", "4294967296", "--out", "{a_dir}/c.h5"],
+     "argument --seed: expected a non-negative integer below 4294967296, got 4294967296"),
+    ("train-seed-2-32", [*TRAIN, "--seed", "4294967296"],
+     "argument --seed: expected a non-negative integer below 4294967296, got '4294967296'"),
+    ("sweep-seeds-2-32", [*SWEEP, "--out", "{a_dir}/s", "--seeds", "0,4294967296"],
+     "--seeds 0,4294967296: expected comma-separated non-negative integers below 4294967296"),
+    ("probe-seed-2-32", ["probe", "{fuzzy.h5}", "--seed", "4294967296"], "argument --seed: expected a non-negative integer below"),
+    ("intervene-seed-2-32", ["intervene", "{run}", "--zero-ablate", "all", "--seed", "4294967296", "--out", "{a_dir}/e"],
+     "argument --seed: expected a non-negative integer below 4294967296"),
+    ("intervene-scale-nan", ["intervene", "{run}", "--scale", "nan", "--out", "{a_dir}/e"],
+     "argument --scale: expected a finite number, got 'nan'"),
+    ("intervene-scale-inf", ["intervene", "{run}", "--scale=-inf", "--out", "{a_dir}/e"],
+     "argument --scale: expected a finite number, got '-inf'"),
+    ("intervene-add-inf", ["intervene", "{run}", "--add", "inf,0,0,0", "--out", "{a_dir}/e"],
+     "--add expects finite numbers, one per head (e.g. 0.5,0,1.2); got 'inf,0,0,0'"),
+    ("intervene-set-nan", ["intervene", "{run}", "--set", "0,nan,0,0", "--out", "{a_dir}/e"], "--set expects finite numbers"),
     # tasks, and the command itself
     ("ambiguity-n-0", ["tasks", "ambiguity", "--n", "0"], "argument --n: expected a positive integer, got '0'"),
     ("ambiguity-values-2", ["tasks", "ambiguity", "--values", "2"], "argument --values: expected an integer of at least 3"),

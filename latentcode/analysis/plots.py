@@ -31,6 +31,7 @@ from latentcode.analysis.labels import display_value, is_categorical, select_lab
 from latentcode.analysis.probes import HEADLINE_METRICS
 from latentcode.analysis.similarity import mean_code_similarity
 from latentcode.errors import AnalysisError
+from latentcode.files import AtomicOutputs
 from latentcode.store import CodeFile
 
 __all__ = ["FORMATS", "plot_code_samples", "plot_embedding", "plot_probe_scores", "plot_similarity"]
@@ -51,14 +52,12 @@ def _save(figure: Figure, path_stem: str | Path, formats: Sequence[str], dpi: fl
     if unknown or not formats:
         raise AnalysisError(f"formats {formats}: expected one or more of {FORMATS}")
     stem = Path(path_stem)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for fmt in formats:
-        path = stem.with_name(f"{stem.name}.{fmt}")
-        figure.savefig(path, format=fmt, dpi=dpi)
-        paths.append(path)
+    # All formats or none, through temporaries (never through a planted link), one writer of a stem at a time.
+    with AtomicOutputs(lock=stem, purpose="writing a figure") as outputs:
+        for fmt in formats:
+            figure.savefig(outputs.temporary(stem.with_name(f"{stem.name}.{fmt}")), format=fmt, dpi=dpi)
     figure.clear()  # drop the artists now rather than whenever the figure is collected
-    return paths
+    return outputs.written
 
 
 def _open(code_file: CodeFile | str) -> CodeFile:

@@ -83,6 +83,7 @@ from latentcode.analysis.scores import (
     why_undefined,
 )
 from latentcode.errors import LatentcodeError
+from latentcode.files import AtomicOutputs
 from latentcode.store import CodeFile
 
 __all__ = [
@@ -695,8 +696,9 @@ def _versus_baseline(row: pd.Series) -> str:
 def write_table(table: pd.DataFrame, path_stem: str | Path) -> list[Path]:
     """Write a probe table as ``<stem>.csv`` and ``<stem>.json`` (a list of records); returns the paths."""
     stem = Path(path_stem)
-    stem.parent.mkdir(parents=True, exist_ok=True)
     csv_path, json_path = stem.with_name(stem.name + ".csv"), stem.with_name(stem.name + ".json")
-    table.to_csv(csv_path, index=False)
-    table.to_json(json_path, orient="records", indent=1)
+    # Both or neither, through temporaries (a full disk leaves no truncated CSV beside an old JSON).
+    with AtomicOutputs(lock=stem, purpose="writing a probe table") as outputs:
+        table.to_csv(outputs.temporary(csv_path), index=False)
+        table.to_json(outputs.temporary(json_path), orient="records", indent=1)
     return [csv_path, json_path]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -44,6 +45,7 @@ from latentcode.analysis.plots import (
 )
 from latentcode.analysis.probes import decode, headline_lines, summary_rows, write_table
 from latentcode.errors import LatentcodeError
+from latentcode.files import AtomicOutputs, ExclusiveLock, check_replaceable, write_error
 from latentcode.provenance import check_codes_from_runs, check_one_task, codes_of_runs
 from latentcode.rundir import RunRecord
 from latentcode.store import CodeFile
@@ -103,8 +105,8 @@ def plot_training_curves(runs: Sequence[RunRecord], path_stem: Path, dpi: float 
     axes[0].legend(fontsize="small")
     figure.tight_layout()
     path = path_stem.with_suffix(".png")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path)
+    with AtomicOutputs(lock=path_stem) as outputs:
+        figure.savefig(outputs.temporary(path), format="png")
     return path
 
 
@@ -147,8 +149,8 @@ def _settings_frame(runs: Sequence[RunRecord]) -> pd.DataFrame:
         rows.append({
             "model": run.name, "run": str(run.path), "task": json.dumps(train["task"]),
             "variant": train.get("variant") or "default",
-            "steps": run.config.get("steps"), "batch": train["batch_size"], "lr": train["learning_rate"],
-            "weight decay": train["weight_decay"], "warmup": train["warmup_steps"], "seed": train["seed"],
+            "steps": run.config.get("steps"), "batch": train.get("batch_size"), "lr": train.get("learning_rate"),
+            "weight decay": train.get("weight_decay"), "warmup": train.get("warmup_steps"), "seed": train.get("seed"),
             "scale": train.get("scale"), "wall s": (run.summary or {}).get("wall_seconds"),
         })
     return pd.DataFrame(rows)
@@ -177,18 +179,46 @@ def build_report(
     out = Path(out)
     if out.is_dir():
         raise ReportError(f"out={str(out)!r} is a directory; expected the path of the HTML file to write")
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} already exists; pass overwrite=True to replace it, or choose another out")
+    check_replaceable(out, "out")
     if not run_dirs and not codes_files:
         raise ReportError("a report needs at least one run directory or codes file")
-    runs = [RunRecord.read(path) for path in run_dirs]
-    code_files = [CodeFile(path) for path in codes_files or codes_of_runs(runs)]
-    codes_paths = [code_file.path for code_file in code_files]
-    # Numbers side by side must be comparable: one task, and codes of the runs they are shown with.
-    check_one_task(code_files, runs)
-    check_codes_from_runs(runs, code_files)
     files_dir = out.with_name(f"{out.stem}_files")
-    files_dir.mkdir(parents=True, exist_ok=True)
+    # One report into `out` at a time; the page and its files are checked and written under the lock.
+    with ExclusiveLock(out, purpose="writing a report", hint="wait until it has finished or choose another out"):
+        if out.exists() and not overwrite:
+            raise FileExistsError(f"{out} already exists; pass overwrite=True to replace it, or choose another out")
+        if files_dir.is_symlink() or (files_dir.exists() and not files_dir.is_dir()):
+            raise ReportError(f"{files_dir} (where the report's figures go) is not a directory; remove it or "
+                              "choose another out")
+        if files_dir.is_dir() and any(files_dir.iterdir()) and not overwrite:
+            raise FileExistsError(f"{files_dir} already holds files; pass overwrite=True to replace the report's "
+                                  "files in it, or choose another out")
+        runs = [RunRecord.read(path) for path in run_dirs]
+        code_files = [CodeFile(path) for path in codes_files or codes_of_runs(runs)]
+        # Numbers side by side must be comparable: one task, and codes of the runs they are shown with.
+        check_one_task(code_files, runs)
+        check_codes_from_runs(runs, code_files)
+        made_files_dir = not files_dir.exists()
+        try:
+            return _write_report(runs, code_files, run_dirs, out, files_dir, label, fit_split, test_split,
+                                 embedding_split, methods, max_points, title, progress, notes)
+        except BaseException:
+            if made_files_dir:  # a failed report leaves nothing behind
+                shutil.rmtree(files_dir, ignore_errors=True)
+            raise
+
+
+def _write_report(
+    runs: list[RunRecord], code_files: list[CodeFile], run_dirs: Sequence[str | Path], out: Path, files_dir: Path,
+    label: str | None, fit_split: str, test_split: str, embedding_split: str | None, methods: Sequence[str],
+    max_points: int, title: str, progress: bool, notes: Sequence[str],
+) -> Report:
+    """build_report's work, under the lock of `out`."""
+    codes_paths = [code_file.path for code_file in code_files]
+    try:
+        files_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise write_error(error, files_dir) from None
 
     # Steps: curves, probes (one per file), and per file its embeddings and samples, then the heatmap.
     steps = _Steps(progress, total=(1 if runs else 0) + len(code_files) * (2 + len(methods)) + bool(code_files))
@@ -231,12 +261,13 @@ def build_report(
             summary = summary[summary["site"] == "all"]
             probe_html = (
                 f"<p>Logistic-regression decoding of <b>{html.escape(probe_label)}</b> from the latent codes of each "
-                f"layer (all sites of a layer concatenated), fitted on <b>{fit_split}</b> and scored on "
-                f"<b>{test_split}</b>. <i>validation</i> scores the probe on held-out folds of {fit_split}; the "
+                f"layer (all sites of a layer concatenated), fitted on <b>{html.escape(fit_split)}</b> and scored on "
+                f"<b>{html.escape(test_split)}</b>. <i>validation</i> scores the probe on held-out folds of "
+                f"{html.escape(fit_split)}; the "
                 f"<i>selected</i> layer has the best validation score, the test split is never used to choose. "
                 "Baselines, scored on the same test split: <i>majority</i> predicts the most frequent value "
                 "(per column for a multi-hot label), <i>prevalence_random</i> draws values at their "
-                f"{fit_split} prevalence, <i>all_present</i> predicts every column of a multi-hot label present, "
+                f"{html.escape(fit_split)} prevalence, <i>all_present</i> predicts every column of a multi-hot label present, "
                 "<i>shuffled_labels</i> is a probe fitted the same way on shuffled labels.</p>"
                 + "".join(f"<p><b>{html.escape(line)}</b></p>" for line in headline_lines(probe_table))
                 + _image(probe_plot, "probe scores")
@@ -247,7 +278,8 @@ def build_report(
             )
         if skipped:
             probe_html += "<p class=note>No probe for " + ", ".join(
-                f"{html.escape(str(f.path))} (splits {f.splits})" for f in skipped) + f": it lacks {fit_split!r} or {test_split!r}.</p>"
+                f"{html.escape(str(f.path))} (splits {html.escape(str(f.splits))})" for f in skipped) + (
+                f": it lacks {html.escape(repr(fit_split))} or {html.escape(repr(test_split))}.</p>")
         sections.append("<h2>Decoding the sub-task from latent codes</h2>" + probe_html)
 
         picture_label = label or code_files[0].task_analysis.get("picture_label", probe_label)
@@ -270,9 +302,8 @@ def build_report(
         + "".join(sections)
         + f"<p class=note>Written {created} by latentcode. Inputs:</p><ul class=note>{inputs}</ul></body></html>"
     )
-    temporary = out.with_name(f".{out.name}.tmp")
-    temporary.write_text(page)
-    temporary.replace(out)
+    with AtomicOutputs() as outputs:  # the lock of `out` is held by build_report
+        outputs.write_text(out, page)
     steps.close()
     return Report(out, runs, probe_table, figures, context=context, summary=summary)
 

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from latentcode.errors import UsageError
+from latentcode.files import AtomicOutputs
 from latentcode.intervention.edits import Edit, MeanAblate
 from latentcode.intervention.intervener import Intervention
 
@@ -135,10 +136,7 @@ def write_effects(table, path_stem: str | Path, formats: Sequence[str] = ("png",
     from matplotlib.figure import Figure
 
     stem = Path(path_stem)
-    stem.parent.mkdir(parents=True, exist_ok=True)
     csv_path, json_path = stem.with_name(stem.name + ".csv"), stem.with_name(stem.name + ".json")
-    table.to_csv(csv_path, index=False)
-    table.to_json(json_path, orient="records", indent=1)
 
     metrics = list(dict.fromkeys(table["metric"]))
     scopes = list(dict.fromkeys(table["scope"]))
@@ -159,9 +157,10 @@ def write_effects(table, path_stem: str | Path, formats: Sequence[str] = ("png",
         axis.set_visible(False)
     first = table.iloc[0]
     figure.suptitle(f"{first['model']} on {first['task']} {first['split']} (n={first['n']}): {first['edit']}", fontsize=9)
-    paths = [csv_path, json_path]
-    for fmt in formats:
-        path = stem.with_name(f"{stem.name}.{fmt}")
-        figure.savefig(path, format=fmt)
-        paths.append(path)
-    return paths
+    # The table and its plots as one set: all or none, through temporaries, one writer of a stem at a time.
+    with AtomicOutputs(lock=stem, purpose="writing intervention effects") as outputs:
+        table.to_csv(outputs.temporary(csv_path), index=False)
+        table.to_json(outputs.temporary(json_path), orient="records", indent=1)
+        for fmt in formats:
+            figure.savefig(outputs.temporary(stem.with_name(f"{stem.name}.{fmt}")), format=fmt)
+    return outputs.written

@@ -84,3 +84,19 @@ def test_findings_name_variants_splits_and_the_layer_chosen_on_validation(two_mo
     assert "For softmax that is not above the strongest baseline." in findings_paragraph(
         runs, code_files, weak, "train", "ood")
     assert context_line(runs, code_files).startswith("sraven: trained and evaluated on the unpermuted variant")
+
+
+EVIL = "<script>alert(1)</script>"
+
+
+@pytest.mark.parametrize("test_split", [EVIL, "ood"], ids=["probed", "no probe: split missing"])
+def test_text_from_files_and_arguments_is_escaped(tmp_path, test_split):
+    """Split names, --fit-split/--test-split values, model names, titles and notes come from files and
+    arguments: a split named <script>... used to land in the page as is (issue 23)."""
+    path = write_codes(tmp_path / "evil.h5", model_name=f"hyla{EVIL}", n_per_split={"train": 120, EVIL: 60},
+                       planted=("rule",), selector=SELECTOR)
+    report = build_report(codes_files=[path], out=tmp_path / "report.html", test_split=test_split, methods=(),
+                          title=f"report {EVIL}", notes=[f"note {EVIL}"], progress=False)
+    page = report.path.read_text()
+    assert "<script" not in page.lower() and "&lt;script&gt;" in page
+    assert EVIL in _text(page)
