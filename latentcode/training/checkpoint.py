@@ -199,9 +199,11 @@ def optimizer_from_files(optimizer: torch.optim.Optimizer, tensors: dict[str, to
 
 # -- saving and loading ----------------------------------------------------------------------------
 def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-                    grad_scaler: Any, loop: LoopState) -> None:
-    """Write a checkpoint into the (new, empty) directory `path`; trainer_state.json comes last."""
-    path.mkdir(parents=True)
+                    grad_scaler: Any, loop: LoopState, train_config: dict[str, Any] | None = None) -> None:
+    """Write a checkpoint into the (new, empty) directory `path`; trainer_state.json comes last.
+    train_config: the "train" section of the run's config.json as it was when the run started, so
+    that a resume can tell whether config.json was edited since (`recorded_train_config`)."""
+    path.mkdir(parents=True, exist_ok=True)
     model_state = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
     save_file(model_state, path / MODEL_FILE, metadata={"format": CHECKPOINT_FORMAT})
     optimizer_tensors, optimizer_structure = optimizer_to_files(optimizer)
@@ -216,7 +218,20 @@ def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
         "scheduler": scheduler.state_dict(),
         "grad_scaler": grad_scaler.state_dict() if grad_scaler is not None else None,
     }
+    if train_config is not None:
+        state["train_config"] = train_config
     (path / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
+
+
+def recorded_train_config(path: Path) -> dict[str, Any] | None:
+    """The run's "train" config recorded in the checkpoint `path` (None: not recorded, or unreadable:
+    loading the checkpoint reports that)."""
+    try:
+        state = json.loads((path / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    recorded = state.get("train_config") if isinstance(state, dict) else None
+    return recorded if isinstance(recorded, dict) else None
 
 
 def _read_state(path: Path) -> tuple[dict[str, Any], LoopState]:

@@ -24,6 +24,7 @@ import contextlib
 import os
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 from latentcode.errors import UsageError
+from latentcode.files import give_umask_mode, write_error
 from latentcode.models import build_model
 from latentcode.models.config import ConfigError
 from latentcode.rundir import RunDirectory, RunDirectoryError
@@ -40,6 +42,7 @@ from latentcode.training.checkpoint import (
     CheckpointError,
     LoopState,
     load_checkpoint,
+    recorded_train_config,
     refuse_pickles,
     save_checkpoint,
 )
@@ -166,6 +169,7 @@ def _train(config, out, *, resume, progress, stop_after_step, on_step) -> Run:
         config = stored
         if directory.is_finished:
             raise RunDirectoryError(f"{resume} has already finished; nothing to resume")
+        _check_config_unchanged(directory)
     else:
         if config is None or out is None:
             raise UsageError("train needs a config and an output directory (or resume=RUN_DIR)")
@@ -176,6 +180,7 @@ def _train(config, out, *, resume, progress, stop_after_step, on_step) -> Run:
     if resume is None and accelerator.is_main_process:
         directory.create(run_record(config))
     accelerator.wait_for_everyone()
+    started_with = directory.read_raw_config()["train"]  # recorded in every checkpoint
 
     model = build_model(config.model_config(), seed=config.seed)
     optimizer = build_optimizer(model, config.learning_rate, config.weight_decay)
@@ -269,7 +274,7 @@ def _train(config, out, *, resume, progress, stop_after_step, on_step) -> Run:
                 progress_now = LoopState(done, last_metrics, list(interval_losses), interval_instances,
                                          pause - interval_start, pause - started)
                 _save_checkpoint(accelerator, directory, model, optimizer, scheduler, progress_now,
-                                 config.keep_checkpoints)
+                                 config.keep_checkpoints, started_with)
             interval_start += time.perf_counter() - pause  # evaluation and checkpoints are not throughput
     finally:
         bar.close()
@@ -289,19 +294,58 @@ def _train(config, out, *, resume, progress, stop_after_step, on_step) -> Run:
     return Run(directory.path)
 
 
+def _check_config_unchanged(directory: RunDirectory) -> None:
+    """Refuse to resume a run whose config.json was edited since it started: the edit would be
+    ignored by the checkpoint's optimizer state, or half applied, while the file claims it."""
+    checkpoints = directory.checkpoints()
+    recorded = recorded_train_config(checkpoints[-1]) if checkpoints else None
+    if recorded is None:  # no checkpoint yet (resuming starts afresh), or one from before it was recorded
+        return
+    current = directory.read_raw_config()["train"]
+    changed = []
+    for key in sorted(set(recorded) | set(current)):
+        old, new = recorded.get(key, "(absent)"), current.get(key, "(absent)")
+        if key == "notes" or old == new:
+            continue
+        if isinstance(old, dict) and isinstance(new, dict):
+            changed += [f"{key}.{inner}: {old.get(inner, '(absent)')!r} -> {new.get(inner, '(absent)')!r}"
+                        for inner in sorted(set(old) | set(new)) if old.get(inner) != new.get(inner)]
+        else:
+            changed.append(f"{key}: {old!r} -> {new!r}")
+    if changed:
+        raise RunDirectoryError(
+            f"{directory.config_path} was changed since the run started ({'; '.join(changed)}); a resume continues "
+            "the run with the settings it started with: restore them, or start a new run with the new settings"
+        )
+
+
 def _save_checkpoint(accelerator, directory: RunDirectory, model, optimizer, scheduler, loop: LoopState,
-                     keep: int) -> None:
-    """The main process writes the checkpoint into a temporary directory, renamed into place when
-    complete (every process holds the same model and optimizer state)."""
+                     keep: int, train_config: dict | None = None) -> None:
+    """The main process writes the checkpoint into a temporary directory of a random name, renamed
+    into place when complete (every process holds the same model and optimizer state)."""
     if accelerator.is_main_process:
         final = directory.checkpoint_path(loop.step)
-        temporary = final.with_name(f".tmp-{final.name}")
-        shutil.rmtree(temporary, ignore_errors=True)
         directory.checkpoints_path.mkdir(parents=True, exist_ok=True)
-        save_checkpoint(temporary, accelerator.unwrap_model(model), optimizer, scheduler, accelerator.scaler, loop)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(temporary, final)
+        for dead in directory.checkpoints_path.glob(".tmp-*"):  # of a killed session: the run's lock is ours
+            if dead.is_dir() and not dead.is_symlink():
+                shutil.rmtree(dead, ignore_errors=True)
+        # mkdtemp: a new directory of a random name, never a planted link; the umask's mode survives the rename
+        temporary = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}.", dir=directory.checkpoints_path))
+        give_umask_mode(temporary, directory=True)
+        try:
+            save_checkpoint(temporary, accelerator.unwrap_model(model), optimizer, scheduler, accelerator.scaler,
+                            loop, train_config)
+            if final.is_symlink() or (final.exists() and not final.is_dir()):
+                raise RunDirectoryError(f"{final} is not a checkpoint directory; remove it to resume")
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(temporary, final)
+        except OSError as error:
+            shutil.rmtree(temporary, ignore_errors=True)
+            raise write_error(error, final) from None
+        except BaseException:
+            shutil.rmtree(temporary, ignore_errors=True)
+            raise
         directory.prune_checkpoints(keep)
     accelerator.wait_for_everyone()
 

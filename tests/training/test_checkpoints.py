@@ -455,3 +455,41 @@ def test_every_kill_point_of_a_resume_resumes_again(campaign, tmp_path, capsys):
     with capsys.disabled():
         print(f"\nresuming: {len(first_of_each) - len(failures)} of {len(first_of_each)} kill points resume again")
     assert not failures, failures[:5]
+
+
+# -- a config edited between sessions (issue 23) ---------------------------------------------------------
+MODELS = Path(__file__).resolve().parents[2] / "models"
+
+
+def test_a_checkpoint_records_the_config_the_run_started_with(tmp_path):
+    from latentcode.training.schedule import build_scheduler
+
+    model, optimizer = adamw_after_steps(0, 1)
+    scheduler = build_scheduler(optimizer, 0, 10, 0.1)
+    started_with = {"learning_rate": 0.001, "model": {"attention": "hyla"}}
+    checkpoint.save_checkpoint(tmp_path / "step", model, optimizer, scheduler, None, checkpoint.LoopState(step=1),
+                               started_with)
+    assert checkpoint.recorded_train_config(tmp_path / "step") == started_with
+
+
+def test_a_resume_refuses_a_config_edited_since_the_run_started_naming_the_keys(tmp_path, capsys):
+    """Editing learning_rate in config.json before --resume was silently ignored by the restored
+    optimizer while the file recorded the new value."""
+    from latentcode.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(MODELS / "fuzzy_logic-hyla", run, ignore=shutil.ignore_patterns("*.md", "summary.json"))
+    config = json.loads((run / "config.json").read_text())
+    state = run / "checkpoints" / "step_00000010"
+    state.mkdir(parents=True)
+    (state / "trainer_state.json").write_text(json.dumps(
+        {"format": checkpoint.CHECKPOINT_FORMAT, "step": 10, "train_config": config["train"]}))
+    learning_rate = config["train"]["learning_rate"]
+    config["train"]["learning_rate"] = 0.5
+    config["train"]["task"]["frac_test"] = 0.5
+    (run / "config.json").write_text(json.dumps(config))
+    assert main(["train", "--resume", str(run)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and f"{run / 'config.json'} was changed since the run started (" in error
+    assert f"learning_rate: {learning_rate!r} -> 0.5" in error and "task.frac_test: 0.7 -> 0.5" in error
+    assert sorted(path.name for path in run.iterdir()) == ["checkpoints", "config.json", "metrics.jsonl", "model"]
