@@ -501,3 +501,51 @@ def test_bad_inputs_are_answered_before_torch_and_scikit_learn_are_imported(work
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[]", f"imported: {result.stdout}"
     assert result.stderr.count("\n") == len(rows) and "Traceback" not in result.stderr
+
+
+# -- issue 23: a second user's planted lock, a full disk, non-finite edits --------------------------------------
+def test_extract_refuses_a_planted_lock_link_and_leaves_its_target_alone(workspace, tmp_path, capsys):
+    """The victim of a `.c.h5.lock` link used to get its content replaced by the lock holder's JSON."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("another user's file\n")
+    out = tmp_path / "shared" / "c.h5"
+    out.parent.mkdir()
+    (out.parent / ".c.h5.lock").symlink_to(victim)
+    assert main(["extract", str(workspace / "run"), "--n", "8", "--quiet", "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and f"lock file {out.parent / '.c.h5.lock'} is a symbolic link" in error
+    assert victim.read_text() == "another user's file\n" and sorted(p.name for p in out.parent.iterdir()) == [".c.h5.lock"]
+
+
+def test_extract_on_a_full_disk_is_one_line_and_leaves_nothing(workspace, tmp_path):
+    """It used to end in a segmentation fault (status 139) or an abort (134) with h5py tracebacks."""
+    small = tmp_path / "small"
+    small.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)],
+                                           capture_output=True).returncode:
+        pytest.skip("needs mount (root, CAP_SYS_ADMIN) for a small file system")
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "latentcode.cli", "extract", str(workspace / "run"), "--n", "4096", "--quiet", "--out", str(small / "c.h5")],
+            capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+        left = sorted(p.name for p in small.iterdir())
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.count("\n") == 1 and f"cannot write {small / 'c.h5'}: No space left on device" in result.stderr
+    assert left == []
+
+
+@pytest.mark.parametrize("edit", ["SetCode", "AddVector", "ScaleHeads"])
+def test_non_finite_edit_values_are_refused(edit):
+    """SetCode(nan), AddVector(inf) and ScaleHeads(nan) made every edited output NaN, silently."""
+    import torch
+
+    from latentcode.intervention import AddVector, EditError, ScaleHeads, SetCode
+
+    make = {"SetCode": lambda: SetCode([0.0, float("nan"), 1.0]), "AddVector": lambda: AddVector([float("inf"), 0, 0]),
+            "ScaleHeads": lambda: ScaleHeads(float("nan"))}[edit]
+    with pytest.raises(EditError, match=r"holds 1 NaN or infinite value\(s\) .*; expected finite numbers"):
+        make().replacement(torch.zeros(2, 3, 1), [Site(0, 1, 1)])
+    optimised = torch.full((3,), float("nan"), requires_grad=True)  # an edit being learned is left alone
+    SetCode(optimised).replacement(torch.zeros(2, 3, 1), [Site(0, 1, 1)])
