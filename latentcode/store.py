@@ -289,6 +289,10 @@ class CodeWriter:
         self.sites = sorted(dict.fromkeys(sites))
         if not self.sites:
             raise CodeFileError("no sites to record")
+        negative = [site for site in self.sites if min(site.layer, site.query, site.key) < 0]
+        if negative:  # the reader could not open the file: site names hold non-negative numbers
+            raise CodeFileError(f"site {negative[0]} has a negative layer or position; a codes file records "
+                                "layers and absolute positions counted from 0")
         if isinstance(n_heads, Mapping):
             self.heads_of = {site: int(n_heads[site]) for site in self.sites}
         else:

@@ -347,3 +347,9 @@ def test_a_codes_file_of_the_wrong_structure_is_refused_at_open_naming_what_is_w
     with pytest.raises(CodeFileError) as refused:
         CodeFile(path)
     assert message in str(refused.value) and str(path) in str(refused.value)
+
+
+def test_the_writer_refuses_sites_its_reader_could_not_open(tmp_path):
+    with pytest.raises(CodeFileError, match=r"site \(layer -1, query 3, key 3\) has a negative layer or position"):
+        CodeWriter(tmp_path / "codes.h5", [Site(-1, 3, 3)], n_heads=4)
+    assert list(tmp_path.iterdir()) == []
