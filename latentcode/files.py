@@ -408,12 +408,14 @@ def atomic_write_text(target: str | Path, text: str, *, lock: bool = False) -> P
     return target
 
 
-def open_for_append(path: str | Path):
-    """`open(path, "a")` that never follows a symbolic link and refuses anything but a regular file."""
+def open_for_append(path: str | Path, mode: str = "a"):
+    """`open(path, "a")` (or "w") that never follows a symbolic link and refuses anything but a
+    regular file; for files written as they go (logs, metrics), where a temporary cannot be used."""
     path = Path(path)
     check_replaceable(path)
+    ending = {"a": os.O_APPEND, "w": os.O_TRUNC}[mode]
     try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+        descriptor = os.open(path, os.O_WRONLY | ending | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
                              | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0), 0o666)
     except OSError as error:
         if error.errno == errno.ELOOP:
@@ -421,8 +423,9 @@ def open_for_append(path: str | Path):
         raise write_error(error, path) from None
     if not stat.S_ISREG(os.fstat(descriptor).st_mode):
         os.close(descriptor)
-        raise UnsafePath(f"{path} is not a regular file; latentcode appends only to regular files")
-    return os.fdopen(descriptor, "a")
+        raise UnsafePath(f"{path} is not a regular file; latentcode writes only regular files")
+    os.set_blocking(descriptor, True)
+    return os.fdopen(descriptor, mode)
 
 
 # -- modes -------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ written to `OUT/best.json`.
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import json
 import math
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from latentcode.files import AtomicOutputs, atomic_write_text, open_for_append
 from latentcode.rundir import RunDirectory
 from latentcode.tasks import task_class
 from latentcode.training.presets import build_train_config, presets
@@ -83,7 +85,8 @@ def sweep(
         overrides = {key: value for key, value in point.items() if key != "attention"}
         configs[run_name(point)] = (point, build_train_config(preset, scale, attention=point["attention"], **overrides))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "sweep.json").write_text(json.dumps({"preset": preset, "scale": scale, "grid": grid, "seeds": seeds}, indent=2))
+    atomic_write_text(out / "sweep.json", json.dumps({"preset": preset, "scale": scale, "grid": grid, "seeds": seeds},
+                                                     indent=2))
 
     pending = []
     for name, (point, config) in configs.items():
@@ -121,13 +124,13 @@ def _run_in_processes(pending: list, jobs: int, progress: bool) -> None:
             name, _, config, directory = queue.pop(0)
             directory.path.mkdir(parents=True, exist_ok=True)
             config_file = directory.path.parent / f".{name}.train.json"
-            config_file.write_text(config.to_json())
+            atomic_write_text(config_file, config.to_json())
             if directory.config_path.exists():  # started before: continue it
                 command = [sys.executable, "-m", "latentcode.cli", "train", "--resume", str(directory.path), "--quiet"]
             else:
                 command = [sys.executable, "-m", "latentcode.cli", "train", "--config", str(config_file),
                            "--out", str(directory.path), "--quiet"]
-            log = (directory.path.parent / f"{name}.log").open("w")
+            log = open_for_append(directory.path.parent / f"{name}.log", "w")
             running.append((name, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                                    env=thread_environment(jobs))))
             if progress:
@@ -180,13 +183,16 @@ def best_runs(rows: list[dict[str, Any]], preset: str) -> dict[str, dict[str, An
 
 def write_results(out: Path, rows: list[dict[str, Any]], preset: str) -> None:
     columns = list(dict.fromkeys(key for row in rows for key in row))
-    with (out / "results.csv").open("w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    (out / "results.json").write_text(json.dumps(rows, indent=2, default=str))
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
     split, metric = selection_metric(preset)
     best = best_runs(rows, preset)
-    (out / "best.json").write_text(json.dumps(
-        {"selected_on": f"{split}.{metric} (in-distribution validation; never OOD)", "best": best}, indent=2, default=str
-    ))
+    # The three tables as one set (all or none), never through a planted link.
+    with AtomicOutputs(lock=out / "results", purpose="writing sweep results") as outputs:
+        outputs.write_text(out / "results.csv", table.getvalue())
+        outputs.write_text(out / "results.json", json.dumps(rows, indent=2, default=str))
+        outputs.write_text(out / "best.json", json.dumps(
+            {"selected_on": f"{split}.{metric} (in-distribution validation; never OOD)", "best": best}, indent=2,
+            default=str))

@@ -71,3 +71,23 @@ def test_best_is_chosen_on_the_in_distribution_split_never_ood():
 def test_grid_expansion():
     points = expand_grid({"attention": ["a", "b"], "learning_rate": [1, 2]}, seeds=[0, 1])
     assert len(points) == 8 and points[0] == {"attention": "a", "learning_rate": 1, "seed": 0}
+
+
+def test_sweep_results_are_written_as_a_set_never_through_a_planted_link(tmp_path):
+    """results.csv, results.json and best.json were opened in place: a link planted at one of them
+    got the table written into its target (issue 23)."""
+    from latentcode.files import UnsafePath
+    from latentcode.training.sweeps import write_results
+
+    rows = [{"run": "a", "attention": "hyla", "seed": 0, "validation.r2": 0.5}]
+    victim = tmp_path / "victim.txt"
+    victim.write_text("another user's file\n")
+    (tmp_path / "best.json").symlink_to(victim)
+    with pytest.raises(UnsafePath, match="best.json is a symbolic link"):
+        write_results(tmp_path, rows, "fuzzy_logic")
+    assert victim.read_text() == "another user's file\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.json", "victim.txt"]
+    (tmp_path / "best.json").unlink()
+    write_results(tmp_path, rows, "fuzzy_logic")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.json", "results.csv", "results.json", "victim.txt"]
+    assert (tmp_path / "results.csv").read_text().splitlines()[0] == "run,attention,seed,validation.r2"
