@@ -60,8 +60,9 @@ def save_model(model: torch.nn.Module, path: str | Path, overwrite: bool = False
         save_file(state, staging / WEIGHTS_FILE, metadata={"format": FORMAT, "latentcode_version": _package_version()})
         give_umask_mode(staging / WEIGHTS_FILE)  # safetensors writes 0600 whatever the umask
         if path.exists():
-            backup = path.with_name(f".{path.name}.old")
-            path.rename(backup)
+            # a random name: a fixed `.NAME.old` could be a planted link or another writer's backup
+            backup = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
+            path.rename(backup)  # onto the new, empty directory
             staging.rename(path)
             shutil.rmtree(backup)
         else:
