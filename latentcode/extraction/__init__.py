@@ -1,39 +1,31 @@
 """Record latent codes with hooks: sites and selectors, sources, the recorder, and `extract`.
 
-`latentcode.extract(...)` is `latentcode.extraction.pipeline.extract`.
+`latentcode.extract(...)` is `latentcode.extraction.pipeline.extract`. Names load their module on
+first use, so that `latentcode.extraction.sites` (selectors, no torch) can check a command line's
+sites before torch is imported.
 """
 
-from latentcode.extraction.adapter import AdapterSource
-from latentcode.extraction.bridge import BridgeSource, is_transformer_bridge
-from latentcode.extraction.detect import detect_source
-from latentcode.extraction.pipeline import extract
-from latentcode.extraction.recorder import Recorder
-from latentcode.extraction.sites import PRESETS, Selector, SiteError, parse_selector
-from latentcode.extraction.softmax_capture import SoftmaxCaptureError, SoftmaxSource
-from latentcode.extraction.source import (
-    AttentionSource,
-    HookPointSource,
-    NoAttentionCaptured,
-)
-from latentcode.extraction.torch_attention import TorchAttentionSource
-from latentcode.store import Site
+from latentcode.lazy import lazy_exports
 
-__all__ = [
-    "PRESETS",
-    "AdapterSource",
-    "AttentionSource",
-    "BridgeSource",
-    "HookPointSource",
-    "NoAttentionCaptured",
-    "Recorder",
-    "Selector",
-    "Site",
-    "SiteError",
-    "SoftmaxCaptureError",
-    "SoftmaxSource",
-    "TorchAttentionSource",
-    "detect_source",
-    "extract",
-    "is_transformer_bridge",
-    "parse_selector",
-]
+_WHERE = {
+    "AdapterSource": "latentcode.extraction.adapter",
+    "BridgeSource": "latentcode.extraction.bridge",
+    "is_transformer_bridge": "latentcode.extraction.bridge",
+    "detect_source": "latentcode.extraction.detect",
+    "extract": "latentcode.extraction.pipeline",
+    "Recorder": "latentcode.extraction.recorder",
+    "PRESETS": "latentcode.extraction.sites",
+    "Selector": "latentcode.extraction.sites",
+    "SiteError": "latentcode.extraction.sites",
+    "parse_selector": "latentcode.extraction.sites",
+    "block": "latentcode.extraction.sites",
+    "SoftmaxCaptureError": "latentcode.extraction.softmax_capture",
+    "SoftmaxSource": "latentcode.extraction.softmax_capture",
+    "AttentionSource": "latentcode.extraction.source",
+    "HookPointSource": "latentcode.extraction.source",
+    "NoAttentionCaptured": "latentcode.extraction.source",
+    "TorchAttentionSource": "latentcode.extraction.torch_attention",
+    "Site": "latentcode.store",
+}
+__all__ = sorted(_WHERE)
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
