@@ -738,6 +738,40 @@ def _parse_vector(text: str, flag: str) -> list[float]:
     return values
 
 
+@checks("intervene")
+def _check_intervene(args: argparse.Namespace) -> None:
+    """The model, its task, the split, the variant and the sites, from JSON and the task module (no
+    torch), so that a mistake is answered at once (issue 22: it took ~10 s)."""
+    from latentcode.extraction.sites import parse_selector
+    from latentcode.rundir import RunDirectory, RunRecord
+    from latentcode.tasks import get_task
+
+    path = Path(args.run)
+    overrides = parse_assignments(args.task, "--task")
+    if path.is_dir() and RunDirectory(path).looks_like_a_run():
+        record = RunRecord.read(path)
+        model_config = record.config.get("resolved_model_config") or record.config["train"]["model"]
+        task_config = {**record.task_config, **overrides} if overrides else dict(record.task_config)
+    elif (path / "model.safetensors").is_file() and (path / "config.json").is_file():
+        model_config = read_json_file(str(path / "config.json"), "RUN_DIR")
+        if not overrides:
+            raise UsageError(f"{path} is a model directory without a task; give it with --task name=... (e.g. --task "
+                             "name=sraven --task n_features=4)")
+        task_config = overrides
+    else:
+        raise UsageError(f"RUN_DIR {path} is neither a finished run directory (with model/model.safetensors) nor a "
+                         "model directory (with model.safetensors)")
+    if not isinstance(model_config, dict) or not isinstance(model_config.get("n_layers"), int):
+        raise UsageError(f"RUN_DIR {path}: its model config names no number of layers (n_layers)")
+    task = get_task(**task_config)
+    split = task.analysis.held_out_split if args.split is None else args.split
+    if split not in task.splits:
+        raise UsageError(f"--split {split!r}: task {task.name!r} has the splits {list(task.splits)}")
+    if args.variant is not None and args.variant not in task.variants:
+        raise UsageError(f"--variant {args.variant!r}: task {task.name!r} has the variants {list(task.variants)}")
+    parse_selector(args.sites, task).resolve(model_config["n_layers"], task.seq_len)
+
+
 def _run_intervene(args: argparse.Namespace) -> None:
     check_output(args.out, "--out", kind="stem")
     check_stem_free(args.out, (".csv", ".json", *(f".{fmt}" for fmt in _formats(args))), args.overwrite)
@@ -788,6 +822,15 @@ def _run_intervene(args: argparse.Namespace) -> None:
         print(table[columns].to_string(index=False, float_format=lambda value: f"{value:.4f}"))
     written = write_effects(table, args.out, formats=_formats(args))
     print("wrote " + ", ".join(map(str, written)))
+
+
+# -- latentcode patch (latentcode/patch_command.py) -------------------------------------------------
+@subcommand
+def _patch(subparsers: argparse._SubParsersAction) -> None:
+    from latentcode import patch_command
+
+    patch_command.register(subparsers, integer, SEED).set_defaults(handler=patch_command.run)
+    _CHECKS["patch"] = patch_command.check
 
 
 # -- analysis: probe, plot, heatmap, samples, report ---------------------------------------------------

@@ -1,0 +1,70 @@
+"""`latentcode patch` (issue 22, item 7): a sweep on a shipped checkpoint writes its table, summary and
+map, and its numbers are those of `transfer_sweep` called from Python; bad arguments of `patch` and
+`intervene` are refused in one line before torch is imported."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+SRAVEN = REPOSITORY / "models" / "sraven-hyla"
+FUZZY = REPOSITORY / "models" / "fuzzy_logic-hyla"
+pytestmark = pytest.mark.skipif(not SRAVEN.is_dir() or not FUZZY.is_dir(), reason="shipped checkpoints missing")
+
+
+def refused_without_torch(arguments):
+    """Run the CLI in a fresh interpreter; return (exit status, stderr, whether torch was imported)."""
+    code = ("import sys; from latentcode.cli import main; status = main(sys.argv[1:]); "
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH'); sys.exit(status)")
+    done = subprocess.run([sys.executable, "-c", code, *arguments], capture_output=True, text=True, cwd=REPOSITORY)
+    return done.returncode, done.stderr.strip(), done.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["patch", str(SRAVEN), "--layers", "7"], "the model has 4 layers"),
+    (["patch", str(SRAVEN), "--group", "2:x:1"], "cannot read site '2:x:1'"),
+    (["patch", str(SRAVEN), "--split", "nope"], "has the splits"),
+    (["patch", str(SRAVEN), "--queries", "30..40"], "reaches past the sequence of 36 tokens"),
+    (["patch", str(SRAVEN), "--grid", "rows", "--group", "2:*:*"], "either --grid or --group"),
+    (["patch", str(REPOSITORY / "models" / "language-hyla")], "draws no counterfactual pairs"),
+    (["patch", str(REPOSITORY / "nowhere")], "not a finished run directory"),
+    (["intervene", str(SRAVEN), "--sites", "9:0:0", "--zero-ablate", "all"], "layer 9 is outside the model's 4 layers"),
+    (["intervene", str(SRAVEN), "--split", "nope", "--zero-ablate", "all"], "has the splits"),
+    (["intervene", str(SRAVEN), "--sites", "*:40:*", "--zero-ablate", "all"], "position 40 is outside"),
+])
+def test_bad_arguments_are_refused_before_torch_is_imported(tmp_path, arguments, message):
+    status, error, torch_state = refused_without_torch([*arguments, "--out", str(tmp_path / "out")])
+    assert status == 2, error
+    assert error.startswith("error: ") and message in error and len(error.splitlines()) == 1
+    assert torch_state == "NO-TORCH"
+
+
+def test_patch_writes_the_numbers_transfer_sweep_gives(tmp_path):
+    from latentcode.cli import main
+    from latentcode.extraction.sites import parse_selector
+    from latentcode.intervention.patching import SiteGroup
+    from latentcode.intervention.transfer import transfer_sweep
+    from latentcode.training.run import Run
+
+    stem = tmp_path / "patch"
+    groups = ["0:31:*", "1:*:*"]
+    arguments = ["patch", str(FUZZY), "--n", "24", "--quiet", "--out", str(stem)]
+    assert main([*arguments, *(item for spec in groups for item in ("--group", spec))]) == 0
+    table = pd.read_csv(stem.with_name("patch.csv"))
+    summary = json.loads(stem.with_name("patch.json").read_text())
+    assert stem.with_name("patch.png").stat().st_size > 0
+    assert summary["n"] == 24 and summary["split"] == "ood" and summary["groups"] == 2
+
+    run = Run(FUZZY)
+    model, task = run.load_model().eval(), run.task()
+    pairs = task.counterfactual_pairs(24, "ood", seed=0, variant=summary["variant"], prediction=-1)
+    expected = transfer_sweep(model, task, pairs, [SiteGroup(parse_selector(spec, task)) for spec in groups])
+    for column in ("follow (different)", "follow (third)", "transfer", "logit_difference (different)"):
+        assert table[column].tolist() == pytest.approx(expected[column].tolist(), abs=1e-6)
+    # run again: refused without --overwrite, nothing lost
+    assert main([*arguments, "--group", "0:31:*"]) == 2
+    assert pd.read_csv(stem.with_name("patch.csv")).shape == table.shape
