@@ -153,6 +153,12 @@ def check_output(path: str | Path, flag: str, kind: str = "file") -> Path:
     from latentcode.files import check_replaceable
 
     path = Path(path)
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as error:  # a name too long, a loop of links: one line, not a traceback
+        raise UsageError(f"{flag} {path}: {error.strerror}") from None
     if kind == "file" and path.is_dir():
         raise UsageError(f"{flag} {path} is a directory; expected the name of a file to write")
     if kind == "directory" and path.exists() and not path.is_dir():

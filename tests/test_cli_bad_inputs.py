@@ -383,6 +383,10 @@ BAD_INPUTS = [
      "--out {planted.html} is a symbolic link"),
     ("report-files-of-the-user", ["report", "--codes", "{fuzzy.h5}", "--out", "{mine.html}"],
      "--out {mine.html}: {mine_files} already holds files; add --overwrite"),
+    ("extract-out-name-too-long", [*EXTRACT, "--out", "{a_dir}/" + "x" * 300 + ".h5"],
+     "--out {a_dir}/" + "x" * 300 + ".h5: File name too long"),
+    ("probe-out-name-too-long", ["probe", "{fuzzy.h5}", "--out", "{a_dir}/" + "x" * 300],
+     "--out {a_dir}/" + "x" * 300 + ": File name too long"),
     # issue 23: codes files whose structure is wrong
     ("probe-codes-1d", ["probe", "{codes_1d.h5}"],
      "{codes_1d.h5}: /codes/l0_q31_k31 is a 1-D float64 dataset; expected a 2-D float dataset [examples, heads]"),
