@@ -1018,6 +1018,8 @@ def _report(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--method", action="append", choices=("tsne", "umap"), help="embeddings to draw (default tsne)")
     parser.add_argument("--max-points", type=POSITIVE_INTEGER, default=1000)
     parser.add_argument("--title", default="latentcode report")
+    parser.add_argument("--patch", action="append", metavar="STEM", help="outputs of latentcode patch (STEM.csv, "
+                        "STEM.json, STEM.png) to show in an Interventions section (repeatable)")
     parser.add_argument("--out", default="report.html")
     parser.add_argument("--overwrite", action="store_true")
     parser.add_argument("--quiet", action="store_true")
@@ -1034,6 +1036,9 @@ def _check_report(args: argparse.Namespace) -> None:
             raise FileNotFoundError(f"RUN_DIR {run} does not exist")
     for path in args.codes or ():
         check_input_file(path, "--codes")
+    for stem in args.patch or ():
+        for suffix in (".csv", ".json"):
+            check_input_file(f"{stem}{suffix}", "--patch")
     from latentcode.provenance import check_codes_from_runs, check_one_task, codes_of_runs
     from latentcode.rundir import RunRecord
 
@@ -1060,7 +1065,7 @@ def _run_report(args: argparse.Namespace) -> None:
     report = build_report(args.runs, args.codes or (), args.out, label=args.label, fit_split=args.fit_split,
                           test_split=args.test_split, methods=tuple(args.method or ["tsne"]),
                           max_points=args.max_points, title=args.title, overwrite=args.overwrite,
-                          progress=not args.quiet)
+                          progress=not args.quiet, patches=args.patch or ())
     print(f"report: {report.path.resolve()}")
     for line in report.headline():
         print("  " + line)

@@ -170,8 +170,12 @@ def build_report(
     overwrite: bool = False,
     progress: bool = True,
     notes: Sequence[str] = (),
+    patches: Sequence[str | Path] = (),
 ) -> Report:
     """Write the report to `out` (figures and tables beside it in `<out stem>_files/`).
+
+    patches: path stems written by `latentcode patch` (STEM.csv, STEM.json, STEM.png): an
+        'Interventions' section shows where patching codes transferred the donor's sub-task.
 
     notes: sentences for the 'Where the numbers come from' list, e.g. that the runs are shipped
         checkpoints whose training happened elsewhere (`latentcode demo` says so).
@@ -201,7 +205,7 @@ def build_report(
         made_files_dir = not files_dir.exists()
         try:
             return _write_report(runs, code_files, run_dirs, out, files_dir, label, fit_split, test_split,
-                                 embedding_split, methods, max_points, title, progress, notes)
+                                 embedding_split, methods, max_points, title, progress, notes, patches)
         except BaseException:
             if made_files_dir:  # a failed report leaves nothing behind
                 shutil.rmtree(files_dir, ignore_errors=True)
@@ -211,7 +215,7 @@ def build_report(
 def _write_report(
     runs: list[RunRecord], code_files: list[CodeFile], run_dirs: Sequence[str | Path], out: Path, files_dir: Path,
     label: str | None, fit_split: str, test_split: str, embedding_split: str | None, methods: Sequence[str],
-    max_points: int, title: str, progress: bool, notes: Sequence[str],
+    max_points: int, title: str, progress: bool, notes: Sequence[str], patches: Sequence[str | Path] = (),
 ) -> Report:
     """build_report's work, under the lock of `out`."""
     codes_paths = [code_file.path for code_file in code_files]
@@ -287,6 +291,9 @@ def _write_report(
                                  max_points, steps, figures)
         sections.append("<h2>Latent codes</h2>" + picture_html)
 
+    if patches:
+        sections.append(_interventions(patches, files_dir, figures))
+
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     inputs = "".join(f"<li>{html.escape(str(p))}</li>" for p in [*map(str, run_dirs), *map(str, codes_paths)])
     picture_split = embedding_split or (test_split if code_files and test_split in code_files[0].splits else None)
@@ -306,6 +313,39 @@ def _write_report(
         outputs.write_text(out, page)
     steps.close()
     return Report(out, runs, probe_table, figures, context=context, summary=summary)
+
+
+def _interventions(patches: Sequence[str | Path], files_dir: Path, figures: list[Path]) -> str:
+    """The 'Interventions' section: per `latentcode patch` output, its map and the groups with the
+    largest transfer, each beside the third-sub-task donor baseline."""
+    parts = ["<h2>Interventions: where patching the codes transfers the sub-task</h2>"
+             "<p>Codes of each site group were patched from a donor instance into a base instance (counterfactual "
+             "pairs of the task: the donor's sub-task r' differs and its answer on the base is well-posed). "
+             "<i>follow (different)</i>: how often the prediction became r''s answer; <i>follow (third)</i>: the "
+             "same count when the donor has a third sub-task (the baseline: a damaged code landing on r''s answer "
+             "by itself); <i>transfer</i> is their difference (± its standard error over the paired bases).</p>"]
+    for stem in map(Path, patches):
+        table = pd.read_csv(stem.with_name(stem.name + ".csv"))
+        summary = json.loads(stem.with_name(stem.name + ".json").read_text())
+        top = table.sort_values("transfer", ascending=False).head(10)
+        columns = [c for c in ("group", "n", "follow (different)", "follow (third)", "transfer", "transfer se",
+                               "keep (different)", "attribution estimate", "logit_difference effect") if c in top]
+        image = stem.with_name(stem.name + ".png")
+        shown = ""
+        if image.is_file():
+            copy = files_dir / f"patch_{stem.name}.png"
+            shutil.copyfile(image, copy)
+            figures.append(copy)
+            shown = _image(copy, f"patching map {stem.name}")
+        attribution = summary.get("attribution_vs_exact")
+        parts.append(
+            f"<h3>{html.escape(str(summary.get('run', stem)))}: {html.escape(str(summary.get('split')))} "
+            f"({html.escape(str(summary.get('variant')))}), n = {int(summary.get('n', 0))} pairs, "
+            f"{int(summary.get('groups', len(table)))} groups</h3>" + shown + _table(top[columns])
+            + (f"<p>Attribution patching against the exact patches of these groups: Pearson "
+               f"{attribution['pearson']:.2f}, Spearman {attribution['spearman']:.2f}.</p>" if attribution else "")
+            + f'<p class="note">Full table: {html.escape(str(stem.with_name(stem.name + ".csv")))}</p>')
+    return "".join(parts)
 
 
 def _caption(text: str) -> str:

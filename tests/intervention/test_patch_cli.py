@@ -68,3 +68,18 @@ def test_patch_writes_the_numbers_transfer_sweep_gives(tmp_path):
     # run again: refused without --overwrite, nothing lost
     assert main([*arguments, "--group", "0:31:*"]) == 2
     assert pd.read_csv(stem.with_name("patch.csv")).shape == table.shape
+
+
+def test_the_report_shows_a_patch_sweep_in_an_interventions_section(tmp_path):
+    from latentcode.cli import main
+
+    stem = tmp_path / "patch"
+    assert main(["patch", str(FUZZY), "--n", "16", "--group", "1:*:*", "--group", "0:31:*", "--quiet",
+                 "--out", str(stem)]) == 0
+    table = pd.read_csv(stem.with_name("patch.csv"))
+    page = tmp_path / "report.html"
+    assert main(["report", str(FUZZY), "--patch", str(stem), "--out", str(page), "--quiet"]) == 0
+    html = page.read_text()
+    assert "Interventions: where patching the codes transfers the sub-task" in html
+    assert f"{table['transfer'].max():.3f}" in html  # the best group's transfer is on the page
+    assert main(["report", str(FUZZY), "--patch", str(tmp_path / "missing"), "--out", str(tmp_path / "r2.html")]) == 2
