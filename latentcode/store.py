@@ -61,7 +61,13 @@ Atomicity: the writer writes to a temporary file `.NAME.<random>.tmp` next to th
 renames it over the target only when closed without error. An interrupted extraction leaves no
 file under the final name, and when appending, the previous file stays intact (the temporary file
 starts as its copy); temporary files of killed writers are removed by the next writer. A new file
-gets the mode the process umask gives; an appended or overwritten file keeps its mode.
+gets the mode the process umask gives; an appended or overwritten file keeps its mode. A target
+that is a symbolic link (dangling or not), a directory, a device or a FIFO is refused, never
+written through or replaced; a full disk is one `WriteError` and leaves nothing behind.
+
+Reading: `CodeFile` checks the structure at open (the groups and datasets above, their ranks,
+dtypes and row counts, the JSON attributes and their types) and refuses a file that differs with
+one `CodeFileError` naming the dataset or attribute.
 """
 
 from __future__ import annotations
