@@ -144,6 +144,7 @@ def add_hostile_inputs(root: Path, fuzzy: Path, run: Path) -> None:
     copy_and_edit(fuzzy, root / "provenance_not_json.h5",
                   replace_dataset("provenance", np.array(["{not json"], dtype=h5py.string_dtype())))
     config = json.loads((run / "config.json").read_text())
+    (root / "config_seed.json").write_text(json.dumps({**config["train"], "seed": 2**32}))
     broken_runs = {
         "run_train_list": ({**config, "train": [1, 2]}, None, None),
         "run_model_missing": ({**config, "train": {k: v for k, v in config["train"].items() if k != "model"}}, None, None),
@@ -423,6 +424,8 @@ BAD_INPUTS = [
      "argument --seed: expected a non-negative integer below 4294967296, got 4294967296"),
     ("train-seed-2-32", [*TRAIN, "--seed", "4294967296"],
      "argument --seed: expected a non-negative integer below 4294967296, got '4294967296'"),
+    ("train-config-seed-2-32", ["train", "--config", "{config_seed.json}"],
+     "seed must be a non-negative integer below 2**32 (numpy and torch seeds are 32-bit), got 4294967296"),
     ("sweep-seeds-2-32", [*SWEEP, "--out", "{a_dir}/s", "--seeds", "0,4294967296"],
      "--seeds 0,4294967296: expected comma-separated non-negative integers below 4294967296"),
     ("probe-seed-2-32", ["probe", "{fuzzy.h5}", "--seed", "4294967296"], "argument --seed: expected a non-negative integer below"),

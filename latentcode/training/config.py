@@ -82,7 +82,8 @@ class TrainConfig:
         check(self.batch_size % self.gradient_accumulation_steps == 0,
               f"batch_size={self.batch_size} is not divisible by gradient_accumulation_steps="
               f"{self.gradient_accumulation_steps}")
-        check(isinstance(self.seed, int) and self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
+        check(isinstance(self.seed, int) and 0 <= self.seed < 2**32,
+              f"seed must be a non-negative integer below 2**32 (numpy and torch seeds are 32-bit), got {self.seed!r}")
         self.model_config()  # raises ConfigError naming what is wrong with the model
         if self.variant is not None:
             from latentcode.tasks import get_task
@@ -109,6 +110,10 @@ class TrainConfig:
                     and f.default_factory is dataclasses.MISSING}
         if required - set(data):
             raise ConfigError(f"missing TrainConfig field(s) {sorted(required - set(data))}; required: {sorted(required)}")
+        seed = data.get("seed", 0)
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:  # a traceback deep in numpy
+            raise ConfigError(f"seed must be a non-negative integer below 2**32 (numpy and torch seeds are 32-bit), "
+                              f"got {seed!r}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
