@@ -433,6 +433,30 @@ def language_budget_table(path: Path) -> str:
     return "\n".join(lines)
 
 
+LOCALISATION = RESULTS / "interventions" / "localisation"
+
+
+def localisation_section() -> str:
+    """Issue 22's causal maps of the shipped models (analyses/rule_localisation.py), one row each: the
+    group chosen on the selection pairs and its transfer on the evaluation pairs, beside the
+    third-rule donor baseline."""
+    import pandas as pd
+
+    lines = ["| model | group (chosen on the selection pairs) | follow r' (r' donor) | follow r' (third-rule donor) | "
+             "transfer ± s.e. (evaluation pairs) | n |", "|---|---|---|---|---|---|"]
+    for folder in sorted(LOCALISATION.glob("*/summary.json")):
+        summary = json.loads(folder.read_text())
+        table = pd.read_csv(folder.parent / "table.csv")
+        row = table[(table["target r'"] == "all") & table["group"].str.startswith("selected")].iloc[0]
+        group = summary["selected_group"].replace("|", "\\|")
+        follow, third = row["follow r' (different donor)"], row["follow r' (third donor)"]
+        lines.append(f"| {summary['model']} | `{group}` | {follow:.3f} | {third:.3f} | {row['transfer']:.3f} ± "
+                     f"{row['se']:.3f} | {int(row['n'])} |")
+    if len(lines) == 2:
+        return "Not measured yet: `python analyses/rule_localisation.py --runs-from models --model all`."
+    return "\n".join(lines)
+
+
 def language_codes_section() -> str:
     """The recorded output of analyses/language_codes.py on the shipped language models, if any."""
     table = LANGUAGE / "language_codes.md"
@@ -678,6 +702,7 @@ def page(args: argparse.Namespace) -> None:
     text = PAGE_TEMPLATE.format(
         language=language_table(figures / "language_bits_per_byte.png"), language_codes=language_codes_section(),
         language_budget=language_budget_table(figures / "language_bits_per_byte_4k.png"),
+        localisation=localisation_section(),
         table_a1=table_a1(), fig2c=fig2c(figures / "fig2c_ood_r2_vs_held_out.png"), ambiguity=ambiguity_table(),
         fuzzy_decoding=decoding_table("fuzzy_logic"), sraven_decoding=decoding_table("sraven"),
         sraven_permuted_decoding=decoding_table("sraven_permuted"),
@@ -790,6 +815,20 @@ they were trained on).
 {sraven_permuted_decoding}
 
 ![SRAVEN permuted-model rule decoding per layer](results/decoding/sraven_permuted_rule_decoding.png)
+
+## Where the rule lives: causal maps of the latent codes (issue 22)
+
+Decoding says what the codes hold; patching says what the model uses. `analyses/rule_localisation.py`
+patches the codes of each group of sites (layer x feature slot x feature slot for SRAVEN, blocks of 4
+tokens for fuzzy logic, and named site sets) from a donor of another rule r' into a base instance
+(well-posed pairs only) and counts how often the prediction becomes r''s answer, beside the same count
+for a donor of a third rule (the baseline). Only HYLA on unpermuted SRAVEN shows a transfer, at layer 2
+among the queried feature's own cells; the paper's `sraven-rule` sites, where the earlier rule-swap
+experiment edited, carry none in any model. Details, per-rule tables, attribution patching against
+exact patching, learned subspaces and the maps: `results/interventions/README.md` and
+`results/interventions/localisation/README.md`.
+
+{localisation}
 
 ## Fig. 6: language modelling (byte-level, at a scale a 2-core CPU trains)
 

@@ -207,7 +207,7 @@ def measure_model(name: str, run_dir: Path, args) -> dict:
     attribution_table.to_csv(out / "attribution.csv", index=False)
     pd.DataFrame(subspace_rows).to_csv(out / "subspace.csv", index=False)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    draw_model(out, name, summary, map_table, attribution_table, task)
+    draw_model(out, name, summary, map_table, attribution_table)
     return summary
 
 
@@ -262,7 +262,7 @@ def fit_subspaces(model, task, selected, evaluation, position, is_sraven, varian
 TRANSFER_LIMIT = 0.6  # one signed colour scale for every map of every model
 
 
-def draw_model(out: Path, name: str, summary: dict, map_table, attribution_table, task) -> None:
+def draw_model(out: Path, name: str, summary: dict, map_table, attribution_table) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -300,12 +300,17 @@ def draw_model(out: Path, name: str, summary: dict, map_table, attribution_table
     axis.axhline(0, color="0.8", linewidth=0.8)
     axis.axvline(0, color="0.8", linewidth=0.8)
     axis.scatter(attribution_table["exact"], attribution_table["attribution"], s=8, alpha=0.6, color="tab:blue")
+    low = float(min(attribution_table["exact"].min(), attribution_table["attribution"].min()))
+    high = float(max(attribution_table["exact"].max(), attribution_table["attribution"].max()))
+    axis.plot([low, high], [low, high], "--", color="0.5", linewidth=0.8, label="estimate = exact")
+    axis.legend(fontsize=7, loc="upper left")
     correlation = summary["attribution_vs_exact"]
-    axis.set_xlabel("exact patch: change of the logit difference", fontsize=8)
+    what = "logit difference" if summary["task"] == "sraven" else "squared-error difference"
+    axis.set_xlabel(f"exact patch: change of the {what}", fontsize=8)
     axis.set_ylabel("attribution patching estimate", fontsize=8)
-    axis.set_title(f"{name}: attribution vs exact, {correlation['groups']} groups (layer x {what} pairs)\n"
-                   f"Pearson {correlation['pearson']:.2f}, Spearman {correlation['spearman']:.2f}; OOD pairs, n = "
-                   f"{summary['n_pairs']}", fontsize=8)
+    axis.set_title(f"{name}: attribution vs exact patching\n{correlation['groups']} groups (layer x "
+                   f"{summary['map_unit']} pairs), OOD pairs, n = {summary['n_pairs']}\n"
+                   f"Pearson {correlation['pearson']:.2f}, Spearman {correlation['spearman']:.2f}", fontsize=8)
     axis.tick_params(labelsize=7)
     canvas.print_png(out / "attribution.png")
 
@@ -326,6 +331,8 @@ def gather(args) -> None:
         if not summary_path.is_file():
             continue
         summary = json.loads(summary_path.read_text())
+        draw_model(out / name, name, summary, pd.read_csv(out / name / "map.csv"),
+                   pd.read_csv(out / name / "attribution.csv"))
         table = pd.read_csv(out / name / "table.csv")
         subspace = pd.read_csv(out / name / "subspace.csv")
         selection = summary["selected_on_selection_set"]
@@ -333,7 +340,7 @@ def gather(args) -> None:
                   f"`{summary['command']}` ({summary['minutes']:.1f} min). Unpatched: follow r' "
                   f"{summary['unpatched']['follow']:.3f}, keep {summary['unpatched']['keep']:.3f}.", "",
                   f"![map]({name}/map.png)", "",
-                  f"Selected group (largest transfer on the selection set): `{summary['selected_group']}`: follow r' "
+                  f"Selected group (largest transfer on the selection set): {summary['selected_group'].replace('|', chr(92) + '|')}: follow r' "
                   f"{selection['follow (different)']:.3f} vs third-rule donor {selection['follow (third)']:.3f} "
                   f"(transfer {selection['transfer']:.3f} ± {selection['transfer se']:.3f}).", "",
                   "Evaluation pairs:", "", markdown(table[table["target r'"] == "all"]), "",
@@ -351,7 +358,7 @@ def markdown(frame) -> str:
     columns = list(frame.columns)
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for _, row in frame.iterrows():
-        cells = [f"{value:.3f}" if isinstance(value, float) else str(value) for value in row]
+        cells = [f"{value:.3f}" if isinstance(value, float) else str(value).replace("|", "\\|") for value in row]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
