@@ -654,6 +654,13 @@ def _check_extract(args: argparse.Namespace) -> None:
     if args.variant is not None and args.variant not in task_object.variants:
         raise UsageError(f"--variant: unknown variant {args.variant!r} for task {task_object.name!r}; "
                          f"valid variants: {list(task_object.variants)}")
+    from latentcode.extraction.sites import MAX_ALL_PAIRS, parse_selector
+
+    sites = parse_selector(args.sites, task_object).resolve(_model_config_of(run)["n_layers"], task_object.seq_len)
+    if len(sites) > MAX_ALL_PAIRS:
+        raise UsageError(f"--sites {args.sites!r} selects {len(sites)} sites; a codes file holds one dataset per site, "
+                         f"at most {MAX_ALL_PAIRS}: select fewer (a layer, a row, a block), or sweep them with "
+                         "latentcode patch")
     out = check_output(args.out, "--out")
     if args.append and args.overwrite:
         raise UsageError("--append adds to --out and --overwrite replaces it: give one of them")
@@ -744,6 +751,23 @@ def _parse_vector(text: str, flag: str) -> list[float]:
     return values
 
 
+MAX_PER_SITE_SCOPES = 64  # intervene's per-site scopes, one pass over the instances each
+
+
+def _model_config_of(path: Path) -> dict:
+    """The model config of a run directory or a saved model directory, from JSON (no torch)."""
+    from latentcode.rundir import RunDirectory, RunRecord
+
+    if path.is_dir() and RunDirectory(path).looks_like_a_run():
+        config = RunRecord.read(path).config
+        model_config = config.get("resolved_model_config") or config["train"]["model"]
+    else:
+        model_config = read_json_file(str(path / "config.json"), "RUN_DIR")
+    if not isinstance(model_config, dict) or not isinstance(model_config.get("n_layers"), int):
+        raise UsageError(f"RUN_DIR {path}: its model config names no number of layers (n_layers)")
+    return model_config
+
+
 @checks("intervene")
 def _check_intervene(args: argparse.Namespace) -> None:
     """The model, its task, the split, the variant and the sites, from JSON and the task module (no
@@ -756,10 +780,10 @@ def _check_intervene(args: argparse.Namespace) -> None:
     overrides = parse_assignments(args.task, "--task")
     if path.is_dir() and RunDirectory(path).looks_like_a_run():
         record = RunRecord.read(path)
-        model_config = record.config.get("resolved_model_config") or record.config["train"]["model"]
+        model_config = _model_config_of(path)
         task_config = {**record.task_config, **overrides} if overrides else dict(record.task_config)
     elif (path / "model.safetensors").is_file() and (path / "config.json").is_file():
-        model_config = read_json_file(str(path / "config.json"), "RUN_DIR")
+        model_config = _model_config_of(path)
         if not overrides:
             raise UsageError(f"{path} is a model directory without a task; give it with --task name=... (e.g. --task "
                              "name=sraven --task n_features=4)")
@@ -767,15 +791,17 @@ def _check_intervene(args: argparse.Namespace) -> None:
     else:
         raise UsageError(f"RUN_DIR {path} is neither a finished run directory (with model/model.safetensors) nor a "
                          "model directory (with model.safetensors)")
-    if not isinstance(model_config, dict) or not isinstance(model_config.get("n_layers"), int):
-        raise UsageError(f"RUN_DIR {path}: its model config names no number of layers (n_layers)")
     task = get_task(**task_config)
     split = task.analysis.held_out_split if args.split is None else args.split
     if split not in task.splits:
         raise UsageError(f"--split {split!r}: task {task.name!r} has the splits {list(task.splits)}")
     if args.variant is not None and args.variant not in task.variants:
         raise UsageError(f"--variant {args.variant!r}: task {task.name!r} has the variants {list(task.variants)}")
-    parse_selector(args.sites, task).resolve(model_config["n_layers"], task.seq_len)
+    sites = parse_selector(args.sites, task).resolve(model_config["n_layers"], task.seq_len)
+    if len(sites) > MAX_PER_SITE_SCOPES and not args.no_per_site:
+        raise UsageError(f"--sites {args.sites!r} selects {len(sites)} sites, and intervene would measure each alone "
+                         f"(more than {MAX_PER_SITE_SCOPES}); add --no-per-site to edit them together, or sweep groups "
+                         "of them with latentcode patch")
 
 
 def _run_intervene(args: argparse.Namespace) -> None:

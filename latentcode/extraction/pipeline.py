@@ -25,7 +25,7 @@ from torch import nn
 
 from latentcode.errors import UsageError
 from latentcode.extraction.recorder import Recorder
-from latentcode.extraction.sites import Selector, parse_selector
+from latentcode.extraction.sites import MAX_ALL_PAIRS, Selector, SiteError, parse_selector
 from latentcode.rundir import RunDirectory, RunRecord
 from latentcode.store import DEFAULT_COMPRESSION, CodeWriter, Site, check_compression
 from latentcode.tasks import Batch, Task, eval_seed, get_task
@@ -158,6 +158,12 @@ def extract(
         raise UsageError(f"the task's seq_len={task.seq_len} is longer than the model accepts (n_ctx="
                          f"{model.config.n_ctx}); expected seq_len <= {model.config.n_ctx}")
     sites = parsed.resolve(model.config.n_layers, task.seq_len)
+    if len(sites) > MAX_ALL_PAIRS:
+        raise SiteError(
+            f"{parsed.spec()!r} selects {len(sites)} sites; a codes file holds one dataset per site, at most "
+            f"{MAX_ALL_PAIRS}: select fewer (a layer, a row, a block), or record them in memory with Recorder, or "
+            "sweep them with latentcode patch"
+        )
     n_heads = model.config.sizes.n_heads
     recorder = Recorder(model, sites, score=score)
 

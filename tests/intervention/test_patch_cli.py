@@ -35,6 +35,8 @@ def refused_without_torch(arguments):
     (["intervene", str(SRAVEN), "--sites", "9:0:0", "--zero-ablate", "all"], "layer 9 is outside the model's 4 layers"),
     (["intervene", str(SRAVEN), "--split", "nope", "--zero-ablate", "all"], "has the splits"),
     (["intervene", str(SRAVEN), "--sites", "*:40:*", "--zero-ablate", "all"], "position 40 is outside"),
+    (["intervene", str(SRAVEN), "--sites", "2:*:*", "--zero-ablate", "all"], "add --no-per-site"),
+    (["extract", str(SRAVEN), "--sites", "*:*:*", "--n", "8"], "selects 5184 sites"),
 ])
 def test_bad_arguments_are_refused_before_torch_is_imported(tmp_path, arguments, message):
     status, error, torch_state = refused_without_torch([*arguments, "--out", str(tmp_path / "out")])
