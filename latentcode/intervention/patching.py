@@ -336,7 +336,7 @@ def patching_sweep(
     with source.capture(donor.pairs_for, "pattern", donor.sink), torch.no_grad():
         _call(model, donor_inputs)
     def measure(output: Any) -> dict[str, np.ndarray]:
-        return {name: _per_example(function(output), batch, name).detach().float().cpu().numpy()
+        return {name: _per_example(function(output), batch, name).detach().cpu().numpy()
                 for name, function in metrics.items()}
 
     with torch.no_grad():

@@ -109,7 +109,7 @@ def test_attribution_equals_exact_patching_where_the_metric_is_linear_in_the_cod
     attribution = attribution_patching(model, base, donor, metric, sites="0:*:*")
     estimate = attribution.for_groups(groups)
     # the SDPA source recomputes probabilities in float32
-    torch.testing.assert_close(torch.as_tensor(estimate), torch.as_tensor(sweep.effects), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(torch.as_tensor(estimate).double(), torch.as_tensor(sweep.effects).double(), rtol=1e-4, atol=1e-6)
     assert compare_attribution(sweep, attribution)["pearson"] == pytest.approx(1.0)
     assert abs(sweep.effects).max() > 1e-3
 
@@ -160,3 +160,43 @@ def test_a_gradient_reaches_an_add_vector_through_an_sdpa_model():
     with Intervention(model, AddVector(vector), sites="0:-1:*"):
         metric(model(inputs(1))).sum().backward()
     assert vector.grad is not None and vector.grad.abs().sum() > 0
+
+
+class HandWrittenAttention(nn.Module):
+    """softmax(q k^T / sqrt(d)) @ v written by hand (as eager Hugging Face attention is)."""
+
+    def __init__(self, d_model=8, n_heads=2):
+        super().__init__()
+        self.n_heads, self.d_head = n_heads, d_model // n_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+
+    def forward(self, h):
+        batch, length, _ = h.shape
+        q, k, v = self.qkv(h).view(batch, length, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
+        probabilities = torch.softmax(q @ k.transpose(-1, -2) / self.d_head**0.5, dim=-1)
+        return (probabilities @ v).transpose(1, 2).reshape(batch, length, -1)
+
+
+class HandWrittenLinearInCodes(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(3, 8)
+        self.attn = HandWrittenAttention()
+        self.out = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.out(self.attn(self.embed(x)))
+
+
+def test_attribution_equals_exact_patching_on_hand_written_softmax_attention():
+    from latentcode.extraction.softmax_capture import SoftmaxSource
+
+    torch.manual_seed(1)
+    model = HandWrittenLinearInCodes().double().eval()
+    base, donor = inputs(5, batch=4), inputs(6, batch=4)
+    groups = site_grid(1, 5, queries=[4], key_blocks=5)
+    sweep = patching_sweep(model, base, donor, groups, metric, source=SoftmaxSource(model, r"attn"))
+    attribution = attribution_patching(model, base, donor, metric, sites="0:*:*", source=SoftmaxSource(model, r"attn"))
+    torch.testing.assert_close(torch.as_tensor(attribution.for_groups(groups)), torch.as_tensor(sweep.effects),
+                               rtol=1e-6, atol=1e-9)
+    assert abs(sweep.effects).max() > 1e-3
