@@ -14,15 +14,36 @@ import torch
 from torch import Tensor
 
 
+def is_every_pair(pairs: tuple[Tensor, Tensor], n_queries: int, n_keys: int) -> bool:
+    """Whether `pairs` are every (query, key) pair in row-major order (query 0's keys first): then
+    the codes are the attention tensor itself, flattened, and need no gather or scatter."""
+    queries, keys = pairs
+    if len(queries) != n_queries * n_keys:
+        return False
+    return bool(torch.equal(queries.cpu(), torch.arange(n_queries).repeat_interleave(n_keys))
+                and torch.equal(keys.cpu(), torch.arange(n_keys).repeat(n_queries)))
+
+
+def gather_pairs(attention: Tensor, pairs: tuple[Tensor, Tensor]) -> Tensor:
+    """`attention[:, :, q_i, k_i]` for each pair: `[batch, head, n_pairs]`, in the graph (gradients flow);
+    every pair in row-major order is a flattening view."""
+    if is_every_pair(pairs, *attention.shape[-2:]):
+        return attention.flatten(-2)
+    queries, keys = (index.to(attention.device) for index in pairs)
+    return attention[:, :, queries, keys]
+
+
 def slice_pairs(attention: Tensor, pairs: tuple[Tensor, Tensor]) -> Tensor:
     """`attention[:, :, q_i, k_i]` for each pair: `[batch, head, n_pairs]`, detached and float32."""
-    queries, keys = pairs
-    return attention[:, :, queries.to(attention.device), keys.to(attention.device)].detach().float()
+    return gather_pairs(attention, pairs).detach().float()
 
 
 def write_pairs(attention: Tensor, pairs: tuple[Tensor, Tensor], codes: Tensor) -> Tensor:
     """A copy of `attention` with `codes` `[batch, head, n_pairs]` written at the pairs (autograd-safe:
-    the input, which softmax's backward may need, is left as it was)."""
+    the input, which softmax's backward may need, is left as it was); codes of every pair in
+    row-major order are the new attention tensor, reshaped."""
+    if is_every_pair(pairs, *attention.shape[-2:]):
+        return codes.to(attention.dtype).reshape(attention.shape)
     queries, keys = (index.to(attention.device) for index in pairs)
     edited = attention.clone()
     edited[:, :, queries, keys] = codes.to(attention.dtype)

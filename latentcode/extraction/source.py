@@ -36,7 +36,7 @@ from contextlib import AbstractContextManager, contextmanager
 from torch import Tensor, nn
 
 from latentcode.errors import LatentcodeError, UsageError
-from latentcode.extraction.attention_rows import slice_pairs, write_pairs
+from latentcode.extraction.attention_rows import gather_pairs, slice_pairs, write_pairs
 from latentcode.models.query_block_hook import QueryBlockHook
 
 SCORE_KINDS = ("pattern", "scores")
@@ -199,8 +199,7 @@ class HookPointSource(AttentionSource):
             pairs = pairs_for(layer, output.shape[-1])
             if pairs is None:
                 return None
-            queries, keys = (index.to(output.device) for index in pairs)
-            return write_pairs(output, pairs, editor(layer, *pairs, output[:, :, queries, keys]))
+            return write_pairs(output, pairs, editor(layer, *pairs, gather_pairs(output, pairs)))
 
         with self._hooked("pattern", edit):
             yield

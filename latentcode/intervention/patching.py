@@ -448,8 +448,9 @@ def attribution_patching(
     """First-order estimate of patching every code at `sites` (default every pair of every layer)
     from the donor into the base: gradient of `metric` (summed over examples) with respect to each
     base code, times (donor code - base code), per example, layer, head, query and key. One forward
-    pass of the donor, one forward and one backward pass of the base. Parameters' `.grad` are not
-    touched (the gradient is taken with `torch.autograd.grad`)."""
+    pass of the donor, one forward and one backward pass of the base. The parameters are frozen for the
+    base pass (their `requires_grad` restored after it), so no weight gradient is computed and `.grad`
+    is never touched."""
     _check_eval(model)
     _check_shapes(base_inputs, donor_inputs)
     batch = _batch_size(base_inputs)
@@ -460,22 +461,34 @@ def attribution_patching(
         _call(model, donor_inputs)
 
     base_codes: dict[int, Tensor] = {}
+    deltas: dict[int, Tensor] = {}
     base_pairs = _LayerCodes(SitePairs(selector, source.n_layers(), source.name))
 
     def keep(layer: int, queries: Tensor, keys: Tensor, codes: Tensor) -> Tensor:
+        """The base codes plus a zero leaf: d metric / d leaf is d metric / d code along every path
+        (later layers' patterns included, as they are computed from the sum)."""
         if layer in base_codes:
             raise UsageError(f"layer {layer} ran twice in one forward pass (its queries in blocks?); attribution needs "
                              "each layer's codes once: pass shorter sequences or fewer sites")
-        base_codes[layer] = codes
-        return codes
+        base_codes[layer] = codes.detach()
+        deltas[layer] = torch.zeros_like(codes, requires_grad=True)
+        return codes + deltas[layer]
 
-    with torch.enable_grad(), source.edit(base_pairs.pairs_for, DifferentiableEditor(keep)):
-        value = _per_example(metric(_call(model, base_inputs)), batch, "metric").sum()
-    layers = [layer for layer in sorted(base_codes) if base_codes[layer].requires_grad]
-    if not layers:
-        raise UsageError("the metric does not depend on any recorded code (no gradient): is the model's output "
-                         "computed from its attention, and does the metric use the output?")
-    gradients = torch.autograd.grad(value, [base_codes[layer] for layer in layers], allow_unused=True)
+    # The parameters need no gradient: frozen for the pass, no weight gradient is computed or kept.
+    frozen = [(parameter, parameter.requires_grad) for parameter in model.parameters()]
+    try:
+        for parameter, _ in frozen:
+            parameter.requires_grad_(False)
+        with torch.enable_grad(), source.edit(base_pairs.pairs_for, DifferentiableEditor(keep)):
+            value = _per_example(metric(_call(model, base_inputs)), batch, "metric").sum()
+        layers = sorted(deltas)
+        if not layers or not value.requires_grad:
+            raise UsageError("the metric does not depend on any recorded code (no gradient): is the model's output "
+                             "computed from its attention, and does the metric use the output?")
+        gradients = torch.autograd.grad(value, [deltas[layer] for layer in layers], allow_unused=True)
+    finally:
+        for parameter, requires_grad in frozen:
+            parameter.requires_grad_(requires_grad)
     effects, grads, differences = {}, {}, {}
     for layer, gradient in zip(layers, gradients, strict=True):
         base = base_codes[layer].detach()
