@@ -425,8 +425,8 @@ def language_budget_table(path: Path) -> str:
     axis.set(xlabel="training step (32 windows of 128 bytes)", ylabel="validation bits per byte", ylim=(1.0, 5.0))
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7, ncol=2)
-    figure.suptitle("Byte-level language modelling, King James Bible, 2 layers, scale cpu, 4,000 steps: validation "
-                    "bits per byte (last 10% of the bytes)", fontsize=9)
+    figure.suptitle("Byte-level language modelling (King James Bible), 2 layers, scale cpu, 4,000 steps\n"
+                    "validation bits per byte on the last 10% of the bytes, seeds 0 (solid) and 1 (dashed)", fontsize=9)
     figure.tight_layout()
     figure.savefig(path)
     lines.append(f"| *baseline: bigram (the previous byte)* | | {bigram:.3f} | | | | |")
