@@ -160,7 +160,7 @@ def test_the_results_page_is_regenerated_from_the_recorded_runs(tmp_path, monkey
     fuzzy = [line for line in commands if line.startswith("latentcode train --preset fuzzy_logic")]
     sraven = [line for line in commands if line.startswith("latentcode train --preset sraven")]
     language = [line for line in commands if line.startswith("latentcode train --preset language")]
-    assert len(fuzzy) == 9 + 6 + 8 and len(sraven) == 9 + 2 and len(language) == 3 + 3
+    assert len(fuzzy) == 9 + 6 + 8 and len(sraven) == 9 + 2 and len(language) == 3 + 3 + 6
     assert len(commands) == len(fuzzy) + len(sraven) + len(language)
     assert all("--set n_features=2 --set n_layers=2" in line for line in sraven)
     assert sum("--set n_heads=1" in line for line in sraven) == 2
