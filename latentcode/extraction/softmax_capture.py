@@ -243,7 +243,9 @@ class SoftmaxSource(AttentionSource):
 
         handles = [
             self.model.register_forward_pre_hook(root_enter),
-            self.model.register_forward_hook(root_leave, always_call=True),
+            # Not always_call: a pass that raised names only the layers before the error, and must not
+            # become the source's layers (a later Recorder would refuse valid sites of later layers).
+            self.model.register_forward_hook(root_leave),
         ]
         try:
             for name, module in self.modules.items():

@@ -465,6 +465,10 @@ class TorchAttentionSource(AttentionSource):
         pass_names: list[str] = []  # the module name of each call in this pass
         pass_layers: list[dict] = []  # name, kind and lengths of each call in this pass
         calls_per_module: dict[str, int] = {}
+        # The module whose forward just returned (its forward hooks are running). A pass that raised
+        # reaches `leave` (always_call) without it: its layers, counted only up to the error, must not
+        # become the source's layers, or a later Recorder would refuse valid sites of later layers.
+        returned: list[str | None] = [None]
 
         def enter(module, args, name):
             if name == ROOT_NAME:
@@ -475,10 +479,14 @@ class TorchAttentionSource(AttentionSource):
                 calls_per_module.clear()
             running.append(name)
 
+        def mark_returned(module, args, output, name):
+            returned[0] = name
+
         def leave(module, args, output, name):
+            completed, returned[0] = returned[0] == name, None
             if name in running:
                 del running[len(running) - 1 - running[::-1].index(name)]
-            if not running and pass_names:
+            if not running and pass_names and completed:
                 self._layer_names = list(pass_names)
                 self._layers = list(pass_layers)
 
@@ -501,6 +509,8 @@ class TorchAttentionSource(AttentionSource):
             for module_name, module in self.model.named_modules():
                 name = module_name or ROOT_NAME
                 handles.append(module.register_forward_pre_hook(lambda m, a, name=name: enter(m, a, name)))
+                # Hooks run in the order they were added: mark_returned (skipped when forward raises), then leave.
+                handles.append(module.register_forward_hook(lambda m, a, o, name=name: mark_returned(m, a, o, name)))
                 handles.append(
                     module.register_forward_hook(lambda m, a, o, name=name: leave(m, a, o, name), always_call=True)
                 )
