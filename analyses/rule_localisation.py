@@ -258,6 +258,45 @@ def fit_subspaces(model, task, selected, evaluation, position, is_sraven, varian
     return rows
 
 
+# -- confirmation on many pairs -----------------------------------------------------------------------
+def confirm(name: str, run_dir: Path, args) -> None:
+    """The selected group of a measured model (its summary.json) on `args.confirm` fresh OOD pairs (seed
+    4), per target rule: enough pairs for the rules that are rarely well-posed. Writes confirm.csv."""
+    import pandas as pd
+
+    import latentcode
+    from latentcode.extraction.sites import parse_selector
+    from latentcode.intervention.patching import SiteGroup
+    from latentcode.intervention.transfer import per_example, transfer_sweep
+
+    out = Path(args.out) / name
+    summary = json.loads((out / "summary.json").read_text())
+    run = latentcode.Run(run_dir)
+    model, task = run.load_model().eval(), run.task()
+    pairs = task.counterfactual_pairs(args.confirm, "ood", seed=4, variant=summary["variant"],
+                                      prediction=task.n_predictions - 1)
+    group = SiteGroup(parse_selector(summary["selected_group"], task))
+    table = transfer_sweep(model, task, pairs, [group], relations=("different", "third", "same"))
+    target = pairs.donor_parts["different"]
+    rows = []
+    for part in [None, *np.unique(target)]:
+        mask = np.ones(len(target), bool) if part is None else target == part
+        n = int(mask.sum())
+        follow = float(per_example(table, "different", "follow")[0][mask].mean())
+        third = float(per_example(table, "third", "follow")[0][mask].mean())
+        paired = per_example(table, "different", "follow")[0][mask] - per_example(table, "third", "follow")[0][mask]
+        rows.append({"target r'": "all" if part is None else pairs.part_names[int(part)], "n": n,
+                     "follow r' (different donor)": follow, "follow r' (third donor)": third, "transfer": follow - third,
+                     "transfer se (paired)": float(paired.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan"),
+                     "keep (same-rule donor)": float(per_example(table, "same", "keep")[0][mask].mean())})
+    frame = pd.DataFrame(rows)
+    frame.to_csv(out / "confirm.csv", index=False)
+    summary["confirm_command"] = (f"python analyses/rule_localisation.py --runs-from {args.runs_from} --model {name} "
+                                  f"--confirm {args.confirm}")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    print(frame.to_string(index=False))
+
+
 # -- figures ---------------------------------------------------------------------------------------
 TRANSFER_LIMIT = 0.6  # one signed colour scale for every map of every model
 
@@ -346,6 +385,10 @@ def gather(args) -> None:
                   "Evaluation pairs:", "", markdown(table[table["target r'"] == "all"]), "",
                   "Per target rule r' at the selected group:", "",
                   markdown(table[(table["group"].str.startswith("selected")) & (table["target r'"] != "all")]), "",
+                  *([f"The selected group again on {int(pd.read_csv(out / name / 'confirm.csv')['n'].iloc[0])} fresh pairs "
+                     f"(seed 4; `{summary.get('confirm_command', '')}`), per target rule:", "",
+                     markdown(pd.read_csv(out / name / "confirm.csv")), ""]
+                    if (out / name / "confirm.csv").is_file() else []),
                   f"Attribution patching vs exact patching over the map's groups: Pearson "
                   f"{summary['attribution_vs_exact']['pearson']:.2f}, Spearman {summary['attribution_vs_exact']['spearman']:.2f} "
                   f"({summary['attribution_vs_exact']['groups']} groups). ![attribution]({name}/attribution.png)", "",
@@ -373,8 +416,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150, help="training steps per subspace")
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--gather", action="store_true", help="only write the page from the per-model folders")
+    parser.add_argument("--confirm", type=int, metavar="N", help="only re-score each model's selected group on N "
+                        "fresh pairs (seed 4), per target rule (confirm.csv)")
     args = parser.parse_args()
-    if not args.gather:
+    if args.confirm:
+        import torch
+
+        torch.set_num_threads(1)
+        for name in [*SRAVEN_MODELS, *FUZZY_MODELS] if args.model == ["all"] else args.model:
+            confirm(name, Path(args.runs_from) / name, args)
+    elif not args.gather:
         import torch
 
         torch.set_num_threads(1)
