@@ -242,8 +242,22 @@ class MeanAblate(Edit):
                 f"{codes_file.path} holds raw scores (score={codes_file.attrs.get('score')!r}); mean-ablation "
                 "replaces latent codes, so it needs a file extracted with score='pattern'"
             )
+        def finite_codes(site: Site) -> np.ndarray:
+            # A NaN row (or no row) would make the mean NaN and every edited output NaN, silently.
+            codes = codes_file.codes(site, split)
+            of_split = "" if split is None else f" of split {split!r}"
+            if len(codes) == 0:
+                raise EditError(f"{codes_file.path} has no examples{of_split}; a mean code needs at least one")
+            bad_rows = int((~np.isfinite(codes)).any(axis=1).sum())
+            if bad_rows:
+                raise EditError(
+                    f"{codes_file.path}: site {site} has {bad_rows} of {len(codes)} rows{of_split} with NaN or "
+                    "infinite codes; their mean would be NaN; re-extract the file (or choose a split without them)"
+                )
+            return codes
+
         if by is None:
-            means = {site: codes_file.codes(site, split).mean(axis=0) for site in codes_file.sites}
+            means = {site: finite_codes(site).mean(axis=0) for site in codes_file.sites}
             return cls(means, heads=heads, sites=sites)
         labels = codes_file.labels(by, split)
         if labels.ndim != 1:
@@ -254,7 +268,7 @@ class MeanAblate(Edit):
         values = np.unique(labels)
         means = {}
         for site in codes_file.sites:
-            codes = codes_file.codes(site, split)
+            codes = finite_codes(site)
             means[site] = np.stack([codes[labels == value].mean(axis=0) for value in values])
         return cls(means, heads=heads, sites=sites, label_values=values, label=by)
 
@@ -264,6 +278,7 @@ class MeanAblate(Edit):
 
     def replacement(self, codes: Tensor, sites: list[Site]) -> Tensor:
         means = _codes_at(self.means, sites, "MeanAblate")  # [H, n] or [n_values, H, n]
+        check_finite(means, "MeanAblate means")
         if self.label_values is None:
             values = means[None]
         else:

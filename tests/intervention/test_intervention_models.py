@@ -220,3 +220,21 @@ def test_a_codes_file_of_another_model_is_refused_naming_both_hashes(tmp_path):
     with pytest.raises(CodesOfAnotherModel, match="0" * 64):
         MeanAblate.from_codes(tmp_path / "codes.h5", checkpoint_sha256="0" * 64)
     MeanAblate.from_codes(tmp_path / "codes.h5", model=other)  # its own model: accepted
+
+
+@pytest.mark.filterwarnings("ignore:.*contain NaN or inf:RuntimeWarning")  # the writer warns, and stores them
+def test_mean_ablation_refuses_codes_with_nan_rows_naming_the_file_site_and_count(tmp_path):
+    """A NaN row made every mean NaN and every edited output NaN, silently (issue 23)."""
+    model = tiny_model("hyla")
+    site = Site(1, LENGTH - 1, LENGTH - 1)
+    stored = np.random.default_rng(0).normal(size=(10, 3)).astype(np.float32)
+    stored[[2, 7], 1] = np.nan
+    write_codes(tmp_path / "codes.h5", model, {site: stored}, {"rule": np.arange(10) % 2})
+    for by in (None, "rule"):
+        with pytest.raises(EditError) as raised:
+            MeanAblate.from_codes(tmp_path / "codes.h5", by=by, model=model)
+        message = str(raised.value)
+        assert "codes.h5" in message and str(site) in message and "2 of 10 rows" in message and "\n" not in message
+    with pytest.raises(EditError, match="MeanAblate means holds 1 NaN"):
+        with torch.no_grad(), Intervention(model, MeanAblate({site: np.array([0.1, np.nan, 0.2])}), sites=[site]):
+            model(inputs())
