@@ -1,8 +1,9 @@
 """Every script under analyses/ runs end to end at a tiny scale and writes its table and figure.
 
-The end-to-end runs train their own tiny models in a fresh interpreter and are slow; the default
-run checks every script's command line and runs the scripts that read finished runs on the
-shipped HYLA checkpoints, in this process.
+The end-to-end runs train their own tiny models and run each script in a fresh interpreter: they
+are `slow` (`python -m pytest -m slow`). The default run checks every script's command line, the
+scripts' own computations (rule and term swaps, variance explained) against independent formulas,
+and runs the scripts that read finished runs on the shipped HYLA checkpoints, in this process.
 """
 
 import json
@@ -228,6 +229,7 @@ def test_term_swap_r2_and_shift_match_independent_formulas(analyses_modules):
     assert term_swap.shift(prediction, original, counterfactual) == pytest.approx(0.3, abs=0.02)
 
 
+@pytest.mark.slow
 def test_rule_swap_script(tiny_runs, tmp_path, analyses_modules):
     import numpy as np
 
@@ -251,6 +253,7 @@ def test_rule_swap_script(tiny_runs, tmp_path, analyses_modules):
     assert np.isfinite([r["follow"] for r in rows]).all()
 
 
+@pytest.mark.slow
 def test_term_swap_script(tiny_runs, tmp_path):
     run_script("term_swap.py", "--runs-from", str(tiny_runs), "--attention", "softmax", "--n", "96",
                "--n-codes", "640", "--out", str(tmp_path))
@@ -263,6 +266,7 @@ def test_term_swap_script(tiny_runs, tmp_path):
     assert (tmp_path / "term_swap_last-row.png").is_file()
 
 
+@pytest.mark.slow
 def test_head_ablation_script(tiny_runs, tmp_path):
     run_script("head_ablation.py", "--runs-from", str(tiny_runs), "--task", "fuzzy_logic", "--attention", "linear",
                "--n", "64", "--n-single", "32", "--n-order", "32", "--n-means", "32", "--out", str(tmp_path))
@@ -279,6 +283,7 @@ def test_head_ablation_script(tiny_runs, tmp_path):
     assert (tmp_path / "head_ablation_cumulative_fuzzy_logic.png").is_file()
 
 
+@pytest.mark.slow
 def test_topographic_similarity_script(tiny_runs, tmp_path):
     import numpy as np
     from scipy.spatial.distance import pdist

@@ -49,6 +49,7 @@ def test_tsne_of_each_layer_on_a_capped_subsample(codes_path):
     np.testing.assert_array_equal(again.coordinates[1], result.coordinates[1])
 
 
+@pytest.mark.slow  # numba compiles UMAP on first use: about 10 s of one core
 def test_umap_embedding(codes_path):
     result = embed(codes_path, "umap", split="ood", layers=[1], max_points=None, seed=0)
     assert (result.n_used, result.n_total) == (80, 80) and result.describe() == "80 of 80 examples"
