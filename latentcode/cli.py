@@ -12,10 +12,11 @@ Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from latentcode.errors import LatentcodeError, UsageError
@@ -188,6 +189,19 @@ def check_stem_free(stem: str | Path, suffixes: Sequence[str], overwrite: bool, 
     if existing and not overwrite:
         raise FileExistsError(f"{flag} {stem}: {', '.join(existing)} already exist; add --overwrite to replace "
                               f"them, or choose another {flag}")
+
+
+@contextlib.contextmanager
+def _command_outputs(stem: str | Path, suffixes: Sequence[str], overwrite: bool, purpose: str) -> Iterator:
+    """One command's outputs at `stem` as one set (latentcode.files.AtomicOutputs: every writer inside
+    joins it; all renamed at the end, or none), its lock held throughout. Under the lock the stem is
+    checked again: a second command to the same --out, started beside the first, finds its files
+    and is refused instead of replacing them."""
+    from latentcode.files import AtomicOutputs
+
+    with AtomicOutputs(lock=stem, purpose=purpose) as outputs:
+        check_stem_free(stem, suffixes, overwrite)
+        yield outputs
 
 
 def _formats(args: argparse.Namespace) -> tuple[str, ...]:
@@ -944,8 +958,11 @@ def _run_probe(args: argparse.Namespace) -> None:
         print(summary_rows(table)[columns].to_string(index=False, float_format=lambda value: f"{value:.3f}"))
     print("\n".join(headline_lines(table)))
     if args.out:
-        written = write_table(table, args.out) + plot_probe_scores(table, args.out, formats=_formats(args))
-        print("wrote " + ", ".join(map(str, written)))
+        suffixes = (".csv", ".json", *(f".{fmt}" for fmt in _formats(args)))
+        with _command_outputs(args.out, suffixes, args.overwrite, "latentcode probe") as outputs:
+            write_table(table, args.out)  # both join the command's set: the table and plot, or nothing
+            plot_probe_scores(table, args.out, formats=_formats(args))
+        print("wrote " + ", ".join(map(str, outputs.written)))
 
 
 def _add_picture_arguments(parser: argparse.ArgumentParser) -> None:
@@ -975,8 +992,10 @@ def _draw(args: argparse.Namespace, function: str, **options) -> None:
     import importlib
 
     draw = getattr(importlib.import_module("latentcode.analysis"), function)
-    paths = draw(args.file, args.label, args.out, split=args.split, formats=_formats(args), **options)
-    print("wrote " + ", ".join(map(str, paths)))
+    with _command_outputs(args.out, tuple(f".{fmt}" for fmt in _formats(args)), args.overwrite,
+                          f"latentcode {args.command}") as outputs:
+        draw(args.file, args.label, args.out, split=args.split, formats=_formats(args), **options)
+    print("wrote " + ", ".join(map(str, outputs.written)))
 
 
 @subcommand

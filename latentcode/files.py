@@ -26,6 +26,7 @@ New files and directories get the usual modes under the process umask (0644 and 
 
 from __future__ import annotations
 
+import contextvars
 import datetime
 import errno
 import json
@@ -310,26 +311,48 @@ class AtomicOutputs:
     lock: a path whose sidecar lock (`.NAME.lock`) is held from entry to the last rename, so two
     commands writing the same outputs do not mix their files (the second is refused, or waits
     `wait` seconds). An existing target keeps its mode; a new one gets the umask's.
+
+    Nested sets of one lock join: entered (in the same thread) inside a set that holds the same
+    lock, a set adds its files to the enclosing one, and they are renamed with the enclosing set's
+    (its `written` names them at once). So one command's outputs from several writers are all or
+    none, e.g. `latentcode probe`'s table and plot:
+
+    >>> with AtomicOutputs(lock="results/rule"):
+    ...     write_table(table, "results/rule")            # .csv, .json
+    ...     plot_probe_scores(table, "results/rule")      # .png: all three renamed here, or none
     """
 
     def __init__(self, lock: str | Path | None = None, *, wait: float | None = 0.0, purpose: str = "writing results",
                  hint: str = "wait until it has finished or choose another output"):
         self._lock = ExclusiveLock(lock, wait=wait, purpose=purpose, hint=hint) if lock is not None else None
+        self._lock_key = None if lock is None else os.path.abspath(lock)
         self._temporaries: dict[Path, Path] = {}
+        self._enclosing: AtomicOutputs | None = None  # the set of the same lock this one joined
+        self._token: contextvars.Token | None = None
         self.written: list[Path] = []
 
     def __enter__(self) -> AtomicOutputs:
+        if self._lock_key is not None:
+            # The lock is not reentrant: a set of a lock this thread holds joins the set holding it.
+            self._enclosing = next((outputs for outputs in _OPEN_SETS.get() if outputs._lock_key == self._lock_key), None)
+            if self._enclosing is not None:
+                return self
         if self._lock is not None:
             try:
                 self._lock.path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as error:
                 raise write_error(error, self._lock.target) from None
             self._lock.acquire()
+        self._token = _OPEN_SETS.set((*_OPEN_SETS.get(), self))
         return self
 
     def temporary(self, target: str | Path) -> Path:
         """The temporary file to write `target`'s content to (created empty, beside it)."""
         target = Path(target)
+        if self._enclosing is not None:
+            if target not in self.written:
+                self.written.append(target)
+            return self._enclosing.temporary(target)
         if target in self._temporaries:
             return self._temporaries[target]
         check_replaceable(target)
@@ -354,7 +377,10 @@ class AtomicOutputs:
             raise write_error(error, target) from None
 
     def commit(self) -> list[Path]:
-        """Rename every temporary over its target (after checking them all); returns the targets."""
+        """Rename every temporary over its target (after checking them all); returns the targets.
+        A joined set renames nothing: the enclosing set renames its files."""
+        if self._enclosing is not None:
+            return self.written
         try:
             for target in self._temporaries:
                 check_replaceable(target)
@@ -376,7 +402,12 @@ class AtomicOutputs:
         return self.written
 
     def discard(self) -> None:
-        """Remove the temporaries not yet renamed and let go of the lock."""
+        """Remove the temporaries not yet renamed and let go of the lock (a joined set: its own files
+        leave the enclosing set)."""
+        if self._enclosing is not None:
+            self._enclosing._drop(self.written)
+            self.written = []
+            return
         for temporary in self._temporaries.values():
             try:
                 temporary.unlink(missing_ok=True)
@@ -385,18 +416,34 @@ class AtomicOutputs:
         self._temporaries.clear()
         self._release()
 
+    def _drop(self, targets: Iterable[Path]) -> None:
+        for target in targets:
+            temporary = self._temporaries.pop(target, None)
+            if temporary is not None:
+                try:
+                    temporary.unlink(missing_ok=True)
+                except OSError:
+                    pass
+
     def _release(self) -> None:
         if self._lock is not None:
             self._lock.release()
 
     def __exit__(self, exc_type, exc, traceback) -> None:
+        if self._token is not None:
+            _OPEN_SETS.reset(self._token)
+            self._token = None
         if exc_type is None:
             self.commit()
             return
-        targets = list(self._temporaries)
+        targets = list(self._temporaries) or list(self.written)
         self.discard()
         if isinstance(exc, OSError) and not isinstance(exc, LatentcodeError):
             raise write_error(exc, targets[-1] if targets else "the output") from None
+
+
+#: the sets this thread (context) has entered and not yet left, outermost first
+_OPEN_SETS: contextvars.ContextVar[tuple[AtomicOutputs, ...]] = contextvars.ContextVar("atomic_outputs", default=())
 
 
 def atomic_write_text(target: str | Path, text: str, *, lock: bool = False) -> Path:

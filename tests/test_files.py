@@ -301,6 +301,31 @@ def test_outputs_are_written_as_a_set_never_through_a_link_and_a_failure_leaves_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "out.csv", "out.json", "out.png"]
 
 
+def test_sets_of_one_lock_nested_in_one_thread_join_the_enclosing_set(tmp_path):
+    """One command's outputs from several writers (probe: write_table, then plot_probe_scores, each
+    with its own set of the stem's lock) are all or none; the lock is not reentrant, so they join."""
+    stem = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="drawing failed"):
+        with AtomicOutputs(lock=stem):
+            with AtomicOutputs(lock=stem) as table:
+                table.write_text(tmp_path / "out.csv", "a,b\n")
+            assert table.written == [tmp_path / "out.csv"] and not (tmp_path / "out.csv").exists()
+            raise RuntimeError("drawing failed")
+    assert list(tmp_path.iterdir()) == []
+    with AtomicOutputs(lock=stem) as command:
+        with AtomicOutputs(lock=stem) as table:
+            table.write_text(tmp_path / "out.csv", "a,b\n")
+        with pytest.raises(ValueError), AtomicOutputs(lock=stem) as figure:  # a failed writer's files leave the set
+            figure.write_bytes(tmp_path / "out.png", b"half")
+            raise ValueError("caught by the command")
+        other_thread = []
+        thread = threading.Thread(target=lambda: other_thread.append(pytest.raises(LockHeld, AtomicOutputs(lock=stem).__enter__)))
+        thread.start()
+        thread.join()
+        assert other_thread, "another thread does not join: it is refused"
+    assert command.written == [tmp_path / "out.csv"] and sorted(p.name for p in tmp_path.iterdir()) == ["out.csv"]
+
+
 def test_fixed_temporary_names_are_gone_a_planted_one_is_not_followed(tmp_path, victim):
     """Run directories wrote `.config.json.tmp` and `.metrics.jsonl.tmp`, the report `.NAME.tmp`:
     a link planted under such a name got the content written into the victim."""

@@ -1,6 +1,7 @@
 """The analysis commands: probe, plot, heatmap, samples, report (on synthetic codes files)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -67,6 +68,54 @@ def test_outputs_already_written_are_kept_unless_overwrite(two_models, tmp_path,
     assert stem.with_suffix(".png").read_bytes() == b"an earlier figure", "refused before writing anything"
     assert main([*arguments, "--overwrite"]) == 0
     assert stem.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_probe_writes_its_table_and_plot_as_one_set(two_models, tmp_path, capsys, monkeypatch):
+    """A failure while drawing leaves no new table and the older one untouched (the table was
+    renamed into place before the plot was drawn; issue 23)."""
+    import errno
+
+    import latentcode.analysis as analysis
+    from latentcode.files import AtomicOutputs
+
+    stem = tmp_path / "result"
+    for suffix in (".csv", ".json", ".png"):
+        stem.with_suffix(suffix).write_text(f"an earlier {suffix}")
+
+    def plot_fails(table, path_stem, formats=("png",), **options):
+        with AtomicOutputs(lock=path_stem) as outputs:
+            outputs.write_bytes(Path(str(path_stem) + ".png"), b"half a figure")
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(analysis, "plot_probe_scores", plot_fails)
+    arguments = ["probe", str(two_models[0]), "--label", "rule", "--quiet", "--out", str(stem), "--overwrite"]
+    assert main(arguments) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    for suffix in (".csv", ".json", ".png"):
+        assert stem.with_suffix(suffix).read_text() == f"an earlier {suffix}"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["result.csv", "result.json", "result.png"], \
+        "no temporaries or lock left behind"
+
+
+def test_a_second_command_to_the_same_out_finds_the_first_ones_files_under_the_lock(two_models, tmp_path, capsys,
+                                                                                        monkeypatch):
+    """Both passed the check before their work; the second to take the lock must not replace the
+    first one's results (both exited 0 and one result was lost; issue 23)."""
+    import latentcode.analysis as analysis
+
+    stem = tmp_path / "result"
+    decode = analysis.decode
+
+    def decode_while_another_command_finishes(*args, **kwargs):
+        table = decode(*args, **kwargs)
+        stem.with_suffix(".csv").write_text("the other command's table")
+        return table
+
+    monkeypatch.setattr(analysis, "decode", decode_while_another_command_finishes)
+    assert main(["probe", str(two_models[0]), "--label", "rule", "--quiet", "--out", str(stem)]) == 2
+    assert "already exist" in capsys.readouterr().err
+    assert stem.with_suffix(".csv").read_text() == "the other command's table"
+    assert not stem.with_suffix(".json").exists() and not stem.with_suffix(".png").exists()
 
 
 def test_heatmap_centre_flag_reaches_the_figure(two_models, tmp_path, capsys, monkeypatch):
