@@ -611,7 +611,9 @@ def _extract(subparsers: argparse._SubParsersAction) -> None:
         epilog="site selectors: last-self (every layer, last token to itself), sraven-rule (every layer, last query "
         "token to the same feature in the last row's context panels; unpermuted instances), all-pairs:LAYER, or "
         "LAYER:QUERY:KEY[,...] (negative positions count from the end, * as LAYER is every layer)\n\nexample:\n"
-        "  latentcode extract runs/sraven-hyla --split ood --n 8192 --sites sraven-rule --out codes.h5",
+        "  latentcode extract runs/sraven-hyla --split ood --n 8192 --sites sraven-rule --out codes.h5\n\n"
+        "sharded, one shard per process (codes.shard-RANK-of-2.h5), codes.h5 presenting them as one file:\n"
+        "  torchrun --standalone --nproc_per_node 2 -m latentcode.cli -- extract runs/sraven-hyla --n 8192 --out codes.h5",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("run", metavar="RUN_DIR", help="a run directory (or a saved model directory with --task)")
@@ -693,9 +695,12 @@ def _run_extract(args: argparse.Namespace) -> None:
     path = extract(args.run, task, args.sites, args.split, args.n, args.out, variant=args.variant, score=args.score,
                    batch_size=args.batch_size, seed=args.seed, append=args.append, overwrite=args.overwrite,
                    progress=not args.quiet, compression=args.compression, wait_for_lock=args.wait_for_lock)
+    if os.environ.get("RANK", "0") != "0":  # a sharded extraction (torchrun, accelerate launch): rank 0 says it
+        return
     codes = CodeFile(path)
     print(f"wrote {path}: {len(codes)} examples (splits {codes.splits}), {len(codes.sites)} sites, "
-          f"{codes.n_heads} heads, labels {codes.label_names}")
+          f"{codes.n_heads} heads, labels {codes.label_names}"
+          + (f", rows in {len(codes.shards)} shards beside it" if codes.shards else ""))
 
 
 # -- latentcode intervene ---------------------------------------------------------------------------

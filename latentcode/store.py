@@ -27,6 +27,8 @@ Schema (version 1), readable with h5py alone::
                               decoder, its keys the encoder); "[]" if unknown
         split_descriptions    JSON: split name -> what it holds, in words (Task.split_descriptions);
                               "{}" if unknown
+        shards                only in a sharded file (below): JSON list of {"file", "rows"}: each
+                              shard's file name (beside this file) and the rows [start, stop) it holds
     /codes/<site>             float32 [N, H]: one dataset per site, named "l{layer}_q{query}_k{key}"
                               (positions absolute, counted from 0); attributes layer, query, key
     /labels/<name>            [N, ...]: one dataset per task label (numeric); attributes, where the
@@ -52,7 +54,14 @@ part of every HDF5 build, so h5dump, HDFView, netCDF, MATLAB, R and Julia read t
 
 A codes file refers to nothing outside itself: the reader refuses external links, virtual datasets
 with sources in other files and datasets stored in external raw files, which h5py would otherwise
-follow silently (`CodeFile(path, allow_external=True)` reads such a file anyway).
+follow silently (`CodeFile(path, allow_external=True)` reads such a file anyway). The one exception
+is a sharded file: `write_sharded_file` (a sharded extraction, one shard per process) writes a file
+whose per-example datasets and /split are virtual datasets over the rows of shard files beside it,
+named `NAME.shard-RANK-of-WORLD.h5`, listed in its root attribute `shards`; everything else (groups,
+attributes, /provenance) is its own, as in any codes file. The reader follows virtual sources only
+into the listed shards, and checks at open that each is a regular file beside it (not a link) with
+the rows the list says: HDF5 would read a missing shard as fill values without a word. Move the
+shards with the file. A sharded file cannot be appended to.
 
 Writers: one at a time. `CodeWriter` holds the lock `.NAME.lock` beside the file (see
 `latentcode.files`) from before it looks at the file until its final rename; a second writer is
@@ -94,6 +103,7 @@ from latentcode.errors import LatentcodeError
 from latentcode.files import (
     ExclusiveLock,
     check_replaceable,
+    kind_of,
     new_temporary_file,
     remove_dead_temporaries,
     write_error,
@@ -176,6 +186,7 @@ def references_outside(file: h5py.File) -> list[str]:
     elsewhere, datasets stored in external raw files; walked without following any of them."""
     found: list[str] = []
     seen: set = set()
+    shards = set(_declared_shard_names(file))  # a sharded file's own shards are not outside it
 
     def walk(group: h5py.Group, prefix: str) -> None:
         for name in group:
@@ -194,7 +205,7 @@ def references_outside(file: h5py.File) -> list[str]:
                 walk(item, path)
             elif isinstance(item, h5py.Dataset):
                 if item.is_virtual:
-                    files = sorted({source.file_name for source in item.virtual_sources()} - {"."})
+                    files = sorted({source.file_name for source in item.virtual_sources()} - {"."} - shards)
                     if files:
                         found.append(f"{path} is a virtual dataset reading {files}")
                 if item.external:
@@ -420,6 +431,9 @@ class CodeWriter:
         outside = references_outside(self.file)
         if outside:
             raise CodeFileError(f"cannot append to {self.path}: it refers to other files ({'; '.join(outside)})")
+        if "shards" in attrs:
+            raise CodeFileError(f"cannot append to {self.path}: it is a sharded file (virtual datasets over "
+                                f"{len(_declared_shard_names(self.file))} shard files); extract into a new file")
         if int(attrs.get("schema_version", -1)) != SCHEMA_VERSION:
             problems.append(f"schema version {attrs.get('schema_version')} (this writer: {SCHEMA_VERSION})")
         existing_sites = sorted(Site.from_name(name) for name in self.file["codes"])
@@ -829,6 +843,7 @@ class CodeFile:
                     f"{self.path} has schema version {version!r}; this latentcode reads version {SCHEMA_VERSION}"
                 )
             self.attrs = checked_attributes(self.path, file)
+            self.shards = checked_shards(self.path, file)
             self.sites = checked_datasets(self.path, file, int(self.attrs["n_heads"]))
             self.heads_of = {site: file["codes"][site.name].shape[1] for site in self.sites}
             self.label_names = sorted(file["labels"])
@@ -964,3 +979,158 @@ class CodeFile:
             for head in range(self.heads_of[site]):
                 columns[f"{site.name}.h{head}"] = codes[:, head]
         return pd.DataFrame(columns)
+
+
+# -- sharded files -----------------------------------------------------------------------------------
+def shard_path(path: str | Path, rank: int, world_size: int) -> Path:
+    """Where process `rank` of `world_size` writes its share of `path`: `NAME.shard-RANK-of-WORLD.h5`
+    beside it (`codes.h5` -> `codes.shard-0-of-2.h5`)."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.shard-{rank}-of-{world_size}{path.suffix or '.h5'}")
+
+
+def _declared_shard_names(file: h5py.File) -> list[str]:
+    """The shard file names a file's root attribute `shards` lists (none if absent or malformed:
+    `checked_shards` says what is wrong)."""
+    try:
+        entries = json.loads(file.attrs.get("shards", "[]"))
+        return [str(entry["file"]) for entry in entries]
+    except (TypeError, ValueError, KeyError):
+        return []
+
+
+def checked_shards(path: Path, file: h5py.File) -> list[dict[str, Any]]:
+    """The `shards` entries of an open sharded file ([] for any other), after checking that each
+    shard is a regular file beside it (not a link) holding the rows the entry says."""
+    if "shards" not in file.attrs:
+        return []
+    text = file.attrs["shards"]
+    try:
+        entries = json.loads(text)
+        valid = isinstance(entries, list) and all(
+            isinstance(entry, dict) and isinstance(entry.get("file"), str)
+            and isinstance(entry.get("rows"), list) and len(entry["rows"]) == 2 for entry in entries)
+    except (TypeError, ValueError):
+        valid = False
+    if not valid:
+        raise CodeFileError(f"{path}: root attribute 'shards' is not a JSON list of {{\"file\", \"rows\"}} objects: "
+                            f"{str(text)[:60]!r}")
+    expected_start = 0
+    for entry in entries:
+        name, (start, stop) = entry["file"], entry["rows"]
+        if name in ("", ".", "..") or Path(name).name != name:
+            raise CodeFileError(f"{path}: shard {name!r} is not a file name; shards lie beside the file")
+        if start != expected_start or stop < start:
+            raise CodeFileError(f"{path}: shard {name} holds rows {[start, stop]}; expected them to start at "
+                                f"{expected_start}, after the previous shard")
+        expected_start = stop
+        shard = path.parent / name
+        try:
+            mode = os.lstat(shard).st_mode
+        except FileNotFoundError:
+            raise CodeFileError(f"{path} is sharded and its shard {shard} is missing: a sharded file reads its rows "
+                                "from the shards beside it; move them with it") from None
+        if not stat.S_ISREG(mode):
+            raise CodeFileError(f"{path}: its shard {shard} is {kind_of(mode)}; expected a regular file")
+        try:
+            with h5py.File(shard, "r") as source:
+                rows = source["split"].shape[0] if isinstance(source.get("split"), h5py.Dataset) else None
+        except OSError as error:
+            raise CodeFileError(f"{path}: its shard {shard} is not a readable HDF5 file ({error})") from None
+        if rows != stop - start:
+            raise CodeFileError(f"{path}: its shard {shard} holds {rows} rows; the file expects {stop - start} "
+                                "(a shard replaced since the file was written)")
+    return entries
+
+
+def write_sharded_file(path: str | Path, shards: Sequence[str | Path], *, overwrite: bool = False,
+                       wait_for_lock: float | None = 0.0) -> Path:
+    """Write `path` as one codes file over the codes files `shards` (beside it, in row order): /split
+    and every per-example dataset a virtual dataset over the shards' rows, the root attributes and
+    /provenance those of one write, plus `shards`. `CodeFile` reads it as any codes file; the data
+    stays in the shards. Written like `CodeWriter` writes: under the lock, atomically."""
+    path = Path(path)
+    shards = [Path(shard) for shard in shards]
+    if not shards:
+        raise CodeFileError(f"no shards to combine into {path}")
+    for shard in shards:
+        if shard.parent.resolve() != path.parent.resolve():
+            raise CodeFileError(f"shard {shard} is not beside {path}; a sharded file reads shards from its own directory")
+    readers = [CodeFile(shard) for shard in shards]
+    same = ("n_heads", "model_config", "checkpoint_sha256", "task_config", "selector", "score", "source", "seed")
+    for reader in readers[1:]:
+        differ = [key for key in same if reader.attrs.get(key) != readers[0].attrs.get(key)]
+        if reader.heads_of != readers[0].heads_of:
+            differ.append("sites")
+        if (reader.label_names, reader.extra_names, reader.has_prediction, reader.has_target) != (
+                readers[0].label_names, readers[0].extra_names, readers[0].has_prediction, readers[0].has_target):
+            differ.append("per-example arrays")
+        if differ:
+            raise CodeFileError(f"shards {shards[0]} and {reader.path} differ in {differ}; the shards of one file "
+                                "come from one extraction")
+    lock = ExclusiveLock(path, wait=wait_for_lock, purpose="writing latent codes",
+                         hint="wait until it has finished or choose another path").acquire()
+    temporary = None
+    try:
+        check_replaceable(path)
+        exists = path.exists()
+        if exists and not overwrite:
+            raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it, or choose another path")
+        remove_dead_temporaries(path)
+        temporary = new_temporary_file(path)
+        if exists:  # the rename must not change who may read the file
+            os.chmod(temporary, stat.S_IMODE(os.stat(path).st_mode))
+        with contextlib.ExitStack() as stack:
+            sources = [stack.enter_context(h5py.File(shard, "r")) for shard in shards]
+            out = stack.enter_context(h5py.File(temporary, "w"))
+            _write_virtual(out, shards, sources, readers, mode="overwrite" if exists else "new")
+        check_replaceable(path)  # a link planted while we wrote is not replaced either
+        os.replace(temporary, path)
+        temporary = None
+    except OSError as error:
+        if error.errno is None or isinstance(error, LatentcodeError):
+            raise
+        raise write_error(error, path) from None
+    finally:
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
+        lock.release()
+    return path
+
+
+def _write_virtual(out: h5py.File, shards: list[Path], sources: list[h5py.File], readers: list[CodeFile],
+                   mode: str) -> None:
+    first = sources[0]
+    counts = [len(reader) for reader in readers]
+    bounds = np.cumsum([0, *counts]).tolist()
+    for key, value in first.attrs.items():
+        out.attrs[key] = value
+    out.attrs["splits"] = json.dumps(list(dict.fromkeys(name for reader in readers for name in reader.splits)))
+    out.attrs["shards"] = json.dumps([{"file": shard.name, "rows": [bounds[i], bounds[i + 1]]}
+                                      for i, shard in enumerate(shards)])
+    for group in ("codes", "labels", "extra"):
+        out.create_group(group)
+    names = ["split", *(f"codes/{site.name}" for site in readers[0].sites),
+             *(f"labels/{label}" for label in readers[0].label_names),
+             *(f"extra/{extra}" for extra in readers[0].extra_names),
+             *(name for name in ("prediction", "target") if name in first)]
+    for name in names:
+        row_shapes = {source[name].shape[1:] for source in sources}
+        dtypes = {source[name].dtype for source in sources}
+        if len(row_shapes) != 1 or len(dtypes) != 1:
+            raise CodeFileError(f"/{name} differs between the shards (rows {sorted(map(list, row_shapes))}, dtypes "
+                                f"{sorted(map(str, dtypes))}); the shards of one file come from one extraction")
+        layout = h5py.VirtualLayout(shape=(bounds[-1], *first[name].shape[1:]), dtype=first[name].dtype)
+        for shard, source, start, stop in zip(shards, sources, bounds, bounds[1:], strict=False):
+            # The bare file name: HDF5 looks for it beside the virtual file, wherever the pair moves.
+            layout[start:stop] = h5py.VirtualSource(shard.name, name, shape=source[name].shape,
+                                                    dtype=source[name].dtype)
+        dataset = out.create_virtual_dataset(name, layout)
+        for key, value in first[name].attrs.items():
+            dataset.attrs[key] = value
+    entry = readers[0].writes[-1]
+    entry = {**entry, "rows": [0, bounds[-1]], "splits": json.loads(out.attrs["splits"]), "mode": mode,
+             "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+             "shards": [shard.name for shard in shards]}
+    out.create_dataset("provenance", data=np.asarray([_json(entry)], dtype=object), dtype=h5py.string_dtype(),
+                       maxshape=(None,), chunks=(64,))

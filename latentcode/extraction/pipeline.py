@@ -9,12 +9,28 @@ prediction at the last `task.n_recorded_predictions` prediction positions, the t
 and any extra arrays passed. For SRAVEN, when all sites share one query position among the last M
 tokens, the label `rule` is added: the rule that governs that query position (what the paper
 decodes).
+
+Sharded: launched as several processes (`torchrun --nproc_per_node 2 ...` or `accelerate launch`;
+the launcher's RANK and WORLD_SIZE, or a running torch.distributed process group, say so), each
+process records a contiguous share of the batches, rank by rank, into its own shard
+`OUT.shard-RANK-of-WORLD.h5` beside `out`; after all have finished, rank 0 writes `out` as one codes
+file of virtual datasets over the shards (`latentcode.store.write_sharded_file`). Batch `i` is drawn
+from `(seed, i)` whichever process records it, so the file equals a one-process extraction row for
+row. A failure in any process is raised in every process.
+
+    torchrun --standalone --nproc_per_node 2 -m latentcode.cli -- extract RUN --n 8192 --out codes.h5
+
+(`--`: torchrun would take extract's `--n` for an abbreviation of its own options; `--standalone`
+picks a free port.) On CPU `accelerate launch` starts one process unless it is told to use MPI;
+torchrun starts several.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,12 +39,71 @@ import numpy as np
 import torch
 from torch import nn
 
-from latentcode.errors import UsageError
+from latentcode.errors import LatentcodeError, UsageError
 from latentcode.extraction.recorder import Recorder
 from latentcode.extraction.sites import MAX_ALL_PAIRS, Selector, SiteError, parse_selector
 from latentcode.rundir import RunDirectory, RunRecord
-from latentcode.store import DEFAULT_COMPRESSION, CodeWriter, Site, check_compression
+from latentcode.store import (
+    DEFAULT_COMPRESSION,
+    CodeWriter,
+    Site,
+    check_compression,
+    shard_path,
+    write_sharded_file,
+)
 from latentcode.tasks import Batch, Task, eval_seed, get_task
+
+
+class ShardFailed(LatentcodeError):
+    """Another process of a sharded extraction failed; says which and why."""
+
+
+def distributed_position() -> tuple[int, int]:
+    """(rank, world size) of this process among the processes of one launch: torch.distributed's
+    when a process group is running, else what torchrun and accelerate launch set in the
+    environment (RANK, WORLD_SIZE), else (0, 1)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    world_size, rank = os.environ.get("WORLD_SIZE", "1"), os.environ.get("RANK", "0")
+    try:
+        world_size, rank = int(world_size), int(rank)
+    except ValueError:
+        raise UsageError(f"the environment sets WORLD_SIZE={world_size!r} and RANK={rank!r}; expected integers, "
+                         "as torchrun and accelerate launch set them") from None
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise UsageError(f"the environment sets WORLD_SIZE={world_size} and RANK={rank}; expected "
+                         "0 <= RANK < WORLD_SIZE")
+    return rank, world_size
+
+
+@contextlib.contextmanager
+def _process_group():
+    """The default torch.distributed process group: the running one, else one started here from the
+    launcher's environment (gloo: only small Python objects pass through it) and ended on leaving."""
+    distributed = torch.distributed
+    if distributed.is_initialized():
+        yield
+        return
+    if not distributed.is_available():
+        raise UsageError("a sharded extraction needs torch.distributed, which this torch build lacks")
+    distributed.init_process_group("gloo")
+    try:
+        yield
+    finally:
+        distributed.destroy_process_group()
+
+
+def _raise_if_any_failed(error: BaseException | None, what: str) -> None:
+    """Every process says whether its step failed; a failure anywhere is raised everywhere (the
+    process that failed raises its own error), so that no process goes on, or waits, alone."""
+    distributed = torch.distributed
+    messages: list[str | None] = [None] * distributed.get_world_size()
+    distributed.all_gather_object(messages, None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    for rank, message in enumerate(messages):
+        if message:
+            raise ShardFailed(f"process {rank} of {len(messages)} failed {what}: {message}")
 
 
 def sha256_of_file(path: Path) -> str:
@@ -182,21 +257,56 @@ def extract(
         "seed": seed,
     }
     model.eval()
-    batches = range(math.ceil(n / batch_size))
-    with CodeWriter(out, sites, n_heads, metadata, append=append, overwrite=overwrite, compression=compression,
-                    wait_for_lock=wait_for_lock) as writer:
-        if progress:  # only once the writer has accepted `out`, so a refusal prints no bar
-            from tqdm.auto import tqdm
 
-            batches = tqdm(batches, desc=f"extract {split}", unit="batch")
-        with recorder, torch.no_grad():
-            for index in batches:
-                start = index * batch_size
-                size = min(batch_size, n - start)
-                batch = task.sample(size, split, seed=(seed, index), variant=variant)
-                record_batch(model, task, batch, recorder, writer, sites,
-                             {name: np.asarray(values)[start : start + size] for name, values in (extra or {}).items()})
-    return Path(out)
+    def record(path: Path | str, batches: range, append: bool, progress: bool) -> None:
+        with CodeWriter(path, sites, n_heads, metadata, append=append, overwrite=overwrite, compression=compression,
+                        wait_for_lock=wait_for_lock) as writer:
+            if progress:  # only once the writer has accepted `path`, so a refusal prints no bar
+                from tqdm.auto import tqdm
+
+                batches = tqdm(batches, desc=f"extract {split}", unit="batch")
+            with recorder, torch.no_grad():
+                for index in batches:
+                    start = index * batch_size
+                    size = min(batch_size, n - start)
+                    batch = task.sample(size, split, seed=(seed, index), variant=variant)
+                    record_batch(model, task, batch, recorder, writer, sites, {
+                        name: np.asarray(values)[start : start + size] for name, values in (extra or {}).items()})
+
+    n_batches = math.ceil(n / batch_size)
+    rank, world_size = distributed_position()
+    if world_size == 1:
+        record(out, range(n_batches), append, progress)
+        return Path(out)
+
+    out = Path(out)
+    if append:
+        raise UsageError(f"append=True (--append) with {world_size} processes: a sharded file cannot be appended to; "
+                         "extract into a new file")
+    if out.exists() and not overwrite:  # every process refuses alike, before any of them waits for another
+        raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it, or choose "
+                              "another path")
+
+    def share(of_rank: int) -> range:  # contiguous batches; a rank left without any writes no shard
+        return range(of_rank * n_batches // world_size, (of_rank + 1) * n_batches // world_size)
+
+    shards = [shard_path(out, of_rank, world_size) for of_rank in range(world_size) if share(of_rank)]
+    with _process_group():
+        error = None
+        try:
+            if share(rank):
+                record(shard_path(out, rank, world_size), share(rank), False, progress and rank == 0)
+        except Exception as failure:  # noqa: BLE001 - raised below, in every process
+            error = failure
+        _raise_if_any_failed(error, "recording its shard")
+        error = None
+        if rank == 0:
+            try:
+                write_sharded_file(out, shards, overwrite=overwrite, wait_for_lock=wait_for_lock)
+            except Exception as failure:  # noqa: BLE001 - raised below, in every process
+                error = failure
+        _raise_if_any_failed(error, f"writing {out} over the shards")
+    return out
 
 
 def record_batch(
@@ -209,12 +319,13 @@ def record_batch(
     extra: Mapping[str, np.ndarray] | None = None,
 ) -> None:
     """One forward pass under `recorder` (call under torch.no_grad) and one append to `writer`."""
-    output = model(torch.from_numpy(batch.x))
+    device = next(model.parameters()).device
+    output = model(torch.from_numpy(batch.x).to(device))
     writer.append(
         codes=recorder.pop(),
         labels={**batch.labels, **task.derived_labels(batch, sites)},
         split=batch.split,
-        prediction=output[:, -task.n_recorded_predictions:, :].float().numpy(),
+        prediction=output[:, -task.n_recorded_predictions:, :].float().cpu().numpy(),
         target=batch.y,
         extra=extra,
     )
