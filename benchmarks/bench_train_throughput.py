@@ -31,8 +31,9 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; preset {args.preset}, batch 128, "
           f"{args.steps} steps, rate logged every {args.log_every} steps")
     for attention in args.attention:
+        # the paper's model (the tiny scale shrinks it); steps, cadence and evaluation set here
         config = build_train_config(
-            args.preset, "tiny", attention, n_train_instances=args.steps * 128, warmup_steps=args.steps // 10,
+            args.preset, "paper", attention, n_train_instances=args.steps * 128, warmup_steps=args.steps // 10,
             log_every=args.log_every, eval_every=10**9, checkpoint_every=10**9, eval_instances=128,
         )
         with tempfile.TemporaryDirectory() as directory:

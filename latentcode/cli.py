@@ -363,9 +363,10 @@ def _train(subparsers: argparse._SubParsersAction) -> None:
     def epilog() -> str:  # built when help is printed: the preset table imports the tasks
         from latentcode.training.presets import describe_presets
 
-        return ("presets:\n" + describe_presets() + "\n\nscales: tiny (smoke test), demo (a few minutes), cpu (under an "
-                "hour on 2 CPU cores), paper (the paper's budget)\n\nexamples:\n  latentcode train --preset fuzzy_logic "
-                "--attention hyla --scale cpu --out runs/fuzzy-hyla\n  latentcode train --resume runs/fuzzy-hyla")
+        return ("presets:\n" + describe_presets() + "\n\nscales: tiny (smoke test: a small model, a few dozen steps, "
+                "seconds), demo (a few minutes), cpu (under an hour on 2 CPU cores), paper (the paper's budget)"
+                "\n\nexamples:\n  latentcode train --preset fuzzy_logic --attention hyla --scale cpu --out runs/fuzzy-hyla"
+                "\n  latentcode train --resume runs/fuzzy-hyla")
 
     parser = subparsers.add_parser(
         "train",

@@ -137,6 +137,8 @@ class FuzzyLogic(Task):
         paper_grid={"learning_rate": [1e-3, 3e-3], "weight_decay": [0.03, 0.1], "warmup_steps": [100]},
         # 70% of term pairs held out, as the paper's Table A1 column.
         shipped={"frac_test": 0.7},
+        # tiny is a smoke test: the paper's 8 heads of width 2 in 2 layers, on a residual stream of 32.
+        scales={"tiny": {"d_model": 32, "d_mlp": 64}},
     )
 
     def __init__(

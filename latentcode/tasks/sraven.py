@@ -228,6 +228,9 @@ class SRaven(Task):
                     "n_layers": [4, 8, 16], "width_factor": [1, 2, 4]},
         # A 2-core CPU budget leaves a model of the permuted task near chance (models/README.md).
         shipped={"variant": "unpermuted"},
+        # tiny is a smoke test: a small model (heads of the paper's width 4) whose step takes a fraction
+        # of a second on one thread, not the paper's 4 layers of d_model 128.
+        scales={"tiny": {"n_layers": 2, "d_model": 32, "n_heads": 4, "kqv_dim": 16, "d_mlp": 64}},
     )
 
     def __init__(

@@ -5,7 +5,8 @@ paper's grid); `PAPER_GRIDS` lists the values the paper searched, which `latentc
 paper` runs. A scale sets the number of training instances (and the evaluation and checkpoint
 cadence to match):
 
-- `tiny`: a few dozen steps, for tests and smoke runs;
+- `tiny`: a few dozen steps of a small model (d_model 32; each task's `TrainingSetup.scales`),
+  for tests and smoke runs, a step well under a second on one thread;
 - `demo`: a few minutes per model on 2 CPU cores (`latentcode demo --train`);
 - `cpu`: a meaningful result in under an hour on 2 CPU cores;
 - `paper`: the paper's full budget (fuzzy logic 50,000 steps of 128; SRAVEN 20 million instances).

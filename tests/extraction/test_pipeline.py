@@ -76,7 +76,7 @@ def test_append_and_schema_mismatch(sraven_run, tmp_path):
     latentcode.extract(sraven_run.path, split="ood", n=50, out=out, batch_size=64, progress=False)
     latentcode.extract(sraven_run.path, split="test", n=30, out=out, batch_size=64, append=True, progress=False)
     codes = CodeFile(out)
-    assert len(codes) == 80 and codes.splits == ["ood", "test"] and codes.codes(codes.sites[0], "test").shape == (30, 16)
+    assert len(codes) == 80 and codes.splits == ["ood", "test"] and codes.codes(codes.sites[0], "test").shape == (30, 4)  # tiny SRAVEN: 4 heads
     with pytest.raises(CodeFileError, match="sites differ"):
         latentcode.extract(sraven_run.path, selector="0:-1:-1", split="test", n=10, out=out, append=True, progress=False)
     with pytest.raises(FileExistsError, match="already exists; pass append=True"):

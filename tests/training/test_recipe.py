@@ -72,6 +72,16 @@ def test_presets_follow_the_paper_and_scale_the_instances():
     assert tiny.steps < 50 and "tiny" in tiny.scale and "capped" in tiny.notes["warmup"]
 
 
+@pytest.mark.parametrize("preset", ["fuzzy_logic", "sraven", "language"])
+def test_the_tiny_scale_builds_a_small_model_the_user_can_still_override(preset):
+    """tiny is a smoke test: SRAVEN's tiny scale built the paper's 4 layers of d_model 128 (issue 24)."""
+    model = build_train_config(preset, "tiny", "hyla").model_config()
+    assert model.n_layers <= 2 and model.d_model <= 32 and model.d_mlp <= 64 and model.kqv_dim <= 16
+    assert build_train_config(preset, "tiny", "hyla", d_model=48).model_config().d_model == 48
+    paper = build_train_config(preset, "paper", "hyla").model_config()
+    assert paper.d_model == 128, "only tiny shrinks the model"
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
