@@ -1,0 +1,181 @@
+"""One command for a machine with a GPU: time the GPU paths and check what only a GPU runs.
+
+    python benchmarks/gpu_check.py [--steps 60] [--n 8192]
+
+Where CUDA is present it prints, on the first CUDA device:
+
+1. train step: the paper's SRAVEN HYLA model (4 layers, d_model 128, 16 heads) trained `--steps`
+   steps of batch 128 in bf16 through the accelerate loop (`mixed_precision="bf16"`): median
+   instances per second and milliseconds per step (first logged interval left out);
+2. extraction: `latentcode.extract` of the shipped sraven-hyla on `--n` OOD instances at the
+   sraven-rule sites on CUDA, its wall time, and the largest difference from the same codes
+   extracted on CPU;
+3. intervention: the same instances through `Intervention(model, ZeroAblate(), "sraven-rule")`,
+   its time beside a bare forward pass;
+4. fused SDPA kernels: a model of the paper's sizes whose attention calls
+   `F.scaled_dot_product_attention`, recorded (`TorchAttentionSource`, detected) under the fused
+   kernels (flash, memory-efficient) and under the math kernel, in float32 and bfloat16: codes
+   that differ by more than the dtype's tolerance, or a recording that changes the model's
+   output, fail the check (exit status 1). (Our own models record on their full path: a hook on
+   the pattern turns their SDPA path off.)
+
+Without CUDA it prints that it skipped and exits 0 (`--device cpu` runs it anyway, to try it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}  # max |fused - reference| of a latent code
+
+
+def timed(function, repeats: int = 3) -> float:
+    """Median wall seconds of `function()`, the device synchronized around each call."""
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize() if torch.cuda.is_available() else None
+        start = time.perf_counter()
+        function()
+        torch.cuda.synchronize() if torch.cuda.is_available() else None
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def train_step(steps: int) -> None:
+    import latentcode
+    from latentcode.training import build_train_config
+
+    config = build_train_config("sraven", "paper", "hyla", n_train_instances=steps * 128, warmup_steps=steps // 10,
+                                log_every=10, eval_every=10**9, checkpoint_every=10**9, eval_instances=128,
+                                mixed_precision="bf16")
+    with tempfile.TemporaryDirectory() as directory:
+        run = latentcode.train(config, Path(directory) / "run", progress=False)
+        rates = [record["instances_per_second"] for record in run.metrics("train")][1:]
+    rate = statistics.median(rates)
+    print(f"train step  sraven paper hyla, bf16, batch 128: {rate:.0f} instances/s, {128e3 / rate:.1f} ms/step "
+          f"(median of {len(rates)} intervals of 10 steps)")
+
+
+def extraction_and_intervention(device: str, n: int) -> None:
+    import latentcode
+    from latentcode.extraction.pipeline import resolve_model
+    from latentcode.intervention import Intervention
+    from latentcode.intervention.edits import ZeroAblate
+    from latentcode.store import CodeFile
+    from latentcode.tasks import eval_seed, get_task
+
+    model, info = resolve_model(ROOT / "models" / "sraven-hyla")
+    task_config = info["task_config"]
+    with tempfile.TemporaryDirectory() as directory:
+        cpu = latentcode.extract(model, task_config, "sraven-rule", "ood", n=min(n, 1024), out=Path(directory) / "cpu.h5",
+                                 progress=False)
+        model.to(device)
+        paths = iter(Path(directory) / f"gpu{i}.h5" for i in range(10))
+        seconds = timed(lambda: latentcode.extract(model, task_config, "sraven-rule", "ood", n=n, out=next(paths),
+                                                   progress=False))
+        on_cpu, on_gpu = CodeFile(cpu), CodeFile(Path(directory) / "gpu0.h5")
+        difference = max(float(np.abs(on_cpu.codes(site) - on_gpu.codes(site)[:len(on_cpu)]).max()) for site in on_cpu.sites)
+    print(f"extraction  sraven-hyla, {n} OOD instances, sraven-rule sites: {seconds:.2f} s ({n / seconds:.0f}/s); "
+          f"codes vs CPU: max |difference| {difference:.1e}")
+
+    task = get_task(**task_config)
+    inputs = [torch.from_numpy(task.sample(256, "ood", seed=(eval_seed("ood"), index), variant="unpermuted").x)
+              .to(device) for index in range(n // 256)]
+
+    def forward_all():
+        with torch.no_grad():
+            for x in inputs:
+                model(x)
+
+    def edited():
+        with Intervention(model, ZeroAblate(), sites="sraven-rule", task_config=task_config):
+            forward_all()
+
+    bare, edit = timed(forward_all), timed(edited)
+    print(f"intervention ZeroAblate at sraven-rule, {n} instances: {edit:.2f} s ({edit / bare:.1f}x the bare "
+          f"forward, {bare:.2f} s)")
+
+
+class SdpaTransformer(torch.nn.Module):
+    """A stand-in for a model the toolkit has never seen: pre-norm blocks whose attention is one
+    `F.scaled_dot_product_attention` call (the paper's SRAVEN sizes: 4 layers, d_model 128, 16 heads)."""
+
+    def __init__(self, d_in: int = 8, d_model: int = 128, n_heads: int = 16, n_layers: int = 4):
+        super().__init__()
+        self.n_heads, self.embed = n_heads, torch.nn.Linear(d_in, d_model)
+        self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(d_model) for _ in range(n_layers))
+        self.qkv = torch.nn.ModuleList(torch.nn.Linear(d_model, 3 * d_model) for _ in range(n_layers))
+        self.out = torch.nn.ModuleList(torch.nn.Linear(d_model, d_model) for _ in range(n_layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for norm, qkv, out in zip(self.norms, self.qkv, self.out, strict=True):
+            q, k, v = qkv(norm(h)).unflatten(-1, (3, self.n_heads, -1)).permute(2, 0, 3, 1, 4)  # [batch, head, pos, d]
+            h = h + out(torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2))
+        return h
+
+
+def fused_sdpa(device: str) -> bool:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from latentcode.extraction import Recorder
+
+    torch.manual_seed(0)
+    model = SdpaTransformer().to(device).eval()
+    x = torch.randn(256, 36, 8, device=device)
+    fused = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+    passed = True
+    for dtype in (torch.float32, torch.bfloat16):
+        model.to(dtype)
+        runs = {}
+        for kernel, backends in (("math", [SDPBackend.MATH]), ("fused", fused)):
+            try:
+                with sdpa_kernel(backends), torch.no_grad():
+                    bare = model(x.to(dtype))
+                    with Recorder(model, "*:-1:-1,*:0:0") as recorder:  # source detected: TorchAttentionSource
+                        recorded = model(x.to(dtype))
+                    runs[kernel] = (recorder.pop(), float((recorded - bare).abs().max()))
+            except RuntimeError as error:  # no kernel of the list takes these inputs on this device
+                print(f"sdpa        {str(dtype)[6:]:8s} {kernel} kernels: not available here ({str(error)[:80]})")
+        if len(runs) < 2:
+            passed = False
+            continue
+        (math_codes, _), (fused_codes, changed) = runs["math"], runs["fused"]
+        difference = max(float(np.abs(fused_codes[site] - math_codes[site]).max()) for site in math_codes)
+        ok = difference <= TOLERANCE[dtype] and changed <= TOLERANCE[dtype]
+        passed &= ok
+        print(f"sdpa        {str(dtype)[6:]:8s} codes under fused kernels vs math kernel: max |difference| "
+              f"{difference:.1e} (tolerance {TOLERANCE[dtype]:.0e}); recording changed the fused output by "
+              f"{changed:.1e} {'ok' if ok else 'FAILED'}")
+    return passed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=60, help="training steps to time (default 60)")
+    parser.add_argument("--n", type=int, default=8192, help="instances to extract and intervene on (default 8192)")
+    parser.add_argument("--device", help="run on this device even without CUDA (default: cuda, else skip)")
+    args = parser.parse_args()
+    device = args.device or "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        print(f"gpu_check: skipped: no CUDA device (torch {torch.__version__}, CUDA build {torch.version.cuda})")
+        return 0
+    name = torch.cuda.get_device_name() if device.startswith("cuda") else device
+    print(f"gpu_check on {name}, torch {torch.__version__}")
+    if device.startswith("cuda"):
+        train_step(args.steps)
+    extraction_and_intervention(device, args.n)
+    return 0 if fused_sdpa(device) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
