@@ -191,6 +191,49 @@ def check_stem_free(stem: str | Path, suffixes: Sequence[str], overwrite: bool, 
                               f"them, or choose another {flag}")
 
 
+def _gib(n_bytes: float) -> str:
+    return f"{n_bytes / 2**30:,.1f} GiB" if n_bytes < 2**40 else f"{n_bytes / 2**40:,.1f} TiB"
+
+
+def machine_memory() -> int | None:
+    """The machine's physical memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def forward_pass_bytes(batch: int, seq_len: int, model_config: Mapping) -> int:
+    """A lower bound on the memory of one forward pass of `batch` sequences: one layer's widest
+    activations `[batch, sequence, width]` and one attention tensor `[batch, head, query, key]`, float32."""
+    width = max(int(model_config.get(key) or 0) for key in ("d_in", "d_model", "d_mlp", "d_vocab", "d_out"))
+    heads = int(model_config.get("n_heads") or 1)
+    return 4 * batch * seq_len * (width + heads * seq_len)
+
+
+def check_fits_in_memory(n_bytes: int, what: str) -> None:
+    """Refuse work whose memory need (a lower bound, `what` says of what) exceeds the machine's
+    physical memory: it would fail with a traceback (numpy's "Unable to allocate 7.3 TiB") or swap."""
+    memory = machine_memory()
+    if memory is not None and n_bytes > memory:
+        raise UsageError(f"{what} needs at least {_gib(n_bytes)} of memory; this machine has {_gib(memory)}")
+
+
+def check_fits_on_disk(n_bytes: int, out: Path, compression: str, what: str) -> None:
+    """Refuse codes (`n_bytes` uncompressed; `what` says of what) that cannot fit on the disk of `out`,
+    before hours of extraction end on a full disk. Compressed codes may shrink a lot (the zeros of
+    causal patterns), so with compression only a need above ten times the free space is refused."""
+    try:
+        info = os.statvfs(out.parent)
+    except (AttributeError, OSError):
+        return
+    free = info.f_bavail * info.f_frsize
+    if n_bytes > (free if compression == "none" else 10 * free):
+        compressed = "" if compression == "none" else f" (more than ten times that, so even {compression} will not fit)"
+        raise UsageError(f"{what} need {_gib(n_bytes)} on disk; {out.parent} has {_gib(free)} free{compressed}: "
+                         "extract fewer instances or sites")
+
+
 @contextlib.contextmanager
 def _command_outputs(stem: str | Path, suffixes: Sequence[str], overwrite: bool, purpose: str) -> Iterator:
     """One command's outputs at `stem` as one set (latentcode.files.AtomicOutputs: every writer inside
@@ -673,12 +716,20 @@ def _check_extract(args: argparse.Namespace) -> None:
                          f"valid variants: {list(task_object.variants)}")
     from latentcode.extraction.sites import MAX_ALL_PAIRS, parse_selector
 
-    sites = parse_selector(args.sites, task_object).resolve(_model_config_of(run)["n_layers"], task_object.seq_len)
+    model_config = _model_config_of(run)
+    sites = parse_selector(args.sites, task_object).resolve(model_config["n_layers"], task_object.seq_len)
     if len(sites) > MAX_ALL_PAIRS:
         raise UsageError(f"--sites {args.sites!r} selects {len(sites)} sites; a codes file holds one dataset per site, "
                          f"at most {MAX_ALL_PAIRS}: select fewer (a layer, a row, a block), or sweep them with "
                          "latentcode patch")
+    batch = min(args.batch_size, args.n)
+    n_heads = int(model_config.get("n_heads") or 1)
+    check_fits_in_memory(forward_pass_bytes(batch, task_object.seq_len, model_config) + 4 * batch * len(sites) * n_heads,
+                         f"a forward pass of {batch} sequences of {task_object.seq_len} (the smaller of --n and "
+                         "--batch-size)")
     out = check_output(args.out, "--out")
+    check_fits_on_disk(4 * args.n * len(sites) * n_heads, out, args.compression,
+                       f"--n {args.n} x {len(sites)} sites x {n_heads} heads of float32 codes")
     if args.append and args.overwrite:
         raise UsageError("--append adds to --out and --overwrite replaces it: give one of them")
     if out.exists() and not (args.append or args.overwrite):
@@ -818,6 +869,14 @@ def _check_intervene(args: argparse.Namespace) -> None:
     if args.variant is not None and args.variant not in task.variants:
         raise UsageError(f"--variant {args.variant!r}: task {task.name!r} has the variants {list(task.variants)}")
     sites = parse_selector(args.sites, task).resolve(model_config["n_layers"], task.seq_len)
+    for flag, value in (("--n", args.n), ("--batch-size", args.batch_size)):
+        if value < 1:
+            raise UsageError(f"argument {flag}: expected a positive integer, got {value}")
+    # Every instance is sampled before the first pass ([n, sequence, d_in]), then passes of a batch each.
+    inputs = 4 * args.n * task.seq_len * int(model_config.get("d_in") or 1)
+    check_fits_in_memory(inputs + forward_pass_bytes(min(args.batch_size, args.n), task.seq_len, model_config),
+                         f"--n {args.n} instances (sequences of {task.seq_len}) in passes of --batch-size "
+                         f"{min(args.batch_size, args.n)}")
     if len(sites) > MAX_PER_SITE_SCOPES and not args.no_per_site:
         raise UsageError(f"--sites {args.sites!r} selects {len(sites)} sites, and intervene would measure each alone "
                          f"(more than {MAX_PER_SITE_SCOPES}); add --no-per-site to edit them together, or sweep groups "

@@ -438,6 +438,16 @@ BAD_INPUTS = [
     ("intervene-add-inf", ["intervene", "{run}", "--add", "inf,0,0,0", "--out", "{a_dir}/e"],
      "--add expects finite numbers, one per head (e.g. 0.5,0,1.2); got 'inf,0,0,0'"),
     ("intervene-set-nan", ["intervene", "{run}", "--set", "0,nan,0,0", "--out", "{a_dir}/e"], "--set expects finite numbers"),
+    # sizes whose memory or disk need exceeds the machine: refused with the estimate before any work (they gave
+    # numpy's "Unable to allocate 7.28 TiB" traceback, or ran until the disk was full)
+    ("extract-batch-needs-terabytes", [*EXTRACT[:2], "--n", "10000000000", "--batch-size", "10000000000", "--out",
+                                       "{a_dir}/c.h5"], "TiB of memory; this machine has"),
+    ("extract-codes-need-terabytes-on-disk", [*EXTRACT[:2], "--n", "1000000000000", "--sites", "*:*:*", "--out",
+                                              "{a_dir}/c.h5"], "x 2048 sites x 8 heads of float32 codes need"),
+    ("intervene-n-needs-terabytes", ["intervene", "{run}", "--zero-ablate", "all", "--n", "100000000000", "--out",
+                                     "{a_dir}/e"], "--n 100000000000 instances (sequences of 32)"),
+    ("intervene-batch-needs-terabytes", ["intervene", "{run}", "--zero-ablate", "all", "--n", "10000000000",
+                                         "--batch-size", "10000000000", "--out", "{a_dir}/e"], "TiB of memory"),
     # tasks, and the command itself
     ("ambiguity-n-0", ["tasks", "ambiguity", "--n", "0"], "argument --n: expected a positive integer, got '0'"),
     ("ambiguity-values-2", ["tasks", "ambiguity", "--values", "2"], "argument --values: expected an integer of at least 3"),
