@@ -144,6 +144,12 @@ def _why_not_writable(directory: Path) -> str:
     return "no write permission, or the directory is immutable"
 
 
+def progress_bars(args: argparse.Namespace) -> bool:
+    """Progress bars unless --quiet, and only where stderr is a terminal: piped into a file or a log,
+    a bar is a stream of carriage returns and escape codes (training prints plain lines there instead)."""
+    return not args.quiet and sys.stderr.isatty()
+
+
 def check_output(path: str | Path, flag: str, kind: str = "file") -> Path:
     """Refuse, before anything is computed, an output that cannot be written where asked.
 
@@ -746,7 +752,7 @@ def _run_extract(args: argparse.Namespace) -> None:
     task = parse_assignments(args.task, "--task") or None
     path = extract(args.run, task, args.sites, args.split, args.n, args.out, variant=args.variant, score=args.score,
                    batch_size=args.batch_size, seed=args.seed, append=args.append, overwrite=args.overwrite,
-                   progress=not args.quiet, compression=args.compression, wait_for_lock=args.wait_for_lock)
+                   progress=progress_bars(args), compression=args.compression, wait_for_lock=args.wait_for_lock)
     if os.environ.get("RANK", "0") != "0":  # a sharded extraction (torchrun, accelerate launch): rank 0 says it
         return
     codes = CodeFile(path)
@@ -924,7 +930,7 @@ def _run_intervene(args: argparse.Namespace) -> None:
         edit = ScaleHeads(args.scale, heads=heads)
     table = intervention_effects(args.run, edit, task=task, sites=args.sites, split=args.split, n=args.n,
                                  variant=args.variant, batch_size=args.batch_size, seed=args.seed,
-                                 per_site=not args.no_per_site, progress=not args.quiet)
+                                 per_site=not args.no_per_site, progress=progress_bars(args))
     import pandas
 
     columns = ["scope", "metric", "before", "after", "change"]
@@ -1014,7 +1020,7 @@ def _run_probe(args: argparse.Namespace) -> None:
     label = args.label
     probe = regress if args.ridge else decode
     table = probe(args.files, label, fit_split=args.fit_split, test_split=args.test_split, per_site=args.per_site,
-                  cv=args.cv, seed=args.seed, progress=not args.quiet)
+                  cv=args.cv, seed=args.seed, progress=progress_bars(args))
     columns = ["model", "layer", "site", "label", "metric", "value", "validation", "selected", "strongest_baseline",
                "strongest_baseline_value", "beats_baselines", "n_fit", "n_test"]
     import pandas
@@ -1130,7 +1136,8 @@ def _report(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--title", default="latentcode report")
     parser.add_argument("--patch", action="append", metavar="STEM", help="outputs of latentcode patch (STEM.csv, "
                         "STEM.json, STEM.png) to show in an Interventions section (repeatable)")
-    parser.add_argument("--out", default="report.html")
+    parser.add_argument("--out", default="report.html", help="the HTML page to write (default report.html; a name "
+                        "without .html gets it); its figures and tables go beside it, in NAME_files/")
     parser.add_argument("--overwrite", action="store_true")
     parser.add_argument("--quiet", action="store_true")
     parser.set_defaults(handler=_run_report)
@@ -1160,6 +1167,8 @@ def _check_report(args: argparse.Namespace) -> None:
         label = _default_label(code_files, args.label)
         for code_file in code_files:
             check_label(code_file, label, "--label")
+    if Path(args.out).suffix.lower() not in (".html", ".htm") and not Path(args.out).is_dir():
+        args.out += ".html"  # as build_report names it: a page a browser opens
     out = check_output(args.out, "--out")
     if out.exists() and not args.overwrite:
         raise FileExistsError(f"--out {out} already exists; add --overwrite to replace it, or choose another --out")
@@ -1175,7 +1184,7 @@ def _run_report(args: argparse.Namespace) -> None:
     report = build_report(args.runs, args.codes or (), args.out, label=args.label, fit_split=args.fit_split,
                           test_split=args.test_split, methods=tuple(args.method or ["tsne"]),
                           max_points=args.max_points, title=args.title, overwrite=args.overwrite,
-                          progress=not args.quiet, patches=args.patch or ())
+                          progress=progress_bars(args), patches=args.patch or ())
     print(f"report: {report.path.resolve()}")
     for line in report.headline():
         print("  " + line)
@@ -1188,11 +1197,13 @@ def _demo(subparsers: argparse._SubParsersAction) -> None:
         "demo",
         help="the main job: models, latent codes, decoding, plots and a report, in a few minutes",
         description="Take softmax, linear and HYLA models (the checkpoints shipped in models/, or --train new ones), "
-        "extract their latent codes on in-distribution and OOD tasks, decode the sub-task (SRAVEN rule / fuzzy-logic "
-        "terms), draw tSNE plots and the mean-code heatmap, write an HTML report and print the headline numbers.",
+        "extract their latent codes on in-distribution and OOD tasks (language: training and validation text), decode "
+        "the sub-task (SRAVEN rule / fuzzy-logic terms / the class of the query byte), draw tSNE plots and the "
+        "mean-code heatmap, write an HTML report and print the headline numbers.",
     )
     parser.add_argument("--task", default=None,
-                        help="fuzzy_logic (default) or sraven; both start from the checkpoints shipped in models/")
+                        help="fuzzy_logic (default), sraven or language; each starts from the checkpoints shipped in "
+                        "models/")
     parser.add_argument("--train", action="store_true", help="train the models here instead of using the shipped ones")
     parser.add_argument("--models", metavar="DIR", help="the directory of the shipped checkpoints (default: found "
                         "beside the source, or installed with the package; or $LATENTCODE_MODELS)")

@@ -18,6 +18,7 @@ Everything goes into a new directory (an existing one is never overwritten: `lat
 from __future__ import annotations
 
 import shutil
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -64,6 +65,7 @@ def run_demo(
     train: train the models here at `scale` instead of using the shipped checkpoints
         (`model_overrides`, e.g. {"n_layers": 1}, shrink them for tests).
     n_codes: instances per split whose latent codes are extracted.
+    progress: say what is done; bars where stderr is a terminal, training's log lines elsewhere.
     models_dir: the directory of the shipped checkpoints (default: found, see `latentcode.shipped`).
     checkpoints: which shipped trio: None for the task's default one, "permuted" for SRAVEN's
         models trained on the permuted task (`models/sraven-permuted-*`).
@@ -86,6 +88,8 @@ def run_demo(
     out = fresh_directory(Path(out))
     out.mkdir(parents=True)
     say = print if progress else (lambda *args, **kwargs: None)
+    # Bars only on a terminal: piped, they are carriage returns and escape codes (training prints lines).
+    bars = progress and sys.stderr.isatty()
     say(f"latentcode demo: {task}, models {', '.join(attentions)} -> {out}")
 
     run_dirs = []
@@ -108,7 +112,7 @@ def run_demo(
         batch_size = latentcode.Run(run_dir).config.eval_batch_size
         for index, split in enumerate(("train", held_out)):
             latentcode.extract(run_dir, selector=selector, split=split, n=n_codes, out=codes, variant=variant,
-                               batch_size=batch_size, append=index > 0, progress=progress)
+                               batch_size=batch_size, append=index > 0, progress=bars)
         say(f"  {attention}: latent codes of {n_codes} train + {n_codes} {held_out} instances -> {codes}")
 
     first_run = latentcode.Run(run_dirs[0])  # the variant the models were trained on (None: the task's default)
@@ -120,7 +124,7 @@ def run_demo(
              "describes their original training, not this demo, which extracted their latent codes and computed "
              "everything else."]
     report = build_report(run_dirs, out=out / "report.html", fit_split="train", test_split=held_out,
-                          max_points=max_points, title=title, progress=progress, notes=notes)
+                          max_points=max_points, title=title, progress=bars, notes=notes)
     minutes = (time.perf_counter() - started) / 60
     print(f"\nreport: {report.path.resolve()}  ({minutes:.1f} min)")
     print(f"  {report.context}")

@@ -33,6 +33,19 @@ def test_demo_runs_end_to_end_at_tiny_scale(tmp_path, task, capsys):
     assert trained["variant"] == expected_variant and expected_task.items() <= trained["task"].items()
 
 
+def test_demo_help_names_every_demo_task(capsys):
+    """`demo --help` named fuzzy_logic and sraven, not language (issue 24)."""
+    from latentcode.cli import main
+    from latentcode.tasks import task_class, task_names
+
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
+    for name in task_names():
+        if task_class(name).training_setup is not None:
+            assert name in text
+
+
 @pytest.mark.slow
 def test_language_demo_reads_the_validation_bytes(tmp_path, capsys):
     """Language has no `ood` split: the demo reads and scores its held-out split, `validation`."""

@@ -172,7 +172,8 @@ def build_report(
     notes: Sequence[str] = (),
     patches: Sequence[str | Path] = (),
 ) -> Report:
-    """Write the report to `out` (figures and tables beside it in `<out stem>_files/`).
+    """Write the report to `out` (figures and tables beside it in `<out stem>_files/`); a name
+    without an .html (or .htm) suffix gets .html, so that a browser opens it.
 
     patches: path stems written by `latentcode patch` (STEM.csv, STEM.json, STEM.png): an
         'Interventions' section shows where patching codes transferred the donor's sub-task.
@@ -181,6 +182,8 @@ def build_report(
         checkpoints whose training happened elsewhere (`latentcode demo` says so).
     """
     out = Path(out)
+    if out.suffix.lower() not in (".html", ".htm") and not out.is_dir():
+        out = out.with_name(out.name + ".html")
     if out.is_dir():
         raise ReportError(f"out={str(out)!r} is a directory; expected the path of the HTML file to write")
     check_replaceable(out, "out")

@@ -1,6 +1,7 @@
 """The analysis commands: probe, plot, heatmap, samples, report (on synthetic codes files)."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,25 @@ def test_report_from_codes_files_alone(two_models, tmp_path, capsys):
     assert "Decoding the sub-task" in page and "softmax" in page and "hyla" in page
     assert main(["report", "--codes", str(two_models[0]), "--out", str(out)]) == 2, "never overwrites"
     assert "already exists" in capsys.readouterr().err
+
+
+def test_progress_bars_only_where_stderr_is_a_terminal(two_models, capsys, monkeypatch):
+    """Piped, a tqdm bar filled logs with carriage returns and escape codes (issue 24)."""
+    assert main(["probe", str(two_models[0]), "--label", "rule"]) == 0
+    assert capsys.readouterr().err == "", "stderr is captured here, not a terminal: no bar"
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(["probe", str(two_models[0]), "--label", "rule"]) == 0
+    assert "decode rule" in capsys.readouterr().err, "on a terminal, the bar"
+
+
+def test_report_out_without_a_suffix_writes_an_html_page(two_models, tmp_path, capsys):
+    """`--out NAME` wrote an HTML page named NAME, which a browser does not open as one (issue 24)."""
+    assert main(["report", "--codes", str(two_models[0]), "--out", str(tmp_path / "mine"), "--max-points", "40",
+                 "--quiet"]) == 0
+    assert (tmp_path / "mine.html").read_text().startswith("<!DOCTYPE html>") and not (tmp_path / "mine").exists()
+    assert (tmp_path / "mine.html").resolve().as_posix() in capsys.readouterr().out
+    assert main(["report", "--codes", str(two_models[0]), "--out", str(tmp_path / "mine")]) == 2
+    assert "mine.html already exists" in capsys.readouterr().err, "checked under the name it writes"
 
 
 
