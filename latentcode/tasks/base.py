@@ -191,7 +191,10 @@ class Task(abc.ABC):
     name: ClassVar[str]
     splits: ClassVar[tuple[str, ...]]
     variants: ClassVar[tuple[str, ...]]  # the first one is the default
-    label_names: ClassVar[tuple[str, ...]]
+    label_names: ClassVar[tuple[str, ...]]  # the labels of every batch (`Batch.labels`)
+    # Labels a codes file gains at extraction from the sites recorded (`derived_labels`), not in a
+    # batch: e.g. SRAVEN's `rule`, the rule of the sites' common query position.
+    derived_label_names: ClassVar[tuple[str, ...]] = ()
     objective: ClassVar[str]  # "regression" or "classification"
     analysis: ClassVar[AnalysisDefaults]
     training_setup: ClassVar[TrainingSetup | None] = None  # None: no `latentcode train` preset
@@ -279,7 +282,8 @@ class Task(abc.ABC):
 
     def derived_labels(self, batch: Batch, sites: Sequence) -> dict[str, np.ndarray]:
         """Labels that depend on the recorded sites (objects with ``.query`` and ``.key``), e.g.
-        the rule of the sites' common query position; added to the codes file beside ``labels``."""
+        the rule of the sites' common query position; added to the codes file beside ``labels``.
+        Their names are in `derived_label_names` (or `label_names`, recomputed at another query)."""
         return {}
 
     def value_names(self) -> dict[str, list[str]]:

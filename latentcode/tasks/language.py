@@ -113,6 +113,8 @@ class Language(Task):
     variants = ("plain",)
     label_names = ("window_start", "query_byte", "query_class", "target_class", "previous_occurrence",
                    "previous_space", "previous_newline")
+    # added to a codes file at extraction where every site shares one key (`derived_labels`)
+    derived_label_names = ("key_class", "key_is_previous_occurrence", "key_is_same_byte")
     objective = "classification"
     # The last token's row of codes over the recent keys; decoded: what kind of byte it is.
     analysis = AnalysisDefaults(selector="last-recent", variant="plain", probe_label="query_class",

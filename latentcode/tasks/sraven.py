@@ -207,6 +207,9 @@ class SRaven(Task):
     splits = ("train", "test", "ood")
     variants = ("permuted", "unpermuted")
     label_names = ("rules", "column_permutations", "targets", "query_rule", "task_index")
+    # `rule` [n]: the rule of the sites' common query position, added to a codes file at extraction
+    # (`derived_labels`); what the paper decodes.
+    derived_label_names = ("rule",)
     objective = "classification"
     # The paper's analysis: the last query token attending to the same feature in the two context
     # panels of the last row (`sraven-rule`), on unpermuted instances, where position j of every

@@ -167,3 +167,19 @@ def test_tasks_package_imports_no_torch():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
     )
     assert result.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("name", task_names())
+def test_labels_added_at_extraction_are_named_by_the_task(name):
+    """`task.label_names` did not show SRAVEN's `rule`, the label the README decodes (issue 24)."""
+    from types import SimpleNamespace
+
+    task = get_task(name, **({"seq_len": 64} if name == "language" else {}))
+    batch = task.sample(8, task.splits[0], seed=0)
+    assert set(batch.labels) == set(task.label_names)
+    assert not set(task.derived_label_names) & set(task.label_names)
+    for requests in task.selectors().values():
+        sites = [SimpleNamespace(query=query % task.seq_len, key=key % task.seq_len) for _, query, key in requests]
+        assert set(task.derived_labels(batch, sites)) <= set(task.derived_label_names) | set(task.label_names)
+    if name == "sraven":
+        assert task.derived_label_names == ("rule",)
