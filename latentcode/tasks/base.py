@@ -440,7 +440,8 @@ def enumerate_combinations(
 
 
 def hold_out_combinations(
-    combinations: np.ndarray, n_held_out: int, rng: np.random.Generator, *, what: str, parts: str
+    combinations: np.ndarray, n_held_out: int, rng: np.random.Generator, *, what: str, parts: str,
+    strata: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Split the rows of ``combinations`` ``[count, k]`` into kept and held-out row indices.
 
@@ -448,7 +449,12 @@ def hold_out_combinations(
     combinations are new compositions of known parts. The rows are visited in a random order
     drawn from ``rng``: a row is reserved for the kept set when it contains an item no earlier
     reserved row contains (a greedy cover); the first ``n_held_out`` unreserved rows in that
-    order are held out and the rest are kept. Returns sorted ``(kept, held_out)`` indices.
+    order are held out and the rest are kept. With ``strata`` (``[count]``, a label per row, e.g.
+    how hard the combination is), the held-out rows are drawn stratum by stratum, as many from each
+    as its share of the rows (largest remainders; a stratum short of unreserved rows passes its
+    quota on, in that order), so that the held-out set has the mix of the whole; without it, the
+    draw is exactly as it always was (the splits of trained models depend on it).
+    Returns sorted ``(kept, held_out)`` indices.
     Raises a ValueError, naming the setting ``what`` and the items ``parts`` (e.g. "rules"),
     when too few rows are left for the cover.
     """
@@ -473,6 +479,28 @@ def hold_out_combinations(
     is_reserved = np.zeros(count, dtype=bool)
     is_reserved[reserved] = True
     unreserved_in_order = order[~is_reserved[order]]
-    held_out = np.sort(unreserved_in_order[:n_held_out])
+    if strata is None:
+        held_out = np.sort(unreserved_in_order[:n_held_out])
+    else:
+        held_out = np.sort(_stratified(unreserved_in_order, np.asarray(strata), n_held_out))
     kept = np.setdiff1d(np.arange(count), held_out)
     return kept, held_out
+
+
+def _stratified(candidates: np.ndarray, strata: np.ndarray, n_held_out: int) -> np.ndarray:
+    """The first rows of ``candidates`` (row indices in draw order) of each stratum, as many of a
+    stratum as its share of all rows ``strata`` allots (largest remainders), ``n_held_out`` in all."""
+    labels, sizes = np.unique(strata, return_counts=True)
+    shares = n_held_out * sizes / sizes.sum()
+    quotas = np.floor(shares).astype(int)
+    for index in np.argsort(-(shares - quotas), kind="stable")[: n_held_out - quotas.sum()]:
+        quotas[index] += 1
+    available = np.array([(strata[candidates] == label).sum() for label in labels])
+    short = np.maximum(quotas - available, 0).sum()
+    quotas = np.minimum(quotas, available)
+    for index in np.argsort(-(shares - quotas), kind="stable"):  # a short stratum's quota goes to the others
+        extra = min(short, available[index] - quotas[index])
+        quotas[index] += extra
+        short -= extra
+    chosen = [candidates[strata[candidates] == label][:quota] for label, quota in zip(labels, quotas, strict=True)]
+    return np.concatenate(chosen)

@@ -25,6 +25,11 @@ Drawn from ``np.random.default_rng([seed, SPLIT_STREAM])`` (the task's own seed 
 ``round_half_up(frac_ood * count)`` multisets are held out as ``ood``, chosen so that every rule
 still occurs in a training multiset (``base.hold_out_combinations``; a split where that is
 impossible is refused). ``train`` and ``test`` draw fresh instances from the other multisets.
+``hold_out`` says how the held-out multisets are drawn after that cover: ``"greedy"`` (default,
+the split every trained model used) takes them in the random order, which, as the cover keeps the
+rarer rules in training, holds out mostly multisets of progressions (task seed 0, M = 2: 6 of 9);
+``"stratified"`` takes from each number of stepless rules (sum, difference, distribute_three: the
+hard ones) its share of all multisets, so that the held-out set is as hard as the training set.
 
 Column permutations (finding correspondences)
 ---------------------------------------------
@@ -105,6 +110,8 @@ _ORDERINGS_OF_THREE = np.array(
     [[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]], dtype=np.int64
 )
 _AMBIGUITY_STREAM = 3
+STEPLESS_RULES = (_SUM, _DIFFERENCE, _DISTRIBUTE_THREE)
+HOLD_OUTS = ("greedy", "stratified")
 
 
 def check_n_values(n_values) -> int:
@@ -243,16 +250,28 @@ class SRaven(Task):
         n_values: int = 8,
         frac_ood: float = 0.25,
         seed: int = 0,
+        hold_out: str = "greedy",
     ) -> None:
         self.n_features = check_integer("n_features", n_features, minimum=1)
         self.n_values = check_n_values(n_values)
         self.frac_ood = check_fraction("frac_ood", frac_ood)
         self.seed = check_integer("seed", seed, minimum=0)
+        if hold_out not in HOLD_OUTS:
+            raise TaskError(f"hold_out must be one of {list(HOLD_OUTS)}, got {hold_out!r}")
+        self.hold_out = hold_out
         self.seq_len = GRID_SIZE**2 * self.n_features
         self.d_in = self.n_values
         self.d_out = self.n_values
         self.n_predictions = self.n_features
         self._make_splits()
+
+    def config(self) -> dict:
+        """As every task's, without ``hold_out`` where it is the default: the configs recorded by
+        runs and codes files before it existed stay equal to those of the same task now."""
+        config = super().config()
+        if config["hold_out"] == "greedy":
+            del config["hold_out"]
+        return config
 
     def selectors(self) -> dict[str, tuple[tuple[int | None, int, int], ...]]:
         """``sraven-rule``: the last query token (position 9M-1, feature M-1 of the 9th panel)
@@ -289,8 +308,11 @@ class SRaven(Task):
                 "split would be empty; use a larger fraction"
             )
         rng = np.random.default_rng([self.seed, SPLIT_STREAM])
+        strata = None
+        if self.hold_out == "stratified":  # the number of stepless (hard) rules in each multiset
+            strata = np.isin(self.all_combinations, STEPLESS_RULES).sum(axis=1)
         kept, held_out = hold_out_combinations(
-            self.all_combinations, n_ood, rng, what=f"frac_ood={self.frac_ood}", parts="rules"
+            self.all_combinations, n_ood, rng, what=f"frac_ood={self.frac_ood}", parts="rules", strata=strata
         )
         self._split_pools = {"train": kept, "test": kept, "ood": held_out}
 

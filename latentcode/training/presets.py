@@ -74,7 +74,8 @@ def build_train_config(preset: str, scale: str = "cpu", attention: str = "softma
         if value is None:
             continue
         if key in task_fields():
-            if key != "task_seed" and key not in task:
+            # a parameter the preset leaves at its default (SRAVEN's hold_out) may be set too
+            if key != "task_seed" and key not in task and key not in task_class(task["name"]).parameter_names():
                 raise ConfigError(f"the {preset} task has no parameter {key!r}; its parameters: {sorted(task)}")
             task["seed" if key == "task_seed" else key] = value
         elif key in MODEL_FIELDS:
