@@ -161,10 +161,11 @@ def test_the_results_page_is_regenerated_from_the_recorded_runs(tmp_path, monkey
     fuzzy = [line for line in commands if line.startswith("latentcode train --preset fuzzy_logic")]
     sraven = [line for line in commands if line.startswith("latentcode train --preset sraven")]
     language = [line for line in commands if line.startswith("latentcode train --preset language")]
-    assert len(fuzzy) == 9 + 6 + 8 and len(sraven) == 9 + 2 and len(language) == 3 + 3 + 6
+    assert len(fuzzy) == 9 + 6 + 8 and len(sraven) == 9 + 2 + 9 and len(language) == 3 + 3 + 6
     assert len(commands) == len(fuzzy) + len(sraven) + len(language)
     assert all("--set n_features=2 --set n_layers=2" in line for line in sraven)
     assert sum("--set n_heads=1" in line for line in sraven) == 2
+    assert sum("--set hold_out=stratified --out analyses/output/runs/sraven-M2-" in line for line in sraven) == 9
 
 
 def test_the_language_baselines_are_n_gram_models_counted_on_the_training_bytes(monkeypatch):
