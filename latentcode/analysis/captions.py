@@ -15,20 +15,45 @@ from collections.abc import Sequence
 
 from latentcode.store import CodeFile
 
-__all__ = ["codes_context", "site_set", "split_phrase", "variant_of", "wrap_lines"]
+__all__ = ["codes_context", "position_ranges", "site_set", "split_phrase", "variant_of", "wrap_lines"]
+
+
+# Beyond this many (query, key) pairs of several queries, a title summarises them rather than lists them.
+MAX_LISTED_PAIRS = 4
+
+
+def position_ranges(values: Sequence[int]) -> str:
+    """Sorted positions with runs of three or more as ranges: ``[384, ..., 511]`` -> ``"384–511"``,
+    ``[1, 2, 3, 7, 9, 10]`` -> ``"1–3, 7, 9, 10"``; a title then stays one line at 512 keys."""
+    values = sorted(dict.fromkeys(values))
+    parts, start = [], 0
+    for index in range(1, len(values) + 1):
+        if index == len(values) or values[index] != values[index - 1] + 1:
+            run = values[start:index]
+            parts += [f"{run[0]}–{run[-1]}"] if len(run) >= 3 else [str(value) for value in run]
+            start = index
+    return ", ".join(parts)
 
 
 def _positions(values: Sequence[int], singular: str, plural: str) -> str:
     values = sorted(dict.fromkeys(values))
-    return f"{singular if len(values) == 1 else plural} {', '.join(map(str, values))}"
+    return f"{singular if len(values) == 1 else plural} {position_ranges(values)}"
 
 
 def _query_key_text(pairs: Sequence[tuple[int, int]]) -> str:
-    """``[(35, 27), (35, 31)]`` -> ``"query 35 → keys 27, 31"``."""
+    """``[(35, 27), (35, 31)]`` -> ``"query 35 → keys 27, 31"``; many pairs of several queries are
+    summarised: ``"queries 0–63 × keys 0–63"`` where every query has the same keys, else ``"4,096
+    pairs: queries 0–63 → keys 0–511"``."""
     queries = sorted({query for query, _ in pairs})
     if len(queries) == 1:
         return f"query {queries[0]} → " + _positions([key for _, key in pairs], "key", "keys")
-    return ", ".join(f"q{query}→k{key}" for query, key in pairs)
+    if len(pairs) <= MAX_LISTED_PAIRS:
+        return ", ".join(f"q{query}→k{key}" for query, key in pairs)
+    keys_of = {query: frozenset(key for q, key in pairs if q == query) for query in queries}
+    keys = sorted({key for _, key in pairs})
+    if len(set(keys_of.values())) == 1:
+        return f"{_positions(queries, 'query', 'queries')} × {_positions(keys, 'key', 'keys')}"
+    return f"{len(set(pairs)):,} pairs: {_positions(queries, 'query', 'queries')} → {_positions(keys, 'key', 'keys')}"
 
 
 def site_set(code_file: CodeFile, layer: int | None = None) -> str:

@@ -13,6 +13,7 @@ The pixel size of a PNG is ``figsize * dpi`` exactly (no tight bounding box).
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
@@ -203,8 +204,14 @@ def plot_embedding(
 # -- similarity heatmap ----------------------------------------------------------------------------
 ANNOTATE_MAX_VALUES = 20
 # Centre the codes (by default) where most panels' plain cosines lie within this of 1: there they
-# mostly measure the code all values share.
+# mostly measure the code all values share ...
 CENTRE_BELOW_SPREAD = 0.2
+# ... and where the label explains at least this share of the code variance in most panels: below it,
+# centring magnifies differences between value means that are a sliver of the variance.
+CENTRE_ABOVE_SHARE = 0.01
+# A panel's colours are at full strength where the label explains this share of the code variance or
+# more, and faded towards white in proportion below it: 0.2% is drawn almost white, never saturated.
+FULL_COLOUR_SHARE = 0.1
 
 
 def _as_list(code_files) -> list[CodeFile]:
@@ -225,9 +232,32 @@ def _should_centre(panels: Sequence) -> tuple[bool, str]:
     median = float(np.median(spreads))
     if median >= CENTRE_BELOW_SPREAD:
         return False, ""
+    shares = [panel.explained_variance for panel in panels if panel.explained_variance is not None]
+    if shares and float(np.median(shares)) < CENTRE_ABOVE_SHARE:
+        return False, (f"not centred: the label explains under {CENTRE_ABOVE_SHARE:.0%} of the code variance in most "
+                       f"panels (median {float(np.median(shares)):.2%}), so centring would magnify noise")
     lowest = 1.0 - max(spreads)
     return True, (f"centred because the plain cosine similarities of most panels lie within {CENTRE_BELOW_SPREAD} "
                   f"of 1 (median spread {median:.3f}, lowest value {lowest:.2f}); centre=False draws them")
+
+
+def _colour_strength(panel) -> float:
+    """1 where the label explains `FULL_COLOUR_SHARE` of the code variance or more, proportionally
+    less below (1 where the share is unknown, e.g. a multi-hot label)."""
+    if panel.explained_variance is None:
+        return 1.0
+    return float(np.clip(panel.explained_variance / FULL_COLOUR_SHARE, 0.0, 1.0))
+
+
+def _in_order(panel, values: np.ndarray):
+    """`panel` with its rows and columns in the order of `values` (values it lacks are skipped; its
+    values not in `values` follow in its own order), so that every panel of a figure reads alike."""
+    position = {value: index for index, value in enumerate(panel.values.tolist())}
+    order = [position[value] for value in values.tolist() if value in position]
+    order += [index for index in range(len(panel.values)) if index not in set(order)]
+    order = np.asarray(order, dtype=int)
+    return dataclasses.replace(panel, matrix=panel.matrix[np.ix_(order, order)], values=panel.values[order],
+                               order=panel.order[order], counts=panel.counts[order], mean_codes=panel.mean_codes[order])
 
 
 def _similarity_scale(panels: Sequence, centre: bool) -> tuple[Normalize, Colormap]:
@@ -253,11 +283,15 @@ def plot_similarity(
 ) -> list[Path]:
     """Cosine similarity of the mean latent code of each label value: one heatmap per layer
     (default: every layer) and per codes file (a row per model), all on one colour scale, rows
-    and columns of each panel in its clustered order.
+    and columns of every panel in one order (the clustered order of the first model's last layer),
+    so that panels compare cell by cell. A panel's colours fade towards white in proportion to the
+    share of the code variance the label explains, full at `FULL_COLOUR_SHARE` (its title gives
+    the share): a label that explains 0.2% of the variance never looks like structure.
 
     centre: subtract the grand mean code before comparing (see `latentcode.analysis.similarity`),
         drawn on a diverging scale from -1 to 1; by default (None) centred where the plain
-        cosines of most panels lie within `CENTRE_BELOW_SPREAD` of 1, and the title says so.
+        cosines of most panels lie within `CENTRE_BELOW_SPREAD` of 1 and the label explains at
+        least `CENTRE_ABOVE_SHARE` of the variance, and the title says so.
     annotate: write the value in each cell; by default only up to ANNOTATE_MAX_VALUES label values,
         beyond which the numbers are too small to read (the colour bar still gives them).
 
@@ -274,13 +308,20 @@ def plot_similarity(
         [mean_code_similarity(code_file, label, layer, split, centre=True) for layer in file_layers]
         for code_file, file_layers in zip(files, layers_of, strict=True)
     ]
+    # One order for every panel: the clustered order of the first model's last drawn layer.
+    reference = next((panel for panel in reversed(rows[0]) if not panel.constant), None)
+    if reference is not None:
+        rows = [[panel if panel.constant else _in_order(panel, reference.values) for panel in row] for row in rows]
     panels = [panel for row in rows for panel in row]
     label = panels[0].label
     names = value_names(files[0], label)
     n_values = max(len(panel.values) for panel in panels)
     if annotate is None:
         annotate = n_values <= ANNOTATE_MAX_VALUES
-    side = _heatmap_side(n_values)
+    # Room beside each panel for long tick names (a fuzzy-logic task is its function), so that the
+    # squares keep their size; names of up to 18 characters fit in the panel's own margin.
+    longest = max((len(display_value(value, names)) for panel in panels for value in panel.values), default=0)
+    side = _heatmap_side(n_values) + min(2.5, max(0.0, 0.055 * (longest - 18)))
     n_columns = max(len(row) for row in rows)
     width = side * n_columns + 1.4
     figure = _figure(figsize or (width, side * len(rows) + 1.3), dpi)
@@ -301,7 +342,9 @@ def plot_similarity(
                 title += f" ({label} explains {share:.1%} of code variance)" if share < 0.1 else \
                     f" ({label} explains {share:.0%} of code variance)"
             axis.set_title("\n".join(textwrap.wrap(title, int(side * 72 / 6.6))))
-            image = axis.imshow(panel.matrix, cmap=colours, norm=norm)
+            # faded towards white (the figure's background) where the label explains little variance
+            strength = _colour_strength(panel)
+            image = axis.imshow(panel.matrix, cmap=colours, norm=norm, alpha=strength)
             ticks = [display_value(value, names) for value in panel.values]
             positions = np.arange(len(ticks))
             axis.set_xticks(positions, ticks, rotation=90, fontsize="small" if len(ticks) <= 30 else "x-small")
@@ -312,23 +355,29 @@ def plot_similarity(
                 font = max(4.0, min(9.0, 80.0 / len(ticks)))
                 for (row_index, column), value in np.ndenumerate(panel.matrix):
                     shade = norm(value)
-                    # Light text on the dark ends of the map, dark text in between.
-                    dark = shade < 0.6 if colours.name == "viridis" else abs(shade - 0.5) > 0.3
+                    # Light text on the dark ends of the map, dark text in between (and on faded colours).
+                    dark = strength > 0.5 and (shade < 0.6 if colours.name == "viridis" else abs(shade - 0.5) > 0.3)
                     axis.text(column, row_index, f"{value:.2f}", ha="center", va="center", fontsize=font,
                               color="white" if dark else "black")
         for axis in row_axes[len(row):]:
             axis.set_visible(False)
     if image is not None:
         what = "centred cosine similarity" if centre else "cosine similarity"
-        figure.colorbar(image, ax=axes.ravel().tolist(), label=what, shrink=0.8)
+        bar = figure.colorbar(image, ax=axes.ravel().tolist(), label=what, shrink=0.8)
+        bar.solids.set_alpha(1)  # the scale at full strength, whatever the last panel's
+    faded = [panel for panel in panels if not panel.constant and _colour_strength(panel) < 1]
     models = ", ".join(code_file.model_name for code_file in files)
     contexts = list(dict.fromkeys(codes_context(code_file, split) for code_file in files))
     measure = "centred cosine similarity (grand mean code subtracted)" if centre else "cosine similarity"
+    where = "" if reference is None or len(panels) == 1 else (
+        f" of {reference.model_name or files[0].model_name}, layer {reference.layer}, in every panel")
     figure.suptitle(wrap_lines([
         f"{models}: {measure} of the mean latent code per {label}",
         *contexts,
-        "each panel's rows and columns ordered by hierarchical clustering; one colour scale for all panels",
+        f"rows and columns in the hierarchical-clustering order{where}; one colour scale for all panels",
         reason,
+        f"colours faded in proportion to the share of code variance {label} explains, full at "
+        f"{FULL_COLOUR_SHARE:.0%} or more" if faded else "",
     ], width, fontsize_points=10), fontsize="medium")
     return _save(figure, path_stem, formats, dpi)
 
@@ -391,7 +440,9 @@ def plot_code_samples(
     separator = "black" if signed else "white"
     for axis, (category, count, block) in zip(axes, samples, strict=False):
         image = axis.imshow(block, cmap=colours, norm=norm, aspect="auto", interpolation="nearest")
-        axis.set_title(f"{label} = {display_value(category, names)} (n={count})", fontsize="small")
+        # wrapped to the panel: a fuzzy-logic task's name is its whole function
+        axis.set_title(wrap_lines([f"{label} = {display_value(category, names)} (n={count})"], 3.2,
+                                  fontsize_points=9), fontsize="small")
         axis.set_xlabel("head" if len(sites) == 1 else "site × head")
         axis.set_ylabel("example")
         axis.set_yticks(range(len(block)))
@@ -441,6 +492,12 @@ def _described_splits(rows: pd.DataFrame, splits: str) -> str:
                     for split in splits.split("/"))
 
 
+def _split_caption(rows: pd.DataFrame, fit: str, test: str) -> str:
+    """``"train: in-distribution functions; ood: unseen combinations"`` where the files describe them."""
+    described = [_described_splits(rows, split) for split in dict.fromkeys([*fit.split("/"), *test.split("/")])]
+    return "; ".join(text.replace(" (", ": ", 1)[:-1] for text in described if text.endswith(")"))
+
+
 # -- probe scores ----------------------------------------------------------------------------------
 def plot_probe_scores(
     table: pd.DataFrame | str | Path,
@@ -452,8 +509,11 @@ def plot_probe_scores(
     models_note: str | None = None,
 ) -> list[Path]:
     """Score per layer per model from a `decode` / `regress` table (or its CSV / JSON file): one
-    solid line per (model, site, label), with its shuffled-label control dashed and its
-    strongest baseline dotted in the same colour.
+    solid line per (model, site, label), with its shuffled-label control dashed in the same colour,
+    its strongest other baseline dotted where that is neither the control nor chance, and chance
+    (the majority baseline: the most frequent value, or the mean for R²) as a grey line. The title
+    is short (label, metric, splits); the sites and variant are a caption under the axes. The
+    legend has an entry for what is drawn only.
 
     `metric` defaults to the first of `HEADLINE_METRICS` the table has. `models_note` adds a line to
     the title about the models that the codes file cannot say, e.g. "models trained on the
@@ -476,6 +536,7 @@ def plot_probe_scores(
     models_per_name = rows.groupby("model")["file"].nunique()
     figure = _figure(figsize, dpi)
     axis = figure.subplots()
+    drawn: set[str] = set()
     for (model, file, site, label), group in groups:
         group = group.sort_values("layer")
         name = model if models_per_name[model] == 1 else f"{model} ({Path(file).stem})"
@@ -483,12 +544,25 @@ def plot_probe_scores(
             name += f", {site}"
         if rows["label"].nunique() > 1:
             name += f", {label}"
-        line, = axis.plot(group["layer"], group["value"], marker="o", label=name)
-        axis.plot(group["layer"], group["shuffled_labels"], linestyle="--", color=line.get_color(), alpha=0.8)
-        axis.plot(group["layer"], group["strongest_baseline_value"], linestyle=":", color=line.get_color(), alpha=0.8)
+        line, = axis.plot(group["layer"], group["value"], marker="o", label=name, zorder=3)
+        shuffled = group["shuffled_labels"].astype(float)
+        if shuffled.notna().any():
+            axis.plot(group["layer"], shuffled, linestyle="--", color=line.get_color(), alpha=0.8)
+            drawn.add("shuffled")
+        # The strongest baseline where it is another one than the control and chance, drawn already.
+        other = group["strongest_baseline_value"].astype(float).where(
+            ~group["strongest_baseline"].isin(["shuffled_labels", "majority", ""]))
+        if other.notna().any():
+            axis.plot(group["layer"], other, linestyle=":", color=line.get_color(), alpha=0.8)
+            drawn.add("other")
+    chance = sorted({round(float(value), 3) for value in rows["majority"].dropna()}) if "majority" in rows else []
+    for level in chance:
+        axis.axhline(level, color="0.45", linewidth=1.2, zorder=1)
     style_handles = [
-        Line2D([], [], color="grey", linestyle="--", label="shuffled-label control"),
-        Line2D([], [], color="grey", linestyle=":", label="strongest baseline"),
+        *([Line2D([], [], color="grey", linestyle="--", label="shuffled-label control")] if "shuffled" in drawn else []),
+        *([Line2D([], [], color="grey", linestyle=":", label="strongest other baseline")] if "other" in drawn else []),
+        *([Line2D([], [], color="0.45", linewidth=1.2,
+                  label="chance (the fit split's mean)" if "r2" in metric else "chance (majority)")] if chance else []),
     ]
     axis.legend(handles=[*axis.get_legend_handles_labels()[0], *style_handles], fontsize="small")
     layers = sorted(rows["layer"].unique())
@@ -501,8 +575,11 @@ def plot_probe_scores(
     labels = ", ".join(dict.fromkeys(rows["label"]))
     splits = rows[["fit_split", "test_split"]].drop_duplicates()
     fit, test = ("/".join(dict.fromkeys(splits[column].astype(str))) for column in ("fit_split", "test_split"))
-    fit, test = _described_splits(rows, fit), _described_splits(rows, test)
-    axis.set_title(wrap_lines([f"decoding {labels} from latent codes: {metric}", f"fit on {fit}, scored on {test}",
-                               _table_context(rows), *([models_note] if models_note else [])], figsize[0],
-                              fontsize_points=10), fontsize="medium")
+    axis.set_title(wrap_lines([f"decoding {labels}: fit on {fit}, scored on {test}",
+                               *([models_note] if models_note else [])], figsize[0], fontsize_points=10),
+                   fontsize="medium")
+    # The details a title would bury: the sites, the variant and what the splits hold.
+    caption = "; ".join(part for part in (_table_context(rows), _split_caption(rows, fit, test)) if part)
+    if caption:
+        figure.supxlabel(wrap_lines([caption], figsize[0], fontsize_points=8), fontsize="x-small", color="0.3")
     return _save(figure, path_stem, formats, dpi)

@@ -381,11 +381,12 @@ def _pictures(
                 + _image(heatmap[0], "similarity of mean codes")
                 + _caption(
                     f"Each cell compares the mean latent code of two values of {picture_label} on {split_words} by "
-                    "cosine similarity; one row of panels per model, one panel per layer, one colour scale for "
-                    "all. The title says whether the grand mean code was subtracted first (centred) and why: "
-                    "where the codes share a large common part, plain cosines all sit near 1. Each panel's title "
-                    f"gives the share of the code variance that {picture_label} explains: where it is near 0 the "
-                    "colours show small differences, however strong they look.")
+                    "cosine similarity; one row of panels per model, one panel per layer, one colour scale and one "
+                    "row order for all. The title says whether the grand mean code was subtracted first (centred) "
+                    "and why: where the codes share a large common part, plain cosines all sit near 1. Each "
+                    f"panel's title gives the share of the code variance that {picture_label} explains, and its "
+                    "colours fade towards white where that share is small (full strength from 10%), so that "
+                    "differences between value means that are a sliver of the variance never look like structure.")
             )
         steps.advance("similarity heatmap")
     for code_file in code_files:

@@ -175,7 +175,12 @@ class FuzzyLogic(Task):
         self._fixed_query.flags.writeable = False
 
     def value_names(self) -> dict[str, list[str]]:
-        return {"terms": self.term_names()}
+        """Terms by their conjunctions; a task (`task_index`) by its disjunction of terms."""
+        return {"terms": self.term_names(), "task_index": self.function_names()}
+
+    def function_names(self) -> list[str]:
+        """Each row of ``all_combinations`` as its function, e.g. ``x0∧¬x1∧x2∧x3 ∨ ¬x0∧x1∧x2∧x3``."""
+        return [" ∨ ".join(self.term_names()[term] for term in terms) for terms in self.all_combinations]
 
     def column_names(self) -> dict[str, list[str]]:
         return {"term_present": self.term_names(),
@@ -416,7 +421,7 @@ class FuzzyLogic(Task):
             prediction=prediction, base_answer=truth[rows], counterfactual_answer=target_value[rows],
             base_part=base_task[rows], donor_parts={"different": tasks[target[rows]], "third": tasks[third[rows]],
                                                    "same": base_task[rows]},
-            part_names=[" ∨ ".join(self.term_names()[term] for term in terms) for terms in self.all_combinations],
+            part_names=self.function_names(),
             counts=counts)
 
     def _check_terms(self, terms) -> np.ndarray:

@@ -290,7 +290,9 @@ class SRaven(Task):
         return {"rule": batch.labels["query_rule"][:, next(iter(queries)) - first_query_token]}
 
     def value_names(self) -> dict[str, list[str]]:
-        return {"rules": list(RULES), "query_rule": list(RULES), "rule": list(RULES)}
+        # a task (`task_index`) is its multiset of rules
+        multisets = [", ".join(RULES[rule] for rule in rules) for rules in self.all_combinations]
+        return {"rules": list(RULES), "query_rule": list(RULES), "rule": list(RULES), "task_index": multisets}
 
     def _make_splits(self) -> None:
         self.all_combinations = enumerate_combinations(

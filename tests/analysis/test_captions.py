@@ -39,3 +39,26 @@ def test_wrap_lines_fits_the_figure_and_drops_empty_lines():
     text = wrap_lines(["a " * 100, "", "short"], width_inches=4.0, fontsize_points=10)
     lines = text.split("\n")
     assert lines[-1] == "short" and all(len(line) <= int(4.0 * 72 / 5.5) for line in lines)
+
+
+def test_many_positions_are_summarised_as_ranges():
+    """The language demo's titles listed all 128 keys, "keys 384, 385, …" (issue 24)."""
+    from types import SimpleNamespace
+
+    from latentcode.analysis.captions import position_ranges
+
+    assert position_ranges(range(384, 512)) == "384–511"
+    assert position_ranges([10, 1, 2, 3, 7, 9, 3]) == "1–3, 7, 9, 10", "runs of three or more; sorted, unique"
+    assert position_ranges([5]) == "5" and position_ranges([]) == ""
+
+    def fake_file(pairs_of_layer, name="last-recent"):
+        sites = {layer: [SimpleNamespace(query=q, key=k) for q, k in pairs] for layer, pairs in pairs_of_layer.items()}
+        return SimpleNamespace(selector={"name": name}, layers=sorted(sites), sites_of_layer=sites.__getitem__)
+
+    recent = [(511, key) for key in range(384, 512)]
+    assert site_set(fake_file({0: recent, 1: recent})) == "last-recent sites (query 511 → keys 384–511, every layer)"
+    assert site_set(fake_file({0: recent}), layer=0) == "last-recent sites (query 511 → keys 384–511 in layer 0)"
+    square = [(q, k) for q in range(64) for k in range(64)]
+    assert site_set(fake_file({2: square}, "all-pairs:2")) == "all-pairs:2 sites (queries 0–63 × keys 0–63, layer 2)"
+    causal = [(q, k) for q in range(8) for k in range(q + 1)]
+    assert site_set(fake_file({0: causal}, "")) == "sites (36 pairs: queries 0–7 → keys 0–7, layer 0)"

@@ -109,9 +109,13 @@ def test_similarity_heatmap_of_many_values_is_capped_and_not_annotated(tmp_path)
     with matplotlib.rc_context({"svg.fonttype": "none"}):
         (svg,) = plot_similarity(many, "task_index", tmp_path / "many", layers=[1], formats=("svg",))
     numbers = re.findall(r">-?\d\.\d\d<", svg.read_text())
-    assert ">29<" in svg.read_text() and len(numbers) < 20, "ticks named; only the colour bar's numbers, no cells'"
+    name = SRaven().value_names()["task_index"][29]  # a task is its rule multiset
+    assert f">{name}<" in svg.read_text() and len(numbers) < 20, "ticks named; only the colour bar's numbers, no cells'"
     (png,) = plot_similarity(many, "task_index", tmp_path / "many", layers=[1], dpi=50)
-    assert_png(png, figsize=(7.0 + 1.4, 7.0 + 1.3), dpi=50)
+    # the panel at its largest, 7 inches, and room beside it for names longer than 18 characters
+    room = min(2.5, 0.055 * (max(len(name) for name in SRaven().value_names()["task_index"][:30]) - 18))
+    height, width = imread(png).shape[:2]
+    assert abs(width - (7.0 + room + 1.4) * 50) <= 1 and abs(height - (7.0 + room + 1.3) * 50) <= 1
 
 
 def _svg_text(path):
@@ -142,8 +146,7 @@ def test_integer_labels_with_many_values_show_the_most_frequent_in_colour_and_th
     text = _svg_text(svg)
     assert "other (21 values)" in text, "31 values: 10 in colour, 21 grey"
     assert "the 10 most frequent of 31 values of task_index in colour" in text
-    legend_entries = re.findall(r">(\d+)</text>", text)
-    assert "0" in legend_entries, "the most frequent value has its own colour"
+    assert f">{SRaven().value_names()['task_index'][0]}</text>" in text, "the most frequent value has its own colour"
     assert "colorbar" not in text.lower() and "task_index" in text
 
 
@@ -199,3 +202,47 @@ def test_signed_codes_get_a_diverging_scale_centred_at_zero():
     assert (norm.vmin, norm.vmax, colours) == (-2.0, 2.0, "RdBu_r") and norm(0.0) == 0.5
     norm, colours = _code_scale(np.array([[0.1, 0.7], [0.2, 0.0]]))
     assert (norm.vmin, norm.vmax, colours) == (0.0, pytest.approx(0.7), "magma")
+
+
+def test_probe_plot_has_a_chance_line_a_legend_of_what_is_drawn_and_a_short_title(tmp_path, codes_path):
+    """The fuzzy demo's probe plot had a 'strongest baseline' legend entry that drew nothing (the
+    strongest baseline was the control or majority, under other lines), no chance line and a
+    four-line title (issue 24)."""
+    table = decode(codes_path, "rule", layers=[0, 1], progress=False)
+    table["strongest_baseline"], table["strongest_baseline_value"] = "majority", table["majority"]
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        (svg,) = plot_probe_scores(table, tmp_path / "probe", formats=("svg",))
+        table.loc[table["layer"] == 1, ["strongest_baseline", "strongest_baseline_value"]] = "prevalence_random", 0.3
+        (other,) = plot_probe_scores(table, tmp_path / "other", formats=("svg",))
+    text = _svg_text(svg)
+    assert "chance (majority)" in text and "shuffled-label control" in text
+    assert "strongest" not in text, "no entry for a line that is not drawn: the majority baseline is chance's"
+    assert "strongest other baseline" in _svg_text(other)
+    title = re.search(r"decoding rule: fit on train, scored on ood", text)
+    assert title, "one short title line"
+    assert "sites" not in text[: title.start()], "the sites are a caption under the axes, not in the title"
+
+
+def test_similarity_panels_share_one_order_and_fade_where_the_label_explains_little(tmp_path):
+    """Each panel was clustered in its own order, and a label that explained 0.2% of the variance
+    was drawn centred at full saturation (issue 24)."""
+    from latentcode.analysis.plots import FULL_COLOUR_SHARE, _colour_strength, _in_order, _should_centre
+
+    panel = Similarity(np.array([[1, 0.2, 0.5], [0.2, 1, 0.1], [0.5, 0.1, 1]]), np.array([7, 3, 5]),
+                       np.array([2, 0, 1]), np.array([10, 20, 30]), np.eye(3), explained_variance=0.002)
+    reordered = _in_order(panel, np.array([3, 5, 7]))
+    assert reordered.values.tolist() == [3, 5, 7] and reordered.counts.tolist() == [20, 30, 10]
+    assert reordered.matrix[0, 1] == 0.1 and reordered.matrix[1, 2] == 0.5, "the same pairs, moved"
+    assert _colour_strength(panel) == pytest.approx(0.002 / FULL_COLOUR_SHARE) and _colour_strength(
+        Similarity(panel.matrix, panel.values, panel.order, panel.counts, panel.mean_codes, explained_variance=0.4)) == 1
+    near_one = Similarity(np.array([[1, 0.99], [0.99, 1]]), np.arange(2), np.arange(2), np.ones(2), np.eye(2),
+                          explained_variance=0.002)
+    centre, reason = _should_centre([near_one])
+    assert not centre and "not centred" in reason, "centring would magnify 0.2% of the variance"
+    # Noise codes: rule explains about nothing; the heatmap is not centred and says it is faded.
+    noise = write_codes(tmp_path / "noise.h5", n_per_split={"train": 400}, planted=(), strength=0.0)
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        (svg,) = plot_similarity(noise, "rule", tmp_path / "noise", formats=("svg",))
+    text = _svg_text(svg)
+    assert "colours faded in proportion to the share of code variance rule explains" in text
+    assert "in every panel" in text, "one order named for all panels"
