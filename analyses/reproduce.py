@@ -888,7 +888,7 @@ on the OOD split is therefore measured on an easier set. Compared at the same nu
 held-out multisets: the OOD-above-ID gap is one of difficulty, not of generalization. Softmax is the
 exception: it falls on two held-out pairs that repeat one rule (constant + constant, progression-1 +
 progression-1), a real OOD deficit hidden by the easier mix. `hold_out="stratified"` (below, in the
-plan as the group `sraven_stratified`, not trained yet) holds out multisets in proportion to their
+plan as the group `sraven_stratified`; its runs are the "stratified" rows of the SRAVEN table above, seeds as trained) holds out multisets in proportion to their
 number of stepless rules, so that the held-out set is as hard as the training set.
 
 ## Fig. 5C: one head against 16 (SRAVEN permuted, M = 2, seed 0)
