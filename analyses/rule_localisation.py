@@ -46,15 +46,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+from common import binomial_se
 
 SRAVEN_MODELS = ("sraven-softmax", "sraven-linear", "sraven-hyla",
                  "sraven-permuted-softmax", "sraven-permuted-linear", "sraven-permuted-hyla")
 FUZZY_MODELS = ("fuzzy_logic-softmax", "fuzzy_logic-linear", "fuzzy_logic-hyla")
 OUT = Path(__file__).parent / "results" / "interventions" / "localisation"
-
-
-def binomial_se(p: float, n: int) -> float:
-    return math.sqrt(max(p * (1 - p), 0.0) / n) if n else float("nan")
 
 
 # -- site groups -----------------------------------------------------------------------------------

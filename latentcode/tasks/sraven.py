@@ -492,6 +492,7 @@ class SRaven(Task):
             check_pair_request,
             choose_donors,
             choose_third,
+            draw_from_pool,
             take,
         )
 
@@ -504,7 +505,7 @@ class SRaven(Task):
         feature = candidates.labels["column_permutations"][:, -1, prediction]
         base_rule = candidates.labels["query_rule"][:, prediction]
         truth = candidates.y[:, prediction]
-        answers, defined = zip(*(self.counterfactual_answer(candidates, feature, rule) for rule in range(len(RULES))))
+        answers, defined = zip(*(self.counterfactual_answer(candidates, feature, rule) for rule in range(len(RULES))), strict=True)
         answers, defined = np.stack(answers, 1), np.stack(defined, 1)  # [candidates, rules]
         valid_rows = np.stack([self.completes_a_valid_row(candidates, feature, rule, np.maximum(answers[:, rule], 0))
                                for rule in range(len(RULES))], 1) & defined
@@ -517,8 +518,6 @@ class SRaven(Task):
         third_ok[np.arange(n_candidates), base_rule] = False
         third_ok[np.arange(n_candidates), target] = False
         has_third, third = choose_third(rng, third_ok, pool_rule)
-        from latentcode.tasks.counterfactuals import draw_from_pool
-
         donor_third = draw_from_pool(rng, pool_rule, third)
         kept &= has_third & (donor_third >= 0)
         rows = np.flatnonzero(kept)
