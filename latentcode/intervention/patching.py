@@ -444,35 +444,46 @@ def attribution_patching(
     sites: str | Selector | Sequence = "*:*:*",
     *,
     source: AttentionSource | None = None,
+    donor_codes: Mapping[int, Tensor] | None = None,
 ) -> Attribution:
     """First-order estimate of patching every code at `sites` (default every pair of every layer)
     from the donor into the base: gradient of `metric` (summed over examples) with respect to each
     base code, times (donor code - base code), per example, layer, head, query and key. One forward
     pass of the donor, one forward and one backward pass of the base. The parameters are frozen for the
     base pass (their `requires_grad` restored after it), so no weight gradient is computed and `.grad`
-    is never touched."""
+    is never touched.
+
+    `donor_codes`: the donor's codes at the same `sites`, `{layer: [batch, head, n]}` as the first
+    element `record_codes(model, donor_inputs, sites)` returns, where they are at hand already (one
+    donor batch read by several metrics): the donor pass is skipped, and `donor_inputs` may be None."""
     _check_eval(model)
-    _check_shapes(base_inputs, donor_inputs)
+    if donor_codes is None:
+        if donor_inputs is None:
+            raise UsageError("attribution needs the donor: give donor_inputs, or donor_codes from record_codes")
+        _check_shapes(base_inputs, donor_inputs)
     batch = _batch_size(base_inputs)
     source = source if source is not None else detect_source(model)
     selector = parse_selector(sites)
-    donor = _LayerCodes(SitePairs(selector, source.n_layers(), source.name))
-    with source.capture(donor.pairs_for, "pattern", donor.sink), torch.no_grad():
-        _call(model, donor_inputs)
+    if donor_codes is None:
+        donor_codes, _ = record_codes(model, donor_inputs, selector, source)
 
     base_codes: dict[int, Tensor] = {}
-    deltas: dict[int, Tensor] = {}
+    differentiable_codes: dict[int, Tensor] = {}
     base_pairs = _LayerCodes(SitePairs(selector, source.n_layers(), source.name))
 
     def keep(layer: int, queries: Tensor, keys: Tensor, codes: Tensor) -> Tensor:
-        """The base codes plus a zero leaf: d metric / d leaf is d metric / d code along every path
-        (later layers' patterns included, as they are computed from the sum)."""
+        """The base codes themselves, the gradient taken with respect to them: d metric / d codes is
+        the gradient along every path (later layers' patterns included, as they are computed from
+        them). A layer whose codes need no gradient yet (nothing before it was selected) gets them as
+        a leaf."""
         if layer in base_codes:
             raise UsageError(f"layer {layer} ran twice in one forward pass (its queries in blocks?); attribution needs "
                              "each layer's codes once: pass shorter sequences or fewer sites")
         base_codes[layer] = codes.detach()
-        deltas[layer] = torch.zeros_like(codes, requires_grad=True)
-        return codes + deltas[layer]
+        if not codes.requires_grad:
+            codes = codes.detach().requires_grad_(True)
+        differentiable_codes[layer] = codes
+        return codes
 
     # The parameters need no gradient: frozen for the pass, no weight gradient is computed or kept.
     frozen = [(parameter, parameter.requires_grad) for parameter in model.parameters()]
@@ -481,11 +492,11 @@ def attribution_patching(
             parameter.requires_grad_(False)
         with torch.enable_grad(), source.edit(base_pairs.pairs_for, DifferentiableEditor(keep)):
             value = _per_example(metric(_call(model, base_inputs)), batch, "metric").sum()
-        layers = sorted(deltas)
+        layers = sorted(differentiable_codes)
         if not layers or not value.requires_grad:
             raise UsageError("the metric does not depend on any recorded code (no gradient): is the model's output "
                              "computed from its attention, and does the metric use the output?")
-        gradients = torch.autograd.grad(value, [deltas[layer] for layer in layers], allow_unused=True)
+        gradients = torch.autograd.grad(value, [differentiable_codes[layer] for layer in layers], allow_unused=True)
     finally:
         for parameter, requires_grad in frozen:
             parameter.requires_grad_(requires_grad)
@@ -493,7 +504,11 @@ def attribution_patching(
     for layer, gradient in zip(layers, gradients, strict=True):
         base = base_codes[layer].detach()
         gradient = torch.zeros_like(base) if gradient is None else gradient.detach()
-        difference = donor.codes[layer].to(base.device, base.dtype) - base
+        if layer not in donor_codes or donor_codes[layer].shape != base.shape:
+            found = tuple(donor_codes[layer].shape) if layer in donor_codes else "no codes"
+            raise UsageError(f"donor_codes of layer {layer}: expected [batch, head, pairs] = {tuple(base.shape)} "
+                             f"(record_codes of the donor at the same sites), got {found}")
+        difference = donor_codes[layer].to(base.device, base.dtype) - base
         effects[layer], grads[layer], differences[layer] = (gradient * difference).cpu(), gradient.cpu(), difference.cpu()
     return Attribution(effects, {layer: base_pairs.positions[layer] for layer in layers}, grads, differences,
                        {layer: base_pairs.lengths[layer] for layer in layers})

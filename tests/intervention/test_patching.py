@@ -138,6 +138,46 @@ def test_attribution_on_our_models_matches_a_small_step_along_the_patch():
     assert all(parameter.grad is None for parameter in model.parameters())
 
 
+def test_attribution_of_an_early_layer_counts_the_paths_through_later_layers_codes():
+    """With every layer selected, layer 0's estimate is the total derivative: a small step along
+    layer 0's patch also moves layer 1's codes (computed from layer 0's output), and the estimate
+    must include that path, not only the one through layer 0's value network."""
+    model, base, donor = tiny("hyla"), inputs(1), inputs(2)
+    attribution = attribution_patching(model, base, donor, metric, sites="*:*:*")
+    estimate = attribution.for_groups([SiteGroup(block(0, None, None))])[0]
+    difference = attribution.differences[0]
+    eps = 1e-6
+
+    class Step(AddVector):
+        def replacement(self, codes, sites):
+            return codes + eps * difference.to(codes.dtype)
+
+    with torch.no_grad(), Intervention(model, Step(torch.zeros(2)), sites="0:*:*"):
+        stepped = metric(model(base))
+    with torch.no_grad():
+        unpatched = metric(model(base))
+    torch.testing.assert_close((stepped - unpatched) / eps, torch.as_tensor(estimate), rtol=1e-4, atol=1e-6)
+    # selecting layer 0 alone gives the same estimate: it is the total derivative either way
+    only_layer_0 = attribution_patching(model, base, donor, metric, sites="0:*:*").for_groups([SiteGroup(block(0, None, None))])[0]
+    torch.testing.assert_close(torch.as_tensor(only_layer_0), torch.as_tensor(estimate))
+
+
+def test_attribution_from_recorded_donor_codes_equals_attribution_from_donor_inputs():
+    from latentcode.intervention.patching import record_codes
+
+    model, base, donor = tiny("hyla"), inputs(1), inputs(2)
+    from_inputs = attribution_patching(model, base, donor, metric)
+    codes, _ = record_codes(model, donor)
+    from_codes = attribution_patching(model, base, None, metric, donor_codes=codes)
+    for layer in from_inputs.effects:
+        torch.testing.assert_close(from_codes.effects[layer], from_inputs.effects[layer], rtol=0, atol=0)
+    wrong = {layer: value[:, :, :-1] for layer, value in codes.items()}
+    with pytest.raises(UsageError, match=r"donor_codes of layer 0: expected \[batch, head, pairs\]"):
+        attribution_patching(model, base, None, metric, donor_codes=wrong)
+    with pytest.raises(UsageError, match="give donor_inputs, or donor_codes"):
+        attribution_patching(model, base, None, metric)
+
+
 def test_bad_calls_are_refused():
     model, base = tiny(), inputs(1)
     with pytest.raises(UsageError, match="same shape"):
