@@ -11,14 +11,9 @@ from matplotlib.image import imread
 
 from latentcode.analysis import decode, write_table
 from latentcode.analysis.embed import embed
-from latentcode.analysis.plots import (
-    _code_scale,
-    _similarity_scale,
-    plot_code_samples,
-    plot_embedding,
-    plot_probe_scores,
-    plot_similarity,
-)
+from latentcode.analysis.plots import plot_code_samples, plot_embedding, plot_probe_scores, plot_similarity
+from latentcode.analysis.plots.colours import code_scale
+from latentcode.analysis.plots.heatmap import _similarity_scale
 from latentcode.analysis.similarity import Similarity
 from latentcode.tasks.sraven import SRaven
 from tests.analysis.synthetic import make_labels, write_codes
@@ -198,9 +193,9 @@ def test_one_colour_scale_spans_every_panel():
 
 
 def test_signed_codes_get_a_diverging_scale_centred_at_zero():
-    norm, colours = _code_scale(np.array([[-0.5, 2.0], [1.0, 0.0]]))
+    norm, colours = code_scale(np.array([[-0.5, 2.0], [1.0, 0.0]]))
     assert (norm.vmin, norm.vmax, colours) == (-2.0, 2.0, "RdBu_r") and norm(0.0) == 0.5
-    norm, colours = _code_scale(np.array([[0.1, 0.7], [0.2, 0.0]]))
+    norm, colours = code_scale(np.array([[0.1, 0.7], [0.2, 0.0]]))
     assert (norm.vmin, norm.vmax, colours) == (0.0, pytest.approx(0.7), "magma")
 
 
@@ -226,7 +221,7 @@ def test_probe_plot_has_a_chance_line_a_legend_of_what_is_drawn_and_a_short_titl
 def test_similarity_panels_share_one_order_and_fade_where_the_label_explains_little(tmp_path):
     """Each panel was clustered in its own order, and a label that explained 0.2% of the variance
     was drawn centred at full saturation (issue 24)."""
-    from latentcode.analysis.plots import FULL_COLOUR_SHARE, _colour_strength, _in_order, _should_centre
+    from latentcode.analysis.plots.heatmap import FULL_COLOUR_SHARE, _colour_strength, _in_order, _should_centre
 
     panel = Similarity(np.array([[1, 0.2, 0.5], [0.2, 1, 0.1], [0.5, 0.1, 1]]), np.array([7, 3, 5]),
                        np.array([2, 0, 1]), np.array([10, 20, 30]), np.eye(3), explained_variance=0.002)

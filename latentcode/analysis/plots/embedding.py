@@ -1,0 +1,111 @@
+"""tSNE / UMAP figures of latent codes: one panel per layer, coloured by a label."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.colors import Normalize
+from matplotlib.lines import Line2D
+
+from latentcode.analysis.captions import codes_context, wrap_lines
+from latentcode.analysis.embed import DEFAULT_MAX_POINTS, Embedding, embed
+from latentcode.analysis.labels import select_label, value_names
+from latentcode.analysis.plots.colours import OTHER_COLOUR, category_groups, is_categorical_label
+from latentcode.analysis.plots.figure import new_figure, one_column, open_codes, save_figure
+from latentcode.store import CodeFile
+
+__all__ = ["plot_embedding"]
+
+
+def _constant_sentence(layers: Sequence[int], what: str) -> str:
+    if not layers:
+        return ""
+    names = ", ".join(map(str, layers))
+    layer_text = f"layer {names} is" if len(layers) == 1 else f"layers {names} are"
+    return (f"{layer_text[0].upper()}{layer_text[1:]} not drawn: {'its' if len(layers) == 1 else 'their'} codes "
+            f"are the same for every example, so there is nothing to {what}")
+
+
+def plot_embedding(
+    code_file: CodeFile | str,
+    color_by: str,
+    path_stem: str | Path,
+    method: str = "tsne",
+    split: str | None = None,
+    layers: Sequence[int] | None = None,
+    max_points: int | None = DEFAULT_MAX_POINTS,
+    seed: int = 0,
+    stratify: str | None = None,
+    embedding: Embedding | None = None,
+    formats: Sequence[str] = ("png",),
+    figsize: tuple[float, float] | None = None,
+    dpi: float = 100,
+    progress: bool | None = None,
+) -> list[Path]:
+    """tSNE or UMAP of the codes, one panel per layer, coloured by a label spec.
+
+    The embedding is computed with `latentcode.analysis.embed.embed` (arguments `method` to
+    `stratify`, and `progress`: a bar over the layers, by default where stderr is a terminal)
+    unless one is given. Categorical labels
+    (integers) get a qualitative palette and a legend (beyond `MAX_LEGEND_VALUES` values, the
+    `TOP_VALUES` most frequent in colour and the rest grey); continuous labels a colour bar.
+    Layers whose codes are all equal get a sentence, not an empty panel. The title names the
+    model, the sites, the variant and the split, and how many of how many examples were used.
+    """
+    code_file = open_codes(code_file)
+    if embedding is None:
+        embedding = embed(code_file, method, split, layers, max_points, seed, stratify, progress=progress)
+    values, label = select_label(code_file, color_by, embedding.split)
+    values = one_column(values, label)[embedding.indices]
+    method_name = {"tsne": "tSNE", "umap": "UMAP"}.get(embedding.method, embedding.method)
+    drawn = [layer for layer in embedding.layers if layer not in embedding.constant_layers]
+    n_panels = max(1, len(drawn))
+    categorical = is_categorical_label(values)
+    width = figsize[0] if figsize else max(7.0, 3.6 * n_panels + (2.6 if categorical else 1.4))
+    figure = new_figure(figsize or (width, 4.9), dpi)
+    axes = np.atleast_1d(figure.subplots(1, n_panels, squeeze=False)[0])
+    size = float(np.clip(6000 / max(embedding.n_used, 1), 2, 24))
+    note = ""
+    if categorical:
+        groups, note = category_groups(values, value_names(code_file, label))
+        note = note.format(label=label)
+    else:
+        norm = Normalize(float(np.nanmin(values)), float(np.nanmax(values)))
+    for axis, layer in zip(axes, drawn, strict=False):
+        xy = embedding.coordinates[layer]
+        if categorical:
+            for _, members, colour in groups:
+                axis.scatter(xy[members, 0], xy[members, 1], s=size, color=colour, linewidths=0, alpha=0.85)
+        else:
+            mappable = axis.scatter(xy[:, 0], xy[:, 1], c=values, s=size, cmap="viridis", norm=norm, linewidths=0)
+        axis.set_title(f"layer {layer}")
+        axis.set_xlabel(f"{method_name} 1")
+        axis.set_ylabel(f"{method_name} 2")
+        axis.set_xticks([])
+        axis.set_yticks([])
+    constant = _constant_sentence(embedding.constant_layers, "embed")
+    if not drawn:  # every layer constant: the sentence is the figure
+        axes[0].set_axis_off()
+        axes[0].text(0.5, 0.5, "\n".join(textwrap.wrap(constant, 40)), ha="center", va="center",
+                     transform=axes[0].transAxes)
+    elif categorical:
+        handles = [Line2D([], [], marker="o", linestyle="", color=colour, label=text) for text, _, colour in groups]
+        if groups[0][2] == OTHER_COLOUR:  # 'other' last in the legend, first underneath the points
+            handles = handles[1:] + handles[:1]
+        # On the last panel, so that constrained layout keeps it clear of the title.
+        axes[len(drawn) - 1].legend(handles=handles, title=label, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                                    borderaxespad=0, fontsize="small")
+    else:
+        figure.colorbar(mappable, ax=list(axes), label=label)
+    figure.suptitle(wrap_lines([
+        f"{embedding.model_name}: {method_name} of latent codes, coloured by {label}",
+        codes_context(code_file, embedding.split),
+        embedding.describe() + (f"; {note}" if note else ""),
+        constant if drawn else "",
+    ], width, fontsize_points=10), fontsize="medium")
+    return save_figure(figure, path_stem, formats, dpi)
+
+

@@ -1,0 +1,138 @@
+"""Probe scores per layer: one line per model, site and label, beside its baselines and chance."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.lines import Line2D
+
+from latentcode.analysis.captions import site_set, variant_of, wrap_lines
+from latentcode.analysis.plots.figure import new_figure, save_figure
+from latentcode.analysis.probes import HEADLINE_METRICS
+from latentcode.errors import AnalysisError
+from latentcode.store import CodeFile
+
+__all__ = ["plot_probe_scores"]
+
+
+def _files_of_table(rows: pd.DataFrame) -> list[CodeFile]:
+    """The codes files a probe table was made from, where they can still be read."""
+    files = []
+    for path in dict.fromkeys(rows["file"].astype(str)) if "file" in rows else ():
+        try:
+            files.append(CodeFile(path))
+        except (OSError, ValueError):  # moved or deleted since: the title just says less
+            pass
+    return files
+
+
+def _table_context(rows: pd.DataFrame) -> str:
+    """The site sets and variants of the files of a table, e.g. 'last-self sites (...) · fixed_query variant'."""
+    contexts = []
+    for code_file in _files_of_table(rows):
+        variant = variant_of(code_file)
+        contexts.append(site_set(code_file) + (f" · {variant} variant" if variant else ""))
+    return " | ".join(dict.fromkeys(contexts))
+
+
+def _described_splits(rows: pd.DataFrame, splits: str) -> str:
+    """``"ood"`` -> ``"ood (held-out rule multisets)"`` where the table's files describe the split."""
+    descriptions = {}
+    for code_file in _files_of_table(rows):
+        descriptions = {**code_file.split_descriptions, **descriptions}
+    return "/".join(f"{split} ({descriptions[split]})" if split in descriptions else split
+                    for split in splits.split("/"))
+
+
+def _split_caption(rows: pd.DataFrame, fit: str, test: str) -> str:
+    """``"train: in-distribution functions; ood: unseen combinations"`` where the files describe them."""
+    described = [_described_splits(rows, split) for split in dict.fromkeys([*fit.split("/"), *test.split("/")])]
+    return "; ".join(text.replace(" (", ": ", 1)[:-1] for text in described if text.endswith(")"))
+
+
+def plot_probe_scores(
+    table: pd.DataFrame | str | Path,
+    path_stem: str | Path,
+    metric: str | None = None,
+    formats: Sequence[str] = ("png",),
+    figsize: tuple[float, float] = (6.4, 4.4),
+    dpi: float = 100,
+    models_note: str | None = None,
+) -> list[Path]:
+    """Score per layer per model from a `decode` / `regress` table (or its CSV / JSON file): one
+    solid line per (model, site, label), with its shuffled-label control dashed in the same colour,
+    its strongest other baseline dotted where that is neither the control nor chance, and chance
+    (the majority baseline: the most frequent value, or the mean for R²) as a grey line. The title
+    is short (label, metric, splits); the sites and variant are a caption under the axes. The
+    legend has an entry for what is drawn only.
+
+    `metric` defaults to the first of `HEADLINE_METRICS` the table has. `models_note` adds a line to
+    the title about the models that the codes file cannot say, e.g. "models trained on the
+    permuted variant" where their codes were read on another.
+    """
+    if not isinstance(table, pd.DataFrame):
+        path = Path(table)
+        table = pd.read_json(path) if path.suffix == ".json" else pd.read_csv(path)
+    if metric is None:
+        present = [name for name in HEADLINE_METRICS if (table["metric"] == name).any()]
+        if not present:
+            raise AnalysisError(f"the table has no metric of {HEADLINE_METRICS}; pass metric= one of "
+                             f"{sorted(table['metric'].unique())}")
+        metric = present[0]
+    rows = table[table["metric"] == metric]
+    if rows.empty:
+        raise AnalysisError(f"the table has no rows with metric {metric!r}; it has {sorted(table['metric'].unique())}")
+    keys = ["model", "file", "site", "label"]
+    groups = list(rows.groupby(keys, sort=False))
+    models_per_name = rows.groupby("model")["file"].nunique()
+    figure = new_figure(figsize, dpi)
+    axis = figure.subplots()
+    drawn: set[str] = set()
+    for (model, file, site, label), group in groups:
+        group = group.sort_values("layer")
+        name = model if models_per_name[model] == 1 else f"{model} ({Path(file).stem})"
+        if rows["site"].nunique() > 1:
+            name += f", {site}"
+        if rows["label"].nunique() > 1:
+            name += f", {label}"
+        line, = axis.plot(group["layer"], group["value"], marker="o", label=name, zorder=3)
+        shuffled = group["shuffled_labels"].astype(float)
+        if shuffled.notna().any():
+            axis.plot(group["layer"], shuffled, linestyle="--", color=line.get_color(), alpha=0.8)
+            drawn.add("shuffled")
+        # The strongest baseline where it is another one than the control and chance, drawn already.
+        other = group["strongest_baseline_value"].astype(float).where(
+            ~group["strongest_baseline"].isin(["shuffled_labels", "majority", ""]))
+        if other.notna().any():
+            axis.plot(group["layer"], other, linestyle=":", color=line.get_color(), alpha=0.8)
+            drawn.add("other")
+    chance = sorted({round(float(value), 3) for value in rows["majority"].dropna()}) if "majority" in rows else []
+    for level in chance:
+        axis.axhline(level, color="0.45", linewidth=1.2, zorder=1)
+    style_handles = [
+        *([Line2D([], [], color="grey", linestyle="--", label="shuffled-label control")] if "shuffled" in drawn else []),
+        *([Line2D([], [], color="grey", linestyle=":", label="strongest other baseline")] if "other" in drawn else []),
+        *([Line2D([], [], color="0.45", linewidth=1.2,
+                  label="chance (the fit split's mean)" if "r2" in metric else "chance (majority)")] if chance else []),
+    ]
+    axis.legend(handles=[*axis.get_legend_handles_labels()[0], *style_handles], fontsize="small")
+    layers = sorted(rows["layer"].unique())
+    axis.set_xticks(layers)
+    axis.set_xlabel("layer")
+    axis.set_ylabel(metric)
+    if "r2" not in metric:  # every decoding metric lies in [0, 1]
+        axis.set_ylim(0, 1.02)
+    axis.grid(alpha=0.3)
+    labels = ", ".join(dict.fromkeys(rows["label"]))
+    splits = rows[["fit_split", "test_split"]].drop_duplicates()
+    fit, test = ("/".join(dict.fromkeys(splits[column].astype(str))) for column in ("fit_split", "test_split"))
+    axis.set_title(wrap_lines([f"decoding {labels}: fit on {fit}, scored on {test}",
+                               *([models_note] if models_note else [])], figsize[0], fontsize_points=10),
+                   fontsize="medium")
+    # The details a title would bury: the sites, the variant and what the splits hold.
+    caption = "; ".join(part for part in (_table_context(rows), _split_caption(rows, fit, test)) if part)
+    if caption:
+        figure.supxlabel(wrap_lines([caption], figsize[0], fontsize_points=8), fontsize="x-small", color="0.3")
+    return save_figure(figure, path_stem, formats, dpi)
