@@ -52,6 +52,7 @@ from latentcode.store import (
     write_sharded_file,
 )
 from latentcode.tasks import Batch, Task, eval_seed, get_task
+from latentcode.validation import check_integer, check_split, check_variant
 
 
 class ShardFailed(LatentcodeError):
@@ -176,9 +177,7 @@ def resolve_task(task: Task | Mapping[str, Any] | None, info: Mapping[str, Any],
     elif isinstance(task, Mapping):
         task = get_task(**task)
     split = task.analysis.held_out_split if split is None else split
-    if split not in task.splits:
-        raise UsageError(f"unknown split {split!r} for task {task.name!r}; valid splits: {list(task.splits)}")
-    return task, split
+    return task, check_split(split, task)
 
 
 def extract(
@@ -215,19 +214,14 @@ def extract(
     """
     model, info = resolve_model(run_or_model)
     task, split = resolve_task(task, info, split)
-    if n < 1:
-        raise UsageError(f"n must be a positive number of instances, got {n}")
-    if batch_size < 1:
-        raise UsageError(f"batch_size must be positive, got {batch_size}")
+    n, batch_size = check_integer("n", n, minimum=1), check_integer("batch_size", batch_size, minimum=1)
     check_compression(compression)
     for name, values in (extra or {}).items():
         if len(values) != n:
             raise UsageError(f"extra array {name!r} has {len(values)} rows; expected n={n}, one per instance")
 
     parsed = parse_selector(selector, task)
-    variant = variant or parsed.default_variant or task.variants[0]
-    if variant not in task.variants:
-        raise UsageError(f"unknown variant {variant!r} for task {task.name!r}; valid variants: {list(task.variants)}")
+    variant = check_variant(variant or parsed.default_variant or task.variants[0], task)
     seed = eval_seed(split) if seed is None else seed
     if task.seq_len > model.config.n_ctx:
         raise UsageError(f"the task's seq_len={task.seq_len} is longer than the model accepts (n_ctx="

@@ -28,6 +28,7 @@ from latentcode.errors import UsageError
 from latentcode.files import AtomicOutputs
 from latentcode.intervention.edits import Edit, MeanAblate
 from latentcode.intervention.intervener import Intervention
+from latentcode.validation import check_integer, check_variant
 
 ALL_SITES = "all sites"
 
@@ -59,14 +60,11 @@ def intervention_effects(
     edits = (edits,) if isinstance(edits, Edit) else tuple(edits)
     if not edits:
         raise UsageError("give at least one edit")
-    if n < 1 or batch_size < 1:
-        raise UsageError(f"n and batch_size must be positive, got n={n}, batch_size={batch_size}")
+    n, batch_size = check_integer("n", n, minimum=1), check_integer("batch_size", batch_size, minimum=1)
     model, info = resolve_model(run_or_model)
     task, split = resolve_task(task, info, split)
     selector = parse_selector(sites, task.config())
-    variant = variant or selector.default_variant or task.variants[0]
-    if variant not in task.variants:
-        raise UsageError(f"unknown variant {variant!r} for task {task.name!r}; valid variants: {list(task.variants)}")
+    variant = check_variant(variant or selector.default_variant or task.variants[0], task)
     resolved = selector.resolve(model.config.n_layers, task.seq_len)
     seed = eval_seed(split) if seed is None else seed
     model.eval()

@@ -57,6 +57,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from latentcode import validation
 from latentcode.errors import LatentcodeError
 
 SPLIT_STREAM = 0
@@ -308,21 +309,12 @@ class Task(abc.ABC):
     # --- validation ---------------------------------------------------------------------------
 
     def _split_index(self, split: str) -> int:
-        if split not in self.splits:
-            raise TaskError(
-                f"unknown split {split!r} for task {self.name!r}; valid splits: {list(self.splits)}"
-            )
-        return self.splits.index(split)
+        return self.splits.index(validation.check_split(split, self, error=TaskError))
 
     def _check_variant(self, variant: str | None) -> str:
         if variant is None:
             return self.variants[0]
-        if variant not in self.variants:
-            raise TaskError(
-                f"unknown variant {variant!r} for task {self.name!r}; "
-                f"valid variants: {list(self.variants)}"
-            )
-        return variant
+        return validation.check_variant(variant, self, error=TaskError)
 
     def _check_prediction(self, prediction: np.ndarray, batch: Batch) -> np.ndarray:
         prediction = np.asarray(prediction)
@@ -376,15 +368,9 @@ def get_task(name: str, **params) -> Task:
 
 
 def check_integer(name: str, value, minimum: int | None = None, maximum: int | None = None) -> int:
-    """``value`` as an int, or a ValueError naming ``name``, the value and the allowed range."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TaskError(f"{name}={value!r} must be an integer")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise TaskError(f"{name}={value} must be at least {minimum}")
-    if maximum is not None and value > maximum:
-        raise TaskError(f"{name}={value} must be at most {maximum}")
-    return value
+    """``value`` as an int, or a TaskError naming ``name``, the value and the allowed range
+    (``latentcode.validation.check_integer``, raising the tasks' error)."""
+    return validation.check_integer(name, value, minimum, maximum, error=TaskError)
 
 
 def check_fraction(name: str, value) -> float:
