@@ -639,7 +639,7 @@ def decoding_table(task: str) -> str:  # task: a key of DECODING
 
 
 def ambiguity_table() -> str:
-    from latentcode.tasks.sraven import estimate_ambiguity
+    from latentcode.tasks.sraven_counts import estimate_ambiguity
 
     lines = ["| K (values) | strict: fraction ambiguous | authors: fraction ambiguous |", "|---|---|---|"]
     for n_values in (4, 8, 16):

@@ -16,7 +16,7 @@ import statistics
 import time
 
 from latentcode.tasks import get_task
-from latentcode.tasks.sraven import estimate_ambiguity
+from latentcode.tasks.sraven_counts import estimate_ambiguity
 
 GENERATORS = {
     "sraven M=4 K=8": ("sraven", {"n_features": 4, "n_values": 8}),

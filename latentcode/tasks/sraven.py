@@ -53,15 +53,11 @@ when all M are right.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from latentcode.tasks.ambiguity import (
-    CRITERIA,
-    check_ambiguity_feasible,
-    check_rules,
     is_ambiguous,
 )
 from latentcode.tasks.base import (
@@ -82,9 +78,6 @@ from latentcode.tasks.base import (
 __all__ = [
     "RULES",
     "SRaven",
-    "count_instances",
-    "count_tasks",
-    "estimate_ambiguity",
     "is_ambiguous",
     "permute_columns",
     "sample_feature_grids",
@@ -395,276 +388,25 @@ class SRaven(Task):
         return np.ascontiguousarray(panels.transpose(0, 3, 1, 2), dtype=np.int64)
 
     def counterfactual_answer(self, batch: Batch, feature, rule) -> tuple[np.ndarray, np.ndarray]:
-        """The answer that ``rule`` gives on the last row of ``feature``, from that row's first
-        two cells ``a, b`` and (for distribute_three) the first two rows:
+        """The answer ``rule`` gives on the last row of ``feature``: ``(answers [n], defined [n])``;
+        see ``latentcode.tasks.sraven_counterfactuals.counterfactual_answer``."""
+        from latentcode.tasks import sraven_counterfactuals  # it imports this module's rules
 
-        - ``constant``: ``a``;
-        - ``progression±d``: ``(b ± d) mod K``;
-        - ``sum``: ``(a + b) mod K``;  ``difference``: ``(a - b) mod K``;
-        - ``distribute_three``: the one value of the first two rows' value set that is neither
-          ``a`` nor ``b``; undefined where that leaves no value or more than one.
-
-        With the instance's own rule for the feature this is the true answer (``targets``).
-
-        Args:
-            batch: a batch of this task, either variant.
-            feature: the feature in feature order (not the presented position), an int or int
-                ``[n]`` per instance; the feature at query position j is
-                ``batch.labels["column_permutations"][:, -1, j]``.
-            rule: an index into ``RULES`` or a rule name, or int ``[n]`` per instance.
-
-        Returns:
-            ``(answers, defined)``: int64 ``[n]`` in ``0..K-1`` (-1 where undefined) and bool
-            ``[n]``, False where the rule cannot be applied.
-        """
-        grids = self.feature_grids(batch)
-        n = len(batch)
-        feature = self._per_instance_index("feature", feature, n, self.n_features)
-        if isinstance(rule, str):
-            if rule not in RULES:
-                raise TaskError(f"unknown rule {rule!r}; valid rules: {list(RULES)}")
-            rule = RULES.index(rule)
-        rule = self._per_instance_index("rule", rule, n, len(RULES))
-
-        grid = grids[np.arange(n), feature]  # [n, row, column]
-        first, second = grid[:, -1, 0], grid[:, -1, 1]
-        unwrapped = np.select(
-            [rule == RULES.index("constant"), rule == _SUM, rule == _DIFFERENCE],
-            [first, first + second, first - second],
-            default=second + _STEP[rule],  # the progressions
-        )
-        answers = unwrapped % self.n_values
-
-        missing_value, unique_missing = self._missing_from_value_set(grid)
-        is_distribute = rule == _DISTRIBUTE_THREE
-        answers = np.where(is_distribute, missing_value, answers)
-        defined = ~is_distribute | unique_missing
-        return np.where(defined, answers, -1).astype(np.int64), defined
+        return sraven_counterfactuals.counterfactual_answer(self, batch, feature, rule)
 
     def completes_a_valid_row(self, batch: Batch, feature, rule, answer) -> np.ndarray:
-        """Whether the last row of ``feature`` completed with ``answer`` is a row that ``rule``
-        generates (and, for distribute_three, one of the value set the first two rows share):
+        """Whether ``answer`` completes the last row of ``feature`` as a row of ``rule``, bool ``[n]``;
+        see ``latentcode.tasks.sraven_counterfactuals.completes_a_valid_row``."""
+        from latentcode.tasks import sraven_counterfactuals  # it imports this module's rules
 
-        - ``constant``: ``a == b == answer``; ``progression±d``: ``b = a ± d`` and ``answer = b ± d``
-          (mod K); ``sum`` / ``difference``: ``answer = a ± b`` (mod K);
-        - ``distribute_three``: the first two rows hold exactly three values, and ``a``, ``b``,
-          ``answer`` are those three in some order.
-
-        ``feature``, ``rule``: as for ``counterfactual_answer``; ``answer``: int ``[n]``. Returns bool ``[n]``.
-        The question "does the model follow rule r' here" is well-posed only where this holds for
-        r''s counterfactual answer."""
-        grids = self.feature_grids(batch)
-        n, K = len(batch), self.n_values
-        feature = self._per_instance_index("feature", feature, n, self.n_features)
-        if isinstance(rule, str):
-            rule = RULES.index(rule) if rule in RULES else self._per_instance_index("rule", -1, n, len(RULES))
-        rule = self._per_instance_index("rule", rule, n, len(RULES))
-        answer = np.asarray(answer, dtype=np.int64).reshape(n)
-        grid = grids[np.arange(n), feature]
-        a, b = grid[:, -1, 0], grid[:, -1, 1]
-        step = _STEP[rule]
-        progression = ((b - a - step) % K == 0) & ((answer - b - step) % K == 0)
-        valid = np.select([rule == _SUM, rule == _DIFFERENCE], [(answer - a - b) % K == 0, (answer - a + b) % K == 0],
-                          default=progression)
-        values = np.arange(K)
-        first_rows = (grid[:, :-1, :, None] == values).any(axis=(1, 2))  # [n, K]
-        row = np.stack([a, b, answer], axis=1)
-        distinct = (a != b) & (a != answer) & (b != answer)
-        in_set = np.take_along_axis(first_rows, np.clip(row, 0, K - 1), axis=1).all(axis=1) & (row >= 0).all(axis=1)
-        distribute = (first_rows.sum(axis=1) == 3) & distinct & in_set
-        return np.where(rule == _DISTRIBUTE_THREE, distribute, valid)
+        return sraven_counterfactuals.completes_a_valid_row(self, batch, feature, rule, answer)
 
     def counterfactual_pairs(self, n: int, split: str = "ood", *, seed: int = 0, variant: str | None = None,
                              prediction: int = -1, pool: int = 8, well_posed: bool = True):
-        """``n`` base instances of ``split`` with a donor per relation (``different``, ``third``,
-        ``same``; see ``latentcode.tasks.counterfactuals``), at the query position ``prediction``
-        (default the last; its rule is ``query_rule[:, prediction]``).
+        """``n`` base instances of ``split`` with a donor per relation (different, third, same) at the
+        query position ``prediction``; see ``latentcode.tasks.sraven_counterfactuals.counterfactual_pairs``."""
+        from latentcode.tasks import sraven_counterfactuals  # it imports this module's rules
 
-        The target rule r' of each base is drawn uniformly among the rules whose counterfactual
-        answer is defined, differs from the true answer and (``well_posed``) completes a valid row
-        of r'. The third donor's rule r'' is neither r nor r', and its own answer on the base is not
-        r''s. Donors come from a pool of ``pool * n`` fresh instances of the same split and variant.
-        ``counts`` says how many of the candidate bases each condition kept, and, per rule r' and per
-        rule pair, how often r' was well-posed.
-        """
-        from latentcode.tasks.counterfactuals import (
-            CounterfactualPairs,
-            check_pair_request,
-            choose_donors,
-            choose_third,
-            draw_from_pool,
-            take,
-        )
+        return sraven_counterfactuals.counterfactual_pairs(self, n, split, seed=seed, variant=variant,
+                                                           prediction=prediction, pool=pool, well_posed=well_posed)
 
-        prediction = check_pair_request(n, prediction, self.n_predictions, pool)
-        variant = self._check_variant(variant if variant is not None else self.analysis.variant)
-        n_candidates = 4 * n
-        candidates = self.sample(n_candidates, split, seed=(seed, 1), variant=variant)
-        donor_pool = self.sample(pool * n, split, seed=(seed, 2), variant=variant)
-        rng = np.random.default_rng([seed, 3])
-        feature = candidates.labels["column_permutations"][:, -1, prediction]
-        base_rule = candidates.labels["query_rule"][:, prediction]
-        truth = candidates.y[:, prediction]
-        answers, defined = zip(*(self.counterfactual_answer(candidates, feature, rule) for rule in range(len(RULES))), strict=True)
-        answers, defined = np.stack(answers, 1), np.stack(defined, 1)  # [candidates, rules]
-        valid_rows = np.stack([self.completes_a_valid_row(candidates, feature, rule, np.maximum(answers[:, rule], 0))
-                               for rule in range(len(RULES))], 1) & defined
-        distinguishes = defined & (answers != truth[:, None])
-        target_ok = distinguishes & (valid_rows if well_posed else True)
-        pool_rule = donor_pool.labels["query_rule"][:, prediction]
-        kept, target, donor_different, donor_same = choose_donors(rng, base_rule, target_ok.copy(), pool_rule)
-        target_answer = answers[np.arange(n_candidates), target]
-        third_ok = answers != target_answer[:, None]
-        third_ok[np.arange(n_candidates), base_rule] = False
-        third_ok[np.arange(n_candidates), target] = False
-        has_third, third = choose_third(rng, third_ok, pool_rule)
-        donor_third = draw_from_pool(rng, pool_rule, third)
-        kept &= has_third & (donor_third >= 0)
-        rows = np.flatnonzero(kept)
-        if len(rows) < n:
-            raise TaskError(
-                f"only {len(rows)} of {n_candidates} {split} instances have a well-posed counterfactual rule with "
-                f"donors of every relation at prediction {prediction}; ask for fewer pairs than {n} or set "
-                "well_posed=False"
-            )
-        rows = rows[:n]
-        not_own = np.ones_like(defined)
-        not_own[np.arange(n_candidates), base_rule] = False
-        counts = {
-            "candidates": n_candidates,
-            "with a distinguishing rule r'": int((distinguishes & not_own).any(1).sum()),
-            "with a well-posed distinguishing rule r'": int((distinguishes & valid_rows & not_own).any(1).sum()),
-            "kept (all donors found)": int(kept.sum()),
-            "pairs": n,
-            # how often each rule's counterfactual row is valid where it is defined and differs from the truth
-            "well-posed fraction per rule r'": {RULES[r]: float(valid_rows[distinguishes[:, r] & not_own[:, r], r].mean())
-                                                if (distinguishes[:, r] & not_own[:, r]).any() else float("nan")
-                                                for r in range(len(RULES))},
-            "pairs per base rule": {RULES[r]: int((base_rule[rows] == r).sum()) for r in range(len(RULES))},
-            "pairs per target rule": {RULES[r]: int((target[rows] == r).sum()) for r in range(len(RULES))},
-        }
-        base = take(candidates, rows)
-        donors = {"different": take(donor_pool, donor_different[rows]), "third": take(donor_pool, donor_third[rows]),
-                  "same": take(donor_pool, donor_same[rows])}
-        return CounterfactualPairs(
-            base=base, donors=donors, prediction=prediction, base_answer=truth[rows],
-            counterfactual_answer=target_answer[rows], base_part=base_rule[rows],
-            donor_parts={"different": target[rows], "third": third[rows], "same": base_rule[rows]},
-            part_names=list(RULES), counts=counts)
-
-    def _missing_from_value_set(self, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For grids ``[n, 3, 3]``: the values of the first two rows that are not among the
-        last row's first two cells; ``(value [n], unique [n])``, value meaningful where unique."""
-        values = np.arange(self.n_values)
-        in_first_rows = (grid[:, :-1, :, None] == values).any(axis=(1, 2))  # [n, K]
-        in_last_row = (grid[:, -1, :-1, None] == values).any(axis=1)  # [n, K]
-        candidates = in_first_rows & ~in_last_row
-        return candidates.argmax(axis=1), candidates.sum(axis=1) == 1
-
-    @staticmethod
-    def _per_instance_index(name: str, index, n: int, count: int) -> np.ndarray:
-        """``index`` (an int or ints ``[n]``) as int64 ``[n]``, each in ``0..count-1``."""
-        array = np.asarray(index)
-        if array.dtype == bool or not np.issubdtype(array.dtype, np.integer):
-            raise TaskError(f"{name}={index!r} must be an integer or an integer array [n]")
-        if array.ndim == 0:
-            array = np.full(n, array, dtype=np.int64)
-        if array.shape != (n,):
-            raise TaskError(f"{name} has shape {array.shape}; expected () or ({n},) [n]")
-        outside = (array < 0) | (array >= count)
-        if outside.any():
-            raise TaskError(f"{name}={array[outside][0]} is out of range; expected 0..{count - 1}")
-        return array.astype(np.int64)
-
-
-def count_tasks(n_features: int, n_rules: int = len(RULES)) -> int:
-    """The paper's number of possible SRAVEN tasks on the 3x3 grid:
-    ``C(R + M - 1, M) * ((M!)**2 - M)`` (rule multisets times column-permutation patterns).
-
-    The formula is the paper's; it is zero for M=1, so M >= 2 is required.
-    """
-    n_features = check_integer("n_features", n_features, minimum=2)
-    n_rules = check_integer("n_rules", n_rules, minimum=1)
-    return math.comb(n_rules + n_features - 1, n_features) * (
-        math.factorial(n_features) ** 2 - n_features
-    )
-
-
-def grids_per_rule(n_values: int) -> dict[str, int]:
-    """How many distinct single-feature 3x3 grids each rule can generate (rows independent):
-    K**3 for constant and each progression (a start per row), K**6 for sum and difference (two
-    free cells per row), C(K, 3) * 6**3 for distribute_three (a set of three, an ordering per
-    row)."""
-    n_values = check_n_values(n_values)
-    per_start = n_values**3
-    per_two_cells = n_values**6
-    return {
-        "constant": per_start,
-        "progression+1": per_start,
-        "progression+2": per_start,
-        "progression-1": per_start,
-        "progression-2": per_start,
-        "sum": per_two_cells,
-        "difference": per_two_cells,
-        "distribute_three": math.comb(n_values, 3) * 6**3,
-    }
-
-
-def count_instances(n_features: int, n_values: int) -> int:
-    """The number of distinct labelled problem instances the generator can produce.
-
-    A labelled instance is a rule for each feature (in feature order: any of the ``R**M``
-    tuples, as every ordering of every multiset occurs), the values of each feature's grid under
-    its rule, and the three column permutations::
-
-        (sum over rules of grids_per_rule(K)) ** M * (M!) ** 3
-
-    This counts generator outcomes: two of them can present the same tokens (an ambiguous
-    instance, or features that happen to coincide), so it bounds the number of distinct token
-    sequences from above. For M=4, K=8 it is about 1.2e27.
-    """
-    n_features = check_integer("n_features", n_features, minimum=1)
-    grids_per_feature = sum(grids_per_rule(n_values).values())
-    return grids_per_feature**n_features * math.factorial(n_features) ** GRID_SIZE
-
-
-def estimate_ambiguity(
-    n_features: int,
-    n_values: int,
-    n_instances: int,
-    seed: int = 0,
-    criterion: str = "all_features",
-    rules: str = "strict",
-) -> tuple[float, float]:
-    """Monte Carlo estimate of the fraction of ambiguous SRAVEN instances.
-
-    Draws ``n_instances`` permuted instances with rule multisets uniform over all of them
-    (ignoring the split) from ``np.random.default_rng([seed, 3])`` and checks each exhaustively
-    with :func:`is_ambiguous` under ``criterion`` and ``rules`` (see
-    ``latentcode.tasks.ambiguity``; ``criterion="all_features", rules="authors"`` is the
-    authors' estimator behind the paper's Table A2, ``rules="strict"`` counts only fits the
-    generator can produce and gives a lower fraction).
-
-    Returns:
-        ``(fraction, standard_error)``, the standard error being ``sqrt(f (1 - f) / n)``.
-    """
-    n_features = check_integer("n_features", n_features, minimum=1)
-    n_values = check_n_values(n_values)
-    n_instances = check_integer("n_instances", n_instances, minimum=1)
-    seed = check_integer("seed", seed, minimum=0)
-    if criterion not in CRITERIA:
-        raise TaskError(f"unknown criterion {criterion!r}; valid criteria: {list(CRITERIA)}")
-    check_rules(rules)
-    check_ambiguity_feasible(n_instances, n_features)
-
-    rng = np.random.default_rng([seed, _AMBIGUITY_STREAM])
-    multisets = enumerate_combinations(
-        len(RULES), n_features, with_replacement=True, what=f"multisets of {n_features} rules"
-    )
-    chosen = multisets[rng.integers(len(multisets), size=n_instances)]
-    _, panels, column_permutations = _sample_panels(chosen, n_values, rng)
-    ambiguous = is_ambiguous(
-        permute_columns(panels, column_permutations), n_values, criterion, rules
-    )
-    fraction = float(ambiguous.mean())
-    return fraction, math.sqrt(fraction * (1.0 - fraction) / n_instances)

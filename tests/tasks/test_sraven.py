@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from latentcode.tasks import RULES, SRaven, get_task
-from latentcode.tasks.sraven import count_instances, count_tasks, grids_per_rule
+from latentcode.tasks.sraven_counts import count_instances, count_tasks, grids_per_rule
 
 PROGRESSION_STEPS = {
     "progression+1": 1,

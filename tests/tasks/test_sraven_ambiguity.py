@@ -8,7 +8,8 @@ import pytest
 
 from latentcode.tasks import RULES, SRaven
 from latentcode.tasks.ambiguity import RULE_FAMILIES, fit_rules
-from latentcode.tasks.sraven import estimate_ambiguity, is_ambiguous
+from latentcode.tasks.sraven import is_ambiguous
+from latentcode.tasks.sraven_counts import estimate_ambiguity
 
 STEPS = {"progression+1": 1, "progression+2": 2, "progression-1": -1, "progression-2": -2}
 

@@ -16,7 +16,8 @@ import pytest
 
 from latentcode.cli import main
 from latentcode.tasks import SRaven
-from latentcode.tasks.sraven import estimate_ambiguity, is_ambiguous
+from latentcode.tasks.sraven import is_ambiguous
+from latentcode.tasks.sraven_counts import estimate_ambiguity
 
 PROGRESSION_STEPS = (1, 2, -1, -2)
 
