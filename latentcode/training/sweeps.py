@@ -9,6 +9,9 @@ per run: its grid values, status and final metrics per split (`test.accuracy`, `
 ...). Best hyperparameters are chosen per attention preset on the in-distribution validation
 metric (the `test` split: R² for fuzzy logic, accuracy for SRAVEN), never on OOD data, and
 written to `OUT/best.json`.
+
+With `jobs` > 1 the runs train as processes through `run_jobs`, the one process scheduler: it runs
+any sequence of commands a few at a time (analyses/reproduce.py trains its plan with it).
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ import math
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from latentcode.files import AtomicOutputs, atomic_write_text, open_for_append
 from latentcode.rundir import RunDirectory
@@ -117,11 +122,9 @@ def _run_in_processes(pending: list, jobs: int, progress: bool) -> None:
     """Each run as `python -m latentcode.cli train ...` in its own process, `jobs` at a time, each with
     its share of the cores as its threads (`thread_environment`): processes with a thread per core
     each would spin against each other."""
-    running: list[tuple[str, subprocess.Popen]] = []
-    queue = list(pending)
-    while queue or running:
-        while queue and len(running) < jobs:
-            name, _, config, directory = queue.pop(0)
+
+    def runs():  # drawn one at a time: a run's config file is written just before it starts
+        for name, _, config, directory in pending:
             directory.path.mkdir(parents=True, exist_ok=True)
             config_file = directory.path.parent / f".{name}.train.json"
             atomic_write_text(config_file, config.to_json())
@@ -130,18 +133,73 @@ def _run_in_processes(pending: list, jobs: int, progress: bool) -> None:
             else:
                 command = [sys.executable, "-m", "latentcode.cli", "train", "--config", str(config_file),
                            "--out", str(directory.path), "--quiet"]
-            log = open_for_append(directory.path.parent / f"{name}.log", "w")
-            running.append((name, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                                   env=thread_environment(jobs))))
-            if progress:
-                print(f"started {name}", flush=True)
-        for name, process in list(running):
-            if process.poll() is not None:
-                running.remove((name, process))
-                if progress:
-                    status = "done" if process.returncode == 0 else f"failed (exit {process.returncode}, see {name}.log)"
-                    print(f"{name}: {status}", flush=True)
-        time.sleep(0.5)
+            yield Job(name, command, log=directory.path.parent / f"{name}.log")
+
+    def started(job: Job) -> None:
+        if progress:
+            print(f"started {job.name}", flush=True)
+
+    def finished(job: Job, returncode: int) -> None:
+        if progress:
+            status = "done" if returncode == 0 else f"failed (exit {returncode}, see {job.name}.log)"
+            print(f"{job.name}: {status}", flush=True)
+
+    run_jobs(runs(), jobs, thread_environment(jobs), on_start=started, on_finish=finished)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One process of a sweep: `command` (argv), its output and errors into the file `log`
+    (truncated first; None: this process's own stdout and stderr)."""
+
+    name: str
+    command: list[str]
+    log: Path | None = None
+
+
+def run_jobs(jobs: Iterable[Job], parallel: int, environment: Mapping[str, str], *,
+             on_start: Callable[[Job], None] | None = None, on_finish: Callable[[Job, int], None] | None = None,
+             poll_seconds: float = 0.5) -> dict[str, int]:
+    """Run every job as its own process with `environment`, at most `parallel` at a time, in order;
+    returns {name: exit status}. The next job is drawn from `jobs` only when a process slot is free,
+    so a generator decides at that moment what to run (or to skip). A job's log file is closed when
+    its process ends, and every open one when this returns or raises (processes still running are
+    left to finish)."""
+    pending = iter(jobs)
+    running: list[tuple[Job, subprocess.Popen, IO | None]] = []
+    returncodes: dict[str, int] = {}
+    try:
+        while True:
+            while len(running) < parallel and (job := next(pending, None)) is not None:
+                log = open_for_append(job.log, "w") if job.log is not None else None
+                try:
+                    process = subprocess.Popen(job.command, stdout=log, stderr=subprocess.STDOUT if log else None,
+                                               env=dict(environment))
+                except BaseException:
+                    if log is not None:
+                        log.close()
+                    raise
+                running.append((job, process, log))
+                if on_start:
+                    on_start(job)
+            if not running:
+                return returncodes
+            for item in list(running):
+                job, process, log = item
+                if process.poll() is None:
+                    continue
+                running.remove(item)
+                if log is not None:
+                    log.close()
+                returncodes[job.name] = process.returncode
+                if on_finish:
+                    on_finish(job, process.returncode)
+            if running:
+                time.sleep(poll_seconds)
+    finally:
+        for _, _, log in running:
+            if log is not None:
+                log.close()
 
 
 def _flatten(metrics: dict[str, dict[str, float]]) -> dict[str, float]:

@@ -1,11 +1,13 @@
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from latentcode.cli import main
-from latentcode.training.sweeps import best_runs, expand_grid, sweep
+from latentcode.training.sweeps import Job, best_runs, expand_grid, run_jobs, sweep
 
 
 def run_cli(*args):
@@ -91,3 +93,60 @@ def test_sweep_results_are_written_as_a_set_never_through_a_planted_link(tmp_pat
     write_results(tmp_path, rows, "fuzzy_logic")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.json", "results.csv", "results.json", "victim.txt"]
     assert (tmp_path / "results.csv").read_text().splitlines()[0] == "run,attention,seed,validation.r2"
+
+
+def open_paths() -> set[str]:
+    """What this process's file descriptors point to."""
+    paths = set()
+    for descriptor in os.listdir("/proc/self/fd"):
+        try:
+            paths.add(os.readlink(f"/proc/self/fd/{descriptor}"))
+        except OSError:  # the descriptor of the listing itself, closed by now
+            pass
+    return paths
+
+
+needs_proc = pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads open descriptors from /proc")
+
+
+@needs_proc
+def test_run_jobs_closes_each_log_when_its_process_ends(tmp_path):
+    """The sweep scheduler opened a log per run and never closed it: one descriptor leaked per run."""
+    jobs = [Job("ok", [sys.executable, "-c", "print('hello')"], log=tmp_path / "ok.log"),
+            Job("failed", [sys.executable, "-c", "import sys; print('bye'); sys.exit(3)"], log=tmp_path / "failed.log"),
+            Job("third", [sys.executable, "-c", "print('third')"], log=tmp_path / "third.log")]
+    still_open_when_finished = []
+
+    def finished(job, returncode):
+        still_open_when_finished.extend(str(job.log) for path in open_paths() if path == str(job.log))
+
+    before = open_paths()
+    returncodes = run_jobs(jobs, 2, os.environ, on_finish=finished, poll_seconds=0.01)
+    assert returncodes == {"ok": 0, "failed": 3, "third": 0}
+    assert still_open_when_finished == []
+    assert open_paths() == before
+    assert [(tmp_path / f"{name}.log").read_text() for name in ("ok", "failed", "third")] == ["hello\n", "bye\n", "third\n"]
+
+
+@needs_proc
+def test_run_jobs_closes_the_logs_when_a_job_cannot_start(tmp_path):
+    jobs = [Job("running", [sys.executable, "-c", "import time; time.sleep(0.3)"], log=tmp_path / "running.log"),
+            Job("missing", [str(tmp_path / "no-such-program")], log=tmp_path / "missing.log")]
+    with pytest.raises(FileNotFoundError) as raised:
+        run_jobs(jobs, 2, os.environ, poll_seconds=0.01)
+    # `raised` keeps the scheduler's frame alive: an unclosed file object in it keeps its descriptor
+    assert raised.traceback and not {str(tmp_path / "running.log"), str(tmp_path / "missing.log")} & open_paths()
+
+
+def test_run_jobs_draws_the_next_job_only_when_a_slot_is_free(tmp_path):
+    """A generator of jobs decides what to run when a slot frees (reproduce.py skips runs another
+    process has started meanwhile): with one slot, the second job is drawn after the first ended."""
+    events = []
+
+    def jobs():
+        for name in ("first", "second"):
+            events.append(f"draw {name}")
+            yield Job(name, [sys.executable, "-c", "pass"])
+
+    run_jobs(jobs(), 1, os.environ, on_finish=lambda job, code: events.append(f"end {job.name}"), poll_seconds=0.01)
+    assert events == ["draw first", "end first", "draw second", "end second"]
