@@ -12,7 +12,7 @@ from matplotlib.image import imread
 from latentcode.analysis import decode, write_table
 from latentcode.analysis.embed import embed
 from latentcode.analysis.plots import plot_code_samples, plot_embedding, plot_probe_scores, plot_similarity
-from latentcode.analysis.plots.colours import code_scale
+from latentcode.analysis.plots.colours import OTHER_COLOUR, category_groups, colour_scale
 from latentcode.analysis.plots.heatmap import _similarity_scale
 from latentcode.analysis.similarity import Similarity
 from latentcode.tasks.sraven import SRaven
@@ -139,8 +139,9 @@ def test_integer_labels_with_many_values_show_the_most_frequent_in_colour_and_th
     with matplotlib.rc_context({"svg.fonttype": "none"}):
         (svg,) = plot_embedding(path, "task_index", tmp_path / "tsne", layers=[1], max_points=None, formats=("svg",))
     text = _svg_text(svg)
-    assert "other (21 values)" in text, "31 values: 10 in colour, 21 grey"
-    assert "the 10 most frequent of 31 values of task_index in colour" in text
+    # value 0 (60 points) and 8 of the 30 values of 8 points in colour; 22 x 8 = 176 of 300 points grey
+    assert "other (22 values, 59% of points)" in text, "31 values: 9 in colour, 22 grey"
+    assert "the 9 most frequent of 31 values of task_index in colour" in text
     assert f">{SRaven().value_names()['task_index'][0]}</text>" in text, "the most frequent value has its own colour"
     assert "colorbar" not in text.lower() and "task_index" in text
 
@@ -193,10 +194,30 @@ def test_one_colour_scale_spans_every_panel():
 
 
 def test_signed_codes_get_a_diverging_scale_centred_at_zero():
-    norm, colours = code_scale(np.array([[-0.5, 2.0], [1.0, 0.0]]))
+    norm, colours = colour_scale(np.array([[-0.5, 2.0], [1.0, 0.0]]), "magma", from_zero=True)
     assert (norm.vmin, norm.vmax, colours) == (-2.0, 2.0, "RdBu_r") and norm(0.0) == 0.5
-    norm, colours = code_scale(np.array([[0.1, 0.7], [0.2, 0.0]]))
+    norm, colours = colour_scale(np.array([[0.1, 0.7], [0.2, 0.0]]), "magma", from_zero=True)
     assert (norm.vmin, norm.vmax, colours) == (0.0, pytest.approx(0.7), "magma")
+    norm, colours = colour_scale(np.array([0.2, 0.7, 0.5]))
+    assert (norm.vmin, norm.vmax, colours) == (pytest.approx(0.2), pytest.approx(0.7), "viridis"), "a label's own range"
+
+
+def test_no_value_in_colour_looks_like_the_grey_of_other():
+    values = np.arange(400) % 40  # 40 values of 10 points each: 9 in colour, 31 'other'
+    groups, _ = category_groups(values, None)
+    assert groups[0][2] == OTHER_COLOUR and groups[0][0] == "other (31 values, 78% of points)"
+    colours = [np.asarray(colour[:3]) for _, _, colour in groups[1:]]
+    assert len(colours) == 9 and all(np.ptp(colour) > 0.1 for colour in colours), "no grey among the values shown"
+    assert len({tuple(colour) for colour in colours}) == 9, "each value its own colour"
+
+
+def test_a_signed_continuous_label_is_drawn_diverging_about_zero(tmp_path):
+    labels = make_labels(np.random.default_rng(3), 200)
+    labels["target"] = (labels["target"] - 0.3).astype(np.float32)  # from -0.3 to 0.7
+    path = write_codes(tmp_path / "signed.h5", labels_of_split={"train": labels}, n_per_split={"train": 200})
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        (svg,) = plot_embedding(path, "target", tmp_path / "tsne", layers=[1], max_points=None, formats=("svg",))
+    assert "target (signed: 0 is white)" in _svg_text(svg)
 
 
 def test_probe_plot_has_a_chance_line_a_legend_of_what_is_drawn_and_a_short_title(tmp_path, codes_path):

@@ -7,13 +7,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from matplotlib.colors import Normalize
 from matplotlib.lines import Line2D
 
 from latentcode.analysis.captions import codes_context, wrap_lines
 from latentcode.analysis.embed import DEFAULT_MAX_POINTS, Embedding, embed
 from latentcode.analysis.labels import select_label, value_names
-from latentcode.analysis.plots.colours import OTHER_COLOUR, category_groups, is_categorical_label
+from latentcode.analysis.plots.colours import OTHER_COLOUR, category_groups, colour_scale, is_categorical_label
 from latentcode.analysis.plots.figure import new_figure, one_column, open_codes, save_figure
 from latentcode.store import CodeFile
 
@@ -49,9 +48,10 @@ def plot_embedding(
 
     The embedding is computed with `latentcode.analysis.embed.embed` (arguments `method` to
     `stratify`, and `progress`: a bar over the layers, by default where stderr is a terminal)
-    unless one is given. Categorical labels
-    (integers) get a qualitative palette and a legend (beyond `MAX_LEGEND_VALUES` values, the
-    `TOP_VALUES` most frequent in colour and the rest grey); continuous labels a colour bar.
+    unless one is given. Categorical labels (integers) get a qualitative palette and a legend
+    (beyond `MAX_LEGEND_VALUES` values, the `TOP_VALUES` most frequent in colour and the rest
+    grey, one legend entry 'other' with their number and share of the points); continuous labels
+    a colour bar, on a diverging scale centred at 0 (white) where they are signed.
     Layers whose codes are all equal get a sentence, not an empty panel. The title names the
     model, the sites, the variant and the split, and how many of how many examples were used.
     """
@@ -73,14 +73,14 @@ def plot_embedding(
         groups, note = category_groups(values, value_names(code_file, label))
         note = note.format(label=label)
     else:
-        norm = Normalize(float(np.nanmin(values)), float(np.nanmax(values)))
+        norm, colours = colour_scale(values)  # signed values diverging about 0, white there
     for axis, layer in zip(axes, drawn, strict=False):
         xy = embedding.coordinates[layer]
         if categorical:
             for _, members, colour in groups:
                 axis.scatter(xy[members, 0], xy[members, 1], s=size, color=colour, linewidths=0, alpha=0.85)
         else:
-            mappable = axis.scatter(xy[:, 0], xy[:, 1], c=values, s=size, cmap="viridis", norm=norm, linewidths=0)
+            mappable = axis.scatter(xy[:, 0], xy[:, 1], c=values, s=size, cmap=colours, norm=norm, linewidths=0)
         axis.set_title(f"layer {layer}")
         axis.set_xlabel(f"{method_name} 1")
         axis.set_ylabel(f"{method_name} 2")
@@ -99,7 +99,7 @@ def plot_embedding(
         axes[len(drawn) - 1].legend(handles=handles, title=label, loc="upper left", bbox_to_anchor=(1.02, 1.0),
                                     borderaxespad=0, fontsize="small")
     else:
-        figure.colorbar(mappable, ax=list(axes), label=label)
+        figure.colorbar(mappable, ax=list(axes), label=f"{label} (signed: 0 is white)" if colours == "RdBu_r" else label)
     figure.suptitle(wrap_lines([
         f"{embedding.model_name}: {method_name} of latent codes, coloured by {label}",
         codes_context(code_file, embedding.split),

@@ -9,7 +9,7 @@ import numpy as np
 
 from latentcode.analysis.captions import codes_context, wrap_lines
 from latentcode.analysis.labels import display_value, select_label, value_names
-from latentcode.analysis.plots.colours import code_scale
+from latentcode.analysis.plots.colours import colour_scale
 from latentcode.analysis.plots.figure import new_figure, one_column, open_codes, save_figure
 from latentcode.errors import AnalysisError
 from latentcode.store import CodeFile
@@ -60,7 +60,7 @@ def plot_code_samples(
     figure = new_figure(figsize or (width, 2.2 * n_rows + 1.3), dpi)
     axes = figure.subplots(n_rows, n_columns, squeeze=False).ravel()
     shown = np.concatenate([block for _, _, block in samples])
-    norm, colours = code_scale(shown)
+    norm, colours = colour_scale(shown, "magma", from_zero=True)
     signed = colours == "RdBu_r"
     separator = "black" if signed else "white"
     for axis, (category, count, block) in zip(axes, samples, strict=False):
