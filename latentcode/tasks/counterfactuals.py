@@ -109,13 +109,30 @@ def draw_from_pool(rng: np.random.Generator, pool_part: np.ndarray, wanted: np.n
     return chosen
 
 
-def choose_third(rng: np.random.Generator, third_ok: np.ndarray, pool_part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A third sub-task per base among `third_ok [n, P]` that the pool holds: `(kept [n], part [n])`."""
+def choose_third(rng: np.random.Generator, third_ok: np.ndarray, pool_part: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A third sub-task per base among `third_ok [n, P]` that the pool holds, and a pool donor of it:
+    `(kept [n], part [n], donor [n])`; a base is kept where both exist."""
     n_parts = third_ok.shape[1]
     in_pool = np.bincount(pool_part, minlength=n_parts) > 0
     third_ok = third_ok & in_pool[None, :]
     scores = np.where(third_ok, rng.random(third_ok.shape), -1.0)
-    return third_ok.any(axis=1), scores.argmax(axis=1)
+    part = scores.argmax(axis=1)
+    donor = draw_from_pool(rng, pool_part, part)
+    return third_ok.any(axis=1) & (donor >= 0), part, donor
+
+
+def first_kept(kept: np.ndarray, n: int, shortage: str) -> np.ndarray:
+    """The first `n` kept candidates' rows; a `TaskError` saying `shortage` (why candidates were
+    dropped, what to ask for instead) where fewer are kept."""
+    rows = np.flatnonzero(kept)
+    if len(rows) < n:
+        raise TaskError(f"only {len(rows)} of {len(kept)} {shortage}")
+    return rows[:n]
+
+
+def donors_at(donor_pool: Batch, donors: dict[str, np.ndarray]) -> dict[str, Batch]:
+    """`{relation: the pool's rows donors[relation]}`, each aligned with the bases."""
+    return {relation: take(donor_pool, rows) for relation, rows in donors.items()}
 
 
 def check_pair_request(n: int, prediction: int, n_predictions: int, pool: int) -> int:

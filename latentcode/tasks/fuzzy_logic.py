@@ -374,7 +374,8 @@ class FuzzyLogic(Task):
             check_pair_request,
             choose_donors,
             choose_third,
-            draw_from_pool,
+            donors_at,
+            first_kept,
             take,
         )
 
@@ -400,24 +401,18 @@ class FuzzyLogic(Task):
         target_value = functions[np.arange(n_candidates), target]
         third_ok = np.abs(functions - target_value[:, None]) > min_difference
         third_ok &= np.abs(functions - truth[:, None]) > min_difference
-        has_third, third = choose_third(rng, third_ok, pool_part)
-        donor_third = draw_from_pool(rng, pool_part, third)
-        kept &= has_third & (donor_third >= 0) & (donor_same >= 0)
-        rows = np.flatnonzero(kept)
-        if len(rows) < n:
-            raise TaskError(
-                f"only {len(rows)} of {n_candidates} {split} instances have donors of every relation with functions "
-                f"that differ by more than {min_difference} at the query; ask for fewer pairs than {n}, a larger pool "
-                "or a smaller min_difference"
-            )
-        rows = rows[:n]
+        has_third, third, donor_third = choose_third(rng, third_ok, pool_part)
+        kept &= has_third & (donor_same >= 0)
+        rows = first_kept(kept, n, f"{split} instances have donors of every relation with functions that differ by "
+                                   f"more than {min_difference} at the query; ask for fewer pairs than {n}, a larger "
+                                   "pool or a smaller min_difference")
         counts = {"candidates": n_candidates, "tasks in the donor pool": len(tasks),
                   "with a distinguishing task T'": int(target_ok.any(1).sum()), "kept (all donors found)": int(kept.sum()),
                   "pairs": n}
         return CounterfactualPairs(
             base=take(candidates, rows),
-            donors={"different": take(donor_pool, donor_different[rows]), "third": take(donor_pool, donor_third[rows]),
-                    "same": take(donor_pool, donor_same[rows])},
+            donors=donors_at(donor_pool, {"different": donor_different[rows], "third": donor_third[rows],
+                                          "same": donor_same[rows]}),
             prediction=prediction, base_answer=truth[rows], counterfactual_answer=target_value[rows],
             base_part=base_task[rows], donor_parts={"different": tasks[target[rows]], "third": tasks[third[rows]],
                                                    "same": base_task[rows]},

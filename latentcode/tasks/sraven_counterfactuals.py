@@ -14,7 +14,8 @@ from latentcode.tasks.counterfactuals import (
     check_pair_request,
     choose_donors,
     choose_third,
-    draw_from_pool,
+    donors_at,
+    first_kept,
     take,
 )
 from latentcode.tasks.sraven import _DIFFERENCE, _DISTRIBUTE_THREE, _STEP, _SUM, RULES
@@ -137,17 +138,10 @@ def counterfactual_pairs(task: SRaven, n: int, split: str = "ood", *, seed: int 
     third_ok = answers != target_answer[:, None]
     third_ok[np.arange(n_candidates), base_rule] = False
     third_ok[np.arange(n_candidates), target] = False
-    has_third, third = choose_third(rng, third_ok, pool_rule)
-    donor_third = draw_from_pool(rng, pool_rule, third)
-    kept &= has_third & (donor_third >= 0)
-    rows = np.flatnonzero(kept)
-    if len(rows) < n:
-        raise TaskError(
-            f"only {len(rows)} of {n_candidates} {split} instances have a well-posed counterfactual rule with "
-            f"donors of every relation at prediction {prediction}; ask for fewer pairs than {n} or set "
-            "well_posed=False"
-        )
-    rows = rows[:n]
+    has_third, third, donor_third = choose_third(rng, third_ok, pool_rule)
+    kept &= has_third
+    rows = first_kept(kept, n, f"{split} instances have a well-posed counterfactual rule with donors of every "
+                               f"relation at prediction {prediction}; ask for fewer pairs than {n} or set well_posed=False")
     not_own = np.ones_like(defined)
     not_own[np.arange(n_candidates), base_rule] = False
     counts = {
@@ -163,11 +157,10 @@ def counterfactual_pairs(task: SRaven, n: int, split: str = "ood", *, seed: int 
         "pairs per base rule": {RULES[r]: int((base_rule[rows] == r).sum()) for r in range(len(RULES))},
         "pairs per target rule": {RULES[r]: int((target[rows] == r).sum()) for r in range(len(RULES))},
     }
-    base = take(candidates, rows)
-    donors = {"different": take(donor_pool, donor_different[rows]), "third": take(donor_pool, donor_third[rows]),
-              "same": take(donor_pool, donor_same[rows])}
+    donors = donors_at(donor_pool, {"different": donor_different[rows], "third": donor_third[rows],
+                                    "same": donor_same[rows]})
     return CounterfactualPairs(
-        base=base, donors=donors, prediction=prediction, base_answer=truth[rows],
+        base=take(candidates, rows), donors=donors, prediction=prediction, base_answer=truth[rows],
         counterfactual_answer=target_answer[rows], base_part=base_rule[rows],
         donor_parts={"different": target[rows], "third": third[rows], "same": base_rule[rows]},
         part_names=list(RULES), counts=counts)
