@@ -26,22 +26,22 @@ from latentcode.models.attention import attention_path
 from latentcode.models.attention_paths import block_codes, query_blocks
 
 
-def checkpointed_z(attention, plan, q, k, v, keep):
+def checkpointed_z(step, value_network, plan, q, k, v, keep):
     """blockwise_z with torch.utils.checkpoint around each query block instead of the Function."""
 
     def block(q_block, keys, values, keep_block, query_start, n_keys):
-        codes = block_codes(attention, q_block, keys, query_start, n_keys)
+        codes = block_codes(step, q_block, keys, query_start, n_keys)
         if keep_block is not None:
             codes = codes * keep_block
         z = None
         for key_start in range(0, n_keys, plan.key_tile):
             key_end = key_start + plan.key_tile
-            part = attention.value_network(codes[..., key_start:key_end], values[:, key_start:key_end])
+            part = value_network(codes[..., key_start:key_end], values[:, key_start:key_end])
             z = part if z is None else z + part
         return z
 
     blocks = []
-    for query_start, query_end, n_keys in query_blocks(q.shape[1], plan, attention.allowed is not None):
+    for query_start, query_end, n_keys in query_blocks(q.shape[1], plan, step.allowed is not None):
         keep_block = None if keep is None else keep[..., query_start:query_end, :n_keys]
         blocks.append(checkpoint(
             block, q[:, query_start:query_end], k[:, :n_keys], v[:, :n_keys], keep_block, query_start, n_keys,

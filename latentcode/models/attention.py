@@ -65,16 +65,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.modules import module as torch_module
 
 from latentcode.errors import LatentcodeError
 from latentcode.models.attention_paths import associative_z, blockwise_z, plan_blocks, sdpa_z
 from latentcode.models.config import ModelConfig
+from latentcode.models.hook_state import any_hooks, attached_hooks, global_hooks_attached
 from latentcode.models.hooks import HookPoint, QueryBlockHook
 from latentcode.models.normalization import SCORE_NORMALIZATIONS
 from latentcode.models.positions import RelativePositionBias, Rotary
+from latentcode.models.scores import ScoresToCodes, drop_out, dropout_mask
 from latentcode.models.value_network import VALUE_NETWORKS
 
 PATHS = ("auto", "full", "blockwise", "sdpa", "associative")
@@ -205,44 +205,42 @@ class Attention(nn.Module):
 
         path, score_readers, pattern_readers = self.choose_path(n_positions)
         self.last_path = path
+        allowed = None if self.allowed is None else self.allowed[:n_positions, :n_positions]
         if path == "full":
             z = self.full_z(q, k, v)
         elif path == "sdpa":
-            z = sdpa_z(self, q, k, v)
+            bias = None if self.relative_position_bias is None else self.relative_position_bias(n_positions)
+            z = sdpa_z(q, k, v, self.d_head, bias, allowed)
         elif path == "associative":
-            z = associative_z(self, q, k, v)
+            z = associative_z(q, k, v, self.d_head, allowed)
         else:
-            plan = plan_blocks(self, batch, n_positions, self.query_block_size, score_readers, pattern_readers)
-            z = blockwise_z(self, plan, q, k, v, self.dropout_mask(n_positions, q))
+            plan = plan_blocks(self.value_network, self.n_heads, batch, n_positions, self.query_block_size,
+                               score_readers, pattern_readers)
+            z = blockwise_z(self.scores_to_codes(), self.value_network, plan, q, k, v,
+                            self.dropout_mask(n_positions, q))
         z = self.hook_z(z)
         out = torch.addmm(
             self.b_O, z.reshape(batch * n_positions, -1), self.W_O.reshape(-1, self.W_O.shape[-1])
         )
         return out.view(batch, n_positions, -1)
 
+    def scores_to_codes(self) -> ScoresToCodes:
+        """This layer's scores -> sigma step (`latentcode.models.scores`), on its current device."""
+        return ScoresToCodes(self.d_head, self.normalize, self.rms_head_eps, self.allowed, self.relative_position_bias)
+
     def full_z(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """z `[batch, query, head, d_head_v]` with every tensor whole: the formulas as written."""
-        n_positions = q.shape[1]
-        # Scaling the queries rather than the scores saves a pass over [batch, head, query, key].
-        scores = torch.einsum("bqhd,bkhd->bhqk", q * (1.0 / math.sqrt(self.d_head)), k)
-        if self.relative_position_bias is not None:
-            scores = scores + self.relative_position_bias(n_positions)
-        scores = self.hook_attn_scores(scores)
-
-        allowed = None if self.allowed is None else self.allowed[:n_positions, :n_positions]
-        latent_codes = self.hook_pattern(self.normalize(scores, allowed, self.rms_head_eps))
-        if self.training and self.attn_dropout > 0:
-            keep = latent_codes.new_ones(1, 1, n_positions, n_positions)
-            latent_codes = latent_codes * F.dropout(keep, self.attn_dropout, training=True)
+        step = self.scores_to_codes()
+        latent_codes = self.hook_pattern(step.codes(self.hook_attn_scores(step.scores(q, k))))
+        latent_codes = drop_out(latent_codes, self.dropout_mask(q.shape[1], latent_codes))
         return self.value_network(latent_codes, v)
 
     def dropout_mask(self, n_positions: int, like: Tensor) -> Tensor | None:
-        """The `[1, 1, query, key]` mask of this pass (kept codes scaled by 1 / (1 - p)), drawn as
-        the full path draws it, or None outside training."""
+        """The `[1, 1, query, key]` dropout mask of this pass (`latentcode.models.scores`) in `like`'s
+        dtype, or None outside training."""
         if not (self.training and self.attn_dropout > 0):
             return None
-        keep = like.new_ones(1, 1, n_positions, n_positions)
-        return F.dropout(keep, self.attn_dropout, training=True)
+        return dropout_mask(n_positions, n_positions, self.attn_dropout, like)
 
     # -- choosing a path ----------------------------------------------------------------------
     def choose_path(self, n_positions: int) -> tuple[str, tuple, tuple]:
@@ -252,7 +250,7 @@ class Attention(nn.Module):
         pattern_readers = block_readers(self.hook_pattern)
         needs_whole = (
             score_readers is None or pattern_readers is None or any_hooks(self.value_network.modules())
-            or global_module_hooks()
+            or global_hooks_attached()
         )
         needs_pattern = bool(score_readers or pattern_readers)
         path = self.path
@@ -298,31 +296,12 @@ class Attention(nn.Module):
 def block_readers(hook_point: nn.Module) -> tuple | None:
     """The `read` functions of the `QueryBlockHook`s on `hook_point`, or None when another hook is
     there (a forward hook of another kind, a pre-hook or a backward hook): it needs the whole tensor."""
-    if hook_point._forward_pre_hooks or hook_point._backward_hooks or hook_point._backward_pre_hooks:
+    hooks = attached_hooks(hook_point)
+    if hooks.forward_pre or hooks.backward or hooks.backward_pre:
         return None
-    readers = []
-    for hook in hook_point._forward_hooks.values():
-        if not isinstance(hook, QueryBlockHook):
-            return None
-        readers.append(hook.read)
-    return tuple(readers)
-
-
-def any_hooks(modules: Iterator[nn.Module]) -> bool:
-    return any(
-        module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-        or module._backward_pre_hooks
-        for module in modules
-    )
-
-
-def global_module_hooks() -> bool:
-    """Whether hooks registered for every module exist (they would see blocks, not whole tensors)."""
-    return any(
-        getattr(torch_module, name, None)
-        for name in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-                     "_global_backward_pre_hooks")
-    )
+    if not all(isinstance(hook, QueryBlockHook) for hook in hooks.forward):
+        return None
+    return tuple(hook.read for hook in hooks.forward)
 
 
 @contextmanager

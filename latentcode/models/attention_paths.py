@@ -3,7 +3,9 @@
 Each equals the full computation of `latentcode.models.attention` to float tolerance, in outputs
 and in gradients; `Attention` chooses among them (see its module docstring for when and why).
 Shapes: `q, k` `[batch, pos, head, d_head]`, `v` `[batch, pos, head, d_head_v]` (after rotary),
-`z` `[batch, query, head, d_head_v]`.
+`z` `[batch, query, head, d_head_v]`. Each takes what it needs of the layer as arguments: the
+scores -> sigma step (`latentcode.models.scores.ScoresToCodes`, shared with the full path), the
+value network, the head width, the position bias and the causal mask.
 
 - `blockwise_z`: every variant. For one block of queries at a time: scores -> sigma -> dropout
   -> value network -> z. Every score normalization acts within one query row (softmax over keys)
@@ -32,8 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from latentcode.models.scores import ScoresToCodes, drop_out, score_scale
+
 if TYPE_CHECKING:
-    from latentcode.models.attention import Attention
     from latentcode.models.value_network import ValueNetwork
 
 BLOCK_BYTES = 2 * 2**20
@@ -61,20 +64,21 @@ class BlockPlan:
 
 
 def plan_blocks(
-    attention: Attention,
+    value_network: ValueNetwork,
+    n_heads: int,
     batch: int,
     n_positions: int,
     query_block: int | None = None,
     score_readers: Sequence[Reader] = (),
     pattern_readers: Sequence[Reader] = (),
 ) -> BlockPlan:
-    """Query blocks whose latent codes, and key tiles whose per-pair activations, take about
-    `BLOCK_BYTES` each (tiles about square); `query_block` (where given) fixes the queries per block."""
-    value_network = attention.value_network
+    """Query blocks whose latent codes `[batch, n_heads, block, n_positions]`, and key tiles whose
+    per-pair activations in `value_network`, take about `BLOCK_BYTES` each (tiles about square);
+    `query_block` (where given) fixes the queries per block."""
     held = value_network.floats_held_per_pair() if value_network.sums_over_keys else 0
     pairs_per_tile = max(BLOCK_BYTES // (4 * batch * held), 1) if held else 0
     if query_block is None:
-        row_bytes = 4 * batch * attention.n_heads * n_positions  # one query row of the codes
+        row_bytes = 4 * batch * n_heads * n_positions  # one query row of the codes
         query_block = BLOCK_BYTES // row_bytes
         if held:
             query_block = min(query_block, math.isqrt(pairs_per_tile))
@@ -88,20 +92,15 @@ def plan_blocks(
 
 
 def block_codes(
-    attention: Attention, q_block: Tensor, keys: Tensor, query_start: int, n_keys: int,
+    step: ScoresToCodes, q_block: Tensor, keys: Tensor, query_start: int, n_keys: int,
     score_readers: Sequence[Reader] = (),
 ) -> Tensor:
     """Latent codes `[batch, head, block queries, n_keys]` of the queries `q_block` (the first at
     `query_start`) against `keys[:, :n_keys]`; the score readers see the scores of all of `keys`."""
-    query_end = query_start + q_block.shape[1]
-    scores = torch.einsum("bqhd,bkhd->bhqk", q_block * (1.0 / math.sqrt(attention.d_head)), keys)
-    if attention.relative_position_bias is not None:
-        scores = scores + attention.relative_position_bias.block(query_start, query_end, keys.shape[1])
+    scores = step.scores(q_block, keys, query_start)
     for read in score_readers:
         read(scores, query_start)
-    scores = scores[..., :n_keys]
-    allowed = None if attention.allowed is None else attention.allowed[query_start:query_end, :n_keys]
-    return attention.normalize(scores, allowed, attention.rms_head_eps)
+    return step.codes(scores[..., :n_keys], query_start)
 
 
 def block_value_network(value_network: ValueNetwork, codes: Tensor, values: Tensor, key_tile: int) -> Tensor:
@@ -127,24 +126,24 @@ def query_blocks(n_positions: int, plan: BlockPlan, causal: bool) -> list[tuple[
 
 
 def blockwise_forward(
-    attention: Attention, plan: BlockPlan, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None
+    step: ScoresToCodes, value_network: ValueNetwork, plan: BlockPlan, q: Tensor, k: Tensor, v: Tensor,
+    keep: Tensor | None,
 ) -> Tensor:
     """z without a graph, block by block; `keep` `[1, 1, query, key]`: the dropout mask or None."""
     n_positions = q.shape[1]
     z_blocks = []
-    for query_start, query_end, n_keys in query_blocks(n_positions, plan, attention.allowed is not None):
+    for query_start, query_end, n_keys in query_blocks(n_positions, plan, step.allowed is not None):
         score_keys = n_positions if plan.score_readers else n_keys  # readers see every key's score
         codes = block_codes(
-            attention, q[:, query_start:query_end], k[:, :score_keys], query_start, n_keys, plan.score_readers
+            step, q[:, query_start:query_end], k[:, :score_keys], query_start, n_keys, plan.score_readers
         )
         if plan.pattern_readers:
             # Masked keys after the block's last query have the code 0 exactly, as in the full path.
             every_key = codes if n_keys == n_positions else F.pad(codes, (0, n_positions - n_keys))
             for read in plan.pattern_readers:
                 read(every_key, query_start)
-        if keep is not None:
-            codes = codes * keep[..., query_start:query_end, :n_keys]
-        z_blocks.append(block_value_network(attention.value_network, codes, v[:, :n_keys], plan.key_tile))
+        codes = drop_out(codes, None if keep is None else keep[..., query_start:query_end, :n_keys])
+        z_blocks.append(block_value_network(value_network, codes, v[:, :n_keys], plan.key_tile))
     return torch.cat(z_blocks, dim=1)
 
 
@@ -171,45 +170,43 @@ class BlockwiseAttention(torch.autograd.Function):
     """z = blockwise_forward(...), whose backward recomputes one query block (and one key tile) at a
     time and differentiates it at once, so that no block's tensors outlive its turn.
 
-    apply(attention, plan, q, k, v, keep, *score_parameters, *value_parameters): the parameters
-    the blocks use besides q, k, v (the relative position bias table; the value network's own
-    weights), so that autograd routes their gradients."""
+    apply(step, value_network, plan, q, k, v, keep, *score_parameters, *value_parameters): the
+    parameters the blocks use besides q, k, v (the relative position bias table; the value
+    network's own weights), so that autograd routes their gradients."""
 
     @staticmethod
-    def forward(ctx, attention, plan, q, k, v, keep, *parameters):
-        ctx.attention, ctx.plan = attention, plan
+    def forward(ctx, step, value_network, plan, q, k, v, keep, *parameters):
+        ctx.step, ctx.value_network, ctx.plan = step, value_network, plan
         device_type = q.device.type
         ctx.autocast = (device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
         ctx.save_for_backward(q, k, v, keep)
-        return blockwise_forward(attention, plan, q, k, v, keep)
+        return blockwise_forward(step, value_network, plan, q, k, v, keep)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_z):
-        attention, plan = ctx.attention, ctx.plan
+        step, value_network, plan = ctx.step, ctx.value_network, ctx.plan
         q, k, v, keep = ctx.saved_tensors
         device_type, autocast_enabled, autocast_dtype = ctx.autocast
-        score_parameters, value_parameters = block_parameters(attention)
-        need_q, need_k, need_v = ctx.needs_input_grad[2:5]
+        score_parameters, value_parameters = block_parameters(step, value_network)
+        need_q, need_k, need_v = ctx.needs_input_grad[3:6]
         grad_q = torch.zeros_like(q) if need_q else None
         grad_k = torch.zeros_like(k) if need_k else None
         grad_v = torch.zeros_like(v) if need_v else None
         grad_score_parameters: list[Tensor | None] = [None] * len(score_parameters)
         grad_value_parameters: list[Tensor | None] = [None] * len(value_parameters)
-        value_network = attention.value_network
 
         def recompute():
             return torch.enable_grad(), torch.autocast(device_type, autocast_dtype, enabled=autocast_enabled)
 
-        for query_start, query_end, n_keys in query_blocks(q.shape[1], plan, attention.allowed is not None):
+        for query_start, query_end, n_keys in query_blocks(q.shape[1], plan, step.allowed is not None):
             grad_z_block = grad_z[:, query_start:query_end]
             grad_mode, autocast = recompute()
             with grad_mode, autocast:
                 q_block = q[:, query_start:query_end].detach().requires_grad_(need_q)
                 keys = k[:, :n_keys].detach().requires_grad_(need_k)
-                codes = block_codes(attention, q_block, keys, query_start, n_keys)
-                if keep is not None:
-                    codes = codes * keep[..., query_start:query_end, :n_keys]
+                codes = block_codes(step, q_block, keys, query_start, n_keys)
+                codes = drop_out(codes, None if keep is None else keep[..., query_start:query_end, :n_keys])
             codes_detached = codes.detach()
             grad_codes = torch.empty_like(codes_detached) if codes.requires_grad else None
             key_tile = plan.key_tile if value_network.sums_over_keys else n_keys
@@ -247,48 +244,51 @@ class BlockwiseAttention(torch.autograd.Function):
                 if keys_grad is not None:
                     grad_k[:, :n_keys] += keys_grad
                 _accumulate(grad_score_parameters, parameters_grad)
-        return (None, None, grad_q, grad_k, grad_v, None, *grad_score_parameters, *grad_value_parameters)
+        return (None, None, None, grad_q, grad_k, grad_v, None, *grad_score_parameters, *grad_value_parameters)
 
 
-def block_parameters(attention: Attention) -> tuple[list[Tensor], list[Tensor]]:
+def block_parameters(step: ScoresToCodes, value_network: ValueNetwork) -> tuple[list[Tensor], list[Tensor]]:
     """The parameters a block uses besides q, k, v: of the scores, and of the value network."""
-    bias = attention.relative_position_bias
-    return ([bias.bias_table] if bias is not None else []), list(attention.value_network.parameters())
+    bias = step.position_bias
+    return ([bias.bias_table] if bias is not None else []), list(value_network.parameters())
 
 
 # torch.compile would unroll every block and tile into one graph: 9 minutes of compilation for a
 # HYLA model at T=1024 and no faster step (benchmarks/bench_long_sequences.py); it runs eagerly.
 @torch.compiler.disable
 def blockwise_z(
-    attention: Attention, plan: BlockPlan, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None
+    step: ScoresToCodes, value_network: ValueNetwork, plan: BlockPlan, q: Tensor, k: Tensor, v: Tensor,
+    keep: Tensor | None,
 ) -> Tensor:
-    """z computed block by block; through `BlockwiseAttention` where gradients are needed."""
-    score_parameters, value_parameters = block_parameters(attention)
+    """z computed block by block (`step`: scores -> sigma, then `value_network`, `keep`: the dropout
+    mask `[1, 1, query, key]` or None); through `BlockwiseAttention` where gradients are needed."""
+    score_parameters, value_parameters = block_parameters(step, value_network)
     parameters = [*score_parameters, *value_parameters]
     if torch.is_grad_enabled() and any(tensor.requires_grad for tensor in (q, k, v, *parameters)):
-        return BlockwiseAttention.apply(attention, plan, q, k, v, keep, *parameters)
+        return BlockwiseAttention.apply(step, value_network, plan, q, k, v, keep, *parameters)
     with torch.no_grad():
-        return blockwise_forward(attention, plan, q, k, v, keep)
+        return blockwise_forward(step, value_network, plan, q, k, v, keep)
 
 
 # -- softmax through scaled_dot_product_attention ---------------------------------------------------
 
 
-def sdpa_z(attention: Attention, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """softmax(q k^T / sqrt(d_head) + bias, masked) v through `F.scaled_dot_product_attention`,
-    without dropout (the layer's dropout is one [query, key] mask shared by batch and heads, which
+def sdpa_z(
+    q: Tensor, k: Tensor, v: Tensor, d_head: int, position_bias: Tensor | None = None, allowed: Tensor | None = None
+) -> Tensor:
+    """softmax(q k^T / sqrt(d_head) + position_bias, masked) v through `F.scaled_dot_product_attention`;
+    `position_bias` `[head, query, key]` or None, `allowed` the causal mask `[query, key]` or None.
+    Without dropout (the layer's dropout is one [query, key] mask shared by batch and heads, which
     SDPA's own dropout is not)."""
-    n_positions = q.shape[1]
-    causal = attention.allowed is not None
-    bias = None
-    if attention.relative_position_bias is not None:
-        bias = attention.relative_position_bias(n_positions)  # [head, query, key]
+    causal = allowed is not None
+    bias = position_bias
+    if bias is not None:
         if causal:
-            bias = bias.masked_fill(~attention.allowed[:n_positions, :n_positions], float("-inf"))
+            bias = bias.masked_fill(~allowed, float("-inf"))
         bias = bias.to(q.dtype)
     z = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        attn_mask=bias, is_causal=causal and bias is None, scale=1.0 / math.sqrt(attention.d_head),
+        attn_mask=bias, is_causal=causal and bias is None, scale=score_scale(d_head),
     )
     return z.transpose(1, 2)
 
@@ -296,14 +296,17 @@ def sdpa_z(attention: Attention, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 # -- linear attention in associative form -----------------------------------------------------------
 
 
-def associative_z(attention: Attention, q: Tensor, k: Tensor, v: Tensor, chunk: int | None = None) -> Tensor:
-    """z[q] = sum_k (q_q . k_k / sqrt(d_head)) v_k (keys k <= q when causal) without the [query, key]
-    scores of the whole sequence; `chunk` queries per chunk when causal (None: `LINEAR_CHUNK`)."""
+def associative_z(
+    q: Tensor, k: Tensor, v: Tensor, d_head: int, allowed: Tensor | None = None, chunk: int | None = None
+) -> Tensor:
+    """z[q] = sum_k (q_q . k_k / sqrt(d_head)) v_k (keys k <= q when causal: `allowed`, the causal mask
+    `[query, key]`, is not None) without the [query, key] scores of the whole sequence; `chunk`
+    queries per chunk when causal (None: `LINEAR_CHUNK`)."""
     chunk = LINEAR_CHUNK if chunk is None else chunk
     # [batch, head, pos, d] once, so that every product below reads slices of it without copies.
-    q = (q * (1.0 / math.sqrt(attention.d_head))).transpose(1, 2).contiguous()
+    q = (q * score_scale(d_head)).transpose(1, 2).contiguous()
     k, v = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
-    if attention.allowed is None:
+    if allowed is None:
         return torch.matmul(q, torch.matmul(k.transpose(-1, -2), v)).transpose(1, 2)
     n_positions = q.shape[2]
     z_chunks, state = [], None  # state: sum over earlier chunks of k^T v, [batch, head, d_head, d_head_v]
@@ -311,7 +314,7 @@ def associative_z(attention: Attention, q: Tensor, k: Tensor, v: Tensor, chunk: 
         end = min(start + chunk, n_positions)
         q_chunk, k_chunk, v_chunk = q[:, :, start:end], k[:, :, start:end], v[:, :, start:end]
         scores = torch.matmul(q_chunk, k_chunk.transpose(-1, -2))
-        scores = scores.masked_fill(~attention.allowed[: end - start, : end - start], 0.0)
+        scores = scores.masked_fill(~allowed[: end - start, : end - start], 0.0)
         z_chunk = torch.matmul(scores, v_chunk)
         if state is not None:
             z_chunk = z_chunk + torch.matmul(q_chunk, state)

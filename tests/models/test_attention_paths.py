@@ -121,7 +121,7 @@ def assert_all_close(got, expected, relative=2e-5, rtol=1e-4):
 def small_blocks(monkeypatch):
     """Blocks of 4 queries and tiles of 3 keys, so that 11 positions need several of both."""
 
-    def plan(attention, batch, n_positions, query_block=None, score_readers=(), pattern_readers=()):
+    def plan(value_network, n_heads, batch, n_positions, query_block=None, score_readers=(), pattern_readers=()):
         return BlockPlan(4, 3, tuple(score_readers), tuple(pattern_readers))
 
     monkeypatch.setattr(attention_module, "plan_blocks", plan)
@@ -226,15 +226,15 @@ def test_auto_gives_the_full_paths_bits_on_short_sequences():
 
 def test_plan_blocks_sizes_blocks_by_bytes_and_obeys_an_explicit_block_size():
     layer = model_of("hyla", n_ctx=1024, kqv_dim=256, v_dim=256, d_model=64).blocks[0].attn  # d_head_v 64
-    plan = plan_blocks(layer, batch=2, n_positions=1024)
+    plan = plan_blocks(layer.value_network, layer.n_heads, batch=2, n_positions=1024)
     codes_block_bytes = 4 * 2 * 4 * plan.query_block * 1024
     tile_bytes = 4 * 2 * plan.query_block * plan.key_tile * 64
     assert codes_block_bytes <= attention_paths.BLOCK_BYTES and tile_bytes <= attention_paths.BLOCK_BYTES
     assert tile_bytes >= attention_paths.BLOCK_BYTES // 4, "tiles near the budget, not tiny"
-    assert plan_blocks(layer, 2, 1024, query_block=100).query_block == 100
-    assert plan_blocks(layer, 2, 50, query_block=100).query_block == 50
+    assert plan_blocks(layer.value_network, 4, 2, 1024, query_block=100).query_block == 100
+    assert plan_blocks(layer.value_network, 4, 2, 50, query_block=100).query_block == 50
     softmax = model_of("softmax", n_ctx=1024).blocks[0].attn
-    assert plan_blocks(softmax, 2, 1024).key_tile == 1024, "the linear value network needs no key tiles"
+    assert plan_blocks(softmax.value_network, softmax.n_heads, 2, 1024).key_tile == 1024, "the linear value network needs no key tiles"
 
 
 # -- bad input ------------------------------------------------------------------------------------
