@@ -6,8 +6,12 @@ A codes file records where its codes came from: the SHA-256 of the weights file 
 from another checkpoint, or a probe table that compares files of different tasks under one label,
 would print numbers that mean nothing, so both are refused with one line naming the two inputs.
 
-Reads JSON and HDF5 attributes only (no torch, no scikit-learn): the command line checks its
-arguments with it before any heavy import.
+A checkpoint's identity is the SHA-256 of its weights: `sha256_of_file` of a saved weights file, and
+`sha256_of_state` (the same bytes safetensors would write) of a model that was never saved; extraction
+records it, interventions and reports check it.
+
+Reads JSON and HDF5 attributes only (no torch, no scikit-learn; `sha256_of_state` imports safetensors
+when called): the command line checks its arguments with it before any heavy import.
 """
 
 from __future__ import annotations
@@ -15,11 +19,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from latentcode.errors import LatentcodeError
 from latentcode.rundir import RunDirectory, RunRecord
 from latentcode.store import CodeFile
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class MismatchError(LatentcodeError, ValueError):
@@ -54,16 +61,27 @@ def check_one_task(code_files: Sequence[CodeFile] = (), runs: Sequence[RunRecord
     return task_name_of(items[0]) if items else None
 
 
-def sha256_of_weights(run: RunRecord) -> str | None:
-    """SHA-256 of a run's final weights file, as extraction records it; None before the run saved one."""
-    weights = RunDirectory(run.path).weights_path
-    if not weights.is_file():
-        return None
+def sha256_of_file(path: Path) -> str:
+    """SHA-256 of a file's bytes (read 1 MiB at a time): the identity of a saved checkpoint."""
     digest = hashlib.sha256()
-    with weights.open("rb") as file:
+    with path.open("rb") as file:
         for block in iter(lambda: file.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def sha256_of_state(model: nn.Module) -> str:
+    """SHA-256 of a model's weights as safetensors bytes (for models that were never saved)."""
+    from safetensors.torch import save
+
+    state = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
+    return hashlib.sha256(save(state)).hexdigest()
+
+
+def sha256_of_weights(run: RunRecord) -> str | None:
+    """SHA-256 of a run's final weights file, as extraction records it; None before the run saved one."""
+    weights = RunDirectory(run.path).weights_path
+    return sha256_of_file(weights) if weights.is_file() else None
 
 
 def task_differences(run_task: Mapping[str, Any], codes_task: Mapping[str, Any]) -> list[str]:

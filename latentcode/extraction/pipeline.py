@@ -28,7 +28,6 @@ torchrun starts several.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import os
 from collections.abc import Mapping
@@ -42,6 +41,7 @@ from torch import nn
 from latentcode.errors import LatentcodeError, UsageError
 from latentcode.extraction.recorder import Recorder
 from latentcode.extraction.sites import MAX_ALL_PAIRS, Selector, SiteError, parse_selector
+from latentcode.provenance import sha256_of_file, sha256_of_state
 from latentcode.rundir import RunDirectory, RunRecord
 from latentcode.store import (
     DEFAULT_COMPRESSION,
@@ -105,22 +105,6 @@ def _raise_if_any_failed(error: BaseException | None, what: str) -> None:
     for rank, message in enumerate(messages):
         if message:
             raise ShardFailed(f"process {rank} of {len(messages)} failed {what}: {message}")
-
-
-def sha256_of_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def sha256_of_state(model: nn.Module) -> str:
-    """SHA-256 of a model's weights as safetensors bytes (for models that were never saved)."""
-    from safetensors.torch import save
-
-    state = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
-    return hashlib.sha256(save(state)).hexdigest()
 
 
 def resolve_model(run_or_model: str | Path | nn.Module) -> tuple[nn.Module, dict[str, Any]]:

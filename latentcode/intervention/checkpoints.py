@@ -1,7 +1,7 @@
 """Whether a codes file comes from the model being edited: its `checkpoint_sha256` against the model's.
 
 `extract` records the SHA-256 of the weights file for run and model directories, and of the weights
-as safetensors bytes for a model object (`latentcode.extraction.pipeline`); `checkpoint_sha256_of`
+as safetensors bytes for a model object (`latentcode.provenance`); `checkpoint_sha256_of`
 computes the same for the model being edited.
 """
 
@@ -21,8 +21,8 @@ class CodesOfAnotherModel(LatentcodeError, ValueError):
 
 def checkpoint_sha256_of(run_or_model: str | Path | nn.Module) -> str:
     """The SHA-256 `extract` records for this run directory, model directory or model object."""
-    from latentcode.extraction.pipeline import sha256_of_file, sha256_of_state
     from latentcode.models.persistence import WEIGHTS_FILE
+    from latentcode.provenance import sha256_of_file, sha256_of_state
 
     if isinstance(run_or_model, nn.Module):
         return sha256_of_state(run_or_model)

@@ -9,7 +9,6 @@ import torch
 
 from latentcode import ATTENTION_PRESETS, ModelConfig, build_model
 from latentcode.extraction import Recorder, SiteError
-from latentcode.extraction.pipeline import sha256_of_state
 from latentcode.intervention import (
     AddVector,
     CodesOfAnotherModel,
@@ -21,6 +20,7 @@ from latentcode.intervention import (
     SetCode,
     ZeroAblate,
 )
+from latentcode.provenance import sha256_of_state
 from latentcode.store import CodeWriter, Site
 from tests.models.reference import (
     reference_attention,
