@@ -418,7 +418,8 @@ def _pictures(
                     f"<h3>{name}: raw latent codes</h3>" + _image(samples[0], f"samples {stem}")
                     + _caption(f"Random examples' latent codes at the last layer, one panel per value of "
                                f"{picture_label}: rows are examples, columns heads (of each site, separated by a "
-                               "line). Signed codes are drawn with 0 white.")
+                               "line; a layer of many sites shows a window of them, grouped by head, as its title "
+                               "says). Signed codes are drawn with 0 white.")
                 )
         steps.advance(f"samples {stem}")
     return "".join(parts)

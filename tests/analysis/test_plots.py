@@ -262,3 +262,26 @@ def test_similarity_panels_share_one_order_and_fade_where_the_label_explains_lit
     text = _svg_text(svg)
     assert "colours faded in proportion to the share of code variance rule explains" in text
     assert "in every panel" in text, "one order named for all panels"
+
+
+def test_code_samples_of_many_sites_show_a_named_window_grouped_by_head(tmp_path):
+    from latentcode.analysis.plots.samples import _site_window
+    from latentcode.store import Site
+
+    sites = [Site(1, 511, key) for key in range(384, 512)]  # a query over its 128 recent keys
+    window = _site_window(sites, max_sites=16)
+    assert [site.key for site in window.shown] == list(range(496, 512)), "the last 16 sites: keys nearest the query"
+    assert "keys 496–511 shown, the last 16 of the layer's 128 sites (keys 384–495 not shown" in window.description
+    codes = np.array([[site * 10 + head for site in range(128) for head in range(4)]])  # [1, site * head]
+    columns = window.columns(codes, n_heads=4)[0]
+    assert list(columns[:16]) == [site * 10 for site in range(112, 128)], "head 0 of each shown site first"
+    assert list(columns[16:18]) == [1121, 1131] and len(columns) == 64
+    few = _site_window(sites[:3], max_sites=16)
+    assert few.description == "" and list(few.columns(codes[:, :12], n_heads=4)[0]) == list(codes[0, :12])
+
+    # 40 sites of 24 heads (the synthetic layout's minimum): 960 columns, a window of 16 sites
+    path = write_codes(tmp_path / "many_sites.h5", n_per_split={"train": 80}, sites_per_layer=40)
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        (svg,) = plot_code_samples(path, "rule", tmp_path / "samples", formats=("svg",))
+    text = _svg_text(svg)
+    assert "the last 16 of the layer's 40 sites (24 sites not shown" in text and "head; in each, 16 sites" in text
