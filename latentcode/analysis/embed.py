@@ -9,13 +9,16 @@ Embeddings run on the raw codes (no standardization), the codes of all sites of 
 concatenated, single-threaded. tSNE is scikit-learn's (Barnes-Hut, PCA initialization); UMAP is
 umap-learn's, imported on first use (it compiles with numba on the first call of a process, some
 seconds). A layer takes tens of seconds (2000 SRAVEN codes of 32 values: about 23 s with tSNE,
-29 s with UMAP, on 2 busy CPU cores), so a progress bar runs over the layers (by default where
-stderr is a terminal, as tqdm's ``disable=None``: `latentcode plot` shows it, captured output not).
+29 s with UMAP, on 2 busy CPU cores; minutes under load), so `embed` says how far it is on
+stderr: a bar over the layers where stderr is a terminal, else a plain line as each layer starts
+and ends (a log or a pipe gets no carriage returns or escape codes, as training's log lines);
+``progress=False`` says nothing (`latentcode report` has its own bar).
 """
 
 from __future__ import annotations
 
 import sys
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,6 +34,7 @@ __all__ = ["DEFAULT_MAX_POINTS", "METHODS", "Embedding", "embed", "subsample"]
 
 DEFAULT_MAX_POINTS = 2000
 METHODS = ("tsne", "umap")
+METHOD_NAMES = {"tsne": "tSNE", "umap": "UMAP"}
 
 
 @dataclass
@@ -116,15 +120,39 @@ def _embed_array(codes: np.ndarray, method: str, seed: int) -> tuple[np.ndarray,
         return np.asarray(model.fit_transform(codes), dtype=np.float32), parameters
 
 
-def _progress_bar(progress: bool | None, method: str, model_name: str, n_layers: int, n_points: int):
-    if progress is False:
-        return None
-    from tqdm.auto import tqdm
+class _Progress:
+    """How far an embedding is, on stderr: a tqdm bar over the layers on a terminal, plain lines
+    elsewhere, nothing when not `enabled`."""
 
-    name = {"tsne": "tSNE", "umap": "UMAP"}.get(method, method)
-    bar = tqdm(total=n_layers, desc=f"{name} of {n_points} {model_name} codes", unit="layer",
-               disable=None if progress is None else False)
-    return None if bar.disable else bar
+    def __init__(self, enabled: bool, method: str, model_name: str, n_layers: int, n_points: int):
+        self.enabled, self.n_layers, self.done = enabled, n_layers, 0
+        self.what = f"{METHOD_NAMES.get(method, method)} of {n_points} {model_name} codes"
+        self.bar = None
+        self.started = time.perf_counter()
+        if enabled and sys.stderr.isatty():
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=n_layers, desc=self.what, unit="layer")
+
+    def start(self, layer: int, note: str = "") -> None:
+        self.started = time.perf_counter()
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"layer {layer}" + (f" ({note})" if note else ""))
+        elif self.enabled:
+            print(f"{self.what}: layer {layer} ({self.done + 1} of {self.n_layers})" + (f"; {note}" if note else "")
+                  + " ...", file=sys.stderr, flush=True)
+
+    def finish(self, layer: int) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update()
+        elif self.enabled:
+            print(f"{self.what}: layer {layer} done in {time.perf_counter() - self.started:.1f} s",
+                  file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def embed(
@@ -135,7 +163,7 @@ def embed(
     max_points: int | None = DEFAULT_MAX_POINTS,
     seed: int = 0,
     stratify: str | None = None,
-    progress: bool | None = None,
+    progress: bool = True,
 ) -> Embedding:
     """tSNE or UMAP of the codes of each layer (all its sites concatenated).
 
@@ -147,8 +175,8 @@ def embed(
         max_points: the cap on examples (None: no cap); larger splits are subsampled with `seed`.
         seed: seeds the subsample and the embedding.
         stratify: a label spec (one value per example) to stratify the subsample by.
-        progress: a progress bar over the layers (tqdm, on stderr); None: only where stderr is a
-            terminal.
+        progress: say how far it is on stderr (a bar on a terminal, a line per layer's start and
+            end elsewhere); False: nothing.
     """
     if method not in METHODS:
         raise AnalysisError(f"method {method!r} is not one of {METHODS}")
@@ -162,11 +190,10 @@ def embed(
             raise AnalysisError(f"stratify needs one value per example; label {stratify!r} has shape {list(strata.shape)}")
     indices = subsample(n_total, max_points, seed, strata)
     coordinates, parameters, constant_layers = {}, {}, []
-    bar = _progress_bar(progress, method, code_file.model_name, len(layers), len(indices))
+    progress_of = _Progress(progress, method, code_file.model_name, len(layers), len(indices))
     for layer in layers:
-        if bar is not None:
-            bar.set_postfix_str(f"layer {layer}" + (" (importing umap: numba compiles on first use)"
-                                                    if method == "umap" and "umap" not in sys.modules else ""))
+        progress_of.start(layer, "importing umap: numba compiles on first use"
+                          if method == "umap" and "umap" not in sys.modules else "")
         codes = code_file.layer_codes(layer, split)[indices].astype(np.float64)
         if not np.isfinite(codes).all():
             raise AnalysisError(f"the codes of layer {layer} in split {split!r} contain NaN or inf; cannot embed them")
@@ -179,10 +206,8 @@ def embed(
         else:
             with threadpool_limits(limits=1):
                 coordinates[layer], parameters = _embed_array(codes, method, seed)
-        if bar is not None:
-            bar.update()
-    if bar is not None:
-        bar.close()
+        progress_of.finish(layer)
+    progress_of.close()
     return Embedding(
         method=method, model_name=code_file.model_name, split=split, layers=layers,
         coordinates=coordinates, indices=indices, n_total=n_total, max_points=max_points, seed=seed,

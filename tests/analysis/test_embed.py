@@ -1,5 +1,7 @@
 """Subsampling with a cap, and tSNE / UMAP embeddings of each layer."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -65,9 +67,19 @@ def test_embed_errors(codes_path):
         embed(codes_path, split="train", stratify="query_rule")
 
 
-def test_progress_bar_over_the_layers(codes_path, capsys):
-    embed(codes_path, "tsne", split="ood", max_points=40, progress=True)
-    err = capsys.readouterr().err
-    assert "tSNE of 40 hyla codes" in err and "2/2" in err, "a bar over the two layers, on stderr"
+def test_progress_is_a_line_per_layer_on_stderr_off_a_terminal(codes_path, capsys):
     embed(codes_path, "tsne", split="ood", max_points=40)
-    assert capsys.readouterr().err == "", "by default only on a terminal"
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert lines[0] == "tSNE of 40 hyla codes: layer 0 (1 of 2) ..." and lines[2].startswith("tSNE of 40 hyla codes: layer 1 (2 of 2)")
+    assert re.fullmatch(r"tSNE of 40 hyla codes: layer 1 done in \d+\.\d s", lines[3]) and len(lines) == 4
+    assert "\r" not in err and "\x1b" not in err, "plain lines: no carriage returns or escape codes in a log"
+    embed(codes_path, "tsne", split="ood", max_points=40, progress=False)
+    assert capsys.readouterr().err == "", "progress=False (the CLI's --quiet, the report's own bar): nothing"
+
+
+def test_progress_is_a_bar_on_a_terminal(codes_path, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    embed(codes_path, "tsne", split="ood", max_points=40)
+    err = capsys.readouterr().err
+    assert "tSNE of 40 hyla codes" in err and "2/2" in err and "done in" not in err, "a bar over the two layers"

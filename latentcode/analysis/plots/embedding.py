@@ -42,12 +42,12 @@ def plot_embedding(
     formats: Sequence[str] = ("png",),
     figsize: tuple[float, float] | None = None,
     dpi: float = 100,
-    progress: bool | None = None,
+    progress: bool = True,
 ) -> list[Path]:
     """tSNE or UMAP of the codes, one panel per layer, coloured by a label spec.
 
     The embedding is computed with `latentcode.analysis.embed.embed` (arguments `method` to
-    `stratify`, and `progress`: a bar over the layers, by default where stderr is a terminal)
+    `stratify`, and `progress`: how far it is, on stderr; False: nothing)
     unless one is given. Categorical labels (integers) get a qualitative palette and a legend
     (beyond `MAX_LEGEND_VALUES` values, the `TOP_VALUES` most frequent in colour and the rest
     grey, one legend entry 'other' with their number and share of the points); continuous labels
