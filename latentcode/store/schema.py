@@ -1,0 +1,282 @@
+"""The codes file's schema, declared once: every root attribute, group and dataset, with its type,
+shape, whether a reader needs it, and what it means.
+
+The writer creates what this table lists, validation checks a file against it, and the package's
+documentation (`help(latentcode.store)`) is `documentation()` of it. "Required" entries are the
+ones a reader refuses a file without; every other entry is written by every writer, and read with
+its default where absent (a file from before it existed, or a file written by hand).
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import h5py
+import numpy as np
+
+from latentcode.errors import LatentcodeError
+
+FORMAT = "latentcode-codes"
+SCHEMA_VERSION = 1
+SCORE_KINDS = ("pattern", "scores")
+
+
+class CodeFileError(LatentcodeError, ValueError):
+    """A codes file that cannot be read, or that cannot take the data offered; says why."""
+
+
+def to_json(value: Any) -> str:
+    """An attribute's text: a string as it is, anything else as (key-sorted) JSON."""
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+
+
+def from_json(text: Any) -> Any:
+    """An attribute written by `to_json`: JSON where it parses, else the string itself."""
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return text
+
+
+# -- what an attribute holds ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ValueType:
+    """What an attribute holds: `words` for the documentation; `encode` turns the writer's value into
+    what is stored, `parse` what is stored into the reader's value; `absent` stands in for an absent
+    attribute (None: the reader's value is None). A JSON type (`json`: the type its text parses to,
+    `items`: that of every item of a list) reads empty text as its empty value; any other type is
+    well formed where `check` says so."""
+
+    words: str
+    encode: Callable[[Any], Any]
+    parse: Callable[[Any], Any]
+    check: Callable[[Any], bool] = lambda value: True
+    absent: Any = ""
+    json: type | None = None
+    items: type | None = None
+
+    def read(self, stored: Any) -> Any:
+        """The reader's value of an attribute stored as `stored` (None: absent)."""
+        if stored is None:
+            return None if self.absent is None else self.parse(self.absent)
+        return self.parse(stored)
+
+
+def _is_integer(value: Any) -> bool:
+    try:
+        int(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _json_of(kind: type) -> Callable[[str], Any]:
+    empty = "{}" if kind is dict else "[]"
+    return lambda text: json.loads(text or empty)
+
+
+TEXT = ValueType("string", encode=str, parse=lambda value: value, check=lambda value: isinstance(value, str))
+INTEGER = ValueType("integer", encode=int, parse=int, check=_is_integer, absent=None)
+# The seed: JSON, except that a string seed is stored as it is (`from_json` reads both).
+JSON_VALUE = ValueType("JSON value, or a plain string", encode=to_json, parse=from_json,
+                       check=lambda value: isinstance(value, str))
+JSON_OBJECT = ValueType("JSON object", encode=to_json, parse=_json_of(dict), json=dict)
+JSON_LIST = ValueType("JSON list", encode=to_json, parse=_json_of(list), json=list)
+JSON_STRINGS = ValueType("JSON list of strings", encode=to_json, parse=_json_of(list), json=list, items=str)
+
+
+@dataclass(frozen=True)
+class Attribute:
+    """One attribute of the root or of a dataset."""
+
+    name: str
+    type: ValueType
+    required: bool
+    meaning: str
+
+
+# -- what a dataset holds -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DataType:
+    """The element type of a dataset: `words` for the documentation, `written` the dtype the writer
+    creates (None: the caller's own numeric dtype), `kinds` the numpy dtype kinds a reader accepts
+    ("" for strings)."""
+
+    words: str
+    written: Any
+    kinds: str
+
+    def accepts(self, dtype: np.dtype) -> bool:
+        if not self.kinds:
+            return h5py.check_string_dtype(dtype) is not None
+        return dtype.kind in self.kinds
+
+
+FLOAT32 = DataType("float32", written=np.float32, kinds="f")
+NUMBERS = DataType("numbers (bool, integer or float)", written=None, kinds="biuf")
+PREDICTIONS = DataType("float32", written=np.float32, kinds="biuf")  # written float32, read as any number
+STRINGS = DataType("UTF-8 strings", written=h5py.string_dtype(), kinds="")
+
+
+@dataclass(frozen=True)
+class Group:
+    """A group holding one dataset per name (`members`, e.g. "<site>")."""
+
+    path: str
+    required: bool
+    meaning: str
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A dataset, or (with `<name>` in its path) one per name in its group. `ndim` is its exact rank
+    (None: one or more); the reader refuses a dataset of another rank with `expected_shape`, and one
+    of another element type with `expected_dtype` ("a ... dataset" in words). `per_example`:
+    one row per example (all such datasets have N rows)."""
+
+    path: str
+    dtype: DataType
+    shape: str
+    required: bool
+    meaning: str
+    expected_shape: str
+    expected_dtype: str
+    ndim: int | None = None
+    per_example: bool = True
+    attributes: tuple[Attribute, ...] = field(default=())
+
+    @property
+    def group(self) -> str:
+        """The group of a `<name>` dataset ("codes"), "" for a dataset at the root."""
+        return self.path.strip("/").rpartition("/")[0]
+
+    @property
+    def name(self) -> str:
+        """The path without its leading slash: the name h5py finds it by ("split", "codes/<site>")."""
+        return self.path.lstrip("/")
+
+
+# -- the schema -----------------------------------------------------------------------------------------
+ROOT_ATTRIBUTES: tuple[Attribute, ...] = (
+    Attribute("format", TEXT, True, f'"{FORMAT}"'),
+    Attribute("schema_version", INTEGER, True, f"{SCHEMA_VERSION}"),
+    Attribute("latentcode_version", TEXT, False, "version of the package that wrote the file"),
+    Attribute("created", TEXT, False, "ISO 8601 UTC time of the first write"),
+    Attribute("model_name", TEXT, False, 'short name for titles and tables, e.g. "hyla"'),
+    Attribute("model_config", JSON_OBJECT, True, "the model's configuration (ModelConfig.to_dict() for our models)"),
+    Attribute("checkpoint_sha256", TEXT, False, 'SHA-256 of the weights file the codes came from ("" if none)'),
+    Attribute("task_config", JSON_OBJECT, True, "the task's configuration (Task.config()), {} if none"),
+    Attribute("selector", JSON_OBJECT, True, '{"name": ..., "sites": [[layer, query, key], ...]}'),
+    Attribute("score", TEXT, False, f"{SCORE_KINDS[0]!r} (normalized latent codes, default) or {SCORE_KINDS[1]!r} "
+              "(raw, before normalization)"),
+    Attribute("source", TEXT, False, 'where codes came from: "latentcode", "transformer_lens", "torch", ...'),
+    Attribute("seed", JSON_VALUE, False, "the sample seed of the first write (every write's seed: /provenance)"),
+    Attribute("splits", JSON_STRINGS, True, "the split names present, in order of first appearance"),
+    Attribute("n_heads", INTEGER, True, "H, the length of a latent code (0 when sites differ: then each codes "
+              "dataset's width is its own H, e.g. layers with different heads)"),
+    Attribute("task_analysis", JSON_OBJECT, False, "what the task's analysis uses (Task.analysis): selector, "
+              "variant, probe_label, picture_label, headline_metric; {} if unknown"),
+    Attribute("prediction_kind", TEXT, False, 'what /prediction holds: "logits", "regression output" or ""'),
+    Attribute("attention_layers", JSON_LIST, False, 'one entry per attention layer the source read, where known: '
+              '{"name", "kind" ("self" or "cross"), "queries", "keys"} (the lengths of the query and key axes; a '
+              "cross-attention layer's queries index the decoder, its keys the encoder); [] if unknown"),
+    Attribute("split_descriptions", JSON_OBJECT, False, "split name -> what it holds, in words "
+              "(Task.split_descriptions); {} if unknown"),
+    Attribute("shards", JSON_LIST, False, 'only in a sharded file: {"file", "rows"} for each shard: its file '
+              "name (beside this file) and the rows [start, stop) it holds"),
+)
+# Written by `write_sharded_file` only; a `CodeWriter` writes every other root attribute.
+SHARDED_ONLY = ("shards",)
+
+CODES_GROUP = Group("/codes", True, "one dataset per site")
+LABELS_GROUP = Group("/labels", True, "one dataset per task label")
+EXTRA_GROUP = Group("/extra", True, "one dataset per further per-example array the caller passed")
+GROUPS: tuple[Group, ...] = (CODES_GROUP, LABELS_GROUP, EXTRA_GROUP)
+
+CODES = Dataset(
+    "/codes/<site>", FLOAT32, "[N, H]", True,
+    "the latent codes at one site, named l{layer}_q{query}_k{key} (positions absolute, counted from 0); "
+    "a file holds at least one",
+    expected_shape="a 2-D float dataset [examples, heads]", expected_dtype="a 2-D float dataset [examples, heads]",
+    ndim=2,
+    attributes=(Attribute("layer", INTEGER, False, "the site's layer"),
+                Attribute("query", INTEGER, False, "the site's query position"),
+                Attribute("key", INTEGER, False, "the site's key position")),
+)
+LABELS = Dataset(
+    "/labels/<name>", NUMBERS, "[N, ...]", False, "one task label",
+    expected_shape="a dataset with one row per example", expected_dtype="numbers",
+    attributes=(Attribute("value_names", JSON_STRINGS, False,
+                          "the name of each integer value, where the task names them (e.g. the SRAVEN rules)"),
+                Attribute("column_names", JSON_STRINGS, False, "the name of each column of a multi-column "
+                          "label, where the task names them (e.g. the terms of term_present)")),
+)
+PREDICTION = Dataset(
+    "/prediction", PREDICTIONS, "[N, ...]", False, "the model's output at the prediction positions",
+    expected_shape="a dataset with one row per example", expected_dtype="numbers",
+    attributes=(Attribute("kind", TEXT, False, "as the root attribute prediction_kind"),),
+)
+TARGET = Dataset("/target", NUMBERS, "[N, ...]", False, "the task's target",
+                 expected_shape="a dataset with one row per example", expected_dtype="numbers")
+SPLIT = Dataset("/split", STRINGS, "[N]", True, "the split of each example",
+                expected_shape="a 1-D dataset of strings", expected_dtype="a 1-D dataset of strings", ndim=1)
+EXTRA = Dataset("/extra/<name>", NUMBERS, "[N, ...]", False, "a further per-example array the caller passed",
+                expected_shape="a dataset with one row per example", expected_dtype="numbers")
+PROVENANCE = Dataset(
+    "/provenance", STRINGS, "[W]", False,
+    'one JSON object per write (the first and each append), in order: rows [start, stop), splits, seed, mode '
+    '("new", "overwrite", "append"), written (UTC time), latentcode_version, source, score and the selector '
+    "without its sites. Absent in files written before it existed: there the root seed covers every row",
+    expected_shape="a 1-D dataset of JSON strings", expected_dtype="a 1-D dataset of JSON strings",
+    ndim=1, per_example=False,
+)
+DATASETS: tuple[Dataset, ...] = (CODES, LABELS, PREDICTION, TARGET, SPLIT, EXTRA, PROVENANCE)
+
+
+def root_attribute(name: str) -> Attribute:
+    return next(attribute for attribute in ROOT_ATTRIBUTES if attribute.name == name)
+
+
+def required_top_level() -> list[str]:
+    """The groups and datasets at the root that every codes file has ("/codes", ..., "/split")."""
+    return [entry.path for entry in (*GROUPS, *DATASETS) if entry.required and entry.path.count("/") == 1]
+
+
+# -- documentation --------------------------------------------------------------------------------------
+_NAME_WIDTH = 30
+_WIDTH = 104
+
+
+def _line(indent: int, name: str, text: str) -> str:
+    first = " " * indent + name
+    first = first.ljust(_NAME_WIDTH) if len(first) < _NAME_WIDTH else first + " "
+    return textwrap.fill(text, _WIDTH, initial_indent=first, subsequent_indent=" " * _NAME_WIDTH)
+
+
+def _need(entry: Attribute | Group | Dataset) -> str:
+    return "required" if entry.required else "optional"
+
+
+def documentation() -> str:
+    """The schema in words, one entry a line (a group before its datasets): what
+    `help(latentcode.store)` shows."""
+    heading = (f"Schema (version {SCHEMA_VERSION}), readable with h5py alone. Required: a reader refuses a file "
+               "without it; optional: written by every writer, read with its default where absent::")
+    lines = [textwrap.fill(heading, _WIDTH), "", _line(4, "/", "root attributes")]
+    lines += [_line(8, attribute.name, f"{attribute.type.words}, {_need(attribute)}: {attribute.meaning}")
+              for attribute in ROOT_ATTRIBUTES]
+    groups = {f"/{group.path.strip('/')}": group for group in GROUPS}
+    for dataset in DATASETS:
+        group = groups.pop(f"/{dataset.group}", None)
+        if group is not None:
+            lines.append(_line(4, group.path, f"group, {_need(group)}: {group.meaning}"))
+        lines.append(_line(4, dataset.path, f"{dataset.dtype.words} {dataset.shape}, {_need(dataset)}: "
+                                            f"{dataset.meaning}"))
+        lines += [_line(8, f"@{attribute.name}", f"{attribute.type.words}, {_need(attribute)}: {attribute.meaning}")
+                  for attribute in dataset.attributes]
+    assert not groups, f"groups without a dataset in the schema: {list(groups)}"
+    return "\n".join(lines)

@@ -1,0 +1,133 @@
+"""Writing a sharded codes file: one file over the codes files of a sharded extraction's processes.
+
+Its per-example datasets and /split are virtual datasets over the shards' rows; everything else
+(groups, attributes, /provenance) is its own, as in any codes file (see `latentcode.store.shards`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from latentcode.errors import LatentcodeError
+from latentcode.files import (
+    ExclusiveLock,
+    check_replaceable,
+    new_temporary_file,
+    remove_dead_temporaries,
+    write_error,
+)
+from latentcode.store.reader import CodeFile
+from latentcode.store.schema import (
+    CODES,
+    EXTRA,
+    GROUPS,
+    LABELS,
+    PREDICTION,
+    PROVENANCE,
+    SPLIT,
+    TARGET,
+    CodeFileError,
+    to_json,
+)
+
+
+def write_sharded_file(path: str | Path, shards: Sequence[str | Path], *, overwrite: bool = False,
+                       wait_for_lock: float | None = 0.0) -> Path:
+    """Write `path` as one codes file over the codes files `shards` (beside it, in row order): /split
+    and every per-example dataset a virtual dataset over the shards' rows, the root attributes and
+    /provenance those of one write, plus `shards`. `CodeFile` reads it as any codes file; the data
+    stays in the shards. Written like `CodeWriter` writes: under the lock, atomically."""
+    path = Path(path)
+    shards = [Path(shard) for shard in shards]
+    if not shards:
+        raise CodeFileError(f"no shards to combine into {path}")
+    for shard in shards:
+        if shard.parent.resolve() != path.parent.resolve():
+            raise CodeFileError(f"shard {shard} is not beside {path}; a sharded file reads shards from its own directory")
+    readers = [CodeFile(shard) for shard in shards]
+    same = ("n_heads", "model_config", "checkpoint_sha256", "task_config", "selector", "score", "source", "seed")
+    for reader in readers[1:]:
+        differ = [key for key in same if reader.attrs.get(key) != readers[0].attrs.get(key)]
+        if reader.heads_of != readers[0].heads_of:
+            differ.append("sites")
+        if (reader.label_names, reader.extra_names, reader.has_prediction, reader.has_target) != (
+                readers[0].label_names, readers[0].extra_names, readers[0].has_prediction, readers[0].has_target):
+            differ.append("per-example arrays")
+        if differ:
+            raise CodeFileError(f"shards {shards[0]} and {reader.path} differ in {differ}; the shards of one file "
+                                "come from one extraction")
+    lock = ExclusiveLock(path, wait=wait_for_lock, purpose="writing latent codes",
+                         hint="wait until it has finished or choose another path").acquire()
+    temporary = None
+    try:
+        check_replaceable(path)
+        exists = path.exists()
+        if exists and not overwrite:
+            raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it, or choose another path")
+        remove_dead_temporaries(path)
+        temporary = new_temporary_file(path)
+        if exists:  # the rename must not change who may read the file
+            os.chmod(temporary, stat.S_IMODE(os.stat(path).st_mode))
+        with contextlib.ExitStack() as stack:
+            sources = [stack.enter_context(h5py.File(shard, "r")) for shard in shards]
+            out = stack.enter_context(h5py.File(temporary, "w"))
+            _write_virtual(out, shards, sources, readers, mode="overwrite" if exists else "new")
+        check_replaceable(path)  # a link planted while we wrote is not replaced either
+        os.replace(temporary, path)
+        temporary = None
+    except OSError as error:
+        if error.errno is None or isinstance(error, LatentcodeError):
+            raise
+        raise write_error(error, path) from None
+    finally:
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
+        lock.release()
+    return path
+
+
+def _write_virtual(out: h5py.File, shards: list[Path], sources: list[h5py.File], readers: list[CodeFile],
+                   mode: str) -> None:
+    first = sources[0]
+    counts = [len(reader) for reader in readers]
+    bounds = np.cumsum([0, *counts]).tolist()
+    for key, value in first.attrs.items():
+        out.attrs[key] = value
+    out.attrs["splits"] = json.dumps(list(dict.fromkeys(name for reader in readers for name in reader.splits)))
+    out.attrs["shards"] = json.dumps([{"file": shard.name, "rows": [bounds[i], bounds[i + 1]]}
+                                      for i, shard in enumerate(shards)])
+    for group in GROUPS:
+        out.create_group(group.path)
+    names = [SPLIT.name, *(f"{CODES.group}/{site.name}" for site in readers[0].sites),
+             *(f"{LABELS.group}/{label}" for label in readers[0].label_names),
+             *(f"{EXTRA.group}/{extra}" for extra in readers[0].extra_names),
+             *(name for name in (PREDICTION.name, TARGET.name) if name in first)]
+    for name in names:
+        row_shapes = {source[name].shape[1:] for source in sources}
+        dtypes = {source[name].dtype for source in sources}
+        if len(row_shapes) != 1 or len(dtypes) != 1:
+            raise CodeFileError(f"/{name} differs between the shards (rows {sorted(map(list, row_shapes))}, dtypes "
+                                f"{sorted(map(str, dtypes))}); the shards of one file come from one extraction")
+        layout = h5py.VirtualLayout(shape=(bounds[-1], *first[name].shape[1:]), dtype=first[name].dtype)
+        for shard, source, start, stop in zip(shards, sources, bounds, bounds[1:], strict=False):
+            # The bare file name: HDF5 looks for it beside the virtual file, wherever the pair moves.
+            layout[start:stop] = h5py.VirtualSource(shard.name, name, shape=source[name].shape,
+                                                    dtype=source[name].dtype)
+        dataset = out.create_virtual_dataset(name, layout)
+        for key, value in first[name].attrs.items():
+            dataset.attrs[key] = value
+    entry = readers[0].writes[-1]
+    entry = {**entry, "rows": [0, bounds[-1]], "splits": json.loads(out.attrs["splits"]), "mode": mode,
+             "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+             "shards": [shard.name for shard in shards]}
+    out.create_dataset(PROVENANCE.name, data=np.asarray([to_json(entry)], dtype=object), dtype=PROVENANCE.dtype.written,
+                       maxshape=(None,), chunks=(64,))

@@ -1,0 +1,482 @@
+"""Writing a codes file: a streaming, atomic writer of latent codes and their per-example arrays,
+creating what the schema (`latentcode.store.schema`) lists."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import stat
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from latentcode.errors import LatentcodeError
+from latentcode.files import (
+    ExclusiveLock,
+    check_replaceable,
+    new_temporary_file,
+    remove_dead_temporaries,
+    write_error,
+)
+from latentcode.store.full_disk import failed_writes, write_nowhere
+from latentcode.store.schema import (
+    CODES,
+    CODES_GROUP,
+    EXTRA,
+    FORMAT,
+    GROUPS,
+    LABELS,
+    PREDICTION,
+    PROVENANCE,
+    ROOT_ATTRIBUTES,
+    SCHEMA_VERSION,
+    SCORE_KINDS,
+    SHARDED_ONLY,
+    SPLIT,
+    TARGET,
+    CodeFileError,
+    from_json,
+    to_json,
+)
+from latentcode.store.shards import declared_shard_names
+from latentcode.store.site import Site
+from latentcode.store.validation import references_outside
+
+COMPRESSIONS = ("gzip", "lzf", "none")
+DEFAULT_COMPRESSION = "gzip"
+# Deflate level 1: writing the SRAVEN benchmark's 8192 examples took 0.43 s (lzf 0.38 s, level 4
+# 0.47 s) for 3.80 MiB (lzf 4.17, level 4 3.77); higher levels buy almost nothing on float codes.
+_GZIP_LEVEL = 1
+_CHUNK_ROWS = 1024
+_FLUSH_ROWS = 4096
+_FLUSH_BYTES = 64 * 2**20
+
+
+def _package_version() -> str:
+    from latentcode import __version__
+
+    return __version__
+
+
+def check_compression(compression: str | None) -> str | None:
+    """The h5py filter name for a `compression` choice ("gzip", "lzf", "none" or None)."""
+    if compression is None or compression == "none":
+        return None
+    if compression not in COMPRESSIONS:
+        raise CodeFileError(f"compression must be one of {list(COMPRESSIONS)}, got {compression!r}")
+    return compression
+
+
+def _compression_of(dataset: h5py.Dataset) -> str | None:
+    return dataset.compression if dataset.compression in COMPRESSIONS else None
+
+
+class CodeWriter:
+    """Stream latent codes and their labels into a codes file, atomically.
+
+    >>> with CodeWriter("codes.h5", sites, n_heads=16, metadata={...}) as writer:
+    ...     for batch in batches:
+    ...         writer.append(codes={site: array [B, H]}, labels={...}, split="ood", ...)
+
+    `metadata` fills the root attributes (see the module docstring; `model_name`, `model_config`,
+    `checkpoint_sha256`, `task_config`, `selector`, `score`, `source`, `seed`). With
+    `append=True` an existing file is extended if its schema is compatible (same sites, heads,
+    score, labels, model, checkpoint and task), otherwise refused with the reasons; with
+    `append=False` an existing file is refused (nothing already written is overwritten) unless
+    `overwrite=True`. `compression`: "gzip" (default), "lzf" or "none" (None) for a new file.
+    The writer holds the file's lock from construction to `close`/`abort`; another writer holding
+    it raises `LockHeld` at once, or after `wait_for_lock` seconds (None: wait as long as it takes).
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        sites: Sequence[Site],
+        n_heads: int | Mapping[Site, int],
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        append: bool = False,
+        overwrite: bool = False,
+        compression: str | None = DEFAULT_COMPRESSION,
+        wait_for_lock: float | None = 0.0,
+    ):
+        self.path = Path(path)
+        self.sites = sorted(dict.fromkeys(sites))
+        if not self.sites:
+            raise CodeFileError("no sites to record")
+        negative = [site for site in self.sites if min(site.layer, site.query, site.key) < 0]
+        if negative:  # the reader could not open the file: site names hold non-negative numbers
+            raise CodeFileError(f"site {negative[0]} has a negative layer or position; a codes file records "
+                                "layers and absolute positions counted from 0")
+        if isinstance(n_heads, Mapping):
+            self.heads_of = {site: int(n_heads[site]) for site in self.sites}
+        else:
+            self.heads_of = {site: int(n_heads) for site in self.sites}
+        widths = set(self.heads_of.values())
+        self.n_heads = widths.pop() if len(widths) == 1 else 0
+        self.compression = check_compression(compression)
+        self.metadata = dict(metadata or {})
+        score = self.metadata.setdefault("score", "pattern")
+        if score not in SCORE_KINDS:
+            raise CodeFileError(f"score must be one of {SCORE_KINDS}, got {score!r}")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise write_error(error, self.path) from None
+        # Everything from here on, the existence checks included, happens under the lock.
+        self._lock = ExclusiveLock(
+            self.path, wait=wait_for_lock, purpose="writing latent codes",
+            hint="wait until it has finished (--wait-for-lock SECONDS / wait_for_lock= waits for it) "
+                 "or choose another path",
+        ).acquire()
+        self._closed = False
+        try:
+            # A symbolic link (dangling or not), a device, a FIFO or a directory under the name is
+            # refused: the rename would replace the link itself, or a device with a regular file.
+            check_replaceable(self.path)
+            exists = self.path.exists()
+            if exists and not append and not overwrite:
+                raise FileExistsError(
+                    f"{self.path} already exists; pass append=True to add examples to it "
+                    "(--append on the command line), overwrite=True to replace it, or choose another path"
+                )
+            if append and exists and not h5py.is_hdf5(self.path):
+                raise CodeFileError(f"cannot append to {self.path}: it is not an HDF5 file")
+            self.mode = "append" if append and exists else "overwrite" if exists else "new"
+            remove_dead_temporaries(self.path)
+            self.temporary_path = new_temporary_file(self.path)
+            if exists:  # the rename must not change who may read the file
+                os.chmod(self.temporary_path, stat.S_IMODE(os.stat(self.path).st_mode))
+            if self.mode == "append":
+                shutil.copyfile(self.path, self.temporary_path)
+                self.file = h5py.File(self.temporary_path, "r+")
+                self._check_compatible()
+                self.compression = _compression_of(self.file[CODES.group][self.sites[0].name])
+            else:
+                self.file = h5py.File(self.temporary_path, "w")
+                self._initialize()
+        except OSError as error:
+            self._discard()
+            if error.errno is None or isinstance(error, LatentcodeError):
+                raise  # h5py's own OSErrors (a damaged file) carry no errno and say what they mean
+            raise write_error(error, self.path) from None
+        except BaseException:
+            self._discard()
+            raise
+        self.n_appended = 0
+        self._first_row = len(self.file[SPLIT.name])
+        self._splits_written: list[str] = []
+        # Rows wait in memory and go to HDF5 in blocks: one h5py write per dataset per block,
+        # not per batch (with many sites, per-call overhead otherwise dominates).
+        self._pending: dict[str, list[np.ndarray]] = {}
+        self._open_datasets: dict[str, h5py.Dataset] = {}
+        self._pending_rows = 0
+        self._pending_bytes = 0
+        self._n_rows = self._first_row
+
+    # -- setup ---------------------------------------------------------------------------------
+    def _initialize(self) -> None:
+        """Create what the schema lists for a new file: the root attributes, the groups, a codes
+        dataset per site and /split (the other datasets come with the first batch that has them)."""
+        sites = [[site.layer, site.query, site.key] for site in self.sites]
+        values = {
+            "format": FORMAT,
+            "schema_version": SCHEMA_VERSION,
+            "latentcode_version": _package_version(),
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "model_name": self.metadata.get("model_name", ""),
+            "model_config": self.metadata.get("model_config", {}),
+            "checkpoint_sha256": self.metadata.get("checkpoint_sha256", ""),
+            "task_config": self.metadata.get("task_config", {}),
+            "selector": self.metadata.get("selector", {"name": "explicit", "sites": sites}),
+            "score": self.metadata["score"],
+            "source": self.metadata.get("source", ""),
+            "seed": self.metadata.get("seed", ""),
+            "splits": [],
+            "n_heads": self.n_heads,
+            "task_analysis": self.metadata.get("task_analysis", {}),
+            "prediction_kind": self.metadata.get("prediction_kind", ""),
+            "attention_layers": list(self.metadata.get("attention_layers") or []),
+            "split_descriptions": self.metadata.get("split_descriptions", {}),
+        }
+        written = [attribute for attribute in ROOT_ATTRIBUTES if attribute.name not in SHARDED_ONLY]
+        assert list(values) == [attribute.name for attribute in written], "the writer fills every root attribute"
+        for attribute in written:
+            self.file.attrs[attribute.name] = attribute.type.encode(values[attribute.name])
+        for group in GROUPS:
+            self.file.create_group(group.path)
+            if group is not CODES_GROUP:
+                continue
+            for site in self.sites:
+                dataset = self._create(self.file[group.path], site.name, (self.heads_of[site],), CODES.dtype.written)
+                for attribute in CODES.attributes:  # layer, query, key
+                    dataset.attrs[attribute.name] = attribute.type.encode(getattr(site, attribute.name))
+        self.file.create_dataset(
+            SPLIT.name, shape=(0,), maxshape=(None,), dtype=SPLIT.dtype.written, chunks=(_CHUNK_ROWS,),
+            **self._filters(shuffle=False),
+        )
+
+    def _filters(self, shuffle: bool = True) -> dict[str, Any]:
+        if self.compression is None:
+            return {}
+        level = {"compression_opts": _GZIP_LEVEL} if self.compression == "gzip" else {}
+        return {"compression": self.compression, "shuffle": shuffle, **level}
+
+    def _create(self, group: h5py.Group, name: str, row_shape: tuple[int, ...], dtype) -> h5py.Dataset:
+        return group.create_dataset(
+            name, shape=(0, *row_shape), maxshape=(None, *row_shape), dtype=dtype,
+            chunks=(min(_CHUNK_ROWS, max(1, 2**18 // max(1, int(np.prod(row_shape))))), *row_shape),
+            **self._filters(),
+        )
+
+    def _check_compatible(self) -> None:
+        attrs = self.file.attrs
+        problems = []
+        if attrs.get("format") != FORMAT:
+            raise CodeFileError(f"cannot append to {self.path}: it is not a latentcode codes file")
+        outside = references_outside(self.file)
+        if outside:
+            raise CodeFileError(f"cannot append to {self.path}: it refers to other files ({'; '.join(outside)})")
+        if "shards" in attrs:
+            raise CodeFileError(f"cannot append to {self.path}: it is a sharded file (virtual datasets over "
+                                f"{len(declared_shard_names(self.file))} shard files); extract into a new file")
+        if int(attrs.get("schema_version", -1)) != SCHEMA_VERSION:
+            problems.append(f"schema version {attrs.get('schema_version')} (this writer: {SCHEMA_VERSION})")
+        existing_sites = sorted(Site.from_name(name) for name in self.file[CODES.group])
+        if existing_sites != self.sites:
+            problems.append(
+                f"sites differ: file has {[s.name for s in existing_sites]}, new data has {[s.name for s in self.sites]}"
+            )
+        codes = self.file[CODES.group]
+        existing_heads = {Site.from_name(name): codes[name].shape[1] for name in codes}
+        if existing_sites == self.sites and existing_heads != self.heads_of:
+            problems.append(f"n_heads: file {int(attrs['n_heads']) or existing_heads}, new data {self.n_heads or self.heads_of}")
+        for key in ("score", "checkpoint_sha256", "model_config", "task_config"):
+            if key not in self.metadata:
+                continue
+            new = self.metadata[key] if key in ("score", "checkpoint_sha256") else to_json(self.metadata[key])
+            old = attrs[key]
+            if key.endswith("config"):
+                old, new = json.loads(old or "{}"), json.loads(new or "{}")
+            if old != new:
+                problems.append(f"{key}: file {old!r}, new data {new!r}")
+        if problems:
+            raise CodeFileError(f"cannot append to {self.path}: incompatible schema: " + "; ".join(problems))
+
+    # -- writing -------------------------------------------------------------------------------
+    def append(
+        self,
+        codes: Mapping[Site | str, np.ndarray],
+        labels: Mapping[str, np.ndarray] | None = None,
+        split: str | Sequence[str] = "",
+        prediction: np.ndarray | None = None,
+        target: np.ndarray | None = None,
+        extra: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
+        """Append one batch: `codes[site]` `[B, H]` for every site, and `[B, ...]` per-example arrays."""
+        codes = {site.name if isinstance(site, Site) else site: np.asarray(array) for site, array in codes.items()}
+        expected_names = [site.name for site in self.sites]
+        missing = sorted(set(expected_names) - set(codes))
+        unexpected = sorted(set(codes) - set(expected_names))
+        if missing or unexpected:
+            raise CodeFileError(f"codes for sites {missing} are missing and {unexpected} are not in the file")
+        batch_size = len(codes[expected_names[0]])
+        for site in self.sites:
+            array = codes[site.name]
+            if array.shape != (batch_size, self.heads_of[site]):
+                raise CodeFileError(
+                    f"codes of site {site.name} have shape {list(array.shape)}; expected "
+                    f"[{batch_size}, {self.heads_of[site]}] (batch, heads)"
+                )
+        arrays: dict[str, np.ndarray] = {f"{LABELS.group}/{k}": np.asarray(v) for k, v in (labels or {}).items()}
+        arrays |= {f"{EXTRA.group}/{k}": np.asarray(v) for k, v in (extra or {}).items()}
+        if prediction is not None:
+            arrays[PREDICTION.name] = np.asarray(prediction, dtype=PREDICTION.dtype.written)
+        if target is not None:
+            arrays[TARGET.name] = np.asarray(target)
+        for name, array in arrays.items():
+            if len(array) != batch_size:
+                raise CodeFileError(
+                    f"{name} has {len(array)} rows but the codes have {batch_size}: every per-example "
+                    "array needs one row per example"
+                )
+            if array.dtype.kind not in "biuf":
+                raise CodeFileError(f"{name} has dtype {array.dtype}; only numeric arrays can be stored")
+        splits = [split] * batch_size if isinstance(split, str) else list(split)
+        if len(splits) != batch_size:
+            raise CodeFileError(f"split has {len(splits)} entries but the codes have {batch_size}")
+
+        existing = {name for name in arrays if name in self.file}
+        if self._n_rows:
+            self._check_same_per_example_arrays(arrays)
+        for name, array in codes.items():
+            bad = ~np.isfinite(array)
+            if bad.any():
+                warnings.warn(
+                    f"{int(bad.any(axis=1).sum())} of {batch_size} latent codes at site {name} contain NaN or inf "
+                    f"({int(bad.sum())} values); they are stored as they are",
+                    RuntimeWarning, stacklevel=2,
+                )
+            self._queue(f"{CODES.group}/{name}", array.astype(CODES.dtype.written, copy=False))
+        for name, array in arrays.items():
+            if name not in existing:
+                group, _, leaf = name.rpartition("/")
+                dataset = self._create(self.file[group] if group else self.file, leaf, array.shape[1:], array.dtype)
+                if group == LABELS.group:
+                    for attribute in LABELS.attributes:  # value_names, column_names: where the task names them
+                        names = self.metadata.get(attribute.name, {}).get(leaf)
+                        if names is not None:
+                            dataset.attrs[attribute.name] = attribute.type.encode(list(names))
+                if name == PREDICTION.name:
+                    for attribute in PREDICTION.attributes:  # kind: the root attribute prediction_kind
+                        dataset.attrs[attribute.name] = attribute.type.encode(self.file.attrs.get("prediction_kind", ""))
+            dataset = self.file[name]
+            if dataset.shape[1:] != array.shape[1:]:
+                raise CodeFileError(
+                    f"{name} has rows of shape {list(array.shape[1:])}; the file holds {list(dataset.shape[1:])}"
+                )
+            self._queue(name, array)
+        self._queue(SPLIT.name, np.asarray(splits, dtype=object))
+        known = json.loads(self.file.attrs["splits"])
+        for name in dict.fromkeys(splits):
+            if name not in known:
+                known.append(name)
+            if name not in self._splits_written:
+                self._splits_written.append(name)
+        self.file.attrs["splits"] = json.dumps(known)
+        self.n_appended += batch_size
+        self._n_rows += batch_size
+        self._pending_rows += batch_size
+        if self._pending_rows >= _FLUSH_ROWS or self._pending_bytes >= _FLUSH_BYTES:
+            self.flush()
+
+    def _queue(self, name: str, rows: np.ndarray) -> None:
+        self._pending.setdefault(name, []).append(rows)
+        self._pending_bytes += rows.nbytes if rows.dtype != object else 8 * len(rows)
+
+    def flush(self) -> None:
+        """Write the rows waiting in memory into the (temporary) file."""
+        with failed_writes(self.path):  # no space left, said once
+            for name, blocks in self._pending.items():
+                # Datasets stay open until the file closes: one closed by the garbage collector when
+                # its cached chunks cannot be written (a full disk) stays half-open in HDF5 for good.
+                if name not in self._open_datasets:
+                    self._open_datasets[name] = self.file[name]
+                self._extend(self._open_datasets[name], blocks[0] if len(blocks) == 1 else np.concatenate(blocks))
+        self._pending, self._pending_rows, self._pending_bytes = {}, 0, 0
+
+    def _check_same_per_example_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
+        def per_example(group: str) -> set[str]:
+            return {f"{group}/{name}" for name in self.file[group]}
+
+        stored = per_example(LABELS.group) | per_example(EXTRA.group)
+        stored |= {name for name in (PREDICTION.name, TARGET.name) if name in self.file}
+        if stored != set(arrays):
+            raise CodeFileError(
+                f"the file holds per-example arrays {sorted(stored)} but this batch has {sorted(arrays)}; "
+                "every batch needs the same labels, prediction, target and extras"
+            )
+
+    @staticmethod
+    def _extend(dataset: h5py.Dataset, rows: np.ndarray) -> None:
+        n = dataset.shape[0]
+        dataset.resize(n + len(rows), axis=0)
+        dataset[n:] = rows
+
+    # -- finishing -----------------------------------------------------------------------------
+    def close(self) -> Path:
+        """Finish the file, move it under its final name and let the next writer in."""
+        if self._closed:
+            return self.path
+        try:
+            self.flush()
+            with failed_writes(self.path):
+                self._record_provenance()
+                # Everything reaches the disk (or fails, e.g. no space left) here: a failed flush
+                # leaves the file to be thrown away cleanly; a failed close could not be undone.
+                self.file.flush()
+            file, self.file = self.file, None  # closed at most once, even if closing fails
+            with failed_writes(self.path):
+                file.close()
+            self._open_datasets = {}
+            check_replaceable(self.path)  # a link planted while we wrote is not replaced either
+            os.replace(self.temporary_path, self.path)
+        except OSError as error:
+            self._discard()
+            raise write_error(error, self.path) from None
+        except BaseException:
+            self._discard()
+            raise
+        self._closed = True
+        self._lock.release()
+        return self.path
+
+    def abort(self) -> None:
+        """Drop everything written by this writer; an existing file under `path` stays as it was."""
+        if not self._closed:
+            self._discard()
+
+    def _record_provenance(self) -> None:
+        """One /provenance entry for this write: which rows, which splits, from which seed."""
+        if PROVENANCE.name not in self.file:
+            self.file.create_dataset(PROVENANCE.name, shape=(0,), maxshape=(None,), dtype=PROVENANCE.dtype.written,
+                                     chunks=(64,))
+            if self._first_row:  # a file from before /provenance: its rows came from the root seed
+                attrs = self.file.attrs
+                self._extend(self.file[PROVENANCE.name], np.asarray([to_json({
+                    "rows": [0, self._first_row], "splits": json.loads(attrs["splits"]),
+                    "seed": from_json(attrs.get("seed", "")), "mode": "new", "written": attrs.get("created", ""),
+                    "latentcode_version": attrs.get("latentcode_version", ""), "reconstructed": True,
+                })], dtype=object))
+        selector = self.metadata.get("selector", {})
+        if isinstance(selector, str):
+            selector = json.loads(selector or "{}")
+        if not isinstance(selector, dict):
+            selector = {"spec": selector}
+        seed = self.metadata.get("seed", "")
+        entry = {
+            "rows": [self._first_row, self._n_rows],
+            "splits": self._splits_written,
+            "seed": seed.item() if isinstance(seed, np.generic) else seed,
+            "mode": self.mode,
+            "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "latentcode_version": _package_version(),
+            "source": str(self.metadata.get("source", "")),
+            "score": self.metadata["score"],
+            "selector": {key: value for key, value in selector.items() if key != "sites"},
+        }
+        self._extend(self.file[PROVENANCE.name], np.asarray([to_json(entry)], dtype=object))
+
+    def _discard(self) -> None:
+        self._closed = True
+        try:
+            file = getattr(self, "file", None)
+            temporary = getattr(self, "temporary_path", None)
+            if file is not None:
+                write_nowhere(file)
+                try:
+                    with failed_writes(self.path):
+                        file.close()
+                except Exception:  # noqa: BLE001 - the file is being thrown away
+                    pass
+                self.file = None
+                self.__dict__.pop("_open_datasets", None)
+            if temporary is not None:
+                temporary.unlink(missing_ok=True)
+        finally:
+            self._lock.release()
+
+    def __enter__(self) -> CodeWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
