@@ -114,8 +114,8 @@ def key_class_tables(code_files: dict[str, Path], seed: int) -> tuple[pd.DataFra
                        "n_test": len(test_labels), "chance": 0.5}
                 if min(np.bincount(fit_labels, minlength=2)) >= 3 and len(test_labels):
                     with threadpool_limits(limits=1):
-                        probe = LogisticProbe(seed=seed).fit(fit_codes, fit_labels)
-                        shuffled = LogisticProbe(seed=seed).fit(fit_codes, rng.permutation(fit_labels))
+                        probe = LogisticProbe(random_state=seed).fit(fit_codes, fit_labels)
+                        shuffled = LogisticProbe(random_state=seed).fit(fit_codes, rng.permutation(fit_labels))
                     row |= {"accuracy": float((probe.predict(test_codes) == test_labels).mean()),
                             "validation": float((probe.validation_predictions_ == fit_labels).mean()),
                             "shuffled_labels": float((shuffled.predict(test_codes) == test_labels).mean())}

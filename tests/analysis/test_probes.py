@@ -91,7 +91,7 @@ def test_the_warm_started_grid_search_matches_scikit_learns():
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 4, 300)
     codes = 0.3 * rng.normal(size=(4, 20))[labels] + rng.normal(size=(300, 20))  # weak: C matters
-    probe = LogisticProbe(DEFAULT_CS[::-1], cv=3, seed=0).fit(codes, labels)
+    probe = LogisticProbe(DEFAULT_CS[::-1], cv=3, random_state=0).fit(codes, labels)
     folds = StratifiedKFold(n_splits=3, shuffle=True, random_state=0)
     search = GridSearchCV(_logistic_pipeline(), {"logistic__C": list(DEFAULT_CS)}, scoring="accuracy",
                           cv=folds).fit(codes, labels)
