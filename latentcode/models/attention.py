@@ -71,9 +71,10 @@ from latentcode.errors import LatentcodeError
 from latentcode.models.attention_paths import associative_z, blockwise_z, plan_blocks, sdpa_z
 from latentcode.models.config import ModelConfig
 from latentcode.models.hook_state import any_hooks, attached_hooks, global_hooks_attached
-from latentcode.models.hooks import HookPoint, QueryBlockHook
+from latentcode.models.hooks import HookPoint
 from latentcode.models.normalization import SCORE_NORMALIZATIONS
 from latentcode.models.positions import RelativePositionBias, Rotary
+from latentcode.models.query_block_hook import QueryBlockHook
 from latentcode.models.scores import ScoresToCodes, drop_out, dropout_mask
 from latentcode.models.value_network import VALUE_NETWORKS
 

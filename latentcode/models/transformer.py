@@ -1,4 +1,4 @@
-"""The hooked transformer: pre-LayerNorm blocks on TransformerLens's hook infrastructure.
+"""The hooked transformer: pre-LayerNorm blocks on TransformerLens's hook interface (`latentcode.models.hooks`).
 
     X_0 = embed(input)                                   hook_embed
     Z   = Attention(LayerNorm(X)) + X                    per block l
@@ -140,7 +140,7 @@ class Transformer(HookedRootModule):
         self.blocks = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
         self.ln_final = LayerNorm(sizes.d_model, config.layer_norm_eps)
         self.unembed = Unembed(sizes.d_model, config.output_dim)
-        self.setup()  # TransformerLens: names every HookPoint after all submodules exist
+        self.setup()  # names every HookPoint after all submodules exist (HookedRootModule)
 
     def check_input(self, tokens: Tensor) -> None:
         config = self.config

@@ -23,8 +23,8 @@ from latentcode.models.attention import (
 )
 from latentcode.models.attention_paths import BlockPlan, plan_blocks
 from latentcode.models.config import POSITIONS
-from latentcode.models.hooks import QueryBlockHook
 from latentcode.models.normalization import SCORE_NORMALIZATIONS
+from latentcode.models.query_block_hook import QueryBlockHook
 from latentcode.models.value_network import VALUE_NETWORKS
 
 PAIRS = [(normalization, network) for normalization in SCORE_NORMALIZATIONS for network in VALUE_NETWORKS]
