@@ -26,6 +26,7 @@ New files and directories get the usual modes under the process umask (0644 and 
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import datetime
 import errno
@@ -304,9 +305,9 @@ class AtomicOutputs:
     the temporaries are removed. A target that exists and is not a regular file is refused.
 
     >>> with AtomicOutputs(lock="results/rule") as outputs:
-    ...     table.to_csv(outputs.temporary("results/rule.csv"))
-    ...     figure.savefig(outputs.temporary("results/rule.png"), format="png")
-    >>> outputs.written   # [Path("results/rule.csv"), Path("results/rule.png")]
+    ...     outputs.write_table("results/rule", table)     # rule.csv, rule.json
+    ...     outputs.write_figure("results/rule", figure)   # rule.png
+    >>> outputs.written   # [Path("results/rule.csv"), Path("results/rule.json"), Path("results/rule.png")]
 
     lock: a path whose sidecar lock (`.NAME.lock`) is held from entry to the last rename, so two
     commands writing the same outputs do not mix their files (the second is refused, or waits
@@ -314,12 +315,8 @@ class AtomicOutputs:
 
     Nested sets of one lock join: entered (in the same thread) inside a set that holds the same
     lock, a set adds its files to the enclosing one, and they are renamed with the enclosing set's
-    (its `written` names them at once). So one command's outputs from several writers are all or
-    none, e.g. `latentcode probe`'s table and plot:
-
-    >>> with AtomicOutputs(lock="results/rule"):
-    ...     write_table(table, "results/rule")            # .csv, .json
-    ...     plot_probe_scores(table, "results/rule")      # .png: all three renamed here, or none
+    (its `written` names them at once). So one command's outputs from several writers (`latentcode
+    probe`'s table, then its plot) are all or none.
     """
 
     def __init__(self, lock: str | Path | None = None, *, wait: float | None = 0.0, purpose: str = "writing results",
@@ -376,6 +373,18 @@ class AtomicOutputs:
         except OSError as error:
             raise write_error(error, target) from None
 
+    def write_table(self, path_stem: str | Path, table) -> None:
+        """A pandas `table` as `<stem>.csv` and `<stem>.json` (a list of records): every table's writer."""
+        stem = Path(path_stem)
+        table.to_csv(self.temporary(stem.with_name(f"{stem.name}.csv")), index=False)
+        table.to_json(self.temporary(stem.with_name(f"{stem.name}.json")), orient="records", indent=1)
+
+    def write_figure(self, path_stem: str | Path, figure, formats: Iterable[str] = ("png",), dpi=None) -> None:
+        """A matplotlib `figure` as `<stem>.<format>` for each of `formats`: every figure's writer."""
+        stem = Path(path_stem)
+        for fmt in formats:
+            figure.savefig(self.temporary(stem.with_name(f"{stem.name}.{fmt}")), format=fmt, dpi=dpi)
+
     def commit(self) -> list[Path]:
         """Rename every temporary over its target (after checking them all); returns the targets.
         A joined set renames nothing: the enclosing set renames its files."""
@@ -409,10 +418,8 @@ class AtomicOutputs:
             self.written = []
             return
         for temporary in self._temporaries.values():
-            try:
+            with contextlib.suppress(OSError):
                 temporary.unlink(missing_ok=True)
-            except OSError:
-                pass
         self._temporaries.clear()
         self._release()
 
@@ -420,10 +427,8 @@ class AtomicOutputs:
         for target in targets:
             temporary = self._temporaries.pop(target, None)
             if temporary is not None:
-                try:
+                with contextlib.suppress(OSError):
                     temporary.unlink(missing_ok=True)
-                except OSError:
-                    pass
 
     def _release(self) -> None:
         if self._lock is not None:

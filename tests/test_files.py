@@ -1,5 +1,6 @@
 """One writer at a time, no stale locks, no litter, the umask's modes (latentcode.files, CodeWriter)."""
 
+import json
 import os
 import signal
 import socket
@@ -299,6 +300,34 @@ def test_outputs_are_written_as_a_set_never_through_a_link_and_a_failure_leaves_
         outputs.write_bytes(figure, b"png")
     assert outputs.written == [table, figure] and table.read_text() == "a,b\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "out.csv", "out.json", "out.png"]
+
+
+def test_tables_and_figures_have_one_writer_that_round_trips_and_never_follows_a_link(tmp_path, victim):
+    """AtomicOutputs.write_table / write_figure: the one writer of every command's tables and figures."""
+    import pandas as pd
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    table = pd.DataFrame({"model": ["hyla", "softmax"], "layer": [0, 1], "value": [0.25, 0.5]})
+    figure = Figure(figsize=(2, 1), dpi=50)
+    FigureCanvasAgg(figure)
+    figure.subplots().plot([0, 1], [1, 0])
+    stem = tmp_path / "out" / "rule"
+    with AtomicOutputs(lock=stem) as outputs:
+        outputs.write_table(stem, table)
+        outputs.write_figure(stem, figure, formats=("png", "svg"))
+    assert outputs.written == [stem.with_name(f"rule.{suffix}") for suffix in ("csv", "json", "png", "svg")]
+    assert (tmp_path / "out" / "rule.csv").read_text() == "model,layer,value\nhyla,0,0.25\nsoftmax,1,0.5\n"
+    assert json.loads((tmp_path / "out" / "rule.json").read_text()) == table.to_dict(orient="records")
+    assert (tmp_path / "out" / "rule.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "out" / "rule.png").stat().st_size > 0 and "<svg" in (tmp_path / "out" / "rule.svg").read_text()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["rule.csv", "rule.json", "rule.png", "rule.svg"]
+    (tmp_path / "out" / "rule.png").unlink()
+    (tmp_path / "out" / "rule.png").symlink_to(victim)
+    with pytest.raises(UnsafePath, match="rule.png is a symbolic link"), AtomicOutputs(lock=stem) as outputs:
+        outputs.write_table(stem, table.iloc[:1])
+        outputs.write_figure(stem, figure)
+    assert victim.read_text() == VICTIM_TEXT and len(pd.read_csv(tmp_path / "out" / "rule.csv")) == 2
 
 
 def test_sets_of_one_lock_nested_in_one_thread_join_the_enclosing_set(tmp_path):
