@@ -90,9 +90,9 @@ def codes_of(run: Path, selector: str, variant: str, n: int, out: str | Path,
 
 
 def write_json(path: Path, data) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, default=str))
-    return path
+    from latentcode.files import atomic_write_text
+
+    return atomic_write_text(path, json.dumps(data, indent=2, default=str))
 
 
 # --- interventions on finished runs (rule_swap, term_swap, head_ablation, topographic_similarity) ---
@@ -197,12 +197,14 @@ def markdown_table(frame, float_format: str = "{:.3f}") -> str:
 
 
 def write_tables(frame, stem: Path, summary=None) -> list[Path]:
-    """`stem.csv` and `stem.json` of the full table, `stem.md` of `summary` (default: the table)."""
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(stem.with_suffix(".csv"), index=False)
-    frame.to_json(stem.with_suffix(".json"), orient="records", indent=1)
-    stem.with_suffix(".md").write_text(markdown_table(frame if summary is None else summary))
-    return [stem.with_suffix(suffix) for suffix in (".csv", ".json", ".md")]
+    """`stem.csv` and `stem.json` of the full table, `stem.md` of `summary` (default: the table), as
+    one set through latentcode.files."""
+    from latentcode.files import AtomicOutputs
+
+    with AtomicOutputs(lock=stem, purpose="writing tables") as outputs:
+        outputs.write_table(stem, frame)
+        outputs.write_text(stem.with_name(f"{stem.name}.md"), markdown_table(frame if summary is None else summary))
+    return outputs.written
 
 
 def write_html(path: Path, title: str, parts: Sequence) -> Path:
@@ -211,6 +213,8 @@ def write_html(path: Path, title: str, parts: Sequence) -> Path:
     import html
 
     import pandas as pd
+
+    from latentcode.files import atomic_write_text
 
     body = [f"<h1>{html.escape(title)}</h1>"]
     for part in parts:
@@ -225,10 +229,8 @@ def write_html(path: Path, title: str, parts: Sequence) -> Path:
             body.append(f"<p>{html.escape(part)}</p>")
     style = ("body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;"
              "font-size:12px}td,th{padding:2px 6px;border-bottom:1px solid #ddd;text-align:right}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-                    f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
-    return path
+    return atomic_write_text(path, f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+                                   f"</title><style>{style}</style></head><body>{''.join(body)}</body></html>\n")
 
 
 def cached(path: Path, compute):
