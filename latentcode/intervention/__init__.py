@@ -10,32 +10,17 @@ prints and writes).
 """
 
 from latentcode.extraction.source import CannotIntervene
+from latentcode.intervention import edits
 from latentcode.intervention.checkpoints import CodesOfAnotherModel, checkpoint_sha256_of
-from latentcode.intervention.edits import (
-    AddVector,
-    Edit,
-    EditError,
-    Interchange,
-    MeanAblate,
-    ScaleHeads,
-    SetCode,
-    ZeroAblate,
-)
+from latentcode.intervention.edits import *  # noqa: F403 (every edit kind, as edits.__all__ lists them)
 from latentcode.intervention.effects import intervention_effects, write_effects
 from latentcode.intervention.intervener import Intervention
 
 __all__ = [
-    "AddVector",
+    *edits.__all__,
     "CannotIntervene",
     "CodesOfAnotherModel",
-    "Edit",
-    "EditError",
-    "Interchange",
     "Intervention",
-    "MeanAblate",
-    "ScaleHeads",
-    "SetCode",
-    "ZeroAblate",
     "checkpoint_sha256_of",
     "intervention_effects",
     "write_effects",

@@ -18,7 +18,12 @@ The edits:
     Interchange(codes)       a[h] = the code of the same site   on a second (source) input: activation patching
 
 Vectors are whole latent codes, one entry per head (width H); `heads` picks which entries are
-written. Values given as torch tensors are used as they are, graph included: a gradient of the
+written.
+
+An edit kind is one subclass of `Edit` here (and its test): it writes `replacement`, and where it
+needs more than the codes it overrides `for_batch` (something of each batch, as MeanAblate's labels)
+or `check_call` (a check of each forward pass, as Interchange's input shape). `Intervention` and
+`intervention_effects` know no edit kind by name. Values given as torch tensors are used as they are, graph included: a gradient of the
 output flows to an `AddVector`/`SetCode`/`ScaleHeads` tensor that requires grad, so an edit can be
 optimised (attribution patching and learned interventions are built on this,
 `latentcode.intervention.patching` and `latentcode.intervention.subspace`).
@@ -40,10 +45,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from latentcode.errors import LatentcodeError
+from latentcode.errors import LatentcodeError, UsageError
 from latentcode.store import Site
 
 SiteSpec = Any  # a selector spec: str, Selector, or a list of Sites / (layer, query, key) tuples
+
+# The public names, exported by latentcode.intervention as they are: a new edit kind is added here.
+__all__ = ["AddVector", "Edit", "EditError", "Interchange", "MeanAblate", "ScaleHeads", "SetCode", "ZeroAblate"]
 
 
 class EditError(LatentcodeError, ValueError):
@@ -112,6 +120,15 @@ class Edit:
 
     def replacement(self, codes: Tensor, sites: list[Site]) -> Tensor:
         raise NotImplementedError
+
+    def for_batch(self, labels: Mapping[str, np.ndarray]) -> Edit:
+        """This edit for one batch whose examples carry `labels` (`{name: [batch, ...]}`, the task's
+        labels of the batch): itself, unless the edit needs something of each batch."""
+        return self
+
+    def check_call(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """Called before each forward pass with the model's arguments: raise `EditError` if this edit
+        cannot apply to that call (say why); every call is accepted unless a subclass checks."""
 
     def head_mask(self, codes: Tensor, sites: list[Site]) -> Tensor:
         """Boolean `[1, head, 1]`: the heads this edit writes."""
@@ -276,6 +293,17 @@ class MeanAblate(Edit):
         """This edit for a batch whose examples have `labels` `[batch]` (per-label means)."""
         return dataclasses.replace(self, labels=np.asarray(labels))
 
+    def for_batch(self, labels: Mapping[str, np.ndarray]) -> MeanAblate:
+        """With per-label means: this edit with the batch's values of its label (`with_labels`)."""
+        if self.label_values is None:
+            return self
+        if self.label not in labels:
+            raise UsageError(
+                f"MeanAblate has one mean per value of {self.label!r}, which the task's batches do not carry; "
+                f"their labels are {sorted(labels)}"
+            )
+        return self.with_labels(labels[self.label])
+
     def replacement(self, codes: Tensor, sites: list[Site]) -> Tensor:
         means = _codes_at(self.means, sites, "MeanAblate")  # [H, n] or [n_values, H, n]
         check_finite(means, "MeanAblate means")
@@ -344,6 +372,17 @@ class Interchange(Edit):
         with Recorder(model, sites, source=source, task_config=task_config) as recorder, torch.no_grad():
             model(*inputs, **kwargs)
         return cls(recorder.pop(), heads=heads, sites=sites, source_shape=first_tensor_shape(inputs, kwargs))
+
+    def check_call(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """The model must be called with an input of the source input's shape (where known)."""
+        if self.source_shape is None:
+            return
+        shape = first_tensor_shape(args, kwargs)
+        if shape is not None and tuple(shape) != tuple(self.source_shape):
+            raise EditError(
+                f"Interchange: the source input has shape {list(self.source_shape)} but the model was called "
+                f"with shape {list(shape)}; activation patching needs a source batch of the same shape"
+            )
 
     def replacement(self, codes: Tensor, sites: list[Site]) -> Tensor:
         values = _codes_at(self.codes, sites, "Interchange")  # [source batch, H, n]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from torch import nn
 
 from latentcode.errors import UsageError
 from latentcode.files import AtomicOutputs
-from latentcode.intervention.edits import Edit, MeanAblate
+from latentcode.intervention.edits import Edit
 from latentcode.intervention.intervener import Intervention
 from latentcode.validation import check_integer, check_variant
 
@@ -87,7 +87,7 @@ def intervention_effects(
                 if scope_sites is None:
                     output = model(torch.from_numpy(batch.x))
                 else:
-                    scoped = [for_batch(edit, labels, scope_sites) for edit in edits]
+                    scoped = [dataclasses.replace(edit, sites=scope_sites).for_batch(labels) for edit in edits]
                     with Intervention(model, scoped, sites=scope_sites):
                         output = model(torch.from_numpy(batch.x))
             predictions.append(output[:, -task.n_predictions :, :].float().numpy())
@@ -112,19 +112,6 @@ def intervention_effects(
                 "change": after[metric] - value,
             })  # fmt: skip
     return pd.DataFrame(rows)
-
-
-def for_batch(edit: Edit, labels: Mapping[str, np.ndarray], scope_sites: list) -> Edit:
-    """The edit restricted to `scope_sites`, with this batch's labels where it needs them."""
-    edit = dataclasses.replace(edit, sites=scope_sites)
-    if isinstance(edit, MeanAblate) and edit.label_values is not None:
-        if edit.label not in labels:
-            raise UsageError(
-                f"MeanAblate has one mean per value of {edit.label!r}, which the task's batches do not carry; "
-                f"their labels are {sorted(labels)}"
-            )
-        edit = edit.with_labels(labels[edit.label])
-    return edit
 
 
 def write_effects(table, path_stem: str | Path, formats: Sequence[str] = ("png",)) -> list[Path]:

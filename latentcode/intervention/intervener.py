@@ -65,7 +65,7 @@ from latentcode.extraction.source import (
     Sink,
     check_score,
 )
-from latentcode.intervention.edits import Edit, EditError, Interchange, first_tensor_shape
+from latentcode.intervention.edits import Edit, EditError
 from latentcode.store import Site
 
 
@@ -109,8 +109,8 @@ class _Tap(AttentionSource):
 class Intervention:
     """Edit latent codes at `sites` with `edits` while active (see the module docstring).
 
-    edits: an `Edit` or a list of them (`SetCode`, `AddVector`, `ScaleHeads`, `ZeroAblate`,
-        `MeanAblate`, `Interchange`); may be reassigned between forward passes (`intervention.edits = ...`).
+    edits: an `Edit` or a list of them (`latentcode.intervention.edits`: `SetCode`, `ZeroAblate`, ...);
+        may be reassigned between forward passes (`intervention.edits = ...`).
     sites: where edits without their own `sites` apply; a selector spec, a `Selector` or a list.
     source: where attention is edited; detected from the model when not given.
     task_config: places the `sraven-rule` sites.
@@ -214,15 +214,8 @@ class Intervention:
     # -- forward passes ----------------------------------------------------------------------------
     def _before_forward(self, module, args, kwargs) -> None:
         self._layers_seen = set()
-        shape = None
         for edit in self._edits:
-            if isinstance(edit, Interchange) and edit.source_shape is not None:
-                shape = first_tensor_shape(args, kwargs) if shape is None else shape
-                if shape is not None and tuple(shape) != tuple(edit.source_shape):
-                    raise EditError(
-                        f"Interchange: the source input has shape {list(edit.source_shape)} but the model was called "
-                        f"with shape {list(shape)}; activation patching needs a source batch of the same shape"
-                    )
+            edit.check_call(args, kwargs)
 
     def _after_forward(self, module, args, output) -> None:
         n_layers = self.source.n_layers()  # a TorchAttentionSource knows it once a pass has run

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from latentcode import ATTENTION_PRESETS, ModelConfig, build_model
+from latentcode.errors import UsageError
 from latentcode.extraction import Recorder, SiteError
 from latentcode.intervention import (
     AddVector,
@@ -170,6 +171,24 @@ def test_bad_input_gives_one_line_errors():
     one_line_error(EditError, r"source input has shape \[2, 4, 3\]", shorter, model=model)
 
 
+def test_every_edit_checks_each_call_before_the_forward_pass():
+    """`Intervention` asks each edit's `check_call` with the model's arguments before every pass, so an
+    edit kind checks what it needs (as Interchange its input shape) without the intervention knowing it."""
+    model, calls = tiny_model("softmax"), []
+
+    class CheckedZeroAblate(ZeroAblate):
+        def check_call(self, args, kwargs):
+            calls.append((tuple(args[0].shape), sorted(kwargs)))
+            if args[0].shape[0] > BATCH:
+                raise EditError(f"at most {BATCH} examples")
+
+    with torch.no_grad(), Intervention(model, [ZeroAblate(), CheckedZeroAblate()], sites="last-self"):
+        model(inputs())
+        with pytest.raises(EditError, match="at most 2 examples"):
+            model(torch.randn(BATCH + 1, LENGTH, 3))
+    assert calls == [((BATCH, LENGTH, 3), []), ((BATCH + 1, LENGTH, 3), [])]
+
+
 def write_codes(path, model, codes, labels, sha=None):
     metadata = {"model_name": "tiny", "checkpoint_sha256": sha or sha256_of_state(model)}
     with CodeWriter(path, sorted(codes), 3, metadata) as writer:
@@ -204,6 +223,12 @@ def test_mean_ablation_from_a_codes_file_sets_the_mean_code_overall_and_per_labe
     torch.testing.assert_close(output(by_rule), output(SetCode(per_example)), atol=1e-6, rtol=1e-6)
     with pytest.raises(EditError, match=r"no mean for rule value 7: .* values \[0, 1, 2, 3\]"):
         output(by_rule.with_labels(np.array([7, 1])))
+    # for_batch (what intervention_effects calls per batch) takes the batch's values of the edit's label.
+    from_batch = by_rule.for_batch({"rule": batch_rules, "other": np.array([0, 0])})
+    torch.testing.assert_close(output(from_batch), output(SetCode(per_example)), atol=1e-6, rtol=1e-6)
+    assert overall.for_batch({"rule": batch_rules}) is overall, "overall means need nothing of the batch"
+    with pytest.raises(UsageError, match=r"one mean per value of 'rule', .* their labels are \['other'\]"):
+        by_rule.for_batch({"other": batch_rules})
     with pytest.raises(EditError, match=r"has no code at site \(layer 0, query 4, key 4\)"):
         with Intervention(model, overall, sites="0:-1:-1"):
             model(x)
