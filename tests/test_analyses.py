@@ -168,21 +168,65 @@ def test_the_results_page_is_regenerated_from_the_recorded_runs(tmp_path, monkey
     assert sum("--set hold_out=stratified --out analyses/output/runs/sraven-M2-" in line for line in sraven) == 9
 
 
-def test_the_language_baselines_are_n_gram_models_counted_on_the_training_bytes(monkeypatch):
+def test_the_language_baselines_are_n_gram_models_counted_on_the_training_bytes(analyses_modules, monkeypatch):
     """On a two-letter corpus the add-one unigram and bigram costs are known by hand."""
     import numpy as np
 
     import latentcode.tasks.corpus as corpus
 
-    monkeypatch.syspath_prepend(str(ANALYSES))
-    reproduce = runpy.run_path(str(ANALYSES / "reproduce.py"))
+    language = analyses_modules("reproduction.language")
     splits = {"train": np.array([0, 1, 0, 1], np.uint8), "validation": np.array([0, 1], np.uint8)}
     monkeypatch.setattr(corpus, "corpus_split", splits.__getitem__)
-    baselines = reproduce["language_baselines"]()
+    language.language_baselines.cache_clear()  # cached per process: the page computes them on the real corpus
+    try:
+        baselines = language.language_baselines()
+    finally:
+        language.language_baselines.cache_clear()
     # unigram: bytes 0 and 1 counted twice, plus one for each of 256 bytes: 3 / 260 each
     assert baselines["unigram (no context)"] == pytest.approx(np.log2(260 / 3))
     # bigram: after a 0 the training bytes show 1 twice, plus one for each of 256: 3 / 258
     assert baselines["bigram (the previous byte)"] == pytest.approx(np.log2(258 / 3))
+
+
+def test_train_decides_each_run_when_a_process_slot_frees(analyses_modules, tmp_path, monkeypatch):
+    """reproduce.py train: a run trained but not recorded is recorded without a process, one with a
+    checkpoint resumes, one started but never checkpointed starts again from scratch, a recorded one
+    is not in the plan's to-do list; each goes through the sweeps scheduler as drawn."""
+    import argparse
+
+    import latentcode.training.sweeps as sweeps
+
+    plan = analyses_modules("reproduction.plan")
+    recorded, runs = tmp_path / "recorded", tmp_path / "runs"
+    monkeypatch.setattr(plan, "RECORDED", recorded)
+    planned = [plan.fuzzy("table_a1", attention, 0, 0.7) for attention in ("softmax", "linear", "hyla", "linear_rmshead")]
+    monkeypatch.setattr(plan, "plan", lambda: planned)
+    softmax, linear, hyla, ablation = (runs / run.name for run in planned)
+    for name in ("config.json", "metrics.jsonl", "summary.json"):  # trained, not recorded
+        (softmax / name).parent.mkdir(parents=True, exist_ok=True)
+        (softmax / name).write_text(f"{name} of softmax\n")
+    (linear / "checkpoints" / "step_00000100").mkdir(parents=True)  # checkpointed: resumes
+    (hyla / "config.json").parent.mkdir(parents=True)  # started, never checkpointed: starts again
+    (hyla / "config.json").write_text("{}")
+    (recorded / planned[3].name).mkdir(parents=True)  # recorded already: not in the to-do list
+    (recorded / planned[3].name / "summary.json").write_text("{}")
+    drawn = []
+
+    def fake_run_jobs(jobs, parallel, environment, on_start, on_finish, poll_seconds):
+        assert parallel == 2 and environment["OMP_NUM_THREADS"] == "1"
+        for job in jobs:
+            drawn.append(job)
+            on_start(job)
+            on_finish(job, 1)
+
+    monkeypatch.setattr(sweeps, "run_jobs", fake_run_jobs)
+    plan.train(argparse.Namespace(only=["table_a1"], runs=str(runs), jobs=2))
+    assert [(recorded / planned[0].name / name).read_text() for name in ("config.json", "metrics.jsonl", "summary.json")] \
+        == [f"{name} of softmax\n" for name in ("config.json", "metrics.jsonl", "summary.json")]
+    assert [job.command for job in drawn] == [["latentcode", "train", "--resume", str(linear), "--quiet"],
+                                              planned[2].command(hyla)]
+    assert not hyla.exists() and (linear / "checkpoints").is_dir()
+    assert sorted(path.name for path in recorded.iterdir()) == sorted([planned[0].name, planned[3].name])
 
 
 # --- the intervention experiments (rule_swap, term_swap, head_ablation, topographic_similarity) ---
