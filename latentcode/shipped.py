@@ -57,6 +57,14 @@ def missing_checkpoints(directory: Path, task: str, attentions: Sequence[str], c
     return [name for name in names if not (directory / name / MODEL_DIR / WEIGHTS_FILE).is_file()]
 
 
+def other_checkpoints(directory: Path, task: str) -> list[str]:
+    """The `checkpoints` names of the other trios of `task` that `directory` ships (those named
+    `<task>-<checkpoints>-hyla`), sorted; e.g. ['permuted'] for sraven."""
+    prefix, suffix = shipped_name(task, "hyla", "*").split("*")
+    return sorted({path.name.removeprefix(prefix).removesuffix(suffix)
+                   for path in directory.glob(shipped_name(task, "hyla", "*"))})
+
+
 def searched() -> str:
     return f"{MODELS_ENV} unset, {SOURCE_TREE_MODELS} and {INSTALLED_MODELS}"
 

@@ -10,12 +10,15 @@ side by side. Hence:
 - `contention_note(...)`: the one line `latentcode train` prints when other processes already keep
   cores busy and this one would still start a thread per core (it does not change the count on its
   own: a run's thread count is the user's choice, and `--threads N` makes it);
-- `busy_cores_elsewhere()`: how many cores other processes keep busy, measured over a short interval.
+- `busy_cores_elsewhere()`: how many cores other processes keep busy, measured over a short interval;
+- `choose_threads(threads)`: what `latentcode train --threads` does with these.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -56,3 +59,30 @@ def contention_note(threads: int, busy_cores: float, cores: int | None = None) -
             f"starts {threads} threads; threads that share cores spin against each other and can make every job "
             f"several times slower. Give each job its own cores: --threads {suggested} (or OMP_NUM_THREADS={suggested}) "
             f"for this run, one thread per job when several run side by side")
+
+
+def choose_threads(threads: int | None) -> Callable[[int, float], None] | None:
+    """`threads` (--threads) sets this process's CPU threads. Without it (and without OMP_NUM_THREADS),
+    measure how busy the cores are before training starts, and return an `on_step` that says so in
+    one line at the first step where other processes already keep them busy: at the first step, so
+    that a run refused before it starts (a held lock, a finished run) prints only its error."""
+    import torch
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+        return None
+    if "OMP_NUM_THREADS" in os.environ or int(os.environ.get("RANK", "0")) != 0:
+        return None
+    note = contention_note(torch.get_num_threads(), busy_cores_elsewhere())
+    if note is None:
+        return None
+
+    said = False
+
+    def say_once(step: int, loss: float) -> None:
+        nonlocal said
+        if not said:
+            print(note, file=sys.stderr, flush=True)
+            said = True
+
+    return say_once
