@@ -37,7 +37,7 @@ def parser(description: str, default_out: str) -> argparse.ArgumentParser:
 
 
 def overrides(args: argparse.Namespace) -> dict:
-    from latentcode.cli import parse_assignments
+    from latentcode.cli.arguments import parse_assignments
 
     return parse_assignments(args.set, "--set")
 

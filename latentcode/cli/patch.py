@@ -19,12 +19,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from latentcode.cli.arguments import SEED, integer
+from latentcode.cli.checks import check_output, check_stem_free, model_config_of
+from latentcode.cli.command import Command
 from latentcode.errors import UsageError
+from latentcode.validation import check_split, check_variant
 
 GRIDS = ("rows", "heads")
 
 
-def register(subparsers: argparse._SubParsersAction, integer, seed_type) -> argparse.ArgumentParser:
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "patch",
         help="sweep site groups: where does patching codes from a donor transfer its sub-task (vs a baseline)?",
@@ -53,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction, integer, seed_type) -> argp
     parser.add_argument("--variant", help="task variant (default the run's training variant)")
     parser.add_argument("--prediction", type=int, default=-1, help="the measured prediction position among the "
                         "task's predictions (default -1, the last)")
-    parser.add_argument("--seed", type=seed_type, default=0, help="seed of the pairs (default 0)")
+    parser.add_argument("--seed", type=SEED, default=0, help="seed of the pairs (default 0)")
     parser.add_argument("--attribution", action="store_true", help="also attribution patching's estimate per group "
                         "(one backward pass), and its correlation with the exact sweep")
     parser.add_argument("--out", required=True, help="path stem of the table (.csv), summary (.json) and map (.png)")
@@ -71,7 +75,7 @@ def _read_run(run: str) -> tuple[int, int, dict, str | None]:
         raise UsageError(f"RUN_DIR {run} is not a finished run directory (config.json and model/model.safetensors); "
                          "patch reads the task of the run to draw its pairs")
     record = RunRecord.read(run)
-    model = record.config.get("resolved_model_config") or record.config["train"]["model"]
+    model = model_config_of(Path(run))
     return int(model["n_layers"]), int(model["n_heads"]), dict(record.task_config), record.config["train"].get("variant")
 
 
@@ -90,12 +94,6 @@ def _layers(text: str | None, n_layers: int) -> list[int]:
 
 def check(args: argparse.Namespace) -> None:
     """Everything that can be checked before torch: output, run, task, split, variant, groups."""
-    from latentcode.extraction.sites import (
-        SiteError,
-        parse_positions,
-        parse_selector,
-        resolve_positions,
-    )
     from latentcode.tasks import get_task
 
     if args.grid is not None and args.group:
@@ -106,15 +104,13 @@ def check(args: argparse.Namespace) -> None:
     if not hasattr(task, "counterfactual_pairs"):
         raise UsageError(f"task {task.name!r} draws no counterfactual pairs (Task.counterfactual_pairs); patch needs "
                          "them: sraven and fuzzy_logic have them")
-    args.split = task.analysis.held_out_split if args.split is None else args.split
-    if args.split not in task.splits:
-        raise UsageError(f"--split {args.split!r}: task {task.name!r} has the splits {list(task.splits)}")
-    args.variant = args.variant or training_variant or task.variants[0]
-    if args.variant not in task.variants:
-        raise UsageError(f"--variant {args.variant!r}: task {task.name!r} has the variants {list(task.variants)}")
+    args.split = check_split(task.analysis.held_out_split if args.split is None else args.split, task, "--split")
+    args.variant = check_variant(args.variant or training_variant or task.variants[0], task, "--variant")
     if not -task.n_predictions <= args.prediction < task.n_predictions:
         raise UsageError(f"--prediction {args.prediction}: the task has {task.n_predictions} prediction positions "
                          f"(0..{task.n_predictions - 1}, or negative from the end)")
+    from latentcode.extraction.sites import SiteError, parse_positions, parse_selector, resolve_positions
+
     try:
         if args.grid == "rows":
             args.layers = _layers(args.layers, n_layers)
@@ -136,12 +132,6 @@ def check(args: argparse.Namespace) -> None:
     except ValueError as error:  # SiteError, and int() of a bad --queries
         raise UsageError(f"{error}") from None
     args.n_layers, args.n_heads = n_layers, n_heads
-    _check_outputs(args)
-
-
-def _check_outputs(args: argparse.Namespace) -> None:
-    from latentcode.cli import check_output, check_stem_free
-
     check_output(args.out, "--out", kind="stem")
     check_stem_free(args.out, (".csv", ".json", ".png"), args.overwrite)
 
@@ -266,3 +256,6 @@ def _draw(table, args, task, summary):
         axis.set_xlabel("transfer (± s.e.)", fontsize=8)
     figure.suptitle(title, fontsize=8)
     return figure
+
+
+COMMAND = Command(register, check, run, order=60)

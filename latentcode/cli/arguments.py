@@ -1,0 +1,101 @@
+"""Argument types and parsers that several commands share (standard library only).
+
+The integer types check with `latentcode.validation.check_integer`, the rule the Python API uses,
+and say the range in argparse's words: `argument --n: expected a positive integer, got '0'`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+
+from latentcode.errors import UsageError
+from latentcode.validation import SEED_LIMIT, check_integer, describe_integer_range
+
+
+def integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `minimum` (and at most `maximum`)."""
+    expected = describe_integer_range(minimum, maximum)
+
+    def parse(text: str) -> int:
+        try:
+            return check_integer("value", int(text), minimum, maximum)
+        except ValueError:  # int() of a non-integer, or a UsageError: out of the range
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
+    return parse
+
+
+def number(positive: bool) -> Callable[[str], float]:
+    """An argparse type: a finite positive (or non-negative) number."""
+    expected = "a positive number" if positive else "a non-negative number"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
+
+
+def finite_number(text: str) -> float:
+    """An argparse type: any finite number (nan and inf would make every result NaN, silently)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def one_of(values: Sequence[str]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in values:
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(values)}, got {text!r}")
+        return text
+
+    return parse
+
+
+POSITIVE_INTEGER, NON_NEGATIVE_INTEGER = integer(1), integer(0)
+SEED = integer(0, SEED_LIMIT - 1)
+POSITIVE_NUMBER, NON_NEGATIVE_NUMBER = number(positive=True), number(positive=False)
+FIGURE_FORMATS = ("png", "svg", "pdf")
+
+
+def formats(args: argparse.Namespace) -> tuple[str, ...]:
+    """The figure formats of --format (repeatable), default png."""
+    return tuple(args.format or ["png"])
+
+
+def progress_bars(args: argparse.Namespace) -> bool:
+    """Progress bars unless --quiet, and only where stderr is a terminal: piped into a file or a log,
+    a bar is a stream of carriage returns and escape codes (training prints plain lines there instead)."""
+    return not args.quiet and sys.stderr.isatty()
+
+
+def parse_value(text: str):
+    """A command-line value: JSON (numbers, true/false/null, lists) where it parses, else the string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_assignments(items: Sequence[str] | None, what: str) -> dict:
+    """KEY=VALUE items (`what` names their flag) as a dict; dashes in keys become underscores."""
+    values = {}
+    for item in items or []:
+        key, separator, value = item.partition("=")
+        if not separator or not key:
+            raise UsageError(f"{what} expects KEY=VALUE, got {item!r}")
+        values[key.strip().replace("-", "_")] = parse_value(value)
+    return values

@@ -1,0 +1,232 @@
+"""Argument checks that several commands share: standard library, JSON and h5py only, so that a
+mistake is answered before torch or scikit-learn is imported.
+
+Inputs (`check_input_file`, `read_json_file`, `model_config_of`, `open_codes_files`, labels and splits
+of codes files), outputs (`check_output`, `check_stem_free`, `command_outputs`) and resources
+(`check_fits_in_memory`, `check_fits_on_disk`). Task splits and variants are checked by
+`latentcode.validation`, as the Python API checks them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+from latentcode.errors import UsageError
+
+
+# -- inputs ----------------------------------------------------------------------------------------
+def check_input_file(path: str | Path, what: str) -> Path:
+    """An existing, readable file (not a directory)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{what} {path} does not exist")
+    if path.is_dir():
+        raise UsageError(f"{what} {path} is a directory; expected a file")
+    if not os.access(path, os.R_OK):
+        raise UsageError(f"{what} {path} cannot be read (no read permission)")
+    return path
+
+
+def read_json_file(path: str, flag: str) -> dict:
+    """The JSON object in the file `path` names, refused in one line naming the file otherwise."""
+    text = check_input_file(path, flag).read_bytes()
+    try:
+        data = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UsageError(f"{flag} {path} is not a JSON file ({error})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{flag} {path} holds a JSON {type(data).__name__}; expected an object of TrainConfig fields")
+    return data
+
+
+def model_config_of(path: Path) -> dict:
+    """The model config of a run directory or a saved model directory, from JSON (no torch)."""
+    from latentcode.rundir import RunDirectory, RunRecord
+
+    if path.is_dir() and RunDirectory(path).looks_like_a_run():
+        config = RunRecord.read(path).config
+        model_config = config.get("resolved_model_config") or config["train"]["model"]
+    else:
+        model_config = read_json_file(str(path / "config.json"), "RUN_DIR")
+    if not isinstance(model_config, dict) or not isinstance(model_config.get("n_layers"), int):
+        raise UsageError(f"RUN_DIR {path}: its model config names no number of layers (n_layers)")
+    return model_config
+
+
+def open_codes_files(paths: Sequence[str | Path], what: str = "codes file") -> list:
+    """The `CodeFile`s of `paths` (h5py only), each checked to exist and to be a readable codes file."""
+    for path in paths:
+        check_input_file(path, what)
+    from latentcode.store import CodeFile
+
+    return [CodeFile(path) for path in paths]
+
+
+def _available_labels(code_file) -> list[str]:
+    present = [name for name, has in (("prediction", code_file.has_prediction), ("target", code_file.has_target))
+               if has]
+    return [*code_file.label_names, *present, *code_file.extra_names]
+
+
+def label_name(spec: str) -> str:
+    """The label a spec such as `term_present[2]` reads."""
+    return str(spec).split("[", 1)[0].strip()
+
+
+def default_label(code_files: Sequence, label: str | None, flag: str = "--label", kind: str = "probe_label") -> str:
+    """`label`, else the one the files' task analysis names (`probe_label` or `picture_label`)."""
+    if label:
+        return label
+    labels = {code_file.task_analysis.get(kind, code_file.task_analysis.get("probe_label")) for code_file in code_files}
+    if len(labels) == 1 and None not in labels:
+        return labels.pop()
+    tasks = sorted({str(code_file.task_config.get("name")) for code_file in code_files})
+    raise UsageError(f"give {flag}: the files (tasks {tasks}) name no single label the task's analysis decodes")
+
+
+def check_label(code_file, spec: str, flag: str) -> None:
+    """The label spec names a per-example array of the file (its index is checked when read)."""
+    if label_name(spec) not in _available_labels(code_file):
+        raise UsageError(f"{flag} {spec}: {code_file.path} has no label {label_name(spec)!r}; "
+                         f"its labels are {_available_labels(code_file)}")
+
+
+def check_decodable(code_file, spec: str, flag: str, split: str) -> None:
+    """A label a probe can learn: not one value for every example of the fitting split (for a
+    multi-column label such as term_present, not one value per column: nothing to decode)."""
+    name = label_name(spec)
+    if spec.strip() != name or name not in code_file.label_names:
+        return  # one column of a label, or a prediction: the probe checks it when it reads it
+    values = code_file.labels(name, split)
+    rows = values.reshape(len(values), -1)
+    if len(rows) and (rows == rows[:1]).all():
+        same = (f"in each of its {rows.shape[1]} columns" if rows.shape[1] > 1 else f"({rows[0, 0]})")
+        raise UsageError(
+            f"{flag} {spec}: every example of split {split!r} in {code_file.path} has the same value {same}; "
+            f"a probe needs at least two classes to learn from (choose another {flag} or --fit-split)"
+        )
+
+
+def check_splits(code_file, splits: Mapping[str, str | None]) -> None:
+    """Each `{flag: split}` names a split of the codes file."""
+    for flag, split in splits.items():
+        if split is not None and split not in code_file.splits:
+            raise UsageError(f"{flag} {split}: {code_file.path} has no split {split!r}; its splits are {code_file.splits}")
+
+
+# -- outputs ---------------------------------------------------------------------------------------
+def _why_not_writable(directory: Path) -> str:
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return "read-only file system"
+    except OSError:
+        pass
+    return "no write permission, or the directory is immutable"
+
+
+def check_output(path: str | Path, flag: str, kind: str = "file") -> Path:
+    """Refuse, before anything is computed, an output that cannot be written where asked.
+
+    kind: "file" (must not be a directory), "directory" (must not be a file) or "stem" (the
+    start of file names, e.g. a figure's; either is fine). The nearest existing directory on the
+    way to `path` must be one this process may write in.
+    """
+    from latentcode.files import check_replaceable
+
+    path = Path(path)
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as error:  # a name too long, a loop of links: one line, not a traceback
+        raise UsageError(f"{flag} {path}: {error.strerror}") from None
+    if kind == "file" and path.is_dir():
+        raise UsageError(f"{flag} {path} is a directory; expected the name of a file to write")
+    if kind == "directory" and path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path} is a file; expected a directory (a new or an empty one)")
+    place = path if kind == "directory" and path.is_dir() else path.parent
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    if place.exists() and not place.is_dir():
+        raise UsageError(f"{flag} {path}: {place} is a file, not a directory, so nothing can be written under it")
+    if not os.access(place, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: cannot write in {place} ({_why_not_writable(place)}); choose another {flag}")
+    if kind == "file":
+        check_replaceable(path, flag)  # a symbolic link, a device or a FIFO is never written through
+    return path
+
+
+def check_stem_free(stem: str | Path, suffixes: Sequence[str], overwrite: bool, flag: str = "--out") -> None:
+    """Refuse to replace files already written at `stem` + each suffix (tables, figures) unless
+    --overwrite: a result written earlier is never lost by running a command again."""
+    from latentcode.files import check_replaceable
+
+    stem = Path(stem)
+    for suffix in suffixes:
+        check_replaceable(stem.with_name(stem.name + suffix), flag)
+    existing = [str(stem.with_name(stem.name + suffix)) for suffix in suffixes
+                if stem.with_name(stem.name + suffix).exists()]
+    if existing and not overwrite:
+        raise FileExistsError(f"{flag} {stem}: {', '.join(existing)} already exist; add --overwrite to replace "
+                              f"them, or choose another {flag}")
+
+
+@contextlib.contextmanager
+def command_outputs(stem: str | Path, suffixes: Sequence[str], overwrite: bool, purpose: str) -> Iterator:
+    """One command's outputs at `stem` as one set (latentcode.files.AtomicOutputs: every writer inside
+    joins it; all renamed at the end, or none), its lock held throughout. Under the lock the stem is
+    checked again: a second command to the same --out, started beside the first, finds its files
+    and is refused instead of replacing them."""
+    from latentcode.files import AtomicOutputs
+
+    with AtomicOutputs(lock=stem, purpose=purpose) as outputs:
+        check_stem_free(stem, suffixes, overwrite)
+        yield outputs
+
+
+# -- resources -------------------------------------------------------------------------------------
+def _gib(n_bytes: float) -> str:
+    return f"{n_bytes / 2**30:,.1f} GiB" if n_bytes < 2**40 else f"{n_bytes / 2**40:,.1f} TiB"
+
+
+def machine_memory() -> int | None:
+    """The machine's physical memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def forward_pass_bytes(batch: int, seq_len: int, model_config: Mapping) -> int:
+    """A lower bound on the memory of one forward pass of `batch` sequences: one layer's widest
+    activations `[batch, sequence, width]` and one attention tensor `[batch, head, query, key]`, float32."""
+    width = max(int(model_config.get(key) or 0) for key in ("d_in", "d_model", "d_mlp", "d_vocab", "d_out"))
+    heads = int(model_config.get("n_heads") or 1)
+    return 4 * batch * seq_len * (width + heads * seq_len)
+
+
+def check_fits_in_memory(n_bytes: int, what: str) -> None:
+    """Refuse work whose memory need (a lower bound, `what` says of what) exceeds the machine's
+    physical memory: it would fail with a traceback (numpy's "Unable to allocate 7.3 TiB") or swap."""
+    memory = machine_memory()
+    if memory is not None and n_bytes > memory:
+        raise UsageError(f"{what} needs at least {_gib(n_bytes)} of memory; this machine has {_gib(memory)}")
+
+
+def check_fits_on_disk(n_bytes: int, out: Path, compression: str, what: str) -> None:
+    """Refuse codes (`n_bytes` uncompressed; `what` says of what) that cannot fit on the disk of `out`,
+    before hours of extraction end on a full disk. Compressed codes may shrink a lot (the zeros of
+    causal patterns), so with compression only a need above ten times the free space is refused."""
+    try:
+        info = os.statvfs(out.parent)
+    except (AttributeError, OSError):
+        return
+    free = info.f_bavail * info.f_frsize
+    if n_bytes > (free if compression == "none" else 10 * free):
+        compressed = "" if compression == "none" else f" (more than ten times that, so even {compression} will not fit)"
+        raise UsageError(f"{what} need {_gib(n_bytes)} on disk; {out.parent} has {_gib(free)} free{compressed}: "
+                         "extract fewer instances or sites")

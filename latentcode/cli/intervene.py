@@ -1,0 +1,191 @@
+"""`latentcode intervene`: edit the latent codes of a trained model at some sites and measure the task
+metrics before and after."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from latentcode.cli.arguments import (
+    FIGURE_FORMATS,
+    POSITIVE_INTEGER,
+    SEED,
+    finite_number,
+    formats,
+    parse_assignments,
+    progress_bars,
+)
+from latentcode.cli.checks import (
+    check_fits_in_memory,
+    check_output,
+    check_stem_free,
+    forward_pass_bytes,
+    model_config_of,
+)
+from latentcode.cli.command import Command
+from latentcode.errors import UsageError
+from latentcode.validation import check_split, check_variant
+
+MAX_PER_SITE_SCOPES = 64  # intervene's per-site scopes, one pass over the instances each
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "intervene",
+        help="edit latent codes of a trained model and measure the task metric before/after",
+        description="Run a trained model on task instances with its latent codes a[:, q, k] edited at the selected "
+        "sites (after the score normalization, before the value network), at all sites together and at each site "
+        "alone, and write the task metrics without and with the edit as a tidy table (.csv, .json) and a plot.",
+        epilog="operations (one of): --zero-ablate HEADS, --mean-ablate HEADS --codes FILE [--by LABEL], "
+        "--set V1,V2,... / --add V1,V2,... (one value per head) or --scale FACTOR, optionally with --heads HEADS; "
+        "HEADS is 'all' or a list such as 0,3,5\n\nexample:\n  latentcode extract runs/sraven-hyla --split train "
+        "--n 4096 --sites sraven-rule --out codes.h5\n  latentcode intervene runs/sraven-hyla --sites sraven-rule "
+        "--mean-ablate all --codes codes.h5 --by rule --out results/mean-ablate",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("run", metavar="RUN_DIR", help="a run directory (or a saved model directory with --task)")
+    parser.add_argument("--sites", default="last-self", help="site selector, as for extract (default last-self)")
+    parser.add_argument("--split", help="task split (default: the task's held-out split, ood; validation for "
+                        "language)")
+    parser.add_argument("--n", type=POSITIVE_INTEGER, default=1024, help="instances (default 1024)")
+    operation = parser.add_mutually_exclusive_group(required=True)
+    operation.add_argument("--zero-ablate", metavar="HEADS", help="set the codes of these heads to zero")
+    operation.add_argument("--mean-ablate", metavar="HEADS", help="set the codes of these heads to their mean in --codes")
+    operation.add_argument("--set", metavar="VECTOR", help="set the codes to this vector (one value per head)")
+    operation.add_argument("--add", metavar="VECTOR", help="add this vector to the codes (steering)")
+    operation.add_argument("--scale", type=finite_number, metavar="FACTOR", help="multiply the codes by FACTOR")
+    parser.add_argument("--heads", metavar="HEADS", help="heads --set/--add/--scale change (default all)")
+    parser.add_argument("--codes", metavar="CODES.h5", help="codes file of this model for --mean-ablate")
+    parser.add_argument("--by", metavar="LABEL", help="--mean-ablate with one mean per value of this label")
+    parser.add_argument("--codes-split", help="take the means over this split of --codes (default all examples)")
+    parser.add_argument("--out", required=True, help="path stem of the table (.csv, .json) and the plot")
+    parser.add_argument("--variant", help="task variant (default: the selector's, else the task's default)")
+    parser.add_argument("--batch-size", type=POSITIVE_INTEGER, default=256, help="instances per forward pass (default 256)")
+    parser.add_argument("--seed", type=SEED, help="sample seed (default: the split's evaluation seed)")
+    parser.add_argument("--task", metavar="KEY=VALUE", action="append",
+                        help="task config for a model directory, e.g. --task name=sraven --task n_features=4")
+    parser.add_argument("--no-per-site", action="store_true", help="only all sites together, not each site alone")
+    parser.add_argument("--format", action="append", choices=FIGURE_FORMATS, help="plot formats (default png)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the table and plot if --out has them")
+    parser.add_argument("--quiet", action="store_true")
+    return parser
+
+
+def _parse_heads(text: str | None, flag: str) -> list[int] | None:
+    """'all' (or nothing) -> None; '0,3,5' -> [0, 3, 5]."""
+    if text is None or text.strip() == "all":
+        return None
+    try:
+        heads = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} expects 'all' or head indices such as 0,3,5; got {text!r}") from None
+    if not heads or min(heads) < 0:
+        raise UsageError(f"{flag} expects 'all' or non-negative head indices such as 0,3,5; got {text!r}")
+    return heads
+
+
+def _parse_vector(text: str, flag: str) -> list[float]:
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} expects comma-separated numbers, one per head (e.g. 0.5,0,1.2); got {text!r}") from None
+    if not all(math.isfinite(value) for value in values):
+        raise UsageError(f"{flag} expects finite numbers, one per head (e.g. 0.5,0,1.2); got {text!r}")
+    return values
+
+
+def check(args: argparse.Namespace) -> None:
+    """The model, its task, the split, the variant, the sites and memory, from JSON and the task module
+    (no torch), so that a mistake is answered at once (issue 22: it took ~10 s); then the outputs, the
+    operation's flags, its heads and its vector (filled in as `args.edit_heads`, `args.edit_vector`)."""
+    from latentcode.rundir import RunDirectory, RunRecord
+    from latentcode.tasks import get_task
+
+    path = Path(args.run)
+    overrides = parse_assignments(args.task, "--task")
+    if path.is_dir() and RunDirectory(path).looks_like_a_run():
+        record = RunRecord.read(path)
+        model_config = model_config_of(path)
+        task_config = {**record.task_config, **overrides} if overrides else dict(record.task_config)
+    elif (path / "model.safetensors").is_file() and (path / "config.json").is_file():
+        model_config = model_config_of(path)
+        if not overrides:
+            raise UsageError(f"{path} is a model directory without a task; give it with --task name=... (e.g. --task "
+                             "name=sraven --task n_features=4)")
+        task_config = overrides
+    else:
+        raise UsageError(f"RUN_DIR {path} is neither a finished run directory (with model/model.safetensors) nor a "
+                         "model directory (with model.safetensors)")
+    task = get_task(**task_config)
+    check_split(task.analysis.held_out_split if args.split is None else args.split, task, "--split")
+    if args.variant is not None:
+        check_variant(args.variant, task, "--variant")
+    from latentcode.extraction.sites import parse_selector
+
+    sites = parse_selector(args.sites, task).resolve(model_config["n_layers"], task.seq_len)
+    # Every instance is sampled before the first pass ([n, sequence, d_in]), then passes of a batch each.
+    inputs = 4 * args.n * task.seq_len * int(model_config.get("d_in") or 1)
+    check_fits_in_memory(inputs + forward_pass_bytes(min(args.batch_size, args.n), task.seq_len, model_config),
+                         f"--n {args.n} instances (sequences of {task.seq_len}) in passes of --batch-size "
+                         f"{min(args.batch_size, args.n)}")
+    if len(sites) > MAX_PER_SITE_SCOPES and not args.no_per_site:
+        raise UsageError(f"--sites {args.sites!r} selects {len(sites)} sites, and intervene would measure each alone "
+                         f"(more than {MAX_PER_SITE_SCOPES}); add --no-per-site to edit them together, or sweep groups "
+                         "of them with latentcode patch")
+    check_output(args.out, "--out", kind="stem")
+    check_stem_free(args.out, (".csv", ".json", *(f".{fmt}" for fmt in formats(args))), args.overwrite)
+    if args.mean_ablate is None and (args.codes or args.by or args.codes_split):
+        raise UsageError("--codes, --by and --codes-split go with --mean-ablate")
+    if args.mean_ablate is not None and not args.codes:
+        raise UsageError("--mean-ablate needs --codes FILE: a codes file extracted from this model (latentcode extract)")
+    if args.heads is not None and (args.zero_ablate is not None or args.mean_ablate is not None):
+        raise UsageError("--zero-ablate and --mean-ablate name their heads themselves; --heads goes with --set/--add/--scale")
+    args.edit_heads = _parse_heads(args.heads, "--heads")
+    if args.zero_ablate is not None:
+        args.edit_heads = _parse_heads(args.zero_ablate, "--zero-ablate")
+    elif args.mean_ablate is not None:
+        args.edit_heads = _parse_heads(args.mean_ablate, "--mean-ablate")
+    args.edit_vector = None
+    if args.set is not None or args.add is not None:
+        args.edit_vector = _parse_vector(args.set if args.set is not None else args.add,
+                                         "--set" if args.set is not None else "--add")
+
+
+def run(args: argparse.Namespace) -> None:
+    from latentcode.intervention import (
+        AddVector,
+        MeanAblate,
+        ScaleHeads,
+        SetCode,
+        ZeroAblate,
+        intervention_effects,
+        write_effects,
+    )
+
+    heads, vector = args.edit_heads, args.edit_vector
+    if args.zero_ablate is not None:
+        edit = ZeroAblate(heads=heads)
+    elif args.mean_ablate is not None:
+        edit = MeanAblate.from_codes(args.codes, heads, by=args.by, split=args.codes_split, model=args.run)
+    elif args.set is not None:
+        edit = SetCode(vector, heads=heads)
+    elif args.add is not None:
+        edit = AddVector(vector, heads=heads)
+    else:
+        edit = ScaleHeads(args.scale, heads=heads)
+    task = parse_assignments(args.task, "--task") or None
+    table = intervention_effects(args.run, edit, task=task, sites=args.sites, split=args.split, n=args.n,
+                                 variant=args.variant, batch_size=args.batch_size, seed=args.seed,
+                                 per_site=not args.no_per_site, progress=progress_bars(args))
+    import pandas
+
+    columns = ["scope", "metric", "before", "after", "change"]
+    with pandas.option_context("display.width", 200, "display.max_rows", 200):
+        print(f"{table['model'].iloc[0]}, {table['edit'].iloc[0]}, {table['split'].iloc[0]} (n={args.n}):")
+        print(table[columns].to_string(index=False, float_format=lambda value: f"{value:.4f}"))
+    written = write_effects(table, args.out, formats=formats(args))
+    print("wrote " + ", ".join(map(str, written)))
+
+
+COMMAND = Command(register, check, run, order=50)
