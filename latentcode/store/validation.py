@@ -144,17 +144,24 @@ def references_outside(file: h5py.File) -> list[str]:
 
 def check_format_and_version(path: Path, file: h5py.File) -> None:
     """Refuse an HDF5 file that is not a codes file, or one of a schema version this reader does not read."""
-    if file.attrs.get("format") != FORMAT:
-        raise CodeFileError(f"{path} is an HDF5 file but not a latentcode codes file (format attribute "
-                            f"{file.attrs.get('format')!r}, expected {FORMAT!r})")
+    found = _python(file.attrs.get("format"))
+    if found != FORMAT:
+        raise CodeFileError(f"{path} is an HDF5 file but not a latentcode codes file (root attribute 'format' is "
+                            f"{found!r}; expected {FORMAT!r})")
     if "schema_version" not in file.attrs:
         raise CodeFileError(f"{path} lacks the root attribute 'schema_version' that every codes file has")
     try:
         version = int(file.attrs["schema_version"])
     except (TypeError, ValueError):
-        version = file.attrs["schema_version"]
+        version = _python(file.attrs["schema_version"])
     if version != SCHEMA_VERSION:
-        raise CodeFileError(f"{path} has schema version {version!r}; this latentcode reads version {SCHEMA_VERSION}")
+        raise CodeFileError(f"{path} has schema version {version!r}; this latentcode reads version {SCHEMA_VERSION} "
+                            "(root attribute 'schema_version')")
+
+
+def _python(value: Any) -> Any:
+    """An attribute as h5py reads it, numpy scalars as Python values."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _a(words: str) -> str:
@@ -201,7 +208,7 @@ def _kind(item: Any) -> str:
 def checked_attributes(path: Path, file: h5py.File) -> dict[str, Any]:
     """The root attributes of an open codes file as Python values, after checking the groups and
     datasets every file has, and the root attributes and label attributes against their types."""
-    attrs = {key: (value.item() if isinstance(value, np.generic) else value) for key, value in file.attrs.items()}
+    attrs = {key: _python(value) for key, value in file.attrs.items()}
     top_level = required_top_level()
     for name in top_level:
         if name.lstrip("/") not in file:
@@ -223,8 +230,7 @@ def checked_attributes(path: Path, file: h5py.File) -> dict[str, Any]:
         for name, item in _members(file, dataset):
             for attribute in dataset.attributes:
                 if isinstance(item, h5py.Dataset) and attribute.name in item.attrs:
-                    value = item.attrs[attribute.name]
-                    value = value.item() if isinstance(value, np.generic) else value
+                    value = _python(item.attrs[attribute.name])
                     _check_attribute(path, f"attribute {attribute.name!r} of /{name}", value, attribute)
     return attrs
 
