@@ -7,6 +7,7 @@ import torch
 from latentcode import ModelConfig, build_model
 from latentcode.extraction import Recorder, Site, SiteError, parse_selector
 from latentcode.extraction.sites import MAX_ALL_PAIRS
+from latentcode.models.hook_state import any_hooks
 
 CONFIG = ModelConfig(attention="hyla", n_layers=3, d_model=16, n_heads=4, kqv_dim=8, d_mlp=16, n_ctx=12, d_in=5, d_out=5)
 
@@ -58,7 +59,7 @@ def test_recorder_leaves_the_model_and_other_hooks_alone(model):
     _, cache = model.run_with_cache(x)
     np.testing.assert_allclose(recorder.pop()[Site(0, 11, 11)], cache["blocks.0.attn.hook_pattern"][:, :, 11, 11].numpy())
     torch.testing.assert_close(model(x), baseline)
-    assert all(not hook._forward_hooks for hook in model.hook_dict.values()), "no hooks left behind"
+    assert not any_hooks(model.modules()), "no hooks left behind"
 
 
 @pytest.mark.parametrize(

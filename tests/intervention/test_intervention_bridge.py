@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from latentcode.intervention import CannotIntervene, Interchange, Intervention, SetCode, ZeroAblate
+from latentcode.models.hook_state import attached_hooks
 
 transformer_lens = pytest.importorskip("transformer_lens")
 if not hasattr(transformer_lens, "TransformerBridge"):
@@ -31,7 +32,7 @@ def native():
 
 
 def hooks(model):
-    return [(name, list(m._forward_hooks), list(m._forward_pre_hooks)) for name, m in model.named_modules()]
+    return [(name, attached_hooks(m).forward, attached_hooks(m).forward_pre) for name, m in model.named_modules()]
 
 
 VALUE = np.array([0.5, -0.25, 1.5, 0.0], dtype=np.float32)

@@ -21,6 +21,7 @@ from latentcode.intervention import (
     SetCode,
     ZeroAblate,
 )
+from latentcode.models.hook_state import attached_hooks
 from latentcode.provenance import sha256_of_state
 from latentcode.store import CodeWriter, Site
 from tests.models.reference import (
@@ -47,7 +48,7 @@ def inputs(seed=1):
 
 
 def all_hooks(model):
-    return [hook for module in model.modules() for hook in (*module._forward_hooks.values(), *module._forward_pre_hooks.values())]
+    return [hook for module in model.modules() for hook in (*attached_hooks(module).forward, *attached_hooks(module).forward_pre)]
 
 
 @pytest.mark.parametrize("causal", [False, True])

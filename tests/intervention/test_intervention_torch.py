@@ -14,6 +14,7 @@ from torch import nn
 
 from latentcode.extraction import AdapterSource, Recorder
 from latentcode.intervention import CannotIntervene, Interchange, Intervention, SetCode, ZeroAblate
+from latentcode.models.hook_state import any_hooks
 from latentcode.store import Site
 from tests.extraction.torch_models import MHA_CASES, SDPA_CASES, MhaModel, SdpaModel, mha_case
 
@@ -197,7 +198,7 @@ def test_interception_and_hooks_are_gone_after_the_context_and_after_an_exceptio
             raise RuntimeError("boom")
     assert torch._C._len_torch_function_stack() == 0
     assert torch.backends.mha.get_fastpath_enabled() == fastpath
-    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    assert not any_hooks(model.modules())
     with Recorder(model, "all-pairs:0") as recorder:  # afterwards the model computes as before
         output = model(x)
     assert torch.equal(output, model(x)) and len(recorder.pop()) == LENGTH * LENGTH
@@ -210,7 +211,7 @@ def test_adapter_source_cannot_edit():
         with Intervention(model, ZeroAblate(), source=source):
             pass
     assert "\n" not in str(raised.value)
-    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    assert not any_hooks(model.modules())
 
 
 def test_a_site_of_a_layer_the_model_does_not_have_is_named():
