@@ -1,7 +1,9 @@
 """Analysis of a codes file: linear probes, embeddings, similarity heatmaps and figures.
 
 Reads the HDF5 files of `latentcode.store`; numpy, pandas, scikit-learn, umap-learn and
-matplotlib only, never torch, so that probing and plotting a file is fast and light.
+matplotlib only, never torch, so that probing and plotting a file is fast and light. Names load
+on first use (see `latentcode.lazy`): importing the package loads none of pandas, scikit-learn
+and matplotlib, so a command that only checks its arguments pays for none of them.
 
 >>> from latentcode.analysis import decode, headline_lines, plot_probe_scores, write_table
 >>> table = decode(["hyla.h5", "softmax.h5"], "rule", fit_split="train", test_split="ood")
@@ -10,48 +12,37 @@ matplotlib only, never torch, so that probing and plotting a file is fast and li
 >>> print("\n".join(headline_lines(table)))    # the layer chosen on the fit split, beside baselines
 """
 
-from latentcode.analysis.embed import DEFAULT_MAX_POINTS, Embedding, embed, subsample
-from latentcode.analysis.labels import available_labels, parse_label_spec, select_label, value_names
-from latentcode.analysis.plots import (
-    FORMATS,
-    plot_code_samples,
-    plot_embedding,
-    plot_probe_scores,
-    plot_similarity,
-)
-from latentcode.analysis.probes import (
-    COLUMNS,
-    decode,
-    headline_lines,
-    headline_rows,
-    regress,
-    summary_rows,
-    write_table,
-)
-from latentcode.analysis.similarity import Similarity, mean_code_similarity, similarity_of_means
+# `embed` is also the name of its module, and the first import of a submodule sets the package's
+# attribute of that name to the module: bound here (embed.py loads numpy and h5py only), the
+# function stays `latentcode.analysis.embed` whichever of the two is imported first.
+from latentcode.analysis.embed import embed  # noqa: F401
+from latentcode.lazy import lazy_exports
 
-__all__ = [
-    "COLUMNS",
-    "DEFAULT_MAX_POINTS",
-    "FORMATS",
-    "Embedding",
-    "Similarity",
-    "available_labels",
-    "decode",
-    "embed",
-    "headline_lines",
-    "headline_rows",
-    "mean_code_similarity",
-    "parse_label_spec",
-    "plot_code_samples",
-    "plot_embedding",
-    "plot_probe_scores",
-    "plot_similarity",
-    "regress",
-    "select_label",
-    "similarity_of_means",
-    "subsample",
-    "summary_rows",
-    "value_names",
-    "write_table",
-]
+# Each public name and the module that defines it; loaded on first use.
+_WHERE = {
+    "DEFAULT_MAX_POINTS": "latentcode.analysis.embed",
+    "Embedding": "latentcode.analysis.embed",
+    "embed": "latentcode.analysis.embed",
+    "subsample": "latentcode.analysis.embed",
+    "available_labels": "latentcode.analysis.labels",
+    "parse_label_spec": "latentcode.analysis.labels",
+    "select_label": "latentcode.analysis.labels",
+    "value_names": "latentcode.analysis.labels",
+    "FORMATS": "latentcode.analysis.plots",
+    "plot_code_samples": "latentcode.analysis.plots",
+    "plot_embedding": "latentcode.analysis.plots",
+    "plot_probe_scores": "latentcode.analysis.plots",
+    "plot_similarity": "latentcode.analysis.plots",
+    "COLUMNS": "latentcode.analysis.probes",
+    "decode": "latentcode.analysis.probes",
+    "headline_lines": "latentcode.analysis.probes",
+    "headline_rows": "latentcode.analysis.probes",
+    "regress": "latentcode.analysis.probes",
+    "summary_rows": "latentcode.analysis.probes",
+    "write_table": "latentcode.analysis.probes",
+    "Similarity": "latentcode.analysis.similarity",
+    "mean_code_similarity": "latentcode.analysis.similarity",
+    "similarity_of_means": "latentcode.analysis.similarity",
+}
+__all__ = sorted(_WHERE)
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)

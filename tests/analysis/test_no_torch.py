@@ -1,4 +1,5 @@
-"""The analysis package never imports torch, directly or through what it uses."""
+"""The analysis package never imports torch, directly or through what it uses, and importing it
+loads none of pandas, scikit-learn and matplotlib (its names load on first use)."""
 
 import pkgutil
 import subprocess
@@ -28,3 +29,29 @@ def test_analysis_modules_and_a_small_run_leave_torch_unimported(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "torch modules: []" in result.stdout
+
+
+def test_importing_the_package_loads_no_pandas_scikit_learn_or_matplotlib():
+    # Its names load on first use; `embed`, the name of a function and of its module, is the function
+    # even after the module is first imported by something else (here the plots).
+    script = textwrap.dedent("""
+        import sys
+        import latentcode.analysis
+        print("loaded:", sorted(name for name in ("sklearn", "matplotlib", "pandas", "torch") if name in sys.modules))
+        import latentcode.analysis.plots
+        from latentcode.analysis import embed, plot_embedding
+        print("embed:", type(embed).__name__, "plot_embedding:", type(plot_embedding).__name__)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "loaded: []" in result.stdout
+    assert "embed: function plot_embedding: function" in result.stdout
+
+
+def test_every_public_name_is_the_object_its_module_defines():
+    import importlib
+
+    for name in latentcode.analysis.__all__:
+        module = importlib.import_module(latentcode.analysis._WHERE[name])
+        assert getattr(latentcode.analysis, name) is getattr(module, name), name
+    assert sorted(dir(latentcode.analysis)) == sorted(latentcode.analysis.__all__)
