@@ -1,0 +1,50 @@
+"""Where does a latent code matter? Activation patching of codes over a grid of site groups, and its
+first-order estimate (attribution patching) for every (layer, head, query, key) at once.
+
+Both compare a *base* input with a *donor* input (the same shape, e.g. an instance whose rule
+differs) under a `metric` of the model's output, one number per example (e.g. the logit of the
+donor's counterfactual answer minus that of the base answer):
+
+    exact     effect(G)  = metric(model(base) with the codes of group G taken from model(donor))
+                           - metric(model(base))
+    estimate  effect(G) ~= sum over (layer, head, query, key) in G of
+                           d metric / d a[h, q, k]  *  (a_donor[h, q, k] - a_base[h, q, k])
+
+(the gradient taken at the base input, one backward pass for every site; Nanda's "attribution
+patching"). The estimate is exact where the metric is linear in the codes (a test checks it on a
+linear toy model); elsewhere compare it with the exact sweep (`compare_attribution`).
+
+    groups = site_grid(n_layers=4, seq_len=36, queries=range(32, 36), key_blocks=9)
+    sweep = patching_sweep(model, base_x, donor_x, groups, metric)         # -> PatchingSweep
+    sweep.table                                   # one row per group: effect, its s.e., n, ...
+    attribution = attribution_patching(model, base_x, donor_x, metric)     # -> Attribution
+    attribution.for_groups(groups)                # the same table, estimated
+
+The codes are edited where `Intervention` edits them (after σ, before the value network; for HYLA
+after RMSHead), through the same sources, so every model the `Intervention` edits can be swept:
+our models, TransformerLens models, SDPA / `nn.MultiheadAttention` models and hand-written softmaxes
+(`SoftmaxSource`). Models must be in eval mode (dropout would make the comparison noisy).
+
+Cost: a sweep runs `ceil(groups / groups_per_pass)` forward passes of `groups_per_pass x batch`
+examples (the base batch repeated, each copy patched at one group), plus one pass each for the base
+and the donor: about `groups x` a bare forward pass, with the Python overhead of one pass shared by
+`groups_per_pass` groups. Attribution costs one forward pass of the donor, and one forward and one
+backward pass of the base (`benchmarks/bench_patching.py` measures both).
+
+The modules: `site_groups` (SiteGroup, site_grid, head_grid), `inputs` (base and donor batches, the
+metric), `layer_codes` (record_codes: the codes of one pass per layer), `sweep` (patching_sweep,
+PatchingSweep), `attribution` (attribution_patching, Attribution, compare_attribution).
+"""
+
+from latentcode.extraction.sites import Positions
+from latentcode.intervention.patching.attribution import (
+           Attribution,
+           attribution_patching,
+           compare_attribution,
+)
+from latentcode.intervention.patching.layer_codes import record_codes
+from latentcode.intervention.patching.site_groups import SiteGroup, head_grid, site_grid
+from latentcode.intervention.patching.sweep import PatchingSweep, patching_sweep
+
+__all__ = ["Attribution", "PatchingSweep", "Positions", "SiteGroup", "attribution_patching", "compare_attribution",
+           "head_grid", "patching_sweep", "record_codes", "site_grid"]
