@@ -37,8 +37,10 @@ def demo_tasks() -> list[str]:
     return [name for name in task_names() if task_class(name).training_setup is not None]
 
 
-def fresh_directory(path: Path) -> Path:
-    """`path` if it does not exist or is empty, else the first free `path-1`, `path-2`, ..."""
+def fresh_directory(path: str | Path) -> Path:
+    """`path` if it does not exist or is empty, else the first free `path-1`, `path-2`, ...: a
+    directory to write into that holds nothing already written (the demo's, the README's runs)."""
+    path = Path(path)
     if not path.exists() or (path.is_dir() and not any(path.iterdir())):
         return path
     index = 1
