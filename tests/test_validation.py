@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -89,8 +90,6 @@ def test_the_python_api_and_the_command_line_refuse_a_split_with_the_same_messag
     assert str(raised.value) == expected
     with pytest.raises(TaskError, match="unknown variant 'mirrored' for task 'fuzzy_logic'; valid variants"):
         task.sample(4, "train", variant="mirrored")
-    from pathlib import Path
-
     run = Path(__file__).resolve().parents[1] / "models" / "fuzzy_logic-hyla"
     if not run.is_dir():
         pytest.skip("shipped checkpoints missing")

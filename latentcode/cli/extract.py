@@ -6,7 +6,13 @@ import argparse
 import os
 from pathlib import Path
 
-from latentcode.cli.arguments import NON_NEGATIVE_NUMBER, POSITIVE_INTEGER, SEED, parse_assignments, progress_bars
+from latentcode.cli.arguments import (
+    NON_NEGATIVE_NUMBER,
+    POSITIVE_INTEGER,
+    SEED,
+    parse_assignments,
+    progress_bars,
+)
 from latentcode.cli.checks import (
     check_fits_in_memory,
     check_fits_on_disk,

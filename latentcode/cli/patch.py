@@ -109,7 +109,12 @@ def check(args: argparse.Namespace) -> None:
     if not -task.n_predictions <= args.prediction < task.n_predictions:
         raise UsageError(f"--prediction {args.prediction}: the task has {task.n_predictions} prediction positions "
                          f"(0..{task.n_predictions - 1}, or negative from the end)")
-    from latentcode.extraction.sites import SiteError, parse_positions, parse_selector, resolve_positions
+    from latentcode.extraction.sites import (
+        SiteError,
+        parse_positions,
+        parse_selector,
+        resolve_positions,
+    )
 
     try:
         if args.grid == "rows":

@@ -6,7 +6,13 @@ import argparse
 from pathlib import Path
 
 from latentcode.cli.arguments import POSITIVE_INTEGER, progress_bars
-from latentcode.cli.checks import check_input_file, check_label, check_output, default_label, open_codes_files
+from latentcode.cli.checks import (
+    check_input_file,
+    check_label,
+    check_output,
+    default_label,
+    open_codes_files,
+)
 from latentcode.cli.command import Command
 from latentcode.errors import UsageError
 
