@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import textwrap
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import h5py
@@ -49,12 +49,14 @@ class ValueType:
     what is stored, `parse` what is stored into the reader's value; `absent` stands in for an absent
     attribute (None: the reader's value is None). A JSON type (`json`: the type its text parses to,
     `items`: that of every item of a list) reads empty text as its empty value; any other type is
-    well formed where `check` says so."""
+    well formed where `check` says so, and always where `fits` says its stored dtype holds only
+    well-formed scalars (so that validation need not read the value)."""
 
     words: str
     encode: Callable[[Any], Any]
     parse: Callable[[Any], Any]
     check: Callable[[Any], bool] = lambda value: True
+    fits: Callable[[np.dtype], bool] = lambda dtype: False
     absent: Any = ""
     json: type | None = None
     items: type | None = None
@@ -79,11 +81,19 @@ def _json_of(kind: type) -> Callable[[str], Any]:
     return lambda text: json.loads(text or empty)
 
 
-TEXT = ValueType("string", encode=str, parse=lambda value: value, check=lambda value: isinstance(value, str))
-INTEGER = ValueType("integer", encode=int, parse=int, check=_is_integer, absent=None)
+def _is_variable_length_string(dtype: np.dtype) -> bool:
+    """h5py reads a variable-length string attribute as str (a fixed-length one as bytes)."""
+    info = h5py.check_string_dtype(dtype)
+    return info is not None and info.length is None
+
+
+TEXT = ValueType("string", encode=str, parse=lambda value: value, check=lambda value: isinstance(value, str),
+                 fits=_is_variable_length_string)
+INTEGER = ValueType("integer", encode=int, parse=int, check=_is_integer, fits=lambda dtype: dtype.kind in "iu",
+                    absent=None)
 # The seed: JSON, except that a string seed is stored as it is (`from_json` reads both).
 JSON_VALUE = ValueType("JSON value, or a plain string", encode=to_json, parse=from_json,
-                       check=lambda value: isinstance(value, str))
+                       check=lambda value: isinstance(value, str), fits=_is_variable_length_string)
 JSON_OBJECT = ValueType("JSON object", encode=to_json, parse=_json_of(dict), json=dict)
 JSON_LIST = ValueType("JSON list", encode=to_json, parse=_json_of(list), json=list)
 JSON_STRINGS = ValueType("JSON list of strings", encode=to_json, parse=_json_of(list), json=list, items=str)
@@ -147,7 +157,7 @@ class Dataset:
     expected_dtype: str
     ndim: int | None = None
     per_example: bool = True
-    attributes: tuple[Attribute, ...] = field(default=())
+    attributes: tuple[Attribute, ...] = ()
 
     @property
     def group(self) -> str:
@@ -235,10 +245,6 @@ PROVENANCE = Dataset(
     ndim=1, per_example=False,
 )
 DATASETS: tuple[Dataset, ...] = (CODES, LABELS, PREDICTION, TARGET, SPLIT, EXTRA, PROVENANCE)
-
-
-def root_attribute(name: str) -> Attribute:
-    return next(attribute for attribute in ROOT_ATTRIBUTES if attribute.name == name)
 
 
 def required_top_level() -> list[str]:

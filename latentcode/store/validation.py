@@ -77,11 +77,10 @@ def validate(path: str | Path, *, allow_external: bool = False) -> Contents:
         attrs = checked_attributes(path, file)
         shards = checked_shards(path, file)
         values = parsed_attributes(attrs)
-        sites = checked_datasets(path, file, values["n_heads"])
+        heads_of = checked_datasets(path, file, values["n_heads"])
         labels = file[LABELS.group]
         contents = Contents(
-            attrs=attrs, values=values, shards=shards, sites=sites,
-            heads_of={site: file[CODES.group][site.name].shape[1] for site in sites},
+            attrs=attrs, values=values, shards=shards, sites=list(heads_of), heads_of=heads_of,
             label_names=sorted(labels), extra_names=extra_names(file),
             has_prediction=PREDICTION.name in file, has_target=TARGET.name in file,
             value_names=_label_attribute(labels, "value_names"),
@@ -207,7 +206,7 @@ def _kind(item: Any) -> str:
 
 def checked_attributes(path: Path, file: h5py.File) -> dict[str, Any]:
     """The root attributes of an open codes file as Python values, after checking the groups and
-    datasets every file has, and the root attributes and label attributes against their types."""
+    datasets every file has, and the root attributes against their types."""
     attrs = {key: _python(value) for key, value in file.attrs.items()}
     top_level = required_top_level()
     for name in top_level:
@@ -226,12 +225,6 @@ def checked_attributes(path: Path, file: h5py.File) -> dict[str, Any]:
     for attribute in ROOT_ATTRIBUTES:
         if attribute.name in attrs:
             _check_attribute(path, f"root attribute {attribute.name!r}", attrs[attribute.name], attribute)
-    for dataset in DATASETS:
-        for name, item in _members(file, dataset):
-            for attribute in dataset.attributes:
-                if isinstance(item, h5py.Dataset) and attribute.name in item.attrs:
-                    value = _python(item.attrs[attribute.name])
-                    _check_attribute(path, f"attribute {attribute.name!r} of /{name}", value, attribute)
     return attrs
 
 
@@ -265,32 +258,49 @@ def _check_dataset(path: Path, name: str, item: Any, dataset: Dataset) -> None:
         raise CodeFileError(f"{path}: /{name} is {_kind(item)}; expected {dataset.expected_dtype}")
 
 
-def checked_datasets(path: Path, file: h5py.File, n_heads: int) -> list[Site]:
-    """The sites of an open codes file, after checking every dataset against its schema entry:
-    /codes/<site> [N, H] named by a site, /split 1-D strings, and every per-example dataset N rows."""
+def checked_datasets(path: Path, file: h5py.File, n_heads: int) -> dict[Site, int]:
+    """The sites of an open codes file and the heads of each, after checking every per-example
+    dataset and its attributes against its schema entry: /split 1-D strings, /codes/<site>
+    [N, H] named by a site, and every per-example dataset N rows."""
     _check_dataset(path, SPLIT.name, file[SPLIT.name], SPLIT)
     n_rows = file[SPLIT.name].shape[0]
-    sites = []
-    for name, item in _members(file, CODES):
-        _check_dataset(path, name, item, CODES)
-        if n_heads and item.shape[1] != n_heads:
-            raise CodeFileError(f"{path}: /{name} has {item.shape[1]} heads but the root attribute n_heads "
-                                f"says {n_heads}")
-        try:
-            sites.append(Site.from_name(name.rpartition("/")[2]))
-        except CodeFileError as error:
-            raise CodeFileError(f"{path}: /{name}: {error}") from None
-    if not sites:
-        raise CodeFileError(f"{path}: {CODES_GROUP.path} holds no sites; a codes file holds at least one {CODES.path}")
+    heads_of: dict[Site, int] = {}
     for dataset in DATASETS:
         if not dataset.per_example:
             continue
         for name, item in _members(file, dataset):
             _check_dataset(path, name, item, dataset)
+            if dataset is CODES:
+                heads_of[_checked_site(path, name, item, n_heads)] = item.shape[1]
             if item.shape[0] != n_rows:
                 raise CodeFileError(f"{path}: /{name} has {item.shape[0]} rows but /split has {n_rows}; every "
                                     "per-example dataset has one row per example (a damaged or hand-edited file)")
-    return sorted(sites)
+            for attribute in dataset.attributes:
+                if attribute.name in item.attrs:
+                    _check_dataset_attribute(path, name, item, attribute)
+        if dataset is CODES and not heads_of:
+            raise CodeFileError(f"{path}: {CODES_GROUP.path} holds no sites; a codes file holds at least one "
+                                f"{CODES.path}")
+    return dict(sorted(heads_of.items()))
+
+
+def _check_dataset_attribute(path: Path, name: str, item: h5py.Dataset, attribute: Attribute) -> None:
+    stored = item.attrs.get_id(attribute.name)
+    if stored.shape == () and attribute.type.fits(stored.dtype):
+        return  # well formed whatever its value: not read (a file of many sites opens as fast as before)
+    value = _python(item.attrs[attribute.name])
+    _check_attribute(path, f"attribute {attribute.name!r} of /{name}", value, attribute)
+
+
+def _checked_site(path: Path, name: str, codes: h5py.Dataset, n_heads: int) -> Site:
+    """The site of the codes dataset `name`, after checking that its width is n_heads (where not 0)."""
+    if n_heads and codes.shape[1] != n_heads:
+        raise CodeFileError(f"{path}: /{name} has {codes.shape[1]} heads but the root attribute n_heads "
+                            f"says {n_heads}")
+    try:
+        return Site.from_name(name.rpartition("/")[2])
+    except CodeFileError as error:
+        raise CodeFileError(f"{path}: /{name}: {error}") from None
 
 
 def checked_provenance(path: Path, file: h5py.File) -> list[dict[str, Any]]:
