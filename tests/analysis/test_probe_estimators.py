@@ -36,7 +36,8 @@ def _check(estimator, expected_failures=None):
         return check_estimator(estimator, expected_failed_checks=expected_failures, on_fail=None, on_skip=None)
 
 
-@pytest.mark.parametrize("probe", [LogisticProbe(), RidgeProbe()], ids=type)
+# Two-value grids: the search is exercised in half the time (the checks fit the probe many times).
+@pytest.mark.parametrize("probe", [LogisticProbe(Cs=(0.1, 10.0)), RidgeProbe(alphas=(0.1, 10.0))], ids=type)
 def test_logistic_and_ridge_probes_pass_every_check_of_scikit_learn(probe):
     results = _check(probe)
     failed = {result["check_name"]: repr(result["exception"]) for result in results if result["status"] == "failed"}
@@ -46,7 +47,7 @@ def test_logistic_and_ridge_probes_pass_every_check_of_scikit_learn(probe):
 
 def test_the_multi_hot_probe_fails_only_the_single_output_checks_each_for_its_reason():
     reasons = {name: reason for name, (reason, _) in MULTI_HOT_EXPECTED_FAILURES.items()}
-    results = _check(MultiHotProbe(), reasons)
+    results = _check(MultiHotProbe(Cs=(0.1, 10.0)), reasons)
     failed = {result["check_name"]: repr(result["exception"]) for result in results if result["status"] == "failed"}
     assert failed == {}
     expected_to_fail = [result for result in results if result["expected_to_fail"]]
