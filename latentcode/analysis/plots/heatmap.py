@@ -159,7 +159,10 @@ def plot_similarity(
                 share = panel.explained_variance
                 title += f" ({label} explains {share:.1%} of code variance)" if share < 0.1 else \
                     f" ({label} explains {share:.0%} of code variance)"
-            axis.set_title("\n".join(textwrap.wrap(title, int(side * 72 / 6.6))))
+            # Wrapped to the square, not the panel: a title wider than its axes runs into the next panel
+            # or the colour bar (the panel's side also holds the tick names, about 0.08 inch a character).
+            square = side - 0.08 * longest - 0.9
+            axis.set_title("\n".join(textwrap.wrap(title, max(16, int(square * 72 / 5.5)))), fontsize="medium")
             # faded towards white (the figure's background) where the label explains little variance
             strength = _colour_strength(panel)
             image = axis.imshow(panel.matrix, cmap=colours, norm=norm, alpha=strength)
