@@ -29,7 +29,8 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from latentcode.analysis.scores import accuracy, f1_or_zero
 from latentcode.errors import LatentcodeError
 
-__all__ = ["DEFAULT_ALPHAS", "DEFAULT_CS", "LogisticProbe", "MultiHotProbe", "ProbeError", "RidgeProbe"]
+__all__ = ["DEFAULT_ALPHAS", "DEFAULT_CS", "LogisticProbe", "MultiHotProbe", "ProbeError", "RidgeProbe",
+           "classes_too_rare"]
 
 DEFAULT_CS = (0.01, 0.1, 1.0, 10.0, 100.0)
 DEFAULT_ALPHAS = (0.01, 0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0)
@@ -52,6 +53,13 @@ def _check_search(estimator: BaseEstimator, grid_name: str, grid: Sequence[float
     values = np.asarray(grid, dtype=float) if len(grid) else np.empty(0)
     if values.ndim != 1 or len(values) == 0 or not (np.isfinite(values) & (values > 0)).all():
         raise ProbeError(f"{name}({grid_name}={grid!r}): needs a non-empty list of positive numbers")
+
+
+def classes_too_rare(y: np.ndarray, cv: int) -> str:
+    """The classes of ``y`` ``[N]`` with fewer than `cv` examples, as ``"class 7 has 2, class 3 has
+    1"`` ("" if none): stratified `cv`-fold cross-validation needs one of each class in every fold."""
+    classes, counts = np.unique(y, return_counts=True)
+    return ", ".join(f"class {value} has {count}" for value, count in zip(classes, counts, strict=True) if count < cv)
 
 
 class LogisticProbe(ClassifierMixin, BaseEstimator):
@@ -87,12 +95,11 @@ class LogisticProbe(ClassifierMixin, BaseEstimator):
         _check_search(self, "Cs", self.Cs)
         X, y = validate_data(self, X, y)
         check_classification_targets(y)
-        self.classes_, counts = np.unique(y, return_counts=True)
+        self.classes_ = np.unique(y)
         if len(self.classes_) < 2:
             raise ProbeError(f"LogisticProbe needs at least 2 classes in y; got one class ({self.classes_[0]})")
-        if counts.min() < self.cv:
-            few = ", ".join(f"class {value} has {count}"
-                            for value, count in zip(self.classes_, counts, strict=True) if count < self.cv)
+        few = classes_too_rare(y, self.cv)
+        if few:
             raise ProbeError(f"too few examples to fit with {self.cv}-fold stratified cross-validation: {few}; "
                              f"every class needs at least {self.cv} examples")
         Cs = sorted(self.Cs)

@@ -21,7 +21,7 @@ from latentcode.analysis.baselines import (
     regression_baselines,
 )
 from latentcode.analysis.labels import select_label
-from latentcode.analysis.probes.estimators import ProbeError
+from latentcode.analysis.probes.estimators import ProbeError, classes_too_rare
 from latentcode.store import CodeFile
 
 __all__ = ["ProbeLabels", "ProbeSite", "as_code_files", "decoding_labels", "probe_codes", "probe_sites",
@@ -134,15 +134,14 @@ def _check_sizes(labels: ProbeLabels, cv: int, fit_split: str, test_split: str) 
 
 def _check_class_counts(labels: np.ndarray, cv: int, name: str, split: str, code_file: CodeFile,
                         column: str = "") -> None:
-    classes, counts = np.unique(labels, return_counts=True)
+    classes = np.unique(labels)
     if len(classes) < 2:
         raise ProbeError(
             f"label {name!r}{column} has a single class ({classes[0] if len(classes) else 'none'}) in split "
             f"{split!r} of {code_file.path}: a classifier needs at least 2"
         )
-    few = counts < cv
-    if few.any():
-        listed = ", ".join(f"class {c} has {n}" for c, n in zip(classes[few], counts[few], strict=True))
+    listed = classes_too_rare(labels, cv)
+    if listed:
         raise ProbeError(
             f"split {split!r} of {code_file.path} has too few examples of label {name!r}{column} to fit "
             f"with {cv}-fold cross-validation: {listed}; every class needs at least {cv} examples "
