@@ -84,8 +84,11 @@ class CodeWriter:
     ...     for batch in batches:
     ...         writer.append(codes={site: array [B, H]}, labels={...}, split="ood", ...)
 
-    `metadata` fills the root attributes (see the module docstring; `model_name`, `model_config`,
-    `checkpoint_sha256`, `task_config`, `selector`, `score`, `source`, `seed`). With
+    `metadata` fills the root attributes that describe where the codes came from (see
+    `latentcode.store.schema`: `model_name`, `model_config`, `checkpoint_sha256`, `task_config`,
+    `selector`, `score`, `source`, `seed`, `task_analysis`, `prediction_kind`, `attention_layers`,
+    `split_descriptions`) and, as `value_names` / `column_names` (label name -> names), the
+    attributes of /labels/<name>. With
     `append=True` an existing file is extended if its schema is compatible (same sites, heads,
     score, labels, model, checkpoint and task), otherwise refused with the reasons; with
     `append=False` an existing file is refused (nothing already written is overwritten) unless
