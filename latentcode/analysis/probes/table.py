@@ -97,9 +97,7 @@ def _versus_baseline(row: pd.Series) -> str:
 def write_table(table: pd.DataFrame, path_stem: str | Path) -> list[Path]:
     """Write a probe table as ``<stem>.csv`` and ``<stem>.json`` (a list of records); returns the paths."""
     stem = Path(path_stem)
-    csv_path, json_path = stem.with_name(stem.name + ".csv"), stem.with_name(stem.name + ".json")
     # Both or neither, through temporaries (a full disk leaves no truncated CSV beside an old JSON).
     with AtomicOutputs(lock=stem, purpose="writing a probe table") as outputs:
-        table.to_csv(outputs.temporary(csv_path), index=False)
-        table.to_json(outputs.temporary(json_path), orient="records", indent=1)
-    return [csv_path, json_path]
+        outputs.write_table(stem, table)
+    return [stem.with_name(stem.name + ".csv"), stem.with_name(stem.name + ".json")]
