@@ -10,6 +10,8 @@ Parameters carry TransformerLens's names and shapes: `W_Q, W_K` `[n_heads, d_mod
 `W_V` `[n_heads, d_model, d_head_v]`, `W_O` `[n_heads, d_head_v, d_model]`, `b_Q, b_K`
 `[n_heads, d_head]`, `b_V` `[n_heads, d_head_v]`, `b_O` `[d_model]`.
 
+The scores, sigma and dropout are written once, in `latentcode.models.scores`, for every path.
+
 Attention dropout (training mode only) multiplies the latent codes after `hook_pattern`, so
 recorded codes are never dropped out. As in the authors' public configuration (Flax's
 `broadcast_dropout=True`), one dropout mask `[query, key]` is shared by all batch elements and
