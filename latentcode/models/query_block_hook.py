@@ -1,6 +1,6 @@
 """`QueryBlockHook`: a read-only hook that reads a `[batch, head, query, key]` tensor by blocks of queries.
 
-Torch only (no TransformerLens), so that attention sources can use it without importing a model.
+Torch only, so that attention sources can use it without importing a model.
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ class ValueNetwork(nn.Module):
     describe the network that a latent code a[:, q, k] generates, for the hypernetwork view.
     """
 
-    # The name ModelConfig uses. Not `name`: TransformerLens sets each module's `name` to its path.
+    # The name ModelConfig uses. Not `name`: HookedRootModule.setup() sets each module's `name` to its path.
     config_name: ClassVar[str]
     # z[q] = sum_k f(a[:, q, k], v[k]): the keys may be processed in tiles whose z are added.
     sums_over_keys: ClassVar[bool] = True
