@@ -160,8 +160,8 @@ def plot_similarity(
                 title += f" ({label} explains {share:.1%} of code variance)" if share < 0.1 else \
                     f" ({label} explains {share:.0%} of code variance)"
             # Wrapped to the square, not the panel: a title wider than its axes runs into the next panel
-            # or the colour bar (the panel's side also holds the tick names, about 0.08 inch a character).
-            square = side - 0.08 * longest - 0.9
+            # or the colour bar (the panel's side also holds the tick names, about 0.07 inch a character).
+            square = side - 0.07 * longest - 0.75
             axis.set_title("\n".join(textwrap.wrap(title, max(16, int(square * 72 / 5.5)))), fontsize="medium")
             # faded towards white (the figure's background) where the label explains little variance
             strength = _colour_strength(panel)
