@@ -121,7 +121,6 @@ def write_effects(table, path_stem: str | Path, formats: Sequence[str] = ("png",
     from matplotlib.figure import Figure
 
     stem = Path(path_stem)
-    csv_path, json_path = stem.with_name(stem.name + ".csv"), stem.with_name(stem.name + ".json")
 
     metrics = list(dict.fromkeys(table["metric"]))
     scopes = list(dict.fromkeys(table["scope"]))
@@ -144,8 +143,6 @@ def write_effects(table, path_stem: str | Path, formats: Sequence[str] = ("png",
     figure.suptitle(f"{first['model']} on {first['task']} {first['split']} (n={first['n']}): {first['edit']}", fontsize=9)
     # The table and its plots as one set: all or none, through temporaries, one writer of a stem at a time.
     with AtomicOutputs(lock=stem, purpose="writing intervention effects") as outputs:
-        table.to_csv(outputs.temporary(csv_path), index=False)
-        table.to_json(outputs.temporary(json_path), orient="records", indent=1)
-        for fmt in formats:
-            figure.savefig(outputs.temporary(stem.with_name(f"{stem.name}.{fmt}")), format=fmt)
+        outputs.write_table(stem, table)
+        outputs.write_figure(stem, figure, formats)
     return outputs.written
