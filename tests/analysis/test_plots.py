@@ -11,7 +11,12 @@ from matplotlib.image import imread
 
 from latentcode.analysis import decode, write_table
 from latentcode.analysis.embed import embed
-from latentcode.analysis.plots import plot_code_samples, plot_embedding, plot_probe_scores, plot_similarity
+from latentcode.analysis.plots import (
+    plot_code_samples,
+    plot_embedding,
+    plot_probe_scores,
+    plot_similarity,
+)
 from latentcode.analysis.plots.colours import OTHER_COLOUR, category_groups, colour_scale
 from latentcode.analysis.plots.heatmap import _similarity_scale
 from latentcode.analysis.similarity import Similarity
@@ -242,7 +247,12 @@ def test_probe_plot_has_a_chance_line_a_legend_of_what_is_drawn_and_a_short_titl
 def test_similarity_panels_share_one_order_and_fade_where_the_label_explains_little(tmp_path):
     """Each panel was clustered in its own order, and a label that explained 0.2% of the variance
     was drawn centred at full saturation (issue 24)."""
-    from latentcode.analysis.plots.heatmap import FULL_COLOUR_SHARE, _colour_strength, _in_order, _should_centre
+    from latentcode.analysis.plots.heatmap import (
+        FULL_COLOUR_SHARE,
+        _colour_strength,
+        _in_order,
+        _should_centre,
+    )
 
     panel = Similarity(np.array([[1, 0.2, 0.5], [0.2, 1, 0.1], [0.5, 0.1, 1]]), np.array([7, 3, 5]),
                        np.array([2, 0, 1]), np.array([10, 20, 30]), np.eye(3), explained_variance=0.002)

@@ -12,7 +12,12 @@ from matplotlib.lines import Line2D
 from latentcode.analysis.captions import codes_context, wrap_lines
 from latentcode.analysis.embed import DEFAULT_MAX_POINTS, Embedding, embed
 from latentcode.analysis.labels import select_label, value_names
-from latentcode.analysis.plots.colours import OTHER_COLOUR, category_groups, colour_scale, is_categorical_label
+from latentcode.analysis.plots.colours import (
+    OTHER_COLOUR,
+    category_groups,
+    colour_scale,
+    is_categorical_label,
+)
 from latentcode.analysis.plots.figure import new_figure, one_column, open_codes, save_figure
 from latentcode.store import CodeFile
 
