@@ -198,12 +198,13 @@ def run(args: argparse.Namespace) -> None:
 
     figure = _draw(table, args, task, summary)
     stem = Path(args.out)
-    csv, summary_json, png = (stem.with_name(stem.name + suffix) for suffix in (".csv", ".json", ".png"))
+    csv, summary_json = (stem.with_name(stem.name + suffix) for suffix in (".csv", ".json"))
     with AtomicOutputs(lock=stem, purpose="latentcode patch") as outputs:
         table.attrs = {}
-        table.to_csv(outputs.temporary(csv), index=False)
+        # the table as CSV only: <stem>.json is the run's summary, not the table's records
+        outputs.write_text(csv, table.to_csv(index=False))
         outputs.write_text(summary_json, json.dumps(summary, indent=2, default=str) + "\n")
-        figure.savefig(outputs.temporary(png), format="png", dpi=130)
+        outputs.write_figure(stem, figure, ("png",), dpi=130)
     best = table.loc[table["transfer"].idxmax()]
     if not args.quiet:
         print(f"largest transfer: {best['group']}: follow {best['follow (different)']:.3f} vs third-sub-task donor "

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from latentcode.tasks.base import Batch, TaskError
+from latentcode.validation import check_integer
 
 RELATIONS = ("different", "third", "same")
 
@@ -136,11 +137,12 @@ def donors_at(donor_pool: Batch, donors: dict[str, np.ndarray]) -> dict[str, Bat
 
 
 def check_pair_request(n: int, prediction: int, n_predictions: int, pool: int) -> int:
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
-        raise TaskError(f"n={n!r}: the number of pairs must be a positive integer")
-    if not isinstance(pool, (int, np.integer)) or isinstance(pool, bool) or pool < 1:
-        raise TaskError(f"pool={pool!r}: the donor pool's size per base must be a positive integer")
-    if not isinstance(prediction, (int, np.integer)) or not -n_predictions <= prediction < n_predictions:
+    """The prediction position in 0..n_predictions-1, once `n` (pairs) and `pool` (donors per base)
+    are positive integers and `prediction` one of the task's positions (negative: from the end)."""
+    check_integer("n", n, minimum=1, error=TaskError)
+    check_integer("pool", pool, minimum=1, error=TaskError)
+    if isinstance(prediction, bool) or not isinstance(prediction, (int, np.integer)) \
+            or not -n_predictions <= prediction < n_predictions:
         raise TaskError(f"prediction={prediction!r} is outside the task's {n_predictions} prediction positions "
                         f"(valid: 0..{n_predictions - 1}, or negative from the end)")
     return int(prediction) % n_predictions

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from latentcode.models.config import ConfigError, ModelConfig
+from latentcode.validation import check_variant
 
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
 
@@ -88,10 +89,7 @@ class TrainConfig:
         if self.variant is not None:
             from latentcode.tasks import get_task
 
-            variants = get_task(**self.task).variants
-            check(self.variant in variants,
-                  f"variant={self.variant!r} is not a variant of the {self.task['name']} task; valid variants: "
-                  f"{list(variants)}")
+            check_variant(self.variant, get_task(**self.task), "variant", error=ConfigError)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

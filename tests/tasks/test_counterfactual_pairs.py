@@ -84,5 +84,9 @@ def test_fuzzy_logic_pairs_keep_their_promises():
 def test_bad_requests_are_refused(sraven):
     with pytest.raises(TaskError, match="prediction=4 is outside"):
         sraven.counterfactual_pairs(10, prediction=4)
-    with pytest.raises(TaskError, match="positive integer"):
+    with pytest.raises(TaskError, match="n=0 must be at least 1"):
         sraven.counterfactual_pairs(0)
+    with pytest.raises(TaskError, match="pool=0 must be at least 1"):
+        sraven.counterfactual_pairs(10, pool=0)
+    with pytest.raises(TaskError, match=r"n=2.0 must be an integer"):
+        sraven.counterfactual_pairs(2.0)

@@ -92,7 +92,7 @@ def test_the_tiny_scale_builds_a_small_model_the_user_can_still_override(preset)
         (dict(preset="fuzzy_logic", n_features=3), r"the fuzzy_logic task has no parameter 'n_features'"),
         (dict(preset="fuzzy_logic", warmup_steps=10_000), r"warmup_steps=10000 is not less than the 8000 training steps"),
         (dict(preset="sraven", variant="shuffled"),
-         r"variant='shuffled' is not a variant of the sraven task; valid variants: \['permuted', 'unpermuted'\]"),
+         r"variant: unknown variant 'shuffled' for task 'sraven'; valid variants: \['permuted', 'unpermuted'\]"),
     ],
 )
 def test_contradictory_configs_are_refused(args, message):
