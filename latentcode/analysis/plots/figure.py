@@ -39,8 +39,7 @@ def save_figure(figure: Figure, path_stem: str | Path, formats: Sequence[str], d
     stem = Path(path_stem)
     # All formats or none, through temporaries (never through a planted link), one writer of a stem at a time.
     with AtomicOutputs(lock=stem, purpose="writing a figure") as outputs:
-        for fmt in formats:
-            figure.savefig(outputs.temporary(stem.with_name(f"{stem.name}.{fmt}")), format=fmt, dpi=dpi)
+        outputs.write_figure(stem, figure, formats, dpi=dpi)
     figure.clear()  # drop the artists now rather than whenever the figure is collected
     return outputs.written
 
