@@ -106,7 +106,7 @@ def plot_training_curves(runs: Sequence[RunRecord], path_stem: Path, dpi: float 
     figure.tight_layout()
     path = path_stem.with_suffix(".png")
     with AtomicOutputs(lock=path_stem) as outputs:
-        figure.savefig(outputs.temporary(path), format="png")
+        outputs.write_figure(path_stem, figure)
     return path
 
 
