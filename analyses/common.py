@@ -1,7 +1,7 @@
 """What the analysis scripts share: their command line, training a grid of runs, extracting codes.
 
 Built only on latentcode's public API. Every script takes `--scale` (tiny, demo, cpu, paper) and
-writes its table and figure under `--out`; trained runs live in `OUT/runs/` (a sweep directory,
+writes its tables and figures under `--out` as one set (`output_set`); trained runs live in `OUT/runs/` (a sweep directory,
 so a script run again skips finished runs and resumes unfinished ones). `--runs-from DIR` uses
 finished runs `DIR/<task>-<attention>` (or `--run-name`) instead of training (e.g. `--runs-from models` for the
 shipped checkpoints).
@@ -196,25 +196,35 @@ def markdown_table(frame, float_format: str = "{:.3f}") -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_tables(frame, stem: Path, summary=None) -> list[Path]:
-    """`stem.csv` and `stem.json` of the full table, `stem.md` of `summary` (default: the table), as
-    one set through latentcode.files."""
+def output_set(stem: Path, wait: float | None = 0.0):
+    """The one set a script writes all its outputs in (`latentcode.files.AtomicOutputs`): each file
+    into a temporary beside it, renamed over its name only when every file is written, never through
+    a symbolic link; `stem` (the script's main output, e.g. OUT/rule_swap) is locked meanwhile, so that
+    two commands writing one folder do not mix their files (the second is refused, or waits `wait` s).
+
+    >>> with common.output_set(out / "rule_swap") as outputs:
+    ...     common.write_tables(outputs, table, out / "rule_swap", summary)
+    ...     outputs.write_figure(out / "rule_swap_query-row", figure)
+    """
     from latentcode.files import AtomicOutputs
 
-    with AtomicOutputs(lock=stem, purpose="writing tables") as outputs:
-        outputs.write_table(stem, frame)
-        outputs.write_text(stem.with_name(f"{stem.name}.md"), markdown_table(frame if summary is None else summary))
-    return outputs.written
+    return AtomicOutputs(lock=stem, wait=wait, purpose=f"writing {stem.name}")
 
 
-def write_html(path: Path, title: str, parts: Sequence) -> Path:
-    """A small standalone HTML page: `parts` are strings (paragraphs; a leading '## ' makes a
-    heading), pandas frames (tables) and paths of figures (shown relative to the page)."""
+def write_tables(outputs, frame, stem: Path, summary=None) -> None:
+    """`stem.csv` and `stem.json` of the full table, `stem.md` of `summary` (default: the table), into
+    the set `outputs` (see output_set)."""
+    outputs.write_table(stem, frame)
+    outputs.write_text(stem.with_name(f"{stem.name}.md"), markdown_table(frame if summary is None else summary))
+
+
+def write_html(outputs, path: Path, title: str, parts: Sequence) -> None:
+    """A small standalone HTML page at `path`, into the set `outputs` (see output_set): `parts` are
+    strings (paragraphs; a leading '## ' makes a heading), pandas frames (tables) and paths of figures
+    (shown relative to the page)."""
     import html
 
     import pandas as pd
-
-    from latentcode.files import atomic_write_text
 
     body = [f"<h1>{html.escape(title)}</h1>"]
     for part in parts:
@@ -229,8 +239,8 @@ def write_html(path: Path, title: str, parts: Sequence) -> Path:
             body.append(f"<p>{html.escape(part)}</p>")
     style = ("body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;"
              "font-size:12px}td,th{padding:2px 6px;border-bottom:1px solid #ddd;text-align:right}")
-    return atomic_write_text(path, f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
-                                   f"</title><style>{style}</style></head><body>{''.join(body)}</body></html>\n")
+    outputs.write_text(path, f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+                             f"</title><style>{style}</style></head><body>{''.join(body)}</body></html>\n")
 
 
 def cached(path: Path, compute):

@@ -146,7 +146,7 @@ def run_model(name: str, run: Path, args) -> list[dict]:
     return rows
 
 
-def plot_single(table: pd.DataFrame, task: str, models: list[str], path: Path) -> Path:
+def plot_single(table: pd.DataFrame, task: str, models: list[str]) -> Figure:
     rows = table[(table["task"] == task) & (table["experiment"] == "single head")]
     limit = float(np.nanmax(np.abs(rows["change"]))) or 1.0
     figure = Figure(figsize=(4.6 * len(models) + 1, 2.0 + 1.6 * len(KINDS) * max(1, rows["layer"].max() + 1) / 4),
@@ -168,11 +168,10 @@ def plot_single(table: pd.DataFrame, task: str, models: list[str], path: Path) -
     figure.suptitle(f"{task}: change of OOD {metric} when one head's codes are ablated at every (query, key) pair "
                     f"of its layer\n({rows['variant'].iloc[0]} variant, n={int(rows['n'].iloc[0])} per cell; one "
                     "colour scale for all models, centred at 0)", fontsize=10)
-    figure.savefig(path)
-    return path
+    return figure
 
 
-def plot_cumulative(table: pd.DataFrame, task: str, models: list[str], path: Path) -> Path:
+def plot_cumulative(table: pd.DataFrame, task: str, models: list[str]) -> Figure:
     rows = table[table["task"] == task]
     metric = rows["metric"].iloc[0]
     figure = Figure(figsize=(11, 5.2), dpi=100, layout="constrained")
@@ -195,8 +194,7 @@ def plot_cumulative(table: pd.DataFrame, task: str, models: list[str], path: Pat
     clipped = " (R² below -1 is off the axis: see the table)" if metric == "r2" else ""
     figure.suptitle(f"{task}: OOD {metric} as heads are ablated cumulatively ({rows['variant'].iloc[0]} variant, "
                     f"n={int(rows[rows['experiment'] == 'cumulative']['n'].iloc[0])}){clipped}", fontsize=10)
-    figure.savefig(path)
-    return path
+    return figure
 
 
 def main() -> None:
@@ -209,7 +207,7 @@ def main() -> None:
     parser.add_argument("--n-means", type=int, default=512, help="training instances of the mean codes")
     parser.add_argument("--ablated-per-layer", type=int, nargs="+", help="the k of the cumulative curve")
     args = parser.parse_args()
-    rows, figures, models_of = [], [], {}
+    rows, models_of = [], {}
     for task in args.task:
         runs = common.model_runs(args, task)
         models_of[task] = list(runs)
@@ -223,16 +221,19 @@ def main() -> None:
     summary = table[table["experiment"] != "single head"][["task", "model", "experiment", "kind", "order", "k", "n",
                                                           "value"]]
     summary = summary.astype({"k": "Int64"}).fillna({"order": ""})
-    common.write_tables(table, out / "head_ablation", summary)
-    for task in args.task:
-        figures.append(plot_single(table, task, models_of[task], out / f"head_ablation_single_{task}.png"))
-        figures.append(plot_cumulative(table, task, models_of[task], out / f"head_ablation_cumulative_{task}.png"))
     singles = table[table["experiment"] == "single head"]
     worst = singles.loc[singles.groupby(["task", "model", "kind"])["change"].idxmin(),
                         ["task", "model", "kind", "layer", "head", "value", "change"]]
-    common.write_html(out / "head_ablation.html", "Head ablation", [
-        __doc__.split("\n\n    python")[0], "## Unpatched, baselines and cumulative ablation", summary,
-        "## The most damaging single head per model", worst, "## Figures", *figures])
+    figures = []
+    with common.output_set(out / "head_ablation") as outputs:
+        common.write_tables(outputs, table, out / "head_ablation", summary)
+        for task in args.task:
+            figures += [out / f"head_ablation_single_{task}.png", out / f"head_ablation_cumulative_{task}.png"]
+            outputs.write_figure(figures[-2].with_suffix(""), plot_single(table, task, models_of[task]))
+            outputs.write_figure(figures[-1].with_suffix(""), plot_cumulative(table, task, models_of[task]))
+        common.write_html(outputs, out / "head_ablation.html", "Head ablation", [
+            __doc__.split("\n\n    python")[0], "## Unpatched, baselines and cumulative ablation", summary,
+            "## The most damaging single head per model", worst, "## Figures", *figures])
     with pd.option_context("display.width", 200, "display.max_rows", 500):
         print(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
         print(worst.to_string(index=False, float_format=lambda v: f"{v:.3f}"))

@@ -28,12 +28,15 @@ Writes `language_codes.png` (probe accuracy by layer; mean difference per head) 
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
 from pathlib import Path
 
 import common
 import numpy as np
 import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 KEY_CLASSES = ("previous_occurrence", "previous_space", "previous_newline")
 SPLITS = ("train", "validation")
@@ -128,17 +131,14 @@ def key_class_tables(code_files: dict[str, Path], seed: int) -> tuple[pd.DataFra
     return pd.DataFrame(probe_rows), pd.DataFrame(mean_rows)
 
 
-def plot(probes: pd.DataFrame, means: pd.DataFrame, path: Path, context: str) -> Path:
+def plot(probes: pd.DataFrame, means: pd.DataFrame, context: str) -> Figure:
     """Probe accuracy by layer (top) and the mean-difference heatmaps (bottom, one signed colour
     scale for all three, values written in the cells); `context` heads the title."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     models = list(dict.fromkeys(probes["model"]))
     limit = float(np.nanmax(np.abs(means["difference_in_sd"].to_numpy()))) if len(means) else 1.0
-    figure, axes = plt.subplots(2, len(KEY_CLASSES), figsize=(4.2 * len(KEY_CLASSES), 7.8), squeeze=False)
+    figure = Figure(figsize=(4.2 * len(KEY_CLASSES), 7.8))
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(2, len(KEY_CLASSES), squeeze=False)
     for column, key_class in enumerate(KEY_CLASSES):
         axis = axes[0, column]
         for model in models:
@@ -168,10 +168,7 @@ def plot(probes: pd.DataFrame, means: pd.DataFrame, path: Path, context: str) ->
              "x, dotted: the same probe fitted to shuffled labels"]
     figure.suptitle("\n".join(lines), fontsize=10)
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return figure
 
 
 def main() -> None:
@@ -200,7 +197,7 @@ def main() -> None:
                  for attention, run in runs.items()}
     except LatentcodeError as error:
         raise SystemExit(f"error: {error}") from None
-    lines = []
+    lines, decoded = [], {}
     for label in ("query_class", "target_class"):
         try:
             table = decode(list(files.values()), label, fit_split="train", test_split="validation",
@@ -209,28 +206,36 @@ def main() -> None:
             lines.append(f"{label}: not decoded ({error})")
             print(lines[-1])
             continue
-        write_table(table, out / label)
-        plot_probe_scores(table, out / label, metric="accuracy")
+        decoded[label] = table
         print(summary_rows(table)[["model", "layer", "metric", "value", "selected", "strongest_baseline_value"]]
               .to_string(index=False, float_format=lambda v: f"{v:.3f}"))
         lines += headline_lines(table)
 
     probes, means = key_class_tables(files, seed=0)
-    common.write_tables(probes, out / "key_class_probe")
-    common.write_tables(means, out / "key_class_mean_difference")
     seq_lens = sorted({latentcode.CodeFile(path).task_config["seq_len"] for path in files.values()})
     context = (f"{', '.join(files)} byte-level models, last-recent sites (the last query to its most recent keys), "
                f"T = {'/'.join(map(str, seq_lens))}, {args.n_codes} windows per split")
-    figure = plot(probes, means, out / "language_codes.png", context)
     shown = [column for column in ("model", "layer", "key_class", "accuracy", "shuffled_labels", "n_fit", "n_test")
              if column in probes]
-    (out / "language_codes.md").write_text(
-        "# Latent codes of byte-level language models\n\n" + "\n".join(f"- {line}" for line in lines)
-        + "\n\n## Keys chosen by token class (distance-matched probe, chance 0.5)\n\n"
-        + common.markdown_table(probes[shown]) + f"\n![{figure.stem}]({figure.name})\n")
+    figure_path = out / "language_codes.png"
+    # One set: latentcode.analysis's writers lock each table's own stem, so each label's table and figure
+    # join a set of that stem, held open (all or none) until the script's own outputs are written too.
+    with contextlib.ExitStack() as sets:
+        outputs = sets.enter_context(common.output_set(out / "language_codes"))
+        for label, table in decoded.items():
+            sets.enter_context(common.output_set(out / label))
+            write_table(table, out / label)
+            plot_probe_scores(table, out / label, metric="accuracy")
+        common.write_tables(outputs, probes, out / "key_class_probe")
+        common.write_tables(outputs, means, out / "key_class_mean_difference")
+        outputs.write_figure(figure_path.with_suffix(""), plot(probes, means, context), dpi=120)
+        outputs.write_text(out / "language_codes.md",
+                           "# Latent codes of byte-level language models\n\n" + "\n".join(f"- {line}" for line in lines)
+                           + "\n\n## Keys chosen by token class (distance-matched probe, chance 0.5)\n\n"
+                           + common.markdown_table(probes[shown]) + f"\n![{figure_path.stem}]({figure_path.name})\n")
     print(probes[shown].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print("\n".join(lines))
-    print(f"wrote {out / 'language_codes.md'} and {figure}")
+    print(f"wrote {out / 'language_codes.md'} and {figure_path}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import common
 import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 
 def curves(runs: dict[str, Path]) -> pd.DataFrame:
@@ -47,13 +49,10 @@ def finals(runs: dict[str, Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def plot(table: pd.DataFrame, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(6.5, 4.2))
+def plot(table: pd.DataFrame) -> Figure:
+    figure = Figure(figsize=(6.5, 4.2))
+    FigureCanvasAgg(figure)
+    axis = figure.subplots()
     for model, rows in table.groupby("model", sort=False):
         validation = rows[rows["split"] == "validation"]
         line, = axis.plot(validation["step"], validation["bits_per_byte"], marker="o", markersize=3, label=model)
@@ -63,10 +62,7 @@ def plot(table: pd.DataFrame, path: Path) -> Path:
              title="Byte-level language modelling")
     axis.legend()
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return figure
 
 
 def main() -> None:
@@ -75,11 +71,12 @@ def main() -> None:
     out = Path(args.out)
     table = curves(runs)
     final = finals(runs)
-    common.write_tables(final, out / "language_modelling")
-    common.write_tables(table, out / "language_modelling_curves")
-    figure = plot(table, out / "language_modelling.png")
+    with common.output_set(out / "language_modelling") as outputs:
+        common.write_tables(outputs, final, out / "language_modelling")
+        common.write_tables(outputs, table, out / "language_modelling_curves")
+        outputs.write_figure(out / "language_modelling", plot(table), dpi=120)
     print(final.to_string(index=False, float_format=lambda value: f"{value:.4f}"))
-    print(f"wrote {out / 'language_modelling.csv'} and {figure}")
+    print(f"wrote {out / 'language_modelling.csv'} and {out / 'language_modelling.png'}")
 
 
 if __name__ == "__main__":

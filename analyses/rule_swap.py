@@ -166,7 +166,7 @@ def run_model(name: str, run: Path, args) -> tuple[list[dict], list[dict]]:
     return rows, matrix
 
 
-def plot_bars(table: pd.DataFrame, site_set: str, models: list[str], path: Path, n: int) -> Path:
+def plot_bars(table: pd.DataFrame, site_set: str, models: list[str], n: int) -> Figure:
     scopes_order = list(dict.fromkeys(table["scope"]))
     figure = Figure(figsize=(4.2 * len(models), 6.4), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
@@ -189,11 +189,10 @@ def plot_bars(table: pd.DataFrame, site_set: str, models: list[str], path: Path,
     figure.legend(handles, labels, loc="outside lower center", ncols=len(CONDITIONS), fontsize=8)
     figure.suptitle(f"SRAVEN rule swap at the last query position: site set {site_set}, OOD split, {table['variant'].iloc[0]} "
                     f"variant\n(n={n} instances per model, one random r' each; ±1 s.e.)", fontsize=10)
-    figure.savefig(path)
-    return path
+    return figure
 
 
-def plot_matrix(matrix: pd.DataFrame, site_set: str, models: list[str], path: Path, variant: str) -> Path:
+def plot_matrix(matrix: pd.DataFrame, site_set: str, models: list[str], variant: str) -> Figure:
     """Per (own rule, r'): the fraction following r' under the swap, and under the all-rules mean
     (the baseline: how often a code without the rule lands on r''s answer anyway)."""
     from latentcode.tasks.sraven import RULES
@@ -223,8 +222,7 @@ def plot_matrix(matrix: pd.DataFrame, site_set: str, models: list[str], path: Pa
     figure.suptitle(f"SRAVEN rule swap in all layers at once: site set {site_set}, OOD split, {variant} variant\n"
                     "fraction of predictions = r''s answer per (own rule, r'), swap vs all-rules mean; grey: no "
                     "instance", fontsize=10)
-    figure.savefig(path)
-    return path
+    return figure
 
 
 def main() -> None:
@@ -254,15 +252,17 @@ def main() -> None:
     table, matrix = pd.DataFrame(rows), pd.DataFrame(matrix)
     summary = table[["model", "site_set", "scope", "condition", "n", "follow", "follow_se", "keep", "keep_se",
                      "other", "follow_donor_rule", "rule_share_of_code_variance"]]
-    common.write_tables(table, out / "rule_swap", summary)
-    matrix.to_csv(out / "rule_swap_matrix.csv", index=False)
     models = list(runs)
     figures = []
-    for site_set in SITE_SETS:
-        figures.append(plot_bars(table, site_set, models, out / f"rule_swap_{site_set}.png", args.n))
-        figures.append(plot_matrix(matrix, site_set, models, out / f"rule_swap_matrix_{site_set}.png", args.variant))
-    common.write_html(out / "rule_swap.html", "SRAVEN rule swap", [
-        __doc__.split("\n\n    python")[0], "## Table", summary, "## Figures", *figures])
+    with common.output_set(out / "rule_swap") as outputs:
+        common.write_tables(outputs, table, out / "rule_swap", summary)
+        outputs.write_text(out / "rule_swap_matrix.csv", matrix.to_csv(index=False))  # a CSV only: not write_table
+        for site_set in SITE_SETS:
+            figures += [out / f"rule_swap_{site_set}.png", out / f"rule_swap_matrix_{site_set}.png"]
+            outputs.write_figure(figures[-2].with_suffix(""), plot_bars(table, site_set, models, args.n))
+            outputs.write_figure(figures[-1].with_suffix(""), plot_matrix(matrix, site_set, models, args.variant))
+        common.write_html(outputs, out / "rule_swap.html", "SRAVEN rule swap", [
+            __doc__.split("\n\n    python")[0], "## Table", summary, "## Figures", *figures])
     with pd.option_context("display.width", 200):
         print(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"wrote {out / 'rule_swap.csv'}, {out / 'rule_swap.html'} and {len(figures)} figures")

@@ -177,7 +177,7 @@ def run_model(name: str, run: Path, args) -> list[dict]:
     return rows
 
 
-def plot(table: pd.DataFrame, site_set: str, models: list[str], path: Path, n: int) -> Path:
+def plot(table: pd.DataFrame, site_set: str, models: list[str], n: int) -> Figure:
     scopes_order = list(dict.fromkeys(table["scope"]))
     metrics = (("r2_counterfactual", "R² vs counterfactual function"), ("r2_original", "R² vs original function"),
                ("shift", "shift toward counterfactual (0 keep, 1 follow)"))
@@ -205,8 +205,7 @@ def plot(table: pd.DataFrame, site_set: str, models: list[str], path: Path, n: i
     figure.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=8)
     figure.suptitle(f"Fuzzy-logic term swap at the last token: site set {site_set}, OOD split, "
                     f"{table['variant'].iloc[0]} variant\n(n={n} instances per model; ±1 bootstrap s.e.)", fontsize=10)
-    figure.savefig(path)
-    return path
+    return figure
 
 
 def main() -> None:
@@ -236,11 +235,13 @@ def main() -> None:
     summary = table[["model", "site_set", "scope", "condition", "n", "r2_counterfactual", "r2_counterfactual_se",
                      "r2_original", "r2_original_se", "shift", "shift_se", "r2_counterfactual_differ",
                      "r2_original_differ", "n_differ", "task_share_of_code_variance"]]
-    common.write_tables(table, out / "term_swap", summary)
-    figures = [plot(table, site_set, list(runs), out / f"term_swap_{site_set}.png", int(table["n"].iloc[0]))
-               for site_set in SITE_SETS]
-    common.write_html(out / "term_swap.html", "Fuzzy-logic term swap", [
-        __doc__.split("\n\n    python")[0], "## Table", summary, "## Figures", *figures])
+    figures = [out / f"term_swap_{site_set}.png" for site_set in SITE_SETS]
+    with common.output_set(out / "term_swap") as outputs:
+        common.write_tables(outputs, table, out / "term_swap", summary)
+        for site_set, path in zip(SITE_SETS, figures, strict=True):
+            outputs.write_figure(path.with_suffix(""), plot(table, site_set, list(runs), int(table["n"].iloc[0])))
+        common.write_html(outputs, out / "term_swap.html", "Fuzzy-logic term swap", [
+            __doc__.split("\n\n    python")[0], "## Table", summary, "## Figures", *figures])
     with pd.option_context("display.width", 250):
         print(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"wrote {out / 'term_swap.csv'}, {out / 'term_swap.html'} and {len(figures)} figures")

@@ -91,7 +91,7 @@ def input_baseline(preset: str, task, args) -> list[dict]:
     return rows
 
 
-def plot(table: pd.DataFrame, preset: str, models: list[str], path: Path) -> Path:
+def plot(table: pd.DataFrame, preset: str, models: list[str]) -> Figure:
     rows = table[table["task"] == preset]
     model_rows = rows[rows["model"].isin(models)]
     layers = list(dict.fromkeys(model_rows["layer"]))
@@ -120,8 +120,7 @@ def plot(table: pd.DataFrame, preset: str, models: list[str], path: Path) -> Pat
     first = model_rows.iloc[0]
     figure.suptitle(f"{preset}: topographic similarity of mean latent codes, site set {first['site_set']}, "
                     f"{first['variant']} variant, cosine code distance (no bar: the codes do not vary)", fontsize=10)
-    figure.savefig(path)
-    return path
+    return figure
 
 
 def main() -> None:
@@ -130,7 +129,7 @@ def main() -> None:
     parser.add_argument("--permutations", type=int, default=1000, help="permutations of the Mantel test")
     parser.add_argument("--seed", type=int, default=0, help="seeds the permutations")
     args = parser.parse_args()
-    rows, figures = [], []
+    rows = []
     out = Path(args.out)
     models_of = {}
     for preset in args.task:
@@ -141,11 +140,13 @@ def main() -> None:
         rows += input_baseline(preset, latentcode.Run(next(iter(runs.values()))).task(), args)
     table = pd.DataFrame(rows)
     summary = table[["task", "split", "layer", "model", "rho", "p_value", "null_95", "n_tasks"]]
-    common.write_tables(table, out / "topographic_similarity", summary)
-    for preset in args.task:
-        figures.append(plot(table, preset, models_of[preset], out / f"topographic_similarity_{preset}.png"))
-    common.write_html(out / "topographic_similarity.html", "Topographic similarity of latent codes", [
-        __doc__.split("\n\n    python")[0], "## Table", summary, "## Figures", *figures])
+    figures = [out / f"topographic_similarity_{preset}.png" for preset in args.task]
+    with common.output_set(out / "topographic_similarity") as outputs:
+        common.write_tables(outputs, table, out / "topographic_similarity", summary)
+        for preset, path in zip(args.task, figures, strict=True):
+            outputs.write_figure(path.with_suffix(""), plot(table, preset, models_of[preset]))
+        common.write_html(outputs, out / "topographic_similarity.html", "Topographic similarity of latent codes", [
+            __doc__.split("\n\n    python")[0], "## Table", summary, "## Figures", *figures])
     with pd.option_context("display.width", 200, "display.max_rows", 500):
         print(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"wrote {out / 'topographic_similarity.csv'}, {out / 'topographic_similarity.html'} and {len(figures)} figures")
