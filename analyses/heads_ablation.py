@@ -33,8 +33,6 @@ def main() -> None:
                            "status": r["status"], f"ood.{metric}": r.get(f"ood.{metric}"),
                            f"test.{metric}": r.get(f"test.{metric}")} for r in rows])
     out = Path(args.out)
-    table.to_csv(out / "heads_ablation.csv", index=False)
-    table.to_json(out / "heads_ablation.json", orient="records", indent=2)
     mean = table.groupby(["attention", "n_heads"], as_index=False)[[f"ood.{metric}", f"test.{metric}"]].mean()
 
     figure = Figure(figsize=(6.4, 4.2), dpi=100)
@@ -50,7 +48,11 @@ def main() -> None:
     axis.set(ylabel=f"OOD {metric}", title=f"{args.task}: one head vs many (scale {args.scale})")
     axis.legend()
     figure.tight_layout()
-    figure.savefig(out / "heads_ablation.png")
+    # The JSON keeps its indent of 2, so the table is not write_table's (indent 1).
+    with common.output_set(out / "heads_ablation") as outputs:
+        outputs.write_text(out / "heads_ablation.csv", table.to_csv(index=False))
+        outputs.write_text(out / "heads_ablation.json", table.to_json(orient="records", indent=2))
+        outputs.write_figure(out / "heads_ablation", figure)
     print(mean.to_string(index=False))
     print(f"wrote {out / 'heads_ablation.csv'} and {out / 'heads_ablation.png'}")
 

@@ -135,6 +135,35 @@ def test_runs_from_a_directory_without_runs_says_so(tmp_path, monkeypatch):
         run_in_process(monkeypatch, "sraven_rule_decoding.py", "--runs-from", str(tmp_path))
 
 
+def test_a_script_writes_its_outputs_as_one_set_never_through_a_link(tmp_path, monkeypatch, analyses_modules):
+    """heads_ablation.py with its training faked: a symbolic link planted where its figure goes is
+    refused, not followed, and then none of its files is written; without it all of them are."""
+    from latentcode.files import UnsafePath
+
+    rows = [{"attention": "hyla", "n_heads": heads, "seed": 0, "status": "finished", "ood.r2": 0.5 / heads,
+             "test.r2": 0.75} for heads in (1, 8)]
+
+    def run_heads_ablation():
+        monkeypatch.setattr(analyses_modules("common"), "train_grid", lambda args, preset, grid: rows)
+        run_in_process(monkeypatch, "heads_ablation.py", "--task", "fuzzy_logic", "--heads", "1", "8",
+                       "--attention", "hyla", "--out", str(out))
+
+    out, victim = tmp_path / "out", tmp_path / "someone_elses.png"
+    out.mkdir()
+    victim.write_text("not ours")
+    (out / "heads_ablation.png").symlink_to(victim)
+    with pytest.raises(UnsafePath, match="heads_ablation.png is a symbolic link"):
+        run_heads_ablation()
+    assert victim.read_text() == "not ours"
+    assert [path.name for path in out.iterdir()] == ["heads_ablation.png"]  # no table, temporary or lock left
+
+    (out / "heads_ablation.png").unlink()
+    run_heads_ablation()
+    assert sorted(path.name for path in out.iterdir()) == ["heads_ablation.csv", "heads_ablation.json",
+                                                            "heads_ablation.png"]
+    assert json.loads((out / "heads_ablation.json").read_text()) == rows
+
+
 def test_the_results_page_is_regenerated_from_the_recorded_runs(tmp_path, monkeypatch, capsys):
     """RESULTS.md's Table A1 quotes the recorded runs: the seed-0 rows are the shipped fuzzy-logic models."""
     monkeypatch.syspath_prepend(str(ANALYSES))
