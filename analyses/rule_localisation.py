@@ -45,6 +45,7 @@ import math
 import time
 from pathlib import Path
 
+import common
 import numpy as np
 from common import binomial_se
 
@@ -52,6 +53,13 @@ SRAVEN_MODELS = ("sraven-softmax", "sraven-linear", "sraven-hyla",
                  "sraven-permuted-softmax", "sraven-permuted-linear", "sraven-permuted-hyla")
 FUZZY_MODELS = ("fuzzy_logic-softmax", "fuzzy_logic-linear", "fuzzy_logic-hyla")
 OUT = Path(__file__).parent / "results" / "interventions" / "localisation"
+
+
+def output_set(args):
+    """The set (common.output_set) each command of this script writes its files in, all under one lock,
+    the page's: --gather redraws every model's figures, and models measured in parallel (a command each)
+    wait for one another's writing (seconds) instead of failing after minutes of work."""
+    return common.output_set(Path(args.out) / "README.md", wait=120.0)
 
 
 # -- site groups -----------------------------------------------------------------------------------
@@ -198,13 +206,13 @@ def measure_model(name: str, run_dir: Path, args) -> dict:
         "command": f"python analyses/rule_localisation.py --runs-from {args.runs_from} --model {name} --n {args.n}",
     }
     out = Path(args.out) / name
-    out.mkdir(parents=True, exist_ok=True)
-    map_table.to_csv(out / "map.csv", index=False)
-    table.to_csv(out / "table.csv", index=False)
-    attribution_table.to_csv(out / "attribution.csv", index=False)
-    pd.DataFrame(subspace_rows).to_csv(out / "subspace.csv", index=False)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    draw_model(out, name, summary, map_table, attribution_table)
+    with output_set(args) as outputs:  # CSV files only: not write_table, which adds a JSON of each
+        outputs.write_text(out / "map.csv", map_table.to_csv(index=False))
+        outputs.write_text(out / "table.csv", table.to_csv(index=False))
+        outputs.write_text(out / "attribution.csv", attribution_table.to_csv(index=False))
+        outputs.write_text(out / "subspace.csv", pd.DataFrame(subspace_rows).to_csv(index=False))
+        outputs.write_text(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
+        draw_model(outputs, out, name, summary, map_table, attribution_table)
     return summary
 
 
@@ -287,10 +295,11 @@ def confirm(name: str, run_dir: Path, args) -> None:
                      "transfer se (paired)": float(paired.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan"),
                      "keep (same-rule donor)": float(per_example(table, "same", "keep")[0][mask].mean())})
     frame = pd.DataFrame(rows)
-    frame.to_csv(out / "confirm.csv", index=False)
     summary["confirm_command"] = (f"python analyses/rule_localisation.py --runs-from {args.runs_from} --model {name} "
                                   f"--confirm {args.confirm}")
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    with output_set(args) as outputs:
+        outputs.write_text(out / "confirm.csv", frame.to_csv(index=False))
+        outputs.write_text(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
     print(frame.to_string(index=False))
 
 
@@ -298,7 +307,8 @@ def confirm(name: str, run_dir: Path, args) -> None:
 TRANSFER_LIMIT = 0.6  # one signed colour scale for every map of every model
 
 
-def draw_model(out: Path, name: str, summary: dict, map_table, attribution_table) -> None:
+def draw_model(outputs, out: Path, name: str, summary: dict, map_table, attribution_table) -> None:
+    """`out/map.png` and `out/attribution.png` of one model, into the set `outputs`."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -307,7 +317,7 @@ def draw_model(out: Path, name: str, summary: dict, map_table, attribution_table
     n_blocks = int(cells["query_unit"].max()) + 1
     what = summary["map_unit"]
     figure = Figure(figsize=(2.9 * len(layers) + 1.6, 3.4), layout="constrained")
-    canvas = FigureCanvasAgg(figure)
+    FigureCanvasAgg(figure)
     axes = figure.subplots(1, len(layers), squeeze=False)[0]
     image = None
     for axis, layer in zip(axes, layers, strict=True):
@@ -328,10 +338,10 @@ def draw_model(out: Path, name: str, summary: dict, map_table, attribution_table
     figure.colorbar(image, ax=list(axes), shrink=0.8, label="follow r' (r' donor) - follow r' (third-rule donor)\n(numbers: x100)")
     figure.suptitle(f"{name} ({summary['variant']}): where patching a code transfers the donor's sub-task; OOD pairs, "
                     f"n = {summary['n_pairs']} per cell, last query position", fontsize=9)
-    canvas.print_png(out / "map.png")
+    outputs.write_figure(out / "map", figure)
 
     figure = Figure(figsize=(4.4, 4.0), layout="constrained")
-    canvas = FigureCanvasAgg(figure)
+    FigureCanvasAgg(figure)
     axis = figure.subplots()
     axis.axhline(0, color="0.8", linewidth=0.8)
     axis.axvline(0, color="0.8", linewidth=0.8)
@@ -348,7 +358,7 @@ def draw_model(out: Path, name: str, summary: dict, map_table, attribution_table
                    f"{summary['map_unit']} pairs), OOD pairs, n = {summary['n_pairs']}\n"
                    f"Pearson {correlation['pearson']:.2f}, Spearman {correlation['spearman']:.2f}", fontsize=8)
     axis.tick_params(labelsize=7)
-    canvas.print_png(out / "attribution.png")
+    outputs.write_figure(out / "attribution", figure)
 
 
 # -- the page --------------------------------------------------------------------------------------
@@ -362,35 +372,36 @@ def gather(args) -> None:
              "donor beside it (the strongest trivial baseline: a damaged code that lands on r''s answer by itself).",
              "Map groups were chosen on the selection pairs (seed 0); every number below the map is on fresh",
              "evaluation pairs (seed 1). s.e. is the sum of the two binomial standard errors.", ""]
-    for name in [*SRAVEN_MODELS, *FUZZY_MODELS]:
-        summary_path = out / name / "summary.json"
-        if not summary_path.is_file():
-            continue
-        summary = json.loads(summary_path.read_text())
-        draw_model(out / name, name, summary, pd.read_csv(out / name / "map.csv"),
-                   pd.read_csv(out / name / "attribution.csv"))
-        table = pd.read_csv(out / name / "table.csv")
-        subspace = pd.read_csv(out / name / "subspace.csv")
-        selection = summary["selected_on_selection_set"]
-        lines += [f"## {name} ({summary['variant']})", "",
-                  f"`{summary['command']}` ({summary['minutes']:.1f} min). Unpatched: follow r' "
-                  f"{summary['unpatched']['follow']:.3f}, keep {summary['unpatched']['keep']:.3f}.", "",
-                  f"![map]({name}/map.png)", "",
-                  f"Selected group (largest transfer on the selection set): {summary['selected_group'].replace('|', chr(92) + '|')}: follow r' "
-                  f"{selection['follow (different)']:.3f} vs third-rule donor {selection['follow (third)']:.3f} "
-                  f"(transfer {selection['transfer']:.3f} ± {selection['transfer se']:.3f}).", "",
-                  "Evaluation pairs:", "", markdown(table[table["target r'"] == "all"]), "",
-                  "Per target rule r' at the selected group:", "",
-                  markdown(table[(table["group"].str.startswith("selected")) & (table["target r'"] != "all")]), "",
-                  *([f"The selected group again on {int(pd.read_csv(out / name / 'confirm.csv')['n'].iloc[0])} fresh pairs "
-                     f"(seed 4; `{summary.get('confirm_command', '')}`), per target rule:", "",
-                     markdown(pd.read_csv(out / name / "confirm.csv")), ""]
-                    if (out / name / "confirm.csv").is_file() else []),
-                  f"Attribution patching vs exact patching over the map's groups: Pearson "
-                  f"{summary['attribution_vs_exact']['pearson']:.2f}, Spearman {summary['attribution_vs_exact']['spearman']:.2f} "
-                  f"({summary['attribution_vs_exact']['groups']} groups). ![attribution]({name}/attribution.png)", "",
-                  "Learned subspace at the selected group (fitted on training-multiset pairs):", "", markdown(subspace), ""]
-    (out / "README.md").write_text("\n".join(lines) + "\n")
+    with output_set(args) as outputs:  # the page and every model's figures, redrawn
+        for name in [*SRAVEN_MODELS, *FUZZY_MODELS]:
+            summary_path = out / name / "summary.json"
+            if not summary_path.is_file():
+                continue
+            summary = json.loads(summary_path.read_text())
+            draw_model(outputs, out / name, name, summary, pd.read_csv(out / name / "map.csv"),
+                       pd.read_csv(out / name / "attribution.csv"))
+            table = pd.read_csv(out / name / "table.csv")
+            subspace = pd.read_csv(out / name / "subspace.csv")
+            selection = summary["selected_on_selection_set"]
+            lines += [f"## {name} ({summary['variant']})", "",
+                      f"`{summary['command']}` ({summary['minutes']:.1f} min). Unpatched: follow r' "
+                      f"{summary['unpatched']['follow']:.3f}, keep {summary['unpatched']['keep']:.3f}.", "",
+                      f"![map]({name}/map.png)", "",
+                      f"Selected group (largest transfer on the selection set): {summary['selected_group'].replace('|', chr(92) + '|')}: follow r' "
+                      f"{selection['follow (different)']:.3f} vs third-rule donor {selection['follow (third)']:.3f} "
+                      f"(transfer {selection['transfer']:.3f} ± {selection['transfer se']:.3f}).", "",
+                      "Evaluation pairs:", "", markdown(table[table["target r'"] == "all"]), "",
+                      "Per target rule r' at the selected group:", "",
+                      markdown(table[(table["group"].str.startswith("selected")) & (table["target r'"] != "all")]), "",
+                      *([f"The selected group again on {int(pd.read_csv(out / name / 'confirm.csv')['n'].iloc[0])} fresh pairs "
+                         f"(seed 4; `{summary.get('confirm_command', '')}`), per target rule:", "",
+                         markdown(pd.read_csv(out / name / "confirm.csv")), ""]
+                        if (out / name / "confirm.csv").is_file() else []),
+                      f"Attribution patching vs exact patching over the map's groups: Pearson "
+                      f"{summary['attribution_vs_exact']['pearson']:.2f}, Spearman {summary['attribution_vs_exact']['spearman']:.2f} "
+                      f"({summary['attribution_vs_exact']['groups']} groups). ![attribution]({name}/attribution.png)", "",
+                      "Learned subspace at the selected group (fitted on training-multiset pairs):", "", markdown(subspace), ""]
+        outputs.write_text(out / "README.md", "\n".join(lines) + "\n")
     print(f"wrote {out / 'README.md'}")
 
 
