@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="record latent codes of a trained model into an HDF5 file",
         description="Run a trained model on task instances and record the latent codes a[:, q, k] at the selected "
         "sites, with every task label, the prediction and the target, into a self-describing HDF5 file (schema: "
-        "latentcode/store.py). Written atomically: an interrupted extraction leaves no file behind.",
+        "latentcode/store/schema.py). Written atomically: an interrupted extraction leaves no file behind.",
         epilog="site selectors: last-self (every layer, last token to itself), sraven-rule (every layer, last query "
         "token to the same feature in the last row's context panels; unpermuted instances), all-pairs:LAYER, or "
         "LAYER:QUERY:KEY[,...] (negative positions count from the end, * as LAYER is every layer)\n\nexample:\n"

@@ -20,6 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--color", dest="label", help="label to colour by (default: the task's sub-task label)")
     parser.add_argument("--max-points", type=POSITIVE_INTEGER, default=2000, help="subsampling cap (default 2000)")
     parser.add_argument("--seed", type=SEED, default=0)
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress (by default a bar on a terminal, else a line per layer on stderr)")
     return parser
 
 
@@ -28,7 +30,8 @@ def check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    draw(args, "plot_embedding", method=args.method, max_points=args.max_points, seed=args.seed)
+    draw(args, "plot_embedding", method=args.method, max_points=args.max_points, seed=args.seed,
+         progress=not args.quiet)
 
 
 COMMAND = Command(register, check, run, order=80)

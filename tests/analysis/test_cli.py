@@ -65,6 +65,15 @@ def test_progress_bars_only_where_stderr_is_a_terminal(two_models, capsys, monke
     assert "decode rule" in capsys.readouterr().err, "on a terminal, the bar"
 
 
+def test_plot_says_how_far_it_is_unless_quiet(two_models, tmp_path, capsys):
+    """tSNE printed nothing for minutes under load (issue 24): off a terminal, a line per layer."""
+    arguments = ["plot", str(two_models[1]), "--method", "tsne", "--color", "rule", "--max-points", "40"]
+    assert main([*arguments, "--out", str(tmp_path / "talking")]) == 0
+    assert "done in" in capsys.readouterr().err
+    assert main([*arguments, "--out", str(tmp_path / "quiet"), "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_report_out_without_a_suffix_writes_an_html_page(two_models, tmp_path, capsys):
     """`--out NAME` wrote an HTML page named NAME, which a browser does not open as one (issue 24)."""
     assert main(["report", "--codes", str(two_models[0]), "--out", str(tmp_path / "mine"), "--max-points", "40",
