@@ -28,7 +28,12 @@ from pathlib import Path
 import torch
 
 from latentcode import ModelConfig, build_model
-from latentcode.intervention.patching import attribution_patching, patching_sweep, record_codes, site_grid
+from latentcode.intervention.patching import (
+    attribution_patching,
+    patching_sweep,
+    record_codes,
+    site_grid,
+)
 from latentcode.tasks import get_task
 
 REPOSITORY = Path(__file__).resolve().parents[1]
