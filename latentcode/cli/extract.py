@@ -9,7 +9,7 @@ from pathlib import Path
 from latentcode.cli.arguments import (
     NON_NEGATIVE_NUMBER,
     POSITIVE_INTEGER,
-    SEED,
+    add_instance_arguments,
     parse_assignments,
     progress_bars,
 )
@@ -47,13 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--n", type=POSITIVE_INTEGER, default=8192, help="instances (default 8192)")
     parser.add_argument("--sites", default="last-self", help="site selector (default last-self)")
     parser.add_argument("--out", required=True, help="the HDF5 file to write")
-    parser.add_argument("--variant", help="task variant (default: the selector's, else the task's default)")
     parser.add_argument("--score", choices=("pattern", "scores"), default="pattern",
                         help="pattern: normalized latent codes (default); scores: raw scores before normalization")
-    parser.add_argument("--batch-size", type=POSITIVE_INTEGER, default=256, help="instances per forward pass (default 256)")
-    parser.add_argument("--seed", type=SEED, help="sample seed (default: the split's evaluation seed)")
-    parser.add_argument("--task", metavar="KEY=VALUE", action="append",
-                        help="task config for a model directory, e.g. --task name=sraven --task n_features=4")
+    add_instance_arguments(parser)
     parser.add_argument("--append", action="store_true", help="add examples to an existing file with the same schema")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing file")
     parser.add_argument("--compression", choices=("gzip", "lzf", "none"), default="gzip",

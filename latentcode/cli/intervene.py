@@ -10,7 +10,7 @@ from pathlib import Path
 from latentcode.cli.arguments import (
     FIGURE_FORMATS,
     POSITIVE_INTEGER,
-    SEED,
+    add_instance_arguments,
     finite_number,
     formats,
     parse_assignments,
@@ -60,11 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--by", metavar="LABEL", help="--mean-ablate with one mean per value of this label")
     parser.add_argument("--codes-split", help="take the means over this split of --codes (default all examples)")
     parser.add_argument("--out", required=True, help="path stem of the table (.csv, .json) and the plot")
-    parser.add_argument("--variant", help="task variant (default: the selector's, else the task's default)")
-    parser.add_argument("--batch-size", type=POSITIVE_INTEGER, default=256, help="instances per forward pass (default 256)")
-    parser.add_argument("--seed", type=SEED, help="sample seed (default: the split's evaluation seed)")
-    parser.add_argument("--task", metavar="KEY=VALUE", action="append",
-                        help="task config for a model directory, e.g. --task name=sraven --task n_features=4")
+    add_instance_arguments(parser)
     parser.add_argument("--no-per-site", action="store_true", help="only all sites together, not each site alone")
     parser.add_argument("--format", action="append", choices=FIGURE_FORMATS, help="plot formats (default png)")
     parser.add_argument("--overwrite", action="store_true", help="replace the table and plot if --out has them")
