@@ -141,6 +141,10 @@ def attribution_patching(
         if layer in base_codes:
             raise UsageError(f"layer {layer} ran twice in one forward pass (its queries in blocks?); attribution needs "
                              "each layer's codes once: pass shorter sequences or fewer sites")
+        if layer not in donor_codes or donor_codes[layer].shape != codes.shape:  # refused before the backward pass
+            found = tuple(donor_codes[layer].shape) if layer in donor_codes else "no codes"
+            raise UsageError(f"donor_codes of layer {layer}: expected [batch, head, pairs] = {tuple(codes.shape)} "
+                             f"(record_codes of the donor at the same sites), got {found}")
         base_codes[layer] = codes.detach()
         if not codes.requires_grad:
             codes = codes.detach().requires_grad_(True)
@@ -166,10 +170,6 @@ def attribution_patching(
     for layer, gradient in zip(layers, gradients, strict=True):
         base = base_codes[layer].detach()
         gradient = torch.zeros_like(base) if gradient is None else gradient.detach()
-        if layer not in donor_codes or donor_codes[layer].shape != base.shape:
-            found = tuple(donor_codes[layer].shape) if layer in donor_codes else "no codes"
-            raise UsageError(f"donor_codes of layer {layer}: expected [batch, head, pairs] = {tuple(base.shape)} "
-                             f"(record_codes of the donor at the same sites), got {found}")
         difference = donor_codes[layer].to(base.device, base.dtype) - base
         effects[layer], grads[layer], differences[layer] = (gradient * difference).cpu(), gradient.cpu(), difference.cpu()
     return Attribution(effects, {layer: base_pairs.positions[layer] for layer in layers}, grads, differences,
