@@ -93,9 +93,16 @@ class AttentionPathError(LatentcodeError, ValueError):
     """A path that cannot compute this layer, or a block size that is not a positive integer."""
 
 
+# The standard deviation of a unit normal truncated at ±2: dividing by it gives the truncated draw
+# variance 1 (Flax's variance_scaling divides by the same constant, 0.87962566103423978).
+UNIT_NORMAL_TRUNCATED_AT_2_STD = 0.87962566103423978
+
+
 def lecun_normal_(weight: Tensor, fan_in: int) -> Tensor:
-    """Truncated normal with variance 1 / fan_in: Flax's default kernel init, used by the authors."""
-    std = 1.0 / math.sqrt(fan_in)
+    """A normal truncated at ±2 standard deviations and rescaled so that the draw has variance 1 / fan_in:
+    Flax's `lecun_normal`, the authors' kernel init. (Truncating a normal of std 1/sqrt(fan_in) without
+    the rescaling gives variance 0.774 / fan_in.)"""
+    std = 1.0 / math.sqrt(fan_in) / UNIT_NORMAL_TRUNCATED_AT_2_STD
     return nn.init.trunc_normal_(weight, std=std, a=-2 * std, b=2 * std)
 
 
