@@ -24,6 +24,7 @@ torch and transformers are imported inside the functions, so importing this modu
 from __future__ import annotations
 
 import importlib.metadata
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,14 +93,19 @@ def resolve(path_or_name: str | Path) -> Path:
 
 
 def is_pretrained(path_or_name: str | Path) -> bool:
-    """Whether `path_or_name` names a pretrained model rather than a run directory: a known name,
-    a `.gguf` file, or a directory with a Hugging Face `config.json` (and no run's `run.json`)."""
+    """Whether `path_or_name` names a pretrained model rather than a run or saved-model directory: a
+    known name, a `.gguf` file, or a directory whose config.json is a Hugging Face config (it has
+    `model_type` or `architectures`, which latentcode's run and model configs do not)."""
     if str(path_or_name) in NAMES:
         return True
     path = Path(path_or_name)
     if path.suffix == ".gguf":
         return True
-    return path.is_dir() and (path / "config.json").is_file() and not (path / "run.json").is_file()
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and ("model_type" in config or "architectures" in config)
 
 
 def gguf_architecture(path: Path) -> str:

@@ -158,3 +158,20 @@ def test_a_compact_file_holds_what_the_schema_lists_for_compact(compact_file):
     assert names == {"key_valid", "query_l0", "query_l1", "key_l0", "key_l1"}
     declared = {attribute.name for attribute in schema.COMPACT.attributes}
     assert attributes["query_l0"] == attributes["query_l1"] == declared
+
+
+@pytest.mark.slow
+def test_smollm2_codes_rebuilt_from_the_compact_store_equal_eager_attention(tmp_path):
+    """SmolLM2-135M (30 layers, 9 query heads, 3 key/value heads): every pair of every layer of a
+    window of 128 tokens, rebuilt from the store, against the same model's eager output_attentions."""
+    pretrained = load_pretrained("smollm2")
+    out = extract_pretrained(pretrained, split="validation", n=1, seq_len=128, out=tmp_path / "smollm2.h5",
+                             progress=False)
+    codes = CodeFile(out)
+    assert (codes.compact.n_heads, codes.compact.n_kv_heads, codes.compact.head_dim) == (9, 3, 64)
+    pretrained.model.set_attn_implementation("eager")
+    reference = eager_attentions(pretrained.model, codes.extra("token_ids"))
+    worst = max(float(np.abs(codes.compact.layer_pattern(layer, 0) - reference[layer][0]).max())
+                for layer in range(30))
+    print(f"SmolLM2, T=128: largest |rebuilt - eager output_attentions| over 30 layers x 9 heads: {worst:.2e}")
+    assert worst <= TOLERANCE

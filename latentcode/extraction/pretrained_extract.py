@@ -10,7 +10,8 @@ and the report read it unchanged; `/compact` holds the post-RoPE queries and key
 from which `CodeFile.codes` rebuilds any other pair. Each layer's queries and keys go to disk as the
 layer's attention call returns, so memory holds one layer of them, never `[H, T, T]`.
 
-Labels, per window: `last_token_class`, the class of the last token's text (`TOKEN_CLASSES`).
+Labels, per window: `last_token_class`, the class of the last token's text (`TOKEN_CLASSES`), and
+`last_token_starts_word` (1 where that class is "word start"), a binary label small files can probe.
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ def extract_pretrained(
                         "datasets: select fewer; the compact store rebuilds any other pair on demand")
     ids = corpus_token_windows(pretrained, split, seq_len, n, seed)
     names = [pretrained.tokenizer.decode([int(token)]) for token in ids[:, -1]]
-    labels = {"last_token_class": np.asarray([token_class(name) for name in names], dtype=np.int64)}
+    classes = np.asarray([token_class(name) for name in names], dtype=np.int64)
+    labels = {"last_token_class": classes, "last_token_starts_word": (classes == 0).astype(np.int64)}
     info = {"version": COMPACT_VERSION, "layers": list(range(pretrained.n_layers)), "n_heads": pretrained.n_heads,
             "n_kv_heads": pretrained.n_kv_heads, "head_dim": pretrained.head_dim, "seq_len": seq_len}
     config = pretrained.model.config.to_dict()
@@ -108,7 +110,7 @@ def extract_pretrained(
         "score": score,
         "source": "torch",
         "seed": seed,
-        "value_names": {"last_token_class": list(TOKEN_CLASSES)},
+        "value_names": {"last_token_class": list(TOKEN_CLASSES), "last_token_starts_word": ["no", "yes"]},
         "split_descriptions": {split: f"windows of {seq_len} tokens of the language corpus's {split} split"},
         "compact": info if compact else {},
     }
