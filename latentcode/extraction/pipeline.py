@@ -208,6 +208,9 @@ def extract(
     if isinstance(run_or_model, (str, Path)) and is_pretrained(run_or_model):
         from latentcode.extraction.pretrained_extract import extract_pretrained
 
+        if distributed_position()[1] > 1:
+            raise UsageError(f"{run_or_model} is a pretrained model: its extraction is not sharded yet; run it in one "
+                             f"process (found WORLD_SIZE={distributed_position()[1]})")
         return extract_pretrained(
             run_or_model, split or "validation", n, pretrained_seq_len(task), out, selector=selector,
             batch_size=batch_size, seed=0 if seed is None else seed, score=score, append=append, overwrite=overwrite,
