@@ -127,6 +127,17 @@ class CompactCodes:
         self.n_heads, self.n_kv_heads = int(info["n_heads"]), int(info["n_kv_heads"])
         self.seq_len, self.head_dim = int(info["seq_len"]), int(info["head_dim"])
 
+    def _file(self) -> h5py.File:
+        if getattr(self, "_open", None) is None:
+            self._open = h5py.File(self.path, "r")
+        return self._open
+
+    def close(self) -> None:
+        """Close the file kept open between reads (reopened by the next read)."""
+        if getattr(self, "_open", None) is not None:
+            self._open.close()
+            self._open = None
+
     def _check(self, layer: int, positions: Sequence[int], axis: str) -> np.ndarray:
         if layer not in self.layers:
             raise CodeFileError(f"{self.path} has no compact layer {layer}; its compact layers are {self.layers}")
@@ -141,19 +152,16 @@ class CompactCodes:
              heads: Sequence[int] | None = None) -> np.ndarray:
         """a[h, q, :] for the query rows `queries`: `[N, H', len(queries), T]` (H' = len(heads))."""
         queries = self._check(layer, queries, "query")
-        with h5py.File(self.path, "r") as file:
-            group = file[COMPACT.group]
-            mask = LayerMask.from_attributes(group[query_name(layer)].attrs, f"{self.path}: /compact/{query_name(layer)}")
-            order = np.argsort(queries)
-            sorted_queries = queries[order]
-            unique, inverse = np.unique(sorted_queries, return_inverse=True)
-            # Keys beyond the last row asked are masked out (causal): read only up to it.
-            n_keys = int(unique.max()) + 1 if mask.causal else self.seq_len
-            examples = np.arange(group[KEY_VALID].shape[0]) if examples is None else np.asarray(examples).reshape(-1)
-            query_rows = _read(group[query_name(layer)], examples, heads, unique)
-            keys = _read(group[key_name(layer)], examples, None if heads is None else
-                         sorted({h // (self.n_heads // self.n_kv_heads) for h in heads}), slice(0, n_keys))
-            key_valid = np.stack([group[KEY_VALID][int(example), :n_keys] for example in examples]).astype(bool)
+        group = self._file()[COMPACT.group]  # kept open for the next read: opening costs more than a row
+        mask = LayerMask.from_attributes(group[query_name(layer)].attrs, f"{self.path}: /compact/{query_name(layer)}")
+        unique, inverse = np.unique(queries, return_inverse=True)
+        # Keys beyond the last row asked are masked out (causal): read only up to it.
+        n_keys = int(unique.max()) + 1 if mask.causal else self.seq_len
+        examples = np.arange(group[KEY_VALID].shape[0]) if examples is None else np.asarray(examples).reshape(-1)
+        query_rows = _read(group[query_name(layer)], examples, heads, unique)
+        keys = _read(group[key_name(layer)], examples, None if heads is None else
+                     sorted({h // (self.n_heads // self.n_kv_heads) for h in heads}), slice(0, n_keys))
+        key_valid = np.stack([group[KEY_VALID][int(example), :n_keys] for example in examples]).astype(bool)
         if heads is not None:  # the key head of each requested head, among those read
             group_size = self.n_heads // self.n_kv_heads
             read_kv = sorted({h // group_size for h in heads})
@@ -165,8 +173,7 @@ class CompactCodes:
         if n_keys < self.seq_len:
             fill = 0.0 if self.score == "pattern" else -np.inf
             codes = np.concatenate([codes, np.full((*codes.shape[:-1], self.seq_len - n_keys), fill, np.float32)], -1)
-        result = codes[:, :, inverse]
-        return result[:, :, np.argsort(order)]
+        return codes[:, :, inverse.reshape(-1)]
 
     def codes(self, layer: int, query: int, key: int, examples: np.ndarray | None = None) -> np.ndarray:
         """a[:, q, k] of every example: `[N, H]`."""
@@ -261,8 +268,9 @@ def write_compact_rows(file: h5py.File, name: str, first_row: int, rows: np.ndar
         if first_row:
             raise CodeFileError(f"/compact/{name} starts at row {first_row}: every batch records the same layers")
         row_shape = rows.shape[1:]
-        chunks = (1, *row_shape[:-2], min(row_shape[-2], 1024), row_shape[-1]) if len(row_shape) == 3 else \
-            (1, *row_shape)
+        # Queries are read a row at a time, keys a head's prefix at a time.
+        positions = 64 if name.startswith("query") else 1024
+        chunks = (1, 1, min(row_shape[-2], positions), row_shape[-1]) if len(row_shape) == 3 else (1, *row_shape)
         group.create_dataset(name, shape=(0, *row_shape), maxshape=(None, *row_shape), dtype=rows.dtype,
                              chunks=chunks, **filters)
     dataset = group[name]
