@@ -75,15 +75,3 @@ def test_sample_pairs_draws_each_relation_and_only_causal_pairs():
     assert counts.tolist() == [4, 4, 4, 4, 4]
     assert len(set(zip(q.tolist(), k.tolist(), strict=True))) == len(q)  # no pair twice
 
-
-def test_natural_text_windows_start_at_a_line_of_the_split():
-    from latentcode.tasks.corpus import corpus_split
-    from latentcode.tasks.token_sequences import natural_text
-
-    windows = natural_text(lambda text: list(text.encode("ascii")), n=3, length=40, split="validation", seed=2, bos=7)
-    assert windows.shape == (3, 40) and (windows[:, 0] == 7).all()
-    validation = corpus_split("validation").tobytes()
-    for row in windows:
-        text = bytes(row[1:].tolist())
-        at = validation.find(text)
-        assert at > 0 and validation[at - 1:at] == b"\n"   # byte ids: the window is the text itself
