@@ -47,6 +47,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--exact-heads", type=int, default=6,
                         help="top heads by attribution ablated exactly one at a time, and as many other heads")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--render-only", action="store_true", help="only write OUT/README.md again from its tables")
     return parser.parse_args()
 
 
@@ -56,6 +57,9 @@ def say(message: str, started: float) -> None:
 
 def main() -> None:
     args = arguments()
+    if args.render_only:
+        write_page(Path(args.out))
+        return
     started = time.perf_counter()
     import torch
 
@@ -65,8 +69,7 @@ def main() -> None:
         plot_head_separation,
         plot_relation_pca,
     )
-    from latentcode.analysis.relation_decoding import decode_relations, selected_rows
-    from latentcode.analysis.token_relations import RELATIONS
+    from latentcode.analysis.relation_decoding import decode_relations
     from latentcode.pretrained import corpus_token_windows, load_pretrained
     from latentcode.relations import relation_codes
     from latentcode.relations.induction import (
@@ -161,26 +164,39 @@ def main() -> None:
         f"{title}: loss on the second copy of {args.causal_sequences} repeated random sequences "
         f"({args.half} tokens a copy)", out / "induction_attribution")[0]
 
-    # 5. the page
+    # 5. the tables, then the page rendered from them (`--render-only` renders it again)
     minutes = (time.perf_counter() - started) / 60
-    summary = {"seconds": round(minutes * 60), "arguments": vars(args), "correlation": correlation,
+    summary = {"minutes": minutes, "arguments": vars(args), "correlation": correlation,
                "base_loss": float(attribution.base_loss.mean()), "top_heads": top,
                "pairs": {name: codes[name].counts() for name in codes}}
-    page = render_page(args, table, selected_rows(table), exact, together, correlation, attribution, figures,
-                       codes, separation, RELATIONS, minutes)
-    with common.output_set(out / "README") as outputs:  # one set: every file or none, no link followed
+    with common.output_set(out / "tables") as outputs:  # one set: every file or none, no link followed
         outputs.write_text(out / "decoding.csv", table.to_csv(index=False))
         outputs.write_text(out / "single_head_ablation.csv", exact.to_csv(index=False))
         outputs.write_text(out / "joint_ablation.csv", together.to_csv(index=False))
         outputs.write_text(out / "attribution.csv", pd.DataFrame(mean_attribution).to_csv(index_label="layer"))
         outputs.write_text(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
-        outputs.write_text(out / "README.md", page)
+    write_page(out)
     say(f"wrote {out / 'README.md'}", started)
 
 
-def render_page(args, table, chosen, exact, together, correlation, attribution, figures, codes, separation,
-                relations, minutes) -> str:
-    fit_name, natural_name, repeated_name = codes
+def write_page(out: Path) -> None:
+    """README.md of `out` from the tables and summary the analysis wrote there."""
+    from latentcode.analysis.relation_decoding import selected_rows
+    from latentcode.analysis.token_relations import RELATIONS
+
+    table = pd.read_csv(out / "decoding.csv")
+    table["layer"] = [layer if layer == "all" else int(layer) for layer in table.layer.astype(str)]
+    summary = json.loads((out / "summary.json").read_text())
+    page = render_page(argparse.Namespace(**summary["arguments"]), table, selected_rows(table),
+                       pd.read_csv(out / "single_head_ablation.csv"), pd.read_csv(out / "joint_ablation.csv"),
+                       summary, RELATIONS)
+    with common.output_set(out / "README") as outputs:
+        outputs.write_text(out / "README.md", page)
+
+
+def render_page(args, table, chosen, exact, together, summary, relations) -> str:
+    correlation, minutes, base_loss = summary["correlation"], summary["minutes"], summary["base_loss"]
+    fit_name, natural_name, repeated_name = summary["pairs"]
     columns = ["layer", "test", "n_fit", "n_test", "validation", "balanced_accuracy", "majority",
                "shuffled_labels", "distance_only", "beats_baselines", *[f"recall_{name}" for name in relations]]
     single = table[table.layer != "all"]
@@ -209,8 +225,8 @@ def render_page(args, table, chosen, exact, together, correlation, attribution, 
         f"validation split held out); repeated random tokens: bos + {(args.seq_len - 1) // 2} ordinary tokens drawn "
         "without replacement, then the same again (queries in the second copy only). Up to "
         f"{args.per_relation} pairs of each relation per sequence. Pairs: "
-        + "; ".join(f"{name}: {sum(c.counts().values())} ({', '.join(f'{k} {v}' for k, v in c.counts().items())})"
-                    for name, c in codes.items()) + ".",
+        + "; ".join(f"{name}: {sum(counts.values())} ({', '.join(f'{k} {v}' for k, v in counts.items())})"
+                    for name, counts in summary["pairs"].items()) + ".",
         "",
         "## Decoding the relation from the code",
         "",
@@ -246,7 +262,7 @@ def render_page(args, table, chosen, exact, together, correlation, attribution, 
         "",
         f"{args.causal_sequences} sequences of bos + {args.half} random tokens repeated once; the loss is the mean "
         f"next-token cross-entropy of the {args.half - 1} predictions in the second copy whose induction key is in "
-        f"the first copy (unedited: {attribution.base_loss.mean():.3f} nats). The edit zeroes one head's code at "
+        f"the first copy (unedited: {base_loss:.3f} nats). The edit zeroes one head's code at "
         "the induction pairs (q, q - half + 1), the row not renormalised. Attribution patching estimates it for "
         "all 270 heads from one forward and one backward pass (gradient x (0 - code)); the exact edit was run "
         f"for the {args.exact_heads} heads with the largest estimate and {args.exact_heads} other heads drawn at "

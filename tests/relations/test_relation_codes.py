@@ -54,7 +54,7 @@ def test_induction_pairs_are_labelled_induction_and_random_pairs_are_not():
     assert ((random_keys != keys) & (random_keys <= random_queries) & (random_keys >= 0)).all()
 
 
-def test_attribution_is_minus_gradient_times_code_and_exact_ablation_moves_the_loss():
+def test_attribution_and_exact_ablation_of_the_strongest_head_agree_in_sign():
     half = 6
     tokens = repeated_random_tokens(2, half, vocab_size=64, seed=1, bos=1, low=2)
     model = tiny_llama("sdpa")
