@@ -4,6 +4,7 @@ relation; the induction attribution map and attribution against exact ablation."
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -43,8 +44,13 @@ def plot_relation_pca(codes: np.ndarray, relation: np.ndarray, title: str, path_
     axes.flat[0].set_ylabel("PC 2", fontsize=7)
     handles = [axes.flat[0].scatter([], [], s=20, color=colours[index], label=name) for index, name in enumerate(RELATIONS)]
     figure.legend(handles=handles, loc="outside lower center", ncols=len(RELATIONS), fontsize=9)
-    figure.suptitle(title, fontsize=10)
+    figure.suptitle(_wrapped(title, figure), fontsize=10)
     return save_figure(figure, path_stem, formats, dpi)
+
+
+def _wrapped(title: str, figure) -> str:
+    """The title in lines that fit the figure's width (about 11 characters an inch at 10 points)."""
+    return "\n".join(textwrap.wrap(title, width=int(figure.get_figwidth() * 11)))
 
 
 SEPARATED = RELATIONS[:-1]  # each told from "other", the pairs of no known relation
@@ -87,7 +93,7 @@ def plot_head_separation(separation: np.ndarray, title: str, path_stem: str | Pa
     axes[0].set_yticks(range(0, n_layers, 2))
     axes[0].tick_params(axis="y", labelsize=6)
     figure.colorbar(image, ax=list(axes), label="AUROC of the head's code, relation vs other", shrink=0.9)
-    figure.suptitle(title, fontsize=10)
+    figure.suptitle(_wrapped(title, figure), fontsize=10)
     return save_figure(figure, path_stem, formats, dpi)
 
 
@@ -111,6 +117,8 @@ def plot_attribution(attribution: np.ndarray, exact: dict[tuple[int, int], tuple
     error = np.array([exact[head][1] for head in heads])
     right.errorbar(estimate, mean, yerr=error, fmt="o", markersize=3, capsize=2)
     for head, x, y in zip(heads, estimate, mean, strict=True):
+        if max(abs(x), abs(y)) < 0.02 * max(np.abs(estimate).max(), np.abs(mean).max()):
+            continue  # heads with no effect sit on top of each other at 0: the caption names them
         right.annotate(f"{head[0]}.{head[1]}", (x, y), fontsize=6, xytext=(3, 2), textcoords="offset points")
     low, high = min(estimate.min(), mean.min()), max(estimate.max(), mean.max())
     right.plot([low, high], [low, high], color="grey", linewidth=0.8, linestyle="--", label="y = x")
@@ -118,5 +126,5 @@ def plot_attribution(attribution: np.ndarray, exact: dict[tuple[int, int], tuple
     right.set_ylabel("exact loss change, mean ± s.e. over sequences (nats)")
     right.set_title("exact ablation of single heads (layer.head)", fontsize=9)
     right.legend(fontsize=8)
-    figure.suptitle(title, fontsize=10)
+    figure.suptitle(_wrapped(title, figure), fontsize=10)
     return save_figure(figure, path_stem, formats, dpi)
