@@ -203,6 +203,15 @@ def render_page(args, table, chosen, exact, together, summary, relations) -> str
     above = {name: sorted(single[(single.test == name) & (single.balanced_accuracy > single.distance_only)
                                  & (single.balanced_accuracy > single.shuffled_labels)].layer.tolist())
              for name in (natural_name, repeated_name)}
+    # The standard error of a balanced accuracy: the mean of the per-relation recalls, each a binomial
+    # share of that relation's test pairs.
+    recalls = single[[f"recall_{name}" for name in relations]].to_numpy()
+    per_class = {name: summary["pairs"][name] for name in (natural_name, repeated_name)}
+    counts = np.array([[per_class[test][name] for name in relations] for test in single.test])
+    single = single.assign(se=np.sqrt(np.nansum(recalls * (1 - recalls) / counts, axis=1)) / len(relations))
+    clear = {name: sorted(single[(single.test == name) & (single.balanced_accuracy - 2 * single.se
+                                                          > single[["distance_only", "shuffled_labels"]].max(axis=1))
+                                 ].layer.tolist()) for name in (natural_name, repeated_name)}
     row = {name: chosen[(chosen.test == name) & (chosen.layer != "all")].iloc[0] for name in (natural_name, repeated_name)}
     all_row = {name: chosen[(chosen.test == name) & (chosen.layer == "all")].iloc[0]
                for name in (natural_name, repeated_name)}
@@ -247,7 +256,10 @@ def render_page(args, table, chosen, exact, together, summary, relations) -> str
         f"{all_row[repeated_name].recall_induction:.3f}, duplicate {all_row[repeated_name].recall_duplicate:.3f}).",
         f"- Layers above both the distance-only and the shuffled-label baseline on held-out natural text: "
         f"{len(above[natural_name])} of 30 ({', '.join(map(str, above[natural_name]))}); on repeated random "
-        f"tokens: {len(above[repeated_name])} of 30 ({', '.join(map(str, above[repeated_name]))}).",
+        f"tokens: {len(above[repeated_name])} of 30 ({', '.join(map(str, above[repeated_name]))}). By more than two "
+        f"standard errors (binomial, per relation): natural text {len(clear[natural_name])} layers "
+        f"({', '.join(map(str, clear[natural_name]))}); repeated random tokens {len(clear[repeated_name])} layers "
+        f"({', '.join(map(str, clear[repeated_name]))}).",
         "",
         common.markdown_table(chosen[columns]),
         "Every layer: `decoding.csv`.",
