@@ -42,3 +42,19 @@ def test_distance_only_baseline_reads_the_distance_and_not_beyond_it():
 
 def test_unseen_distances_have_no_features():
     assert distance_features(np.array([1, 3, 9]), np.array([1, 2, 3])).tolist() == [[1, 0, 0], [0, 0, 1], [0, 0, 0]]
+
+
+def test_head_separation_is_the_auroc_of_each_relation_against_other_pairs():
+    from latentcode.analysis.plots.relations import SEPARATED, head_separation
+
+    relation = np.array([0, 1, 2, 3, 4, 4, 2, 4])  # sink, previous, induction, duplicate, other x3, induction
+    codes = np.zeros((8, 1, 2))
+    codes[:, 0, 0] = [9, 0, 5, 0, 1, 2, 6, 3]   # head 0: both induction pairs above every other pair
+    codes[:, 0, 1] = [0, 0, 0, 0, 1, 2, 3, 3]   # head 1: induction pairs (0, 3) below or tied with others (1, 2, 3)
+    separation = head_separation(codes, relation)
+    assert separation.shape == (len(SEPARATED), 1, 2)
+    induction = SEPARATED.index("induction")
+    assert separation[induction, 0, 0] == 1.0
+    # pairs (induction, other): 0 vs 1, 2, 3 -> 0 wins; 3 vs 1, 2 wins, vs 3 ties (half): (0 + 2.5) / 6
+    assert separation[induction, 0, 1] == 2.5 / 6
+    assert separation[SEPARATED.index("sink"), 0, 0] == 1.0   # 9 above 1, 2, 3
