@@ -82,8 +82,17 @@ def code_reuse(run: str | Path, *, codes: str | Path, n_codes: int = 2048, n_pai
     analysis = task.analysis
     codes = Path(codes)
     splits_there = set()
-    if codes.exists():
-        splits_there = set(CodeFile(codes).splits)
+    if codes.exists():  # codes of this run only (its weights' checksum, its task), else a one-line error
+        from latentcode.provenance import check_codes_from_runs
+        from latentcode.rundir import RunRecord
+
+        existing = CodeFile(codes)
+        check_codes_from_runs([RunRecord.read(Path(run))], [existing])
+        if existing.selector.get("name") not in (None, analysis.selector) or existing.selector.get(
+                "variant") not in (None, analysis.variant):
+            raise CodeReuseError(f"{codes} holds codes of {existing.selector}; the score reads the task's "
+                                 f"{analysis.selector} sites on its {analysis.variant} variant: give another codes path")
+        splits_there = set(existing.splits)
     for split in ("train", "ood"):
         if split not in splits_there:
             latentcode.extract(run, selector=analysis.selector, split=split, n=n_codes, out=codes,
