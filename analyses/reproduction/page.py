@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .code_reuse import code_reuse_findings, code_reuse_table, correlations_table
 from .decoding import decoding_table, localisation_section
 from .fuzzy import fig2c, table_a1
 from .language import language_budget_table, language_codes_section, language_table
 from .plan import commands
+from .recording import weights_note
 from .sraven import ambiguity_table, fig5c_table, per_rule_section, sraven_curves, sraven_table
 from .verdicts import verdicts
 
@@ -28,7 +30,9 @@ def page(args: argparse.Namespace) -> None:
         fuzzy_decoding=decoding_table("fuzzy_logic"), sraven_decoding=decoding_table("sraven"),
         sraven_permuted_decoding=decoding_table("sraven_permuted"),
         sraven=sraven_table(), per_rule=per_rule_section(), fig5c=fig5c_table(), verdicts=verdicts(),
-        plan="\n".join(f"    {command}" for command in commands()),
+        plan="\n".join(f"    {command}" for command in commands()), weights=weights_note(),
+        code_reuse=code_reuse_table(), code_reuse_correlations=correlations_table(),
+        code_reuse_findings=code_reuse_findings(),
     )
     drawn = {"sraven_permuted_accuracy_vs_step": sraven_curves(), "language_bits_per_byte": language_figure,
              "language_bits_per_byte_4k": language_budget_figure, "fig2c_ood_r2_vs_held_out": fig2c_figure}
@@ -180,6 +184,58 @@ exact patching, learned subspaces and the maps: `results/interventions/README.md
 
 {localisation}
 
+## Code reuse and compositional generalization (issue 36)
+
+The paper says the latent codes a model learns on training compositions are reused on unseen ones, and
+its authors' follow-up (Redhardt, Akram, Schug, 2025) reports that a task's constituents are linearly
+decodable from a model exactly when it generalizes compositionally. Across a sweep of fuzzy-logic models
+that differ in what matters — attention (softmax, linear, HYLA and four ablations), heads (2 or 8), the
+held-out fraction (30% or 70% of term pairs) and training steps (750, 3,000 or 8,000) — does a score of
+*code reuse* predict OOD R²? `latentcode reuse RUN` (Python: `latentcode.reuse.code_reuse`) measures
+three parts on the unseen compositions, each beside its strongest trivial baseline
+(`latentcode/analysis/reuse.py`):
+
+- **(a) decodability**: a logistic probe per term fitted on the codes of training compositions, mean
+  balanced accuracy over the terms on the unseen ones (baselines: 0.5, and the probe fitted to shuffled
+  labels);
+- **(b) reconstruction**: the mean code of each unseen composition predicted as a sum of one code per
+  term (ridge, fitted on the training compositions' mean codes, standardized), pooled R² (baselines: the
+  mean training code, and the same map fitted with the terms shuffled among training compositions);
+- **(c) transplant**: the codes of a training composition that swaps one term of an unseen one, patched
+  into it; how often the prediction becomes the training composition's answer (its function at the
+  base's query, well-posed pairs only), beside the same count for a donor of a third training
+  composition (the transfer metric of `latentcode/intervention/transfer.py`); 256 pairs, uniform variant;
+- **score**: the mean over the parts of the share of the way from the baseline to a perfect score,
+  `clip((value - baseline) / (1 - baseline), 0, 1)` (an R² baseline below 0 counts as 0).
+
+Codes: the last token attending to itself (`last-self`), both layers side by side, on the fixed-query
+variant (as Fig. 2B above), 1,024 instances of `train` and of `ood` (the fixed evaluation sets) per
+model. OOD R² is the run's final metric on its own evaluation set; no part looks at it.
+
+**The models.** 17 runs of `latentcode sweep` at the `cpu` scale's settings, trained at commit db84c36,
+*before* the `lecun_normal_` fix (their kernels have variance 0.77/fan_in, not 1/fan_in), one thread
+each in two lanes, seed 0 (task seed 0):
+
+    latentcode sweep --preset fuzzy_logic --scale cpu --grid attention=softmax,linear,hyla,hyla_no_relu --grid n_heads=2,8 --grid frac_test=0.7 --grid n_train_instances=384000 --out sweeps/lane-a
+    latentcode sweep --preset fuzzy_logic --scale cpu --grid attention=softmax,linear,hyla --grid frac_test=0.3 --grid n_train_instances=96000,384000 --out sweeps/lane-b
+    latentcode sweep --preset fuzzy_logic --scale cpu --grid attention=hyla_no_rmshead,linear_rmshead,hyla_softmax_instead --grid frac_test=0.7 --grid n_train_instances=384000 --out sweeps/lane-c
+
+recorded with their weights by `python analyses/reproduce.py record-sweep sweeps/lane-a sweeps/lane-b
+sweeps/lane-c` (names `fuzzy-ATTENTION-hHEADS-fFRAC-nSTEPS-s0`), and the three seed-0 runs of Table A1
+at 8,000 steps (70% held out; also before the fix), whose weights are the shipped models'. Regenerate:
+`python analyses/code_reuse.py` (a few minutes per model on a busy 2-core machine; each model's parts
+are kept in `results/code_reuse/per_model/`), then `page`.
+
+{code_reuse}
+
+{code_reuse_correlations}
+
+![code reuse against OOD R²](results/code_reuse/code_reuse_scatter.png)
+
+{code_reuse_findings}
+
+CODE_REUSE_VERDICT
+
 ## Fig. 6: language modelling (byte-level, at a scale a 2-core CPU trains)
 
 The paper trains 8-layer models on WikiText-103 and finds HYLA well ahead of linear attention and close
@@ -218,6 +274,8 @@ class" for 80% of the pairs, and scores 0.36 on the true training labels as well
 {language_codes}
 
 ## The runs
+
+{weights}
 
 {plan}
 """

@@ -94,7 +94,7 @@ def record(run_dir: Path, name: str) -> None:
     """Copy a finished run's JSON files and final weights into analyses/results/runs/NAME (committed)."""
     from .recording import record_run
 
-    record_run(run_dir, name)
+    record_run(run_dir, RECORDED / name)
 
 
 def in_training(out: Path) -> bool:

@@ -24,26 +24,30 @@ from . import RECORDED, ROOT
 WEIGHTS_DTYPE = "float16"
 
 
-def record_run(run_dir: Path, name: str, weights_from: Path | None = None) -> None:
-    """Copy a finished run's JSON files and its final weights (float16) into RECORDED/NAME, as one set.
-    `weights_from`: a model directory to take the weights from instead (already float16)."""
-    import torch
-
+def record_run(run_dir: Path, destination: Path, weights_from: Path | None = None) -> None:
+    """Copy a finished run's JSON files and its final weights (float16) into `destination`
+    (RECORDED/NAME), as one set. `weights_from`: a model directory to take the weights from instead
+    (already float16). A run without a final model (model/model.safetensors) is recorded without
+    weights, as runs were before issue 36."""
     from latentcode.files import AtomicOutputs
-    from latentcode.models import load_model
     from latentcode.rundir import RunDirectory
 
-    finished, destination = RunDirectory(run_dir), RunDirectory(RECORDED / name)
-    model = load_model(weights_from if weights_from is not None else finished.path / "model")
+    finished, recorded = RunDirectory(run_dir), RunDirectory(destination)
+    model_dir = weights_from if weights_from is not None else finished.path / "model"
     with tempfile.TemporaryDirectory() as scratch, \
-            AtomicOutputs(lock=destination.path, purpose="recording a run") as outputs:
-        model.save(Path(scratch) / "model", dtype=getattr(torch, WEIGHTS_DTYPE))
-        for source, target in ((finished.config_path, destination.config_path),
-                               (finished.metrics_path, destination.metrics_path),
-                               (finished.summary_path, destination.summary_path)):
+            AtomicOutputs(lock=recorded.path, purpose="recording a run") as outputs:
+        for source, target in ((finished.config_path, recorded.config_path),
+                               (finished.metrics_path, recorded.metrics_path),
+                               (finished.summary_path, recorded.summary_path)):
             outputs.write_bytes(target, source.read_bytes())
-        for file in ("config.json", "model.safetensors"):
-            outputs.write_bytes(destination.path / "model" / file, (Path(scratch) / "model" / file).read_bytes())
+        if (model_dir / "model.safetensors").is_file():
+            import torch
+
+            from latentcode.models import load_model
+
+            load_model(model_dir).save(Path(scratch) / "model", dtype=getattr(torch, WEIGHTS_DTYPE))
+            for file in ("config.json", "model.safetensors"):
+                outputs.write_bytes(recorded.path / "model" / file, (Path(scratch) / "model" / file).read_bytes())
 
 
 def sweep_run_name(run_dir: Path) -> str:
@@ -70,7 +74,7 @@ def record_sweep(sweep_dirs: list[str]) -> list[str]:
                 continue
             name = sweep_run_name(run_dir)
             if not (RECORDED / name / "model" / "model.safetensors").is_file():
-                record_run(run_dir, name)
+                record_run(run_dir, RECORDED / name)
                 print(f"recorded {run_dir} as {RECORDED / name}")
             names.append(name)
     return names
@@ -92,7 +96,7 @@ def record_shipped_weights() -> None:
         if ours != theirs:
             print(f"skipped {name}: models/{shipped} has other final metrics (another run)")
             continue
-        record_run(recorded, name, weights_from=model / "model")
+        record_run(recorded, recorded, weights_from=model / "model")
         print(f"recorded the weights of models/{shipped} for {name} (same final metrics)")
 
 
