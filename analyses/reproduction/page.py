@@ -212,18 +212,18 @@ Codes: the last token attending to itself (`last-self`), both layers side by sid
 variant (as Fig. 2B above), 1,024 instances of `train` and of `ood` (the fixed evaluation sets) per
 model. OOD R² is the run's final metric on its own evaluation set; no part looks at it.
 
-**The models.** 17 runs of `latentcode sweep` at the `cpu` scale's settings, trained at commit db84c36,
+**The models.** 14 runs of `latentcode sweep` at the `cpu` scale's settings, trained at commit db84c36,
 *before* the `lecun_normal_` fix (their kernels have variance 0.77/fan_in, not 1/fan_in), one thread
-each in two lanes, seed 0 (task seed 0):
+each in two lanes (in /work/sweeps/), seed 0 (task seed 0); a third lane (hyla_no_rmshead,
+linear_rmshead, hyla_softmax_instead) was cancelled before it trained a model, to free a core:
 
     latentcode sweep --preset fuzzy_logic --scale cpu --grid attention=softmax,linear,hyla,hyla_no_relu --grid n_heads=2,8 --grid frac_test=0.7 --grid n_train_instances=384000 --out sweeps/lane-a
     latentcode sweep --preset fuzzy_logic --scale cpu --grid attention=softmax,linear,hyla --grid frac_test=0.3 --grid n_train_instances=96000,384000 --out sweeps/lane-b
-    latentcode sweep --preset fuzzy_logic --scale cpu --grid attention=hyla_no_rmshead,linear_rmshead,hyla_softmax_instead --grid frac_test=0.7 --grid n_train_instances=384000 --out sweeps/lane-c
 
-recorded with their weights by `python analyses/reproduce.py record-sweep sweeps/lane-a sweeps/lane-b
-sweeps/lane-c` (names `fuzzy-ATTENTION-hHEADS-fFRAC-nSTEPS-s0`), and the three seed-0 runs of Table A1
+recorded with their weights by `python analyses/reproduce.py record-sweep sweeps/lane-a sweeps/lane-b`
+(names `fuzzy-ATTENTION-hHEADS-fFRAC-nSTEPS-s0`), and the three seed-0 runs of Table A1
 at 8,000 steps (70% held out; also before the fix), whose weights are the shipped models'. Regenerate:
-`python analyses/code_reuse.py` (a few minutes per model on a busy 2-core machine; each model's parts
+`python analyses/code_reuse.py` (2 to 8 minutes per model on a busy 2-core machine; each model's parts
 are kept in `results/code_reuse/per_model/`), then `page`.
 
 {code_reuse}
