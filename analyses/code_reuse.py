@@ -89,10 +89,11 @@ def scatter(table: pd.DataFrame, rho: float) -> Figure:
     axes = figure.subplots(1, 3, sharey=True)
     colors = dict(zip(sorted(table["attention"].unique()), [f"C{i}" for i in range(10)], strict=False))
     markers = {0.3: "s", 0.5: "D", 0.7: "o"}
-    for axis, (column, label) in zip(axes, (("score", "code-reuse score (mean excess over baselines)"),
-                                            ("decodability", "probe balanced accuracy on OOD (a; chance 0.5)"),
-                                            ("reconstruction", "reconstruction R² on OOD compositions (b)")),
-                                     strict=True):
+    panels = (("score", "code-reuse score (mean excess over baselines; 0 = at baseline)", 0.0),
+              ("decodability", "(a) probe balanced accuracy on OOD compositions", 0.5),
+              ("reconstruction", "(b) reconstruction R² of OOD compositions' codes", 0.0))
+    for axis, (column, label, baseline) in zip(axes, panels, strict=True):
+        axis.axvline(baseline, color="gray", linestyle="--", linewidth=1)
         for _, row in table.iterrows():
             size = 30 + 50 * (row["steps"] >= 3000) + 40 * (row["steps"] >= 8000)
             axis.scatter(row[column], 100 * row["ood_r2"], color=colors[row["attention"]],
@@ -105,9 +106,9 @@ def scatter(table: pd.DataFrame, rho: float) -> Figure:
                 for f, marker in markers.items() if f in set(table["frac_test"])]
     figure.legend(handles=handles, loc="outside right center", fontsize=7, title="attention / held out (size: steps)",
                   title_fontsize=7)
-    figure.suptitle(f"Fuzzy logic (L=4, K=2, T=32), {len(table)} models: code reuse on unseen compositions vs OOD R² "
-                    f"(codes: last-self, layers side by side, fixed_query; Spearman ρ of the score {rho:.2f})",
-                    fontsize=9)
+    figure.suptitle(f"Fuzzy logic (L=4, K=2, T=32), {len(table)} models, seed 0: code reuse on the ood split vs OOD R²\n"
+                    f"codes: last-self, both layers, fixed_query variant; dashed: trivial level; Spearman ρ of the "
+                    f"score {rho:.2f}", fontsize=9)
     return figure
 
 
