@@ -44,3 +44,24 @@ def hyla_seed_table() -> str:
                          if at else "")
         lines.append(f"| {step:,} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _accuracy_at(records: list[dict], step: int, split: str) -> float | None:
+    at = [record for record in records if record["step"] == step]
+    return 100 * at[0]["splits"][split]["accuracy"] if at else None
+
+
+def hyla_seed_verdict() -> str:
+    """One clause for the SRAVEN verdict: the seed-2 rerun against the recorded seed-2 run at the rerun's
+    last evaluation ("" where there is no rerun)."""
+    found = curves()
+    rerun = found.get(RERUNS["sraven-M2-hyla-s2-fixed-init"])
+    if not rerun:
+        return ""
+    step = rerun[-1]["step"]
+    old = found["seed 2, old init"]
+    return (f"HYLA seed 2 stalled on a plateau (train accuracy {_accuracy_at(old, 8000, 'train'):.1f}% after "
+            f"8,000 steps); rerun with the corrected init it reached {_accuracy_at(rerun, step, 'train'):.1f}% train, "
+            f"{_accuracy_at(rerun, step, 'ood'):.1f}% OOD at step {step:,} (old init at that step: "
+            f"{_accuracy_at(old, step, 'train'):.1f}% train, {_accuracy_at(old, step, 'ood'):.1f}% OOD; one rerun, "
+            "see 'HYLA's seed 2')")
