@@ -83,19 +83,23 @@ def correlations(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def marker_size(steps: int) -> float:
+    return 30 + 50 * (steps >= 3000) + 40 * (steps >= 8000)
+
+
 def scatter(table: pd.DataFrame, rho: float) -> Figure:
     figure = Figure(figsize=(11, 4.4), dpi=110, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(1, 3, sharey=True)
     colors = dict(zip(sorted(table["attention"].unique()), [f"C{i}" for i in range(10)], strict=False))
     markers = {0.3: "s", 0.5: "D", 0.7: "o"}
-    panels = (("score", "code-reuse score (mean excess over baselines; 0 = at baseline)", 0.0),
-              ("decodability", "(a) probe balanced accuracy on OOD compositions", 0.5),
-              ("reconstruction", "(b) reconstruction R² of OOD compositions' codes", 0.0))
+    panels = (("score", "score (mean excess over baselines)", 0.0),
+              ("decodability", "(a) probe balanced accuracy, OOD", 0.5),
+              ("reconstruction", "(b) reconstruction R², OOD compositions", 0.0))
     for axis, (column, label, baseline) in zip(axes, panels, strict=True):
         axis.axvline(baseline, color="gray", linestyle="--", linewidth=1)
         for _, row in table.iterrows():
-            size = 30 + 50 * (row["steps"] >= 3000) + 40 * (row["steps"] >= 8000)
+            size = marker_size(row["steps"])
             axis.scatter(row[column], 100 * row["ood_r2"], color=colors[row["attention"]],
                          marker=markers.get(row["frac_test"], "^"), s=size, edgecolor="black", linewidth=0.5)
         axis.set_xlabel(label, fontsize=8)
@@ -104,7 +108,9 @@ def scatter(table: pd.DataFrame, rho: float) -> Figure:
     handles = [axes[0].scatter([], [], color=color, label=name) for name, color in colors.items()]
     handles += [axes[0].scatter([], [], color="white", edgecolor="black", marker=marker, label=f"{int(100 * f)}% held out")
                 for f, marker in markers.items() if f in set(table["frac_test"])]
-    figure.legend(handles=handles, loc="outside right center", fontsize=7, title="attention / held out (size: steps)",
+    handles += [axes[0].scatter([], [], color="white", edgecolor="black", s=marker_size(steps), label=f"{steps:,} steps")
+                for steps in sorted(set(table["steps"]))]
+    figure.legend(handles=handles, loc="outside right center", fontsize=7, title="attention / held out / steps",
                   title_fontsize=7)
     figure.suptitle(f"Fuzzy logic (L=4, K=2, T=32), {len(table)} models, seed 0: code reuse on the ood split vs OOD R²\n"
                     f"codes: last-self, both layers, fixed_query variant; dashed: trivial level; Spearman ρ of the "
