@@ -344,7 +344,7 @@ def _draw(table, args, task, summary):
     from matplotlib.figure import Figure
 
     limit = max(0.1, float(np.nanmax(np.abs(table["transfer"]))))
-    title = (f"{Path(args.run).name}: transfer = follow (r' donor) - follow (third donor); {args.split} "
+    title = (f"{Path(args.run).name}: transfer = follow (r' donor) - follow (third donor)\n{args.split} "
              f"({args.variant}), n = {summary['n']} pairs per group, prediction {summary['prediction']}")
     if args.grid == "rows":
         layers = sorted(table["layer"].unique())
@@ -365,6 +365,29 @@ def _draw(table, args, task, summary):
             axis.set_xticks(range(len(blocks)), labels, fontsize=6, rotation=90)
             axis.set_xlabel("keys", fontsize=8)
             axis.set_ylabel("query", fontsize=8)
+        figure.colorbar(image, ax=list(axes), shrink=0.8, label="transfer")
+    elif args.partition_grid:
+        layers = sorted(table["layer"].unique())
+        rows = list(dict.fromkeys(table["query_part"] if not args.per_head else table["query_part"] + " x " + table["key_part"]))
+        columns = list(dict.fromkeys(table["key_part"])) if not args.per_head else sorted(table["head"].unique())
+        figure = Figure(figsize=(max(7.0, (min(0.3 * len(columns), 8) + 1.6) * len(layers) + 1.2),
+                                 min(0.25 * len(rows), 10) + 1.8),
+                        layout="constrained")
+        axes = figure.subplots(1, len(layers), squeeze=False)[0]
+        image = None
+        for axis, layer in zip(axes, layers, strict=True):
+            grid = np.full((len(rows), len(columns)), np.nan)
+            for _, row in table[table["layer"] == layer].iterrows():
+                if args.per_head:
+                    grid[rows.index(f"{row['query_part']} x {row['key_part']}"), columns.index(row["head"])] = row["transfer"]
+                else:
+                    grid[rows.index(row["query_part"]), columns.index(row["key_part"])] = row["transfer"]
+            image = axis.imshow(grid, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+            axis.set_title(f"layer {layer}", fontsize=9)
+            axis.set_yticks(range(len(rows)), rows, fontsize=6)
+            axis.set_xticks(range(len(columns)), [str(c) for c in columns], fontsize=6, rotation=90)
+            axis.set_xlabel("head" if args.per_head else f"keys ({args.partition_grid[1]})", fontsize=8)
+            axis.set_ylabel(f"queries ({args.partition_grid[0]})", fontsize=8)
         figure.colorbar(image, ax=list(axes), shrink=0.8, label="transfer")
     elif args.grid == "heads":
         layers = sorted(table["layer"].unique())
