@@ -121,9 +121,9 @@ def _search_cost(n_layers: int, n_selection: int, n_confirmation: int, per_step:
                  ) -> dict[str, int]:
     """An upper bound of `site_search`'s work with its defaults: groups patched exactly (the layers, then
     `per_step` per step), confirmed (the route) and example forward passes (2 donors x selection pairs per
-    group, 3 x confirmation pairs per confirmed group, attribution about 6 x selection pairs)."""
+    group, 3 x confirmation pairs for each of the 3 confirmed groups, attribution about 6 x selection pairs)."""
     selected = n_layers + per_step * (1 + max_rounds)
-    confirmed = 2 + max_rounds
+    confirmed = 3
     return {"groups": selected + confirmed,
             "examples": 2 * n_selection * selected + 3 * n_confirmation * confirmed + 6 * n_selection}
 
@@ -420,7 +420,7 @@ def _transfer_and_damage(axis, table, labels) -> None:
     axis.set_yticks(positions, [label if len(label) <= 60 else label[:57] + "..." for label in labels], fontsize=7)
     axis.invert_yaxis()
     axis.set_xlabel("fraction of pairs (± s.e.)", fontsize=8)
-    axis.legend(fontsize=7, loc="lower right")
+    axis.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=2, frameon=False)
 
 
 def _draw_search(table, args, summary):

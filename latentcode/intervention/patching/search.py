@@ -9,8 +9,8 @@
                 much of the attribution estimate they keep for their size, the `per_step` best patched
                 exactly; the best (then the smallest) replaces the current group while its transfer
                 holds (>= the best transfer on the route - `tolerance` s.e.), else stop
-    4. confirm  the route (best layer, best block, each accepted refinement) on fresh pairs: transfer
-                beside damage (same-sub-task keep), with n and s.e.
+    4. confirm  the best layer, the best block and the group found, on fresh pairs: transfer beside
+                damage (same-sub-task keep), with n and s.e.
 
 Every choice is made on the `selection` pairs; every reported number comes from the `confirmation`
 pairs, which no choice looked at. Transfer is `latentcode.intervention.transfer`'s: follow r' with
@@ -19,7 +19,7 @@ logit difference (r''s answer - the true one) with the r' donor minus that with 
 
     result = site_search(model, task, selection_pairs, confirmation_pairs)
     result.found            # the SiteGroup found
-    result.confirmed        # fresh-pair table of the route: transfer, transfer se, damage, damage se, n
+    result.confirmed        # fresh pairs: best layer, best block, found: transfer, transfer se, damage, damage se, n
     result.candidates       # every candidate: stage, estimate, and where patched, its selection transfer
 """
 
@@ -63,9 +63,9 @@ class Candidate:
 
 @dataclass
 class SiteSearch:
-    """The result of `site_search`: `found` (the group), `route` (the accepted groups, coarse to fine),
+    """The result of `site_search`: `found` (the group), `route` (best layer, best block, found),
     `candidates` (pandas: every candidate with its attribution `estimate` and, where patched, its
-    selection-pair `transfer`, `transfer se`), `confirmed` (pandas, `transfer_sweep` on the
+    selection-pair `transfer`, `transfer se`; `on route`: the accepted groups, coarse to fine), `confirmed` (pandas, `transfer_sweep` on the
     confirmation pairs of the route), `examples` (example forward passes run by the exact sweeps)."""
 
     found: SiteGroup
@@ -231,7 +231,11 @@ def site_search(
         current = best[min(holding, key=lambda i: (-results[i][0], best[i].size))]
         route.append(current)
 
-    say(f"confirm: {len(route)} groups of the route on {len(confirmation)} fresh pairs")
+    # Confirmed: the best whole layer, the best block and the group found (the cuts between them are in
+    # `candidates`, on the selection pairs): three groups whatever the route's length.
+    on_route = {candidate.group().name for candidate in route}
+    route = list(dict.fromkeys([route[0], route[1], route[-1]]))
+    say(f"confirm: {len(route)} groups (best layer, best block, found) on {len(confirmation)} fresh pairs")
     groups = [candidate.group() for candidate in route]
     confirmed = transfer_sweep(model, task, confirmation, groups, relations=("different", "third", "same"),
                                on_pass=on_pass, groups_per_pass=groups_per_pass)
@@ -240,4 +244,6 @@ def site_search(
     settings = {"layers": layers, "layers_kept": layers_kept, "per_step": per_step, "tolerance": tolerance,
                 "max_rounds": max_rounds, "partitions": {name: list(parts) for name, parts in partitions.items()},
                 "selection_pairs": len(selection), "confirmation_pairs": len(confirmation)}
-    return SiteSearch(route[-1].group(), route, pd.DataFrame(rows), confirmed, examples, settings)
+    candidates = pd.DataFrame(rows)
+    candidates["on route"] = candidates["group"].isin(on_route) & candidates["patched"]
+    return SiteSearch(route[-1].group(), route, candidates, confirmed, examples, settings)
