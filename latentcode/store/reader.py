@@ -53,6 +53,7 @@ class CodeFile:
         self.prediction_kind = values["prediction_kind"]
         self.attention_layers = values["attention_layers"]
         self.split_descriptions = values["split_descriptions"]
+        self.position_names = values["position_names"]
         self.model_name = values["model_name"] or self.model_config.get("attention", "model")
         if isinstance(self.model_name, list):
             self.model_name = "+".join(self.model_name)

@@ -196,6 +196,8 @@ ROOT_ATTRIBUTES: tuple[Attribute, ...] = (
               "cross-attention layer's queries index the decoder, its keys the encoder); [] if unknown"),
     Attribute("split_descriptions", JSON_OBJECT, False, "split name -> what it holds, in words "
               "(Task.split_descriptions); {} if unknown"),
+    Attribute("position_names", JSON_STRINGS, False, "the task's name of each input position, as the viewer labels "
+              'keys (Task.position_names), e.g. "panel (3,1) slot 2"; [] if the task names none'),
     Attribute("shards", JSON_LIST, False, 'only in a sharded file: {"file", "rows"} for each shard: its file '
               "name (beside this file) and the rows [start, stop) it holds"),
 )

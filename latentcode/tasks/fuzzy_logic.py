@@ -174,6 +174,10 @@ class FuzzyLogic(Task):
         self._fixed_context.flags.writeable = False
         self._fixed_query.flags.writeable = False
 
+    def position_names(self) -> list[str]:
+        """``example i`` for the N-1 context pairs (x, f(x)), then ``query`` (x, target hidden)."""
+        return [f"example {index}" for index in range(self.seq_len - 1)] + ["query"]
+
     def value_names(self) -> dict[str, list[str]]:
         """Terms by their conjunctions; a task (`task_index`) by its disjunction of terms."""
         return {"terms": self.term_names(), "task_index": self.function_names()}

@@ -171,7 +171,7 @@ def viewer_data(
                                      "axes": [f"{name} 1", f"{name} 2"]}
                              for layer, points in embedding.coordinates.items()}
 
-    positions = getattr(code_file, "position_names", None) or []
+    positions = code_file.position_names
     return {
         "model": code_file.model_name,
         "file": code_file.path.name,

@@ -2,6 +2,7 @@
 // the drawing; this file only wires selections, filters and hovers between the views.
 (function () {
   "use strict";
+  const timings = {glue_start: performance.now()};
   const data = JSON.parse(document.getElementById("viewer-data").textContent);
   const $ = (id) => document.getElementById(id);
   const n = data.n_shown;
@@ -9,6 +10,9 @@
   const state = {selected: 0, layer: data.layers[0], projection: "PCA", colour: null,
                  filterLabel: "", filterValue: "", site: null, gridMode: "instance"};
   const config = {displaylogo: false, responsive: true};
+  // A legend of more values than this is a long list nobody reads (and slow to lay out): the hover
+  // and the filter name the values instead.
+  const MAX_LEGEND = 24;
   const small = {displayModeBar: false, responsive: true};
   // Blue below 0, white at 0, red above (matplotlib's RdBu_r): a code of 0 is white, as on the bar.
   const DIVERGING = [[0, "#2166ac"], [0.25, "#92c5de"], [0.5, "#f7f7f7"], [0.75, "#f4a582"], [1, "#b2182b"]];
@@ -86,11 +90,12 @@
                  marker: {size: 16, color: "rgba(0,0,0,0)", line: {color: "black", width: 2}}});
     const title = data.model + " · layer " + state.layer + " · " + state.projection + " of the codes · " +
       (data.split || "all splits") + " · " + shown.length + " of " + n + " shown" +
-      (state.filterValue !== "" ? " (" + state.filterLabel + " = " + state.filterValue + ")" : "");
+      (state.filterValue !== "" ? " (" + state.filterLabel + " = " + state.filterValue + ")" : "") +
+      (label && keys.length > MAX_LEGEND ? "<br>colour: " + keys.length + " values of " + state.colour + " (hover a point, or filter)" : "");
     Plotly.react("embedding", traces, {
       title: {text: escapeHtml(title), font: {size: 13}}, hovermode: "closest", uirevision: state.projection + state.layer,
       xaxis: {title: {text: projection.axes[0]}, zeroline: false}, yaxis: {title: {text: projection.axes[1]}, zeroline: false},
-      legend: {title: {text: escapeHtml(state.colour || "")}, font: {size: 9}}, margin: {t: 40, r: 10, b: 45, l: 50},
+      showlegend: keys.length <= MAX_LEGEND, legend: {title: {text: escapeHtml(state.colour || "")}, font: {size: 9}}, margin: {t: 40, r: 10, b: 45, l: 50},
     }, config);
     $("shown-count").textContent = shown.length;
   }
@@ -234,13 +239,17 @@
     };
   }
 
+  timings.data_parsed = performance.now();
   setUp();
   select(0);
+  timings.views_drawn = performance.now();
   drawTables();
   $("embedding").on("plotly_click", (event) => {
     const point = event.points[0];
     if (point && point.customdata !== undefined) select(point.customdata);
   });
-  document.body.dataset.readyMs = performance.now().toFixed(0);
+  timings.ready = performance.now();
+  document.body.dataset.timings = JSON.stringify(timings);
+  document.body.dataset.readyMs = timings.ready.toFixed(0);
   document.body.dataset.ready = "true";
 })();

@@ -83,6 +83,8 @@ class Viewer:
         """Write the page to `path` (atomically; an existing file only with `overwrite`)."""
         path = Path(path)
         check_replaceable(path, "the viewer page")
+        if path.exists() and not overwrite:
+            raise FileExistsError(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
         with AtomicOutputs(lock=path, purpose="latentcode view") as outputs:
             if path.exists() and not overwrite:  # checked under the lock: a second writer finds the first's file
                 raise FileExistsError(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
@@ -134,11 +136,11 @@ def build_viewer(
     document = (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<meta http-equiv=\"Content-Security-Policy\" content=\"{CONTENT_SECURITY_POLICY}\">"
-        f"<title>{html.escape(title)}</title><style>{STYLE}</style>"
-        f"<script>{get_plotlyjs()}</script></head><body>"
+        f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"
         + BODY.format(title=html.escape(title), n_shown=payload["n_shown"], footer=html.escape(footer))
+        # The scripts last: the title, controls and footer are painted while plotly.js is parsed.
         + f"<script type=\"application/json\" id=\"viewer-data\">{_json_block(payload)}</script>"
-        f"<script>{_glue()}</script></body></html>\n"
+        f"<script>{get_plotlyjs()}</script><script>{_glue()}</script></body></html>\n"
     )
     size = len(document.encode("utf-8")) - len(SIZE_PLACEHOLDER)
     document = document.replace(SIZE_PLACEHOLDER, f"{size / 1e6:.1f} MB", 1)
