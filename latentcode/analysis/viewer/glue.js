@@ -88,12 +88,13 @@
     traces.push({type: "scatter", mode: "markers", name: "selected", showlegend: false, hoverinfo: "skip",
                  x: [projection.x[s]], y: [projection.y[s]], customdata: [s],
                  marker: {size: 16, color: "rgba(0,0,0,0)", line: {color: "black", width: 2}}});
-    const title = data.model + " · layer " + state.layer + " · " + state.projection + " of the codes · " +
+    const lines = [data.model + " · layer " + state.layer + " · " + state.projection + " of the codes · " +
       (data.split || "all splits") + " · " + shown.length + " of " + n + " shown" +
-      (state.filterValue !== "" ? " (" + state.filterLabel + " = " + state.filterValue + ")" : "") +
-      (label && keys.length > MAX_LEGEND ? "<br>colour: " + keys.length + " values of " + state.colour + " (hover a point, or filter)" : "");
+      (state.filterValue !== "" ? " (" + state.filterLabel + " = " + state.filterValue + ")" : "")];
+    if (label && keys.length > MAX_LEGEND) lines.push("colour: " + keys.length + " values of " + state.colour + " (hover a point, or filter)");
+    const title = lines.map(escapeHtml).join("<br>");
     Plotly.react("embedding", traces, {
-      title: {text: escapeHtml(title), font: {size: 13}}, hovermode: "closest", uirevision: state.projection + state.layer,
+      title: {text: title, font: {size: 13}}, hovermode: "closest", uirevision: state.projection + state.layer,
       xaxis: {title: {text: projection.axes[0]}, zeroline: false}, yaxis: {title: {text: projection.axes[1]}, zeroline: false},
       showlegend: keys.length <= MAX_LEGEND, legend: {title: {text: escapeHtml(state.colour || "")}, font: {size: 9}}, margin: {t: 40, r: 10, b: 45, l: 50},
     }, config);
@@ -138,12 +139,13 @@
     });
     const what = state.gridMode === "instance" ? "instance " + data.instances.row[state.selected]
       : "mean of the " + shown.length + " shown" + (state.filterValue !== "" ? " (" + state.filterLabel + " = " + state.filterValue + ")" : "");
-    Plotly.react("grid", [{type: "heatmap", z: z, x: Array.from({length: H}, (_, h) => "head " + h),
-      y: data.layers.map((l) => "layer " + l), hovertemplate: "%{y}, %{x}: %{z:.3f}<extra></extra>",
+    Plotly.react("grid", [{type: "heatmap", z: z, x: Array.from({length: H}, (_, h) => String(h)),
+      y: data.layers.map((l) => "layer " + l), hovertemplate: "%{y}, head %{x}: %{z:.3f}<extra></extra>",
       zmin: codeRange.zmin, zmax: codeRange.zmax, colorscale: codeRange.colorscale,
       colorbar: {title: {text: "code"}}}], {
-      title: {text: escapeHtml("codes, layer × head, " + positionName(query) + " → " + positionName(key) + " · " + what), font: {size: 12}},
-      margin: {t: 40, r: 10, b: 40, l: 70}, yaxis: {autorange: "reversed"},
+      title: {text: escapeHtml("codes, layer × head, " + positionName(query) + " → " + positionName(key)) + "<br>" +
+               escapeHtml(what), font: {size: 12}},
+      margin: {t: 50, r: 10, b: 40, l: 70}, yaxis: {autorange: "reversed"}, xaxis: {title: {text: "head"}, type: "category"},
     }, small);
   }
 
