@@ -283,7 +283,7 @@ def _write_report(
                 f"{html.escape(fit_split)} prevalence, <i>all_present</i> predicts every column of a multi-hot label present, "
                 "<i>shuffled_labels</i> is a probe fitted the same way on shuffled labels.</p>"
                 + "".join(f"<p><b>{html.escape(line)}</b></p>" for line in headline_lines(probe_table))
-                + _image(probe_plot, "probe scores")
+                + "<p class=note>The scores of every layer are the figure under <i>Headline</i>.</p>"
                 + _table(summary[["model", "layer", "label", "metric", "value", "validation", "selected",
                                   "strongest_baseline", "strongest_baseline_value", "beats_baselines",
                                   "n_fit", "n_test"]])
