@@ -172,6 +172,12 @@ def viewer_data(
                              for layer, points in embedding.coordinates.items()}
 
     positions = code_file.position_names
+    # The grid opens at the (query, key) pair whose codes vary most over the instances: a pair whose
+    # code is the same for every instance (a fixed query attending to itself at layer 0) shows nothing.
+    spread = np.nan_to_num(np.nanstd(codes, axis=0).mean(axis=1))  # [n_sites]
+    pairs = sorted({(site.query, site.key) for site in sites})
+    pair_spread = [spread[[i for i, s in enumerate(sites) if (s.query, s.key) == pair]].mean() for pair in pairs]
+    default_pair = pairs[int(np.argmax(pair_spread))]
     return {
         "model": code_file.model_name,
         "file": code_file.path.name,
@@ -185,6 +191,7 @@ def viewer_data(
         "sites": [{"layer": site.layer, "query": site.query, "key": site.key, "heads": code_file.heads_of[site]}
                   for site in sites],
         "positions": list(positions),
+        "default_site": f"{default_pair[0]}:{default_pair[1]}",
         "heads": heads,
         "instances": {"row": np.flatnonzero(mask)[rows].tolist(), "split": [str(s) for s in split_of],
                       "answer": answers, "target": targets},

@@ -216,7 +216,7 @@
       seen.add(siteKey(s));
       option($("site"), siteKey(s), positionName(s.query) + " → " + positionName(s.key));
     });
-    state.site = siteKey(data.sites[data.sites.length - 1]);
+    state.site = data.default_site || siteKey(data.sites[data.sites.length - 1]);
     $("site").value = state.site;
 
     $("layer").onchange = () => { state.layer = Number($("layer").value); drawEmbedding(); drawAttention(); };
