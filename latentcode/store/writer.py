@@ -24,6 +24,7 @@ from latentcode.files import (
     remove_dead_temporaries,
     write_error,
 )
+from latentcode.store.compact import check_compact, write_compact_rows
 from latentcode.store.full_disk import failed_writes, write_nowhere
 from latentcode.store.schema import (
     CODES,
@@ -208,6 +209,7 @@ class CodeWriter:
             "attention_layers": list(self.metadata.get("attention_layers") or []),
             "split_descriptions": self.metadata.get("split_descriptions", {}),
             "position_names": list(self.metadata.get("position_names") or []),
+            "compact": self.metadata.get("compact", {}),
         }
         written = [attribute for attribute in ROOT_ATTRIBUTES if attribute.name not in SHARDED_ONLY]
         assert list(values) == [attribute.name for attribute in written], "the writer fills every root attribute"
@@ -261,7 +263,7 @@ class CodeWriter:
         existing_heads = {Site.from_name(name): codes[name].shape[1] for name in codes}
         if existing_sites == self.sites and existing_heads != self.heads_of:
             problems.append(f"n_heads: file {int(attrs['n_heads']) or existing_heads}, new data {self.n_heads or self.heads_of}")
-        for key in ("score", "checkpoint_sha256", "model_config", "task_config"):
+        for key in ("score", "checkpoint_sha256", "model_config", "task_config", "compact"):
             if key not in self.metadata:
                 continue
             new = self.metadata[key] if key in ("score", "checkpoint_sha256") else to_json(self.metadata[key])
@@ -360,6 +362,12 @@ class CodeWriter:
         if self._pending_rows >= _FLUSH_ROWS or self._pending_bytes >= _FLUSH_BYTES:
             self.flush()
 
+    def write_compact(self, name: str, rows: np.ndarray, attributes: Mapping[str, Any] | None = None) -> None:
+        """Rows of /compact/`name` (`latentcode.store.compact`) for the next batch, before its `append`:
+        written at once, so that one layer's queries and keys at a time are in memory."""
+        with failed_writes(self.path):
+            write_compact_rows(self.file, name, self._n_rows, np.asarray(rows), self._filters(), dict(attributes or {}))
+
     def _queue(self, name: str, rows: np.ndarray) -> None:
         self._pending.setdefault(name, []).append(rows)
         self._pending_bytes += rows.nbytes if rows.dtype != object else 8 * len(rows)
@@ -400,6 +408,7 @@ class CodeWriter:
             return self.path
         try:
             self.flush()
+            check_compact(self.path, self.file, from_json(self.file.attrs.get("compact", "{}")) or {}, self._n_rows)
             with failed_writes(self.path):
                 self._record_provenance()
                 # Everything reaches the disk (or fails, e.g. no space left) here: a failed flush
