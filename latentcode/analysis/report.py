@@ -43,7 +43,13 @@ from latentcode.analysis.plots import (
     plot_probe_scores,
     plot_similarity,
 )
-from latentcode.analysis.probes import decode, headline_lines, summary_rows, write_table
+from latentcode.analysis.probes import (
+    decode,
+    headline_lines,
+    headline_rows,
+    summary_rows,
+    write_table,
+)
 from latentcode.errors import LatentcodeError
 from latentcode.files import AtomicOutputs, ExclusiveLock, check_replaceable, write_error
 from latentcode.provenance import check_codes_from_runs, check_one_task, codes_of_runs
@@ -248,7 +254,7 @@ def _write_report(
             + "<h3>Final metrics per split</h3>" + _table(_metrics_frame(runs))
         )
 
-    probe_table = None
+    probe_table = probe_plot = None
     if code_files:
         task_names = {code_file.task_config.get("name") for code_file in code_files}
         probe_labels = {code_file.task_analysis.get("probe_label") for code_file in code_files}
@@ -277,7 +283,7 @@ def _write_report(
                 f"{html.escape(fit_split)} prevalence, <i>all_present</i> predicts every column of a multi-hot label present, "
                 "<i>shuffled_labels</i> is a probe fitted the same way on shuffled labels.</p>"
                 + "".join(f"<p><b>{html.escape(line)}</b></p>" for line in headline_lines(probe_table))
-                + _image(probe_plot, "probe scores")
+                + "<p class=note>The scores of every layer are the figure under <i>Headline</i>.</p>"
                 + _table(summary[["model", "layer", "label", "metric", "value", "validation", "selected",
                                   "strongest_baseline", "strongest_baseline_value", "beats_baselines",
                                   "n_fit", "n_test"]])
@@ -307,7 +313,8 @@ def _write_report(
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
         f"<p class=note>{html.escape(context)}</p>"
-        f"<h2>In brief</h2><p>{html.escape(summary)}</p>"
+        + _headline(probe_table, probe_plot)
+        + f"<h2>In brief</h2><p>{html.escape(summary)}</p>"
         + about_html(runs, code_files, fit_split, test_split, picture_split, notes)
         + "".join(sections)
         + f"<p class=note>Written {created} by latentcode. Inputs:</p><ul class=note>{inputs}</ul></body></html>"
@@ -349,6 +356,25 @@ def _interventions(patches: Sequence[str | Path], files_dir: Path, figures: list
                f"{attribution['pearson']:.2f}, Spearman {attribution['spearman']:.2f}.</p>" if attribution else "")
             + f'<p class="note">Full table: {html.escape(str(stem.with_name(stem.name + ".csv")))}</p>')
     return "".join(parts)
+
+
+def _headline(probe_table: pd.DataFrame | None, probe_plot: Path | None) -> str:
+    """The page's opening: one row per model (its selected layer's headline score on the test split
+    beside the strongest baseline and the gap) and the probe-score figure; the detail follows."""
+    if probe_table is None or not len(headline_rows(probe_table)):
+        return ""
+    rows = headline_rows(probe_table)
+    frame = pd.DataFrame({
+        "model": rows["model"], "fit → test split": rows["fit_split"] + " → " + rows["test_split"],
+        "label": rows["label"], "layer (chosen on fit split)": rows["layer"].astype(int), "metric": rows["metric"],
+        "score": rows["value"], "strongest baseline": rows["strongest_baseline"],
+        "baseline score": rows["strongest_baseline_value"],
+        "gap": rows["value"] - rows["strongest_baseline_value"],
+        "beats baselines": rows["beats_baselines"].map({True: "yes", False: "no"}).fillna("n/a"),
+    })
+    return ("<h2>Headline</h2>" + _table(frame) + (_image(probe_plot, "probe scores") if probe_plot else "")
+            + _caption("Each model's probe at the layer chosen on the fit split, scored on the test split beside "
+                       "the strongest trivial baseline; the figure has every layer. Details below."))
 
 
 def _caption(text: str) -> str:

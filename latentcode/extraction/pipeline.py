@@ -251,6 +251,7 @@ def extract(
         "column_names": task.column_names(),
         "prediction_kind": task.prediction_kind(),
         "split_descriptions": getattr(task, "split_descriptions", {}),
+        "position_names": task.position_names(),
         "seed": seed,
     }
     model.eval()

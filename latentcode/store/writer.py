@@ -88,7 +88,7 @@ class CodeWriter:
     `metadata` fills the root attributes that describe where the codes came from (see
     `latentcode.store.schema`: `model_name`, `model_config`, `checkpoint_sha256`, `task_config`,
     `selector`, `score`, `source`, `seed`, `task_analysis`, `prediction_kind`, `attention_layers`,
-    `split_descriptions`) and, as `value_names` / `column_names` (label name -> names), the
+    `split_descriptions`, `position_names`) and, as `value_names` / `column_names` (label name -> names), the
     attributes of /labels/<name>. With
     `append=True` an existing file is extended if its schema is compatible (same sites, heads,
     score, labels, model, checkpoint and task), otherwise refused with the reasons; with
@@ -208,6 +208,7 @@ class CodeWriter:
             "prediction_kind": self.metadata.get("prediction_kind", ""),
             "attention_layers": list(self.metadata.get("attention_layers") or []),
             "split_descriptions": self.metadata.get("split_descriptions", {}),
+            "position_names": list(self.metadata.get("position_names") or []),
             "compact": self.metadata.get("compact", {}),
         }
         written = [attribute for attribute in ROOT_ATTRIBUTES if attribute.name not in SHARDED_ONLY]

@@ -295,6 +295,11 @@ class Task(abc.ABC):
         """Names of the columns of multi-column labels (e.g. a multi-hot label): label -> names."""
         return {}
 
+    def position_names(self) -> list[str]:
+        """The name of each input position as the task thinks of it (the viewer's key names), one
+        per position of a sequence; [] where positions are only numbers (e.g. bytes of a text)."""
+        return []
+
     def prediction_kind(self) -> str:
         """What the model's raw output at a prediction position is, as stored in a codes file."""
         return "logits" if self.objective == "classification" else "regression output"
