@@ -38,7 +38,7 @@ ATTENTIONS = SHIPPED_ATTENTIONS
 DEMO_MAX_SEQ_LEN = {"language": 128}
 DEMO_MAX_SEQ_LEN_NOTE = {
     "language": "The codes were extracted on 128-byte windows (the models were trained on 512): with causal attention "
-    "and rotary positions they are exactly the models' codes at query 127 of their training windows, the last "
+    "and rotary positions they are exactly the models' codes at query 127 of 512-byte windows, the last "
     "token with 127 bytes of context.",
 }
 __all__ = ["ATTENTIONS", "demo_tasks", "fresh_directory", "run_demo", "shipped_run"]
