@@ -52,6 +52,7 @@ from latentcode.analysis.probes import (
 )
 from latentcode.errors import LatentcodeError
 from latentcode.files import AtomicOutputs, ExclusiveLock, check_replaceable, write_error
+from latentcode.progress import Progress
 from latentcode.provenance import check_codes_from_runs, check_one_task, codes_of_runs
 from latentcode.rundir import RunRecord
 from latentcode.store import CodeFile
@@ -265,7 +266,9 @@ def _write_report(
         skipped = [f for f in code_files if f not in usable]
         probe_html = ""
         if usable:
-            probe_table = decode(usable, probe_label, fit_split=fit_split, test_split=test_split, progress=progress)
+            steps.start(f"probes ({probe_label})")
+            probe_table = decode(usable, probe_label, fit_split=fit_split, test_split=test_split,
+                                 progress=steps.bars)
             steps.advance(f"probes ({probe_label})", len(usable))
             write_table(probe_table, files_dir / "probes")
             probe_plot = plot_probe_scores(probe_table, files_dir / "probe_scores")[0]
@@ -452,25 +455,20 @@ def _pictures(
 
 
 class _Steps:
-    """A progress bar over the report's long steps (tqdm), or nothing."""
+    """How far the report is over its long steps: a bar on a terminal, a line as each step starts
+    and ends in a log (latentcode.progress), or nothing."""
 
     def __init__(self, enabled: bool, total: int):
-        self.bar = None
-        if enabled and total:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total, desc="report", unit="step")
+        self.progress = Progress(total, "report", unit="step", enabled=enabled and total > 0, interval=0.0)
+        self.progress.start()
+        self.bars = self.progress.enabled and self.progress.interactive  # for the probes' own bar
 
     def start(self, what: str) -> None:
         """Say what is running now (the bar advances only when it is done)."""
-        if self.bar is not None:
-            self.bar.set_postfix_str(f"{what} ...")
+        self.progress.begin(what)
 
     def advance(self, what: str, n: int = 1) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix_str(what)
-            self.bar.update(n)
+        self.progress.advance(n, note=what)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        self.progress.close()

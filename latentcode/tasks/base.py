@@ -199,6 +199,9 @@ class Task(abc.ABC):
     objective: ClassVar[str]  # "regression" or "classification"
     analysis: ClassVar[AnalysisDefaults]
     training_setup: ClassVar[TrainingSetup | None] = None  # None: no `latentcode train` preset
+    # Parameters that only choose how instances of the same task are read (language's window length):
+    # codes read with another value still come from a run trained with one (latentcode.provenance).
+    reading_parameters: ClassVar[tuple[str, ...]] = ()
 
     seq_len: int  # tokens per instance
     d_in: int | None  # width of one input token (None for a task of integer tokens)
