@@ -209,19 +209,50 @@ patches the codes of each group of sites (layer x feature slot x feature slot fo
 tokens for fuzzy logic, and named site sets) from a donor of another rule r' into a base instance
 (well-posed pairs only) and counts how often the prediction becomes r''s answer, beside the same count
 for a donor of a third rule (the baseline). Only HYLA on unpermuted SRAVEN shows a transfer, at layer 2
-among the queried feature's own cells; the paper's `sraven-rule` sites, where the earlier rule-swap
-experiment edited, carry none in any model. Details, per-rule tables, attribution patching against
+among the queried feature's own **context** cells (the 8 cells of panels 1-8, the query cell excluded:
+see the correction below); the paper's `sraven-rule` sites, where the earlier rule-swap experiment
+edited, carry none in any model. Details, per-rule tables, attribution patching against
 exact patching, learned subspaces and the maps: `results/interventions/README.md` and
 `results/interventions/localisation/README.md`.
 
 {localisation}
+
+**Correction (issue 31): the sraven-hyla group above is the wrong one.** The map's units included the
+query cell, so the selected group was the queried feature's 9 x 9 cells with the query. Patching only
+the 8 context cells among themselves (64 pairs of layer 2) transfers about twice as much, and the
+query cell's codes only damage the model's own answer. On the same 512 fresh OOD pairs (seed 1; the
+search's confirmation pairs), transfer ± paired s.e. beside damage = keep (unpatched) − keep
+(same-rule donor), which is how often a donor of the base's own rule breaks the answer:
+
+| group at layer 2 (sraven-hyla, unpermuted) | pairs of codes | transfer ± s.e. | damage ± s.e. | n |
+|---|---|---|---|---|
+| queried feature's 8 context cells x themselves | 8 x 8 | 0.260 ± 0.025 | 0.039 ± 0.011 | 512 |
+| the same with the query cell (the group above) | 9 x 9 | 0.121 ± 0.025 | 0.258 ± 0.020 | 512 |
+| the query cell x every key | 1 x 36 | 0.016 ± 0.013 | 0.227 ± 0.019 | 512 |
+| found by `latentcode patch models/sraven-hyla --search` (told nothing): `2:7\\|11\\|19\\|23:3\\|7\\|11\\|15\\|19` | 4 x 5 | 0.242 ± 0.025 | 0.041 ± 0.010 | 512 |
+| its best block on the way: context x context | 32 x 32 | 0.240 ± 0.026 | 0.039 ± 0.011 | 512 |
+| the whole layer | 36 x 36 | 0.123 ± 0.025 | 0.273 ± 0.021 | 512 |
+
+Commands: `latentcode patch models/sraven-hyla --search --out results/search` (chooses on 256 pairs,
+seed 0; the last two rows and the found group are its confirmation) and `latentcode patch
+models/sraven-hyla --n 512 --seed 1 --group "2:3|7|11|15|19|23|27|31:3|7|11|15|19|23|27|31" --group
+"2:3|7|11|15|19|23|27|31|35:3|7|11|15|19|23|27|31|35" --group "2:35:*" --group "2:7|11|19|23:3|7|11|15|19"
+--out results/hand-made` (the found group again: the same 0.242). Again on 2,048 other fresh pairs (seed 4; the same command with `--n 2048 --seed 4` and the
+context x context block `2:0..32:0..32` added): 8 x 8 0.201 ± 0.013 (damage 0.037 ± 0.005); 9 x 9
+0.099 ± 0.012 (damage 0.274 ± 0.010); query cell row −0.010 ± 0.006 (damage 0.208 ± 0.009); the
+searched 4 x 5 group 0.210 ± 0.013 (damage 0.031 ± 0.005); context x context 0.210 ± 0.013 (damage
+0.038 ± 0.005). So the statements the 9 x 9 group
+caused do not hold: its 0.164 ± 0.049 (256 pairs) is a mixture of a transfer at the context cells
+and damage from the query cell (same-rule keep 0.72 against 0.94 for the 8 x 8 block), and the
+per-rule reading of it ("difference: weakly") is to be redone on the 8 x 8 block
+(`analyses/rule_localisation.py` now measures both; the other models' rows above were not re-run).
 
 ## Code reuse and compositional generalization (issue 36)
 
 The paper says the latent codes a model learns on training compositions are reused on unseen ones, and
 its authors' follow-up (Redhardt, Akram, Schug, 2025) reports that a task's constituents are linearly
 decodable from a model exactly when it generalizes compositionally. Across a sweep of fuzzy-logic models
-that differ in what matters — attention (softmax, linear, HYLA and four ablations), heads (2 or 8), the
+that differ in what matters — attention (softmax, linear, HYLA and the ablation without ReLU, hyla_no_relu), heads (2 or 8), the
 held-out fraction (30% or 70% of term pairs) and training steps (750, 3,000 or 8,000) — does a score of
 *code reuse* predict OOD R²? `latentcode reuse RUN` (Python: `latentcode.reuse.code_reuse`) measures
 three parts on the unseen compositions, each beside its strongest trivial baseline

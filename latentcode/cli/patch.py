@@ -134,6 +134,9 @@ def check(args: argparse.Namespace) -> None:
 
     if sum(bool(choice) for choice in (args.grid, args.group, args.search)) > 1:
         raise UsageError("give one of --search, --grid or --group")
+    if args.search and args.attribution:
+        raise UsageError("--attribution goes with --grid or --group; --search ranks its candidates by attribution itself "
+                         "(the estimates are in <out>.candidates.csv)")
     args.grid = args.grid or (None if args.group or args.search else "rows")
     n_layers, n_heads, task_config, training_variant = _read_run(args.run)
     task = get_task(**task_config)
