@@ -251,7 +251,7 @@ def run(args: argparse.Namespace) -> None:
     import torch
 
     import latentcode
-    from latentcode.cli.progress import Progress
+    from latentcode.progress import Progress
 
     started = time.time()
     record = latentcode.Run(args.run)
@@ -263,7 +263,8 @@ def run(args: argparse.Namespace) -> None:
     say(f"cost: at most {args.cost['groups']} groups patched, about {args.cost['examples']:,} example forward passes "
         f"({what}; {len(pairs)} pairs x {'2 donors to select, 3 to confirm' if args.search else '3 donors'}) on "
         f"{args.split} ({args.variant})")
-    progress = Progress(not args.quiet, args.cost["examples"], "patch")
+    progress = Progress(args.cost["examples"], "patch", unit="example", enabled=not args.quiet)
+    progress.start()
     summary: dict[str, Any] = {"run": str(args.run), "task": task.config(), "split": args.split, "variant": args.variant,
                                "n": len(pairs), "prediction": pairs.prediction, "pairs": pairs.counts}
     try:
@@ -311,11 +312,11 @@ def _sweep(args, model, task, pairs, progress, summary):
     )
 
     groups = _groups(args, task)
-    progress.step(f"{len(groups)} groups x {len(pairs)} pairs x {len(DONORS)} donors")
+    progress.begin(f"{len(groups)} groups x {len(pairs)} pairs x {len(DONORS)} donors")
     table = transfer_sweep(model, task, pairs, groups, relations=DONORS, on_pass=progress.advance)
     summary.update({"groups": len(groups), "forward_passes": table.attrs["forward_passes"]})
     if args.attribution:
-        progress.step("attribution")
+        progress.begin("attribution")
         metrics = counterfactual_metrics(pairs, task.objective, output_position(task, pairs.prediction))
         attribution = attribution_patching(model, pairs.base.torch().x, pairs.donors["different"].torch().x,
                                            metrics["logit_difference"], sites="*:*:*")
@@ -333,7 +334,7 @@ def _search(args, model, task, pairs, progress, summary):
     confirmation = task.counterfactual_pairs(args.confirm_n, args.split, seed=args.seed + 1, variant=args.variant,
                                              prediction=args.prediction)
     result = site_search(model, task, pairs, confirmation, layers=args.layers, tolerance=args.tolerance,
-                         on_pass=progress.advance, say=progress.step)
+                         on_pass=progress.advance, say=progress.begin)
     summary.update({"search": result.settings, "confirmation_pairs": confirmation.counts,
                     "found": result.found.name, "examples": result.examples,
                     "route": result.confirmed.drop(columns=["group"]).to_dict("records")})
