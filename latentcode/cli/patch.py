@@ -180,6 +180,9 @@ def run(args: argparse.Namespace) -> None:
         "prediction": pairs.prediction, "groups": len(groups), "pairs": pairs.counts,
         "forward_passes": table.attrs["forward_passes"],
     }
+    from latentcode.provenance import sha256_of_file
+
+    summary["checkpoint_sha256"] = sha256_of_file(record.directory.weights_path)  # a report shows it with this model only
     if args.attribution:
         metrics = counterfactual_metrics(pairs, task.objective, output_position(task, pairs.prediction))
         attribution = attribution_patching(model, pairs.base.torch().x, pairs.donors["different"].torch().x,

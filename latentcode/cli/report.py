@@ -59,6 +59,10 @@ def check(args: argparse.Namespace) -> None:
     code_files = open_codes_files(args.codes, "--codes") if args.codes else open_codes_files(codes_of_runs(runs))
     check_one_task(code_files, runs)
     check_codes_from_runs(runs, code_files)
+    from latentcode.analysis.patch_outputs import check_patch_provenance, read_patch_output
+
+    for stem in args.patch or ():  # damaged, or of another task or model: refused before any work
+        check_patch_provenance(read_patch_output(stem, "--patch"), code_files, runs, "--patch")
     if code_files:
         label = default_label(code_files, args.label)
         for code_file in code_files:
