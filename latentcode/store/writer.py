@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import secrets
 import shutil
 import stat
 import warnings
@@ -207,6 +208,7 @@ class CodeWriter:
             "prediction_kind": self.metadata.get("prediction_kind", ""),
             "attention_layers": list(self.metadata.get("attention_layers") or []),
             "split_descriptions": self.metadata.get("split_descriptions", {}),
+            "file_id": secrets.token_hex(16),
         }
         written = [attribute for attribute in ROOT_ATTRIBUTES if attribute.name not in SHARDED_ONLY]
         assert list(values) == [attribute.name for attribute in written], "the writer fills every root attribute"
