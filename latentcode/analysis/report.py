@@ -50,7 +50,7 @@ from latentcode.files import AtomicOutputs, ExclusiveLock, check_replaceable, wr
 from latentcode.provenance import check_codes_from_runs, check_one_task, codes_of_runs
 from latentcode.rundir import RunRecord
 from latentcode.safe_reads import read_png
-from latentcode.store import CodeFile
+from latentcode.store import DEFAULT_MAX_ROWS, CodeFile
 
 
 class ReportError(LatentcodeError, ValueError):
@@ -173,6 +173,7 @@ def build_report(
     progress: bool = True,
     notes: Sequence[str] = (),
     patches: Sequence[str | Path] = (),
+    max_rows: int = DEFAULT_MAX_ROWS,
 ) -> Report:
     """Write the report to `out` (figures and tables beside it in `<out stem>_files/`); a name
     without an .html (or .htm) suffix gets .html, so that a browser opens it.
@@ -180,9 +181,14 @@ def build_report(
     patches: path stems written by `latentcode patch` (STEM.csv, STEM.json, STEM.png): an
         'Interventions' section shows where patching codes transferred the donor's sub-task.
 
+    max_rows: the examples of each split read from each codes file, drawn at random with seed 0
+        (`CodeFile.subsample`): memory grows with it, not with the files.
+
     notes: sentences for the 'Where the numbers come from' list, e.g. that the runs are shipped
         checkpoints whose training happened elsewhere (`latentcode demo` says so).
     """
+    if not isinstance(title, str):
+        raise ReportError(f"title={title!r}; expected the page's title as text")
     out = Path(out)
     if out.suffix.lower() not in (".html", ".htm") and not out.is_dir():
         out = out.with_name(out.name + ".html")
@@ -203,7 +209,7 @@ def build_report(
             raise FileExistsError(f"{files_dir} already holds files; pass overwrite=True to replace the report's "
                                   "files in it, or choose another out")
         runs = [RunRecord.read(path) for path in run_dirs]
-        code_files = [CodeFile(path) for path in codes_files or codes_of_runs(runs)]
+        code_files = [CodeFile(path).subsample(max_rows) for path in codes_files or codes_of_runs(runs)]
         # Numbers side by side must be comparable: one task, and codes of the runs they are shown with.
         check_one_task(code_files, runs)
         check_codes_from_runs(runs, code_files)

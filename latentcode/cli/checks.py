@@ -66,6 +66,17 @@ def open_codes_files(paths: Sequence[str | Path], what: str = "codes file") -> l
     return [CodeFile(path) for path in paths]
 
 
+def capped(code_files: Sequence, max_rows: int, seed: int = 0, command: str = "") -> list:
+    """Views of `code_files` that read at most `max_rows` examples of each split (`CodeFile.subsample`),
+    with a note on stdout for each split that is cut: the cap is never silent."""
+    views = [code_file.subsample(max_rows, seed) for code_file in code_files]
+    for view in views:
+        for split, (total, kept) in view.subsampled.items():
+            print(f"note: {view.path}: split {split!r} has {total:,} examples; {command or 'this command'} reads a "
+                  f"random {kept:,} of them (seed {seed}; --max-rows sets the cap)", flush=True)
+    return views
+
+
 def _available_labels(code_file) -> list[str]:
     present = [name for name, has in (("prediction", code_file.has_prediction), ("target", code_file.has_target))
                if has]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from latentcode.cli.arguments import POSITIVE_INTEGER, progress_bars
+from latentcode.cli.arguments import POSITIVE_INTEGER, add_max_rows_argument, progress_bars
 from latentcode.cli.checks import (
+    capped,
     check_input_file,
     check_label,
     check_output,
@@ -37,6 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "without .html gets it); its figures and tables go beside it, in NAME_files/")
     parser.add_argument("--overwrite", action="store_true")
     parser.add_argument("--quiet", action="store_true")
+    add_max_rows_argument(parser)
     return parser
 
 
@@ -57,6 +59,7 @@ def check(args: argparse.Namespace) -> None:
 
     runs = [RunRecord.read(run_dir) for run_dir in args.runs]
     code_files = open_codes_files(args.codes, "--codes") if args.codes else open_codes_files(codes_of_runs(runs))
+    code_files = capped(code_files, args.max_rows, 0, "report")  # build_report draws the same rows (seed 0)
     check_one_task(code_files, runs)
     check_codes_from_runs(runs, code_files)
     from latentcode.analysis.patch_outputs import check_patch_provenance, read_patch_output
@@ -84,7 +87,7 @@ def run(args: argparse.Namespace) -> None:
     report = build_report(args.runs, args.codes or (), args.out, label=args.label, fit_split=args.fit_split,
                           test_split=args.test_split, methods=tuple(args.method or ["tsne"]),
                           max_points=args.max_points, title=args.title, overwrite=args.overwrite,
-                          progress=progress_bars(args), patches=args.patch or ())
+                          progress=progress_bars(args), patches=args.patch or (), max_rows=args.max_rows)
     print(f"report: {report.path.resolve()}")
     for line in report.headline():
         print("  " + line)

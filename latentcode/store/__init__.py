@@ -43,7 +43,7 @@ and refuses a file that differs with one `CodeFileError` naming the dataset or a
 
 from __future__ import annotations
 
-from latentcode.store.reader import CodeFile
+from latentcode.store.reader import DEFAULT_MAX_ROWS, CodeFile
 from latentcode.store.schema import (
     FORMAT,
     SCHEMA_VERSION,
@@ -68,6 +68,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "SCORE_KINDS",
     "CodeFile",
+    "DEFAULT_MAX_ROWS",
     "CodeFileError",
     "CodeWriter",
     "Site",

@@ -14,6 +14,10 @@ from latentcode.store.schema import CODES, EXTRA, LABELS, PREDICTION, TARGET, Co
 from latentcode.store.site import Site
 from latentcode.store.validation import ROWS_PER_READ, validate
 
+#: examples of each split that analysis (probes, pictures, reports) reads by default: memory is
+#: bounded by this cap, not by the file (about 50 MB for 128 floats a row); `subsample` draws them
+DEFAULT_MAX_ROWS = 50_000
+
 
 class CodeFile:
     """Read a codes file: latent codes and labels as numpy arrays, filtered by site and split.

@@ -10,7 +10,7 @@ import secrets
 import shutil
 import stat
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +122,8 @@ class CodeWriter:
             self.heads_of = {site: int(n_heads[site]) for site in self.sites}
         else:
             self.heads_of = {site: int(n_heads) for site in self.sites}
+        if min(self.heads_of.values()) < 1:
+            raise CodeFileError(f"n_heads must be a positive number of heads per site, got {n_heads!r}")
         widths = set(self.heads_of.values())
         self.n_heads = widths.pop() if len(widths) == 1 else 0
         self.compression = check_compression(compression)
@@ -285,6 +287,8 @@ class CodeWriter:
         extra: Mapping[str, np.ndarray] | None = None,
     ) -> None:
         """Append one batch: `codes[site]` `[B, H]` for every site, and `[B, ...]` per-example arrays."""
+        if getattr(self, "file", None) is None:
+            raise CodeFileError(f"the CodeWriter of {self.path} is closed; open a new one with append=True to add rows")
         codes = {site.name if isinstance(site, Site) else site: np.asarray(array) for site, array in codes.items()}
         expected_names = [site.name for site in self.sites]
         missing = sorted(set(expected_names) - set(codes))
@@ -313,7 +317,9 @@ class CodeWriter:
                 )
             if array.dtype.kind not in "biuf":
                 raise CodeFileError(f"{name} has dtype {array.dtype}; only numeric arrays can be stored")
-        splits = [split] * batch_size if isinstance(split, str) else list(split)
+        splits = [split] * batch_size if isinstance(split, str) else list(split) if isinstance(split, Iterable) else [split]
+        if not all(isinstance(name, str) for name in splits):
+            raise CodeFileError(f"split names are text, got {split!r}; give a name such as 'train' (or one per example)")
         if len(splits) != batch_size:
             raise CodeFileError(f"split has {len(splits)} entries but the codes have {batch_size}")
 
