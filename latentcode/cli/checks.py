@@ -77,6 +77,14 @@ def capped(code_files: Sequence, max_rows: int, seed: int = 0, command: str = ""
     return views
 
 
+def note_in_sample(fit_split: str, test_split: str) -> None:
+    """Say so when a probe is scored on the split it was fitted on: its test score is not held out."""
+    if fit_split == test_split:
+        print(f"note: --fit-split and --test-split are both {fit_split!r}: the test score is in-sample (the probe "
+              "is scored on the examples it was fitted on), not a held-out score; the validation column is "
+              "held out (cross-validation folds)", flush=True)
+
+
 def _available_labels(code_file) -> list[str]:
     present = [name for name, has in (("prediction", code_file.has_prediction), ("target", code_file.has_target))
                if has]

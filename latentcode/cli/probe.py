@@ -22,6 +22,7 @@ from latentcode.cli.checks import (
     check_stem_free,
     command_outputs,
     default_label,
+    note_in_sample,
     open_codes_files,
 )
 from latentcode.cli.command import Command
@@ -68,6 +69,7 @@ def check(args: argparse.Namespace) -> None:
         check_splits(code_file, {"--fit-split": args.fit_split, "--test-split": args.test_split})
         check_label(code_file, args.label, "--label")
         check_decodable(code_file, args.label, "--label", args.fit_split)
+    note_in_sample(args.fit_split, args.test_split)
     if args.out:
         check_output(args.out, "--out", kind="stem")
         check_stem_free(args.out, (".csv", ".json", *(f".{fmt}" for fmt in formats(args))), args.overwrite)

@@ -12,6 +12,7 @@ from latentcode.cli.checks import (
     check_label,
     check_output,
     default_label,
+    note_in_sample,
     open_codes_files,
 )
 from latentcode.cli.command import Command
@@ -70,6 +71,7 @@ def check(args: argparse.Namespace) -> None:
         label = default_label(code_files, args.label)
         for code_file in code_files:
             check_label(code_file, label, "--label")
+    note_in_sample(args.fit_split, args.test_split)
     if Path(args.out).suffix.lower() not in (".html", ".htm") and not Path(args.out).is_dir():
         args.out += ".html"  # as build_report names it: a page a browser opens
     out = check_output(args.out, "--out")

@@ -15,8 +15,8 @@ from latentcode.store.site import Site
 from latentcode.store.validation import ROWS_PER_READ, validate
 
 #: examples of each split that analysis (probes, pictures, reports) reads by default: memory is
-#: bounded by this cap, not by the file (about 50 MB for 128 floats a row); `subsample` draws them
-DEFAULT_MAX_ROWS = 50_000
+#: bounded by this cap, not by the file (about 20 MB for 128 floats a row); `subsample` draws them
+DEFAULT_MAX_ROWS = 20_000
 
 
 class CodeFile:
