@@ -1,5 +1,5 @@
 """Peak memory of `latentcode probe` and `latentcode report` against the rows of a codes file, at
-the default cap (`--max-rows`, 50,000 examples of each split): it should stay flat, since the
+the default cap (`--max-rows`, 20,000 examples of each split): it should stay flat, since the
 analysis reads a seeded subsample and the file is opened in 2 bytes a row.
 
     python benchmarks/bench_analysis_memory.py [--rows 100000 1000000 5000000] [--dir /tmp]
