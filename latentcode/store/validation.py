@@ -74,6 +74,7 @@ def validate(path: str | Path, *, allow_external: bool = False) -> Contents:
                 "data itself: rewrite it, or open it with CodeFile(path, allow_external=True) if you trust them"
             )
         check_format_and_version(path, file)
+        check_soft_links(path, file)
         attrs = checked_attributes(path, file)
         shards = checked_shards(path, file)
         values = parsed_attributes(attrs)
@@ -113,6 +114,18 @@ def split_indices(path: Path, split: h5py.Dataset, names: list[str]) -> np.ndarr
                                 f"({names}) does not list")
         index[start:start + len(block)] = np.asarray(found, dtype=np.int16)[inverse.reshape(-1)]
     return index
+
+
+def check_soft_links(path: Path, file: h5py.File) -> None:
+    """Refuse a soft link (at the root or in a group of the schema) whose target is not in the file:
+    h5py lists its name, then fails with a KeyError when it is read."""
+    for group in (file, *(file[g.path] for g in GROUPS if isinstance(file.get(g.path), h5py.Group))):
+        for name in group:
+            link = group.get(name, getlink=True)
+            if isinstance(link, h5py.SoftLink) and file.get(link.path) is None:
+                where = f"{group.name.rstrip('/')}/{name}"
+                raise CodeFileError(f"{path}: {where} is a soft link to {link.path}, which is not in the file; "
+                                    "expected a dataset")
 
 
 def check_readable_hdf5(path: Path) -> None:
