@@ -216,6 +216,7 @@ def build_report(
         patch_outputs = [read_patch_output(stem, "patch") for stem in patches]  # damaged or foreign: refused
         for output in patch_outputs:
             check_patch_provenance(output, code_files, runs, "patch")
+            check_replaceable(files_dir / f"patch_{output.stem.name}.png")  # a planted link: refused before work
         made_files_dir = not files_dir.exists()
         try:
             return _write_report(runs, code_files, run_dirs, out, files_dir, label, fit_split, test_split,

@@ -10,6 +10,7 @@ from latentcode.cli.arguments import FIGURE_FORMATS, add_max_rows_argument, form
 from latentcode.cli.checks import (
     capped,
     check_label,
+    check_one_column,
     check_output,
     check_splits,
     check_stem_free,
@@ -38,6 +39,8 @@ def check_picture(args: argparse.Namespace, flag: str, kind: str) -> None:
     args.label = default_label([code_file], args.label, flag, kind="picture_label")
     check_splits(code_file, {"--split": args.split})
     check_label(code_file, args.label, flag)
+    if kind in ("tsne", "umap"):
+        check_one_column(code_file, args.label, flag)
     if getattr(args, "layer", None) is not None and args.layer not in code_file.layers:
         raise UsageError(f"--layer {args.layer}: {args.file} has no layer {args.layer}; its layers are {code_file.layers}")
     args.out = args.out or str(Path(args.file).with_suffix("")) + f"_{kind}_{label_name(args.label)}"

@@ -78,6 +78,10 @@ def check(args: argparse.Namespace) -> None:
     if out.exists() and not args.overwrite:
         raise FileExistsError(f"--out {out} already exists; add --overwrite to replace it, or choose another --out")
     files_dir = out.with_name(f"{out.stem}_files")  # the report's figures and tables
+    from latentcode.files import check_replaceable
+
+    for stem in args.patch or ():  # where the map's copy goes: never through a planted link
+        check_replaceable(files_dir / f"patch_{Path(stem).name}.png", "--patch map's copy")
     if files_dir.is_dir() and any(files_dir.iterdir()) and not args.overwrite:
         raise FileExistsError(f"--out {out}: {files_dir} already holds files; add --overwrite to replace the "
                               "report's files in it, or choose another --out")
