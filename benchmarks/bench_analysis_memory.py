@@ -72,6 +72,7 @@ def peak_memory(arguments: list[str], cwd: Path) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000, 5_000_000])
+    parser.add_argument("--commands", nargs="+", choices=("probe", "report"), default=["probe", "report"])
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the codes files go (deleted at the end)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_analysis_memory_", dir=args.dir))
@@ -82,11 +83,14 @@ def main() -> None:
             started = time.perf_counter()
             write_codes(path, rows)
             print(f"{rows:>10,} rows: wrote {path.stat().st_size / 2**20:,.0f} MiB in {time.perf_counter() - started:.0f} s", flush=True)
-            probe = peak_memory(["probe", str(path), "--quiet"], work)
-            print(f"    probe  peak {probe[0]:7.0f} MiB  {probe[1]:6.1f} s", flush=True)
-            report = peak_memory(["report", "--codes", str(path), "--out", str(work / f"report_{rows}.html"),
-                                  "--quiet"], work)
-            print(f"    report peak {report[0]:7.0f} MiB  {report[1]:6.1f} s", flush=True)
+            probe = report = (float("nan"), float("nan"))
+            if "probe" in args.commands:
+                probe = peak_memory(["probe", str(path), "--quiet"], work)
+                print(f"    probe  peak {probe[0]:7.0f} MiB  {probe[1]:6.1f} s", flush=True)
+            if "report" in args.commands:
+                report = peak_memory(["report", "--codes", str(path), "--out", str(work / f"report_{rows}.html"),
+                                      "--quiet"], work)
+                print(f"    report peak {report[0]:7.0f} MiB  {report[1]:6.1f} s", flush=True)
             results.append((rows, probe[0], report[0]))
             path.unlink()
     finally:

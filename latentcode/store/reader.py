@@ -92,15 +92,16 @@ class CodeFile:
         rng = np.random.default_rng(seed)
         kept, subsampled = [], {}
         index = self._view_split_index()
-        rows = np.arange(len(index)) if self._rows is None else self._rows
+        counts = np.bincount(index, minlength=len(self.splits))
         for number, split in enumerate(self.splits):
-            of_split = rows[index == number]
-            if len(of_split) > max_rows:
-                subsampled[split] = (len(of_split), max_rows)
-                of_split = of_split[np.sort(rng.choice(len(of_split), size=max_rows, replace=False))]
-            kept.append(of_split)
+            ranks = np.arange(counts[number])  # which of the split's examples, in order
+            if counts[number] > max_rows:
+                subsampled[split] = (int(counts[number]), max_rows)
+                ranks = np.sort(rng.choice(counts[number], size=max_rows, replace=False))
+            kept.append(_positions_of_ranks(index, number, ranks))
         view = copy.copy(self)
-        view._rows = np.sort(np.concatenate(kept)) if kept else np.zeros(0, dtype=np.int64)
+        rows = np.sort(np.concatenate(kept)) if kept else np.zeros(0, dtype=np.int64)
+        view._rows = rows if self._rows is None else self._rows[rows]
         view.subsampled = {**self.subsampled, **subsampled}
         return view
 
@@ -203,3 +204,15 @@ class CodeFile:
             for head in range(self.heads_of[site]):
                 columns[f"{site.name}.h{head}"] = codes[:, head]
         return pd.DataFrame(columns)
+
+
+def _positions_of_ranks(index: np.ndarray, number: int, ranks: np.ndarray) -> np.ndarray:
+    """The positions in `index` of its `ranks`-th entries equal to `number` (`ranks` sorted), found a
+    block at a time: memory is the block and the answer, not an array the length of the file."""
+    found, seen = [np.zeros(0, dtype=np.int64)], 0
+    for start in range(0, len(index), ROWS_PER_READ):
+        positions = np.flatnonzero(index[start:start + ROWS_PER_READ] == number)
+        first, last = np.searchsorted(ranks, [seen, seen + len(positions)])
+        found.append(start + positions[ranks[first:last] - seen])
+        seen += len(positions)
+    return np.concatenate(found)
