@@ -7,8 +7,12 @@ Every run of the plan below is a `latentcode train` command (printed by `plan`),
 from its config; seeds are stated (`--seed s --set task_seed=s`: the training seed and the task's own seed,
 which fixes which term combinations are held out, both vary across seeds). Runs train in `--runs`
 (default analyses/output/runs, not committed); `train` copies each finished run's JSON files
-(config.json, metrics.jsonl, summary.json: no weights) into analyses/results/runs/NAME/, which is
-committed and is what `page` reads, so the page regenerates on any machine without retraining.
+(config.json, metrics.jsonl, summary.json) and final weights (float16, since issue 36) into
+analyses/results/runs/NAME/, which is committed and is what `page` reads, so the page regenerates on
+any machine without retraining.
+
+    python analyses/reproduce.py record-sweep SWEEP_DIR ...   # record a sweep's finished runs, with weights
+    python analyses/reproduce.py record-weights               # weights of the recorded runs models/ ships
 With `--jobs 2`, two runs train side by side with one thread each (the fastest use of 2 cores).
 """
 
@@ -24,6 +28,7 @@ from reproduction.decoding import decoding
 from reproduction.language import language_codes
 from reproduction.page import page
 from reproduction.plan import RUNS, commands, train
+from reproduction.recording import record_shipped_weights, record_sweep
 from reproduction.sraven import per_rule
 
 
@@ -51,6 +56,10 @@ def main() -> None:
                                           "per query rule and per rule multiset, test vs ood; record the tables")
     per_rule_parser.add_argument("--models", default=str(ROOT.parent / "models"),
                                  help="finished runs sraven-permuted-ATTENTION")
+    sweep_parser = subcommands.add_parser("record-sweep", help="record the finished runs of sweep directories, "
+                                          "with their weights, under analyses/results/runs/")
+    sweep_parser.add_argument("sweeps", nargs="+", help="sweep directories (latentcode sweep --out)")
+    subcommands.add_parser("record-weights", help="give the recorded runs that models/ ships their weights")
     subcommands.add_parser("plan", help="print the training command of every run")
     args = parser.parse_args()
     if args.command == "train":
@@ -63,6 +72,10 @@ def main() -> None:
         language_codes(args)
     elif args.command == "per-rule":
         per_rule(args)
+    elif args.command == "record-sweep":
+        record_sweep(args.sweeps)
+    elif args.command == "record-weights":
+        record_shipped_weights()
     else:
         print("\n".join(commands()))
 

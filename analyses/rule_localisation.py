@@ -9,7 +9,7 @@ the baseline: the same count when the donor has a THIRD rule r'' (neither r nor 
 damaged code lands on r''s answer without carrying r'. The third donor's own answer is never r''s.
 
     map     every layer x query slot x key slot (a feature slot: position j of every panel; fuzzy logic: blocks of 4 tokens), and
-            named site sets per layer: the queried feature's cells among themselves (unpermuted
+            named site sets per layer: the queried feature's 8 context cells among themselves and the 9 x 9 with the query cell (unpermuted
             models), the old `sraven-rule` sites, the query's whole row, the whole layer. On pairs
             drawn with seed 0 (the selection set).
     select  the group with the largest follow(r') - follow(third), on the selection set only.
@@ -98,7 +98,10 @@ def named_groups(task, n_layers: int, prediction: int, feature_cells: bool):
     sets = {}
     if feature_cells:
         cells = list(range(prediction, task.seq_len, task.n_features))  # feature f in every panel, query included
-        sets["feature cells x feature cells"] = lambda layers: block(layers, cells, cells)
+        # The context cells among themselves transfer about twice what the 9 x 9 with the query cell does
+        # (issue 31): the query cell's codes only damage. Both are kept, the first named as what it is.
+        sets["feature context cells x themselves (8 x 8)"] = lambda layers: block(layers, cells[:-1], cells[:-1])
+        sets["feature cells x feature cells, query included (9 x 9)"] = lambda layers: block(layers, cells, cells)
     if "sraven-rule" in task.selectors():
         (_, rule_query, first), (_, _, second) = task.selectors()["sraven-rule"]
         sets["sraven-rule (old sites)"] = lambda layers: block(layers, rule_query, [first, second])
@@ -397,12 +400,27 @@ def gather(args) -> None:
                          f"(seed 4; `{summary.get('confirm_command', '')}`), per target rule:", "",
                          markdown(pd.read_csv(out / name / "confirm.csv")), ""]
                         if (out / name / "confirm.csv").is_file() else []),
+                      *search_section(out, name, markdown),
                       f"Attribution patching vs exact patching over the map's groups: Pearson "
                       f"{summary['attribution_vs_exact']['pearson']:.2f}, Spearman {summary['attribution_vs_exact']['spearman']:.2f} "
                       f"({summary['attribution_vs_exact']['groups']} groups). ![attribution]({name}/attribution.png)", "",
                       "Learned subspace at the selected group (fitted on training-multiset pairs):", "", markdown(subspace), ""]
         outputs.write_text(out / "README.md", "\n".join(lines) + "\n")
     print(f"wrote {out / 'README.md'}")
+
+
+def search_section(out: Path, name: str, markdown) -> list[str]:
+    """The page's lines for `analyses/localisation_search.py`'s result, where it was run."""
+    import pandas as pd
+
+    if not (out / name / "search.csv").is_file():
+        return []
+    found = json.loads((out / name / "search.json").read_text())
+    table = pd.read_csv(out / name / "search.csv").drop(columns=["group"])
+    return [f"Found without being told (`{found['command']}`, {found['minutes']:.1f} min): "
+            f"{found['found'].replace('|', chr(92) + '|')}. The search's route (chosen on {found['selection_pairs']} "
+            f"selection pairs) and the hand-made groups, on the same {found['confirmation_pairs']} fresh pairs (seed 4); "
+            "transfer se paired, damage = keep (unpatched) - keep (same-rule donor):", "", markdown(table), ""]
 
 
 def markdown(frame) -> str:

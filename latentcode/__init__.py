@@ -29,6 +29,7 @@ _WHERE = {
     "CodeWriter": "latentcode.store",
     "Site": "latentcode.store",
     "LatentcodeError": "latentcode.errors",
+    "load_pretrained": "latentcode.pretrained",
 }
 __all__ = ["__version__", *_WHERE]
 __getattr__, __dir__ = lazy_exports(__name__, _WHERE)

@@ -417,3 +417,35 @@ def test_language_scripts(language_runs, tmp_path):
     for row in final:
         assert row["validation.bits_per_byte"] == pytest.approx(row["validation.loss"] / math.log(2))
     assert (tmp_path / "language_modelling.png").stat().st_size > 0
+
+
+def test_a_recorded_run_keeps_its_weights_in_float16_and_loads_as_float32(analyses_modules, tmp_path):
+    """recording.record_run: the run's JSON files as they are, its final model in half precision (what
+    the page says), read back by latentcode.Run as a float32 model with those values; a run without a
+    final model is recorded without weights."""
+    import shutil
+
+    import torch
+    from safetensors import safe_open
+
+    recording = analyses_modules("reproduction.recording")
+    run = tmp_path / "run"
+    shutil.copytree(MODELS / "fuzzy_logic-hyla", run, ignore=shutil.ignore_patterns("*.md"))
+    source = latentcode.load_model(run / "model")
+    with torch.no_grad():  # float32 values that float16 cannot hold exactly: the recording rounds them
+        for parameter in source.parameters():
+            parameter.add_(1e-4)
+    source.save(run / "model", overwrite=True)
+    recording.record_run(run, tmp_path / "recorded")
+    for name in ("config.json", "metrics.jsonl", "summary.json"):
+        assert (tmp_path / "recorded" / name).read_bytes() == (run / name).read_bytes()
+    with safe_open(tmp_path / "recorded" / "model" / "model.safetensors", "pt") as weights:
+        assert {weights.get_tensor(key).dtype for key in weights.keys()} == {torch.float16}
+    recorded = latentcode.Run(tmp_path / "recorded").load_model()
+    for (name, ours), (_, theirs) in zip(recorded.state_dict().items(), source.state_dict().items(), strict=True):
+        assert ours.dtype == torch.float32, name
+        torch.testing.assert_close(ours, theirs.half().float(), rtol=0, atol=0)
+
+    shutil.rmtree(run / "model")
+    recording.record_run(run, tmp_path / "without")
+    assert (tmp_path / "without" / "summary.json").is_file() and not (tmp_path / "without" / "model").exists()

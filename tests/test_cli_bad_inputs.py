@@ -574,6 +574,14 @@ BAD_INPUTS = [
     ("plot-color-of-several-columns", ["plot", "{fuzzy.h5}", "--color", "term_present", "--out", "{a_dir}/p"],
      "--color term_present: label 'term_present' has shape [N, 6]: colour by one column"),
     ("probe-newline-in-an-argument", ["probe", "{none}\nsecond.h5"], "codes file {none}\\nsecond.h5 does not exist"),
+    # reuse
+    ("reuse-not-a-run", ["reuse", "{a_dir}", "--out", "{a_dir}/r"], "RUN_DIR {a_dir} is not a run directory"),
+    ("reuse-model-only", ["reuse", "{model_only}", "--out", "{a_dir}/r"], "RUN_DIR {model_only} is not a run directory"),
+    ("reuse-sraven", ["reuse", str(MODELS / "sraven-hyla"), "--out", "{a_dir}/r"],
+     "needs a task whose compositions are sets of constituents (fuzzy_logic); got 'sraven'"),
+    ("reuse-n-pairs-0", ["reuse", "{run}", "--n-pairs", "0", "--out", "{a_dir}/r"],
+     "argument --n-pairs: expected a positive integer, got '0'"),
+    ("reuse-out-under-a-file", ["reuse", "{run}", "--out", "{a_file}/r"], "is a file, not a directory"),
     # tasks, and the command itself
     ("ambiguity-n-0", ["tasks", "ambiguity", "--n", "0"], "argument --n: expected a positive integer, got '0'"),
     ("ambiguity-values-2", ["tasks", "ambiguity", "--values", "2"], "argument --values: expected an integer of at least 3"),

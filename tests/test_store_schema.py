@@ -42,6 +42,19 @@ def write_full(path, rows=4, split="train"):
     return path
 
 
+def write_compact_full(path, rows=4):
+    """A codes file with a compact store (/compact: one layer of 4 heads, 2 key/value heads, 5 positions)."""
+    rng = np.random.default_rng(0)
+    compact = {"version": 1, "layers": [0], "n_heads": 4, "n_kv_heads": 2, "head_dim": 3, "seq_len": 5}
+    with CodeWriter(path, SITES, 4, {**METADATA, "compact": compact}) as writer:
+        writer.write_compact("query_l0", rng.normal(size=(rows, 4, 5, 3)).astype(np.float32),
+                             {"scale": "0.5", "causal": 1, "window": 0, "softcap": "0", "sinks": "[]"})
+        writer.write_compact("key_l0", rng.normal(size=(rows, 2, 5, 3)).astype(np.float32))
+        writer.write_compact("key_valid", np.ones((rows, 5), dtype=bool))
+        writer.append(codes={site: rng.normal(size=(rows, 4)) for site in SITES}, split="train")
+    return path
+
+
 @pytest.fixture
 def sharded(tmp_path):
     out = tmp_path / "codes.h5"
@@ -54,7 +67,8 @@ def entry_of(name):
     group, _, leaf = name.rpartition("/")
     if not group:
         return f"/{leaf}"
-    return {"codes": "/codes/<site>", "labels": "/labels/<name>", "extra": "/extra/<name>"}[group]
+    return {"codes": "/codes/<site>", "labels": "/labels/<name>", "extra": "/extra/<name>",
+            "compact": "/compact/<name>"}[group]
 
 
 def contents(path):
@@ -68,7 +82,8 @@ def contents(path):
 
 
 def test_the_writer_creates_exactly_what_the_schema_lists(tmp_path, sharded):
-    declared = {entry.path: {a.name for a in getattr(entry, "attributes", ())} for entry in (*schema.GROUPS, *schema.DATASETS)}
+    declared = {entry.path: {a.name for a in getattr(entry, "attributes", ())} for entry in (*schema.GROUPS, *schema.DATASETS)
+                if entry is not schema.COMPACT}  # only a compact extraction writes /compact: see test_store_compact
     roots, entries = contents(write_full(tmp_path / "plain.h5"))
     assert roots == {a.name for a in schema.ROOT_ATTRIBUTES} - set(schema.SHARDED_ONLY)
     assert entries == declared
@@ -114,7 +129,7 @@ def test_the_documentation_lists_exactly_the_schema_entries():
     roots, entries = documented_entries(latentcode.store.__doc__)
     assert roots == {attribute.name for attribute in schema.ROOT_ATTRIBUTES}
     assert entries == {entry.path: {a.name for a in getattr(entry, "attributes", ())}
-                       for entry in (*schema.GROUPS, *schema.DATASETS)}
+                       for entry in (*schema.GROUPS, schema.COMPACT_GROUP, *schema.DATASETS)}
     # and nowhere else in the text: no entry written by hand beside the generated ones
     listed = re.findall(r"^ {4}(/\S*)\s|^ {8}@?(\w+)\s", latentcode.store.__doc__, re.MULTILINE)
     assert len(listed) == 1 + len(roots) + len(entries) + sum(map(len, entries.values()))
@@ -183,9 +198,11 @@ ATTRIBUTES += [(dataset, attribute) for dataset in schema.DATASETS for attribute
                          ids=[f"{d.path if d else ''}@{a.name}" for d, a in ATTRIBUTES])
 def test_an_attribute_of_the_wrong_type_is_refused_naming_it_the_value_and_what_is_expected(tmp_path, dataset,
                                                                                             attribute):
-    path = write_full(tmp_path / "codes.h5")
+    compact = dataset is schema.COMPACT
+    path = (write_compact_full if compact else write_full)(tmp_path / "codes.h5")
     value, says = WRONG[attribute.type.words]
-    where = "/" if dataset is None else dataset.path.replace("<site>", SITES[0].name).replace("<name>", "rule")
+    where = "/" if dataset is None else dataset.path.replace("<site>", SITES[0].name).replace(
+        "<name>", "query_l0" if compact else "rule")
     if attribute.name == "format":
         says = "root attribute 'format' is 5; expected 'latentcode-codes'"
     if attribute.name == "schema_version":
@@ -205,8 +222,10 @@ DATASETS = list(schema.DATASETS)
 
 @pytest.mark.parametrize("dataset", DATASETS, ids=[dataset.path for dataset in DATASETS])
 def test_a_dataset_of_the_wrong_type_is_refused_naming_it(tmp_path, dataset):
-    path = write_full(tmp_path / "codes.h5")
-    name = dataset.name.replace("<site>", SITES[0].name).replace("<name>", "rule" if "labels" in dataset.name else "loss")
+    compact = dataset is schema.COMPACT
+    path = (write_compact_full if compact else write_full)(tmp_path / "codes.h5")
+    name = dataset.name.replace("<site>", SITES[0].name).replace(
+        "<name>", "query_l0" if compact else "rule" if "labels" in dataset.name else "loss")
     with h5py.File(path, "r+") as file:
         shape = file[name].shape
         strings = dataset.dtype.kinds == ""

@@ -3,8 +3,9 @@
 Every run is a `latentcode train` command (printed by `python analyses/reproduce.py plan`), so each is
 reproducible from its config; seeds are stated (`--seed s --set task_seed=s`). `train` runs the
 missing ones through latentcode.training.sweeps' process scheduler (`run_jobs`), one thread each, and
-copies each finished run's JSON files (config.json, metrics.jsonl, summary.json: no weights) into
-analyses/results/runs/NAME/, which is committed and is all the page reads.
+records each finished run (config.json, metrics.jsonl, summary.json and, since issue 36, its final
+weights in float16: `recording.py`) into analyses/results/runs/NAME/, which is committed and is all the
+page reads.
 """
 
 from __future__ import annotations
@@ -90,16 +91,10 @@ def commands() -> list[str]:
 
 # -- training ----------------------------------------------------------------------------------------
 def record(run_dir: Path, name: str) -> None:
-    """Copy a finished run's JSON files into analyses/results/runs/NAME (committed), as one set."""
-    from latentcode.files import AtomicOutputs
-    from latentcode.rundir import RunDirectory
+    """Copy a finished run's JSON files and final weights into analyses/results/runs/NAME (committed)."""
+    from .recording import record_run
 
-    finished, destination = RunDirectory(run_dir), RunDirectory(RECORDED / name)
-    with AtomicOutputs(lock=destination.path, purpose="recording a run") as outputs:
-        for source, target in ((finished.config_path, destination.config_path),
-                               (finished.metrics_path, destination.metrics_path),
-                               (finished.summary_path, destination.summary_path)):
-            outputs.write_bytes(target, source.read_bytes())
+    record_run(run_dir, RECORDED / name)
 
 
 def in_training(out: Path) -> bool:

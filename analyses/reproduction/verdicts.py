@@ -7,6 +7,7 @@ import numpy as np
 
 from .decoding import DECODED, DECODING
 from .fuzzy import PAPER_TABLE_A1
+from .hyla_seed import hyla_seed_verdict
 from .language import (
     LANGUAGE_BUDGET_MARGIN,
     LANGUAGE_BUDGET_SEEDS,
@@ -88,7 +89,7 @@ def verdicts() -> str:
                      f"{np.mean(sraven_values['softmax']):.1f}, linear {np.mean(sraven_values['linear']):.1f} "
                      f"(seeds: {len(sraven_values['hyla'])}, {len(sraven_values['softmax'])}, {len(sraven_values['linear'])}; "
                      f"HYLA above softmax on {wins[0][0]}/{wins[0][1]}, above linear on {wins[1][0]}/{wins[1][1]}); "
-                     "paper at M = 4: 69.1, 56.6, 56.3.")
+                     "paper at M = 4: 69.1, 56.6, 56.3." + (f" {seed_note}." if (seed_note := hyla_seed_verdict()) else ""))
     else:
         lines.append("- **SRAVEN (Table A1)**: not all three models trained yet.")
     # (3) Fig. 5C: one head generalizes worse than 16.

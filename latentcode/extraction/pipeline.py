@@ -195,7 +195,26 @@ def extract(
     compression: of a new file: "gzip" (default; any HDF5 tool reads it), "lzf" or "none".
     wait_for_lock: seconds to wait while another process writes `out` (default: refuse at once).
     Returns the path of the written file.
+
+    A pretrained causal LM (`latentcode.pretrained`: a Hugging Face directory, a .gguf file or
+    "smollm2") is read on windows of the language corpus (`task` may give their length, e.g.
+    {"seq_len": 2048}; default 512) into a file with a compact store of every pair of every layer
+    (`latentcode.extraction.pretrained_extract`; split: train or validation, default validation).
     """
+    from latentcode.pretrained import (
+        is_pretrained,  # beside rundir; imported here, where it is used
+    )
+
+    if isinstance(run_or_model, (str, Path)) and is_pretrained(run_or_model):
+        from latentcode.extraction.pretrained_extract import extract_pretrained
+
+        if distributed_position()[1] > 1:
+            raise UsageError(f"{run_or_model} is a pretrained model: its extraction is not sharded yet; run it in one "
+                             f"process (found WORLD_SIZE={distributed_position()[1]})")
+        return extract_pretrained(
+            run_or_model, split or "validation", n, pretrained_seq_len(task), out, selector=selector,
+            batch_size=batch_size, seed=0 if seed is None else seed, score=score, append=append, overwrite=overwrite,
+            compression=compression, progress=progress, wait_for_lock=wait_for_lock)
     model, info = resolve_model(run_or_model)
     task, split = resolve_task(task, info, split)
     n, batch_size = check_integer("n", n, minimum=1), check_integer("batch_size", batch_size, minimum=1)
@@ -286,6 +305,17 @@ def extract(
                 error = failure
         _raise_if_any_failed(error, f"writing {out} over the shards")
     return out
+
+
+def pretrained_seq_len(task: Task | Mapping[str, Any] | None, default: int = 512) -> int:
+    """The window length a pretrained extraction reads: `task["seq_len"]` (a mapping with nothing else
+    but the language task's name), else `default`."""
+    if task is None:
+        return default
+    if not isinstance(task, Mapping) or set(task) - {"seq_len", "name"} or task.get("name", "language") != "language":
+        raise UsageError(f"a pretrained model reads windows of the language corpus: the task may give only seq_len "
+                         f"(e.g. {{'seq_len': 2048}}, --task seq_len=2048), got {task!r}")
+    return int(task.get("seq_len", default))
 
 
 def record_batch(

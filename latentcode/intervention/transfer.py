@@ -12,10 +12,13 @@ measured prediction are read:
                       true value minus squared error to r''s value), differentiable
 
     transfer = follow (different donor) - follow (third donor)
+    damage   = keep (unpatched) - keep (same-sub-task donor)
 
 "transfer" is the part of "follow" that the donor's sub-task explains: a damaged code can land on
-r''s answer by itself, and the third donor measures how often. Its standard error is taken over
-the paired per-base differences.
+r''s answer by itself, and the third donor measures how often. "damage" is how often the patch
+breaks the model's own answer when the donor's sub-task is the base's own (nothing to transfer): a
+group that only damages shows a large damage beside a transfer near 0. Standard errors are taken
+over the paired per-base differences.
 
 `latentcode patch` calls `transfer_sweep`; `analyses/rule_localisation.py` builds the paper-task maps
 on it.
@@ -75,7 +78,9 @@ def transfer_sweep(model: nn.Module, task: Any, pairs: Any, groups: Sequence[Sit
                    relations: Sequence[str] = ("different", "third"), **sweep_options: Any):
     """One row per group: its coordinates, `group`, `n`, per relation R and metric M the mean `M (R)`
     and its standard error `M (R) se`, the unpatched means `M (unpatched)`, and `transfer`,
-    `transfer se` where both the different and the third donor were run. Returns a pandas table."""
+    `transfer se` where both the different and the third donor were run, `damage`, `damage se` where
+    the same donor was. Returns a pandas table. `sweep_options` go to `patching_sweep` (e.g.
+    `on_pass`, `groups_per_pass`)."""
     import pandas as pd
 
     position = output_position(task, pairs.prediction)
@@ -83,6 +88,7 @@ def transfer_sweep(model: nn.Module, task: Any, pairs: Any, groups: Sequence[Sit
     base_x = pairs.base.torch().x
     sweeps = {relation: patching_sweep(model, base_x, pairs.donors[relation].torch().x, groups, metrics, **sweep_options)
               for relation in relations}
+    unpatched_keep = sweeps[relations[0]].base["keep"]
     first = sweeps[relations[0]]
     n = len(pairs)
     rows = []
@@ -99,6 +105,10 @@ def transfer_sweep(model: nn.Module, task: Any, pairs: Any, groups: Sequence[Sit
             paired = sweeps["different"].patched["follow"][index] - sweeps["third"].patched["follow"][index]
             row["transfer"] = float(paired.mean())
             row["transfer se"] = float(paired.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
+        if "same" in sweeps:
+            lost = unpatched_keep - sweeps["same"].patched["keep"][index]
+            row["damage"] = float(lost.mean())
+            row["damage se"] = float(lost.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
         rows.append(row)
     table = pd.DataFrame(rows)
     table.attrs["per_example"] = {relation: sweep.patched for relation, sweep in sweeps.items()}

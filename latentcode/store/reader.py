@@ -10,6 +10,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from latentcode.store.compact import CompactCodes
 from latentcode.store.schema import CODES, EXTRA, LABELS, PREDICTION, TARGET, CodeFileError
 from latentcode.store.site import Site
 from latentcode.store.validation import ROWS_PER_READ, validate
@@ -28,6 +29,8 @@ class CodeFile:
     >>> codes.layer_codes(1, split="ood")               # [N_ood, n_sites_of_layer_1 * H]
     >>> codes.labels("query_rule", split="ood")         # [N_ood, M]
     >>> codes.split_seeds                               # {"ood": [seed, ...]}: one per write
+    >>> codes.compact.rows(layer, [q]), .column, .block, .layer_pattern, .top_keys   # a compact store's
+    >>> codes.codes(Site(layer, q, k))                  # any pair of its layers, rebuilt on demand
 
     A file that refers to other files (external links, virtual datasets, external storage) is
     refused unless `allow_external=True`: h5py would read those files without a word.
@@ -60,6 +63,9 @@ class CodeFile:
         self.prediction_kind = values["prediction_kind"]
         self.attention_layers = values["attention_layers"]
         self.split_descriptions = values["split_descriptions"]
+        # The compact store (latentcode.store.compact): codes of any pair of its layers, rebuilt on demand.
+        self.compact = CompactCodes(self.path, values["compact"], values["score"] or "pattern") \
+            if values["compact"] else None
         self.model_name = values["model_name"] or self.model_config.get("attention", "model")
         if isinstance(self.model_name, list):
             self.model_name = "+".join(self.model_name)
@@ -153,6 +159,8 @@ class CodeFile:
     def codes(self, site: Site | str, split: str | Iterable[str] | None = None) -> np.ndarray:
         """float32 `[N, H]`: the latent codes at one site."""
         site = Site.from_name(site) if isinstance(site, str) else site
+        if site not in self.sites and self.compact is not None and site.layer in self.compact.layers:
+            return self.compact.codes(site.layer, site.query, site.key, np.flatnonzero(self.split_mask(split)))
         if site not in self.sites:
             raise CodeFileError(f"{self.path} has no site {site}; its sites are {[s.name for s in self.sites]}")
         return self._read(f"{CODES.group}/{site.name}", split)

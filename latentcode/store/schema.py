@@ -196,6 +196,9 @@ ROOT_ATTRIBUTES: tuple[Attribute, ...] = (
               "cross-attention layer's queries index the decoder, its keys the encoder); [] if unknown"),
     Attribute("split_descriptions", JSON_OBJECT, False, "split name -> what it holds, in words "
               "(Task.split_descriptions); {} if unknown"),
+    Attribute("compact", JSON_OBJECT, False, "only in a file with a compact store (/compact): "
+              '{"version", "layers", "n_heads", "n_kv_heads", "head_dim", "seq_len"}, what rebuilds a[h, q, k] of '
+              "every pair of those layers from the queries and keys (latentcode.store.compact); {} if none"),
     Attribute("file_id", TEXT, False, "32 random hex digits drawn when the file is created or overwritten (kept "
               "by appends): which file this is, whatever its name; a sharded file records its shards' ids"),
     Attribute("shards", JSON_LIST, False, 'only in a sharded file: {"file", "rows", "id", "datasets"} for each '
@@ -209,6 +212,8 @@ SHARDED_ONLY = ("shards",)
 CODES_GROUP = Group("/codes", True, "one dataset per site")
 LABELS_GROUP = Group("/labels", True, "one dataset per task label")
 EXTRA_GROUP = Group("/extra", True, "one dataset per further per-example array the caller passed")
+COMPACT_GROUP = Group("/compact", False, "the compact store: what determines a[h, q, k] at every pair of the "
+                      "recorded layers, instead of [H, T, T] per layer (latentcode.store.compact)")
 GROUPS: tuple[Group, ...] = (CODES_GROUP, LABELS_GROUP, EXTRA_GROUP)
 
 CODES = Dataset(
@@ -248,7 +253,20 @@ PROVENANCE = Dataset(
     expected_shape="a 1-D dataset of JSON strings", expected_dtype="a 1-D dataset of JSON strings",
     ndim=1, per_example=False,
 )
-DATASETS: tuple[Dataset, ...] = (CODES, LABELS, PREDICTION, TARGET, SPLIT, EXTRA, PROVENANCE)
+COMPACT = Dataset(
+    "/compact/<name>", NUMBERS, "[N, ...]", False,
+    "query_l{layer} float32 [N, H, T, d]: the queries of a layer as its attention call received them (after "
+    "RoPE); key_l{layer} float32 [N, H_kv, T, d]: its keys, one per key/value head (query head h reads key head "
+    "h // (H / H_kv)); key_valid bool [N, T]: the keys that are tokens (not padding)",
+    expected_shape="a dataset with one row per example", expected_dtype="numbers",
+    attributes=(Attribute("scale", JSON_VALUE, False, "of query_l*: the factor of q.k (a number)"),
+                Attribute("causal", INTEGER, False, "of query_l*: 1 if query q attends only to keys k <= q"),
+                Attribute("window", INTEGER, False, "of query_l*: a sliding window, k > q - window (0: none)"),
+                Attribute("softcap", JSON_VALUE, False, "of query_l*: scores become c tanh(s / c) (0: none)"),
+                Attribute("sinks", JSON_VALUE, False, "of query_l*: one logit per head that joins each row's "
+                          "softmax and takes no key ([] or absent: none)")),
+)
+DATASETS: tuple[Dataset, ...] = (CODES, LABELS, PREDICTION, TARGET, SPLIT, EXTRA, COMPACT, PROVENANCE)
 
 
 def required_top_level() -> list[str]:
@@ -279,7 +297,7 @@ def documentation() -> str:
     lines = [textwrap.fill(heading, _WIDTH), "", _line(4, "/", "root attributes")]
     lines += [_line(8, attribute.name, f"{attribute.type.words}, {_need(attribute)}: {attribute.meaning}")
               for attribute in ROOT_ATTRIBUTES]
-    groups = {f"/{group.path.strip('/')}": group for group in GROUPS}
+    groups = {f"/{group.path.strip('/')}": group for group in (*GROUPS, COMPACT_GROUP)}
     for dataset in DATASETS:
         group = groups.pop(f"/{dataset.group}", None)
         if group is not None:

@@ -18,6 +18,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from latentcode.store.compact import check_compact
 from latentcode.store.schema import (
     CODES,
     CODES_GROUP,
@@ -79,6 +80,7 @@ def validate(path: str | Path, *, allow_external: bool = False) -> Contents:
         shards = checked_shards(path, file)
         values = parsed_attributes(attrs)
         heads_of = checked_datasets(path, file, values["n_heads"])
+        check_compact(path, file, values["compact"], file[SPLIT.name].shape[0])
         labels = file[LABELS.group]
         contents = Contents(
             attrs=attrs, values=values, shards=shards, sites=list(heads_of), heads_of=heads_of,
@@ -277,6 +279,8 @@ def _members(file: h5py.File, dataset: Dataset) -> list[tuple[str, Any]]:
     ("codes/l0_q3_k3", ...) for a `<name>` entry, else the one dataset if present."""
     if not dataset.group:
         return [(dataset.name, file[dataset.name])] if dataset.name in file else []
+    if dataset.group not in file:  # an optional group (/compact)
+        return []
     if dataset is EXTRA:
         return [(f"{EXTRA.group}/{name}", file[EXTRA.group][name]) for name in extra_names(file)]
     return [(f"{dataset.group}/{name}", file[dataset.group][name]) for name in file[dataset.group]]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import secrets
 import shutil
 import stat
 import warnings
@@ -25,6 +24,7 @@ from latentcode.files import (
     remove_dead_temporaries,
     write_error,
 )
+from latentcode.store.compact import check_compact, write_compact_rows
 from latentcode.store.full_disk import failed_writes, write_nowhere
 from latentcode.store.schema import (
     CODES,
@@ -124,8 +124,7 @@ class CodeWriter:
             self.heads_of = {site: int(n_heads) for site in self.sites}
         if min(self.heads_of.values()) < 1:
             raise CodeFileError(f"n_heads must be a positive number of heads per site, got {n_heads!r}")
-        widths = set(self.heads_of.values())
-        self.n_heads = widths.pop() if len(widths) == 1 else 0
+        self.n_heads = next(iter(set(self.heads_of.values()))) if len(set(self.heads_of.values())) == 1 else 0
         self.compression = check_compression(compression)
         self.metadata = dict(metadata or {})
         score = self.metadata.setdefault("score", "pattern")
@@ -210,7 +209,8 @@ class CodeWriter:
             "prediction_kind": self.metadata.get("prediction_kind", ""),
             "attention_layers": list(self.metadata.get("attention_layers") or []),
             "split_descriptions": self.metadata.get("split_descriptions", {}),
-            "file_id": secrets.token_hex(16),
+            "compact": self.metadata.get("compact", {}),
+            "file_id": os.urandom(16).hex(),
         }
         written = [attribute for attribute in ROOT_ATTRIBUTES if attribute.name not in SHARDED_ONLY]
         assert list(values) == [attribute.name for attribute in written], "the writer fills every root attribute"
@@ -264,7 +264,7 @@ class CodeWriter:
         existing_heads = {Site.from_name(name): codes[name].shape[1] for name in codes}
         if existing_sites == self.sites and existing_heads != self.heads_of:
             problems.append(f"n_heads: file {int(attrs['n_heads']) or existing_heads}, new data {self.n_heads or self.heads_of}")
-        for key in ("score", "checkpoint_sha256", "model_config", "task_config"):
+        for key in ("score", "checkpoint_sha256", "model_config", "task_config", "compact"):
             if key not in self.metadata:
                 continue
             new = self.metadata[key] if key in ("score", "checkpoint_sha256") else to_json(self.metadata[key])
@@ -318,7 +318,7 @@ class CodeWriter:
             if array.dtype.kind not in "biuf":
                 raise CodeFileError(f"{name} has dtype {array.dtype}; only numeric arrays can be stored")
         splits = [split] * batch_size if isinstance(split, str) else list(split) if isinstance(split, Iterable) else [split]
-        if not all(isinstance(name, str) for name in splits):
+        if not all(isinstance(name, str) for name in splits):  # e.g. 3: h5py would store it, readers then fail
             raise CodeFileError(f"split names are text, got {split!r}; give a name such as 'train' (or one per example)")
         if len(splits) != batch_size:
             raise CodeFileError(f"split has {len(splits)} entries but the codes have {batch_size}")
@@ -367,6 +367,12 @@ class CodeWriter:
         if self._pending_rows >= _FLUSH_ROWS or self._pending_bytes >= _FLUSH_BYTES:
             self.flush()
 
+    def write_compact(self, name: str, rows: np.ndarray, attributes: Mapping[str, Any] | None = None) -> None:
+        """Rows of /compact/`name` (`latentcode.store.compact`) for the next batch, before its `append`:
+        written at once, so that one layer's queries and keys at a time are in memory."""
+        with failed_writes(self.path):
+            write_compact_rows(self.file, name, self._n_rows, np.asarray(rows), self._filters(), dict(attributes or {}))
+
     def _queue(self, name: str, rows: np.ndarray) -> None:
         self._pending.setdefault(name, []).append(rows)
         self._pending_bytes += rows.nbytes if rows.dtype != object else 8 * len(rows)
@@ -407,6 +413,7 @@ class CodeWriter:
             return self.path
         try:
             self.flush()
+            check_compact(self.path, self.file, from_json(self.file.attrs.get("compact", "{}")) or {}, self._n_rows)
             with failed_writes(self.path):
                 self._record_provenance()
                 # Everything reaches the disk (or fails, e.g. no space left) here: a failed flush

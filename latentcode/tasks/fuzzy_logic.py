@@ -174,6 +174,19 @@ class FuzzyLogic(Task):
         self._fixed_context.flags.writeable = False
         self._fixed_query.flags.writeable = False
 
+    def position_partitions(self) -> dict[str, dict[str, tuple[int, ...]]]:
+        """Ways to cut the positions into parts (site groups are a query part x a key part): each
+        ``example`` (a token is one example, its variables and value in one vector), ``block`` parts of
+        four context examples and the query, and ``context`` vs ``query`` (the last token)."""
+        last = self.seq_len - 1
+        blocks = {f"examples {start}..{min(start + 4, last) - 1}": tuple(range(start, min(start + 4, last)))
+                  for start in range(0, last, 4)}
+        return {
+            "example": {**{f"example {i}": (i,) for i in range(last)}, "query": (last,)},
+            "block": {**blocks, "query": (last,)},
+            "context": {"context": tuple(range(last)), "query": (last,)},
+        }
+
     def value_names(self) -> dict[str, list[str]]:
         """Terms by their conjunctions; a task (`task_index`) by its disjunction of terms."""
         return {"terms": self.term_names(), "task_index": self.function_names()}

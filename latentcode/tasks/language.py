@@ -182,6 +182,18 @@ class Language(Task):
         return {"last-recent": tuple((None, -1, -1 - offset) for offset in range(recent)),
                 "last-previous": ((None, -1, -2),)}
 
+    def position_partitions(self) -> dict[str, dict[str, tuple[int, ...]]]:
+        """Ways to cut the window into parts (site groups are a query part x a key part): ``last``
+        (the last token, whose codes the analysis reads, vs the rest), ``recent`` (the last 8 tokens
+        vs the earlier ones: short relative offsets from the last query) and ``block`` parts of 16
+        tokens."""
+        n, recent = self.seq_len, min(8, self.seq_len)
+        return {
+            "last": {"earlier": tuple(range(n - 1)), "last": (n - 1,)},
+            "recent": {"earlier": tuple(range(n - recent)), "recent": tuple(range(n - recent, n))},
+            "block": {f"tokens {s}..{min(s + 16, n) - 1}": tuple(range(s, min(s + 16, n))) for s in range(0, n, 16)},
+        }
+
     def derived_labels(self, batch: Batch, sites: Sequence) -> dict[str, np.ndarray]:
         queries = {site.query for site in sites}
         if len(queries) != 1:

@@ -273,6 +273,24 @@ class SRaven(Task):
         query = GRID_SIZE**2 * M - 1
         return {"sraven-rule": ((None, query, 7 * M - 1), (None, query, 8 * M - 1))}
 
+    def position_partitions(self) -> dict[str, dict[str, tuple[int, ...]]]:
+        """Ways to cut the 9M positions into parts (site groups are a query part x a key part):
+        ``slot`` j (position j of every panel; feature j on unpermuted instances), ``panel`` (row,
+        column), panel ``row`` and ``column`` of the 3x3 grid, and ``context`` vs ``query`` (the 9th
+        panel). Panel p holds positions pM .. pM + M - 1."""
+        M, panels = self.n_features, GRID_SIZE**2
+
+        def panels_where(keep) -> tuple[int, ...]:
+            return tuple(p * M + j for p in range(panels) if keep(p) for j in range(M))
+
+        return {
+            "slot": {f"slot {j}": tuple(range(j, panels * M, M)) for j in range(M)},
+            "panel": {f"panel {p // GRID_SIZE},{p % GRID_SIZE}": panels_where(lambda q, p=p: q == p) for p in range(panels)},
+            "row": {f"row {r}": panels_where(lambda p, r=r: p // GRID_SIZE == r) for r in range(GRID_SIZE)},
+            "column": {f"column {c}": panels_where(lambda p, c=c: p % GRID_SIZE == c) for c in range(GRID_SIZE)},
+            "context": {"context": panels_where(lambda p: p < panels - 1), "query": panels_where(lambda p: p == panels - 1)},
+        }
+
     def derived_labels(self, batch: Batch, sites: Sequence) -> dict[str, np.ndarray]:
         """``rule`` ``[n]``: the rule governing the sites' common query position, where they
         share one query position among the query tokens."""

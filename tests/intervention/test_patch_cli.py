@@ -29,7 +29,12 @@ def refused_without_torch(arguments):
     (["patch", str(SRAVEN), "--group", "2:x:1"], "cannot read site '2:x:1'"),
     (["patch", str(SRAVEN), "--split", "nope"], "--split: unknown split 'nope' for task 'sraven'; valid splits"),
     (["patch", str(SRAVEN), "--queries", "30..40"], "reaches past the sequence of 36 tokens"),
-    (["patch", str(SRAVEN), "--grid", "rows", "--group", "2:*:*"], "either --grid or --group"),
+    (["patch", str(SRAVEN), "--grid", "rows", "--group", "2:*:*"], "give one of --search, --grid or --group"),
+    (["patch", str(SRAVEN), "--search", "--grid", "slot"], "give one of --search, --grid or --group"),
+    (["patch", str(SRAVEN), "--grid", "rows", "--key-blocks", "9"],
+     "--grid rows makes 1296 groups, more than --max-groups 256"),
+    (["patch", str(SRAVEN), "--grid", "slot/nope"], "grid 'slot/nope': expected a partition name or QUERY/KEY"),
+    (["patch", str(SRAVEN), "--search", "--layers", "5"], "the model has 4 layers"),
     (["patch", str(REPOSITORY / "models" / "language-hyla")], "draws no counterfactual pairs"),
     (["patch", str(REPOSITORY / "nowhere")], "not a finished run directory"),
     (["intervene", str(SRAVEN), "--sites", "9:0:0", "--zero-ablate", "all"], "layer 9 is outside the model's 4 layers"),
@@ -86,3 +91,25 @@ def test_the_report_shows_a_patch_sweep_in_an_interventions_section(tmp_path):
     assert "Interventions: where patching the codes transfers the sub-task" in html
     assert f"{table['transfer'].max():.3f}" in html  # the best group's transfer is on the page
     assert main(["report", str(FUZZY), "--patch", str(tmp_path / "missing"), "--out", str(tmp_path / "r2.html")]) == 2
+
+
+def test_patch_says_its_cost_and_progress_off_a_terminal_and_nothing_under_quiet(tmp_path, capsys):
+    """Under pytest stderr is not a terminal: progress comes as plain lines (no bar), after the cost;
+    --quiet prints nothing at all (no scipy warning either: 2 groups, attribution correlations
+    undefined, written as null)."""
+    from latentcode.cli import main
+
+    arguments = ["patch", str(FUZZY), "--n", "16", "--group", "1:*:*", "--group", "0:31:*", "--attribution"]
+    assert main([*arguments, "--out", str(tmp_path / "loud")]) == 0
+    said = capsys.readouterr()
+    assert said.out.startswith("cost: at most 2 groups patched")
+    progress = said.err.strip().splitlines()
+    assert progress and all(line.startswith("patch: ") for line in progress) and "\r" not in said.err
+    assert any("of about" in line for line in progress)
+    assert main([*arguments, "--quiet", "--out", str(tmp_path / "quiet")]) == 0
+    said = capsys.readouterr()
+    assert said.out == "" and said.err == ""
+    text = (tmp_path / "quiet.json").read_text()
+    assert "NaN" not in text and json.loads(text)["attribution_vs_exact"] == {"pearson": None, "spearman": None}
+    table = pd.read_csv(tmp_path / "quiet.csv")
+    assert {"damage", "damage se", "keep (same)"} <= set(table.columns)

@@ -31,7 +31,16 @@ and the donor: about `groups x` a bare forward pass, with the Python overhead of
 `groups_per_pass` groups. Attribution costs one forward pass of the donor, and one forward and one
 backward pass of the base (`benchmarks/bench_patching.py` measures both).
 
-The modules: `site_groups` (SiteGroup, site_grid, head_grid), `inputs` (base and donor batches, the
+Groups shaped by the task (`partitions`: a query part x a key part of the task's partitions of its
+positions, e.g. the queried feature's cells) and a search over them that needs no answer
+(`search`: whole layers, then blocks, then cuts of the best block, chosen on selection pairs and
+confirmed on fresh ones):
+
+    groups = partition_grid(task_partitions(task), "slot", "slot", layers=[2])
+    result = site_search(model, task, selection_pairs, confirmation_pairs)    # -> SiteSearch
+
+The modules: `site_groups` (SiteGroup, site_grid, head_grid), `partitions` (task_partitions,
+partition_grid, part_group), `search` (site_search, SiteSearch), `inputs` (base and donor batches, the
 metric), `layer_codes` (record_codes: the codes of one pass per layer), `sweep` (patching_sweep,
 PatchingSweep), `attribution` (attribution_patching, Attribution, compare_attribution).
 """
@@ -43,8 +52,11 @@ from latentcode.intervention.patching.attribution import (
            compare_attribution,
 )
 from latentcode.intervention.patching.layer_codes import record_codes
+from latentcode.intervention.patching.partitions import part_group, partition_grid, task_partitions
+from latentcode.intervention.patching.search import SiteSearch, site_search
 from latentcode.intervention.patching.site_groups import SiteGroup, head_grid, site_grid
 from latentcode.intervention.patching.sweep import PatchingSweep, patching_sweep
 
-__all__ = ["Attribution", "PatchingSweep", "Positions", "SiteGroup", "attribution_patching", "compare_attribution",
-           "head_grid", "patching_sweep", "record_codes", "site_grid"]
+__all__ = ["Attribution", "PatchingSweep", "Positions", "SiteGroup", "SiteSearch", "attribution_patching",
+           "compare_attribution", "head_grid", "part_group", "partition_grid", "patching_sweep", "record_codes",
+           "site_grid", "site_search", "task_partitions"]

@@ -5,7 +5,7 @@ patched at one group)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,12 +138,14 @@ def patching_sweep(
     source: AttentionSource | None = None,
     groups_per_pass: int | None = None,
     max_examples_per_pass: int = 1024,
+    on_pass: Callable[[int], None] | None = None,
 ) -> PatchingSweep:
     """Patch the codes of each group from `donor_inputs` into `base_inputs` (example i takes donor
     example i's codes) and measure `metric` (one number per example; or a dict of such metrics by
     name, all read from the same passes) of the patched output; one row per group (see
     `PatchingSweep`). Several groups share one forward pass (`groups_per_pass`, by default as many
-    as fit in `max_examples_per_pass` examples; larger passes were no faster per example on a CPU)."""
+    as fit in `max_examples_per_pass` examples; larger passes were no faster per example on a CPU).
+    `on_pass(examples)` is called after each patched pass with its number of examples (progress)."""
     metrics = _metrics(metric)
     check_eval(model)
     if not groups:
@@ -170,6 +172,8 @@ def patching_sweep(
         with source.edit(donor.pairs_for, editor), torch.no_grad():
             output = call_model(model, repeat_batch(base_inputs, len(chunk)))
         passes += 1
+        if on_pass is not None:
+            on_pass(len(chunk) * batch)
         for index in range(len(chunk)):
             for name, values in measure(slice_output(output, index * batch, (index + 1) * batch)).items():
                 patched_rows[name].append(values)

@@ -1,0 +1,153 @@
+"""`extract_pretrained`: latent codes of a pretrained causal LM (`latentcode.pretrained`) on windows of
+the language corpus, with every pair of every layer in a compact store (`latentcode.store.compact`).
+
+    extract_pretrained("smollm2", split="validation", n=2, seq_len=2048, out="smollm2.h5")
+    CodeFile("smollm2.h5").compact.rows(layer=10, queries=[-1])      # [N, H, 1, T], rebuilt
+
+The file is a codes file like any other: the selector's sites (default `*:-1:-1`, the last token to
+itself in every layer) are stored as `[N, H]` codes beside the labels, so probes, plots, heatmaps
+and the report read it unchanged; `/compact` holds the post-RoPE queries and keys of every layer,
+from which `CodeFile.codes` rebuilds any other pair. Each layer's queries and keys go to disk as the
+layer's attention call returns, so memory holds one layer of them, never `[H, T, T]`.
+
+Labels, per window: `last_token_class`, the class of the last token's text (`TOKEN_CLASSES`), and
+`last_token_starts_word` (1 where that class is "word start"), a binary label small files can probe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from latentcode.extraction.compact_capture import CompactAttentionSource, CompactError, CompactLayer
+from latentcode.extraction.recorder import Recorder
+from latentcode.extraction.sites import MAX_ALL_PAIRS, SiteError, parse_selector
+from latentcode.store import CodeWriter
+from latentcode.store.compact import COMPACT_VERSION, KEY_VALID, key_name, query_name
+from latentcode.validation import check_integer
+
+TOKEN_CLASSES = ("word start", "word piece", "punctuation", "digit", "whitespace")
+
+
+def token_class(text: str) -> int:
+    """The class (an index into TOKEN_CLASSES) of a token's text."""
+    stripped = text.strip()
+    if not stripped:
+        return 4
+    if stripped[0].isdigit():
+        return 3
+    if stripped[0].isalpha():
+        return 0 if text[0].isspace() else 1
+    return 2
+
+
+def _sha256(path: Path) -> str:
+    if not path.is_file():
+        return ""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(2**22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def extract_pretrained(
+    model: Any,
+    split: str = "validation",
+    n: int = 1,
+    seq_len: int = 512,
+    out: str | Path = "codes.h5",
+    *,
+    selector: str = "*:-1:-1",
+    batch_size: int = 1,
+    seed: int = 0,
+    compact: bool = True,
+    score: str = "pattern",
+    append: bool = False,
+    overwrite: bool = False,
+    compression: str | None = "none",
+    progress: bool = True,
+    wait_for_lock: float | None = 0.0,
+) -> Path:
+    """Record codes of `n` windows of `seq_len` tokens of the corpus's `split` into `out`.
+
+    model: a `Pretrained`, or what `load_pretrained` takes (a directory, a .gguf file, "smollm2").
+    compact: keep every pair of every layer in /compact (queries and keys); False: the sites only.
+    compression: of a new file; "none" by default (queries and keys barely compress, and reading a
+    row back is faster without)."""
+    from latentcode.pretrained import (
+        Pretrained,
+        check_seq_len,
+        corpus_token_windows,
+        load_pretrained,
+    )
+
+    n, batch_size = check_integer("n", n, minimum=1), check_integer("batch_size", batch_size, minimum=1)
+    pretrained = model if isinstance(model, Pretrained) else load_pretrained(model)
+    check_seq_len(seq_len, pretrained.n_ctx, pretrained.name)
+    parsed = parse_selector(selector)
+    sites = parsed.resolve(pretrained.n_layers, seq_len)
+    if len(sites) > MAX_ALL_PAIRS:
+        raise SiteError(f"{selector!r} selects {len(sites)} sites; a codes file holds at most {MAX_ALL_PAIRS} as "
+                        "datasets: select fewer; the compact store rebuilds any other pair on demand")
+    ids = corpus_token_windows(pretrained, split, seq_len, n, seed)
+    names = [pretrained.tokenizer.decode([int(token)]) for token in ids[:, -1]]
+    classes = np.asarray([token_class(name) for name in names], dtype=np.int64)
+    labels = {"last_token_class": classes, "last_token_starts_word": (classes == 0).astype(np.int64)}
+    info = {"version": COMPACT_VERSION, "layers": list(range(pretrained.n_layers)), "n_heads": pretrained.n_heads,
+            "n_kv_heads": pretrained.n_kv_heads, "head_dim": pretrained.head_dim, "seq_len": seq_len}
+    config = pretrained.model.config.to_dict()
+    metadata = {
+        "model_name": pretrained.name,
+        "model_config": {key: value for key, value in config.items() if key != "quantization_config"},
+        "checkpoint_sha256": _sha256(pretrained.path),
+        "task_config": {},
+        "selector": {"spec": selector, "sites": [[s.layer, s.query, s.key] for s in sites]},
+        "score": score,
+        "source": "torch",
+        "seed": seed,
+        "value_names": {"last_token_class": list(TOKEN_CLASSES), "last_token_starts_word": ["no", "yes"]},
+        "split_descriptions": {split: f"windows of {seq_len} tokens of the language corpus's {split} split"},
+        "compact": info if compact else {},
+    }
+    writer = CodeWriter(out, sites, pretrained.n_heads, metadata, append=append, overwrite=overwrite,
+                        compression=compression, wait_for_lock=wait_for_lock)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=n * pretrained.n_layers, desc=f"extract {pretrained.name} T={seq_len}", unit="layer")
+
+    def on_layer(layer: int, call: CompactLayer) -> None:
+        if compact:
+            if call.query.shape[1:] != (info["n_heads"], seq_len, info["head_dim"]) or \
+                    call.key.shape[1] != info["n_kv_heads"]:
+                raise CompactError(f"attention call {layer}: queries {list(call.query.shape)}, keys "
+                                   f"{list(call.key.shape)}; expected {info['n_heads']} query and "
+                                   f"{info['n_kv_heads']} key/value heads of {info['head_dim']} over {seq_len}")
+            writer.write_compact(query_name(layer), call.query, call.mask.attributes())
+            writer.write_compact(key_name(layer), call.key)
+            if layer == 0:
+                writer.write_compact(KEY_VALID, call.key_valid)
+        if bar is not None:
+            bar.update(len(call.query))
+
+    source = CompactAttentionSource(pretrained.model, on_layer)
+    try:
+        with Recorder(pretrained.model, sites, score=score, source=source) as recorder, torch.no_grad():
+            for start in range(0, n, batch_size):
+                batch = torch.from_numpy(ids[start : start + batch_size])
+                pretrained.model(input_ids=batch, use_cache=False)
+                writer.append(codes=recorder.pop(), labels={k: v[start : start + len(batch)] for k, v in labels.items()},
+                              split=split, extra={"token_ids": ids[start : start + len(batch)]})
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    return writer.close()

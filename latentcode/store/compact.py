@@ -1,0 +1,283 @@
+"""The compact store: latent codes a[h, q, k] of every pair of a layer, rebuilt on demand from what
+determines them, instead of `[H, T, T]` per layer and example.
+
+What is kept, per recorded layer (datasets of /compact, declared in `latentcode.store.schema`):
+the queries `[N, H, T, d]` and keys `[N, H_kv, T, d]` exactly as the attention call received them
+(after RoPE), the key/value grouping (query head h reads key head h // (H / H_kv)), the scale, the
+mask as causal / sliding window / padding (`key_valid [N, T]`), and a softcap and per-head sinks
+where a model has them. Size: (H + H_kv) T d instead of H T² floats per layer and example, a
+fraction (H + H_kv) d / (H T) of dense (SmolLM2-135M, H 9, H_kv 3, d 64: 85 / T; 4.2% at
+T = 2,048, 1.0% at T = 8,192).
+
+The arithmetic of a row, as the attention call computes it:
+
+    s[h, q, k] = scale * q[h, q] . k[h // group, k]            (group = H / H_kv)
+    s <- softcap * tanh(s / softcap)                          (softcap > 0)
+    s[h, q, k] = -inf  where k > q (causal), k <= q - window (window > 0), or key k is padding
+    a[h, q, :] = softmax over the keys (and the sink logit of head h, which takes no key)
+
+A row whose keys are all masked gets zeros, as `TorchAttentionSource` records it. `score="scores"`
+files give `s` (masked entries -inf) instead of `a`. numpy and h5py only; float32 throughout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from latentcode.store.schema import COMPACT, CodeFileError, from_json
+
+COMPACT_VERSION = 1
+KEY_VALID = "key_valid"
+
+
+def query_name(layer: int) -> str:
+    return f"query_l{layer}"
+
+
+def key_name(layer: int) -> str:
+    return f"key_l{layer}"
+
+
+@dataclass(frozen=True)
+class LayerMask:
+    """What a layer's attention call does besides q.k: `scale`, `causal`, `window` (0: none),
+    `softcap` (0: none) and `sinks` (one logit per head, or None)."""
+
+    scale: float
+    causal: bool = True
+    window: int = 0
+    softcap: float = 0.0
+    sinks: tuple[float, ...] | None = None
+
+    def attributes(self) -> dict[str, Any]:
+        import json
+
+        return {"scale": json.dumps(float(self.scale)), "causal": int(self.causal), "window": int(self.window),
+                "softcap": json.dumps(float(self.softcap)), "sinks": json.dumps(list(self.sinks or []))}
+
+    @classmethod
+    def from_attributes(cls, attrs: Any, where: str) -> LayerMask:
+        try:
+            sinks = from_json(attrs.get("sinks", "[]"))
+            return cls(scale=float(from_json(attrs["scale"])), causal=bool(int(attrs.get("causal", 1))),
+                       window=int(attrs.get("window", 0)), softcap=float(from_json(attrs.get("softcap", "0"))),
+                       sinks=tuple(float(value) for value in sinks) or None)
+        except (KeyError, TypeError, ValueError) as error:
+            raise CodeFileError(f"{where}: attributes scale/causal/window/softcap/sinks are not readable ({error!r}); "
+                                "expected numbers as written by the compact store") from None
+
+
+def rebuild_rows(query_rows: np.ndarray, keys: np.ndarray, rows: np.ndarray, key_valid: np.ndarray, mask: LayerMask,
+                 score: str = "pattern") -> np.ndarray:
+    """a (or s) of some query rows: float32 `[N, H, len(rows), T]`.
+
+    query_rows: `[N, H, len(rows), d]`, the queries at positions `rows`; keys: `[N, H_kv, T, d]`;
+    key_valid: bool `[N, T]`."""
+    n_heads, n_kv_heads = query_rows.shape[1], keys.shape[1]
+    group = n_heads // n_kv_heads
+    queries = query_rows.astype(np.float32, copy=False).reshape(
+        query_rows.shape[0], n_kv_heads, group, len(rows), query_rows.shape[-1])
+    # [N, H_kv, group, rows, d] @ [N, H_kv, 1, d, T] -> [N, H_kv, group, rows, T]
+    scores = np.matmul(queries, keys.astype(np.float32, copy=False)[:, :, None].swapaxes(-1, -2))
+    scores = scores.reshape(query_rows.shape[0], n_heads, len(rows), keys.shape[2]) * np.float32(mask.scale)
+    if mask.softcap:
+        scores = np.float32(mask.softcap) * np.tanh(scores / np.float32(mask.softcap))
+    positions = np.arange(keys.shape[2])
+    allowed = np.broadcast_to(key_valid[:, None, None, :], scores.shape)
+    rows = np.asarray(rows)
+    if mask.causal:
+        allowed = allowed & (positions[None, :] <= rows[:, None])
+    if mask.window:
+        allowed = allowed & (positions[None, :] > rows[:, None] - mask.window)
+    scores = np.where(allowed, scores, np.float32(-np.inf)).astype(np.float32, copy=False)
+    if score == "scores":
+        return scores
+    return softmax_rows(scores, None if mask.sinks is None else np.asarray(mask.sinks, dtype=np.float32))
+
+
+def softmax_rows(scores: np.ndarray, sinks: np.ndarray | None = None) -> np.ndarray:
+    """softmax over the last axis of `[N, H, Q, T]`, -inf as masked, with an optional sink logit per
+    head `[H]` in each row's denominator; a row with nothing to attend to gives zeros."""
+    top = scores.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        top = np.maximum(top, sinks[None, :, None, None])
+    top = np.where(np.isfinite(top), top, np.float32(0))
+    exponentials = np.exp(scores - top)
+    total = exponentials.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        total = total + np.exp(sinks[None, :, None, None] - top)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        probabilities = np.where(total > 0, exponentials / np.where(total > 0, total, 1), np.float32(0))
+    return probabilities.astype(np.float32, copy=False)
+
+
+class CompactCodes:
+    """Rebuild codes from a file's /compact group (`CodeFile.compact`). Every method takes example
+    indices (`examples`, None: all of the split mask given) and returns float32 arrays."""
+
+    def __init__(self, path: Path, info: dict[str, Any], score: str):
+        self.path, self.info, self.score = Path(path), info, score
+        self.layers: list[int] = [int(layer) for layer in info["layers"]]
+        self.n_heads, self.n_kv_heads = int(info["n_heads"]), int(info["n_kv_heads"])
+        self.seq_len, self.head_dim = int(info["seq_len"]), int(info["head_dim"])
+
+    def _file(self) -> h5py.File:
+        if getattr(self, "_open", None) is None:
+            self._open = h5py.File(self.path, "r")
+        return self._open
+
+    def close(self) -> None:
+        """Close the file kept open between reads (reopened by the next read)."""
+        if getattr(self, "_open", None) is not None:
+            self._open.close()
+            self._open = None
+
+    def _check(self, layer: int, positions: Sequence[int], axis: str) -> np.ndarray:
+        if layer not in self.layers:
+            raise CodeFileError(f"{self.path} has no compact layer {layer}; its compact layers are {self.layers}")
+        positions = np.asarray(positions, dtype=np.int64).reshape(-1)
+        bad = positions[(positions < -self.seq_len) | (positions >= self.seq_len)]
+        if len(bad):
+            raise CodeFileError(f"{axis} position {int(bad[0])} is outside the sequence of {self.seq_len} tokens "
+                                f"of {self.path}; expected 0..{self.seq_len - 1} (or negative from the end)")
+        return positions % self.seq_len
+
+    def rows(self, layer: int, queries: Sequence[int], examples: np.ndarray | None = None,
+             heads: Sequence[int] | None = None) -> np.ndarray:
+        """a[h, q, :] for the query rows `queries`: `[N, H', len(queries), T]` (H' = len(heads))."""
+        queries = self._check(layer, queries, "query")
+        group = self._file()[COMPACT.group]  # kept open for the next read: opening costs more than a row
+        mask = LayerMask.from_attributes(group[query_name(layer)].attrs, f"{self.path}: /compact/{query_name(layer)}")
+        unique, inverse = np.unique(queries, return_inverse=True)
+        # Keys beyond the last row asked are masked out (causal): read only up to it.
+        n_keys = int(unique.max()) + 1 if mask.causal else self.seq_len
+        examples = np.arange(group[KEY_VALID].shape[0]) if examples is None else np.asarray(examples).reshape(-1)
+        query_rows = _read(group[query_name(layer)], examples, heads, unique)
+        keys = _read(group[key_name(layer)], examples, None if heads is None else
+                     sorted({h // (self.n_heads // self.n_kv_heads) for h in heads}), slice(0, n_keys))
+        key_valid = np.stack([group[KEY_VALID][int(example), :n_keys] for example in examples]).astype(bool)
+        if heads is not None:  # the key head of each requested head, among those read
+            group_size = self.n_heads // self.n_kv_heads
+            read_kv = sorted({h // group_size for h in heads})
+            keys = keys[:, [read_kv.index(h // group_size) for h in heads]]
+        sub = LayerMask(mask.scale, mask.causal, mask.window, mask.softcap,
+                        None if mask.sinks is None or heads is None else tuple(mask.sinks[h] for h in heads)) \
+            if heads is not None else mask
+        codes = rebuild_rows(query_rows, keys, unique, key_valid, sub, self.score)
+        if n_keys < self.seq_len:
+            fill = 0.0 if self.score == "pattern" else -np.inf
+            codes = np.concatenate([codes, np.full((*codes.shape[:-1], self.seq_len - n_keys), fill, np.float32)], -1)
+        return codes[:, :, inverse.reshape(-1)]
+
+    def codes(self, layer: int, query: int, key: int, examples: np.ndarray | None = None) -> np.ndarray:
+        """a[:, q, k] of every example: `[N, H]`."""
+        key = int(self._check(layer, [key], "key")[0])
+        return self.rows(layer, [query], examples)[:, :, 0, key]
+
+    def block(self, layer: int, queries: Sequence[int], keys: Sequence[int],
+              examples: np.ndarray | None = None) -> np.ndarray:
+        """`[N, H, len(queries), len(keys)]`."""
+        keys = self._check(layer, keys, "key")
+        return self.rows(layer, queries, examples)[..., keys]
+
+    def column(self, layer: int, key: int, examples: np.ndarray | None = None, rows_per_read: int = 256) -> np.ndarray:
+        """a[:, :, k] of every query: `[N, H, T]`, rebuilt `rows_per_read` rows at a time."""
+        key = int(self._check(layer, [key], "key")[0])
+        parts = [self.rows(layer, range(start, min(start + rows_per_read, self.seq_len)), examples)[..., key]
+                 for start in range(0, self.seq_len, rows_per_read)]
+        return np.concatenate(parts, axis=-1)
+
+    def layer_pattern(self, layer: int, example: int) -> np.ndarray:
+        """Every pair of one layer for one example: `[H, T, T]` (memory H T² floats: one layer's rebuild)."""
+        return self.rows(layer, range(self.seq_len), np.asarray([example]))[0]
+
+    def top_keys(self, layer: int, query: int, k: int, examples: np.ndarray | None = None):
+        """The `k` keys with the largest codes in row `query`, per example and head: `(keys [N, H, k] int64,
+        codes [N, H, k] float32)`, largest first."""
+        row = self.rows(layer, [query], examples)[:, :, 0]
+        keys = np.argsort(-row, axis=-1, kind="stable")[..., :k]
+        return keys, np.take_along_axis(row, keys, axis=-1)
+
+
+def _read(dataset: h5py.Dataset, examples: np.ndarray, heads: Sequence[int] | None, positions) -> np.ndarray:
+    """`dataset[examples][:, heads][:, :, positions]` read example by example, each one h5py
+    selection (a slice where the positions are contiguous): `[len(examples), heads, positions, ...]`."""
+    if not isinstance(positions, slice):
+        positions = np.asarray(positions)
+        if len(positions) and positions[-1] - positions[0] + 1 == len(positions):
+            positions = slice(int(positions[0]), int(positions[-1]) + 1)
+        else:
+            positions = list(positions)  # increasing and unique: h5py's rule for a list
+    blocks = []
+    for example in examples:
+        if heads is None:
+            blocks.append(dataset[int(example), :, positions])
+        else:
+            low, high = min(heads), max(heads) + 1
+            blocks.append(dataset[int(example), low:high, positions][[h - low for h in heads]])
+    return np.stack(blocks)
+
+
+def check_compact(path: Path, file: h5py.File, info: dict[str, Any], n_rows: int) -> None:
+    """Refuse a /compact group whose datasets disagree with the root attribute `compact`, one line."""
+    if not info:
+        if COMPACT.group in file:
+            raise CodeFileError(f"{path} has a /compact group but no root attribute 'compact' describing it")
+        return
+    missing = [key for key in ("version", "layers", "n_heads", "n_kv_heads", "head_dim", "seq_len") if key not in info]
+    if missing:
+        raise CodeFileError(f"{path}: root attribute 'compact' lacks {missing}; expected version, layers, n_heads, "
+                            "n_kv_heads, head_dim and seq_len")
+    if info["version"] != COMPACT_VERSION:
+        raise CodeFileError(f"{path}: compact store version {info['version']!r}; this latentcode reads {COMPACT_VERSION}")
+    if COMPACT.group not in file:
+        raise CodeFileError(f"{path}: root attribute 'compact' describes a compact store but /compact is missing")
+    group = file[COMPACT.group]
+    heads, kv_heads, dim, length = (int(info[key]) for key in ("n_heads", "n_kv_heads", "head_dim", "seq_len"))
+    if kv_heads < 1 or heads % kv_heads:
+        raise CodeFileError(f"{path}: compact n_heads {heads} is not a multiple of n_kv_heads {kv_heads}")
+    expected = {KEY_VALID: (n_rows, length)}
+    for layer in info["layers"]:
+        expected[query_name(layer)] = (n_rows, heads, length, dim)
+        expected[key_name(layer)] = (n_rows, kv_heads, length, dim)
+    for name, shape in expected.items():
+        if name not in group:
+            raise CodeFileError(f"{path}: /compact/{name} is missing; the root attribute 'compact' lists layers "
+                                f"{info['layers']}")
+        if group[name].shape != shape:
+            raise CodeFileError(f"{path}: /compact/{name} has shape {list(group[name].shape)}; the root attribute "
+                                f"'compact' and /split say {list(shape)}")
+    for layer in info["layers"]:
+        mask = LayerMask.from_attributes(group[query_name(layer)].attrs, f"{path}: /compact/{query_name(layer)}")
+        if mask.sinks is not None and len(mask.sinks) != heads:
+            raise CodeFileError(f"{path}: /compact/{query_name(layer)} has {len(mask.sinks)} sinks; expected {heads}")
+
+
+def write_compact_rows(file: h5py.File, name: str, first_row: int, rows: np.ndarray, filters: dict[str, Any],
+                       attributes: dict[str, Any] | None = None) -> None:
+    """Write `rows` `[B, ...]` at rows `[first_row, first_row + B)` of /compact/`name`, creating it
+    (chunks of one example, one head and up to 1,024 positions: a query row or a key head reads few)."""
+    group = file.require_group(COMPACT.group)
+    if name not in group:
+        if first_row:
+            raise CodeFileError(f"/compact/{name} starts at row {first_row}: every batch records the same layers")
+        row_shape = rows.shape[1:]
+        # Queries are read a row at a time, keys a head's prefix at a time.
+        positions = 64 if name.startswith("query") else 1024
+        chunks = (1, 1, min(row_shape[-2], positions), row_shape[-1]) if len(row_shape) == 3 else (1, *row_shape)
+        group.create_dataset(name, shape=(0, *row_shape), maxshape=(None, *row_shape), dtype=rows.dtype,
+                             chunks=chunks, **filters)
+    dataset = group[name]
+    if dataset.shape[0] != first_row or dataset.shape[1:] != rows.shape[1:]:
+        raise CodeFileError(f"/compact/{name} holds {list(dataset.shape)}; rows of shape {list(rows.shape[1:])} "
+                            f"were offered at row {first_row}")
+    dataset.resize(first_row + len(rows), axis=0)
+    dataset[first_row:] = rows
+    for key, value in (attributes or {}).items():
+        dataset.attrs[key] = value

