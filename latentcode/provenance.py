@@ -85,9 +85,14 @@ def sha256_of_weights(run: RunRecord) -> str | None:
 
 
 def task_differences(run_task: Mapping[str, Any], codes_task: Mapping[str, Any]) -> list[str]:
-    """The task parameters a run sets that a codes file's task config sets otherwise."""
+    """The task parameters a run sets that a codes file's task config sets otherwise (except the
+    task's `reading_parameters`, such as language's window length, which read the same task)."""
+    from latentcode.tasks import task_class, task_names
+
+    name = run_task.get("name")
+    reading = task_class(name).reading_parameters if name in task_names() else ()
     return [f"{key}={codes_task.get(key)!r} in the codes, {value!r} in the run"
-            for key, value in sorted(run_task.items()) if codes_task.get(key) != value]
+            for key, value in sorted(run_task.items()) if codes_task.get(key) != value and key not in reading]
 
 
 def check_codes_from_runs(runs: Sequence[RunRecord], code_files: Sequence[CodeFile]) -> dict[Path, RunRecord]:

@@ -38,7 +38,7 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 def test_the_parsers_commands_are_the_modules_that_declare_one():
     parser = build_parser()
     assert set(subcommands(parser)) == modules_declaring_a_command() == set(parser.commands)
-    assert {"tasks", "train", "sweep", "extract", "intervene", "patch", "probe", "plot", "heatmap", "samples", "report",
+    assert {"tasks", "train", "sweep", "extract", "intervene", "patch", "probe", "plot", "heatmap", "samples", "view", "report",
             "demo"} <= set(parser.commands)
 
 

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from latentcode.analysis.report import build_report
@@ -57,6 +58,37 @@ def test_language_demo_reads_the_validation_bytes(tmp_path, capsys):
     code_file = latentcode.CodeFile(tmp_path / "demo" / "runs" / "hyla" / "codes" / "hyla.h5")
     assert set(code_file.splits) == {"train", "validation"}
     assert "(train -> validation)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("attention", ["softmax", "linear", "hyla"])
+def test_language_codes_of_short_windows_are_those_of_the_first_positions_of_long_ones(attention):
+    """The language demo reads its 512-byte models on 128-byte windows (DEMO_MAX_SEQ_LEN): the codes
+    of a 128-byte window's last query must be the model's codes at query 127 of a 512-byte window that
+    starts with the same bytes (causal attention, positions counted from the window's start)."""
+    import torch
+
+    from latentcode.demo import DEMO_MAX_SEQ_LEN
+    from latentcode.extraction import Recorder
+    from latentcode.extraction.sites import block
+    from latentcode.models import load_model
+    from latentcode.tasks import get_task
+
+    run = shipped_run("language", attention)
+    model = load_model(run / "model").eval()
+    short = DEMO_MAX_SEQ_LEN["language"]
+    long_windows = get_task("language", seq_len=model.config.n_ctx).sample(3, "validation", seed=1).x
+    assert long_windows.shape[1] > short
+    sites = block(None, short - 1, range(short))
+    codes = []
+    for windows in (long_windows, long_windows[:, :short]):
+        with Recorder(model, sites) as recorder, torch.no_grad():
+            model(torch.from_numpy(windows))
+        codes.append(recorder.pop())
+    assert codes[0].keys() == codes[1].keys() and len(codes[0]) == model.config.n_layers * short
+    for site, long_codes in codes[0].items():
+        torch.testing.assert_close(codes[1][site], long_codes, rtol=1e-4, atol=1e-5)
+    first, last = sites.resolve(model.config.n_layers, short)[0], sites.resolve(model.config.n_layers, short)[-1]
+    assert not np.allclose(codes[0][first], codes[0][last])  # not trivially equal: keys' codes differ
 
 
 def test_demo_never_overwrites_an_existing_directory(tmp_path):

@@ -70,3 +70,16 @@ def test_codes_are_matched_to_the_run_they_came_from(runs_and_codes):
     assert check_one_task([fuzzy], runs[:1]) == "fuzzy_logic"
     assert check_codes_from_runs(runs, [fuzzy, sraven]) == {fuzzy.path: runs[0], sraven.path: runs[1]}
     assert check_codes_from_runs([], [fuzzy]) == {}  # codes alone: nothing to match
+
+
+def test_a_task_reading_parameter_may_differ_between_run_and_codes_and_nothing_else():
+    """Language's window length only chooses how its text is read (Task.reading_parameters): codes of
+    128-byte windows belong to a run trained on 512 (the language demo reads them so); another seed,
+    or another SRAVEN size, is another task."""
+    from latentcode.provenance import task_differences
+
+    run = {"name": "language", "seq_len": 512, "seed": 0}
+    assert task_differences(run, {**run, "seq_len": 128}) == []
+    assert task_differences(run, {**run, "seed": 1}) == ["seed=1 in the codes, 0 in the run"]
+    sraven = {"name": "sraven", "n_features": 4, "n_values": 8, "frac_ood": 0.25, "seed": 0}
+    assert task_differences(sraven, {**sraven, "n_features": 2}) == ["n_features=2 in the codes, 4 in the run"]

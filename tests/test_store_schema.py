@@ -25,7 +25,7 @@ METADATA = {
     "task_config": {"name": "sraven"}, "selector": {"name": "explicit"}, "source": "latentcode", "seed": 7,
     "task_analysis": {"probe_label": "rule"}, "prediction_kind": "logits",
     "attention_layers": [{"name": "blocks.0.attn", "kind": "self", "queries": 36, "keys": 36}],
-    "split_descriptions": {"train": "seen", "ood": "held out"},
+    "split_descriptions": {"train": "seen", "ood": "held out"}, "position_names": [f"p{i}" for i in range(36)],
     "value_names": {"rule": [f"rule {i}" for i in range(8)]}, "column_names": {"terms": ["a", "b", "c"]},
 }
 

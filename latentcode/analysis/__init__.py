@@ -43,6 +43,9 @@ _WHERE = {
     "Similarity": "latentcode.analysis.similarity",
     "mean_code_similarity": "latentcode.analysis.similarity",
     "similarity_of_means": "latentcode.analysis.similarity",
+    "Viewer": "latentcode.analysis.viewer",
+    "build_viewer": "latentcode.analysis.viewer",
+    "write_viewer": "latentcode.analysis.viewer",
 }
 __all__ = sorted(_WHERE)
 __getattr__, __dir__ = lazy_exports(__name__, _WHERE)

@@ -44,9 +44,16 @@ from latentcode.analysis.plots import (
     plot_probe_scores,
     plot_similarity,
 )
-from latentcode.analysis.probes import decode, headline_lines, summary_rows, write_table
+from latentcode.analysis.probes import (
+    decode,
+    headline_lines,
+    headline_rows,
+    summary_rows,
+    write_table,
+)
 from latentcode.errors import LatentcodeError
 from latentcode.files import AtomicOutputs, ExclusiveLock, check_replaceable, write_error
+from latentcode.progress import Progress
 from latentcode.provenance import check_codes_from_runs, check_one_task, codes_of_runs
 from latentcode.rundir import RunRecord
 from latentcode.safe_reads import read_png
@@ -260,7 +267,7 @@ def _write_report(
             + "<h3>Final metrics per split</h3>" + _table(_metrics_frame(runs))
         )
 
-    probe_table = None
+    probe_table = probe_plot = None
     if code_files:
         task_names = {code_file.task_config.get("name") for code_file in code_files}
         probe_labels = {code_file.task_analysis.get("probe_label") for code_file in code_files}
@@ -271,7 +278,9 @@ def _write_report(
         skipped = [f for f in code_files if f not in usable]
         probe_html = ""
         if usable:
-            probe_table = decode(usable, probe_label, fit_split=fit_split, test_split=test_split, progress=progress)
+            steps.start(f"probes ({probe_label})")
+            probe_table = decode(usable, probe_label, fit_split=fit_split, test_split=test_split,
+                                 progress=steps.bars)
             steps.advance(f"probes ({probe_label})", len(usable))
             write_table(probe_table, files_dir / "probes")
             probe_plot = plot_probe_scores(probe_table, files_dir / "probe_scores")[0]
@@ -289,7 +298,7 @@ def _write_report(
                 f"{html.escape(fit_split)} prevalence, <i>all_present</i> predicts every column of a multi-hot label present, "
                 "<i>shuffled_labels</i> is a probe fitted the same way on shuffled labels.</p>"
                 + "".join(f"<p><b>{html.escape(line)}</b></p>" for line in headline_lines(probe_table))
-                + _image(probe_plot, "probe scores")
+                + "<p class=note>The scores of every layer are the figure under <i>Headline</i>.</p>"
                 + _table(summary[["model", "layer", "label", "metric", "value", "validation", "selected",
                                   "strongest_baseline", "strongest_baseline_value", "beats_baselines",
                                   "n_fit", "n_test"]])
@@ -319,7 +328,8 @@ def _write_report(
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
         f"<p class=note>{html.escape(context)}</p>"
-        f"<h2>In brief</h2><p>{html.escape(summary)}</p>"
+        + _headline(probe_table, probe_plot)
+        + f"<h2>In brief</h2><p>{html.escape(summary)}</p>"
         + about_html(runs, code_files, fit_split, test_split, picture_split, notes)
         + "".join(sections)
         + f"<p class=note>Written {created} by latentcode. Inputs:</p><ul class=note>{inputs}</ul></body></html>"
@@ -362,6 +372,25 @@ def _interventions(patches: Sequence[PatchOutput], files_dir: Path, figures: lis
                if {"pearson", "spearman"} <= set(attribution) else "")
             + f'<p class="note">Full table: {html.escape(str(stem.with_name(stem.name + ".csv")))}</p>')
     return "".join(parts)
+
+
+def _headline(probe_table: pd.DataFrame | None, probe_plot: Path | None) -> str:
+    """The page's opening: one row per model (its selected layer's headline score on the test split
+    beside the strongest baseline and the gap) and the probe-score figure; the detail follows."""
+    if probe_table is None or not len(headline_rows(probe_table)):
+        return ""
+    rows = headline_rows(probe_table)
+    frame = pd.DataFrame({
+        "model": rows["model"], "fit → test split": rows["fit_split"] + " → " + rows["test_split"],
+        "label": rows["label"], "layer (chosen on fit split)": rows["layer"].astype(int), "metric": rows["metric"],
+        "score": rows["value"], "strongest baseline": rows["strongest_baseline"],
+        "baseline score": rows["strongest_baseline_value"],
+        "gap": rows["value"] - rows["strongest_baseline_value"],
+        "beats baselines": rows["beats_baselines"].map({True: "yes", False: "no"}).fillna("n/a"),
+    })
+    return ("<h2>Headline</h2>" + _table(frame) + (_image(probe_plot, "probe scores") if probe_plot else "")
+            + _caption("Each model's probe at the layer chosen on the fit split, scored on the test split beside "
+                       "the strongest trivial baseline; the figure has every layer. Details below."))
 
 
 def _caption(text: str) -> str:
@@ -439,25 +468,20 @@ def _pictures(
 
 
 class _Steps:
-    """A progress bar over the report's long steps (tqdm), or nothing."""
+    """How far the report is over its long steps: a bar on a terminal, a line as each step starts
+    and ends in a log (latentcode.progress), or nothing."""
 
     def __init__(self, enabled: bool, total: int):
-        self.bar = None
-        if enabled and total:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total, desc="report", unit="step")
+        self.progress = Progress(total, "report", unit="step", enabled=enabled and total > 0, interval=0.0)
+        self.progress.start()
+        self.bars = self.progress.enabled and self.progress.interactive  # for the probes' own bar
 
     def start(self, what: str) -> None:
         """Say what is running now (the bar advances only when it is done)."""
-        if self.bar is not None:
-            self.bar.set_postfix_str(f"{what} ...")
+        self.progress.begin(what)
 
     def advance(self, what: str, n: int = 1) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix_str(what)
-            self.bar.update(n)
+        self.progress.advance(n, note=what)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        self.progress.close()

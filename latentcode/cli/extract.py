@@ -11,7 +11,6 @@ from latentcode.cli.arguments import (
     POSITIVE_INTEGER,
     add_instance_arguments,
     parse_assignments,
-    progress_bars,
 )
 from latentcode.cli.checks import (
     check_fits_in_memory,
@@ -60,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "(the default for a pretrained model's compact store: queries and keys barely compress)")
     parser.add_argument("--wait-for-lock", type=NON_NEGATIVE_NUMBER, default=0.0, metavar="SECONDS",
                         help="wait this long while another process writes --out (default: refuse at once)")
-    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--quiet", action="store_true", help="no progress (default: the work, then a bar on a "
+                        "terminal, a line every few seconds in a log)")
     return parser
 
 
@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> None:
     task = parse_assignments(args.task, "--task") or None
     path = extract(args.run, task, args.sites, args.split, args.n, args.out, variant=args.variant, score=args.score,
                    batch_size=args.batch_size, seed=args.seed, append=args.append, overwrite=args.overwrite,
-                   progress=progress_bars(args), compression=args.compression, wait_for_lock=args.wait_for_lock)
+                   progress=not args.quiet, compression=args.compression, wait_for_lock=args.wait_for_lock)
     if os.environ.get("RANK", "0") != "0":  # a sharded extraction (torchrun, accelerate launch): rank 0 says it
         return
     codes = CodeFile(path)

@@ -14,7 +14,6 @@ from latentcode.cli.arguments import (
     finite_number,
     formats,
     parse_assignments,
-    progress_bars,
 )
 from latentcode.cli.checks import (
     check_fits_in_memory,
@@ -64,7 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--no-per-site", action="store_true", help="only all sites together, not each site alone")
     parser.add_argument("--format", action="append", choices=FIGURE_FORMATS, help="plot formats (default png)")
     parser.add_argument("--overwrite", action="store_true", help="replace the table and plot if --out has them")
-    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--quiet", action="store_true", help="no progress (default: the work, then a bar on a "
+                        "terminal, a line every few seconds in a log)")
     return parser
 
 
@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> None:
     task = parse_assignments(args.task, "--task") or None
     table = intervention_effects(args.run, edit, task=task, sites=args.sites, split=args.split, n=args.n,
                                  variant=args.variant, batch_size=args.batch_size, seed=args.seed,
-                                 per_site=not args.no_per_site, progress=progress_bars(args))
+                                 per_site=not args.no_per_site, progress=not args.quiet)
     import pandas
 
     columns = ["scope", "metric", "before", "after", "change"]

@@ -77,8 +77,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="override any task, model or training field, e.g. --set frac_test=0.7 --set seq_len=16")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model for training")
     parser.add_argument("--threads", type=POSITIVE_INTEGER,
-                        help="CPU threads of this process (default torch's, one per core; give each of several jobs "
-                        "side by side its own, e.g. --threads 1 for two jobs on 2 cores)")
+                        help="CPU threads of this process (default: one per core, or the cores left free when other "
+                        "processes keep some busy; give each of several jobs side by side its own, e.g. --threads 1 for "
+                        "two jobs on 2 cores)")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
     return parser
 

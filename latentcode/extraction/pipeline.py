@@ -41,6 +41,7 @@ from torch import nn
 from latentcode.errors import LatentcodeError, UsageError
 from latentcode.extraction.recorder import Recorder
 from latentcode.extraction.sites import MAX_ALL_PAIRS, Selector, SiteError, parse_selector
+from latentcode.progress import Progress
 from latentcode.provenance import sha256_of_file, sha256_of_state
 from latentcode.rundir import RunDirectory, RunRecord
 from latentcode.store import (
@@ -252,6 +253,7 @@ def extract(
         "column_names": task.column_names(),
         "prediction_kind": task.prediction_kind(),
         "split_descriptions": getattr(task, "split_descriptions", {}),
+        "position_names": task.position_names(),
         "seed": seed,
     }
     model.eval()
@@ -259,12 +261,14 @@ def extract(
     def record(path: Path | str, batches: range, append: bool, progress: bool) -> None:
         with CodeWriter(path, sites, n_heads, metadata, append=append, overwrite=overwrite, compression=compression,
                         wait_for_lock=wait_for_lock) as writer:
-            if progress:  # only once the writer has accepted `path`, so a refusal prints no bar
-                from tqdm.auto import tqdm
-
-                batches = tqdm(batches, desc=f"extract {split}", unit="batch")
+            # Only once the writer has accepted `path`, so that a refusal prints nothing.
+            tracker = Progress(len(batches), f"extract {split}", unit="batch", enabled=progress)
+            instances = min(n, batches.stop * batch_size) - batches.start * batch_size
+            tracker.announce(f"{instances} instances ({variant}) in {len(batches)} batches of up to {batch_size} "
+                             f"sequences of {task.seq_len}, {len(sites)} sites x {n_heads} heads of float32 codes "
+                             f"({_size(4 * instances * len(sites) * n_heads)}) -> {path}")
             with recorder, torch.no_grad():
-                for index in batches:
+                for index in tracker.track(batches):
                     start = index * batch_size
                     size = min(batch_size, n - start)
                     batch = task.sample(size, split, seed=(seed, index), variant=variant)
@@ -316,6 +320,11 @@ def pretrained_seq_len(task: Task | Mapping[str, Any] | None, default: int = 512
         raise UsageError(f"a pretrained model reads windows of the language corpus: the task may give only seq_len "
                          f"(e.g. {{'seq_len': 2048}}, --task seq_len=2048), got {task!r}")
     return int(task.get("seq_len", default))
+
+
+def _size(n_bytes: int) -> str:
+    return f"{n_bytes / 1e3:.0f} kB" if n_bytes < 1e6 else f"{n_bytes / 1e6:.1f} MB" if n_bytes < 1e9 else \
+        f"{n_bytes / 1e9:.2f} GB"
 
 
 def record_batch(

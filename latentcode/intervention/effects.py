@@ -28,6 +28,7 @@ from latentcode.errors import UsageError
 from latentcode.files import AtomicOutputs
 from latentcode.intervention.edits import Edit
 from latentcode.intervention.intervener import Intervention
+from latentcode.progress import Progress
 from latentcode.validation import check_integer, check_variant
 
 ALL_SITES = "all sites"
@@ -79,7 +80,7 @@ def intervention_effects(
         variant=variant,
     )
 
-    def metrics(scope_sites: list | None) -> dict[str, float]:
+    def metrics(scope_sites: list | None, scope: str) -> dict[str, float]:
         predictions = []
         for batch in batches:
             labels = {**batch.labels, **task.derived_labels(batch, resolved)}
@@ -91,20 +92,26 @@ def intervention_effects(
                     with Intervention(model, scoped, sites=scope_sites):
                         output = model(torch.from_numpy(batch.x))
             predictions.append(output[:, -task.n_predictions :, :].float().numpy())
+            tracker.advance(note=scope)
         return task.evaluate(np.concatenate(predictions), everything)
 
     scopes = [(ALL_SITES, resolved)]
     if per_site and len(resolved) > 1:
         scopes += [(site.name, [site]) for site in resolved]
-    if progress:
-        from tqdm.auto import tqdm
-
-        scopes = tqdm(scopes, desc="intervene", unit="scope")
-    before = metrics(None)
-    rows = []
     description = "; ".join(edit.describe() for edit in edits)
-    for scope, scope_sites in scopes:
-        after = metrics(scope_sites)
+    tracker = Progress((1 + len(scopes)) * len(batches), "intervene", unit="batch", enabled=progress)
+    tracker.announce(f"{description} on {n} {split} instances ({variant}) in {len(batches)} batches of up to "
+                     f"{batch_size}: {1 + len(scopes)} passes over them (without the edit, all {len(resolved)} sites"
+                     + (", each site alone" if len(scopes) > 1 else "") + f"), {(1 + len(scopes)) * len(batches)} "
+                     "forward passes")
+    tracker.start()
+    try:
+        before = metrics(None, "without the edit")
+        afters = [(scope, metrics(scope_sites, scope)) for scope, scope_sites in scopes]
+    finally:
+        tracker.close()
+    rows = []
+    for scope, after in afters:
         for metric, value in before.items():
             rows.append({
                 "model": info["model_name"], "task": task.name, "split": split, "variant": variant, "n": n,

@@ -63,6 +63,7 @@ class CodeFile:
         self.prediction_kind = values["prediction_kind"]
         self.attention_layers = values["attention_layers"]
         self.split_descriptions = values["split_descriptions"]
+        self.position_names = values["position_names"]
         # The compact store (latentcode.store.compact): codes of any pair of its layers, rebuilt on demand.
         self.compact = CompactCodes(self.path, values["compact"], values["score"] or "pattern") \
             if values["compact"] else None

@@ -196,6 +196,8 @@ ROOT_ATTRIBUTES: tuple[Attribute, ...] = (
               "cross-attention layer's queries index the decoder, its keys the encoder); [] if unknown"),
     Attribute("split_descriptions", JSON_OBJECT, False, "split name -> what it holds, in words "
               "(Task.split_descriptions); {} if unknown"),
+    Attribute("position_names", JSON_STRINGS, False, "the task's name of each input position, as the viewer labels "
+              'keys (Task.position_names), e.g. "panel (3,1) slot 2"; [] if the task names none'),
     Attribute("compact", JSON_OBJECT, False, "only in a file with a compact store (/compact): "
               '{"version", "layers", "n_heads", "n_kv_heads", "head_dim", "seq_len"}, what rebuilds a[h, q, k] of '
               "every pair of those layers from the queries and keys (latentcode.store.compact); {} if none"),

@@ -88,9 +88,8 @@ class CodeWriter:
     `metadata` fills the root attributes that describe where the codes came from (see
     `latentcode.store.schema`: `model_name`, `model_config`, `checkpoint_sha256`, `task_config`,
     `selector`, `score`, `source`, `seed`, `task_analysis`, `prediction_kind`, `attention_layers`,
-    `split_descriptions`) and, as `value_names` / `column_names` (label name -> names), the
-    attributes of /labels/<name>. With
-    `append=True` an existing file is extended if its schema is compatible (same sites, heads,
+    `split_descriptions`, `position_names`) and, as `value_names` / `column_names` (label name ->
+    names), the attributes of /labels/<name>. With `append=True` an existing file is extended if its schema is compatible (same sites, heads,
     score, labels, model, checkpoint and task), otherwise refused with the reasons; with
     `append=False` an existing file is refused (nothing already written is overwritten) unless
     `overwrite=True`. `compression`: "gzip" (default), "lzf" or "none" (None) for a new file.
@@ -209,6 +208,7 @@ class CodeWriter:
             "prediction_kind": self.metadata.get("prediction_kind", ""),
             "attention_layers": list(self.metadata.get("attention_layers") or []),
             "split_descriptions": self.metadata.get("split_descriptions", {}),
+            "position_names": list(self.metadata.get("position_names") or []),
             "compact": self.metadata.get("compact", {}),
             "file_id": os.urandom(16).hex(),
         }

@@ -199,6 +199,9 @@ class Task(abc.ABC):
     objective: ClassVar[str]  # "regression" or "classification"
     analysis: ClassVar[AnalysisDefaults]
     training_setup: ClassVar[TrainingSetup | None] = None  # None: no `latentcode train` preset
+    # Parameters that only choose how instances of the same task are read (language's window length):
+    # codes read with another value still come from a run trained with one (latentcode.provenance).
+    reading_parameters: ClassVar[tuple[str, ...]] = ()
 
     seq_len: int  # tokens per instance
     d_in: int | None  # width of one input token (None for a task of integer tokens)
@@ -294,6 +297,11 @@ class Task(abc.ABC):
     def column_names(self) -> dict[str, list[str]]:
         """Names of the columns of multi-column labels (e.g. a multi-hot label): label -> names."""
         return {}
+
+    def position_names(self) -> list[str]:
+        """The name of each input position as the task thinks of it (the viewer's key names), one
+        per position of a sequence; [] where positions are only numbers (e.g. bytes of a text)."""
+        return []
 
     def prediction_kind(self) -> str:
         """What the model's raw output at a prediction position is, as stored in a codes file."""

@@ -174,6 +174,10 @@ class FuzzyLogic(Task):
         self._fixed_context.flags.writeable = False
         self._fixed_query.flags.writeable = False
 
+    def position_names(self) -> list[str]:
+        """``example i`` for the N-1 context pairs (x, f(x)), then ``query`` (x, target hidden)."""
+        return [f"example {index}" for index in range(self.seq_len - 1)] + ["query"]
+
     def position_partitions(self) -> dict[str, dict[str, tuple[int, ...]]]:
         """Ways to cut the positions into parts (site groups are a query part x a key part): each
         ``example`` (a token is one example, its variables and value in one vector), ``block`` parts of

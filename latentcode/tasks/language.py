@@ -121,6 +121,9 @@ class Language(Task):
                                 picture_label="query_class", headline_metric="bits_per_byte",
                                 selection_split="validation", lower_is_better=True,
                                 held_out_split="validation")
+    # A causal model reads position p of a window from bytes 0..p alone: codes of shorter windows are
+    # those of the first positions of longer ones, and belong to a model trained on either.
+    reading_parameters = ("seq_len",)
     split_descriptions = {"train": "the first 90% of the corpus bytes",
                           "validation": "the last 10% of the corpus bytes, never trained on"}
     d_vocab = VOCABULARY

@@ -300,6 +300,13 @@ class SRaven(Task):
             return {}
         return {"rule": batch.labels["query_rule"][:, next(iter(queries)) - first_query_token]}
 
+    def position_names(self) -> list[str]:
+        """``panel (row,column) slot j`` for the 8 context panels row by row, then ``query slot j``
+        (slot j holds feature j in the unpermuted variant, feature p_c[j] in the permuted one)."""
+        names = [f"panel ({panel // GRID_SIZE + 1},{panel % GRID_SIZE + 1}) slot {slot}"
+                 for panel in range(GRID_SIZE**2 - 1) for slot in range(self.n_features)]
+        return names + [f"query slot {slot}" for slot in range(self.n_features)]
+
     def value_names(self) -> dict[str, list[str]]:
         # a task (`task_index`) is its multiset of rules
         multisets = [", ".join(RULES[rule] for rule in rules) for rules in self.all_combinations]

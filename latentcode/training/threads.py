@@ -1,4 +1,4 @@
-"""How many CPU threads a training process uses, and when to say it should use fewer.
+"""How many CPU threads a training process uses, and how many fewer when other processes keep cores busy.
 
 PyTorch's CPU kernels run one OpenMP thread per core by default. Two such processes on the same
 cores fight over them: an OpenMP thread that waits for its team spins instead of sleeping, so
@@ -7,9 +7,11 @@ side by side. Hence:
 
 - `threads_per_job(jobs, cores)`: the threads that share `cores` between `jobs` processes
   (`latentcode sweep --jobs N` gives each of its processes that many, unless OMP_NUM_THREADS is set);
-- `contention_note(...)`: the one line `latentcode train` prints when other processes already keep
-  cores busy and this one would still start a thread per core (it does not change the count on its
-  own: a run's thread count is the user's choice, and `--threads N` makes it);
+- `threads_that_fit(threads, busy_cores)`: the rule `latentcode train` follows when the user chose no
+  thread count (no `--threads`, no OMP_NUM_THREADS) and other processes already keep cores busy: the
+  cores left free, rounded, at least 1 (`round(cores - busy_cores)`), instead of torch's one per
+  core, which would spin against the other processes (issue 37 measured on 2 cores beside other jobs: 283
+  instances/s with torch's 2 threads, 1,500 with one); it says so in one line;
 - `busy_cores_elsewhere()`: how many cores other processes keep busy, measured over a short interval;
 - `choose_threads(threads)`: what `latentcode train --threads` does with these.
 """
@@ -48,24 +50,31 @@ def busy_cores_elsewhere(interval: float = 0.3) -> float:
     return psutil.cpu_percent(interval=interval) / 100 * (os.cpu_count() or 1)
 
 
-def contention_note(threads: int, busy_cores: float, cores: int | None = None) -> str | None:
-    """One line when `threads` threads of ours plus `busy_cores` cores used by others would need
-    more than `cores` cores (half a core of slack for background noise); None when they fit."""
+def threads_that_fit(threads: int, busy_cores: float, cores: int | None = None) -> int | None:
+    """The threads to use instead of `threads` when they and the `busy_cores` other processes use
+    would need more than `cores` (half a core of slack for background noise): the cores left free,
+    rounded, at least 1; None when `threads` fit."""
     cores = cores if cores is not None else (os.cpu_count() or 1)
     if threads <= 1 or threads + busy_cores <= cores + 0.5:
         return None
-    suggested = max(1, round(cores - busy_cores))
-    return (f"note: other processes keep about {busy_cores:.1f} of this machine's {cores} cores busy, and this run "
-            f"starts {threads} threads; threads that share cores spin against each other and can make every job "
-            f"several times slower. Give each job its own cores: --threads {suggested} (or OMP_NUM_THREADS={suggested}) "
-            f"for this run, one thread per job when several run side by side")
+    return max(1, min(threads - 1, round(cores - busy_cores)))
+
+
+def contention_note(threads: int, chosen: int, busy_cores: float, cores: int | None = None) -> str:
+    """The line `latentcode train` prints when it runs `chosen` threads instead of `threads`."""
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    return (f"note: other processes keep about {busy_cores:.1f} of this machine's {cores} cores busy, so this run "
+            f"uses {chosen} thread{'s' if chosen > 1 else ''} instead of {threads} (threads that share cores spin "
+            f"against each other and make every job several times slower); --threads N (or OMP_NUM_THREADS=N) "
+            "chooses the count")
 
 
 def choose_threads(threads: int | None) -> Callable[[int, float], None] | None:
     """`threads` (--threads) sets this process's CPU threads. Without it (and without OMP_NUM_THREADS),
-    measure how busy the cores are before training starts, and return an `on_step` that says so in
-    one line at the first step where other processes already keep them busy: at the first step, so
-    that a run refused before it starts (a held lock, a finished run) prints only its error."""
+    measure how busy the cores are before training starts and, where other processes already keep
+    them busy, use `threads_that_fit` threads; return an `on_step` that says so in one line at the
+    first step: at the first step, so that a run refused before it starts (a held lock, a finished
+    run) prints only its error."""
     import torch
 
     if threads is not None:
@@ -73,10 +82,12 @@ def choose_threads(threads: int | None) -> Callable[[int, float], None] | None:
         return None
     if "OMP_NUM_THREADS" in os.environ or int(os.environ.get("RANK", "0")) != 0:
         return None
-    note = contention_note(torch.get_num_threads(), busy_cores_elsewhere())
-    if note is None:
+    default, busy_cores = torch.get_num_threads(), busy_cores_elsewhere()
+    chosen = threads_that_fit(default, busy_cores)
+    if chosen is None:
         return None
-
+    torch.set_num_threads(chosen)
+    note = contention_note(default, chosen, busy_cores)
     said = False
 
     def say_once(step: int, loss: float) -> None:

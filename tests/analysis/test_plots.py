@@ -244,33 +244,29 @@ def test_probe_plot_has_a_chance_line_a_legend_of_what_is_drawn_and_a_short_titl
     assert "sites" not in text[: title.start()], "the sites are a caption under the axes, not in the title"
 
 
-def test_similarity_panels_share_one_order_and_fade_where_the_label_explains_little(tmp_path):
+def test_similarity_panels_share_one_order_and_are_marked_weak_where_the_label_explains_little(tmp_path):
     """Each panel was clustered in its own order, and a label that explained 0.2% of the variance
-    was drawn centred at full saturation (issue 24)."""
-    from latentcode.analysis.plots.heatmap import (
-        FULL_COLOUR_SHARE,
-        _colour_strength,
-        _in_order,
-        _should_centre,
-    )
+    was drawn centred at full saturation (issue 24); then faded, off its colour bar (issue 32)."""
+    from latentcode.analysis.plots.heatmap import _in_order, _is_weak, _should_centre
 
     panel = Similarity(np.array([[1, 0.2, 0.5], [0.2, 1, 0.1], [0.5, 0.1, 1]]), np.array([7, 3, 5]),
                        np.array([2, 0, 1]), np.array([10, 20, 30]), np.eye(3), explained_variance=0.002)
     reordered = _in_order(panel, np.array([3, 5, 7]))
     assert reordered.values.tolist() == [3, 5, 7] and reordered.counts.tolist() == [20, 30, 10]
     assert reordered.matrix[0, 1] == 0.1 and reordered.matrix[1, 2] == 0.5, "the same pairs, moved"
-    assert _colour_strength(panel) == pytest.approx(0.002 / FULL_COLOUR_SHARE) and _colour_strength(
-        Similarity(panel.matrix, panel.values, panel.order, panel.counts, panel.mean_codes, explained_variance=0.4)) == 1
+    assert _is_weak(panel) and not _is_weak(
+        Similarity(panel.matrix, panel.values, panel.order, panel.counts, panel.mean_codes, explained_variance=0.4))
     near_one = Similarity(np.array([[1, 0.99], [0.99, 1]]), np.arange(2), np.arange(2), np.ones(2), np.eye(2),
                           explained_variance=0.002)
     centre, reason = _should_centre([near_one])
     assert not centre and "not centred" in reason, "centring would magnify 0.2% of the variance"
-    # Noise codes: rule explains about nothing; the heatmap is not centred and says it is faded.
+    # Noise codes: rule explains about nothing; the heatmap is not centred and says its panels are weak.
     noise = write_codes(tmp_path / "noise.h5", n_per_split={"train": 400}, planted=(), strength=0.0)
     with matplotlib.rc_context({"svg.fonttype": "none"}):
         (svg,) = plot_similarity(noise, "rule", tmp_path / "noise", formats=("svg",))
     text = _svg_text(svg)
-    assert "colours faded in proportion to the share of code variance rule explains" in text
+    assert "weak (dashed frame): rule explains under 10% of the code variance" in text
+    assert "weak: layer" in text
     assert "in every panel" in text, "one order named for all panels"
 
 

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from latentcode.analysis.narrative import context_line, findings_paragraph
+from latentcode.analysis.probes import headline_rows
 from latentcode.analysis.report import build_report
 from latentcode.rundir import RunRecord
 from latentcode.store import CodeFile
@@ -41,7 +42,13 @@ def test_report_of_codes_files_explains_itself(two_models, tmp_path):
                           notes=["These models came from somewhere else."])
     page = report.path.read_text()
     text = _text(page)
-    assert text.index("In brief") < text.index("What was analysed") < text.index("Decoding the sub-task")
+    assert text.index("Headline") < text.index("In brief") < text.index("What was analysed") < text.index(
+        "Decoding the sub-task")
+    # The headline: one row per model, its score beside the strongest baseline and the gap, from the table.
+    headline = page.split("<h2>Headline</h2>", 1)[1].split("<h2>", 1)[0]
+    assert "strongest baseline" in headline and "gap" in headline and "probe scores" in headline
+    for _, row in headline_rows(report.probe_table).iterrows():
+        assert f"<td>{row['value'] - row['strongest_baseline_value']:.3f}</td>" in headline
     assert report.summary in text and "sraven-rule sites (query 10 → key 5, every layer)" in report.context
     assert "unpermuted variant" in report.context
     for split, description in SRaven.split_descriptions.items():

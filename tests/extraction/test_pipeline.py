@@ -97,3 +97,18 @@ def test_extract_cli(sraven_run, tmp_path, capsys):
     captured = capsys.readouterr()
     assert "unknown split 'odd' for task 'sraven'; valid splits: ['train', 'test', 'ood']" in captured.err
     assert "extract odd" not in captured.err and not (tmp_path / "e.h5").exists()
+
+
+def test_extract_cli_says_the_work_then_a_line_per_step_in_a_log_and_nothing_when_quiet(sraven_run, tmp_path, capsys):
+    """stderr under pytest is no terminal, as in a log: the work is announced, then plain lines (no bar's
+    carriage returns) up to the last batch; --quiet prints no progress at all."""
+    from latentcode.cli import main
+
+    assert main(["extract", str(sraven_run.path), "--split", "ood", "--n", "40", "--batch-size", "16",
+                 "--sites", "sraven-rule", "--out", str(tmp_path / "c.h5")]) == 0
+    err = capsys.readouterr().err
+    assert "extract ood: 40 instances (unpermuted) in 3 batches of up to 16 sequences of 36, 4 sites x 4 heads" in err
+    assert "extract ood: 1/3 batches" in err and "extract ood: 3/3 batches" in err and "\r" not in err
+    assert main(["extract", str(sraven_run.path), "--split", "ood", "--n", "40", "--batch-size", "16",
+                 "--sites", "sraven-rule", "--out", str(tmp_path / "d.h5"), "--quiet"]) == 0
+    assert capsys.readouterr().err == ""

@@ -77,3 +77,16 @@ def test_intervene_keeps_an_earlier_table_unless_overwrite(tmp_path, capsys):
     assert "already exist" in capsys.readouterr().err and stem.with_suffix(".csv").read_text() == "an earlier table"
     assert main([*arguments, "--overwrite"]) == 0
     assert "scope" in stem.with_suffix(".csv").read_text()
+
+
+@pytest.mark.skipif(not RUN.is_dir(), reason="shipped checkpoint models/fuzzy_logic-hyla is missing")
+def test_intervene_says_the_work_then_a_line_per_step_in_a_log_and_nothing_when_quiet(tmp_path, capsys):
+    """Two sites: one pass without the edit, one with it at both, one at each alone; 2 batches each."""
+    arguments = ["intervene", str(RUN), "--n", "40", "--batch-size", "32", "--zero-ablate", "0"]
+    assert main([*arguments, "--out", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    assert "on 40 ood instances" in err and "in 2 batches of up to 32: 4 passes over them" in err
+    assert "8 forward passes" in err and "intervene: 1/8 batches" in err and "intervene: 8/8 batches" in err
+    assert "\r" not in err
+    assert main([*arguments, "--out", str(tmp_path / "b"), "--quiet"]) == 0
+    assert capsys.readouterr().err == ""

@@ -183,3 +183,15 @@ def test_labels_added_at_extraction_are_named_by_the_task(name):
         assert set(task.derived_labels(batch, sites)) <= set(task.derived_label_names) | set(task.label_names)
     if name == "sraven":
         assert task.derived_label_names == ("rule",)
+
+
+@pytest.mark.parametrize("task", all_tasks(), ids=repr)
+def test_position_names_name_every_input_position_and_the_query_last(task):
+    """The viewer's key names (recorded in codes files at extraction): one per input position."""
+    names = task.position_names()
+    batch = task.sample(2, split="train", seed=0)
+    assert len(names) == batch.x.shape[1] == len(set(names))
+    if isinstance(task, SRaven):  # 8 context panels of n_features slots, then the query panel's slots
+        assert names[task.n_features] == "panel (1,2) slot 0" and names[-1] == f"query slot {task.n_features - 1}"
+    else:
+        assert names[0] == "example 0" and names[-1] == "query"

@@ -1,5 +1,5 @@
-"""Threads of training processes: each of several jobs gets its share of the cores, and `train` says
-so in one line when other processes already keep the cores busy."""
+"""Threads of training processes: each of several jobs gets its share of the cores, and `train` uses
+the cores left free, and says so in one line, when other processes already keep the cores busy."""
 
 import subprocess
 import sys
@@ -11,7 +11,12 @@ import torch
 from latentcode.cli import main
 from latentcode.training import sweeps, threads
 from latentcode.training.presets import build_train_config
-from latentcode.training.threads import contention_note, thread_environment, threads_per_job
+from latentcode.training.threads import (
+    contention_note,
+    thread_environment,
+    threads_per_job,
+    threads_that_fit,
+)
 
 
 @pytest.mark.parametrize("jobs, cores, expected", [(1, 2, 2), (2, 2, 1), (3, 2, 1), (2, 16, 8), (3, 16, 5)])
@@ -26,14 +31,23 @@ def test_thread_environment_sets_the_share_unless_the_user_chose():
     assert thread_environment(2, {"OMP_NUM_THREADS": "3"}) == {"OMP_NUM_THREADS": "3"}
 
 
-def test_contention_note_only_when_threads_and_busy_cores_exceed_the_cores():
-    note = contention_note(threads=2, busy_cores=1.0, cores=2)
-    assert note is not None and "--threads 1" in note and "1.0 of this machine's 2 cores" in note
-    assert "\n" not in note
-    assert contention_note(threads=2, busy_cores=0.2, cores=2) is None  # background noise
-    assert contention_note(threads=1, busy_cores=2.0, cores=2) is None  # one thread cannot oversubscribe
-    assert contention_note(threads=8, busy_cores=2.0, cores=16) is None
-    assert "--threads 14" in contention_note(threads=16, busy_cores=2.0, cores=16)
+@pytest.mark.parametrize("threads, busy_cores, cores, expected", [
+    (2, 1.0, 2, 1),     # another job on one of 2 cores: one thread
+    (2, 1.9, 2, 1),     # both cores busy: still one thread, never none
+    (2, 0.2, 2, None),  # background noise: torch's count stays
+    (1, 2.0, 2, None),  # one thread cannot oversubscribe
+    (8, 2.0, 16, None),
+    (16, 2.0, 16, 14),
+    (16, 0.7, 16, 15),  # the count shrinks whenever the default would not fit
+])
+def test_threads_that_fit_are_the_cores_left_free(threads, busy_cores, cores, expected):
+    assert threads_that_fit(threads, busy_cores, cores) == expected
+
+
+def test_contention_note_is_one_line_that_says_what_was_chosen():
+    note = contention_note(threads=2, chosen=1, busy_cores=1.0, cores=2)
+    assert "\n" not in note and "1.0 of this machine's 2 cores" in note
+    assert "uses 1 thread instead of 2" in note and "--threads N" in note
 
 
 def test_busy_cores_elsewhere_sees_a_spinning_process():
@@ -61,7 +75,7 @@ def test_train_threads_sets_this_process_threads(tmp_path, restore_threads, caps
     assert "note:" not in capsys.readouterr().err
 
 
-def test_train_says_when_other_processes_keep_the_cores_busy(tmp_path, restore_threads, monkeypatch, capsys):
+def test_train_uses_fewer_threads_and_says_so_when_other_processes_keep_the_cores_busy(tmp_path, restore_threads, monkeypatch, capsys):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(threads, "busy_cores_elsewhere", lambda: 1.0)
@@ -69,7 +83,8 @@ def test_train_says_when_other_processes_keep_the_cores_busy(tmp_path, restore_t
     arguments = ["train", "--preset", "fuzzy_logic", "--scale", "tiny", "--attention", "linear", "--quiet",
                  "--set", "n_layers=1", "--set", "d_model=32"]
     assert main([*arguments, "--out", str(tmp_path / "busy")]) == 0
-    assert "--threads 1" in capsys.readouterr().err
+    assert "uses 1 thread instead of 2" in capsys.readouterr().err and torch.get_num_threads() == 1
+    torch.set_num_threads(2)
     monkeypatch.setattr(threads, "busy_cores_elsewhere", lambda: 0.1)
     assert main([*arguments, "--out", str(tmp_path / "idle")]) == 0
     assert "note:" not in capsys.readouterr().err

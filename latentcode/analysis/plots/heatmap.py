@@ -27,9 +27,10 @@ CENTRE_BELOW_SPREAD = 0.2
 # ... and where the label explains at least this share of the code variance in most panels: below it,
 # centring magnifies differences between value means that are a sliver of the variance.
 CENTRE_ABOVE_SHARE = 0.01
-# A panel's colours are at full strength where the label explains this share of the code variance or
-# more, and faded towards white in proportion below it: 0.2% is drawn almost white, never saturated.
-FULL_COLOUR_SHARE = 0.1
+# Below this share of the code variance explained by the label, a panel is marked weak (its title says
+# so, its frame is dashed): 0.2% must not read as structure. Its colours stay those of the colour bar
+# (they were faded towards white once, which put colours on the panel that the bar does not have).
+WEAK_SHARE = 0.1
 
 
 def _as_list(code_files) -> list[CodeFile]:
@@ -59,12 +60,10 @@ def _should_centre(panels: Sequence) -> tuple[bool, str]:
                   f"of 1 (median spread {median:.3f}, lowest value {lowest:.2f}); centre=False draws them")
 
 
-def _colour_strength(panel) -> float:
-    """1 where the label explains `FULL_COLOUR_SHARE` of the code variance or more, proportionally
-    less below (1 where the share is unknown, e.g. a multi-hot label)."""
-    if panel.explained_variance is None:
-        return 1.0
-    return float(np.clip(panel.explained_variance / FULL_COLOUR_SHARE, 0.0, 1.0))
+def _is_weak(panel) -> bool:
+    """Whether the label explains under `WEAK_SHARE` of the code variance (False where the share is
+    unknown, e.g. a multi-hot label)."""
+    return panel.explained_variance is not None and panel.explained_variance < WEAK_SHARE
 
 
 def _in_order(panel, values: np.ndarray):
@@ -102,9 +101,9 @@ def plot_similarity(
     """Cosine similarity of the mean latent code of each label value: one heatmap per layer
     (default: every layer) and per codes file (a row per model), all on one colour scale, rows
     and columns of every panel in one order (the clustered order of the first model's last layer),
-    so that panels compare cell by cell. A panel's colours fade towards white in proportion to the
-    share of the code variance the label explains, full at `FULL_COLOUR_SHARE` (its title gives
-    the share): a label that explains 0.2% of the variance never looks like structure.
+    so that panels compare cell by cell. Each title gives the share of the code variance the label
+    explains; a panel under `WEAK_SHARE` is marked weak (title and dashed frame), its colours still
+    those of the bar: a label that explains 0.2% of the variance never looks like structure.
 
     centre: subtract the grand mean code before comparing (see `latentcode.analysis.similarity`),
         drawn on a diverging scale from -1 to 1; by default (None) centred where the plain
@@ -159,13 +158,16 @@ def plot_similarity(
                 share = panel.explained_variance
                 title += f" ({label} explains {share:.1%} of code variance)" if share < 0.1 else \
                     f" ({label} explains {share:.0%} of code variance)"
+                if _is_weak(panel):
+                    title = "weak: " + title
             # Wrapped to the square, not the panel: a title wider than its axes runs into the next panel
             # or the colour bar (the panel's side also holds the tick names, about 0.07 inch a character).
             square = side - 0.07 * longest - 0.75
             axis.set_title("\n".join(textwrap.wrap(title, max(16, int(square * 72 / 5.5)))), fontsize="medium")
-            # faded towards white (the figure's background) where the label explains little variance
-            strength = _colour_strength(panel)
-            image = axis.imshow(panel.matrix, cmap=colours, norm=norm, alpha=strength)
+            image = axis.imshow(panel.matrix, cmap=colours, norm=norm)
+            if _is_weak(panel):  # a dashed grey frame: the differences drawn are a sliver of the variance
+                for spine in axis.spines.values():
+                    spine.set(linestyle=(0, (4, 3)), edgecolor="0.45", linewidth=1.6)
             ticks = [display_value(value, names) for value in panel.values]
             positions = np.arange(len(ticks))
             axis.set_xticks(positions, ticks, rotation=90, fontsize="small" if len(ticks) <= 30 else "x-small")
@@ -176,17 +178,16 @@ def plot_similarity(
                 font = max(4.0, min(9.0, 80.0 / len(ticks)))
                 for (row_index, column), value in np.ndenumerate(panel.matrix):
                     shade = norm(value)
-                    # Light text on the dark ends of the map, dark text in between (and on faded colours).
-                    dark = strength > 0.5 and (shade < 0.6 if colours.name == "viridis" else abs(shade - 0.5) > 0.3)
+                    # Light text on the dark ends of the map, dark text in between.
+                    dark = shade < 0.6 if colours.name == "viridis" else abs(shade - 0.5) > 0.3
                     axis.text(column, row_index, f"{value:.2f}", ha="center", va="center", fontsize=font,
                               color="white" if dark else "black")
         for axis in row_axes[len(row):]:
             axis.set_visible(False)
     if image is not None:
         what = "centred cosine similarity" if centre else "cosine similarity"
-        bar = figure.colorbar(image, ax=axes.ravel().tolist(), label=what, shrink=0.8)
-        bar.solids.set_alpha(1)  # the scale at full strength, whatever the last panel's
-    faded = [panel for panel in panels if not panel.constant and _colour_strength(panel) < 1]
+        figure.colorbar(image, ax=axes.ravel().tolist(), label=what, shrink=0.8)
+    weak = [panel for panel in panels if not panel.constant and _is_weak(panel)]
     models = ", ".join(code_file.model_name for code_file in files)
     contexts = list(dict.fromkeys(codes_context(code_file, split) for code_file in files))
     measure = "centred cosine similarity (grand mean code subtracted)" if centre else "cosine similarity"
@@ -197,8 +198,8 @@ def plot_similarity(
         *contexts,
         f"rows and columns in the hierarchical-clustering order{where}; one colour scale for all panels",
         reason,
-        f"colours faded in proportion to the share of code variance {label} explains, full at "
-        f"{FULL_COLOUR_SHARE:.0%} or more" if faded else "",
+        f"weak (dashed frame): {label} explains under {WEAK_SHARE:.0%} of the code variance, so the "
+        "differences drawn are a sliver of it; colours are those of the bar" if weak else "",
     ], width, fontsize_points=10), fontsize="medium")
     return save_figure(figure, path_stem, formats, dpi)
 

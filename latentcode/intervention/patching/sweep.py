@@ -24,6 +24,7 @@ from latentcode.intervention.patching.inputs import (
     call_model,
     check_eval,
     check_same_shapes,
+    keep_freed_memory,
     per_example,
     repeat_batch,
     slice_output,
@@ -137,15 +138,18 @@ def patching_sweep(
     *,
     source: AttentionSource | None = None,
     groups_per_pass: int | None = None,
-    max_examples_per_pass: int = 1024,
+    max_examples_per_pass: int = 256,
     on_pass: Callable[[int], None] | None = None,
 ) -> PatchingSweep:
     """Patch the codes of each group from `donor_inputs` into `base_inputs` (example i takes donor
     example i's codes) and measure `metric` (one number per example; or a dict of such metrics by
     name, all read from the same passes) of the patched output; one row per group (see
     `PatchingSweep`). Several groups share one forward pass (`groups_per_pass`, by default as many
-    as fit in `max_examples_per_pass` examples; larger passes were no faster per example on a CPU).
+    as fit in `max_examples_per_pass` examples: passes of 256 SRAVEN examples keep their largest
+    tensors under glibc's 32 MB mmap limit and, with `keep_freed_memory`, reuse the last pass's
+    memory; passes of 1024 were no faster per example and spent as long in the kernel, issue 37).
     `on_pass(examples)` is called after each patched pass with its number of examples (progress)."""
+    keep_freed_memory()
     metrics = _metrics(metric)
     check_eval(model)
     if not groups:
