@@ -127,10 +127,20 @@ class CompactCodes:
         self.n_heads, self.n_kv_heads = int(info["n_heads"]), int(info["n_kv_heads"])
         self.seq_len, self.head_dim = int(info["seq_len"]), int(info["head_dim"])
 
-    def _file(self) -> h5py.File:
+    # The file, its datasets and each layer's mask stay open / parsed between reads: on a busy machine
+    # opening the file and reading attributes cost more than rebuilding a row.
+    def _dataset(self, name: str) -> h5py.Dataset:
         if getattr(self, "_open", None) is None:
-            self._open = h5py.File(self.path, "r")
-        return self._open
+            self._open, self._datasets, self._masks = h5py.File(self.path, "r"), {}, {}
+        if name not in self._datasets:
+            self._datasets[name] = self._open[COMPACT.group][name]
+        return self._datasets[name]
+
+    def _mask(self, layer: int) -> LayerMask:
+        dataset = self._dataset(query_name(layer))
+        if layer not in self._masks:
+            self._masks[layer] = LayerMask.from_attributes(dataset.attrs, f"{self.path}: /compact/{query_name(layer)}")
+        return self._masks[layer]
 
     def close(self) -> None:
         """Close the file kept open between reads (reopened by the next read)."""
@@ -152,16 +162,16 @@ class CompactCodes:
              heads: Sequence[int] | None = None) -> np.ndarray:
         """a[h, q, :] for the query rows `queries`: `[N, H', len(queries), T]` (H' = len(heads))."""
         queries = self._check(layer, queries, "query")
-        group = self._file()[COMPACT.group]  # kept open for the next read: opening costs more than a row
-        mask = LayerMask.from_attributes(group[query_name(layer)].attrs, f"{self.path}: /compact/{query_name(layer)}")
+        mask = self._mask(layer)
         unique, inverse = np.unique(queries, return_inverse=True)
         # Keys beyond the last row asked are masked out (causal): read only up to it.
         n_keys = int(unique.max()) + 1 if mask.causal else self.seq_len
-        examples = np.arange(group[KEY_VALID].shape[0]) if examples is None else np.asarray(examples).reshape(-1)
-        query_rows = _read(group[query_name(layer)], examples, heads, unique)
-        keys = _read(group[key_name(layer)], examples, None if heads is None else
+        key_valid_rows = self._dataset(KEY_VALID)
+        examples = np.arange(key_valid_rows.shape[0]) if examples is None else np.asarray(examples).reshape(-1)
+        query_rows = _read(self._dataset(query_name(layer)), examples, heads, unique)
+        keys = _read(self._dataset(key_name(layer)), examples, None if heads is None else
                      sorted({h // (self.n_heads // self.n_kv_heads) for h in heads}), slice(0, n_keys))
-        key_valid = np.stack([group[KEY_VALID][int(example), :n_keys] for example in examples]).astype(bool)
+        key_valid = np.stack([key_valid_rows[int(example), :n_keys] for example in examples]).astype(bool)
         if heads is not None:  # the key head of each requested head, among those read
             group_size = self.n_heads // self.n_kv_heads
             read_kv = sorted({h // group_size for h in heads})
