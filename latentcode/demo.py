@@ -24,6 +24,7 @@ from pathlib import Path
 
 from latentcode.analysis.report import Report, build_report
 from latentcode.errors import UsageError
+from latentcode.files import write_error
 from latentcode.shipped import SHIPPED_ATTENTIONS, shipped_run
 from latentcode.tasks import DEMO_TASK, task_class, task_names
 
@@ -59,6 +60,25 @@ def fresh_directory(path: str | Path) -> Path:
     while path.with_name(f"{path.name}-{index}").exists():
         index += 1
     return path.with_name(f"{path.name}-{index}")
+
+
+def make_fresh_directory(path: str | Path) -> Path:
+    """Create and return `path`, or the first of `path-1`, `path-2`, ... that this process creates
+    itself (an existing empty `path` is used as it is): two demos started together into one
+    directory each get their own, where checking first and creating after let one of them fail."""
+    path = Path(path)
+    if path.is_dir() and not any(path.iterdir()):
+        return path
+    for index in range(10_000):
+        candidate = path if index == 0 else path.with_name(f"{path.name}-{index}")
+        try:
+            candidate.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        except OSError as error:
+            raise write_error(error, candidate) from None
+        return candidate
+    raise UsageError(f"{path} and 10,000 numbered directories beside it exist; choose another out")
 
 
 def run_demo(
@@ -99,8 +119,7 @@ def run_demo(
     shipped_training = task_class(task).training_setup.shipped
     analysis = task_class(task).analysis
     started = time.perf_counter()
-    out = fresh_directory(Path(out))
-    out.mkdir(parents=True)
+    out = make_fresh_directory(out)
     say = print if progress else (lambda *args, **kwargs: None)
     say(f"latentcode demo: {task}, models {', '.join(attentions)} -> {out}")
 

@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import h5py
@@ -105,6 +106,7 @@ def workspace(tmp_path_factory) -> Path:
     (root / "locked").mkdir()
     (root / "readonly").mkdir()
     add_hostile_inputs(root, fuzzy, run)
+    add_issue_34_inputs(root, fuzzy, run_task, run_checkpoint)
     return root
 
 
@@ -160,6 +162,74 @@ def add_hostile_inputs(root: Path, fuzzy: Path, run: Path) -> None:
             (root / name / "summary.json").write_text(summary)
         if metrics is not None:
             (root / name / "metrics.jsonl").write_text(metrics)
+
+
+def tiny_png() -> bytes:
+    """A valid 1 x 1 grey PNG, built from the format's definition."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\x00\x80")) + chunk(b"IEND", b""))
+
+
+def add_issue_34_inputs(root: Path, fuzzy: Path, run_task: dict, run_checkpoint: str) -> None:
+    """Issue 34: damaged shards, damaged or foreign patch outputs (and a second user's link at a map),
+    model directories whose own config is wrong, codes with NaN, a dangling soft link."""
+    from latentcode.store import shard_path, write_sharded_file
+
+    for name in ("sharded_replaced", "sharded_deleted"):
+        shards = [shard_path(root / f"{name}.h5", rank, 2) for rank in range(2)]
+        for shard in shards:
+            write_codes(shard, run_task, FUZZY_ANALYSIS, FUZZY_LABELS, run_checkpoint, "hyla", n_per_split=10)
+        write_sharded_file(root / f"{name}.h5", shards)
+    # the same model's shard of another extraction, the same rows: it used to be read silently
+    shard = shard_path(root / "sharded_replaced.h5", 1, 2)
+    shard.unlink()
+    write_codes(shard, run_task, FUZZY_ANALYSIS, FUZZY_LABELS, run_checkpoint, "hyla", n_per_split=10)
+    with h5py.File(shard_path(root / "sharded_deleted.h5", 1, 2), "r+") as file:
+        del file["codes/l1_q31_k31"]  # HDF5 used to read its 20 rows as zeros
+    table = "group,n,follow (different),follow (third),transfer,transfer se\n0:31:*,16,0.5,0.25,0.25,0.1\n"
+    summary = {"run": "run", "task": run_task, "split": "ood", "variant": "fixed_query", "n": 16, "groups": 1}
+    patches = {
+        "patch_not_json": (table, "{not json", None), "patch_list": (table, "[1, 2]", None),
+        "patch_no_transfer": ("group,n\n0:31:*,16\n", json.dumps(summary), None),
+        "patch_empty": ("", json.dumps(summary), None),
+        "patch_text": ("group,transfer\n0:31:*,high\n", json.dumps(summary), None),
+        "patch_sraven": (table, json.dumps({**summary, "task": {"name": "sraven", "n_features": 4}}), None),
+        "patch_planted": (table, json.dumps(summary), "link"),
+        "patch_good": (table, json.dumps(summary), tiny_png()),
+    }
+    for name, (csv, summary_text, image) in patches.items():
+        (root / f"{name}.csv").write_text(csv)
+        (root / f"{name}.json").write_text(summary_text)
+        if image == "link":
+            (root / f"{name}.png").symlink_to(root / "victim.txt")
+        elif image is not None:
+            (root / f"{name}.png").write_bytes(image)
+    (root / "mine_files" / "patch_patch_good.png").symlink_to(root / "victim.txt")  # where the map's copy goes
+    model = json.loads((root / "model_only" / "config.json").read_text())
+    for name, config in {"model_text_dropout": {**model, "attn_dropout": "0.1"}, "model_config_list": [1, 2],
+                         "model_terabytes": {**model, "d_model": 2**22, "d_mlp": 2**22, "kqv_dim": 2**22}}.items():
+        shutil.copytree(root / "model_only", root / name)
+        (root / name / "config.json").write_text(json.dumps(config))
+    rng = np.random.default_rng(0)
+    metadata = {"model_name": "hyla", "model_config": {"attention": "hyla"}, "checkpoint_sha256": run_checkpoint,
+                "task_config": run_task, "task_analysis": FUZZY_ANALYSIS}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the writer warns of the NaN it stores
+        with CodeWriter(root / "nan_codes.h5", SITES, 4, metadata) as writer:
+            for split in ("train", "ood"):
+                codes = {site: rng.normal(size=(30, 4)) for site in SITES}
+                codes[SITES[1]][:3] = np.nan
+                writer.append(codes=codes, labels={"task_index": rng.integers(0, 5, 30)}, split=split)
+    with CodeWriter(root / "zero_rows.h5", SITES, 4, metadata):
+        pass
+    copy_and_edit(fuzzy, root / "soft_link.h5",
+                  lambda file: file["labels"].__setitem__("ghost", h5py.SoftLink("/labels/nowhere")))
 
 
 def snapshot(root: Path) -> dict[str, tuple]:
@@ -457,6 +527,53 @@ BAD_INPUTS = [
      "--variant: unknown variant 'mirrored' for task 'fuzzy_logic'"),
     ("patch-seed-2-32", ["patch", "{run}", "--seed", "4294967296", "--out", "{a_dir}/p"],
      "argument --seed: expected a non-negative integer below 4294967296, got '4294967296'"),
+    # issue 34: damaged shards are refused, never read as another extraction's rows or as zeros
+    ("probe-shard-of-another-extraction", ["probe", "{sharded_replaced.h5}"],
+     "{sharded_replaced.h5}: its shard {sharded_replaced.shard-1-of-2.h5} has file_id"),
+    ("probe-shard-lacks-a-dataset", ["probe", "{sharded_deleted.h5}"],
+     "{sharded_deleted.h5}: its shard {sharded_deleted.shard-1-of-2.h5} lacks the dataset /codes/l1_q31_k31"),
+    ("heatmap-shard-lacks-a-dataset", ["heatmap", "{sharded_deleted.h5}", "--label", "task_index"],
+     "lacks the dataset /codes/l1_q31_k31 (HDF5 would read its rows as zeros)"),
+    # issue 34: damaged or foreign patch outputs, and a second user's link at a map
+    ("report-patch-not-json", ["report", "--codes", "{fuzzy.h5}", "--patch", "{patch_not_json}"],
+     "--patch {patch_not_json.json} is not a JSON file"),
+    ("report-patch-a-list", ["report", "--codes", "{fuzzy.h5}", "--patch", "{patch_list}"],
+     "--patch {patch_list.json} holds a JSON list; expected an object"),
+    ("report-patch-no-transfer-column", ["report", "--codes", "{fuzzy.h5}", "--patch", "{patch_no_transfer}"],
+     "--patch {patch_no_transfer.csv} lacks the column(s) ['transfer']"),
+    ("report-patch-empty-csv", ["report", "--codes", "{fuzzy.h5}", "--patch", "{patch_empty}"],
+     "--patch {patch_empty.csv} is empty"),
+    ("report-patch-text-for-numbers", ["report", "--codes", "{fuzzy.h5}", "--patch", "{patch_text}"],
+     "--patch {patch_text.csv} line 2: column 'transfer' holds 'high'; expected a number"),
+    ("report-patch-of-another-task", ["report", "--codes", "{fuzzy.h5}", "--patch", "{patch_sraven}"],
+     "--patch {patch_sraven.json} (task 'sraven') comes from another task than codes file {fuzzy.h5}"),
+    ("report-patch-map-a-planted-link", ["report", "--codes", "{fuzzy.h5}", "--patch", "{patch_planted}"],
+     "--patch map {patch_planted.png} is a symbolic link -> {victim.txt}; latentcode reads only regular files"),
+    ("report-patch-copy-onto-a-planted-link", ["report", "--codes", "{fuzzy.h5}", "--patch", "{patch_good}", "--out",
+                                               "{mine.html}", "--overwrite"], "is a symbolic link"),
+    # issue 34: a model directory's own config is checked as a run's is
+    ("extract-model-config-text-dropout", ["extract", "{model_text_dropout}", "--task", "name=fuzzy_logic", "--out",
+                                           "{a_dir}/c.h5"], "its config.json is not a config a model can be built "
+     "from: attn_dropout must be in [0, 1), got '0.1'"),
+    ("extract-model-config-a-list", ["extract", "{model_config_list}", "--task", "name=fuzzy_logic", "--out",
+                                     "{a_dir}/c.h5"], "holds a JSON list; expected an object of ModelConfig fields"),
+    ("intervene-model-of-terabytes", ["intervene", "{model_terabytes}", "--task", "name=fuzzy_logic", "--zero-ablate",
+                                      "all", "--out", "{a_dir}/e"], "the model its config describes needs at least"),
+    # issue 34: files a command could not read in one line
+    ("probe-zero-rows", ["probe", "{zero_rows.h5}"], "--fit-split train: {zero_rows.h5} has no split 'train'"),
+    ("samples-zero-rows", ["samples", "{zero_rows.h5}", "--label", "task_index"],
+     "{zero_rows.h5} has no label 'task_index'"),
+    ("probe-dangling-soft-link", ["probe", "{soft_link.h5}"],
+     "{soft_link.h5}: /labels/ghost is a soft link to /labels/nowhere, which is not in the file"),
+    # issue 34: silently accepted before
+    ("extract-sraven-rule-on-permuted", ["extract", str(MODELS / "sraven-hyla"), "--sites", "sraven-rule", "--variant",
+                                         "permuted", "--out", "{a_dir}/c.h5"],
+     "--variant permuted: the sites 'sraven-rule' are defined on 'unpermuted' instances of task 'sraven'"),
+    ("sweep-grid-unknown-attention", [*SWEEP, "--out", "{a_dir}/s", "--grid", "attention=magic"],
+     "--grid attention=magic: unknown attention 'magic'; expected presets among softmax"),
+    ("plot-color-of-several-columns", ["plot", "{fuzzy.h5}", "--color", "term_present", "--out", "{a_dir}/p"],
+     "--color term_present: label 'term_present' has shape [N, 6]: colour by one column"),
+    ("probe-newline-in-an-argument", ["probe", "{none}\nsecond.h5"], "codes file {none}\\nsecond.h5 does not exist"),
     # reuse
     ("reuse-not-a-run", ["reuse", "{a_dir}", "--out", "{a_dir}/r"], "RUN_DIR {a_dir} is not a run directory"),
     ("reuse-model-only", ["reuse", "{model_only}", "--out", "{a_dir}/r"], "RUN_DIR {model_only} is not a run directory"),
@@ -471,6 +588,14 @@ BAD_INPUTS = [
     ("count-features-1", ["tasks", "count", "--features", "1"], "argument --features: expected an integer of at least 2"),
     ("no-command", [], "the following arguments are required: COMMAND"),
     ("unknown-command", ["frobnicate"], "invalid choice: 'frobnicate'"),
+]
+
+
+# Mistakes found only while the command works (after pandas or matplotlib are imported): answered
+# in one line, with nothing changed, too.
+FOUND_WHILE_WORKING = [
+    ("heatmap-nan-codes", ["heatmap", "{nan_codes.h5}", "--label", "task_index"],
+     "{nan_codes.h5}: the codes of layer 1 (site all) contain NaN or inf in 6 of 60 examples"),
 ]
 
 
@@ -497,7 +622,8 @@ def test_the_table_covers_every_command():
     assert not missing, f"commands without a row in BAD_INPUTS: {sorted(missing)}"
 
 
-@pytest.mark.parametrize("argv, message", [row[1:] for row in BAD_INPUTS], ids=[row[0] for row in BAD_INPUTS])
+@pytest.mark.parametrize("argv, message", [row[1:] for row in BAD_INPUTS + FOUND_WHILE_WORKING],
+                         ids=[row[0] for row in BAD_INPUTS + FOUND_WHILE_WORKING])
 def test_a_bad_input_is_one_line_and_changes_nothing(workspace, monkeypatch, capsys, argv, message):
     monkeypatch.chdir(workspace)  # so that a default output would land in the workspace too
     monkeypatch.delenv("LATENTCODE_DEBUG", raising=False)

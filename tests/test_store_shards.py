@@ -64,8 +64,8 @@ def test_the_sharded_file_reads_as_the_shards_concatenated(sharded):
     np.testing.assert_array_equal(codes.extra("loss"), np.concatenate([b["extra"]["loss"] for b in batches]))
     assert codes.value_names["rule"][3] == "r3"
     one = CodeFile(shards[0])
-    assert {key: value for key, value in codes.attrs.items() if key not in ("created", "splits", "shards")} == {
-        key: value for key, value in one.attrs.items() if key not in ("created", "splits")}
+    assert {key: value for key, value in codes.attrs.items() if key not in ("created", "splits", "shards", "file_id")} == {
+        key: value for key, value in one.attrs.items() if key not in ("created", "splits", "file_id")}
     assert len(codes.writes) == 1 and codes.writes[0]["rows"] == [0, 12] and codes.split_seeds == {"ood": [7], "test": [7]}
     with h5py.File(out, "r") as file:
         assert file["codes/l0_q35_k35"].is_virtual and file["codes/l0_q35_k35"].attrs["layer"] == 0
@@ -122,3 +122,66 @@ def test_shards_of_different_extractions_are_refused(tmp_path):
     with pytest.raises(CodeFileError, match=r"differ in \['seed'\]"):
         write_sharded_file(tmp_path / "codes.h5", [tmp_path / "a.h5", tmp_path / "b.h5"])
     assert not (tmp_path / "codes.h5").exists()
+
+
+# -- issue 34: a shard is what the file says it is, or it is refused ----------------------------------
+def test_a_shard_replaced_by_another_extraction_of_the_same_rows_is_refused(sharded, tmp_path):
+    """The same model's shard of another seed, with the same row count, used to be read silently."""
+    out, shards, batches = sharded
+    shards[1].unlink()
+    write(shards[1], np.random.default_rng(99), 4, metadata={**METADATA, "seed": 8})
+    with pytest.raises(CodeFileError, match=r"shard .*codes.shard-1-of-3.h5 has file_id '[0-9a-f]{12}'; the file "
+                                            r"was written over shard '[0-9a-f]{12}' \(a shard replaced"):
+        CodeFile(out)
+    # the same extraction written again (a new file, a new id) is another file too
+    shards[1].unlink()
+    write(shards[1], np.random.default_rng(0), 4)
+    with pytest.raises(CodeFileError, match="has file_id"):
+        CodeFile(out)
+
+
+@pytest.mark.parametrize("dataset", ["codes/l1_q35_k27", "labels/rule", "split", "prediction", "extra/loss"])
+def test_a_dataset_deleted_from_a_shard_is_refused_not_read_as_zeros(sharded, dataset):
+    """HDF5 fills a missing virtual source with zeros: 4 of 12 rows silently 0 before."""
+    out, shards, _ = sharded
+    with h5py.File(out, "r") as file:
+        assert file[dataset].is_virtual
+    with h5py.File(shards[1], "r+") as file:
+        del file[dataset]
+    with pytest.raises(CodeFileError, match="codes.shard-1-of-3.h5 (lacks the dataset /|holds None rows)"):
+        CodeFile(out)
+
+
+def test_a_shard_with_fewer_heads_is_refused(sharded):
+    out, shards, _ = sharded
+    with h5py.File(shards[2], "r+") as file:
+        del file["codes/l0_q35_k35"]
+        file["codes/l0_q35_k35"] = np.ones((3, 2), dtype=np.float32)
+    with pytest.raises(CodeFileError, match=r"has /codes/l0_q35_k35 of shape \[3, 2\]; the file expects \[3, 4\]"):
+        CodeFile(out)
+
+
+def test_a_sharded_file_without_shard_identities_is_refused(sharded):
+    """A file whose entries record only file and rows (written before identities) cannot tell a
+    replaced shard, so it is refused with how to write it again."""
+    out, shards, _ = sharded
+    with h5py.File(out, "r+") as file:
+        entries = json.loads(file.attrs["shards"])
+        file.attrs["shards"] = json.dumps([{"file": e["file"], "rows": e["rows"]} for e in entries])
+    with pytest.raises(CodeFileError, match="records no identity .* write the sharded file again"):
+        CodeFile(out)
+    write_sharded_file(out, shards, overwrite=True)
+    assert len(CodeFile(out)) == 12
+
+
+def test_every_dataset_of_the_file_is_recorded_in_each_shards_entry(sharded):
+    out, shards, _ = sharded
+    with h5py.File(out, "r") as file:
+        virtual = []
+        file.visititems(lambda name, item: virtual.append(name) if isinstance(item, h5py.Dataset)
+                        and item.is_virtual else None)
+        entries = json.loads(file.attrs["shards"])
+    for entry, shard in zip(entries, shards, strict=True):
+        assert sorted(entry["datasets"]) == sorted(virtual)
+        with h5py.File(shard, "r") as source:
+            assert entry["id"] == source.attrs["file_id"] and len(entry["id"]) == 32

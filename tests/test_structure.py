@@ -44,8 +44,8 @@ def imported_stages(path: Path) -> set[str]:
 
 
 # Each stage and what it may import at module level (DESIGN.md: a stage imports only the stages to
-# its left; errors, files, lazy, progress and validation are shared helpers of every stage).
-SHARED = {"errors", "files", "lazy", "progress", "validation"}
+# its left; errors, files, safe_reads, lazy, progress and validation are shared helpers of every stage).
+SHARED = {"errors", "files", "lazy", "progress", "safe_reads", "validation"}
 ALLOWED = {
     "tasks": set(),
     "models": set(),

@@ -37,6 +37,7 @@ from latentcode.analysis.narrative import (
     findings_paragraph,
     training_variants,
 )
+from latentcode.analysis.patch_outputs import PatchOutput, check_patch_provenance, read_patch_output
 from latentcode.analysis.plots import (
     plot_code_samples,
     plot_embedding,
@@ -55,7 +56,8 @@ from latentcode.files import AtomicOutputs, ExclusiveLock, check_replaceable, wr
 from latentcode.progress import Progress
 from latentcode.provenance import check_codes_from_runs, check_one_task, codes_of_runs
 from latentcode.rundir import RunRecord
-from latentcode.store import CodeFile
+from latentcode.safe_reads import read_png
+from latentcode.store import DEFAULT_MAX_ROWS, CodeFile
 
 
 class ReportError(LatentcodeError, ValueError):
@@ -132,7 +134,7 @@ img { max-width: 100%; border: 1px solid #eee; margin: .5em 0; }
 
 
 def _image(path: Path, alt: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    data = base64.b64encode(read_png(path, "figure")).decode("ascii")  # a PNG, never a planted link
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
@@ -178,6 +180,7 @@ def build_report(
     progress: bool = True,
     notes: Sequence[str] = (),
     patches: Sequence[str | Path] = (),
+    max_rows: int = DEFAULT_MAX_ROWS,
 ) -> Report:
     """Write the report to `out` (figures and tables beside it in `<out stem>_files/`); a name
     without an .html (or .htm) suffix gets .html, so that a browser opens it.
@@ -185,9 +188,14 @@ def build_report(
     patches: path stems written by `latentcode patch` (STEM.csv, STEM.json, STEM.png): an
         'Interventions' section shows where patching codes transferred the donor's sub-task.
 
+    max_rows: the examples of each split read from each codes file, drawn at random with seed 0
+        (`CodeFile.subsample`): memory grows with it, not with the files.
+
     notes: sentences for the 'Where the numbers come from' list, e.g. that the runs are shipped
         checkpoints whose training happened elsewhere (`latentcode demo` says so).
     """
+    if not isinstance(title, str):
+        raise ReportError(f"title={title!r}; expected the page's title as text")
     out = Path(out)
     if out.suffix.lower() not in (".html", ".htm") and not out.is_dir():
         out = out.with_name(out.name + ".html")
@@ -208,14 +216,18 @@ def build_report(
             raise FileExistsError(f"{files_dir} already holds files; pass overwrite=True to replace the report's "
                                   "files in it, or choose another out")
         runs = [RunRecord.read(path) for path in run_dirs]
-        code_files = [CodeFile(path) for path in codes_files or codes_of_runs(runs)]
+        code_files = [CodeFile(path).subsample(max_rows) for path in codes_files or codes_of_runs(runs)]
         # Numbers side by side must be comparable: one task, and codes of the runs they are shown with.
         check_one_task(code_files, runs)
         check_codes_from_runs(runs, code_files)
+        patch_outputs = [read_patch_output(stem, "patch") for stem in patches]  # damaged or foreign: refused
+        for output in patch_outputs:
+            check_patch_provenance(output, code_files, runs, "patch")
+            check_replaceable(files_dir / f"patch_{output.stem.name}.png")  # a planted link: refused before work
         made_files_dir = not files_dir.exists()
         try:
             return _write_report(runs, code_files, run_dirs, out, files_dir, label, fit_split, test_split,
-                                 embedding_split, methods, max_points, title, progress, notes, patches)
+                                 embedding_split, methods, max_points, title, progress, notes, patch_outputs)
         except BaseException:
             if made_files_dir:  # a failed report leaves nothing behind
                 shutil.rmtree(files_dir, ignore_errors=True)
@@ -225,7 +237,7 @@ def build_report(
 def _write_report(
     runs: list[RunRecord], code_files: list[CodeFile], run_dirs: Sequence[str | Path], out: Path, files_dir: Path,
     label: str | None, fit_split: str, test_split: str, embedding_split: str | None, methods: Sequence[str],
-    max_points: int, title: str, progress: bool, notes: Sequence[str], patches: Sequence[str | Path] = (),
+    max_points: int, title: str, progress: bool, notes: Sequence[str], patches: Sequence[PatchOutput] = (),
 ) -> Report:
     """build_report's work, under the lock of `out`."""
     codes_paths = [code_file.path for code_file in code_files]
@@ -328,7 +340,7 @@ def _write_report(
     return Report(out, runs, probe_table, figures, context=context, summary=summary)
 
 
-def _interventions(patches: Sequence[str | Path], files_dir: Path, figures: list[Path]) -> str:
+def _interventions(patches: Sequence[PatchOutput], files_dir: Path, figures: list[Path]) -> str:
     """The 'Interventions' section: per `latentcode patch` output, its map and the groups with the
     largest transfer, each beside the third-sub-task donor baseline."""
     parts = ["<h2>Interventions: where patching the codes transfers the sub-task</h2>"
@@ -337,26 +349,27 @@ def _interventions(patches: Sequence[str | Path], files_dir: Path, figures: list
              "<i>follow (different)</i>: how often the prediction became r''s answer; <i>follow (third)</i>: the "
              "same count when the donor has a third sub-task (the baseline: a damaged code landing on r''s answer "
              "by itself); <i>transfer</i> is their difference (± its standard error over the paired bases).</p>"]
-    for stem in map(Path, patches):
-        table = pd.read_csv(stem.with_name(stem.name + ".csv"))
-        summary = json.loads(stem.with_name(stem.name + ".json").read_text())
+    for output in patches:
+        stem, table, summary = output.stem, output.table(), output.summary
         top = table.sort_values("transfer", ascending=False).head(10)
         columns = [c for c in ("group", "n", "follow (different)", "follow (third)", "transfer", "transfer se",
                                "keep (different)", "attribution estimate", "logit_difference effect") if c in top]
-        image = stem.with_name(stem.name + ".png")
         shown = ""
-        if image.is_file():
+        if output.png is not None:  # checked as a PNG at open; copied as every output is written
             copy = files_dir / f"patch_{stem.name}.png"
-            shutil.copyfile(image, copy)
+            with AtomicOutputs() as outputs:  # the lock of `out` is held by build_report
+                outputs.write_bytes(copy, output.png)
             figures.append(copy)
             shown = _image(copy, f"patching map {stem.name}")
-        attribution = summary.get("attribution_vs_exact")
+        attribution = {name: value for name, value in (summary.get("attribution_vs_exact") or {}).items()
+                       if isinstance(value, (int, float))}
         parts.append(
             f"<h3>{html.escape(str(summary.get('run', stem)))}: {html.escape(str(summary.get('split')))} "
             f"({html.escape(str(summary.get('variant')))}), n = {int(summary.get('n', 0))} pairs, "
             f"{int(summary.get('groups', len(table)))} groups</h3>" + shown + _table(top[columns])
             + (f"<p>Attribution patching against the exact patches of these groups: Pearson "
-               f"{attribution['pearson']:.2f}, Spearman {attribution['spearman']:.2f}.</p>" if attribution else "")
+               f"{attribution['pearson']:.2f}, Spearman {attribution['spearman']:.2f}.</p>"
+               if {"pearson", "spearman"} <= set(attribution) else "")
             + f'<p class="note">Full table: {html.escape(str(stem.with_name(stem.name + ".csv")))}</p>')
     return "".join(parts)
 

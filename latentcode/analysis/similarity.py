@@ -152,6 +152,11 @@ def mean_code_similarity(
     else:
         layer = code_file.layers[-1] if layer is None else layer
         codes, site_name = code_file.layer_codes(layer, split), "all"
+    not_finite = ~np.isfinite(codes).all(axis=1)
+    if not_finite.any():
+        raise AnalysisError(f"{code_file.path}: the codes of layer {layer} (site {site_name}) contain NaN or inf in "
+                            f"{int(not_finite.sum())} of {len(codes)} examples of split {split or 'all'}; mean codes "
+                            "and their cosines need finite codes")
     matrix, values, order, counts, mean_codes = similarity_of_means(codes, labels, centre)
     constant = bool(len(codes) and np.ptp(codes, axis=0).max() == 0)
     explained = None if constant or labels.ndim != 1 else between_value_variance_share(codes, labels)

@@ -37,7 +37,7 @@ class CommandLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         # argparse would print the whole usage block first; one line says where to find it.
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"error: {one_line(message)} (see {self.prog} --help)\n")
 
     def format_help(self) -> str:
         if callable(self.epilog):  # e.g. the preset table, which needs the task modules
@@ -62,6 +62,11 @@ def build_parser() -> CommandLineParser:
     return parser
 
 
+def one_line(message: str) -> str:
+    """The message on one line: a newline (or carriage return) inside an argument shown as \\n."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit status (2: a user error, printed as one line; argparse's
     own errors exit with 2 as well)."""
@@ -74,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS as error:
         if os.environ.get("LATENTCODE_DEBUG"):
             raise
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {one_line(str(error))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -81,6 +81,15 @@ def add_instance_arguments(parser: argparse.ArgumentParser) -> None:
                         help="task config for a model directory, e.g. --task name=sraven --task n_features=4")
 
 
+def add_max_rows_argument(parser: argparse.ArgumentParser) -> None:
+    """--max-rows: the examples of each split an analysis reads (bounded memory, however long the file)."""
+    from latentcode.store.reader import DEFAULT_MAX_ROWS
+
+    parser.add_argument("--max-rows", type=integer(1), default=DEFAULT_MAX_ROWS, metavar="N",
+                        help=f"read at most N examples of each split, drawn at random with the seed (default "
+                        f"{DEFAULT_MAX_ROWS:,}; memory grows with N, not with the file); a note says when it applies")
+
+
 def formats(args: argparse.Namespace) -> tuple[str, ...]:
     """The figure formats of --format (repeatable), default png."""
     return tuple(args.format or ["png"])

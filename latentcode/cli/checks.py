@@ -31,7 +31,7 @@ def check_input_file(path: str | Path, what: str) -> Path:
     return path
 
 
-def read_json_file(path: str, flag: str) -> dict:
+def read_json_file(path: str, flag: str, fields: str = "TrainConfig") -> dict:
     """The JSON object in the file `path` names, refused in one line naming the file otherwise."""
     text = check_input_file(path, flag).read_bytes()
     try:
@@ -39,7 +39,7 @@ def read_json_file(path: str, flag: str) -> dict:
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise UsageError(f"{flag} {path} is not a JSON file ({error})") from None
     if not isinstance(data, dict):
-        raise UsageError(f"{flag} {path} holds a JSON {type(data).__name__}; expected an object of TrainConfig fields")
+        raise UsageError(f"{flag} {path} holds a JSON {type(data).__name__}; expected an object of {fields} fields")
     return data
 
 
@@ -50,10 +50,18 @@ def model_config_of(path: Path) -> dict:
     if path.is_dir() and RunDirectory(path).looks_like_a_run():
         config = RunRecord.read(path).config
         model_config = config.get("resolved_model_config") or config["train"]["model"]
-    else:
-        model_config = read_json_file(str(path / "config.json"), "RUN_DIR")
+    from latentcode.models.config import ConfigError, check_model_config, parameter_bytes
+
+    if not (path.is_dir() and RunDirectory(path).looks_like_a_run()):
+        model_config = read_json_file(str(path / "config.json"), "RUN_DIR", "ModelConfig")
+        try:  # a model directory's own config, checked as a run's is (without torch)
+            check_model_config(model_config)
+        except ConfigError as error:
+            raise UsageError(f"RUN_DIR {path}: its config.json is not a config a model can be built from: "
+                             f"{error}") from None
     if not isinstance(model_config, dict) or not isinstance(model_config.get("n_layers"), int):
         raise UsageError(f"RUN_DIR {path}: its model config names no number of layers (n_layers)")
+    check_fits_in_memory(parameter_bytes(model_config), f"RUN_DIR {path}: the model its config describes")
     return model_config
 
 
@@ -64,6 +72,25 @@ def open_codes_files(paths: Sequence[str | Path], what: str = "codes file") -> l
     from latentcode.store import CodeFile
 
     return [CodeFile(path) for path in paths]
+
+
+def capped(code_files: Sequence, max_rows: int, seed: int = 0, command: str = "") -> list:
+    """Views of `code_files` that read at most `max_rows` examples of each split (`CodeFile.subsample`),
+    with a note on stdout for each split that is cut: the cap is never silent."""
+    views = [code_file.subsample(max_rows, seed) for code_file in code_files]
+    for view in views:
+        for split, (total, kept) in view.subsampled.items():
+            print(f"note: {view.path}: split {split!r} has {total:,} examples; {command or 'this command'} reads a "
+                  f"random {kept:,} of them (seed {seed}; --max-rows sets the cap)", flush=True)
+    return views
+
+
+def note_in_sample(fit_split: str, test_split: str) -> None:
+    """Say so when a probe is scored on the split it was fitted on: its test score is not held out."""
+    if fit_split == test_split:
+        print(f"note: --fit-split and --test-split are both {fit_split!r}: the test score is in-sample (the probe "
+              "is scored on the examples it was fitted on), not a held-out score; the validation column is "
+              "held out (cross-validation folds)", flush=True)
 
 
 def _available_labels(code_file) -> list[str]:
@@ -93,6 +120,20 @@ def check_label(code_file, spec: str, flag: str) -> None:
     if label_name(spec) not in _available_labels(code_file):
         raise UsageError(f"{flag} {spec}: {code_file.path} has no label {label_name(spec)!r}; "
                          f"its labels are {_available_labels(code_file)}")
+
+
+def check_one_column(code_file, spec: str, flag: str) -> None:
+    """A label that colours points: one value per example (a multi-column label needs an index)."""
+    name = label_name(spec)
+    if spec.strip() != name or name not in code_file.label_names:
+        return  # one column of a label, or a prediction: checked when read
+    import h5py
+
+    with h5py.File(code_file.path, "r") as file:
+        shape = file[f"labels/{name}"].shape[1:]
+    if shape:
+        raise UsageError(f"{flag} {spec}: label {name!r} has shape [N, {', '.join(map(str, shape))}]: colour by one "
+                         f"column, e.g. {name}[0]")
 
 
 def check_decodable(code_file, spec: str, flag: str, split: str) -> None:

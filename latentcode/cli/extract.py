@@ -92,7 +92,10 @@ def check(args: argparse.Namespace) -> None:
     from latentcode.extraction.sites import MAX_ALL_PAIRS, parse_selector
 
     model_config = model_config_of(run_dir)
-    sites = parse_selector(args.sites, task_object).resolve(model_config["n_layers"], task_object.seq_len)
+    selector = parse_selector(args.sites, task_object)
+    if args.variant is not None:
+        selector.check_variant(args.variant, task_object, "--variant")
+    sites = selector.resolve(model_config["n_layers"], task_object.seq_len)
     if len(sites) > MAX_ALL_PAIRS:
         raise UsageError(f"--sites {args.sites!r} selects {len(sites)} sites; a codes file holds one dataset per site, "
                          f"at most {MAX_ALL_PAIRS}: select fewer (a layer, a row, a block), or sweep them with "

@@ -267,6 +267,9 @@ def run(args: argparse.Namespace) -> None:
     progress.start()
     summary: dict[str, Any] = {"run": str(args.run), "task": task.config(), "split": args.split, "variant": args.variant,
                                "n": len(pairs), "prediction": pairs.prediction, "pairs": pairs.counts}
+    from latentcode.provenance import sha256_of_file
+
+    summary["checkpoint_sha256"] = sha256_of_file(record.directory.weights_path)  # a report shows it with this model only
     try:
         with torch.no_grad():
             if args.search:

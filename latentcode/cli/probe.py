@@ -5,8 +5,16 @@ from __future__ import annotations
 
 import argparse
 
-from latentcode.cli.arguments import FIGURE_FORMATS, SEED, formats, integer, progress_bars
+from latentcode.cli.arguments import (
+    FIGURE_FORMATS,
+    SEED,
+    add_max_rows_argument,
+    formats,
+    integer,
+    progress_bars,
+)
 from latentcode.cli.checks import (
+    capped,
     check_decodable,
     check_label,
     check_output,
@@ -14,6 +22,7 @@ from latentcode.cli.checks import (
     check_stem_free,
     command_outputs,
     default_label,
+    note_in_sample,
     open_codes_files,
 )
 from latentcode.cli.command import Command
@@ -40,6 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--ridge", action="store_true", help="ridge regression R^2 (continuous or multi-hot labels)")
     parser.add_argument("--cv", type=integer(2), default=3, help="cross-validation folds on the fit split (default 3)")
     parser.add_argument("--seed", type=SEED, default=0)
+    add_max_rows_argument(parser)
     parser.add_argument("--out", help="path stem for the table (.csv, .json) and the plot (.png); default: print only")
     parser.add_argument("--format", action="append", choices=FIGURE_FORMATS, help="plot formats (default png)")
     parser.add_argument("--overwrite", action="store_true", help="replace the table and plot if --out has them")
@@ -49,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def check(args: argparse.Namespace) -> None:
     """Codes files of one task, a label they all have and a probe can learn, splits, the outputs."""
-    code_files = open_codes_files(args.files)
+    code_files = capped(open_codes_files(args.files), args.max_rows, args.seed, "probe")
+    args.code_files = code_files  # what run reads: the same views
     from latentcode.provenance import check_one_task
 
     check_one_task(code_files)  # one label decoded in files of different tasks means different things
@@ -58,6 +69,7 @@ def check(args: argparse.Namespace) -> None:
         check_splits(code_file, {"--fit-split": args.fit_split, "--test-split": args.test_split})
         check_label(code_file, args.label, "--label")
         check_decodable(code_file, args.label, "--label", args.fit_split)
+    note_in_sample(args.fit_split, args.test_split)
     if args.out:
         check_output(args.out, "--out", kind="stem")
         check_stem_free(args.out, (".csv", ".json", *(f".{fmt}" for fmt in formats(args))), args.overwrite)
@@ -75,7 +87,7 @@ def run(args: argparse.Namespace) -> None:
 
     label = args.label
     probe = regress if args.ridge else decode
-    table = probe(args.files, label, fit_split=args.fit_split, test_split=args.test_split, per_site=args.per_site,
+    table = probe(args.code_files, label, fit_split=args.fit_split, test_split=args.test_split, per_site=args.per_site,
                   cv=args.cv, seed=args.seed, progress=progress_bars(args))
     columns = ["model", "layer", "site", "label", "metric", "value", "validation", "selected", "strongest_baseline",
                "strongest_baseline_value", "beats_baselines", "n_fit", "n_test"]

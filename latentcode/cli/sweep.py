@@ -59,6 +59,13 @@ def check(args: argparse.Namespace) -> None:
         grid[key] = [parse_value(value) for value in values.split(",") if value]
         if not grid[key]:
             raise UsageError(f"--grid {item}: no values after '='; expected FIELD=V1,V2,...")
+        if key == "attention":  # preset names are known without torch (pairs are checked by sweep)
+            from latentcode.models.config import ATTENTION_PRESETS
+
+            unknown = [value for value in grid[key] if str(value) not in ATTENTION_PRESETS and "+" not in str(value)]
+            if unknown:
+                raise UsageError(f"--grid {item}: unknown attention {unknown[0]!r}; expected presets among "
+                                 f"{', '.join(ATTENTION_PRESETS)}, or NORMALIZATION+VALUE_NETWORK")
     try:
         args.seed_list = [check_integer("seed", int(seed), 0, SEED_LIMIT - 1) for seed in args.seeds.split(",")
                           if seed.strip()]

@@ -106,7 +106,11 @@ def check(args: argparse.Namespace) -> None:
                              f"{', '.join(given + ['--out'] * bool(args.out))} cannot change them")
         from latentcode.rundir import RunDirectory
 
-        RunDirectory(args.resume).read_raw_config()
+        directory = RunDirectory(args.resume)
+        directory.read_raw_config()
+        if not directory.checkpoints():  # said, not silent: nothing of the earlier session is kept
+            print(f"note: {args.resume} has no checkpoint yet; --resume trains it again from step 0 (the model "
+                  "initialized from the run's seed, as before)", flush=True)
         return
     if args.config:
         if args.preset:

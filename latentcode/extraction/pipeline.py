@@ -226,6 +226,7 @@ def extract(
 
     parsed = parse_selector(selector, task)
     variant = check_variant(variant or parsed.default_variant or task.variants[0], task)
+    parsed.check_variant(variant, task)
     seed = eval_seed(split) if seed is None else seed
     if task.seq_len > model.config.n_ctx:
         raise UsageError(f"the task's seq_len={task.seq_len} is longer than the model accepts (n_ctx="

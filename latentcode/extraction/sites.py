@@ -93,6 +93,17 @@ class Selector:
     all_pairs_layer: int | None = None
     default_variant: str | None = None  # e.g. sraven-rule reads unpermuted instances
 
+    def check_variant(self, variant: str, task: Task, flag: str = "variant") -> None:
+        """Refuse a task's own site set on another variant than the one its positions are defined
+        for (SRAVEN's `sraven-rule`: the same feature of panels 7 and 8 only where columns are not
+        permuted); sites given explicitly are read on any variant."""
+        if self.default_variant and variant != self.default_variant and self.name in task.selectors():
+            raise SiteError(
+                f"{flag} {variant}: the sites {self.name!r} are defined on {self.default_variant!r} instances of "
+                f"task {task.name!r} (their positions hold what the task's analysis reads only there); use "
+                f"{flag} {self.default_variant}, or give the sites explicitly as LAYER:QUERY:KEY to read them on "
+                f"{variant!r} instances")
+
     def resolve(self, n_layers: int, seq_len: int) -> list[Site]:
         """Absolute sites for a model of `n_layers` layers on sequences of `seq_len` tokens."""
         if self.all_pairs_layer is not None:

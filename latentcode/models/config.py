@@ -19,6 +19,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from latentcode.errors import LatentcodeError
@@ -175,59 +176,8 @@ class ModelConfig:
 
     # -- validation ----------------------------------------------------------------------------
     def validate(self) -> None:
-        def positive_int(name: str) -> None:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-
-        for name in ("n_layers", "d_model", "n_heads", "kqv_dim", "d_mlp", "n_ctx", "width_factor"):
-            positive_int(name)
-        if self.v_dim is not None:
-            positive_int("v_dim")
+        check_fields(self)
         resolve_attention(self.attention)
-        if self.ffn not in FEEDFORWARDS:
-            raise ConfigError(f"unknown ffn {self.ffn!r}; expected one of {FEEDFORWARDS}")
-        if self.ffn == "moe":
-            positive_int("n_experts")
-            positive_int("top_k_experts")
-            if self.top_k_experts > self.n_experts:
-                raise ConfigError(
-                    f"top_k_experts={self.top_k_experts} exceeds n_experts={self.n_experts}"
-                )
-        if self.positions not in POSITIONS:
-            raise ConfigError(f"unknown positions {self.positions!r}; expected one of {POSITIONS}")
-        if (self.d_in is None) == (self.d_vocab is None):
-            raise ConfigError(
-                f"give exactly one of d_in (continuous or one-hot tokens) and d_vocab (integer "
-                f"tokens), got d_in={self.d_in!r}, d_vocab={self.d_vocab!r}"
-            )
-        for name in ("d_in", "d_vocab", "d_out"):
-            if getattr(self, name) is not None:
-                positive_int(name)
-        if self.d_out is None and self.d_vocab is None:
-            raise ConfigError("d_out is required for models with continuous inputs (d_in)")
-        if not 0.0 <= self.attn_dropout < 1.0:
-            raise ConfigError(f"attn_dropout must be in [0, 1), got {self.attn_dropout!r}")
-
-        scaled_heads = self.n_heads * self.width_factor
-        v_dim = self.kqv_dim if self.v_dim is None else self.v_dim
-        for name, total in (("kqv_dim", self.kqv_dim), ("v_dim", v_dim)):
-            scaled = total * self.width_factor
-            if scaled % scaled_heads:
-                scaled_note = (
-                    f" (after width_factor={self.width_factor}: {scaled} and {scaled_heads})"
-                    if self.width_factor != 1
-                    else ""
-                )
-                raise ConfigError(
-                    f"{name}={total} is not divisible by n_heads={self.n_heads}{scaled_note}: "
-                    f"{name} is the total width over heads"
-                )
-        if self.positions == "rotary" and self.sizes.d_head % 2:
-            raise ConfigError(
-                f"rotary positions need an even head width, got d_head={self.sizes.d_head} "
-                f"(kqv_dim={self.kqv_dim} / n_heads={self.n_heads})"
-            )
 
     # -- persistence ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -258,3 +208,89 @@ class ModelConfig:
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
+
+
+def check_fields(config) -> None:
+    """ModelConfig's checks of its fields, on any object with its attributes (no torch): all but the
+    names of an attention pair, which `resolve_attention` checks against the modules' tables."""
+    def positive_int(name: str) -> None:
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+    for name in ("n_layers", "d_model", "n_heads", "kqv_dim", "d_mlp", "n_ctx", "width_factor"):
+        positive_int(name)
+    if config.v_dim is not None:
+        positive_int("v_dim")
+    if config.ffn not in FEEDFORWARDS:
+        raise ConfigError(f"unknown ffn {config.ffn!r}; expected one of {FEEDFORWARDS}")
+    if config.ffn == "moe":
+        positive_int("n_experts")
+        positive_int("top_k_experts")
+        if config.top_k_experts > config.n_experts:
+            raise ConfigError(
+                f"top_k_experts={config.top_k_experts} exceeds n_experts={config.n_experts}"
+            )
+    if config.positions not in POSITIONS:
+        raise ConfigError(f"unknown positions {config.positions!r}; expected one of {POSITIONS}")
+    if (config.d_in is None) == (config.d_vocab is None):
+        raise ConfigError(
+            f"give exactly one of d_in (continuous or one-hot tokens) and d_vocab (integer "
+            f"tokens), got d_in={config.d_in!r}, d_vocab={config.d_vocab!r}"
+        )
+    for name in ("d_in", "d_vocab", "d_out"):
+        if getattr(config, name) is not None:
+            positive_int(name)
+    if config.d_out is None and config.d_vocab is None:
+        raise ConfigError("d_out is required for models with continuous inputs (d_in)")
+    if not isinstance(config.attn_dropout, (int, float)) or not 0.0 <= config.attn_dropout < 1.0:
+        raise ConfigError(f"attn_dropout must be in [0, 1), got {config.attn_dropout!r}")
+
+    scaled_heads = config.n_heads * config.width_factor
+    v_dim = config.kqv_dim if config.v_dim is None else config.v_dim
+    for name, total in (("kqv_dim", config.kqv_dim), ("v_dim", v_dim)):
+        scaled = total * config.width_factor
+        if scaled % scaled_heads:
+            scaled_note = (
+                f" (after width_factor={config.width_factor}: {scaled} and {scaled_heads})"
+                if config.width_factor != 1
+                else ""
+            )
+            raise ConfigError(
+                f"{name}={total} is not divisible by n_heads={config.n_heads}{scaled_note}: "
+                f"{name} is the total width over heads"
+            )
+    if config.positions == "rotary" and (config.kqv_dim // config.n_heads) % 2:
+        raise ConfigError(
+            f"rotary positions need an even head width, got d_head={config.kqv_dim // config.n_heads} "
+            f"(kqv_dim={config.kqv_dim} / n_heads={config.n_heads})"
+        )
+
+
+def check_model_config(data: Any) -> None:
+    """A model directory's `config.json` as ModelConfig would take it, checked without torch: an
+    object of known fields, none missing, each as `check_fields` wants it; a preset's name known."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"it holds a JSON {type(data).__name__}; expected an object of ModelConfig fields")
+    fields = {field.name: field for field in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown ModelConfig field(s) {unknown}; valid fields: {sorted(fields)}")
+    missing = [name for name, field in fields.items() if name not in data
+               and field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"missing ModelConfig field(s) {missing}")
+    values = {name: data.get(name, field.default) for name, field in fields.items()}
+    check_fields(SimpleNamespace(**values))
+    attention = values["attention"]
+    if isinstance(attention, str) and "+" not in attention and attention not in ATTENTION_PRESETS:
+        raise ConfigError(f"unknown attention {attention!r}; expected one of {sorted(ATTENTION_PRESETS)} or a pair")
+
+
+def parameter_bytes(data: dict[str, Any]) -> int:
+    """A lower bound on the float32 bytes of a model's parameters (projections and MLP of every layer)."""
+    sizes = [data.get(name, 1) for name in ("n_layers", "d_model", "kqv_dim", "d_mlp", "width_factor")]
+    if not all(isinstance(size, int) for size in sizes):
+        return 0  # a partial config (a run's, completed by its preset): nothing to estimate
+    n_layers, d_model, kqv, d_mlp, f = sizes
+    return 4 * n_layers * f * f * (4 * d_model * kqv + 2 * d_model * d_mlp)

@@ -21,8 +21,9 @@ whose per-example datasets and /split are virtual datasets over the rows of shar
 named `NAME.shard-RANK-of-WORLD.h5`, listed in its root attribute `shards`; everything else (groups,
 attributes, /provenance) is its own, as in any codes file. The reader follows virtual sources only
 into the listed shards, and checks at open that each is a regular file beside it (not a link) with
-the rows the list says: HDF5 would read a missing shard as fill values without a word. Move the
-shards with the file. A sharded file cannot be appended to.
+the rows, the `file_id` and every dataset of the shape the list says: HDF5 would read a missing
+shard or dataset as fill values without a word, and a shard of another extraction would pass a
+row count. Move the shards with the file. A sharded file cannot be appended to.
 
 Writers: one at a time. `CodeWriter` holds the lock `.NAME.lock` beside the file (see
 `latentcode.files`) from before it looks at the file until its final rename; a second writer is
@@ -42,7 +43,7 @@ and refuses a file that differs with one `CodeFileError` naming the dataset or a
 
 from __future__ import annotations
 
-from latentcode.store.reader import CodeFile
+from latentcode.store.reader import DEFAULT_MAX_ROWS, CodeFile
 from latentcode.store.schema import (
     FORMAT,
     SCHEMA_VERSION,
@@ -67,6 +68,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "SCORE_KINDS",
     "CodeFile",
+    "DEFAULT_MAX_ROWS",
     "CodeFileError",
     "CodeWriter",
     "Site",

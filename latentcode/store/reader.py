@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,11 @@ import numpy as np
 from latentcode.store.compact import CompactCodes
 from latentcode.store.schema import CODES, EXTRA, LABELS, PREDICTION, TARGET, CodeFileError
 from latentcode.store.site import Site
-from latentcode.store.validation import validate
+from latentcode.store.validation import ROWS_PER_READ, validate
+
+#: examples of each split that analysis (probes, pictures, reports) reads by default: memory is
+#: bounded by this cap, not by the file (about 20 MB for 128 floats a row); `subsample` draws them
+DEFAULT_MAX_ROWS = 20_000
 
 
 class CodeFile:
@@ -42,7 +47,9 @@ class CodeFile:
         self.extra_names = contents.extra_names
         self.has_prediction = contents.has_prediction
         self.has_target = contents.has_target
-        self._split_of_example = contents.split_of_example
+        self._split_index = contents.split_index  # [N_file] int16, into self.splits
+        self._rows: np.ndarray | None = None  # the file rows this view reads, sorted (None: all)
+        self.subsampled: dict[str, tuple[int, int]] = {}  # split -> (examples in the file, examples read)
         self.value_names = contents.value_names
         self.column_names = contents.column_names
         self.writes: list[dict[str, Any]] = contents.writes
@@ -78,7 +85,32 @@ class CodeFile:
         return seeds
 
     def __len__(self) -> int:
-        return len(self._split_of_example)
+        return len(self._split_index) if self._rows is None else len(self._rows)
+
+    def _view_split_index(self) -> np.ndarray:
+        return self._split_index if self._rows is None else self._split_index[self._rows]
+
+    def subsample(self, max_rows: int, seed: int = 0) -> CodeFile:
+        """A view of this file that reads at most `max_rows` examples of each split, drawn at random
+        (numpy seed `seed`) and kept in file order; splits of at most `max_rows` are read whole.
+        Memory then grows with `max_rows`, not with the file. `subsampled` names what was cut."""
+        if max_rows < 1:
+            raise CodeFileError(f"max_rows must be a positive number of examples, got {max_rows}")
+        rng = np.random.default_rng(seed)
+        kept, subsampled = [], {}
+        index = self._view_split_index()
+        counts = np.bincount(index, minlength=len(self.splits))
+        for number, split in enumerate(self.splits):
+            ranks = np.arange(counts[number])  # which of the split's examples, in order
+            if counts[number] > max_rows:
+                subsampled[split] = (int(counts[number]), max_rows)
+                ranks = np.sort(rng.choice(counts[number], size=max_rows, replace=False))
+            kept.append(_positions_of_ranks(index, number, ranks))
+        view = copy.copy(self)
+        rows = np.sort(np.concatenate(kept)) if kept else np.zeros(0, dtype=np.int64)
+        view._rows = rows if self._rows is None else self._rows[rows]
+        view.subsampled = {**self.subsampled, **subsampled}
+        return view
 
     def __repr__(self) -> str:
         return (f"CodeFile({str(self.path)!r}: {len(self)} examples, splits {self.splits}, "
@@ -102,18 +134,28 @@ class CodeFile:
         unknown = [name for name in wanted if name not in self.splits]
         if unknown:
             raise CodeFileError(f"{self.path} has no split {unknown[0]!r}; its splits are {self.splits}")
-        return np.isin(self._split_of_example, wanted)
+        return np.isin(self._view_split_index(), [self.splits.index(name) for name in wanted])
 
     def split_of_examples(self, split: str | Iterable[str] | None = None) -> np.ndarray:
-        return self._split_of_example[self.split_mask(split)]
+        """str `[n]`: the split of each example of `split` (None: all)."""
+        return np.asarray(self.splits, dtype=str)[self._view_split_index()[self.split_mask(split)]]
 
     def _read(self, name: str, split) -> np.ndarray:
         mask = self.split_mask(split)
+        rows = np.flatnonzero(mask) if self._rows is None else self._rows[mask]
         with h5py.File(self.path, "r") as file:
-            if mask.all():
-                return file[name][:]
-            # Reading whole chunks and masking in memory beats h5py's point selection by far.
-            return file[name][:][mask]
+            dataset = file[name]
+            if len(rows) == dataset.shape[0]:
+                return dataset[:]
+            # Whole blocks of rows, masked in memory: far faster than h5py's point selection, and
+            # memory is the rows wanted plus one block, however long the file.
+            out = np.empty((len(rows), *dataset.shape[1:]), dtype=dataset.dtype)
+            starts = np.searchsorted(rows, np.arange(0, dataset.shape[0] + ROWS_PER_READ, ROWS_PER_READ))
+            for block, (first, last) in enumerate(zip(starts, starts[1:], strict=False)):
+                if first < last:
+                    offset = block * ROWS_PER_READ
+                    out[first:last] = dataset[offset:int(rows[last - 1]) + 1][rows[first:last] - offset]
+            return out
 
     def codes(self, site: Site | str, split: str | Iterable[str] | None = None) -> np.ndarray:
         """float32 `[N, H]`: the latent codes at one site."""
@@ -171,3 +213,15 @@ class CodeFile:
             for head in range(self.heads_of[site]):
                 columns[f"{site.name}.h{head}"] = codes[:, head]
         return pd.DataFrame(columns)
+
+
+def _positions_of_ranks(index: np.ndarray, number: int, ranks: np.ndarray) -> np.ndarray:
+    """The positions in `index` of its `ranks`-th entries equal to `number` (`ranks` sorted), found a
+    block at a time: memory is the block and the answer, not an array the length of the file."""
+    found, seen = [np.zeros(0, dtype=np.int64)], 0
+    for start in range(0, len(index), ROWS_PER_READ):
+        positions = np.flatnonzero(index[start:start + ROWS_PER_READ] == number)
+        first, last = np.searchsorted(ranks, [seen, seen + len(positions)])
+        found.append(start + positions[ranks[first:last] - seen])
+        seen += len(positions)
+    return np.concatenate(found)

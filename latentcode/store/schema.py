@@ -201,8 +201,12 @@ ROOT_ATTRIBUTES: tuple[Attribute, ...] = (
     Attribute("compact", JSON_OBJECT, False, "only in a file with a compact store (/compact): "
               '{"version", "layers", "n_heads", "n_kv_heads", "head_dim", "seq_len"}, what rebuilds a[h, q, k] of '
               "every pair of those layers from the queries and keys (latentcode.store.compact); {} if none"),
-    Attribute("shards", JSON_LIST, False, 'only in a sharded file: {"file", "rows"} for each shard: its file '
-              "name (beside this file) and the rows [start, stop) it holds"),
+    Attribute("file_id", TEXT, False, "32 random hex digits drawn when the file is created or overwritten (kept "
+              "by appends): which file this is, whatever its name; a sharded file records its shards' ids"),
+    Attribute("shards", JSON_LIST, False, 'only in a sharded file: {"file", "rows", "id", "datasets"} for each '
+              "shard: its file name (beside this file), the rows [start, stop) it holds, its file_id and the "
+              "shape of each dataset read from it; a reader refuses a shard whose id or shapes differ, or that "
+              "lacks a dataset (HDF5 would read its rows as zeros)"),
 )
 # Written by `write_sharded_file` only; a `CodeWriter` writes every other root attribute.
 SHARDED_ONLY = ("shards",)

@@ -10,6 +10,7 @@ import contextlib
 import datetime
 import json
 import os
+import secrets
 import stat
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,6 +55,10 @@ def write_sharded_file(path: str | Path, shards: Sequence[str | Path], *, overwr
         if shard.parent.resolve() != path.parent.resolve():
             raise CodeFileError(f"shard {shard} is not beside {path}; a sharded file reads shards from its own directory")
     readers = [CodeFile(shard) for shard in shards]
+    for reader in readers:
+        if not reader.attrs.get("file_id"):
+            raise CodeFileError(f"shard {reader.path} has no root attribute 'file_id' (written by a latentcode before "
+                                "shard identities); extract the shards again")
     same = ("n_heads", "model_config", "checkpoint_sha256", "task_config", "selector", "score", "source", "seed")
     for reader in readers[1:]:
         differ = [key for key in same if reader.attrs.get(key) != readers[0].attrs.get(key)]
@@ -102,15 +107,19 @@ def _write_virtual(out: h5py.File, shards: list[Path], sources: list[h5py.File],
     bounds = np.cumsum([0, *counts]).tolist()
     for key, value in first.attrs.items():
         out.attrs[key] = value
+    out.attrs["file_id"] = secrets.token_hex(16)  # a file of its own, not its first shard
     out.attrs["splits"] = json.dumps(list(dict.fromkeys(name for reader in readers for name in reader.splits)))
-    out.attrs["shards"] = json.dumps([{"file": shard.name, "rows": [bounds[i], bounds[i + 1]]}
-                                      for i, shard in enumerate(shards)])
     for group in GROUPS:
         out.create_group(group.path)
     names = [SPLIT.name, *(f"{CODES.group}/{site.name}" for site in readers[0].sites),
              *(f"{LABELS.group}/{label}" for label in readers[0].label_names),
              *(f"{EXTRA.group}/{extra}" for extra in readers[0].extra_names),
              *(name for name in (PREDICTION.name, TARGET.name) if name in first)]
+    # Each shard's identity: its file_id and the shape of every dataset read from it, checked at open.
+    out.attrs["shards"] = json.dumps([{"file": shard.name, "rows": [bounds[i], bounds[i + 1]],
+                                       "id": str(sources[i].attrs["file_id"]),
+                                       "datasets": {name: list(sources[i][name].shape) for name in names}}
+                                      for i, shard in enumerate(shards)])
     for name in names:
         row_shapes = {source[name].shape[1:] for source in sources}
         dtypes = {source[name].dtype for source in sources}

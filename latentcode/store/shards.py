@@ -2,8 +2,10 @@
 
 A sharded extraction writes one codes file per process, `NAME.shard-RANK-of-WORLD.h5`, and then a
 file `NAME.h5` whose per-example datasets and /split are virtual datasets over the shards' rows
-(`write_sharded_file`), listing them in its root attribute `shards`. HDF5 would read a missing
-shard as fill values without a word, so the reader checks each listed shard at open.
+(`write_sharded_file`), listing them in its root attribute `shards` with each shard's identity: its
+`file_id` (drawn when the shard was written) and the shape of every dataset read from it. HDF5
+would read a missing shard or dataset as fill values without a word, and a shard of another
+seed or extraction would pass a row count, so the reader checks each listed shard at open.
 """
 
 from __future__ import annotations
@@ -73,9 +75,32 @@ def checked_shards(path: Path, file: h5py.File) -> list[dict[str, Any]]:
         try:
             with h5py.File(shard, "r") as source:
                 rows = source[SPLIT.name].shape[0] if isinstance(source.get(SPLIT.name), h5py.Dataset) else None
+                if rows != stop - start:
+                    raise CodeFileError(f"{path}: its shard {shard} holds {rows} rows; the file expects "
+                                        f"{stop - start} (a shard replaced since the file was written)")
+                check_identity(path, shard, source, entry)
         except OSError as error:
             raise CodeFileError(f"{path}: its shard {shard} is not a readable HDF5 file ({error})") from None
-        if rows != stop - start:
-            raise CodeFileError(f"{path}: its shard {shard} holds {rows} rows; the file expects {stop - start} "
-                                "(a shard replaced since the file was written)")
     return entries
+
+
+def check_identity(path: Path, shard: Path, source: h5py.File, entry: dict[str, Any]) -> None:
+    """Refuse a shard that is not the one `path` was written over: another file_id (the same model's
+    shard of another seed or extraction, of the same row count), or a dataset missing or of another
+    shape (HDF5 would read a missing source as zeros, silently)."""
+    if not isinstance(entry.get("id"), str) or not isinstance(entry.get("datasets"), dict):
+        raise CodeFileError(f"{path}: its shards entry for {shard.name} records no identity (id and dataset shapes; "
+                            "written before latentcode recorded them), so a replaced shard could not be told; write "
+                            "the sharded file again (latentcode.store.write_sharded_file) over the shards you trust")
+    found = str(source.attrs.get("file_id", ""))
+    if found != entry["id"]:
+        raise CodeFileError(f"{path}: its shard {shard} has file_id {found[:12] or 'none'!r}; the file was written "
+                            f"over shard {entry['id'][:12]!r} (a shard replaced by another extraction's since)")
+    for name, shape in entry["datasets"].items():
+        dataset = source.get(name)
+        if not isinstance(dataset, h5py.Dataset):
+            raise CodeFileError(f"{path}: its shard {shard} lacks the dataset /{name} (HDF5 would read its rows as "
+                                "zeros); the shard was changed since the file was written")
+        if list(dataset.shape) != list(shape):
+            raise CodeFileError(f"{path}: its shard {shard} has /{name} of shape {list(dataset.shape)}; the file "
+                                f"expects {list(shape)} (the shard was changed since the file was written)")

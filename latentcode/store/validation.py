@@ -58,7 +58,7 @@ class Contents:
     value_names: dict[str, list[str]]
     column_names: dict[str, list[str]]
     writes: list[dict[str, Any]]  # the /provenance entries ([] in a file from before it)
-    split_of_example: np.ndarray  # [N] str
+    split_index: np.ndarray  # [N] int16: each example's split, an index into `values["splits"]`
 
 
 def validate(path: str | Path, *, allow_external: bool = False) -> Contents:
@@ -75,6 +75,7 @@ def validate(path: str | Path, *, allow_external: bool = False) -> Contents:
                 "data itself: rewrite it, or open it with CodeFile(path, allow_external=True) if you trust them"
             )
         check_format_and_version(path, file)
+        check_soft_links(path, file)
         attrs = checked_attributes(path, file)
         shards = checked_shards(path, file)
         values = parsed_attributes(attrs)
@@ -88,13 +89,45 @@ def validate(path: str | Path, *, allow_external: bool = False) -> Contents:
             value_names=_label_attribute(labels, "value_names"),
             column_names=_label_attribute(labels, "column_names"),
             writes=checked_provenance(path, file),
-            split_of_example=file[SPLIT.name].asstr()[:].astype(str),
+            split_index=split_indices(path, file[SPLIT.name], values["splits"]),
         )
-    unlisted = sorted({str(name) for name in np.unique(contents.split_of_example)} - set(values["splits"]))
-    if unlisted:
-        raise CodeFileError(f"{path}: /split names splits {unlisted[:5]} that the root attribute 'splits' "
-                            f"({values['splits']}) does not list")
     return contents
+
+
+#: rows read at a time where a whole per-example dataset would not fit in bounded memory
+ROWS_PER_READ = 65536
+
+
+def split_indices(path: Path, split: h5py.Dataset, names: list[str]) -> np.ndarray:
+    """int16 `[N]`: each example's split as an index into `names`, read `ROWS_PER_READ` rows at a
+    time (2 bytes a row, where the strings as numpy text took about 180 to open a file)."""
+    if len(names) > np.iinfo(np.int16).max:
+        raise CodeFileError(f"{path}: root attribute 'splits' lists {len(names)} splits; expected at most 32767")
+    index = np.empty(len(split), dtype=np.int16)
+    lookup = {name.encode(): number for number, name in enumerate(names)}
+    for start in range(0, len(split), ROWS_PER_READ):
+        block = split[start:start + ROWS_PER_READ]
+        values, inverse = np.unique(block, return_inverse=True)
+        found = [lookup.get(value if isinstance(value, bytes) else str(value).encode(), -1) for value in values]
+        if min(found, default=0) < 0:
+            unlisted = sorted({value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+                               for value, number in zip(values, found, strict=True) if number < 0})
+            raise CodeFileError(f"{path}: /split names splits {unlisted[:5]} that the root attribute 'splits' "
+                                f"({names}) does not list")
+        index[start:start + len(block)] = np.asarray(found, dtype=np.int16)[inverse.reshape(-1)]
+    return index
+
+
+def check_soft_links(path: Path, file: h5py.File) -> None:
+    """Refuse a soft link (at the root or in a group of the schema) whose target is not in the file:
+    h5py lists its name, then fails with a KeyError when it is read."""
+    for group in (file, *(file[g.path] for g in GROUPS if isinstance(file.get(g.path), h5py.Group))):
+        for name in group:
+            link = group.get(name, getlink=True)
+            if isinstance(link, h5py.SoftLink) and file.get(link.path) is None:
+                where = f"{group.name.rstrip('/')}/{name}"
+                raise CodeFileError(f"{path}: {where} is a soft link to {link.path}, which is not in the file; "
+                                    "expected a dataset")
 
 
 def check_readable_hdf5(path: Path) -> None:

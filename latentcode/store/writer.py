@@ -9,7 +9,7 @@ import os
 import shutil
 import stat
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,9 +88,8 @@ class CodeWriter:
     `metadata` fills the root attributes that describe where the codes came from (see
     `latentcode.store.schema`: `model_name`, `model_config`, `checkpoint_sha256`, `task_config`,
     `selector`, `score`, `source`, `seed`, `task_analysis`, `prediction_kind`, `attention_layers`,
-    `split_descriptions`, `position_names`) and, as `value_names` / `column_names` (label name -> names), the
-    attributes of /labels/<name>. With
-    `append=True` an existing file is extended if its schema is compatible (same sites, heads,
+    `split_descriptions`, `position_names`) and, as `value_names` / `column_names` (label name ->
+    names), the attributes of /labels/<name>. With `append=True` an existing file is extended if its schema is compatible (same sites, heads,
     score, labels, model, checkpoint and task), otherwise refused with the reasons; with
     `append=False` an existing file is refused (nothing already written is overwritten) unless
     `overwrite=True`. `compression`: "gzip" (default), "lzf" or "none" (None) for a new file.
@@ -122,8 +121,9 @@ class CodeWriter:
             self.heads_of = {site: int(n_heads[site]) for site in self.sites}
         else:
             self.heads_of = {site: int(n_heads) for site in self.sites}
-        widths = set(self.heads_of.values())
-        self.n_heads = widths.pop() if len(widths) == 1 else 0
+        if min(self.heads_of.values()) < 1:
+            raise CodeFileError(f"n_heads must be a positive number of heads per site, got {n_heads!r}")
+        self.n_heads = next(iter(set(self.heads_of.values()))) if len(set(self.heads_of.values())) == 1 else 0
         self.compression = check_compression(compression)
         self.metadata = dict(metadata or {})
         score = self.metadata.setdefault("score", "pattern")
@@ -210,6 +210,7 @@ class CodeWriter:
             "split_descriptions": self.metadata.get("split_descriptions", {}),
             "position_names": list(self.metadata.get("position_names") or []),
             "compact": self.metadata.get("compact", {}),
+            "file_id": os.urandom(16).hex(),
         }
         written = [attribute for attribute in ROOT_ATTRIBUTES if attribute.name not in SHARDED_ONLY]
         assert list(values) == [attribute.name for attribute in written], "the writer fills every root attribute"
@@ -286,6 +287,8 @@ class CodeWriter:
         extra: Mapping[str, np.ndarray] | None = None,
     ) -> None:
         """Append one batch: `codes[site]` `[B, H]` for every site, and `[B, ...]` per-example arrays."""
+        if getattr(self, "file", None) is None:
+            raise CodeFileError(f"the CodeWriter of {self.path} is closed; open a new one with append=True to add rows")
         codes = {site.name if isinstance(site, Site) else site: np.asarray(array) for site, array in codes.items()}
         expected_names = [site.name for site in self.sites]
         missing = sorted(set(expected_names) - set(codes))
@@ -314,7 +317,9 @@ class CodeWriter:
                 )
             if array.dtype.kind not in "biuf":
                 raise CodeFileError(f"{name} has dtype {array.dtype}; only numeric arrays can be stored")
-        splits = [split] * batch_size if isinstance(split, str) else list(split)
+        splits = [split] * batch_size if isinstance(split, str) else list(split) if isinstance(split, Iterable) else [split]
+        if not all(isinstance(name, str) for name in splits):  # e.g. 3: h5py would store it, readers then fail
+            raise CodeFileError(f"split names are text, got {split!r}; give a name such as 'train' (or one per example)")
         if len(splits) != batch_size:
             raise CodeFileError(f"split has {len(splits)} entries but the codes have {batch_size}")
 

@@ -61,10 +61,13 @@ def plot_embedding(
     model, the sites, the variant and the split, and how many of how many examples were used.
     """
     code_file = open_codes(code_file)
+    # The label first: a spec it cannot colour by (a column out of range, a multi-column label) is
+    # refused before minutes of embedding, not after.
+    values, label = select_label(code_file, color_by, split if embedding is None else embedding.split)
+    values = one_column(values, label)
     if embedding is None:
         embedding = embed(code_file, method, split, layers, max_points, seed, stratify, progress=progress)
-    values, label = select_label(code_file, color_by, embedding.split)
-    values = one_column(values, label)[embedding.indices]
+    values = values[embedding.indices]
     method_name = {"tsne": "tSNE", "umap": "UMAP"}.get(embedding.method, embedding.method)
     drawn = [layer for layer in embedding.layers if layer not in embedding.constant_layers]
     n_panels = max(1, len(drawn))
