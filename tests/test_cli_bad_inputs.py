@@ -582,6 +582,18 @@ BAD_INPUTS = [
     ("reuse-n-pairs-0", ["reuse", "{run}", "--n-pairs", "0", "--out", "{a_dir}/r"],
      "argument --n-pairs: expected a positive integer, got '0'"),
     ("reuse-out-under-a-file", ["reuse", "{run}", "--out", "{a_file}/r"], "is a file, not a directory"),
+    # view
+    ("view-no-file", ["view", "{none}"], "codes file {none} does not exist"),
+    ("view-unknown-split", ["view", "{fuzzy.h5}", "--split", "nope", "--out", "{a_dir}/v.html"],
+     "--split nope: {fuzzy.h5} has no split 'nope'; its splits are"),
+    ("view-unknown-color", ["view", "{fuzzy.h5}", "--color", "nope", "--out", "{a_dir}/v.html"],
+     "--color nope: {fuzzy.h5} has no label 'nope'; its labels are"),
+    ("view-probes-not-csv", ["view", "{fuzzy.h5}", "--probes", "{a_file}", "--out", "{a_dir}/v.html"],
+     "is not a .csv file; expected the table latentcode probe wrote"),
+    ("view-out-not-html", ["view", "{fuzzy.h5}", "--out", "{a_dir}/v.png"],
+     "does not end in .html; expected the name of the HTML page to write"),
+    ("view-max-instances-0", ["view", "{fuzzy.h5}", "--max-instances", "0"],
+     "argument --max-instances: expected a positive integer, got '0'"),
     # tasks, and the command itself
     ("ambiguity-n-0", ["tasks", "ambiguity", "--n", "0"], "argument --n: expected a positive integer, got '0'"),
     ("ambiguity-values-2", ["tasks", "ambiguity", "--values", "2"], "argument --values: expected an integer of at least 3"),
