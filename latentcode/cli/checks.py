@@ -96,7 +96,7 @@ def note_in_sample(fit_split: str, test_split: str) -> None:
 def _available_labels(code_file) -> list[str]:
     present = [name for name, has in (("prediction", code_file.has_prediction), ("target", code_file.has_target))
                if has]
-    return [*code_file.label_names, *present, *code_file.extra_names]
+    return list(dict.fromkeys([*code_file.label_names, *present, *code_file.extra_names]))  # each name once
 
 
 def label_name(spec: str) -> str:
