@@ -291,3 +291,45 @@ def test_code_samples_of_many_sites_show_a_named_window_grouped_by_head(tmp_path
         (svg,) = plot_code_samples(path, "rule", tmp_path / "samples", formats=("svg",))
     text = _svg_text(svg)
     assert "the last 16 of the layer's 40 sites (24 sites not shown" in text and "head; in each, 16 sites" in text
+
+
+def test_panel_grid_keeps_a_few_layers_on_one_row_and_wraps_many_evenly():
+    from latentcode.analysis.plots.figure import MAX_COLUMNS, panel_grid
+
+    assert MAX_COLUMNS == 6
+    assert panel_grid(1) == (1, 1) and panel_grid(2) == (1, 2) and panel_grid(6) == (1, 6)
+    assert panel_grid(7) == (2, 4)  # 4 + 3, not 6 + 1
+    assert panel_grid(30) == (5, 6)  # SmolLM2's 30 layers
+    assert panel_grid(0) == (1, 1)  # the panel that holds the sentence when no layer is drawn
+
+
+def _random_embedding(code_file, layers, n_used=40):
+    from latentcode.analysis.embed import Embedding
+
+    rng = np.random.default_rng(0)
+    return Embedding("tsne", "hyla", "train", list(layers), {layer: rng.normal(size=(n_used, 2)) for layer in layers},
+                     np.arange(n_used), n_used, None, 0)
+
+
+def test_a_figure_of_thirty_layers_wraps_onto_rows_of_at_most_six_panels(tmp_path):
+    # Each layer used to add a panel to one row: a 30-layer model drew an 11,060 x 490 px tSNE.
+    layers = range(30)
+    path = write_codes(tmp_path / "deep.h5", n_per_split={"train": 40}, layers=layers, signal_layers=layers,
+                       planted=("rule",))
+    dpi = 10
+    (tsne,) = plot_embedding(path, "rule", tmp_path / "tsne", embedding=_random_embedding(path, layers), dpi=dpi)
+    height, width = imread(tsne).shape[:2]
+    # Six 3.6-inch panels and the legend's 2.6 inches at most; five rows of panels, each 3.6 inches.
+    assert width / dpi <= 6 * 3.6 + 2.6 + 0.1
+    assert height / dpi >= 5 * 3.6
+    (heatmap,) = plot_similarity(path, "rule", tmp_path / "heatmap", split="train", centre=False, dpi=dpi)
+    height, width = imread(heatmap).shape[:2]
+    side = 0.42 * 8 + 2.0  # eight rules: the side of one panel
+    assert width / dpi <= 6 * side + 1.4 + 0.1
+    assert height / dpi >= 5 * side
+
+
+def test_a_figure_of_two_layers_keeps_its_one_row(tmp_path, codes_path):
+    (tsne,) = plot_embedding(codes_path, "rule", tmp_path / "tsne", embedding=_random_embedding(codes_path, [0, 1]),
+                             dpi=20)
+    assert_png(tsne, figsize=(3.6 * 2 + 2.6, 4.9), dpi=20)  # the size it had before rows of panels

@@ -18,7 +18,13 @@ from latentcode.analysis.plots.colours import (
     colour_scale,
     is_categorical_label,
 )
-from latentcode.analysis.plots.figure import new_figure, one_column, open_codes, save_figure
+from latentcode.analysis.plots.figure import (
+    new_figure,
+    one_column,
+    open_codes,
+    panel_grid,
+    save_figure,
+)
 from latentcode.store import CodeFile
 
 __all__ = ["plot_embedding"]
@@ -49,7 +55,8 @@ def plot_embedding(
     dpi: float = 100,
     progress: bool = True,
 ) -> list[Path]:
-    """tSNE or UMAP of the codes, one panel per layer, coloured by a label spec.
+    """tSNE or UMAP of the codes, one panel per layer (at most `figure.MAX_COLUMNS` a row), coloured by a
+    label spec.
 
     The embedding is computed with `latentcode.analysis.embed.embed` (arguments `method` to
     `stratify`, and `progress`: how far it is, on stderr; False: nothing)
@@ -70,11 +77,14 @@ def plot_embedding(
     values = values[embedding.indices]
     method_name = {"tsne": "tSNE", "umap": "UMAP"}.get(embedding.method, embedding.method)
     drawn = [layer for layer in embedding.layers if layer not in embedding.constant_layers]
-    n_panels = max(1, len(drawn))
+    n_rows, n_columns = panel_grid(len(drawn))
     categorical = is_categorical_label(values)
-    width = figsize[0] if figsize else max(7.0, 3.6 * n_panels + (2.6 if categorical else 1.4))
-    figure = new_figure(figsize or (width, 4.9), dpi)
-    axes = np.atleast_1d(figure.subplots(1, n_panels, squeeze=False)[0])
+    width = figsize[0] if figsize else max(7.0, 3.6 * n_columns + (2.6 if categorical else 1.4))
+    figure = new_figure(figsize or (width, 3.6 * n_rows + 1.3), dpi)
+    grid = figure.subplots(n_rows, n_columns, squeeze=False)
+    axes = grid.ravel()
+    for axis in axes[max(1, len(drawn)):]:
+        axis.set_visible(False)
     size = float(np.clip(6000 / max(embedding.n_used, 1), 2, 24))
     note = ""
     if categorical:
@@ -103,11 +113,11 @@ def plot_embedding(
         handles = [Line2D([], [], marker="o", linestyle="", color=colour, label=text) for text, _, colour in groups]
         if groups[0][2] == OTHER_COLOUR:  # 'other' last in the legend, first underneath the points
             handles = handles[1:] + handles[:1]
-        # On the last panel, so that constrained layout keeps it clear of the title.
-        axes[len(drawn) - 1].legend(handles=handles, title=label, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+        # Right of the top row's last panel, so that constrained layout keeps it clear of the title.
+        grid[0, -1].legend(handles=handles, title=label, loc="upper left", bbox_to_anchor=(1.02, 1.0),
                                     borderaxespad=0, fontsize="small")
     else:
-        figure.colorbar(mappable, ax=list(axes), label=f"{label} (signed: 0 is white)" if colours == "RdBu_r" else label)
+        figure.colorbar(mappable, ax=list(axes[:len(drawn)]), label=f"{label} (signed: 0 is white)" if colours == "RdBu_r" else label)
     figure.suptitle(wrap_lines([
         f"{embedding.model_name}: {method_name} of latent codes, coloured by {label}",
         codes_context(code_file, embedding.split),

@@ -8,6 +8,7 @@ The pixel size of a PNG is ``figsize * dpi`` exactly (no tight bounding box).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,9 +20,19 @@ from latentcode.errors import AnalysisError
 from latentcode.files import AtomicOutputs
 from latentcode.store import CodeFile
 
-__all__ = ["FORMATS", "new_figure", "one_column", "open_codes", "save_figure"]
+__all__ = ["FORMATS", "MAX_COLUMNS", "new_figure", "one_column", "open_codes", "panel_grid", "save_figure"]
 
 FORMATS = ("png", "svg", "pdf")
+# Panels per row of a figure with one panel per layer: a 30-layer model in one row was 11,000 px wide.
+MAX_COLUMNS = 6
+
+
+def panel_grid(n_panels: int, max_columns: int = MAX_COLUMNS) -> tuple[int, int]:
+    """``(rows, columns)`` for `n_panels` panels: one row up to `max_columns` panels, else as few
+    rows as that allows, the panels spread evenly over them (7 panels: 2 rows of 4, not 6 and 1)."""
+    n_panels = max(1, n_panels)
+    n_rows = math.ceil(n_panels / max_columns)
+    return n_rows, math.ceil(n_panels / n_rows)
 
 
 def new_figure(figsize: tuple[float, float], dpi: float) -> Figure:

@@ -14,7 +14,7 @@ from matplotlib.colors import Colormap, Normalize
 
 from latentcode.analysis.captions import codes_context, wrap_lines
 from latentcode.analysis.labels import display_value, value_names
-from latentcode.analysis.plots.figure import new_figure, open_codes, save_figure
+from latentcode.analysis.plots.figure import new_figure, open_codes, panel_grid, save_figure
 from latentcode.analysis.similarity import mean_code_similarity
 from latentcode.store import CodeFile
 
@@ -99,7 +99,8 @@ def plot_similarity(
     dpi: float = 100,
 ) -> list[Path]:
     """Cosine similarity of the mean latent code of each label value: one heatmap per layer
-    (default: every layer) and per codes file (a row per model), all on one colour scale, rows
+    (default: every layer) and per codes file (a model's panels on rows of at most
+    `figure.MAX_COLUMNS`; each model starts a row), all on one colour scale, rows
     and columns of every panel in one order (the clustered order of the first model's last layer),
     so that panels compare cell by cell. Each title gives the share of the code variance the label
     explains; a panel under `WEAK_SHARE` is marked weak (title and dashed frame), its colours still
@@ -139,13 +140,16 @@ def plot_similarity(
     # squares keep their size; names of up to 18 characters fit in the panel's own margin.
     longest = max((len(display_value(value, names)) for panel in panels for value in panel.values), default=0)
     side = _heatmap_side(n_values) + min(2.5, max(0.0, 0.055 * (longest - 18)))
-    n_columns = max(len(row) for row in rows)
+    # Each file's layers on rows of at most MAX_COLUMNS panels; a new file starts a new row.
+    n_columns = panel_grid(max(len(row) for row in rows))[1]
+    lines = [(row[start:start + n_columns], code_file) for row, code_file in zip(rows, files, strict=True)
+             for start in range(0, max(1, len(row)), n_columns)]
     width = side * n_columns + 1.4
-    figure = new_figure(figsize or (width, side * len(rows) + 1.3), dpi)
-    axes = figure.subplots(len(rows), n_columns, squeeze=False)
+    figure = new_figure(figsize or (width, side * len(lines) + 1.3), dpi)
+    axes = figure.subplots(len(lines), n_columns, squeeze=False)
     norm, colours = _similarity_scale(panels, centre)
     image = None
-    for row_axes, row, code_file in zip(axes, rows, files, strict=True):
+    for row_axes, (row, code_file) in zip(axes, lines, strict=True):
         for axis, panel in zip(row_axes, row, strict=False):
             title = f"layer {panel.layer}" if len(files) == 1 else f"{code_file.model_name}, layer {panel.layer}"
             if panel.constant:
