@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> None:
                                  per_site=not args.no_per_site, progress=not args.quiet)
     import pandas
 
-    columns = ["scope", "metric", "before", "after", "change"]
+    columns = ["scope", "metric", "before", "after", "change", "change se"]
     with pandas.option_context("display.width", 200, "display.max_rows", 200):
         print(f"{table['model'].iloc[0]}, {table['edit'].iloc[0]}, {table['split'].iloc[0]} (n={args.n}):")
         print(table[columns].to_string(index=False, float_format=lambda value: f"{value:.4f}"))

@@ -344,15 +344,37 @@ def _search(args, model, task, pairs, progress, summary):
     return result.confirmed, result.candidates
 
 
+UNMEASURED = "0.45"  # the map's colour of a cell with no group (mid grey: neither 0's white nor a sign)
+
+
+def transfer_colormap():
+    """Red-white-blue for transfer, white exactly at 0 (the middle of RdBu_r is a light grey, which
+    reads as 'a little' rather than 'none'); cells with no group (NaN) in UNMEASURED grey."""
+    from matplotlib import colormaps
+    from matplotlib.colors import LinearSegmentedColormap
+
+    reds_and_blues = colormaps["RdBu_r"]
+    colours = [reds_and_blues(0.0), reds_and_blues(0.25), (1.0, 1.0, 1.0, 1.0), reds_and_blues(0.75),
+               reds_and_blues(1.0)]
+    colormap = LinearSegmentedColormap.from_list("transfer", colours, N=255)  # odd N: one entry is 0 itself
+    return colormap.with_extremes(bad=UNMEASURED)
+
+
 def _draw(table, args, task, summary):
     """The map: rows grid -> per layer, query x key block; heads grid -> layer x head; groups -> bars.
-    Transfer on one signed scale, symmetric about 0."""
+    Transfer on one signed scale, symmetric about 0 and white at 0; a cell with no group is grey,
+    and the colour bar's label says so."""
     import numpy as np
     from matplotlib.figure import Figure
 
+    from latentcode.analysis.captions import wrap_lines
+
     limit = max(0.1, float(np.nanmax(np.abs(table["transfer"]))))
-    title = (f"{Path(args.run).name}: transfer = follow (r' donor) - follow (third donor)\n{args.split} "
-             f"({args.variant}), n = {summary['n']} pairs per group, prediction {summary['prediction']}")
+    colormap = transfer_colormap()
+    title_lines = [f"{Path(args.run).name}: transfer = follow (r' donor) - follow (third donor)",
+                   f"{args.split} ({args.variant}), n = {summary['n']} pairs per group, "
+                   f"prediction {summary['prediction']}"]
+    grids = []
     if args.grid == "rows":
         layers = sorted(table["layer"].unique())
         figure = Figure(figsize=(3.2 * len(layers) + 1.4, 3.6), layout="constrained")
@@ -365,14 +387,15 @@ def _draw(table, args, task, summary):
             grid = np.full((len(queries), len(blocks)), np.nan)
             for _, row in part.iterrows():
                 grid[queries.index(row["query"]), blocks.index(row["key_start"])] = row["transfer"]
-            image = axis.imshow(grid, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+            grids.append(grid)
+            image = axis.imshow(grid, cmap=colormap, vmin=-limit, vmax=limit, aspect="auto")
             axis.set_title(f"layer {layer}", fontsize=9)
             axis.set_yticks(range(len(queries)), [str(q) for q in queries], fontsize=6)
             labels = [f"{int(s)}–{int(e) - 1}" for s, e in part.groupby("key_start")["key_stop"].first().items()]
             axis.set_xticks(range(len(blocks)), labels, fontsize=6, rotation=90)
             axis.set_xlabel("keys", fontsize=8)
             axis.set_ylabel("query", fontsize=8)
-        figure.colorbar(image, ax=list(axes), shrink=0.8, label="transfer")
+        figure.colorbar(image, ax=list(axes), shrink=0.8, label=_bar_label(grids))
     elif args.partition_grid:
         layers = sorted(table["layer"].unique())
         rows = list(dict.fromkeys(table["query_part"] if not args.per_head else table["query_part"] + " x " + table["key_part"]))
@@ -389,13 +412,14 @@ def _draw(table, args, task, summary):
                     grid[rows.index(f"{row['query_part']} x {row['key_part']}"), columns.index(row["head"])] = row["transfer"]
                 else:
                     grid[rows.index(row["query_part"]), columns.index(row["key_part"])] = row["transfer"]
-            image = axis.imshow(grid, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+            grids.append(grid)
+            image = axis.imshow(grid, cmap=colormap, vmin=-limit, vmax=limit, aspect="auto")
             axis.set_title(f"layer {layer}", fontsize=9)
             axis.set_yticks(range(len(rows)), rows, fontsize=6)
             axis.set_xticks(range(len(columns)), [str(c) for c in columns], fontsize=6, rotation=90)
             axis.set_xlabel("head" if args.per_head else f"keys ({args.partition_grid[1]})", fontsize=8)
             axis.set_ylabel(f"queries ({args.partition_grid[0]})", fontsize=8)
-        figure.colorbar(image, ax=list(axes), shrink=0.8, label="transfer")
+        figure.colorbar(image, ax=list(axes), shrink=0.8, label=_bar_label(grids))
     elif args.grid == "heads":
         layers = sorted(table["layer"].unique())
         grid = np.full((len(layers), int(table["head"].max()) + 1), np.nan)
@@ -403,15 +427,24 @@ def _draw(table, args, task, summary):
             grid[layers.index(row["layer"]), int(row["head"])] = row["transfer"]
         figure = Figure(figsize=(0.35 * grid.shape[1] + 2.5, 0.45 * len(layers) + 1.6), layout="constrained")
         axis = figure.subplots()
-        image = axis.imshow(grid, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+        grids.append(grid)
+        image = axis.imshow(grid, cmap=colormap, vmin=-limit, vmax=limit, aspect="auto")
         axis.set_yticks(range(len(layers)), [f"layer {layer}" for layer in layers], fontsize=7)
         axis.set_xlabel("head", fontsize=8)
-        figure.colorbar(image, ax=axis, label="transfer")
+        figure.colorbar(image, ax=axis, label=_bar_label(grids))
     else:
         figure = Figure(figsize=(7, 0.45 * len(table) + 1.6), layout="constrained")
         _transfer_and_damage(figure.subplots(), table, table["group"])
-    figure.suptitle(title, fontsize=8)
+    figure.suptitle(wrap_lines(title_lines, figure.get_figwidth() - 0.4, fontsize_points=8), fontsize=8)
     return figure
+
+
+def _bar_label(grids) -> str:
+    """The colour bar's label: transfer, and what the grey cells are where the map has any."""
+    import numpy as np
+
+    unmeasured = any(np.isnan(grid).any() for grid in grids)
+    return "transfer (0 = white)" + ("\ngrey: no group measured" if unmeasured else "")
 
 
 def _transfer_and_damage(axis, table, labels) -> None:

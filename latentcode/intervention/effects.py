@@ -7,8 +7,10 @@ edit, at all selected sites together and at each site alone. `latentcode interve
 
 The table is tidy: one row per (scope, metric) with the columns `model`, `task`, `split`,
 `variant`, `n`, `edit`, `scope` ("all sites", or one site as `l{layer}_q{query}_k{key}`), `metric`,
-`before`, `after` and `change` (after - before). Metrics are the task's own (`task.evaluate`) on the
-same `n` instances (the split's evaluation seed unless `seed` is given). A `MeanAblate` with
+`before`, `after` and `change` (after - before), and their standard errors `before se`, `after se`
+and `change se` (a bootstrap over the `n` instances, BOOTSTRAP_RESAMPLES resamples of seed 0,
+the same resample for before and after, so `change se` is the paired one). Metrics are the task's
+own (`task.evaluate`) on the same `n` instances (the split's evaluation seed unless `seed` is given). A `MeanAblate` with
 per-label means gets each batch's labels (task labels, and SRAVEN's `rule` of the sites' query).
 """
 
@@ -32,6 +34,7 @@ from latentcode.progress import Progress
 from latentcode.validation import check_integer, check_variant
 
 ALL_SITES = "all sites"
+BOOTSTRAP_RESAMPLES = 200
 
 
 def intervention_effects(
@@ -80,7 +83,8 @@ def intervention_effects(
         variant=variant,
     )
 
-    def metrics(scope_sites: list | None, scope: str) -> dict[str, float]:
+    def predict(scope_sites: list | None, scope: str) -> np.ndarray:
+        """`[n, n_predictions, d_out]` outputs at the prediction positions, with the edit at `scope_sites`."""
         predictions = []
         for batch in batches:
             labels = {**batch.labels, **task.derived_labels(batch, resolved)}
@@ -93,7 +97,20 @@ def intervention_effects(
                         output = model(torch.from_numpy(batch.x))
             predictions.append(output[:, -task.n_predictions :, :].float().numpy())
             tracker.advance(note=scope)
-        return task.evaluate(np.concatenate(predictions), everything)
+        return np.concatenate(predictions)
+
+    def resample(indices: np.ndarray) -> Batch:
+        return Batch(x=everything.x[indices], y=everything.y[indices],
+                     labels={name: values[indices] for name, values in everything.labels.items()},
+                     split=split, variant=variant)
+
+    resamples = np.random.default_rng(0).integers(0, n, size=(BOOTSTRAP_RESAMPLES, n))
+    resampled = [resample(indices) for indices in resamples]
+
+    def metrics(predictions: np.ndarray) -> tuple[dict[str, float], list[dict[str, float]]]:
+        """The task's metrics on all `n` instances, and on each bootstrap resample of them."""
+        return (task.evaluate(predictions, everything),
+                [task.evaluate(predictions[indices], batch) for indices, batch in zip(resamples, resampled, strict=True)])
 
     scopes = [(ALL_SITES, resolved)]
     if per_site and len(resolved) > 1:
@@ -106,28 +123,42 @@ def intervention_effects(
                      "forward passes")
     tracker.start()
     try:
-        before = metrics(None, "without the edit")
-        afters = [(scope, metrics(scope_sites, scope)) for scope, scope_sites in scopes]
+        before, before_resampled = metrics(predict(None, "without the edit"))
+        afters = [(scope, *metrics(predict(scope_sites, scope))) for scope, scope_sites in scopes]
     finally:
         tracker.close()
     rows = []
-    for scope, after in afters:
+    for scope, after, after_resampled in afters:
         for metric, value in before.items():
+            was = np.array([resample_metrics[metric] for resample_metrics in before_resampled], dtype=float)
+            now = np.array([resample_metrics[metric] for resample_metrics in after_resampled], dtype=float)
             rows.append({
                 "model": info["model_name"], "task": task.name, "split": split, "variant": variant, "n": n,
                 "edit": description, "scope": scope, "metric": metric, "before": value, "after": after[metric],
-                "change": after[metric] - value,
+                "change": after[metric] - value, "before se": was.std(ddof=1), "after se": now.std(ddof=1),
+                "change se": (now - was).std(ddof=1),
             })  # fmt: skip
     return pd.DataFrame(rows)
 
 
 def write_effects(table, path_stem: str | Path, formats: Sequence[str] = ("png",)) -> list[Path]:
     """Write the table as `<stem>.csv` and `<stem>.json` and draw it (`<stem>.png`: one panel per
-    metric, the metric after the edit per scope, the metric before it as a dashed line)."""
+    metric, the metric after the edit per scope with its bootstrap s.e., all sites together in red and
+    each site alone in orange, the metric before it as a dashed line in a ± s.e. band)."""
+    stem = Path(path_stem)
+    figure = draw_effects(table)
+    # The table and its plots as one set: all or none, through temporaries, one writer of a stem at a time.
+    with AtomicOutputs(lock=stem, purpose="writing intervention effects") as outputs:
+        outputs.write_table(stem, table)
+        outputs.write_figure(stem, figure, formats)
+    return outputs.written
+
+
+def draw_effects(table):
+    """The plot of `write_effects`: one panel per metric, after the edit per scope (± s.e.), all sites
+    together in red, each site alone in orange; before it, a dashed line in its ± s.e. band."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-
-    stem = Path(path_stem)
 
     metrics = list(dict.fromkeys(table["metric"]))
     scopes = list(dict.fromkeys(table["scope"]))
@@ -138,18 +169,21 @@ def write_effects(table, path_stem: str | Path, formats: Sequence[str] = ("png",
     axes = figure.subplots(n_rows, columns, squeeze=False).ravel()
     for axis, metric in zip(axes, metrics, strict=False):
         rows = table[table["metric"] == metric].set_index("scope").loc[scopes]
-        axis.bar(range(len(scopes)), rows["after"], color=["tab:red"] + ["tab:orange"] * (len(scopes) - 1))
-        axis.axhline(rows["before"].iloc[0], color="black", linestyle="--", linewidth=1, label="without the edit")
+        axis.bar([0], rows["after"].iloc[:1], yerr=rows["after se"].iloc[:1], capsize=3, color="tab:red",
+                 label="with the edit, all sites together")
+        if len(scopes) > 1:
+            axis.bar(range(1, len(scopes)), rows["after"].iloc[1:], yerr=rows["after se"].iloc[1:], capsize=3,
+                     color="tab:orange", label="with the edit, each site alone")
+        before, before_se = rows["before"].iloc[0], rows["before se"].iloc[0]
+        axis.axhspan(before - before_se, before + before_se, color="0.8", zorder=0)
+        axis.axhline(before, color="black", linestyle="--", linewidth=1, label="without the edit (band: ± s.e.)")
         axis.set_xticks(range(len(scopes)), scopes, rotation=45, ha="right", fontsize=7)
-        axis.set_ylabel(metric)
+        axis.set_ylabel(f"{metric} (± s.e.)")
         axis.set_title(f"{metric} with the edit", fontsize=9)
-        axis.legend(fontsize=7, loc="lower right")
     for axis in axes[len(metrics) :]:
         axis.set_visible(False)
+    # one legend for every panel (the same colours in each), below them where it covers no bar
+    figure.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=3, fontsize=8, frameon=False)
     first = table.iloc[0]
     figure.suptitle(f"{first['model']} on {first['task']} {first['split']} (n={first['n']}): {first['edit']}", fontsize=9)
-    # The table and its plots as one set: all or none, through temporaries, one writer of a stem at a time.
-    with AtomicOutputs(lock=stem, purpose="writing intervention effects") as outputs:
-        outputs.write_table(stem, table)
-        outputs.write_figure(stem, figure, formats)
-    return outputs.written
+    return figure
