@@ -55,7 +55,9 @@ combinations differ between seeds. Mean ± standard error over seeds. Wall times
 recorded them, one thread each: only the fuzzy-logic seed-0 runs had the machine to themselves; the others
 shared its 2 cores with a second training lane and other work (load average 3 to 10), so their times are
 upper bounds on the cost of a run (the seed-1 softmax and linear runs took 2 hours for about 20 minutes
-of work).
+of work). Every run recorded here was trained before commit e45163f, which made `lecun_normal_` rescale its
+truncated normal as Flax does (kernels of variance 1/fan_in; the recorded runs had 0.77/fan_in): runs
+trained again by `reproduce.py train` start from the corrected init and will not match these to the digit.
 
 ## The paper's findings, checked against the runs below
 
