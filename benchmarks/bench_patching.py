@@ -39,6 +39,24 @@ from latentcode.tasks import get_task
 REPOSITORY = Path(__file__).resolve().parents[1]
 
 
+def sraven_patching_setup(batch_size: int, n_groups: int):
+    """The paper's SRAVEN HYLA model (seed 0, untrained), `batch_size` OOD base and donor inputs, the
+    log-probability of the donor's answer as the metric, and the first `n_groups` of layer 2's 324 groups
+    (rows x 9 key blocks): what both patching benchmarks time."""
+    config = ModelConfig(attention="hyla", n_layers=4, d_model=128, n_heads=16, kqv_dim=64, d_mlp=256, n_ctx=36,
+                         d_in=8, d_out=8, positions="relative", causal=False)
+    model = build_model(config, seed=0).eval()
+    task = get_task("sraven", n_features=4, n_values=8)
+    base = torch.as_tensor(task.sample(batch_size, "ood", seed=1, variant="unpermuted").x)
+    donor = torch.as_tensor(task.sample(batch_size, "ood", seed=2, variant="unpermuted").x)
+    answer = torch.as_tensor(task.sample(batch_size, "ood", seed=2, variant="unpermuted").y[:, -1])
+
+    def metric(output):
+        return output[:, -1].gather(1, answer[:, None])[:, 0] - output[:, -1].logsumexp(-1)
+
+    return model, base, donor, metric, site_grid(4, 36, layers=[2], key_blocks=9)[:n_groups]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
@@ -48,18 +66,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    config = ModelConfig(attention="hyla", n_layers=4, d_model=128, n_heads=16, kqv_dim=64, d_mlp=256, n_ctx=36,
-                         d_in=8, d_out=8, positions="relative", causal=False)
-    model = build_model(config, seed=0).eval()
-    task = get_task("sraven", n_features=4, n_values=8)
-    base = torch.as_tensor(task.sample(args.batch_size, "ood", seed=1, variant="unpermuted").x)
-    donor = torch.as_tensor(task.sample(args.batch_size, "ood", seed=2, variant="unpermuted").x)
-    answer = torch.as_tensor(task.sample(args.batch_size, "ood", seed=2, variant="unpermuted").y[:, -1])
-
-    def metric(output):
-        return output[:, -1].gather(1, answer[:, None])[:, 0] - output[:, -1].logsumexp(-1)
-
-    groups = site_grid(4, 36, layers=[2], key_blocks=9)[: args.groups]
+    model, base, donor, metric, groups = sraven_patching_setup(args.batch_size, args.groups)
 
     def bare() -> float:
         with torch.no_grad():

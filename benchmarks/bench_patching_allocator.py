@@ -20,10 +20,9 @@ import statistics
 import time
 
 import torch
+from bench_patching import sraven_patching_setup  # benchmarks/ is the script's directory
 
-from latentcode import ModelConfig, build_model
-from latentcode.intervention.patching import patching_sweep, site_grid
-from latentcode.tasks import get_task
+from latentcode.intervention.patching import patching_sweep
 
 
 def usage() -> tuple[float, float, int]:
@@ -48,18 +47,7 @@ def main() -> None:
         attribution.keep_freed_memory = sweep.keep_freed_memory = lambda: False
     torch.set_num_threads(args.threads)
 
-    config = ModelConfig(attention="hyla", n_layers=4, d_model=128, n_heads=16, kqv_dim=64, d_mlp=256, n_ctx=36,
-                         d_in=8, d_out=8, positions="relative", causal=False)
-    model = build_model(config, seed=0).eval()
-    task = get_task("sraven", n_features=4, n_values=8)
-    base = torch.as_tensor(task.sample(args.batch_size, "ood", seed=1, variant="unpermuted").x)
-    donor = torch.as_tensor(task.sample(args.batch_size, "ood", seed=2, variant="unpermuted").x)
-    answer = torch.as_tensor(task.sample(args.batch_size, "ood", seed=2, variant="unpermuted").y[:, -1])
-
-    def metric(output):
-        return output[:, -1].gather(1, answer[:, None])[:, 0] - output[:, -1].logsumexp(-1)
-
-    groups = site_grid(4, 36, layers=[2], key_blocks=9)[: args.groups]
+    model, base, donor, metric, groups = sraven_patching_setup(args.batch_size, args.groups)
     settings = args.passes.split(",")
     figures: dict[str, list[tuple[float, float, float, int]]] = {setting: [] for setting in settings}
     passes: dict[str, int] = {}
