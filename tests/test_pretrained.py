@@ -109,10 +109,19 @@ def test_a_missing_smollm2_package_says_how_to_install_it(monkeypatch):
 
 
 @pytest.mark.slow
-def test_smollm2_completes_the_capital_of_germany_with_berlin():
-    pretrained = load_pretrained("smollm2")
-    assert (pretrained.n_layers, pretrained.n_heads, pretrained.n_kv_heads, pretrained.n_ctx) == (30, 9, 3, 8192)
-    ids = pretrained.tokenizer("The capital of Germany is", return_tensors="pt").input_ids
-    with torch.no_grad():
-        next_id = pretrained.model(ids).logits[0, -1].argmax()
-    assert pretrained.tokenizer.decode(next_id) == " Berlin"
+def test_smollm2_completes_the_capital_of_germany_with_berlin_and_its_cached_copy_is_the_same_model(smollm2):
+    dequantised = smollm2  # from the GGUF file (the session's first load); it filled the cache
+    assert getattr(dequantised.model, "hf_quantizer", None) is not None  # it did read the GGUF file
+    cached = load_pretrained("smollm2")  # from the cache
+    assert getattr(cached.model, "hf_quantizer", None) is None  # it did not
+    first, second = dequantised.model.state_dict(), cached.model.state_dict()
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[name], second[name]) for name in first)
+    prompt = "The capital of Germany is"
+    assert dequantised.tokenizer(prompt).input_ids == cached.tokenizer(prompt).input_ids
+    for pretrained in (dequantised, cached):
+        assert (pretrained.n_layers, pretrained.n_heads, pretrained.n_kv_heads, pretrained.n_ctx) == (30, 9, 3, 8192)
+        ids = pretrained.tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            next_id = pretrained.model(ids).logits[0, -1].argmax()
+        assert pretrained.tokenizer.decode(next_id) == " Berlin"

@@ -161,10 +161,10 @@ def test_a_compact_file_holds_what_the_schema_lists_for_compact(compact_file):
 
 
 @pytest.mark.slow
-def test_smollm2_codes_rebuilt_from_the_compact_store_equal_eager_attention(tmp_path):
+def test_smollm2_codes_rebuilt_from_the_compact_store_equal_eager_attention(smollm2, tmp_path):
     """SmolLM2-135M (30 layers, 9 query heads, 3 key/value heads): every pair of every layer of a
     window of 128 tokens, rebuilt from the store, against the same model's eager output_attentions."""
-    pretrained = load_pretrained("smollm2")
+    pretrained = load_pretrained("smollm2")  # its own copy (from the cache), as it switches to eager below
     out = extract_pretrained(pretrained, split="validation", n=1, seq_len=128, out=tmp_path / "smollm2.h5",
                              progress=False)
     codes = CodeFile(out)

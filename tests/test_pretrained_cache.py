@@ -1,0 +1,96 @@
+"""latentcode.pretrained_cache: an entry holds the same tensors and tokenizer as the model it was
+written from (tied weights once), is used only when complete and of the same source file, and a cache
+that cannot be written is a warning, not an error. (The real GGUF round trip is the slow SmolLM2 test
+in test_pretrained.py.)"""
+
+import json
+import os
+
+import pytest
+import torch
+import transformers
+
+from latentcode import pretrained_cache
+from tests.pretrained_models import save_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    directory = save_tiny_llama(tmp_path_factory.mktemp("tiny"), tie_word_embeddings=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    return model, tokenizer
+
+
+@pytest.fixture()
+def source(tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"not really a gguf file, only its bytes are hashed")
+    return path
+
+
+def test_an_entry_holds_the_same_tensors_and_tokenizer(tiny, source, tmp_path):
+    model, tokenizer = tiny
+    entry, sha256 = pretrained_cache.entry_of(source, tmp_path / "cache")
+    assert entry.name == f"model-{sha256[:16]}" and len(sha256) == 64
+    assert not pretrained_cache.usable(entry, sha256)
+    pretrained_cache.write_entry(entry, sha256, source, model, tokenizer)
+    assert pretrained_cache.usable(entry, sha256)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(entry, local_files_only=True).eval()
+    first, second = model.state_dict(), reloaded.state_dict()
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[name], second[name]) for name in first)
+    # Tied weights are stored once and tied again on load.
+    assert reloaded.lm_head.weight.data_ptr() == reloaded.model.embed_tokens.weight.data_ptr()
+    text = "In the beginning God created the heaven and the earth."
+    assert transformers.AutoTokenizer.from_pretrained(entry, local_files_only=True)(text).input_ids == \
+        tokenizer(text).input_ids
+    assert "quantization_config" not in json.loads((entry / "config.json").read_text())
+
+
+def test_an_entry_of_another_file_or_a_damaged_entry_is_not_used(tiny, source, tmp_path):
+    model, tokenizer = tiny
+    entry, sha256 = pretrained_cache.entry_of(source, tmp_path / "cache")
+    pretrained_cache.write_entry(entry, sha256, source, model, tokenizer)
+    assert not pretrained_cache.usable(entry, "0" * 64)  # another source file
+    weights = entry / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])  # truncated
+    assert not pretrained_cache.usable(entry, sha256)
+    pretrained_cache.write_entry(entry, sha256, source, model, tokenizer)  # written anew
+    assert pretrained_cache.usable(entry, sha256)
+    (entry / "entry.json").write_text("{")  # not JSON
+    assert not pretrained_cache.usable(entry, sha256)
+    (entry / "entry.json").unlink()
+    assert not pretrained_cache.usable(entry, sha256)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_a_cache_that_cannot_be_written_warns_and_leaves_nothing(tiny, source, tmp_path):
+    model, tokenizer = tiny
+    root = tmp_path / "read-only"
+    root.mkdir()
+    root.chmod(0o500)
+    try:
+        entry, sha256 = pretrained_cache.entry_of(source, root)
+        with pytest.warns(UserWarning, match="was not cached"):
+            pretrained_cache.write_entry(entry, sha256, source, model, tokenizer)
+        assert not pretrained_cache.usable(entry, sha256)
+    finally:
+        root.chmod(0o700)
+
+
+def test_a_cache_on_a_file_warns_instead_of_failing_the_load(tiny, source, tmp_path):
+    model, tokenizer = tiny
+    blocker = tmp_path / "a-file"
+    blocker.write_text("in the way of the cache directory")
+    entry, sha256 = pretrained_cache.entry_of(source, blocker)
+    with pytest.warns(UserWarning, match="was not cached"):
+        pretrained_cache.write_entry(entry, sha256, source, model, tokenizer)
+    assert blocker.read_text() == "in the way of the cache directory"
+
+
+def test_the_cache_root_is_the_environment_variable_or_the_home_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("LATENTCODE_CACHE", str(tmp_path))
+    assert pretrained_cache.cache_root() == tmp_path
+    monkeypatch.delenv("LATENTCODE_CACHE")
+    assert pretrained_cache.cache_root() == pretrained_cache.Path.home() / ".cache" / "latentcode"
