@@ -14,6 +14,7 @@ names the value as the user wrote it, e.g. `--split`; the message then starts wi
 from __future__ import annotations
 
 import numbers
+import os
 from typing import Any
 
 from latentcode.errors import LatentcodeError, UsageError
@@ -61,3 +62,16 @@ def describe_integer_range(minimum: int, maximum: int | None = None) -> str:
     'a non-negative integer below 4294967296', 'an integer of at least 3'."""
     expected = {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer of at least {minimum}")
     return expected if maximum is None else f"{expected} below {maximum + 1}"
+
+
+def machine_memory() -> int | None:
+    """The machine's physical memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def describe_bytes(n_bytes: float) -> str:
+    """`n_bytes` in GiB, or TiB from 1 TiB: "7.3 GiB", "16.0 TiB"."""
+    return f"{n_bytes / 2**30:,.1f} GiB" if n_bytes < 2**40 else f"{n_bytes / 2**40:,.1f} TiB"

@@ -147,6 +147,9 @@ def add_hostile_inputs(root: Path, fuzzy: Path, run: Path) -> None:
                   replace_dataset("provenance", np.array(["{not json"], dtype=h5py.string_dtype())))
     config = json.loads((run / "config.json").read_text())
     (root / "config_seed.json").write_text(json.dumps({**config["train"], "seed": 2**32}))
+    (root / "config_lr_text.json").write_text(json.dumps({**config["train"], "learning_rate": "fast"}))
+    (root / "config_terabytes.json").write_text(json.dumps(
+        {**config["train"], "model": {**config["train"]["model"], "d_model": 10**7, "d_mlp": 10**7}}))
     broken_runs = {
         "run_train_list": ({**config, "train": [1, 2]}, None, None),
         "run_model_missing": ({**config, "train": {k: v for k, v in config["train"].items() if k != "model"}}, None, None),
@@ -498,6 +501,16 @@ BAD_INPUTS = [
      "argument --seed: expected a non-negative integer below 4294967296, got '4294967296'"),
     ("train-config-seed-2-32", ["train", "--config", "{config_seed.json}"],
      "seed must be a non-negative integer below 2**32 (numpy and torch seeds are 32-bit), got 4294967296"),
+    ("train-config-text-learning-rate", ["train", "--config", "{config_lr_text.json}"],
+     "learning_rate must be a finite number, got 'fast'"),
+    # d_model = d_mlp = 10^7: the two MLP matrices alone are 2 x 10^14 parameters a layer, 745 TiB in float32
+    ("train-config-terabytes", ["train", "--config", "{config_terabytes.json}"],
+     "TiB to train (weights, gradients and two AdamW moments in float32); this machine has"),
+    ("count-features-100000", ["tasks", "count", "--features", "100000"],
+     "argument --features: expected an integer of at least 2 below 10001, got '100000'"),
+    # log10(10 x (100000!)^2 x 100000) = 1 + 2 x 456,573.45 + 5 (log10(100000!) by Stirling's formula)
+    ("ambiguity-features-100000", ["tasks", "ambiguity", "--features", "100000", "--n", "10"],
+     "= about 10^913,153 checks, more than the limit of 1,000,000,000"),
     ("sweep-seeds-2-32", [*SWEEP, "--out", "{a_dir}/s", "--seeds", "0,4294967296"],
      "--seeds 0,4294967296: expected comma-separated non-negative integers below 4294967296"),
     ("probe-seed-2-32", ["probe", "{fuzzy.h5}", "--seed", "4294967296"], "argument --seed: expected a non-negative integer below"),

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from latentcode.errors import UsageError
+from latentcode.validation import describe_bytes, machine_memory
 
 
 # -- inputs ----------------------------------------------------------------------------------------
@@ -230,18 +231,6 @@ def command_outputs(stem: str | Path, suffixes: Sequence[str], overwrite: bool, 
 
 
 # -- resources -------------------------------------------------------------------------------------
-def _gib(n_bytes: float) -> str:
-    return f"{n_bytes / 2**30:,.1f} GiB" if n_bytes < 2**40 else f"{n_bytes / 2**40:,.1f} TiB"
-
-
-def machine_memory() -> int | None:
-    """The machine's physical memory in bytes (None where the system does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
 def forward_pass_bytes(batch: int, seq_len: int, model_config: Mapping) -> int:
     """A lower bound on the memory of one forward pass of `batch` sequences: one layer's widest
     activations `[batch, sequence, width]` and one attention tensor `[batch, head, query, key]`, float32."""
@@ -255,7 +244,7 @@ def check_fits_in_memory(n_bytes: int, what: str) -> None:
     physical memory: it would fail with a traceback (numpy's "Unable to allocate 7.3 TiB") or swap."""
     memory = machine_memory()
     if memory is not None and n_bytes > memory:
-        raise UsageError(f"{what} needs at least {_gib(n_bytes)} of memory; this machine has {_gib(memory)}")
+        raise UsageError(f"{what} needs at least {describe_bytes(n_bytes)} of memory; this machine has {describe_bytes(memory)}")
 
 
 def check_fits_on_disk(n_bytes: int, out: Path, compression: str, what: str) -> None:
@@ -269,5 +258,5 @@ def check_fits_on_disk(n_bytes: int, out: Path, compression: str, what: str) -> 
     free = info.f_bavail * info.f_frsize
     if n_bytes > (free if compression == "none" else 10 * free):
         compressed = "" if compression == "none" else f" (more than ten times that, so even {compression} will not fit)"
-        raise UsageError(f"{what} need {_gib(n_bytes)} on disk; {out.parent} has {_gib(free)} free{compressed}: "
+        raise UsageError(f"{what} need {describe_bytes(n_bytes)} on disk; {out.parent} has {describe_bytes(free)} free{compressed}: "
                          "extract fewer instances or sites")

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from latentcode.cli.arguments import POSITIVE_INTEGER, SEED, integer
 from latentcode.cli.command import Command, nothing_to_check
+
+# `tasks count --features` at most: (M!)^3 has about 100,000 digits at M = 10,000 (a second to compute).
+MAX_COUNTED_FEATURES = 10_000
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -31,7 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "authors, the authors' looser checker (with all_features: the paper's Table A2)",
     )
     counts = commands.add_parser("count", help="number of possible SRAVEN tasks and instances")
-    counts.add_argument("--features", type=integer(2), default=4)
+    counts.add_argument("--features", type=integer(2, MAX_COUNTED_FEATURES), default=4,
+                        help=f"M, features per panel (default 4; at most {MAX_COUNTED_FEATURES:,}: the counts "
+                             "then have tens of thousands of digits)")
     counts.add_argument("--values", type=integer(3), default=8)
     return parser
 
@@ -60,8 +66,25 @@ def _run_ambiguity(args: argparse.Namespace) -> None:
 def _run_counts(args: argparse.Namespace) -> None:
     from latentcode.tasks.sraven_counts import count_instances, count_tasks
 
-    print(f"SRAVEN M={args.features} K={args.values}: {count_tasks(args.features):,} tasks, "
-          f"{count_instances(args.features, args.values):.3e} labelled instances")
+    print(f"SRAVEN M={args.features} K={args.values}: {readable_count(count_tasks(args.features))} tasks, "
+          f"{readable_count(count_instances(args.features, args.values), exact_below=0)} labelled instances")
+
+
+def readable_count(count: int, exact_below: int = 10**15) -> str:
+    """`count` with thousands separators below `exact_below`, else as 1.234e+N: rounded through a float
+    below 1e300, its first four digits above (a float overflows above 1e308, and Python refuses to print
+    an integer of more than 4,300 digits)."""
+    if count < exact_below:
+        return f"{count:,}"
+    if count < 10**300:
+        return f"{count:.3e}"
+    digits = int(math.log10(count)) + 1 if count > 0 else 1  # log10 may be one off near a power of ten:
+    while count >= 10**digits:
+        digits += 1
+    while digits > 1 and count < 10 ** (digits - 1):
+        digits -= 1
+    first_four = count // 10 ** max(digits - 4, 0)
+    return f"{first_four / 10 ** (min(digits, 4) - 1):.3f}e+{digits - 1:02d}"
 
 
 COMMAND = Command(register, nothing_to_check("every flag is an integer in its range or a choice, which "

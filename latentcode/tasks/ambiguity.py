@@ -227,6 +227,14 @@ def _permutation_pair_strands(n_features: int) -> np.ndarray:
 
 def check_ambiguity_feasible(n_instances: int, n_features: int) -> None:
     """Raise a ValueError when an exhaustive check of ``n_instances`` would be infeasible."""
+    if n_features > 20:  # (21!)^2 alone is 2.6e39: computed exactly, a large M takes minutes to print
+        log10_checks = math.log10(n_instances) + 2 * math.lgamma(n_features + 1) / math.log(10) + math.log10(n_features)
+        raise TaskError(
+            f"an exhaustive ambiguity check of {n_instances} instances with n_features={n_features} enumerates "
+            f"{n_instances} x ({n_features}!)^2 column permutation pairs x {n_features} features = about "
+            f"10^{log10_checks:,.0f} checks, more than the limit of {MAX_PERMUTATION_CHECKS:,}; check fewer "
+            "instances or use fewer features"
+        )
     pairs = math.factorial(n_features) ** 2
     checks = n_instances * pairs * n_features
     if checks > MAX_PERMUTATION_CHECKS:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from latentcode.models.config import ConfigError, ModelConfig
-from latentcode.validation import check_variant
+from latentcode.models.config import ConfigError, ModelConfig, parameter_bytes
+from latentcode.validation import check_variant, describe_bytes, machine_memory
 
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
 
@@ -60,6 +61,7 @@ class TrainConfig:
             if not condition:
                 raise ConfigError(message)
 
+        self.check_fields(dataclasses.asdict(self))  # the checks that need no torch
         check(isinstance(self.task, dict) and "name" in self.task, f"task must be a dict with a 'name', got {self.task!r}")
         for name in ("batch_size", "eval_every", "eval_instances", "eval_batch_size", "checkpoint_every",
                      "log_every", "gradient_accumulation_steps", "keep_checkpoints"):
@@ -83,8 +85,6 @@ class TrainConfig:
         check(self.batch_size % self.gradient_accumulation_steps == 0,
               f"batch_size={self.batch_size} is not divisible by gradient_accumulation_steps="
               f"{self.gradient_accumulation_steps}")
-        check(isinstance(self.seed, int) and 0 <= self.seed < 2**32,
-              f"seed must be a non-negative integer below 2**32 (numpy and torch seeds are 32-bit), got {self.seed!r}")
         self.model_config()  # raises ConfigError naming what is wrong with the model
         if self.variant is not None:
             from latentcode.tasks import get_task
@@ -99,7 +99,8 @@ class TrainConfig:
 
     @classmethod
     def check_fields(cls, data: dict[str, Any]) -> None:
-        """Refuse unknown or missing fields (before any validation, which needs the model modules)."""
+        """Refuse unknown or missing fields, and values of the wrong type or a model too large for this
+        machine: the checks that need no torch (the rest of `validate` needs the model modules)."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -112,6 +113,26 @@ class TrainConfig:
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:  # a traceback deep in numpy
             raise ConfigError(f"seed must be a non-negative integer below 2**32 (numpy and torch seeds are 32-bit), "
                               f"got {seed!r}")
+        n_train_instances = data["n_train_instances"]
+        if not isinstance(n_train_instances, int) or isinstance(n_train_instances, bool) or n_train_instances < 1:
+            raise ConfigError(f"n_train_instances must be a positive integer, got {n_train_instances!r}")
+        for name in ("learning_rate", "weight_decay", "lr_final_fraction", "grad_clip_norm"):
+            value = data.get(name, 0.1)
+            if name == "grad_clip_norm" and value is None:
+                continue
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise ConfigError(f"{name} must be a finite number, got {value!r}")
+        model = data["model"]
+        if not isinstance(model, dict):
+            raise ConfigError(f"model must be a dict of ModelConfig fields, got {model!r}")
+        # Weights, their gradients and AdamW's two moments: a model of terabytes is refused here, not
+        # killed by the kernel once its run directory exists.
+        need, memory = 4 * parameter_bytes(model), machine_memory()
+        if memory is not None and need > memory:
+            raise ConfigError(
+                f"the model (n_layers={model.get('n_layers')}, d_model={model.get('d_model')}, kqv_dim="
+                f"{model.get('kqv_dim')}, d_mlp={model.get('d_mlp')}) needs at least {describe_bytes(need)} to train "
+                f"(weights, gradients and two AdamW moments in float32); this machine has {describe_bytes(memory)}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
