@@ -534,6 +534,9 @@ BAD_INPUTS = [
     ("intervene-batch-needs-terabytes", ["intervene", "{run}", "--zero-ablate", "all", "--n", "10000000000",
                                          "--batch-size", "10000000000", "--out", "{a_dir}/e"], "TiB of memory"),
     # patch (more in tests/intervention/test_patch_cli.py)
+    # 10^9 x 4 sequences of 32 tokens x 5 features x 4 bytes = 2.3 TiB of inputs alone
+    ("patch-n-10-9", ["patch", "{run}", "--n", "1000000000", "--out", "{a_dir}/p"],
+     "--n 1000000000 base/donor pairs (sequences of 32, with 3 donors each) needs at least 2.4 TiB of memory"),
     ("patch-unknown-split", ["patch", "{run}", "--split", "odd", "--out", "{a_dir}/p"],
      "--split: unknown split 'odd' for task 'fuzzy_logic'; valid splits: ['train', 'test', 'ood', 'unseen_terms']"),
     ("patch-unknown-variant", ["patch", "{run}", "--variant", "mirrored", "--out", "{a_dir}/p"],

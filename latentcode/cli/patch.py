@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from latentcode.cli.arguments import SEED, integer, number
-from latentcode.cli.checks import check_output, check_stem_free, model_config_of
+from latentcode.cli.checks import check_fits_in_memory, check_output, check_stem_free, model_config_of
 from latentcode.cli.command import Command
 from latentcode.errors import UsageError
 from latentcode.validation import check_split, check_variant
@@ -145,6 +145,10 @@ def check(args: argparse.Namespace) -> None:
                          "them: sraven and fuzzy_logic have them")
     args.split = check_split(task.analysis.held_out_split if args.split is None else args.split, task, "--split")
     args.variant = check_variant(args.variant or training_variant or task.variants[0], task, "--variant")
+    # The bases and their three donors are drawn before the first pass ([n, sequence, d_in] each, float32,
+    # with int64 indices of several times n while drawing them): what must fit, whatever the groups.
+    check_fits_in_memory(4 * args.n * (1 + len(DONORS)) * task.seq_len * (task.d_in or 1) + 32 * args.n,
+                         f"--n {args.n} base/donor pairs (sequences of {task.seq_len}, with {len(DONORS)} donors each)")
     if not -task.n_predictions <= args.prediction < task.n_predictions:
         raise UsageError(f"--prediction {args.prediction}: the task has {task.n_predictions} prediction positions "
                          f"(0..{task.n_predictions - 1}, or negative from the end)")
