@@ -70,6 +70,20 @@ def write_error(error: BaseException, path: str | Path) -> WriteError:
     return WriteError(f"cannot write {path}: {reason}")
 
 
+def save_safetensors(tensors: dict, path: str | Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' `save_file`, with its I/O failures (no space left, ...) as the one-line WriteError:
+    safetensors raises its own SafetensorError, not an OSError, so callers' `except OSError` missed them."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, path, metadata=metadata)
+    except SafetensorError as error:
+        reason = str(error)
+        system = re.search(r"I/O error: (.*?)(?: \(os error \d+\))?$", reason)
+        raise WriteError(f"cannot write {path}: {system.group(1) if system else reason}") from None
+
+
 def kind_of(mode: int) -> str:
     """What a file of `st_mode` is, in words: "a symbolic link", "a directory", ..."""
     for test, words in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
@@ -172,9 +186,13 @@ class ExclusiveLock:
             os.close(descriptor)
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "purpose": self.purpose,
                   "since": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-        os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, (json.dumps(holder) + "\n").encode(), 0)
         self._descriptor = descriptor
+        try:
+            os.ftruncate(descriptor, 0)
+            os.pwrite(descriptor, (json.dumps(holder) + "\n").encode(), 0)
+        except OSError as error:  # a full disk: let go of the lock (and its sidecar) and say so in one line
+            self.release()
+            raise write_error(error, self.path) from None
         return self
 
     def release(self) -> None:
@@ -465,7 +483,7 @@ def open_for_append(path: str | Path, mode: str = "a"):
     regular file; for files written as they go (logs, metrics), where a temporary cannot be used."""
     path = Path(path)
     check_replaceable(path)
-    ending = {"a": os.O_APPEND, "w": os.O_TRUNC}[mode]
+    ending = {"a": os.O_APPEND, "ab": os.O_APPEND, "w": os.O_TRUNC}[mode]
     try:
         descriptor = os.open(path, os.O_WRONLY | ending | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
                              | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0), 0o666)

@@ -65,9 +65,7 @@ def usable(entry: Path, sha256: str) -> bool:
 def write_entry(entry: Path, sha256: str, source: Path, model: Any, tokenizer: Any) -> None:
     """Write `model`'s float32 weights, config and `tokenizer` as the entry `entry`, all or none;
     a warning (not an error) where the cache cannot be written."""
-    from safetensors.torch import save_file
-
-    from latentcode.files import AtomicOutputs
+    from latentcode.files import AtomicOutputs, save_safetensors
 
     config = model.config.to_dict()
     config.pop("quantization_config", None)
@@ -82,7 +80,7 @@ def write_entry(entry: Path, sha256: str, source: Path, model: Any, tokenizer: A
             files["config.json"] = json.dumps(config, indent=1, sort_keys=True).encode()
             for name, data in files.items():
                 outputs.write_bytes(entry / name, data)
-            save_file(weights, outputs.temporary(entry / "model.safetensors"), metadata={"format": "pt"})
+            save_safetensors(weights, outputs.temporary(entry / "model.safetensors"), metadata={"format": "pt"})
             sizes = {name: len(data) for name, data in files.items()}
             sizes["model.safetensors"] = os.path.getsize(outputs.temporary(entry / "model.safetensors"))
             outputs.write_text(entry / ENTRY_FILE, json.dumps(

@@ -25,7 +25,9 @@ writes it), for the whole run; a second train into the same directory is refused
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from latentcode.errors import LatentcodeError
-from latentcode.files import ExclusiveLock, atomic_write_text, open_for_append
+from latentcode.files import ExclusiveLock, atomic_write_text, open_for_append, write_error
 
 RUN_FORMAT = "latentcode-run/1"
 CONFIG_FILE = "config.json"
@@ -196,8 +198,19 @@ class RunDirectory:
 
     # -- metrics -----------------------------------------------------------------------------------
     def append_metrics(self, record: dict[str, Any]) -> None:
-        with open_for_append(self.metrics_path) as file:
-            file.write(json.dumps(record, sort_keys=True, default=float) + "\n")
+        """Append one line; on a failed write (a full disk) the file is cut back to its earlier lines
+        and the one-line WriteError raised, so no torn line is left."""
+        line = (json.dumps(record, sort_keys=True, default=float) + "\n").encode()
+        with open_for_append(self.metrics_path, "ab") as file:
+            size = os.fstat(file.fileno()).st_size
+            try:
+                written = 0
+                while written < len(line):  # unbuffered: nothing is left for close() to flush
+                    written += os.write(file.fileno(), line[written:])
+            except OSError as error:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(file.fileno(), size)
+                raise write_error(error, self.metrics_path) from None
 
     def read_metrics(self, drop_torn_last_line: bool = False) -> list[dict[str, Any]]:
         """The records of metrics.jsonl; a line that is not JSON raises RunDirectoryError naming the

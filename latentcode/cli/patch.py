@@ -24,7 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from latentcode.cli.arguments import SEED, integer, number
-from latentcode.cli.checks import check_fits_in_memory, check_output, check_stem_free, model_config_of
+from latentcode.cli.checks import (
+    check_fits_in_memory,
+    check_output,
+    check_stem_free,
+    model_config_of,
+)
 from latentcode.cli.command import Command
 from latentcode.errors import UsageError
 from latentcode.validation import check_split, check_variant

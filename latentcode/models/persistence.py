@@ -18,10 +18,10 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from latentcode.errors import LatentcodeError
-from latentcode.files import give_umask_mode
+from latentcode.files import give_umask_mode, save_safetensors
 from latentcode.models.config import ModelConfig
 
 FORMAT = "latentcode-model/1"
@@ -57,7 +57,7 @@ def save_model(model: torch.nn.Module, path: str | Path, overwrite: bool = False
         (staging / CONFIG_FILE).write_text(model.config.to_json() + "\n")
         state = {name: tensor.detach().cpu().to(dtype or tensor.dtype).contiguous()
                  for name, tensor in model.state_dict().items()}
-        save_file(state, staging / WEIGHTS_FILE, metadata={"format": FORMAT, "latentcode_version": _package_version()})
+        save_safetensors(state, staging / WEIGHTS_FILE, metadata={"format": FORMAT, "latentcode_version": _package_version()})
         give_umask_mode(staging / WEIGHTS_FILE)  # safetensors writes 0600 whatever the umask
         if path.exists():
             # a random name: a fixed `.NAME.old` could be a planted link or another writer's backup

@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from latentcode.errors import LatentcodeError
-from latentcode.files import give_umask_mode
+from latentcode.files import give_umask_mode, save_safetensors
 
 CHECKPOINT_FORMAT = "latentcode-checkpoint/2"
 STATE_FILE = "trainer_state.json"
@@ -205,9 +205,9 @@ def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     that a resume can tell whether config.json was edited since (`recorded_train_config`)."""
     path.mkdir(parents=True, exist_ok=True)
     model_state = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
-    save_file(model_state, path / MODEL_FILE, metadata={"format": CHECKPOINT_FORMAT})
+    save_safetensors(model_state, path / MODEL_FILE, metadata={"format": CHECKPOINT_FORMAT})
     optimizer_tensors, optimizer_structure = optimizer_to_files(optimizer)
-    save_file(optimizer_tensors, path / OPTIMIZER_FILE, metadata={"format": CHECKPOINT_FORMAT})
+    save_safetensors(optimizer_tensors, path / OPTIMIZER_FILE, metadata={"format": CHECKPOINT_FORMAT})
     for written in (path / MODEL_FILE, path / OPTIMIZER_FILE):
         give_umask_mode(written)  # safetensors writes 0600 whatever the umask
     state = {
