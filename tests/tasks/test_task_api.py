@@ -136,3 +136,14 @@ def test_position_names_name_every_input_position_and_the_query_last(task):
         assert task.derived_label_names == ("rule",)
     else:
         assert names[0] == "example 0" and names[-1] == "query"
+
+
+def test_tasks_list_prints_a_line_per_registered_task(capsys):
+    from latentcode.cli import main
+
+    assert main(["tasks", "list"]) in (0, None)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == list(task_names())
+    sraven = lines[task_names().index("sraven")]
+    assert "variants permuted, unpermuted;" in sraven and "preset yes" in sraven
+    assert "capabilities derived_labels, position_partitions, counterfactual_pairs" in sraven
