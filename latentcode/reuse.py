@@ -12,7 +12,7 @@ the constituents are the task's probe label, ``term_present``):
   layer, side by side) on its analysis variant (``fixed_query``), `n_codes` instances of ``train``
   and of the held-out split ``ood`` each, extracted into `codes` (or read from it when it has both
   splits): parts (a) decodability and (b) reconstruction;
-- (c) transplant: `n_pairs` pairs of `latentcode.tasks.fuzzy_transplant` (an unseen composition as
+- (c) transplant: `n_pairs` pairs of `Task.transplant_pairs` (`latentcode.tasks.fuzzy_transplant`: an unseen composition as
   base, a training composition that swaps one term as donor, a third training composition as
   baseline) on the run's training variant (``uniform``; why not ``fixed_query``: that module), the
   codes of the same sites patched from donor to base (`transfer_sweep`).
@@ -37,9 +37,12 @@ class CodeReuseError(LatentcodeError, ValueError):
 def reuse_task_problem(task) -> str:
     """Why the score cannot be measured on `task` ("" if it can): it needs compositions that are sets
     of constituents, a multi-hot probe label, and held-out compositions."""
-    if not hasattr(task, "tasks_differing_by_one_term"):
-        return (f"the code-reuse score needs a task whose compositions are sets of constituents (fuzzy_logic); "
-                f"got {task.name!r}")
+    if not task.provides("transplant_pairs"):
+        from latentcode.tasks import task_class, task_names
+
+        having = [name for name in task_names() if task_class(name).provides("transplant_pairs")]
+        return (f"the code-reuse score needs a task whose compositions are sets of constituents "
+                f"({', '.join(having)}); got {task.name!r}")
     if "ood" not in task.splits:
         return f"the code-reuse score needs held-out compositions (an 'ood' split); {task.name!r} has {task.splits}"
     return ""
@@ -72,7 +75,6 @@ def code_reuse(run: str | Path, *, codes: str | Path, n_codes: int = 2048, n_pai
     from latentcode.intervention.patching import SiteGroup
     from latentcode.intervention.transfer import per_example, transfer_sweep
     from latentcode.store import CodeFile
-    from latentcode.tasks.fuzzy_transplant import transplant_pairs
 
     record = latentcode.Run(run)
     task = record.task()
@@ -106,7 +108,7 @@ def code_reuse(run: str | Path, *, codes: str | Path, n_codes: int = 2048, n_pai
 
     model = record.load_model()
     model.eval()
-    pairs = transplant_pairs(task, n_pairs, seed=seed, variant=record.config.variant)
+    pairs = task.transplant_pairs(n_pairs, seed=seed, variant=record.config.variant)
     group = SiteGroup(parse_selector(analysis.selector, task))
     table = transfer_sweep(model, task, pairs, [group], relations=("different", "third"))
     follow_different = per_example(table, "different", "follow")[0]

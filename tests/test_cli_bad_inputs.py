@@ -26,6 +26,7 @@ import pytest
 
 from latentcode.cli import main
 from latentcode.store import CodeWriter, Site
+from latentcode.training.presets import presets
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 SITES = [Site(0, 31, 31), Site(1, 31, 31)]
@@ -293,7 +294,8 @@ BAD_INPUTS = [
      "argument --mixed-precision: expected one of auto, no, bf16, fp16, got 'fp8'"),
     ("train-set-unknown-key", [*TRAIN, "--set", "nosuchkey=1"], "--set nosuchkey=1: unknown field 'nosuchkey'"),
     ("train-set-without-value", [*TRAIN, "--set", "frac_test"], "--set expects KEY=VALUE, got 'frac_test'"),
-    ("train-unknown-preset", ["train", "--preset", "mnist"], "unknown preset 'mnist'; valid presets: fuzzy_logic"),
+    ("train-unknown-preset", ["train", "--preset", "mnist"],
+     f"unknown preset 'mnist'; valid presets: {', '.join(presets())}"),  # every task's, from the registry
     ("train-unknown-scale", [*TRAIN[:3], "--scale", "huge"], "--scale huge: unknown scale; valid scales: tiny"),
     ("train-unknown-variant", [*TRAIN, "--variant", "mirrored"],
      "--variant: unknown variant 'mirrored' for task 'fuzzy_logic'; valid variants: ['uniform', 'fixed_context', "

@@ -14,7 +14,7 @@ from latentcode.analysis import decode
 from latentcode.analysis.report import build_report
 from latentcode.store import CodeFile
 from latentcode.tasks import AnalysisDefaults, Batch, Task, TrainingSetup, register_task, task_names
-from latentcode.tasks.base import _TASK_CLASSES
+from latentcode.tasks.registry import _TASK_CLASSES
 from latentcode.training import build_train_config
 
 SELECTED = ("first", "second", "third")

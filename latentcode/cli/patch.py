@@ -135,7 +135,7 @@ def _search_cost(n_layers: int, n_selection: int, n_confirmation: int, per_step:
 
 def check(args: argparse.Namespace) -> None:
     """Everything that can be checked before torch: output, run, task, split, variant, groups."""
-    from latentcode.tasks import get_task
+    from latentcode.tasks import get_task, task_class, task_names
 
     if sum(bool(choice) for choice in (args.grid, args.group, args.search)) > 1:
         raise UsageError("give one of --search, --grid or --group")
@@ -145,9 +145,10 @@ def check(args: argparse.Namespace) -> None:
     args.grid = args.grid or (None if args.group or args.search else "rows")
     n_layers, n_heads, task_config, training_variant = _read_run(args.run)
     task = get_task(**task_config)
-    if not hasattr(task, "counterfactual_pairs"):
+    if not task.provides("counterfactual_pairs"):
+        having = [name for name in task_names() if task_class(name).provides("counterfactual_pairs")]
         raise UsageError(f"task {task.name!r} draws no counterfactual pairs (Task.counterfactual_pairs); patch needs "
-                         "them: sraven and fuzzy_logic have them")
+                         f"them: {' and '.join(having)} have them")
     args.split = check_split(task.analysis.held_out_split if args.split is None else args.split, task, "--split")
     args.variant = check_variant(args.variant or training_variant or task.variants[0], task, "--variant")
     # The bases and their three donors are drawn before the first pass ([n, sequence, d_in] each, float32,

@@ -1,4 +1,4 @@
-"""`latentcode tasks`: inspect the tasks (SRAVEN ambiguity, counts)."""
+"""`latentcode tasks`: inspect the tasks (the registered tasks, SRAVEN ambiguity, counts)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,13 @@ MAX_COUNTED_FEATURES = 10_000
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("tasks", help="inspect the tasks (SRAVEN ambiguity, counts)")
+    parser = subparsers.add_parser("tasks", help="inspect the tasks (the registered tasks, SRAVEN ambiguity, counts)")
     commands = parser.add_subparsers(dest="tasks_command", required=True, metavar="COMMAND")
+    commands.add_parser("list", help="every registered task: splits, variants, objective, preset, capabilities",
+                        description="One line per task the registry finds in latentcode/tasks/ (a task is one module "
+                        "there): its splits, variants (the first is the default), objective, whether "
+                        "`latentcode train --preset NAME` trains it, and the optional capabilities it provides "
+                        "(Task.provides).")
     ambiguity = commands.add_parser(
         "ambiguity",
         help="Monte Carlo estimate of the fraction of ambiguous SRAVEN instances",
@@ -43,7 +48,18 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> None:
-    {"ambiguity": _run_ambiguity, "count": _run_counts}[args.tasks_command](args)
+    {"list": _run_list, "ambiguity": _run_ambiguity, "count": _run_counts}[args.tasks_command](args)
+
+
+def _run_list(args: argparse.Namespace) -> None:
+    from latentcode.tasks import CAPABILITIES, task_class, task_names
+
+    for name in task_names():
+        task = task_class(name)
+        capabilities = [capability for capability in CAPABILITIES if task.provides(capability)]
+        print(f"{name}: splits {', '.join(task.splits)}; variants {', '.join(task.variants)}; {task.objective}; "
+              f"preset {'yes' if task.training_setup is not None else 'no'}; "
+              f"capabilities {', '.join(capabilities) or 'none'}")
 
 
 def _run_ambiguity(args: argparse.Namespace) -> None:

@@ -39,8 +39,8 @@ TRAIN_OVERRIDES = (
     ("--eval-instances", "eval_instances", POSITIVE_INTEGER, "instances per evaluation split"),
     ("--checkpoint-every", "checkpoint_every", POSITIVE_INTEGER, "steps between checkpoints"),
     ("--log-every", "log_every", POSITIVE_INTEGER, "steps between log lines"),
-    ("--variant", "variant", str, "task input variant to train and evaluate on (default the task's first; "
-     "sraven: permuted, unpermuted; fuzzy_logic: uniform, fixed_context, fixed_query)"),
+    ("--variant", "variant", str, "task input variant to train and evaluate on (default the task's first; each "
+     "preset's variants are listed below)"),
 )
 
 
@@ -64,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--preset", help="fuzzy_logic, sraven or language (see below)")
+    parser.add_argument("--preset", help="the task to train on, by name (every task's preset is listed below)")
     parser.add_argument("--attention", default="softmax",
                         help="attention preset (softmax, linear, hyla, ... or NORMALIZATION+VALUE_NETWORK; default softmax)")
     parser.add_argument("--scale", default="cpu", help="tiny, demo, cpu or paper (default cpu)")
@@ -138,7 +138,7 @@ def check(args: argparse.Namespace) -> None:
             if key not in known:
                 raise UsageError(f"--set {key}={value}: unknown field {key!r}; valid fields: {', '.join(sorted(known))}")
     else:
-        raise UsageError("latentcode train needs --preset (fuzzy_logic, sraven or language), --config or --resume")
+        raise UsageError(f"latentcode train needs --preset ({', '.join(presets())}), --config or --resume")
     if args.out:
         check_output(args.out, "--out", kind="directory")
 

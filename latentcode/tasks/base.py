@@ -1,4 +1,5 @@
-"""What every in-context learning task shares: the batch, the task interface and the registry.
+"""What every in-context learning task shares: the batch and the task interface (the registry of
+tasks is `latentcode.tasks.registry`).
 
 Batches
 -------
@@ -35,20 +36,13 @@ variant shows exactly the instances of the ``permuted`` one without their column
 ``(task config, split, n, variant)``, so every model is scored on the same examples. Sets of
 different ``n`` are different sets, not prefixes of each other.
 
-Split sizes
------------
-A fraction ``f`` of ``count`` items is ``round_half_up(f * count)`` items, i.e.
-``floor(f * count + 0.5)``. Held-out combinations are chosen so that every item (a fuzzy-logic
-term, a SRAVEN rule) still occurs in some training combination; see
-:func:`hold_out_combinations`.
+How a task enumerates its combinations and holds some out: `latentcode.tasks.combinations`.
 """
 
 from __future__ import annotations
 
 import abc
 import inspect
-import itertools
-import math
 import numbers
 import zlib
 from collections.abc import Sequence
@@ -63,10 +57,6 @@ from latentcode.errors import LatentcodeError
 SPLIT_STREAM = 0
 FIXED_INPUT_STREAM = 1
 SAMPLE_STREAM = 2
-
-# Enumerating every combination of a task is what makes the splits exact; past this many the
-# arrays get too large to keep around, so such configurations are refused.
-MAX_ENUMERATED_COMBINATIONS = 5_000_000
 
 
 @dataclass(frozen=True)
@@ -176,6 +166,10 @@ class TrainingSetup:
     scales: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
+# The optional capabilities of a task (`Task.provides`): the methods of `Task` that a task may override.
+CAPABILITIES = ("derived_labels", "position_partitions", "counterfactual_pairs", "transplant_pairs")
+
+
 def eval_seed(split: str) -> int:
     """The constant sample seed of a split's fixed evaluation set (see the module docstring)."""
     return zlib.crc32(b"eval/" + split.encode())
@@ -202,6 +196,9 @@ class Task(abc.ABC):
     # Parameters that only choose how instances of the same task are read (language's window length):
     # codes read with another value still come from a run trained with one (latentcode.provenance).
     reading_parameters: ClassVar[tuple[str, ...]] = ()
+    # `get_task` parameters of a small instance of the task, quick to build and sample ({}: the
+    # defaults): the contract tests (tests/tasks/test_task_contract.py) run every task with them.
+    small_config: ClassVar[dict[str, Any]] = {}
 
     seq_len: int  # tokens per instance
     d_in: int | None  # width of one input token (None for a task of integer tokens)
@@ -284,12 +281,6 @@ class Task(abc.ABC):
         requests (layer None: every layer; negative positions count from the end)."""
         return {}
 
-    def derived_labels(self, batch: Batch, sites: Sequence) -> dict[str, np.ndarray]:
-        """Labels that depend on the recorded sites (objects with ``.query`` and ``.key``), e.g.
-        the rule of the sites' common query position; added to the codes file beside ``labels``.
-        Their names are in `derived_label_names` (or `label_names`, recomputed at another query)."""
-        return {}
-
     def value_names(self) -> dict[str, list[str]]:
         """Display names of the integer values of categorical labels: label -> names by value."""
         return {}
@@ -314,6 +305,47 @@ class Task(abc.ABC):
         position would outweigh everything else in the file)."""
         return self.n_predictions
 
+    # --- optional capabilities ----------------------------------------------------------------
+    # What only some tasks can do, declared here with what a task without it does; a task provides
+    # one by overriding its method. Callers ask `provides`, never `hasattr` or the task's name.
+
+    @classmethod
+    def provides(cls, capability: str) -> bool:
+        """Whether this task provides ``capability``, one of `CAPABILITIES` (overrides its method)."""
+        if capability not in CAPABILITIES:
+            raise ValueError(f"unknown task capability {capability!r}; valid capabilities: {list(CAPABILITIES)}")
+        return getattr(cls, capability) is not getattr(Task, capability)
+
+    def derived_labels(self, batch: Batch, sites: Sequence) -> dict[str, np.ndarray]:
+        """Labels that depend on the recorded sites (objects with ``.query`` and ``.key``), e.g.
+        the rule of the sites' common query position; added to the codes file beside ``labels``.
+        Their names are in `derived_label_names` (or `label_names`, recomputed at another query).
+        Without the capability: none."""
+        return {}
+
+    def position_partitions(self) -> dict[str, dict[str, tuple[int, ...]]]:
+        """Ways to cut the positions ``0..seq_len-1`` into parts, ``{partition: {part: positions}}``,
+        for site groups shaped by the task (`latentcode.tasks.partitions`). Without the capability:
+        none (`task_partitions` still gives every task ``context`` vs ``query``)."""
+        return {}
+
+    def counterfactual_pairs(self, n: int, split: str = "ood", *, seed: int = 0, variant: str | None = None,
+                             prediction: int = -1, pool: int = 8, **options):
+        """``n`` base instances of ``split``, each with a donor per relation (``different``,
+        ``third``, ``same``) at the prediction position ``prediction``: a
+        `latentcode.tasks.counterfactuals.CounterfactualPairs`, what patching and intervention
+        transfer measure on. ``options``: the task's own (e.g. SRAVEN's ``well_posed``). Without
+        the capability: a TaskError."""
+        raise TaskError(f"task {self.name!r} draws no counterfactual pairs (Task.counterfactual_pairs)")
+
+    def transplant_pairs(self, n: int, *, seed: int = 0, variant: str | None = None, **options):
+        """``n`` pairs of an unseen composition (``ood``) as the base and a training composition that
+        swaps one of its constituents as the donor, for a task whose compositions are sets of
+        constituents (fuzzy logic: a function is a set of terms): the code-reuse score's transplant
+        (`latentcode.tasks.fuzzy_transplant`). Without the capability: a TaskError."""
+        raise TaskError(f"the transplant needs a task whose compositions are sets of constituents; "
+                        f"task {self.name!r} is not one (Task.transplant_pairs)")
+
     # --- validation ---------------------------------------------------------------------------
 
     def _split_index(self, split: str) -> int:
@@ -333,43 +365,6 @@ class Task(abc.ABC):
                 "[n, n_predictions, d_out] for this batch"
             )
         return prediction
-
-
-# --- registry ---------------------------------------------------------------------------------
-
-_TASK_CLASSES: dict[str, type[Task]] = {}
-
-
-def register_task(cls: type[Task]) -> type[Task]:
-    """Class decorator: make ``cls`` available to :func:`get_task` under ``cls.name``."""
-    if not isinstance(getattr(cls, "analysis", None), AnalysisDefaults):
-        raise TypeError(f"task class {cls.__name__} must set `analysis = AnalysisDefaults(...)`")
-    _TASK_CLASSES[cls.name] = cls
-    return cls
-
-
-def task_names() -> tuple[str, ...]:
-    """The names :func:`get_task` accepts."""
-    return tuple(sorted(_TASK_CLASSES))
-
-
-def task_class(name: str) -> type[Task]:
-    """The class registered as ``name`` (its class attributes describe the task without building it)."""
-    if name not in _TASK_CLASSES:
-        raise TaskError(f"unknown task {name!r}; valid names: {list(task_names())}")
-    return _TASK_CLASSES[name]
-
-
-def get_task(name: str, **params) -> Task:
-    """Build the task called ``name`` with keyword ``params`` (see each task's ``__init__``)."""
-    cls = task_class(name)
-    valid = cls.parameter_names()
-    unknown = sorted(set(params) - set(valid))
-    if unknown:
-        raise TaskError(
-            f"unknown parameter(s) {unknown} for task {name!r}; valid parameters: {list(valid)}"
-        )
-    return cls(**params)
 
 
 # --- shared helpers ---------------------------------------------------------------------------
@@ -402,99 +397,3 @@ def normalize_seed(seed: int | Sequence[int]) -> tuple[int, ...]:
             f"seed={seed!r} must be a non-negative integer or a non-empty sequence of them"
         )
     return tuple(int(part) for part in parts)
-
-
-def fraction_of(fraction: float, count: int) -> int:
-    """``round_half_up(fraction * count)``: how many of ``count`` items a fraction selects."""
-    return math.floor(fraction * count + 0.5)
-
-
-def enumerate_combinations(
-    n_items: int, k: int, *, with_replacement: bool, what: str
-) -> np.ndarray:
-    """All k-combinations of ``range(n_items)`` in lexicographic order, ``[count, k]`` int64.
-
-    Each row is sorted; the order is that of ``itertools.combinations`` (or
-    ``combinations_with_replacement``). ``what`` names the combinations in the error raised
-    when there are more than ``MAX_ENUMERATED_COMBINATIONS``.
-    """
-    count = math.comb(n_items + k - 1, k) if with_replacement else math.comb(n_items, k)
-    if count > MAX_ENUMERATED_COMBINATIONS:
-        raise TaskError(
-            f"there are {count:,} {what}, more than the {MAX_ENUMERATED_COMBINATIONS:,} "
-            "this generator enumerates; choose fewer items or a smaller combination size"
-        )
-    combine = (
-        itertools.combinations_with_replacement if with_replacement else itertools.combinations
-    )
-    flat = np.fromiter(
-        itertools.chain.from_iterable(combine(range(n_items), k)), dtype=np.int64, count=count * k
-    )
-    return flat.reshape(count, k)
-
-
-def hold_out_combinations(
-    combinations: np.ndarray, n_held_out: int, rng: np.random.Generator, *, what: str, parts: str,
-    strata: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Split the rows of ``combinations`` ``[count, k]`` into kept and held-out row indices.
-
-    Every item that occurs in ``combinations`` also occurs in some kept row, so held-out
-    combinations are new compositions of known parts. The rows are visited in a random order
-    drawn from ``rng``: a row is reserved for the kept set when it contains an item no earlier
-    reserved row contains (a greedy cover); the first ``n_held_out`` unreserved rows in that
-    order are held out and the rest are kept. With ``strata`` (``[count]``, a label per row, e.g.
-    how hard the combination is), the held-out rows are drawn stratum by stratum, as many from each
-    as its share of the rows (largest remainders; a stratum short of unreserved rows passes its
-    quota on, in that order), so that the held-out set has the mix of the whole; without it, the
-    draw is exactly as it always was (the splits of trained models depend on it).
-    Returns sorted ``(kept, held_out)`` indices.
-    Raises a ValueError, naming the setting ``what`` and the items ``parts`` (e.g. "rules"),
-    when too few rows are left for the cover.
-    """
-    count = len(combinations)
-    order = rng.permutation(count)
-    items_to_cover = set(np.unique(combinations).tolist())
-    covered: set[int] = set()
-    reserved = []
-    for row in order:
-        if covered == items_to_cover:
-            break
-        items = set(combinations[row].tolist())
-        if not items <= covered:
-            reserved.append(row)
-            covered |= items
-    if count - n_held_out < len(reserved):
-        raise TaskError(
-            f"{what}: holding out {n_held_out} of {count} combinations leaves {count - n_held_out} "
-            f"for training, but {len(reserved)} are needed for every one of the "
-            f"{len(items_to_cover)} {parts} to occur in training; hold out a smaller fraction"
-        )
-    is_reserved = np.zeros(count, dtype=bool)
-    is_reserved[reserved] = True
-    unreserved_in_order = order[~is_reserved[order]]
-    if strata is None:
-        held_out = np.sort(unreserved_in_order[:n_held_out])
-    else:
-        held_out = np.sort(_stratified(unreserved_in_order, np.asarray(strata), n_held_out))
-    kept = np.setdiff1d(np.arange(count), held_out)
-    return kept, held_out
-
-
-def _stratified(candidates: np.ndarray, strata: np.ndarray, n_held_out: int) -> np.ndarray:
-    """The first rows of ``candidates`` (row indices in draw order) of each stratum, as many of a
-    stratum as its share of all rows ``strata`` allots (largest remainders), ``n_held_out`` in all."""
-    labels, sizes = np.unique(strata, return_counts=True)
-    shares = n_held_out * sizes / sizes.sum()
-    quotas = np.floor(shares).astype(int)
-    for index in np.argsort(-(shares - quotas), kind="stable")[: n_held_out - quotas.sum()]:
-        quotas[index] += 1
-    available = np.array([(strata[candidates] == label).sum() for label in labels])
-    short = np.maximum(quotas - available, 0).sum()
-    quotas = np.minimum(quotas, available)
-    for index in np.argsort(-(shares - quotas), kind="stable"):  # a short stratum's quota goes to the others
-        extra = min(short, available[index] - quotas[index])
-        quotas[index] += extra
-        short -= extra
-    chosen = [candidates[strata[candidates] == label][:quota] for label, quota in zip(labels, quotas, strict=True)]
-    return np.concatenate(chosen)

@@ -18,7 +18,7 @@ Drawn from ``np.random.default_rng([seed, SPLIT_STREAM])`` (the task's own seed 
    the combinations made only of unseen terms form the ``unseen_terms`` split.
 2. Of the K-combinations of the remaining (seen) terms, ``round_half_up(frac_test * count)``
    are held out as the ``ood`` split (unseen combinations of seen terms), chosen so that every
-   seen term still occurs in a training combination (``base.hold_out_combinations``).
+   seen term still occurs in a training combination (``combinations.hold_out_combinations``).
 3. The rest form ``train``; the ``test`` split draws fresh instances from the same combinations.
 
 Combinations that mix seen and unseen terms belong to no split. ``task_index`` labels index the
@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from latentcode.tasks import fuzzy_transplant
 from latentcode.tasks.base import (
     FIXED_INPUT_STREAM,
     SPLIT_STREAM,
@@ -58,11 +59,9 @@ from latentcode.tasks.base import (
     TrainingSetup,
     check_fraction,
     check_integer,
-    enumerate_combinations,
-    fraction_of,
-    hold_out_combinations,
-    register_task,
 )
+from latentcode.tasks.combinations import enumerate_combinations, fraction_of, hold_out_combinations
+from latentcode.tasks.registry import register_task
 
 # The term_present label has 2**L columns; past this it stops being a sensible probe target.
 MAX_VARIABLES = 12
@@ -118,6 +117,7 @@ class FuzzyLogic(Task):
     variants = ("uniform", "fixed_context", "fixed_query")
     label_names = ("terms", "term_present", "negation_bits", "target", "task_index")
     objective = "regression"
+    small_config = {"n_variables": 3, "n_terms": 2, "seq_len": 8, "frac_test": 0.5, "seed": 7}
     # The paper's analysis (as the authors' code): the last token attending to itself, on the
     # fixed-query variant, so that codes differ by the function only; each term is decoded.
     analysis = AnalysisDefaults(selector="last-self", variant="fixed_query", probe_label="term_present",
@@ -435,6 +435,13 @@ class FuzzyLogic(Task):
                                                    "same": base_task[rows]},
             part_names=self.function_names(),
             counts=counts)
+
+    def transplant_pairs(self, n: int, *, seed: int = 0, variant: str | None = None, pool: int = 8,
+                         min_difference: float = 0.1):
+        """``n`` pairs of an ``ood`` base and a training donor that swaps one of its terms (the
+        code-reuse transplant); see ``latentcode.tasks.fuzzy_transplant.transplant_pairs``."""
+        return fuzzy_transplant.transplant_pairs(self, n, seed=seed, variant=variant, pool=pool,
+                                                 min_difference=min_difference)
 
     def _check_terms(self, terms) -> np.ndarray:
         """``terms`` as int64 ``[k]`` or ``[n, k]`` (k >= 1), each in ``0..2**L-1``."""

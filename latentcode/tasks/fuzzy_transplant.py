@@ -31,18 +31,19 @@ from latentcode.tasks.counterfactuals import (
     first_kept,
     take,
 )
+from latentcode.validation import check_variant
 
 
 def transplant_pairs(task, n: int, *, seed: int = 0, variant: str | None = None, pool: int = 8,
                      min_difference: float = 0.1) -> CounterfactualPairs:
-    """`n` pairs (module docstring) of a `FuzzyLogic` task; donors from `pool * n` training instances."""
-    if not hasattr(task, "tasks_differing_by_one_term"):
+    """`n` pairs (module docstring) of a `FuzzyLogic` task (`FuzzyLogic.transplant_pairs`); donors from `pool * n` training instances."""
+    if not task.provides("transplant_pairs"):
         raise TaskError(f"the transplant needs a task whose compositions are sets of terms (fuzzy_logic); "
                         f"got {task.name!r}")
     check_pair_request(n, 0, task.n_predictions, pool)
     if not np.isfinite(min_difference) or min_difference < 0:
         raise TaskError(f"min_difference={min_difference!r} must be a finite number >= 0")
-    variant = task._check_variant(variant)
+    variant = check_variant(task.variants[0] if variant is None else variant, task, error=TaskError)
     candidates = task.sample(4 * n, "ood", seed=(seed, 11), variant=variant)
     donor_pool = task.sample(pool * n, "train", seed=(seed, 12), variant=variant)
     rng = np.random.default_rng([seed, 13])

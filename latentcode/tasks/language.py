@@ -50,8 +50,8 @@ from latentcode.tasks.base import (
     TaskError,
     TrainingSetup,
     check_integer,
-    register_task,
 )
+from latentcode.tasks.registry import register_task
 
 VOCABULARY = 256  # bytes
 # The paper scale's training windows: 5 passes over the training bytes at seq_len 128, as the
@@ -116,6 +116,7 @@ class Language(Task):
     # added to a codes file at extraction where every site shares one key (`derived_labels`)
     derived_label_names = ("key_class", "key_is_previous_occurrence", "key_is_same_byte")
     objective = "classification"
+    small_config = {"seq_len": 64}
     # The last token's row of codes over the recent keys; decoded: what kind of byte it is.
     analysis = AnalysisDefaults(selector="last-recent", variant="plain", probe_label="query_class",
                                 picture_label="query_class", headline_metric="bits_per_byte",

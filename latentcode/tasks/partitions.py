@@ -1,9 +1,9 @@
 """The task's partitions of its positions, for site groups shaped by the task (standard library only,
 so the command line checks a grid name before torch is imported).
 
-A task may declare `position_partitions()` (an optional capability): `{partition: {part: positions}}`,
-each partition cutting 0..seq_len-1 into parts (SRAVEN: feature slots, panels, panel rows and
-columns, context vs query). `latentcode.intervention.patching.partition_grid` makes site groups of
+A task may provide `position_partitions()` (an optional capability, `Task.provides`):
+`{partition: {part: positions}}`, each partition cutting 0..seq_len-1 into parts (SRAVEN: feature
+slots, panels, panel rows and columns, context vs query). `latentcode.intervention.patching.partition_grid` makes site groups of
 them (a query part x a key part per layer).
 """
 
@@ -12,18 +12,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from latentcode.tasks.base import TaskError
+from latentcode.tasks.base import Task, TaskError
 
 # partition name -> part name -> positions
 Partitions = dict[str, dict[str, tuple[int, ...]]]
 
 
-def task_partitions(task: Any) -> Partitions:
+def task_partitions(task: Task) -> Partitions:
     """The task's partitions of its positions (`task.position_partitions()`, an optional capability),
     always with ``context`` (the positions before the last `n_predictions`) vs ``query`` (those);
     empty parts are dropped. Each partition must cover every position once."""
     seq_len = int(task.seq_len)
-    declared = task.position_partitions() if hasattr(task, "position_partitions") else {}
+    declared = task.position_partitions()  # {} from a task without the capability
     last = seq_len - int(task.n_predictions)
     partitions = {"context": {"context": tuple(range(last)), "query": tuple(range(last, seq_len))}, **declared}
     cleaned: Partitions = {}
@@ -31,7 +31,7 @@ def task_partitions(task: Any) -> Partitions:
         parts = {part: tuple(int(p) for p in positions) for part, positions in parts.items() if len(positions)}
         covered = sorted(p for positions in parts.values() for p in positions)
         if covered != list(range(seq_len)):
-            raise TaskError(f"partition {name!r} of task {getattr(task, 'name', task)!r} does not cover the "
+            raise TaskError(f"partition {name!r} of task {task.name!r} does not cover the "
                             f"{seq_len} positions once each (a bug in the task's position_partitions)")
         cleaned[name] = parts
     return cleaned

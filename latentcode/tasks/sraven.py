@@ -23,7 +23,7 @@ Splits
 ------
 Drawn from ``np.random.default_rng([seed, SPLIT_STREAM])`` (the task's own seed only):
 ``round_half_up(frac_ood * count)`` multisets are held out as ``ood``, chosen so that every rule
-still occurs in a training multiset (``base.hold_out_combinations``; a split where that is
+still occurs in a training multiset (``combinations.hold_out_combinations``; a split where that is
 impossible is refused). ``train`` and ``test`` draw fresh instances from the other multisets.
 ``hold_out`` says how the held-out multisets are drawn after that cover: ``"greedy"`` (default,
 the split every trained model used) takes them in the random order, which, as the cover keeps the
@@ -57,9 +57,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from latentcode.tasks.ambiguity import (
-    is_ambiguous,
-)
+from latentcode.tasks import sraven_counterfactuals
+from latentcode.tasks.ambiguity import is_ambiguous
 from latentcode.tasks.base import (
     SPLIT_STREAM,
     AnalysisDefaults,
@@ -69,10 +68,17 @@ from latentcode.tasks.base import (
     TrainingSetup,
     check_fraction,
     check_integer,
-    enumerate_combinations,
-    fraction_of,
-    hold_out_combinations,
-    register_task,
+)
+from latentcode.tasks.combinations import enumerate_combinations, fraction_of, hold_out_combinations
+from latentcode.tasks.registry import register_task
+from latentcode.tasks.sraven_rules import (
+    GRID_SIZE,
+    RULES,
+    STEPLESS_RULES,
+    check_n_values,
+    permute_columns,
+    sample_feature_grids,
+    sample_panels,
 )
 
 __all__ = [
@@ -83,110 +89,7 @@ __all__ = [
     "sample_feature_grids",
 ]
 
-RULES = (
-    "constant",
-    "progression+1",
-    "progression+2",
-    "progression-1",
-    "progression-2",
-    "sum",
-    "difference",
-    "distribute_three",
-)
-GRID_SIZE = 3
-_SUM = RULES.index("sum")
-_DIFFERENCE = RULES.index("difference")
-_DISTRIBUTE_THREE = RULES.index("distribute_three")
-# The constant rule is a progression with step 0; sum, difference and distribute_three take no step.
-_STEP = np.array([0, 1, 2, -1, -2, 0, 0, 0], dtype=np.int64)
-_ORDERINGS_OF_THREE = np.array(
-    [[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]], dtype=np.int64
-)
-_AMBIGUITY_STREAM = 3
-STEPLESS_RULES = (_SUM, _DIFFERENCE, _DISTRIBUTE_THREE)
 HOLD_OUTS = ("greedy", "stratified")
-
-
-def check_n_values(n_values) -> int:
-    """K as an int, refusing K < 3 (distribute_three needs three distinct values)."""
-    n_values = check_integer("n_values", n_values)
-    if n_values < 3:
-        raise TaskError(
-            f"n_values={n_values} is too small: distribute_three needs at least 3 distinct values"
-        )
-    return n_values
-
-
-def _distinct_triples(rng: np.random.Generator, n: int, n_values: int) -> np.ndarray:
-    """``[n, 3]`` uniformly random ordered triples of distinct values in ``0..K-1``."""
-    first = rng.integers(n_values, size=n)
-    second = rng.integers(n_values - 1, size=n)
-    third = rng.integers(n_values - 2, size=n)
-    second += second >= first  # skip the first value
-    low, high = np.minimum(first, second), np.maximum(first, second)
-    third += third >= low  # skip both, the lower one first
-    third += third >= high
-    return np.stack([first, second, third], axis=-1)
-
-
-def sample_feature_grids(rules: np.ndarray, n_values: int, rng: np.random.Generator) -> np.ndarray:
-    """Values of each feature's 3x3 grid under its rule.
-
-    Args:
-        rules: int ``[n, M]`` rule indices into ``RULES``.
-        n_values: K.
-        rng: the generator to draw from.
-
-    Returns:
-        int64 ``[n, M, 3, 3]`` (instance, feature, row, column).
-    """
-    rules = np.asarray(rules)
-    row_start = rng.integers(n_values, size=(*rules.shape, GRID_SIZE))  # [n, M, row]
-    row_second = rng.integers(n_values, size=(*rules.shape, GRID_SIZE))  # used by sum, difference
-    step = _STEP[rules][..., None]
-    is_arithmetic = ((rules == _SUM) | (rules == _DIFFERENCE))[..., None]
-    sign = np.where(rules == _DIFFERENCE, -1, 1)[..., None]
-    middle = np.where(is_arithmetic, row_second, row_start + step)
-    last = np.where(is_arithmetic, row_start + sign * row_second, row_start + 2 * step)
-    grids = np.stack([row_start, middle, last], axis=-1) % n_values
-
-    distribute = rules == _DISTRIBUTE_THREE
-    n_distribute = int(distribute.sum())
-    if n_distribute:
-        values = _distinct_triples(rng, n_distribute, n_values)  # [m, 3]
-        orderings = _ORDERINGS_OF_THREE[rng.integers(6, size=(n_distribute, GRID_SIZE))]
-        grids[distribute] = np.take_along_axis(values[:, None, :], orderings, axis=-1)
-    return grids
-
-
-def permute_columns(panels: np.ndarray, column_permutations: np.ndarray) -> np.ndarray:
-    """Apply each column's permutation to its panels: ``out[:, r, c, j] = panels[:, r, c, p_c[j]]``.
-
-    Args:
-        panels: ``[n, 3, 3, M]`` (instance, row, column, feature).
-        column_permutations: ``[n, 3, M]``, ``p_c`` for each column c.
-    """
-    return np.take_along_axis(panels, column_permutations[:, None, :, :], axis=-1)
-
-
-def _random_permutations(
-    rng: np.random.Generator, shape: tuple[int, ...], n_items: int
-) -> np.ndarray:
-    """``[*shape, n_items]`` int64, independent uniformly random permutations."""
-    return np.argsort(rng.random((*shape, n_items)), axis=-1)
-
-
-def _sample_panels(
-    multisets: np.ndarray, n_values: int, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rules in feature order ``[n, M]``, panels ``[n, 3, 3, M]`` and column permutations
-    ``[n, 3, M]`` for instances of the given rule multisets ``[n, M]``."""
-    n, n_features = multisets.shape
-    feature_order = _random_permutations(rng, (n,), n_features)
-    rules = np.take_along_axis(multisets, feature_order, axis=1)
-    panels = sample_feature_grids(rules, n_values, rng).transpose(0, 2, 3, 1)
-    column_permutations = _random_permutations(rng, (n, GRID_SIZE), n_features)
-    return rules, panels, column_permutations
 
 
 @register_task
@@ -211,6 +114,7 @@ class SRaven(Task):
     # (`derived_labels`); what the paper decodes.
     derived_label_names = ("rule",)
     objective = "classification"
+    small_config = {"n_features": 3, "n_values": 5, "frac_ood": 0.3, "seed": 7}
     # The paper's analysis: the last query token attending to the same feature in the two context
     # panels of the last row (`sraven-rule`), on unpermuted instances, where position j of every
     # panel is feature j; the rule of that feature is what the codes should tell.
@@ -339,7 +243,7 @@ class SRaven(Task):
     def _generate(self, n: int, split: str, variant: str, rng: np.random.Generator) -> Batch:
         M, K = self.n_features, self.n_values
         task_index = self._draw_task_indices(rng, n, split)
-        rules, panels, column_permutations = _sample_panels(
+        rules, panels, column_permutations = sample_panels(
             self.all_combinations[task_index], K, rng
         )
         if variant == "unpermuted":
@@ -415,23 +319,17 @@ class SRaven(Task):
     def counterfactual_answer(self, batch: Batch, feature, rule) -> tuple[np.ndarray, np.ndarray]:
         """The answer ``rule`` gives on the last row of ``feature``: ``(answers [n], defined [n])``;
         see ``latentcode.tasks.sraven_counterfactuals.counterfactual_answer``."""
-        from latentcode.tasks import sraven_counterfactuals  # it imports this module's rules
-
         return sraven_counterfactuals.counterfactual_answer(self, batch, feature, rule)
 
     def completes_a_valid_row(self, batch: Batch, feature, rule, answer) -> np.ndarray:
         """Whether ``answer`` completes the last row of ``feature`` as a row of ``rule``, bool ``[n]``;
         see ``latentcode.tasks.sraven_counterfactuals.completes_a_valid_row``."""
-        from latentcode.tasks import sraven_counterfactuals  # it imports this module's rules
-
         return sraven_counterfactuals.completes_a_valid_row(self, batch, feature, rule, answer)
 
     def counterfactual_pairs(self, n: int, split: str = "ood", *, seed: int = 0, variant: str | None = None,
                              prediction: int = -1, pool: int = 8, well_posed: bool = True):
         """``n`` base instances of ``split`` with a donor per relation (different, third, same) at the
         query position ``prediction``; see ``latentcode.tasks.sraven_counterfactuals.counterfactual_pairs``."""
-        from latentcode.tasks import sraven_counterfactuals  # it imports this module's rules
-
         return sraven_counterfactuals.counterfactual_pairs(self, n, split, seed=seed, variant=variant,
                                                            prediction=prediction, pool=pool, well_posed=well_posed)
 

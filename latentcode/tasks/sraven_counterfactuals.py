@@ -1,14 +1,13 @@
 """SRAVEN's counterfactuals: the answer another rule gives on an instance, whether that answer
 completes a valid row of the rule, and base/donor pairs for patching experiments (see
-``latentcode.tasks.counterfactuals``). `SRaven`'s methods of the same names call these."""
+``latentcode.tasks.counterfactuals``). `SRaven`'s methods of the same names call these, with the
+`SRaven` task as ``task``; the rules are `sraven_rules`'s, so this module does not import the task."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from latentcode.tasks.base import Batch, TaskError
+from latentcode.tasks.base import Batch, Task, TaskError
 from latentcode.tasks.counterfactuals import (
     CounterfactualPairs,
     check_pair_request,
@@ -18,12 +17,11 @@ from latentcode.tasks.counterfactuals import (
     first_kept,
     take,
 )
-from latentcode.tasks.sraven import _DIFFERENCE, _DISTRIBUTE_THREE, _STEP, _SUM, RULES
+from latentcode.tasks.sraven_rules import DIFFERENCE, DISTRIBUTE_THREE, RULES, STEP, SUM
+from latentcode.validation import check_variant
 
-if TYPE_CHECKING:
-    from latentcode.tasks.sraven import SRaven
 
-def counterfactual_answer(task: SRaven, batch: Batch, feature, rule) -> tuple[np.ndarray, np.ndarray]:
+def counterfactual_answer(task: Task, batch: Batch, feature, rule) -> tuple[np.ndarray, np.ndarray]:
     """The answer that ``rule`` gives on the last row of ``feature``, from that row's first
     two cells ``a, b`` and (for distribute_three) the first two rows:
 
@@ -58,19 +56,19 @@ def counterfactual_answer(task: SRaven, batch: Batch, feature, rule) -> tuple[np
     grid = grids[np.arange(n), feature]  # [n, row, column]
     first, second = grid[:, -1, 0], grid[:, -1, 1]
     unwrapped = np.select(
-        [rule == RULES.index("constant"), rule == _SUM, rule == _DIFFERENCE],
+        [rule == RULES.index("constant"), rule == SUM, rule == DIFFERENCE],
         [first, first + second, first - second],
-        default=second + _STEP[rule],  # the progressions
+        default=second + STEP[rule],  # the progressions
     )
     answers = unwrapped % task.n_values
 
     missing_value, unique_missing = _missing_from_value_set(task.n_values, grid)
-    is_distribute = rule == _DISTRIBUTE_THREE
+    is_distribute = rule == DISTRIBUTE_THREE
     answers = np.where(is_distribute, missing_value, answers)
     defined = ~is_distribute | unique_missing
     return np.where(defined, answers, -1).astype(np.int64), defined
 
-def completes_a_valid_row(task: SRaven, batch: Batch, feature, rule, answer) -> np.ndarray:
+def completes_a_valid_row(task: Task, batch: Batch, feature, rule, answer) -> np.ndarray:
     """Whether the last row of ``feature`` completed with ``answer`` is a row that ``rule``
     generates (and, for distribute_three, one of the value set the first two rows share):
 
@@ -91,9 +89,9 @@ def completes_a_valid_row(task: SRaven, batch: Batch, feature, rule, answer) -> 
     answer = np.asarray(answer, dtype=np.int64).reshape(n)
     grid = grids[np.arange(n), feature]
     a, b = grid[:, -1, 0], grid[:, -1, 1]
-    step = _STEP[rule]
+    step = STEP[rule]
     progression = ((b - a - step) % K == 0) & ((answer - b - step) % K == 0)
-    valid = np.select([rule == _SUM, rule == _DIFFERENCE], [(answer - a - b) % K == 0, (answer - a + b) % K == 0],
+    valid = np.select([rule == SUM, rule == DIFFERENCE], [(answer - a - b) % K == 0, (answer - a + b) % K == 0],
                       default=progression)
     values = np.arange(K)
     first_rows = (grid[:, :-1, :, None] == values).any(axis=(1, 2))  # [n, K]
@@ -101,9 +99,9 @@ def completes_a_valid_row(task: SRaven, batch: Batch, feature, rule, answer) -> 
     distinct = (a != b) & (a != answer) & (b != answer)
     in_set = np.take_along_axis(first_rows, np.clip(row, 0, K - 1), axis=1).all(axis=1) & (row >= 0).all(axis=1)
     distribute = (first_rows.sum(axis=1) == 3) & distinct & in_set
-    return np.where(rule == _DISTRIBUTE_THREE, distribute, valid)
+    return np.where(rule == DISTRIBUTE_THREE, distribute, valid)
 
-def counterfactual_pairs(task: SRaven, n: int, split: str = "ood", *, seed: int = 0, variant: str | None = None,
+def counterfactual_pairs(task: Task, n: int, split: str = "ood", *, seed: int = 0, variant: str | None = None,
                          prediction: int = -1, pool: int = 8, well_posed: bool = True):
     """``n`` base instances of ``split`` with a donor per relation (``different``, ``third``,
     ``same``; see ``latentcode.tasks.counterfactuals``), at the query position ``prediction``
@@ -118,7 +116,7 @@ def counterfactual_pairs(task: SRaven, n: int, split: str = "ood", *, seed: int 
     """
 
     prediction = check_pair_request(n, prediction, task.n_predictions, pool)
-    variant = task._check_variant(variant if variant is not None else task.analysis.variant)
+    variant = check_variant(variant if variant is not None else task.analysis.variant, task, error=TaskError)
     n_candidates = 4 * n
     candidates = task.sample(n_candidates, split, seed=(seed, 1), variant=variant)
     donor_pool = task.sample(pool * n, split, seed=(seed, 2), variant=variant)

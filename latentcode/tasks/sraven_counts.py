@@ -8,17 +8,19 @@ import math
 import numpy as np
 
 from latentcode.tasks.ambiguity import CRITERIA, check_ambiguity_feasible, check_rules, is_ambiguous
-from latentcode.tasks.base import TaskError, check_integer, enumerate_combinations
-from latentcode.tasks.sraven import (
-    _AMBIGUITY_STREAM,
+from latentcode.tasks.base import TaskError, check_integer
+from latentcode.tasks.combinations import enumerate_combinations
+from latentcode.tasks.sraven_rules import (
     GRID_SIZE,
     RULES,
-    _sample_panels,
     check_n_values,
     permute_columns,
+    sample_panels,
 )
 
 __all__ = ["count_instances", "count_tasks", "estimate_ambiguity", "grids_per_rule"]
+
+AMBIGUITY_STREAM = 3  # the Monte Carlo draw's stream: default_rng([seed, AMBIGUITY_STREAM])
 
 
 def count_tasks(n_features: int, n_rules: int = len(RULES)) -> int:
@@ -101,12 +103,12 @@ def estimate_ambiguity(
     check_rules(rules)
     check_ambiguity_feasible(n_instances, n_features)
 
-    rng = np.random.default_rng([seed, _AMBIGUITY_STREAM])
+    rng = np.random.default_rng([seed, AMBIGUITY_STREAM])
     multisets = enumerate_combinations(
         len(RULES), n_features, with_replacement=True, what=f"multisets of {n_features} rules"
     )
     chosen = multisets[rng.integers(len(multisets), size=n_instances)]
-    _, panels, column_permutations = _sample_panels(chosen, n_values, rng)
+    _, panels, column_permutations = sample_panels(chosen, n_values, rng)
     ambiguous = is_ambiguous(
         permute_columns(panels, column_permutations), n_values, criterion, rules
     )

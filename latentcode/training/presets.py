@@ -46,11 +46,14 @@ TRAIN_FIELDS = {field.name for field in dataclasses.fields(TrainConfig)} - {"tas
 
 
 def describe_presets() -> str:
+    """The preset table of `latentcode train --help`: each task's setup, grid, scales and variants."""
     lines = []
     for name, preset in presets().items():
         grid = ", ".join(f"{key} in {values}" for key, values in preset.paper_grid.items())
         scales = ", ".join(f"{scale}={count:,}" for scale, count in preset.train_instances.items())
-        lines.append(f"  {name}: {preset.description}\n      paper grid: {grid}\n      training instances: {scales}")
+        variants = ", ".join(task_class(name).variants)
+        lines.append(f"  {name}: {preset.description}\n      paper grid: {grid}\n      training instances: {scales}"
+                     f"\n      variants (--variant; the first is the default): {variants}")
     return "\n".join(lines)
 
 

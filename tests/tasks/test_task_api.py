@@ -1,7 +1,8 @@
-"""The shared task interface: registry, config round trip, validation, seeds, batches."""
+"""The shared task interface: the registry, and what the contract tests (test_task_contract.py, over
+every registered task) cannot say in general: defaults, seeds and names of particular tasks."""
 
-import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,19 +10,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from latentcode.tasks import Batch, FuzzyLogic, SRaven, eval_seed, get_task, task_names
+from latentcode.tasks import (
+    AnalysisDefaults,
+    Batch,
+    FuzzyLogic,
+    SRaven,
+    Task,
+    eval_seed,
+    get_task,
+    register_task,
+    task_class,
+    task_names,
+)
 
-SMALL_PARAMS = {
-    "fuzzy_logic": {"n_variables": 3, "n_terms": 2, "seq_len": 8, "frac_test": 0.5, "seed": 7},
-    "sraven": {"n_features": 3, "n_values": 5, "frac_ood": 0.3, "seed": 7},
-}
-
-
-def all_tasks():
-    return [get_task(name, **params) for name, params in SMALL_PARAMS.items()] + [
-        get_task("fuzzy_logic"),
-        get_task("sraven"),
-    ]
+REPOSITORY = Path(__file__).resolve().parents[2]
 
 
 def assert_batches_equal(first: Batch, second: Batch) -> None:
@@ -32,10 +34,43 @@ def assert_batches_equal(first: Batch, second: Batch) -> None:
         np.testing.assert_array_equal(first.labels[name], second.labels[name])
 
 
-def test_registry_names_and_classes():
-    assert task_names() == ("fuzzy_logic", "language", "sraven")
+def registered_in_the_source() -> set[str]:
+    """The `name` of every `@register_task` class in latentcode/tasks/*.py, read from the source text
+    (not through the registry, whose discovery is what is tested)."""
+    names = set()
+    for path in (REPOSITORY / "latentcode" / "tasks").glob("*.py"):
+        for block in path.read_text().split("@register_task\nclass ")[1:]:
+            names.add(re.search(r'^    name = "([^"]+)"$', block, re.MULTILINE).group(1))
+    return names
+
+
+def test_the_registry_finds_every_task_module_and_nothing_lists_them():
+    assert set(task_names()) == registered_in_the_source()
+    assert task_names() == tuple(sorted(task_names()))
     assert isinstance(get_task("fuzzy_logic"), FuzzyLogic)
     assert isinstance(get_task("sraven"), SRaven)
+    package = (REPOSITORY / "latentcode" / "tasks" / "__init__.py").read_text()
+    assert not [name for name in task_names() if f'"{name}"' in package.replace('DEMO_TASK = "fuzzy_logic"', "")]
+
+
+def test_register_task_refuses_what_is_not_a_task_and_a_second_class_of_one_name():
+    with pytest.raises(TypeError, match="takes a Task subclass"):
+        register_task(object)
+
+    class AnotherSRaven(SRaven):
+        analysis = AnalysisDefaults(selector="sraven-rule", variant="unpermuted", probe_label="rule",
+                                    picture_label="rule", headline_metric="accuracy")
+
+    with pytest.raises(TypeError, match=r"two task classes are named 'sraven': latentcode.tasks.sraven.SRaven and"):
+        register_task(AnotherSRaven)
+    assert task_class("sraven") is SRaven
+    assert register_task(SRaven) is SRaven  # the same class again (a reloaded module) is no clash
+
+
+def test_only_the_capabilities_a_task_overrides_are_provided():
+    assert SRaven.provides("counterfactual_pairs") and not task_class("language").provides("counterfactual_pairs")
+    assert FuzzyLogic.provides("transplant_pairs") and not SRaven.provides("transplant_pairs")
+    assert not Task.provides("position_partitions")
 
 
 def test_unknown_task_name_lists_valid_names():
@@ -48,55 +83,10 @@ def test_unknown_parameter_is_named_with_valid_parameters():
         get_task("sraven", n_feature=4)
 
 
-@pytest.mark.parametrize("task", all_tasks(), ids=repr)
-def test_config_round_trip_rebuilds_identical_task(task):
-    config = task.config()
-    assert config["name"] == task.name
-    rebuilt = get_task(**json.loads(json.dumps(config)))
-    assert rebuilt.config() == config
-    for split in task.splits:
-        np.testing.assert_array_equal(rebuilt.combinations(split), task.combinations(split))
-        assert_batches_equal(rebuilt.sample(16, split, seed=3), task.sample(16, split, seed=3))
-
-
-@pytest.mark.parametrize("task", all_tasks(), ids=repr)
-def test_batch_shapes_and_labels(task):
-    for split in task.splits:
-        for variant in task.variants:
-            batch = task.sample(10, split, seed=1, variant=variant)
-            assert len(batch) == 10
-            assert (batch.split, batch.variant) == (split, variant)
-            assert batch.x.shape == (10, task.seq_len, task.d_in)
-            assert batch.x.dtype == np.float32
-            assert batch.y.shape == (10, task.n_predictions)
-            expected_dtype = np.float32 if task.objective == "regression" else np.int64
-            assert batch.y.dtype == expected_dtype
-            assert tuple(batch.labels) == task.label_names
-            assert all(len(values) == 10 for values in batch.labels.values())
-            drawn = {tuple(row) for row in task.all_combinations[batch.labels["task_index"]]}
-            assert drawn <= {tuple(row) for row in task.combinations(split)}
-
-
 def test_default_variant_is_the_first():
     task = get_task("sraven")
     assert task.sample(4, seed=2).variant == "permuted"
     assert_batches_equal(task.sample(4, seed=2), task.sample(4, seed=2, variant="permuted"))
-
-
-@pytest.mark.parametrize("task", all_tasks(), ids=repr)
-def test_same_seed_same_data_different_seed_different_data(task):
-    for split in task.splits:
-        assert_batches_equal(
-            task.sample(32, split, seed=(1, 2)), task.sample(32, split, seed=(1, 2))
-        )
-        assert not np.array_equal(
-            task.sample(32, split, seed=(1, 2)).x, task.sample(32, split, seed=(1, 3)).x
-        )
-        # numpy's SeedSequence alone would confuse these two
-        assert not np.array_equal(
-            task.sample(32, split, seed=(1, 2)).x, task.sample(32, split, seed=(1, 2, 0)).x
-        )
-    assert not np.array_equal(task.sample(32, "train", seed=5).x, task.sample(32, "test", seed=5).x)
 
 
 def test_integer_seed_equals_one_tuple():
@@ -114,41 +104,8 @@ def test_task_seed_fixes_splits_sample_seed_does_not_change_them():
         assert not np.array_equal(first.sample(8, seed=0).x, other.sample(8, seed=0).x)
 
 
-@pytest.mark.parametrize("task", all_tasks(), ids=repr)
-def test_eval_set_is_fixed_and_documented(task):
-    for split in task.splits:
-        fixed = task.eval_set(split, 64)
-        assert_batches_equal(fixed, task.eval_set(split, 64))
-        assert_batches_equal(fixed, task.sample(64, split, seed=eval_seed(split)))
-        assert_batches_equal(fixed, get_task(**task.config()).eval_set(split, 64))
-    assert (
-        eval_seed("ood") == 4271584072
-    )  # zlib.crc32(b"eval/ood"): changing it changes every score
-
-
-@pytest.mark.parametrize("task", all_tasks()[:2], ids=repr)
-def test_sample_argument_errors(task):
-    with pytest.raises(ValueError, match=r"unknown split 'validation'.*'train'"):
-        task.sample(4, "validation")
-    with pytest.raises(ValueError, match=r"unknown variant 'shuffled'.*" + task.variants[0]):
-        task.sample(4, variant="shuffled")
-    with pytest.raises(ValueError, match=r"n=0 must be at least 1"):
-        task.sample(0)
-    with pytest.raises(ValueError, match=r"n=2.5 must be an integer"):
-        task.sample(2.5)
-    with pytest.raises(ValueError, match=r"seed=\(1, -2\) must be a non-negative integer"):
-        task.sample(4, seed=(1, -2))
-    with pytest.raises(ValueError, match=r"unknown split"):
-        task.eval_set("validation", 4)
-    with pytest.raises(ValueError, match=r"unknown split"):
-        task.combinations("validation")
-
-
-@pytest.mark.parametrize("task", all_tasks()[:2], ids=repr)
-def test_evaluate_checks_prediction_shape(task):
-    batch = task.sample(5)
-    with pytest.raises(ValueError, match=r"prediction has shape \(5, 7\); expected"):
-        task.evaluate(np.zeros((5, 7)), batch)
+def test_the_eval_seed_is_the_crc32_of_its_split():
+    assert eval_seed("ood") == 4271584072  # zlib.crc32(b"eval/ood"): changing it changes every score
 
 
 def test_batch_refuses_labels_of_another_length():
@@ -156,42 +113,37 @@ def test_batch_refuses_labels_of_another_length():
         Batch(np.zeros((2, 4, 3)), np.zeros((2, 1)), {"rules": np.zeros(3)}, "train", "permuted")
 
 
-def test_tasks_package_imports_no_torch():
-    code = "import sys, latentcode.tasks, latentcode.tasks.sraven; print('torch' in sys.modules)"
-    repository = str(Path(__file__).resolve().parents[2])
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([repository, os.environ.get("PYTHONPATH", "")]),
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
-    )
-    assert result.stdout.strip() == "False"
+def test_tasks_package_imports_no_task_module_and_discovery_no_torch():
+    """`import latentcode.tasks` is light (the CLI's checks import it before torch): the registry imports
+    the task modules on its first question, and none of them imports torch."""
+    code = ("import sys, latentcode.tasks\n"
+            "print(sorted(m for m in sys.modules if m.startswith('latentcode.tasks.')))\n"
+            "print(latentcode.tasks.task_names(), 'torch' in sys.modules)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPOSITORY), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    imported, names = result.stdout.splitlines()
+    assert imported == str(["latentcode.tasks.base", "latentcode.tasks.registry"])
+    assert names == f"{task_names()} False"
 
 
-@pytest.mark.parametrize("name", task_names())
-def test_labels_added_at_extraction_are_named_by_the_task(name):
-    """`task.label_names` did not show SRAVEN's `rule`, the label the README decodes (issue 24)."""
-    from types import SimpleNamespace
-
-    task = get_task(name, **({"seq_len": 64} if name == "language" else {}))
-    batch = task.sample(8, task.splits[0], seed=0)
-    assert set(batch.labels) == set(task.label_names)
-    assert not set(task.derived_label_names) & set(task.label_names)
-    for requests in task.selectors().values():
-        sites = [SimpleNamespace(query=query % task.seq_len, key=key % task.seq_len) for _, query, key in requests]
-        assert set(task.derived_labels(batch, sites)) <= set(task.derived_label_names) | set(task.label_names)
-    if name == "sraven":
-        assert task.derived_label_names == ("rule",)
-
-
-@pytest.mark.parametrize("task", all_tasks(), ids=repr)
+@pytest.mark.parametrize("task", [get_task("sraven"), get_task("sraven", n_features=3), get_task("fuzzy_logic"),
+                                  get_task("fuzzy_logic", seq_len=8)], ids=repr)
 def test_position_names_name_every_input_position_and_the_query_last(task):
     """The viewer's key names (recorded in codes files at extraction): one per input position."""
     names = task.position_names()
-    batch = task.sample(2, split="train", seed=0)
-    assert len(names) == batch.x.shape[1] == len(set(names))
     if isinstance(task, SRaven):  # 8 context panels of n_features slots, then the query panel's slots
         assert names[task.n_features] == "panel (1,2) slot 0" and names[-1] == f"query slot {task.n_features - 1}"
+        assert task.derived_label_names == ("rule",)
     else:
         assert names[0] == "example 0" and names[-1] == "query"
+
+
+def test_tasks_list_prints_a_line_per_registered_task(capsys):
+    from latentcode.cli import main
+
+    assert main(["tasks", "list"]) in (0, None)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == list(task_names())
+    sraven = lines[task_names().index("sraven")]
+    assert "variants permuted, unpermuted;" in sraven and "preset yes" in sraven
+    assert "capabilities derived_labels, position_partitions, counterfactual_pairs" in sraven
