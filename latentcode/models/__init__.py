@@ -21,7 +21,7 @@ _WHERE = {
     "load_model": "latentcode.models.transformer",
     "save_model": "latentcode.models.persistence",
     "InputShapeError": "latentcode.models.attention",
-    "AttentionPathError": "latentcode.models.attention",
+    "AttentionPathError": "latentcode.models.path_policy",
     "attention_path": "latentcode.models.attention",
     "QueryBlockHook": "latentcode.models.query_block_hook",
     "Transformer": "latentcode.models.transformer",

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from latentcode.models.attention import lecun_normal_
 from latentcode.models.hooks import HookPoint
+from latentcode.models.initializers import lecun_normal_
 
 
 class MLP(nn.Module):

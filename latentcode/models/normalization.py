@@ -11,17 +11,41 @@ The latent code of a key-query pair is `a[:, q, k] = sigma(scores)[:, q, k]`, on
 
 Masked pairs (`allowed[q, k] == False`) contribute nothing to any variant: they are -inf before a
 softmax and exactly zero otherwise.
+
+Each is a `ScoreNormalization` that declares what it is, so that the attention layer picks its
+faster paths by what sigma does, never by its name (`latentcode.models.path_policy`): whether it
+is exactly a softmax over keys (fused attention kernels compute it), exactly the identity (linear
+attention can be reassociated), and whether it acts on each query row alone (blocks of queries can
+be computed apart).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-ScoreNormalization = Callable[[Tensor, "Tensor | None", float], Tensor]
-"""`(scores [batch, head, query, key], allowed bool [query, key] or None, eps) -> latent codes`."""
+
+@dataclass(frozen=True)
+class ScoreNormalization:
+    """sigma: `(scores [batch, head, query, key], allowed bool [query, key] or None, eps) -> latent codes`.
+
+    is_softmax_over_keys: sigma(scores) = softmax over keys, masked pairs -inf, and nothing more.
+    is_identity: sigma(scores) = scores, masked pairs 0, and nothing more.
+    acts_per_query: each query row's codes depend on that row's scores alone (true of every sigma
+        here: softmax normalizes over the keys of one query, rms over the heads of one pair).
+    """
+
+    function: Callable[[Tensor, Tensor | None, float], Tensor]
+    is_softmax_over_keys: bool = False
+    is_identity: bool = False
+    acts_per_query: bool = True
+
+    def __call__(self, scores: Tensor, allowed: Tensor | None, eps: float) -> Tensor:
+        return self.function(scores, allowed, eps)
+
 
 
 def softmax_over_keys(scores: Tensor, allowed: Tensor | None, eps: float = 0.0) -> Tensor:
@@ -48,8 +72,9 @@ def softmax_then_rms_over_heads(scores: Tensor, allowed: Tensor | None, eps: flo
 
 
 SCORE_NORMALIZATIONS: dict[str, ScoreNormalization] = {
-    "softmax": softmax_over_keys,
-    "identity": identity,
-    "rms_head": rms_over_heads,
-    "softmax_rms_head": softmax_then_rms_over_heads,
+    "softmax": ScoreNormalization(softmax_over_keys, is_softmax_over_keys=True),
+    "identity": ScoreNormalization(identity, is_identity=True),
+    "rms_head": ScoreNormalization(rms_over_heads),
+    "softmax_rms_head": ScoreNormalization(softmax_then_rms_over_heads),
 }
+"""Score normalization name -> sigma: the one place the names live (`ModelConfig` validates with it)."""

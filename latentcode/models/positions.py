@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from latentcode.models.config import ConfigError
+from latentcode.models.initializers import embedding_normal
 
 
 def relative_position_buckets(n_query: int, n_key: int, n_buckets: int, max_distance: int) -> np.ndarray:
@@ -43,7 +44,7 @@ class RelativePositionBias(nn.Module):
             raise ConfigError(f"relative positions need n_ctx >= 2, got n_ctx={n_ctx}")
         self.n_buckets = self.max_distance = n_ctx
         # [n_heads, n_buckets]; Flax's default embedding init (variance 1 / fan_in).
-        self.bias_table = nn.Parameter(torch.randn(n_heads, self.n_buckets) / math.sqrt(self.n_buckets))
+        self.bias_table = nn.Parameter(embedding_normal(n_heads, self.n_buckets, fan_in=self.n_buckets))
         buckets = relative_position_buckets(n_ctx, n_ctx, self.n_buckets, self.max_distance)
         self.register_buffer("buckets", torch.from_numpy(buckets), persistent=False)
 

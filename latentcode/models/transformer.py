@@ -40,10 +40,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from latentcode.models.attention import Attention, InputShapeError, lecun_normal_
+from latentcode.models.attention import Attention, InputShapeError
 from latentcode.models.config import ModelConfig
 from latentcode.models.feedforward import MLP, MixtureOfExperts
 from latentcode.models.hooks import HookedRootModule, HookPoint
+from latentcode.models.initializers import embedding_normal, lecun_normal_
 from latentcode.models.persistence import check_weights_fit, read_model_files, save_model
 
 __all__ = ["InputShapeError", "LayerNorm", "Transformer", "build_model", "load_model"]
@@ -80,7 +81,7 @@ class TokenEmbed(nn.Module):
 
     def __init__(self, d_vocab: int, d_model: int):
         super().__init__()
-        self.W_E = nn.Parameter(torch.randn(d_vocab, d_model) / d_model**0.5)
+        self.W_E = nn.Parameter(embedding_normal(d_vocab, d_model, fan_in=d_model))
 
     def forward(self, tokens: Tensor) -> Tensor:
         return self.W_E[tokens]

@@ -23,14 +23,15 @@ latent code generates. Their hidden activation `[batch, query, key, d_head_v]` p
 Each value network is one class that knows its `config_name`, its forward, and the network it
 applies to each key input x_k for a pair (q, k) (`generated_layers`, `floats_per_pair`): the
 hypernetwork view (`latentcode.models.hypernetwork`) only asks it. `VALUE_NETWORKS` is the one
-table of names. For the attention layer's blockwise path it also says whether z is a sum of one
-term per key (`sums_over_keys`: then a block's keys may be split into tiles) and how many floats
-its forward holds per (batch, query, key) pair besides the latent code (`floats_held_per_pair`).
+table of names. Each declares whether it is the plain weighted sum of values (`is_weighted_sum_of_values`:
+then fused attention kernels and linear attention's reassociation compute it) and, for the attention
+layer's blockwise path, whether z is a sum of one term per key (`sums_over_keys`: then a block's
+keys may be split into tiles) and how many floats its forward holds per (batch, query, key) pair
+besides the latent code (`floats_held_per_pair`).
 """
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar, NamedTuple
 
 import torch
@@ -39,6 +40,7 @@ from torch import Tensor, nn
 
 from latentcode.errors import LatentcodeError
 from latentcode.models.hooks import HookPoint
+from latentcode.models.initializers import truncated_normal_std_
 
 
 class NoExactView(LatentcodeError, ValueError):
@@ -71,6 +73,9 @@ class ValueNetwork(nn.Module):
 
     # The name ModelConfig uses. Not `name`: HookedRootModule.setup() sets each module's `name` to its path.
     config_name: ClassVar[str]
+    # z[q, h] = sum_k a[h, q, k] v[k, h] and nothing more (standard attention): fused attention
+    # kernels and linear attention's reassociation compute it (`latentcode.models.path_policy`).
+    is_weighted_sum_of_values: ClassVar[bool] = False
     # z[q] = sum_k f(a[:, q, k], v[k]): the keys may be processed in tiles whose z are added.
     sums_over_keys: ClassVar[bool] = True
     # forward_tile / backward_tile exist: the blockwise path's hand-written kernels (no autograd).
@@ -109,6 +114,7 @@ class LinearValueNetwork(ValueNetwork):
     """
 
     config_name = "linear"
+    is_weighted_sum_of_values = True
 
     def forward(self, latent_codes: Tensor, values: Tensor) -> Tensor:
         return torch.einsum("bhqk,bkhd->bqhd", latent_codes, values)
@@ -274,11 +280,7 @@ class HyperDeepValueNetwork(HyperValueNetwork):
     def __init__(self, n_heads: int, d_head_v: int):
         super().__init__(n_heads, d_head_v)
         # W_value2[h] maps the first hidden layer to the second: [n_heads, d_head_v, d_head_v].
-        self.W_value2 = nn.Parameter(torch.empty(n_heads, d_head_v, d_head_v))
-        nn.init.trunc_normal_(
-            self.W_value2, std=1 / math.sqrt(d_head_v), a=-2 / math.sqrt(d_head_v),
-            b=2 / math.sqrt(d_head_v),
-        )
+        self.W_value2 = nn.Parameter(truncated_normal_std_(torch.empty(n_heads, d_head_v, d_head_v), d_head_v))
         self.hook_hidden2 = HookPoint()  # [batch, query, key, d_head_v]
 
     def forward(self, latent_codes: Tensor, values: Tensor) -> Tensor:

@@ -13,7 +13,10 @@ import torch.nn.functional as F
 
 
 def reference_normalize(normalization, scores, allowed, eps):
-    """scores [batch, head, query, key]; allowed bool [query, key] or None."""
+    """scores [batch, head, query, key]; allowed bool [query, key] or None. A normalization without a
+    formula here is refused, never computed as another."""
+    if normalization not in ("softmax", "identity", "rms_head", "softmax_rms_head"):
+        raise ValueError(f"the reference has no formula for the score normalization {normalization!r}: write one")
     batch, n_heads, n_query, n_key = scores.shape
     out = torch.zeros_like(scores)
     is_allowed = (lambda i, j: True) if allowed is None else (lambda i, j: bool(allowed[i, j]))
@@ -80,7 +83,10 @@ def reference_attention(attn, x, normalization, value_network, position_bias=Non
 
 def reference_attention_with_pattern(attn, x, a, value_network):
     """Output [batch, pos, d_model] of one attention layer whose latent codes are `a`
-    [batch, head, query, key] (given, e.g. edited), for input x: the value network from the formulas."""
+    [batch, head, query, key] (given, e.g. edited), for input x: the value network from the formulas
+    (a value network without a formula here is refused)."""
+    if value_network not in ("linear", "relu_linear", "hyper_linear", "hyper_relu", "hyper_deep"):
+        raise ValueError(f"the reference has no formula for the value network {value_network!r}: write one")
     batch, n_pos, d_model = x.shape
     n_heads = attn.W_Q.shape[0]
     W_value = [attn.W_V[h].T for h in range(n_heads)]  # [d_head_v, d_model]

@@ -8,7 +8,12 @@ import torch
 
 from latentcode import ATTENTION_PRESETS
 from latentcode.models.normalization import SCORE_NORMALIZATIONS
-from tests.models.reference import reference_attention, reference_mlp, reference_normalize
+from tests.models.reference import (
+    reference_attention,
+    reference_attention_with_pattern,
+    reference_mlp,
+    reference_normalize,
+)
 from tests.models.tiny import TINY, tiny_model
 
 
@@ -60,6 +65,15 @@ def test_normalizations_equal_reference(normalization, masked):
         allowed[:, 0] = True  # every query keeps a key, as a causal mask does
     got = SCORE_NORMALIZATIONS[normalization](scores, allowed, 1e-6)
     torch.testing.assert_close(got, reference_normalize(normalization, scores, allowed, 1e-6), atol=1e-6, rtol=1e-5)
+
+
+def test_the_loop_reference_refuses_names_it_has_no_formula_for():
+    scores = torch.randn(1, 2, 3, 3)
+    with pytest.raises(ValueError, match="no formula for the score normalization 'sparsemax'"):
+        reference_normalize("sparsemax", scores, None, 1e-6)
+    model = tiny_model("hyla")
+    with pytest.raises(ValueError, match="no formula for the value network 'hyper_gelu'"):
+        reference_attention_with_pattern(model.blocks[0].attn, torch.randn(1, 3, 6), scores, "hyper_gelu")
 
 
 def test_rms_head_codes_have_unit_rms_over_heads():

@@ -14,16 +14,11 @@ from latentcode.extraction import Recorder
 from latentcode.intervention import Intervention, ZeroAblate
 from latentcode.models import attention as attention_module
 from latentcode.models import attention_paths
-from latentcode.models.attention import (
-    AUTO_MIN_POSITIONS,
-    Attention,
-    AttentionPathError,
-    InputShapeError,
-    attention_path,
-)
+from latentcode.models.attention import Attention, InputShapeError, attention_path
 from latentcode.models.attention_paths import BlockPlan, plan_blocks
 from latentcode.models.config import POSITIONS
 from latentcode.models.normalization import SCORE_NORMALIZATIONS
+from latentcode.models.path_policy import AUTO_MIN_POSITIONS, AttentionPathError
 from latentcode.models.query_block_hook import QueryBlockHook
 from latentcode.models.value_network import VALUE_NETWORKS
 
@@ -59,25 +54,59 @@ def formulas(layer: Attention, x: torch.Tensor, keep: torch.Tensor | None) -> to
     allowed = torch.ones(n_positions, n_positions, dtype=torch.bool)
     if config.causal:
         allowed = allowed.tril()
-    normalization, network = config.score_normalization, config.value_network
-    codes = scores.masked_fill(~allowed, 0.0)
-    if normalization.startswith("softmax"):
-        codes = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-    if normalization.endswith("rms_head"):
-        codes = codes / torch.sqrt(codes.square().mean(dim=1, keepdim=True) + config.rms_head_eps)
+    codes = sigma_by_formula(config.score_normalization, scores, allowed, config.rms_head_eps)
     if keep is not None:
         codes = codes * keep
+    z = value_network_by_formula(config.value_network, codes, v, layer.value_network)
+    return torch.einsum("bqhd,hdm->bqm", z, layer.W_O) + layer.b_O
+
+
+def sigma_by_formula(normalization, scores, allowed, eps):
+    """The latent codes `[batch, head, query, key]` of `scores` by `normalization`'s formula; a name
+    without a formula here is refused, never computed as another."""
+
+    def softmax_over_keys(scores):
+        return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+
+    def rms_over_heads(codes):
+        codes = codes.masked_fill(~allowed, 0.0)
+        return codes / torch.sqrt(codes.square().mean(dim=1, keepdim=True) + eps)
+
+    formulas = {
+        "softmax": softmax_over_keys,
+        "identity": lambda scores: scores.masked_fill(~allowed, 0.0),
+        "rms_head": rms_over_heads,
+        "softmax_rms_head": lambda scores: rms_over_heads(softmax_over_keys(scores)),
+    }
+    if normalization not in formulas:
+        raise ValueError(f"the test reference has no formula for the score normalization {normalization!r}; "
+                         f"it knows {sorted(formulas)}: write one")
+    return formulas[normalization](scores)
+
+
+def value_network_by_formula(network, codes, v, module):
+    """z `[batch, query, head, d_head_v]` of the codes and values by `network`'s formula (`module`:
+    the layer's value network, for W_value2); a name without a formula here is refused."""
     if network in ("linear", "relu_linear"):
         z = torch.einsum("bhqk,bkhd->bqhd", codes, v)
-        z = torch.relu(z) if network == "relu_linear" else z
-    else:
-        hidden = torch.einsum("bhqk,bkhd->bqkd", codes, v)
-        hidden = hidden if network == "hyper_linear" else torch.relu(hidden)
-        if network == "hyper_deep":
-            weight = layer.value_network.W_value2
-            hidden = torch.relu(torch.einsum("bhqk,bqkd,hde->bqke", codes, hidden, weight))
-        z = torch.einsum("bhqk,bqkd->bqhd", codes, hidden)
-    return torch.einsum("bqhd,hdm->bqm", z, layer.W_O) + layer.b_O
+        return torch.relu(z) if network == "relu_linear" else z
+    if network not in ("hyper_linear", "hyper_relu", "hyper_deep"):
+        raise ValueError(f"the test reference has no formula for the value network {network!r}: write one")
+    hidden = torch.einsum("bhqk,bkhd->bqkd", codes, v)
+    hidden = hidden if network == "hyper_linear" else torch.relu(hidden)
+    if network == "hyper_deep":
+        hidden = torch.relu(torch.einsum("bhqk,bqkd,hde->bqke", codes, hidden, module.W_value2))
+    return torch.einsum("bhqk,bqkd->bqhd", codes, hidden)
+
+
+@pytest.mark.parametrize("normalization", ["sparsemax", "", "Softmax", "softmax_rms_head_extra"])
+def test_the_reference_refuses_a_normalization_it_has_no_formula_for(normalization):
+    """So that a new sigma cannot pass the path tests by being compared with another one's formula."""
+    scores, allowed = torch.randn(1, 2, 3, 3), torch.ones(3, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match=rf"no formula for the score normalization '{normalization}'"):
+        sigma_by_formula(normalization, scores, allowed, 1e-6)
+    with pytest.raises(ValueError, match="no formula for the value network 'hyper_gelu'"):
+        value_network_by_formula("hyper_gelu", scores, torch.randn(1, 3, 2, 4), None)
 
 
 def outputs_and_gradients(layer, forward, x, seed=1):

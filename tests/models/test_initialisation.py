@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from latentcode.models.attention import lecun_normal_
+from latentcode.models.initializers import lecun_normal_
 
 
 def test_lecun_normal_has_variance_one_over_fan_in():
