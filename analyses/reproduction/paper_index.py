@@ -67,10 +67,7 @@ PAPER = (
               "of rules", script="analyses/sraven_rule_heatmap.py",
               command="python analyses/reproduce.py code-figures --only fig4",
               outputs=_recorded(FIG4, ("rule_similarity.png", "rule_similarity_centred.png")),
-              section="Fig. 3 and Fig. 4",
-              reason="not recorded yet: `python analyses/reproduce.py code-figures --only fig4`, then `page`. Started "
-                     "on the shared 2-core machine, it extracted one model's codes in 9 minutes and did not finish "
-                     "before this page was written"),
+              section="Fig. 3 and Fig. 4"),
     PaperItem("Fig. 5C", "a single head (no latent code to speak of) generalizes worse than 16",
               script="analyses/reproduce.py", command="python analyses/reproduce.py train --only sraven fig5c",
               section="Fig. 5C"),
