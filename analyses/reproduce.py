@@ -13,6 +13,8 @@ any machine without retraining.
 
     python analyses/reproduce.py record-sweep SWEEP_DIR ...   # record a sweep's finished runs, with weights
     python analyses/reproduce.py record-weights               # weights of the recorded runs models/ ships
+    python analyses/reproduce.py interventions [--plan]       # the intervention pages, from the shipped models
+    python analyses/reproduce.py code-figures [--plan]        # Fig. 3 and 4 on the shipped models
 With `--jobs 2`, two runs train side by side with one thread each (the fastest use of 2 cores).
 """
 
@@ -24,7 +26,12 @@ from __future__ import annotations
 import argparse
 
 from reproduction import PAGE, ROOT
+from reproduction.code_figures import add_arguments as add_code_figures_arguments
+from reproduction.code_figures import code_figures
 from reproduction.decoding import decoding
+from reproduction.interventions import __doc__ as interventions_doc
+from reproduction.interventions import add_arguments as add_interventions_arguments
+from reproduction.interventions import interventions
 from reproduction.language import language_codes
 from reproduction.page import page
 from reproduction.plan import RUNS, commands, train
@@ -56,6 +63,13 @@ def main() -> None:
                                           "per query rule and per rule multiset, test vs ood; record the tables")
     per_rule_parser.add_argument("--models", default=str(ROOT.parent / "models"),
                                  help="finished runs sraven-permuted-ATTENTION")
+    add_code_figures_arguments(subcommands.add_parser(
+        "code-figures", help="Fig. 3 and 4: tSNE of the shipped models' OOD codes and the similarity of each SRAVEN "
+        "rule's mean code (analyses/latent_tsne.py, sraven_rule_heatmap.py); record the figures"))
+    add_interventions_arguments(subcommands.add_parser(
+        "interventions", description=interventions_doc, formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="the intervention pages (rule swap, term swap, head ablation, topographic similarity, "
+        "causal maps): run their scripts on the shipped models and record what results/interventions/ keeps"))
     sweep_parser = subcommands.add_parser("record-sweep", help="record the finished runs of sweep directories, "
                                           "with their weights, under analyses/results/runs/")
     sweep_parser.add_argument("sweeps", nargs="+", help="sweep directories (latentcode sweep --out)")
@@ -72,6 +86,10 @@ def main() -> None:
         language_codes(args)
     elif args.command == "per-rule":
         per_rule(args)
+    elif args.command == "code-figures":
+        code_figures(args)
+    elif args.command == "interventions":
+        interventions(args)
     elif args.command == "record-sweep":
         record_sweep(args.sweeps)
     elif args.command == "record-weights":

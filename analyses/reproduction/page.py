@@ -9,7 +9,9 @@ from .code_reuse import code_reuse_findings, code_reuse_table, correlations_tabl
 from .decoding import decoding_table, localisation_section
 from .fuzzy import fig2c, table_a1
 from .hyla_seed import hyla_seed_figure, hyla_seed_runs_table, hyla_seed_table
+from .interventions import interventions_section
 from .language import language_budget_table, language_codes_section, language_table
+from .paper_index import code_figures_section, paper_index
 from .plan import commands
 from .recording import weights_note
 from .sraven import ambiguity_table, fig5c_table, per_rule_section, sraven_curves, sraven_table
@@ -34,6 +36,7 @@ def page(args: argparse.Namespace) -> None:
         plan="\n".join(f"    {command}" for command in commands()), weights=weights_note(),
         code_reuse=code_reuse_table(), code_reuse_correlations=correlations_table(),
         code_reuse_findings=code_reuse_findings(), hyla_seed=hyla_seed_table(), hyla_seed_runs=hyla_seed_runs_table(),
+        paper_index=paper_index(), code_figures=code_figures_section(), interventions=interventions_section(),
     )
     drawn = {"sraven_permuted_accuracy_vs_step": sraven_curves(), "language_bits_per_byte": language_figure,
              "language_bits_per_byte_4k": language_budget_figure, "fig2c_ood_r2_vs_held_out": fig2c_figure,
@@ -59,6 +62,15 @@ upper bounds on the cost of a run (the seed-1 softmax and linear runs took 2 hou
 of work). Every run recorded here was trained before commit e45163f, which made `lecun_normal_` rescale its
 truncated normal as Flax does (kernels of variance 1/fan_in; the recorded runs had 0.77/fan_in): runs
 trained again by `reproduce.py train` start from the corrected init and will not match these to the digit.
+
+## The paper's figures and tables, and what reproduces each
+
+Every figure and table of the paper, the script and command that reproduce it here, and its output (or
+why it is not reproduced). What each shows is the paper's claim as the scripts under `analyses/` quote
+it (`analyses/reproduction/paper_index.py`; `tests/test_analyses_index.py` fails if an item has neither
+a script with its output nor a reason).
+
+{paper_index}
 
 ## The paper's findings, checked against the runs below
 
@@ -222,6 +234,24 @@ they were trained on).
 
 ![SRAVEN permuted-model rule decoding per layer](results/decoding/sraven_permuted_rule_decoding.png)
 
+## Fig. 3 and Fig. 4: the structure of the latent codes of unseen compositions
+
+The shipped checkpoints (`models/`, seed 0; the SRAVEN ones trained on the unpermuted variant), codes of
+the OOD split at the sites of Fig. 2B / 5F above (SRAVEN: `sraven-rule`, unpermuted instances; fuzzy
+logic: `last-self`, fixed-query variant), 2,048 instances per split. Regenerate: `python
+analyses/reproduce.py code-figures` (`--plan` lists what it writes), then `page`.
+
+{code_figures}
+
+What Fig. 4 shows here: the plain cosine of the rules' mean codes is at least 0.99 in every layer of linear
+attention and in softmax's layers 0 and 1 (softmax layers 2 and 3: down to 0.96 and 0.92), so the rules' mean
+codes differ by a sliver of the code (the rule explains 0.3 to 6% of the code variance: the dashed frames).
+HYLA's spread grows with depth: the lowest cosine is 1.00, 0.93, 0.80 and 0.63 in layers 0 to 3, and in
+layer 3 (the rule explains 12%) it runs from 0.63 (progression+1 against progression+2) to 1.00 (sum against
+difference). With the grand mean subtracted (second figure, −1 to 1), sum and difference are alike in every
+model and layer past 0 (0.38 to 0.86), and in HYLA's layer 3 the progressions pair by the size of their step
+(progression+1 with progression-1 0.69, progression+2 with progression-2 0.70). Per-layer matrices: `results/code_figures/fig4/ATTENTION_rule_similarity.json`.
+
 ## Where the rule lives: causal maps of the latent codes (issue 22)
 
 Decoding says what the codes hold; patching says what the model uses. `analyses/rule_localisation.py`
@@ -266,6 +296,14 @@ caused do not hold: its 0.164 ± 0.049 (256 pairs) is a mixture of a transfer at
 and damage from the query cell (same-rule keep 0.72 against 0.94 for the 8 x 8 block), and the
 per-rule reading of it ("difference: weakly") is to be redone on the 8 x 8 block
 (`analyses/rule_localisation.py` now measures both; the other models' rows above were not re-run).
+
+## The intervention pages
+
+Each page below is made by its script on the shipped models and recorded by `python analyses/reproduce.py
+interventions` (`--plan` lists every command and the files it writes; `--only NAME` one page); what the
+numbers say is `results/interventions/README.md`.
+
+{interventions}
 
 ## Code reuse and compositional generalization (issue 36)
 
