@@ -75,8 +75,8 @@ def map_units(task, is_sraven: bool) -> list[list[int]]:
 
 def map_groups(task, n_layers: int, is_sraven: bool):
     """layer x query unit x key unit (see `map_units`)."""
-    from latentcode.extraction.sites import block
     from latentcode.intervention.patching import SiteGroup
+    from latentcode.sources.sites import block
 
     units = map_units(task, is_sraven)
     groups = []
@@ -91,8 +91,8 @@ def map_groups(task, n_layers: int, is_sraven: bool):
 def named_groups(task, n_layers: int, prediction: int, feature_cells: bool):
     """Per layer and for all layers: the queried feature's cells among themselves (unpermuted SRAVEN),
     the old sraven-rule sites, the query's whole row, the whole layer."""
-    from latentcode.extraction.sites import block
     from latentcode.intervention.patching import SiteGroup
+    from latentcode.sources.sites import block
 
     query = task.seq_len - task.n_predictions + prediction
     sets = {}
@@ -273,9 +273,9 @@ def confirm(name: str, run_dir: Path, args) -> None:
     import pandas as pd
 
     import latentcode
-    from latentcode.extraction.sites import parse_selector
     from latentcode.intervention.patching import SiteGroup
     from latentcode.intervention.transfer import per_example, transfer_sweep
+    from latentcode.sources.sites import parse_selector
 
     out = Path(args.out) / name
     summary = json.loads((out / "summary.json").read_text())

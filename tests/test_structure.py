@@ -52,8 +52,9 @@ ALLOWED = {
     "store": set(),
     "rundir": set(),
     "training": {"tasks", "models", "rundir"},
-    "extraction": {"tasks", "models", "store", "rundir", "provenance"},
-    "intervention": {"tasks", "models", "store", "rundir", "provenance", "extraction", "training"},
+    "sources": {"tasks", "models", "store"},
+    "extraction": {"tasks", "models", "store", "rundir", "provenance", "sources"},
+    "intervention": {"tasks", "models", "store", "rundir", "provenance", "sources", "extraction", "training"},
     "analysis": {"store", "rundir", "provenance"},
 }
 

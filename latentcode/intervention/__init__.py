@@ -9,12 +9,12 @@ during forward passes and see what the model computes with them.
 prints and writes).
 """
 
-from latentcode.extraction.source import CannotIntervene
 from latentcode.intervention import edits
 from latentcode.intervention.checkpoints import CodesOfAnotherModel, checkpoint_sha256_of
 from latentcode.intervention.edits import *  # noqa: F403 (every edit kind, as edits.__all__ lists them)
 from latentcode.intervention.effects import intervention_effects, write_effects
 from latentcode.intervention.intervener import Intervention
+from latentcode.sources.source import CannotIntervene
 
 __all__ = [
     *edits.__all__,
