@@ -14,6 +14,14 @@ from latentcode.intervention.checkpoints import CodesOfAnotherModel, checkpoint_
 from latentcode.intervention.edits import *  # noqa: F403 (every edit kind, as edits.__all__ lists them)
 from latentcode.intervention.effects import intervention_effects, write_effects
 from latentcode.intervention.intervener import Intervention
+from latentcode.intervention.subspace import learn_subspace, patched_outputs, random_basis
+from latentcode.intervention.transfer import (
+    METRICS,
+    counterfactual_metrics,
+    output_position,
+    per_example,
+    transfer_sweep,
+)
 from latentcode.sources.source import CannotIntervene
 
 __all__ = [
@@ -21,7 +29,15 @@ __all__ = [
     "CannotIntervene",
     "CodesOfAnotherModel",
     "Intervention",
+    "METRICS",
     "checkpoint_sha256_of",
+    "counterfactual_metrics",
     "intervention_effects",
+    "learn_subspace",
+    "output_position",
+    "patched_outputs",
+    "per_example",
+    "random_basis",
+    "transfer_sweep",
     "write_effects",
 ]

@@ -19,9 +19,12 @@ from latentcode.tasks.base import (
     task_class,
     task_names,
 )
+from latentcode.tasks.corpus import corpus_split
 from latentcode.tasks.fuzzy_logic import FuzzyLogic
 from latentcode.tasks.language import Language
 from latentcode.tasks.sraven import RULES, SRaven
+from latentcode.tasks.sraven_counts import estimate_ambiguity
+from latentcode.tasks.token_sequences import repeated_random_tokens
 
 # The task of `latentcode demo`, the main job's embedded default (its models are shipped).
 DEMO_TASK = "fuzzy_logic"
@@ -36,9 +39,12 @@ __all__ = [
     "SRaven",
     "Task",
     "TrainingSetup",
+    "corpus_split",
+    "estimate_ambiguity",
     "eval_seed",
     "get_task",
     "register_task",
+    "repeated_random_tokens",
     "task_class",
     "task_names",
 ]
