@@ -37,7 +37,7 @@ def parser(description: str, default_out: str) -> argparse.ArgumentParser:
 
 
 def overrides(args: argparse.Namespace) -> dict:
-    from latentcode.cli.arguments import parse_assignments
+    from latentcode.cli import parse_assignments
 
     return parse_assignments(args.set, "--set")
 
@@ -49,7 +49,7 @@ def seeds(args: argparse.Namespace) -> list[int]:
 def train_grid(args: argparse.Namespace, preset: str, grid: dict[str, list]) -> list[dict]:
     """Train (or find) every run of `grid` x `--set` x seeds; returns the sweep's result rows with
     a `path` to each run directory."""
-    from latentcode.training.sweeps import sweep
+    from latentcode.training import sweep
 
     out = Path(args.out) / "runs"
     full_grid = {**grid, **{key: [value] for key, value in overrides(args).items()}}

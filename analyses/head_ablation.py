@@ -58,7 +58,7 @@ def trivial_baselines(task, ood, training) -> dict[str, float]:
                 correct.append(answers == batch.y[:, position])
             return float(np.all(correct, axis=0).mean())
 
-        from latentcode.tasks.sraven import RULES
+        from latentcode.tasks import RULES
 
         best = max(range(len(RULES)), key=lambda rule: accuracy(training, rule))
         return {f"best single rule ({RULES[best]}, chosen on train)": accuracy(ood, best), "chance": 1 / task.n_values**task.n_features}

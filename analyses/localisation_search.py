@@ -51,8 +51,8 @@ def search_model(name: str, run_dir: Path, args) -> dict:
     import pandas as pd
 
     import latentcode
+    from latentcode.intervention import transfer_sweep
     from latentcode.intervention.patching import site_search
-    from latentcode.intervention.transfer import transfer_sweep
 
     started = time.time()
     run = latentcode.Run(run_dir)

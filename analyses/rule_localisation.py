@@ -75,8 +75,8 @@ def map_units(task, is_sraven: bool) -> list[list[int]]:
 
 def map_groups(task, n_layers: int, is_sraven: bool):
     """layer x query unit x key unit (see `map_units`)."""
-    from latentcode.extraction.sites import block
     from latentcode.intervention.patching import SiteGroup
+    from latentcode.sources import block
 
     units = map_units(task, is_sraven)
     groups = []
@@ -91,8 +91,8 @@ def map_groups(task, n_layers: int, is_sraven: bool):
 def named_groups(task, n_layers: int, prediction: int, feature_cells: bool):
     """Per layer and for all layers: the queried feature's cells among themselves (unpermuted SRAVEN),
     the old sraven-rule sites, the query's whole row, the whole layer."""
-    from latentcode.extraction.sites import block
     from latentcode.intervention.patching import SiteGroup
+    from latentcode.sources import block
 
     query = task.seq_len - task.n_predictions + prediction
     sets = {}
@@ -122,14 +122,14 @@ def measure_model(name: str, run_dir: Path, args) -> dict:
     import torch
 
     import latentcode
-    from latentcode.intervention.patching import attribution_patching
-    from latentcode.intervention.transfer import (
+    from latentcode.intervention import (
         METRICS,
         counterfactual_metrics,
         output_position,
         per_example,
         transfer_sweep,
     )
+    from latentcode.intervention.patching import attribution_patching
 
     started = time.time()
     torch.manual_seed(0)
@@ -223,8 +223,12 @@ def fit_subspaces(model, task, selected, evaluation, position, is_sraven, varian
     """Rank 1, 2, 4 subspaces at the selected group, fitted on training-multiset pairs."""
     import torch
 
-    from latentcode.intervention.subspace import learn_subspace, patched_outputs, random_basis
-    from latentcode.intervention.transfer import counterfactual_metrics
+    from latentcode.intervention import (
+        counterfactual_metrics,
+        learn_subspace,
+        patched_outputs,
+        random_basis,
+    )
 
     options = {"variant": variant, "prediction": prediction}
     fit_pairs = task.counterfactual_pairs(args.n_fit, "train", seed=2, **options)
@@ -273,9 +277,9 @@ def confirm(name: str, run_dir: Path, args) -> None:
     import pandas as pd
 
     import latentcode
-    from latentcode.extraction.sites import parse_selector
+    from latentcode.intervention import per_example, transfer_sweep
     from latentcode.intervention.patching import SiteGroup
-    from latentcode.intervention.transfer import per_example, transfer_sweep
+    from latentcode.sources import parse_selector
 
     out = Path(args.out) / name
     summary = json.loads((out / "summary.json").read_text())

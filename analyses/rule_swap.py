@@ -69,7 +69,7 @@ def scopes(task, n_layers: int) -> dict[str, dict[str, list[Site]]]:
 
 def counterfactuals(task, batch, feature: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every rule's answer on each instance's queried feature: `(answers [n, R], defined [n, R])`."""
-    from latentcode.tasks.sraven import RULES
+    from latentcode.tasks import RULES
 
     pairs = [task.counterfactual_answer(batch, feature, rule) for rule in range(len(RULES))]
     return np.stack([answers for answers, _ in pairs], 1), np.stack([defined for _, defined in pairs], 1)
@@ -195,7 +195,7 @@ def plot_bars(table: pd.DataFrame, site_set: str, models: list[str], n: int) -> 
 def plot_matrix(matrix: pd.DataFrame, site_set: str, models: list[str], variant: str) -> Figure:
     """Per (own rule, r'): the fraction following r' under the swap, and under the all-rules mean
     (the baseline: how often a code without the rule lands on r''s answer anyway)."""
-    from latentcode.tasks.sraven import RULES
+    from latentcode.tasks import RULES
 
     shown = (SWAP, "baseline: all-rules mean")
     figure = Figure(figsize=(4.0 * len(models) + 0.8, 8.4), dpi=100, layout="constrained")

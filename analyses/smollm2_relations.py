@@ -63,22 +63,22 @@ def main() -> None:
     started = time.perf_counter()
     import torch
 
-    from latentcode.analysis.plots.relations import (
+    from latentcode.analysis import (
+        decode_relations,
         head_separation,
         plot_attribution,
         plot_head_separation,
         plot_relation_pca,
     )
-    from latentcode.analysis.relation_decoding import decode_relations
     from latentcode.pretrained import corpus_token_windows, load_pretrained
-    from latentcode.relations import relation_codes
-    from latentcode.relations.induction import (
+    from latentcode.relations import (
         ablation_effect,
         induction_attribution,
         induction_pairs,
         random_pairs,
+        relation_codes,
     )
-    from latentcode.tasks.token_sequences import repeated_random_tokens
+    from latentcode.tasks import repeated_random_tokens
 
     torch.manual_seed(args.seed)
     out = Path(args.out)
@@ -181,8 +181,7 @@ def main() -> None:
 
 def write_page(out: Path) -> None:
     """README.md of `out` from the tables and summary the analysis wrote there."""
-    from latentcode.analysis.relation_decoding import selected_rows
-    from latentcode.analysis.token_relations import RELATIONS
+    from latentcode.analysis import RELATIONS, selected_rows
 
     table = pd.read_csv(out / "decoding.csv")
     table["layer"] = [layer if layer == "all" else int(layer) for layer in table.layer.astype(str)]

@@ -18,7 +18,7 @@ import common
 
 from latentcode.analysis import mean_code_similarity, plot_similarity
 from latentcode.store import CodeFile
-from latentcode.tasks.sraven import RULES
+from latentcode.tasks import RULES
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 import latentcode
-from latentcode.analysis.topography import (
+from latentcode.analysis import (
     composition_counts,
     mean_codes_by_task,
     topographic_similarity,

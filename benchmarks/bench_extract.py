@@ -24,8 +24,9 @@ from pathlib import Path
 import torch
 
 from latentcode import ModelConfig, build_model
-from latentcode.extraction import Recorder, parse_selector
+from latentcode.extraction import Recorder
 from latentcode.extraction.pipeline import record_batch
+from latentcode.sources import parse_selector
 from latentcode.store import COMPRESSIONS, DEFAULT_COMPRESSION, CodeWriter
 from latentcode.tasks import get_task
 

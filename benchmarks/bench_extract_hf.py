@@ -20,7 +20,8 @@ import time
 import torch
 import transformers
 
-from latentcode.extraction import Recorder, detect_source
+from latentcode.extraction import Recorder
+from latentcode.sources import detect_source
 
 
 def models(length: int) -> dict[str, tuple[torch.nn.Module, callable]]:

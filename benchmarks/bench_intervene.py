@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from latentcode import ModelConfig, build_model
-from latentcode.extraction import parse_selector
 from latentcode.intervention import Intervention, MeanAblate
+from latentcode.sources import parse_selector
 from latentcode.tasks import get_task
 
 

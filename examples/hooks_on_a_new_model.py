@@ -10,7 +10,7 @@ hands the model the original result.
     python examples/hooks_on_a_new_model.py          # a few seconds on a CPU
 
 For attention written without SDPA or nn.MultiheadAttention (explicit matmul + softmax), see
-`latentcode.extraction.AdapterSource`.
+`latentcode.sources.AdapterSource`.
 """
 
 import math
@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from latentcode.extraction import Recorder, Site, TorchAttentionSource
+from latentcode.extraction import Recorder
+from latentcode.sources import Site, TorchAttentionSource
 
 
 class GroupedQueryAttention(nn.Module):

@@ -94,7 +94,8 @@ def self_codes(tokenizer, model, corpus):
     """Per word (first word piece): its self-attention code in every layer, its tag and position."""
     import torch
 
-    from latentcode.extraction import Recorder, Site, TorchAttentionSource
+    from latentcode.extraction import Recorder
+    from latentcode.sources import Site, TorchAttentionSource
 
     batch = tokenizer([words for words, _ in corpus], is_split_into_words=True, padding=True, return_tensors="pt")
     length = batch["input_ids"].shape[1]

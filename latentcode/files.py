@@ -8,8 +8,8 @@ by a killed writer holds no lock and is taken over by the next one. The holder w
 and start time into the sidecar, so a second writer is refused with one line naming them; it waits
 for the lock only when asked (`wait` seconds).
 
-Temporary files of a target are named `.NAME.<random>.tmp`; as only the lock holder writes them,
-any found by the next lock holder belong to a dead writer and are removed.
+Temporary files of a target, `.NAME.<random>.tmp`, found by the next lock holder belong to a dead
+writer and are removed (only the lock holder writes them).
 
 Hostile directories (a second user who can write in the same directory): nothing here follows a
 symbolic link. The lock file is opened with `O_NOFOLLOW` and refused unless it is a regular file
@@ -50,13 +50,11 @@ except ImportError:  # Windows: no flock; the maintained `filelock` package does
 
 
 class UnsafePath(LatentcodeError, ValueError):
-    """A path that is not a regular file where one is written: a symbolic link, a directory, a
-    device, a FIFO or a socket (possibly planted by someone else); never followed or replaced."""
+    """Not a regular file where one is written (a link, a directory, a device, a FIFO, a socket): never followed or replaced."""
 
 
 class WriteError(LatentcodeError, OSError):
-    """Writing a file failed (no space left, a name too long, a directory in the way); says which
-    file and why. Nothing half-written is left under the file's name."""
+    """Writing a file failed (no space left, a name too long, ...): says which and why; nothing half-written is left."""
 
 
 def write_error(error: BaseException, path: str | Path) -> WriteError:
@@ -68,20 +66,6 @@ def write_error(error: BaseException, path: str | Path) -> WriteError:
     system = re.search(r"error message = '([^']*)'", reason)
     reason = system.group(1) if system else " ".join(reason.split())[:200]
     return WriteError(f"cannot write {path}: {reason}")
-
-
-def save_safetensors(tensors: dict, path: str | Path, metadata: dict[str, str] | None = None) -> None:
-    """safetensors' `save_file`, with its I/O failures (no space left, ...) as the one-line WriteError:
-    safetensors raises its own SafetensorError, not an OSError, so callers' `except OSError` missed them."""
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
-
-    try:
-        save_file(tensors, path, metadata=metadata)
-    except SafetensorError as error:
-        reason = str(error)
-        system = re.search(r"I/O error: (.*?)(?: \(os error \d+\))?$", reason)
-        raise WriteError(f"cannot write {path}: {system.group(1) if system else reason}") from None
 
 
 def kind_of(mode: int) -> str:
@@ -187,10 +171,10 @@ class ExclusiveLock:
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "purpose": self.purpose,
                   "since": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         self._descriptor = descriptor
-        try:
+        try:  # on a full disk: let go of the lock (and its sidecar), say so in one line
             os.ftruncate(descriptor, 0)
             os.pwrite(descriptor, (json.dumps(holder) + "\n").encode(), 0)
-        except OSError as error:  # a full disk: let go of the lock (and its sidecar) and say so in one line
+        except OSError as error:
             self.release()
             raise write_error(error, self.path) from None
         return self
@@ -470,8 +454,7 @@ _OPEN_SETS: contextvars.ContextVar[tuple[AtomicOutputs, ...]] = contextvars.Cont
 
 
 def atomic_write_text(target: str | Path, text: str, *, lock: bool = False) -> Path:
-    """Write `text` to `target` through a random temporary and a rename (see AtomicOutputs);
-    `lock`: hold the target's sidecar lock while doing so."""
+    """Write `text` to `target` through a temporary and a rename; `lock`: hold the target's lock meanwhile."""
     target = Path(target)
     with AtomicOutputs(lock=target if lock else None) as outputs:
         outputs.write_text(target, text)
@@ -479,11 +462,10 @@ def atomic_write_text(target: str | Path, text: str, *, lock: bool = False) -> P
 
 
 def open_for_append(path: str | Path, mode: str = "a"):
-    """`open(path, "a")` (or "w") that never follows a symbolic link and refuses anything but a
-    regular file; for files written as they go (logs, metrics), where a temporary cannot be used."""
+    """`open(path, "a")` (or "w") refusing links and non-regular files: for files written as they go (logs, metrics)."""
     path = Path(path)
     check_replaceable(path)
-    ending = {"a": os.O_APPEND, "ab": os.O_APPEND, "w": os.O_TRUNC}[mode]
+    ending = {"a": os.O_APPEND, "w": os.O_TRUNC}[mode]
     try:
         descriptor = os.open(path, os.O_WRONLY | ending | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
                              | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0), 0o666)

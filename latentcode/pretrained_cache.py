@@ -65,7 +65,8 @@ def usable(entry: Path, sha256: str) -> bool:
 def write_entry(entry: Path, sha256: str, source: Path, model: Any, tokenizer: Any) -> None:
     """Write `model`'s float32 weights, config and `tokenizer` as the entry `entry`, all or none;
     a warning (not an error) where the cache cannot be written."""
-    from latentcode.files import AtomicOutputs, save_safetensors
+    from latentcode.files import AtomicOutputs
+    from latentcode.models.persistence import save_safetensors
 
     config = model.config.to_dict()
     config.pop("quantization_config", None)

@@ -71,9 +71,9 @@ def code_reuse(run: str | Path, *, codes: str | Path, n_codes: int = 2048, n_pai
         reconstruction_part,
         transplant_part,
     )
-    from latentcode.extraction.sites import parse_selector
     from latentcode.intervention.patching import SiteGroup
     from latentcode.intervention.transfer import per_example, transfer_sweep
+    from latentcode.sources.sites import parse_selector
     from latentcode.store import CodeFile
 
     record = latentcode.Run(run)

@@ -201,7 +201,7 @@ class RunDirectory:
         """Append one line; on a failed write (a full disk) the file is cut back to its earlier lines
         and the one-line WriteError raised, so no torn line is left."""
         line = (json.dumps(record, sort_keys=True, default=float) + "\n").encode()
-        with open_for_append(self.metrics_path, "ab") as file:
+        with open_for_append(self.metrics_path) as file:
             size = os.fstat(file.fileno()).st_size
             try:
                 written = 0

@@ -69,8 +69,8 @@ def test_language_codes_of_short_windows_are_those_of_the_first_positions_of_lon
 
     from latentcode.demo import DEMO_MAX_SEQ_LEN
     from latentcode.extraction import Recorder
-    from latentcode.extraction.sites import block
     from latentcode.models import load_model
+    from latentcode.sources.sites import block
     from latentcode.tasks import get_task
 
     run = shipped_run("language", attention)

@@ -8,14 +8,14 @@ import pytest
 import torch
 import transformers
 
-from latentcode.extraction.compact_capture import (
+from latentcode.extraction.pretrained_extract import extract_pretrained
+from latentcode.extraction.recorder import Recorder
+from latentcode.pretrained import load_pretrained
+from latentcode.sources.compact_capture import (
     CompactAttentionSource,
     CompactError,
     compact_layer,
 )
-from latentcode.extraction.pretrained_extract import extract_pretrained
-from latentcode.extraction.recorder import Recorder
-from latentcode.pretrained import load_pretrained
 from latentcode.store import CodeFile, CodeFileError, Site
 from latentcode.store.compact import rebuild_rows
 from tests.pretrained_models import save_tiny_llama

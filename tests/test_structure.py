@@ -1,5 +1,6 @@
-"""The package's shape (issue 25): no module over 500 lines, and the stages import only the stages
-to their left (shared/DESIGN.md), read from the source's import statements."""
+"""The package's shape (issues 25 and 33): no module over 500 lines; every stage imports only the stages
+to its left (shared/DESIGN.md), at module level and inside functions alike; and `analyses/` and
+`examples/` use only the public API. All read from the source's import statements."""
 
 import ast
 from pathlib import Path
@@ -14,10 +15,10 @@ GENERATED: set[str] = set()
 
 
 def python_files(*roots: Path) -> list[Path]:
-    return sorted(path for root in roots for path in root.rglob("*.py"))
+    return sorted(path for root in roots for path in ([root] if root.is_file() else root.rglob("*.py")))
 
 
-@pytest.mark.parametrize("path", python_files(PACKAGE, REPOSITORY / "analyses"),
+@pytest.mark.parametrize("path", python_files(PACKAGE, REPOSITORY / "analyses", REPOSITORY / "examples"),
                          ids=lambda path: str(path.relative_to(REPOSITORY)))
 def test_no_module_is_over_500_lines(path):
     if str(path.relative_to(REPOSITORY)) in GENERATED:
@@ -26,45 +27,270 @@ def test_no_module_is_over_500_lines(path):
     assert n_lines <= MAX_LINES, f"{path.relative_to(REPOSITORY)} has {n_lines} lines; split it (one concept per file)"
 
 
-def imported_stages(path: Path) -> set[str]:
-    """The `latentcode` subpackages or modules `path` imports at module level (not inside functions,
-    where an import is deliberately lazy)."""
-    stages = set()
-    for node in ast.parse(path.read_text()).body:
-        names = []
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "latentcode" and len(parts) > 1:
-                stages.add(parts[1])
-    return stages
-
-
-# Each stage and what it may import at module level (DESIGN.md: a stage imports only the stages to
-# its left; errors, files, safe_reads, lazy, progress and validation are shared helpers of every stage).
+# --- Import direction -------------------------------------------------------------------------------
+# A stage is a subpackage or a module directly under latentcode/. Each stage and what it may import,
+# at module level or inside a function (a lazy import defers the cost, not the dependency). The
+# shared helpers serve every stage and import only each other; `latentcode/__init__.py` is the
+# public API and may name every stage.
 SHARED = {"errors", "files", "lazy", "progress", "safe_reads", "validation"}
 ALLOWED = {
     "tasks": set(),
     "models": set(),
     "store": set(),
     "rundir": set(),
+    "pretrained_cache": {"models"},
+    "pretrained": {"tasks", "pretrained_cache"},
+    "shipped": {"rundir"},
+    "provenance": {"tasks", "store", "rundir"},
     "training": {"tasks", "models", "rundir"},
-    "extraction": {"tasks", "models", "store", "rundir", "provenance"},
-    "intervention": {"tasks", "models", "store", "rundir", "provenance", "extraction", "training"},
+    "sources": {"tasks", "models", "store"},
+    "extraction": {"tasks", "models", "store", "rundir", "provenance", "pretrained", "sources"},
+    "intervention": {"tasks", "models", "store", "rundir", "provenance", "sources", "extraction", "training"},
     "analysis": {"store", "rundir", "provenance"},
+    "demo": {"tasks", "models", "store", "rundir", "shipped", "training", "extraction", "analysis"},
+    "relations": {"tasks", "pretrained", "sources", "intervention", "analysis", "demo"},
+    "reuse": {"tasks", "store", "rundir", "provenance", "training", "sources", "extraction", "intervention",
+              "analysis"},
+    "cli": {"tasks", "models", "store", "rundir", "pretrained", "shipped", "provenance", "training", "sources",
+            "extraction", "intervention", "analysis", "demo", "relations", "reuse"},
 }
+TOP_LEVEL = "__init__"
 
 
-@pytest.mark.parametrize("stage", sorted(ALLOWED))
-def test_a_stage_imports_only_the_stages_to_its_left(stage):
-    root = PACKAGE / stage
-    files = python_files(root) if root.is_dir() else [root.with_suffix(".py")]
+def stage_of(path: Path) -> str:
+    """`latentcode/sources/sites.py` -> `sources`; `latentcode/demo.py` -> `demo`."""
+    first = path.relative_to(PACKAGE).parts[0]
+    return first.removesuffix(".py")
+
+
+def lazy_table(tree: ast.Module) -> dict[str, str]:
+    """A `_WHERE = {name: module}` table of `latentcode.lazy.lazy_exports`, read without importing."""
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_WHERE" for t in node.targets)
+                and isinstance(node.value, ast.Dict)):
+            return {key.value: value.value for key, value in zip(node.value.keys, node.value.values, strict=True)
+                    if isinstance(key, ast.Constant) and isinstance(value, ast.Constant)}
+    return {}
+
+
+TOP_LEVEL_NAMES = lazy_table(ast.parse((PACKAGE / "__init__.py").read_text()))
+
+
+def attribute_chain(node: ast.Attribute) -> list[str] | None:
+    """`latentcode.analysis.decode` -> ['latentcode', 'analysis', 'decode']; None if not a dotted name."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return [node.id, *reversed(parts)]
+
+
+def package_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) for every `latentcode` module `path` depends on: imports at module level and in
+    functions, names used through `import latentcode` (`latentcode.extract`: the module that defines
+    it), and the modules of a lazy `_WHERE` table."""
+    tree = ast.parse(path.read_text())
+    found = []
+    imports_top_level = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "latentcode" and alias.asname is None:
+                    imports_top_level = True
+                found.append((node.lineno, alias.name))
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                package = path.relative_to(REPOSITORY).with_suffix("").parts[:-node.level]
+                module = ".".join([*package, *([module] if module else [])])
+            if module == "latentcode":  # a public name (its stage), or one of the package's own (__version__)
+                found += [(node.lineno, TOP_LEVEL_NAMES.get(alias.name, "latentcode")) for alias in node.names]
+            else:
+                found.append((node.lineno, module))
+    if imports_top_level:
+        for node in ast.walk(tree):
+            chain = attribute_chain(node) if isinstance(node, ast.Attribute) else None
+            if chain and chain[0] == "latentcode":
+                found.append((node.lineno, TOP_LEVEL_NAMES.get(chain[1], f"latentcode.{chain[1]}")))
+    found += [(0, module) for module in lazy_table(tree).values()]
+    return [(line, module) for line, module in found if module.startswith("latentcode.")]
+
+
+def wrong_imports(stage: str, paths: list[Path], allowed: dict[str, set[str]] = ALLOWED) -> dict[str, list[str]]:
+    """For each file of `stage`, `line: stage` for every import of a stage it may not import."""
+    may_import = (SHARED if stage in SHARED else allowed[stage] | SHARED) | {stage}
     wrong = {}
-    for path in files:
-        extra = imported_stages(path) - ALLOWED[stage] - SHARED - {stage}
-        if extra:
-            wrong[str(path.relative_to(REPOSITORY))] = sorted(extra)
-    assert not wrong, f"module-level imports against the pipeline's direction: {wrong}"
+    for path in paths:
+        bad = sorted({f"{line}: {module.split('.')[1]}" for line, module in package_imports(path)
+                      if module.split(".")[1] not in may_import})
+        if bad:
+            wrong[str(path.relative_to(REPOSITORY) if path.is_relative_to(REPOSITORY) else path)] = bad
+    return wrong
+
+
+def stage_files(stage: str) -> list[Path]:
+    root = PACKAGE / stage
+    return python_files(root) if root.is_dir() else [root.with_suffix(".py")]
+
+
+def test_every_stage_has_a_place_in_the_order():
+    stages = {stage_of(path) for path in python_files(PACKAGE)} - {TOP_LEVEL}
+    assert stages - set(ALLOWED) - SHARED == set(), "a new stage: say what it may import (ALLOWED above)"
+    assert set(ALLOWED) - stages == set(), "ALLOWED names a stage that no longer exists"
+
+
+def test_the_stages_form_an_order_without_circles():
+    placed: list[str] = []
+    left = dict(ALLOWED)
+    while left:
+        ready = sorted(stage for stage, needs in left.items() if needs <= set(placed))
+        assert ready, f"the stages {sorted(left)} import each other in a circle"
+        placed += ready
+        for stage in ready:
+            del left[stage]
+
+
+@pytest.mark.parametrize("stage", sorted(set(ALLOWED) | SHARED))
+def test_a_stage_imports_only_the_stages_to_its_left(stage):
+    wrong = wrong_imports(stage, stage_files(stage))
+    assert not wrong, f"imports against the pipeline's direction (line: stage): {wrong}"
+
+
+def test_a_wrong_import_is_found_wherever_it_is_written(tmp_path):
+    """Module level, inside a function, through `import latentcode`, relative, or in a lazy table:
+    each is flagged for a stage that may not import what it names; what it may import is not."""
+    snippets = {
+        "module_level.py": "from latentcode.extraction import Recorder\n",
+        "in_a_function.py": "def f():\n    from latentcode.cli import main\n    return main\n",
+        "top_level_name.py": "import latentcode\n\ndef f():\n    return latentcode.extract\n",
+        "lazy_table.py": "_WHERE = {'Recorder': 'latentcode.extraction.recorder'}\n",
+        "allowed.py": "def f():\n    from latentcode.models import build_model\n    return build_model\n",
+    }
+    for name, text in snippets.items():
+        (tmp_path / name).write_text(text)
+    wrong = wrong_imports("sources", sorted(tmp_path.iterdir()))
+    assert sorted(Path(path).name for path in wrong) == sorted(set(snippets) - {"allowed.py"})
+    assert wrong[str(tmp_path / "in_a_function.py")] == ["2: cli"]
+    assert wrong[str(tmp_path / "top_level_name.py")] == ["4: extraction"]
+
+
+# --- analyses/ and examples/ use the public API ---------------------------------------------------
+# A public name is one the `__all__` of `latentcode` or of one of its packages (a directory with an
+# `__init__.py`: a stage such as `latentcode.sources`, or a part such as `latentcode.analysis.probes`)
+# lists, or, for a stage that is one module (`latentcode/files.py`), a name it defines without a leading
+# underscore (its `__all__` when it has one). A module inside a package is not public: what a script
+# needs from it, its package exports.
+SCRIPTS = python_files(REPOSITORY / "analyses", REPOSITORY / "examples")
+
+
+def is_public_module(module: str) -> bool:
+    parts = module.split(".")
+    if parts[0] != "latentcode":
+        return False
+    path = PACKAGE.joinpath(*parts[1:])
+    return (path / "__init__.py").is_file() or (len(parts) == 2 and path.with_suffix(".py").is_file())
+
+
+def declared_all(module: str) -> set[str] | None:
+    """`module`'s `__all__`, read without importing it (None if it has none): a list of strings, each
+    `*_WHERE` (the keys of its lazy table) or `*submodule.__all__`, or `sorted(_WHERE)`."""
+    path = PACKAGE.joinpath(*module.split(".")[1:])
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    tree = ast.parse(path.read_text())
+    submodules = {alias.asname or alias.name: f"{node.module}.{alias.name}" for node in tree.body
+                  if isinstance(node, ast.ImportFrom) and node.module for alias in node.names}
+
+    def names(value: ast.expr) -> set[str]:
+        if isinstance(value, ast.Constant):
+            return {value.value}
+        if isinstance(value, ast.Starred):
+            return names(value.value)
+        if isinstance(value, (ast.List, ast.Tuple)):
+            return set().union(*(names(element) for element in value.elts))
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "sorted":
+            return names(value.args[0])
+        if isinstance(value, ast.Name) and value.id == "_WHERE":
+            return set(lazy_table(tree))
+        if isinstance(value, ast.Attribute) and value.attr == "__all__" and isinstance(value.value, ast.Name):
+            return declared_all(submodules[value.value.id]) or set()
+        raise AssertionError(f"{path}: cannot read __all__ at {ast.unparse(value)}")
+
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return names(node.value)
+    return None
+
+
+def public_names(module: str) -> set[str]:
+    """The names `module` (a public module) offers."""
+    path = PACKAGE.joinpath(*module.split(".")[1:])
+    declared = declared_all(module)
+    if path.is_dir() or declared is not None:
+        return declared or set()
+    defined = set()
+    for node in ast.parse(path.with_suffix(".py").read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined |= {target.id for target in targets if isinstance(target, ast.Name)}
+    return {name for name in defined if not name.startswith("_")}
+
+
+def private_uses(path: Path) -> list[str]:
+    """`line: module.name` for every use in `path` of a latentcode name that is not public."""
+    tree = ast.parse(path.read_text())
+    wrong = []
+    aliases = {}  # a name bound by `import latentcode...` -> the module it names
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "latentcode":
+            names = public_names(node.module) if is_public_module(node.module) else set()
+            wrong += [f"{node.lineno}: {node.module}.{alias.name}" for alias in node.names if alias.name not in names]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] != "latentcode":
+                    continue
+                if not is_public_module(alias.name):
+                    wrong.append(f"{node.lineno}: {alias.name}")
+                aliases[alias.asname or "latentcode"] = alias.asname and alias.name or "latentcode"
+    for node in ast.walk(tree):
+        chain = attribute_chain(node) if isinstance(node, ast.Attribute) else None
+        if not chain or chain[0] not in aliases or isinstance(getattr(node, "ctx", None), ast.Store):
+            continue
+        module, rest = aliases[chain[0]], chain[1:]
+        while rest and is_public_module(f"{module}.{rest[0]}") and rest[0] not in public_names(module):
+            module, rest = f"{module}.{rest[0]}", rest[1:]
+        if rest and rest[0] not in public_names(module):
+            wrong.append(f"{node.lineno}: {module}.{rest[0]}")
+    return sorted(set(wrong))
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda path: str(path.relative_to(REPOSITORY)))
+def test_analyses_and_examples_use_only_public_names(path):
+    wrong = private_uses(path)
+    assert not wrong, (f"{path.relative_to(REPOSITORY)} uses names its package does not export "
+                       f"(add them to the package's __all__ or use the exported name): {wrong}")
+
+
+def test_a_private_name_is_found(tmp_path):
+    """A module inside a package, a name a package does not export, a module path through the top-level
+    package, and a private name of a one-module stage are flagged; public names are not."""
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import latentcode\n"
+        "from latentcode.sources.sites import block\n"                # a module inside a package
+        "from latentcode.sources import SitePairs\n"                  # not in latentcode.sources.__all__
+        "from latentcode.files import _same_file\n"                  # private in a one-module stage
+        "from latentcode.sources import block, parse_selector\n"      # public
+        "from latentcode.files import AtomicOutputs\n"                # public, one-module stage
+        "latentcode.extract\n"                                        # public, top level
+        "latentcode.intervention.transfer\n"                          # a module inside a package
+    )
+    assert private_uses(script) == [
+        "2: latentcode.sources.sites.block",
+        "3: latentcode.sources.SitePairs",
+        "4: latentcode.files._same_file",
+        "8: latentcode.intervention.transfer",
+    ]

@@ -26,7 +26,7 @@ def language_baselines() -> dict[str, float]:
     """Bits per byte on the validation bytes of byte n-gram models counted on the training bytes
     (add-one smoothing): what the next byte costs knowing no context (unigram) or only the byte
     before it (bigram). A language model that is no better has learned nothing from its context."""
-    from latentcode.tasks.corpus import corpus_split
+    from latentcode.tasks import corpus_split
 
     train_bytes, validation = (corpus_split(split).astype(np.int64) for split in ("train", "validation"))
     unigram = np.bincount(train_bytes, minlength=256) + 1.0
@@ -39,8 +39,7 @@ def language_baselines() -> dict[str, float]:
 
 def language_parameters(name: str) -> int:
     """Parameters of the recorded run's model, built from its config (no weights needed)."""
-    from latentcode.models import build_model
-    from latentcode.models.config import ModelConfig
+    from latentcode.models import ModelConfig, build_model
 
     config = recorded_run(name).config["resolved_model_config"]
     return sum(parameter.numel() for parameter in build_model(ModelConfig(**config)).parameters())

@@ -121,7 +121,7 @@ def train(args: argparse.Namespace) -> None:
     `args.runs`: a run with a checkpoint resumes, a run started but never checkpointed starts again,
     a run another process is training is skipped; each finished run is recorded."""
     from latentcode.rundir import RunDirectory
-    from latentcode.training.sweeps import Job, run_jobs
+    from latentcode.training import Job, run_jobs
 
     todo = [run for run in plan() if run.group in args.only and not RunDirectory(RECORDED / run.name).is_finished]
     print(f"{len(todo)} runs to train: {', '.join(run.name for run in todo) or 'none'}")

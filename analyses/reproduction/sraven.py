@@ -190,7 +190,7 @@ def per_rule_section() -> str:
 
 def ambiguity_table() -> str:
     """Table A2: the fraction of ambiguous SRAVEN instances (M = 4), by K, under both rule checkers."""
-    from latentcode.tasks.sraven_counts import estimate_ambiguity
+    from latentcode.tasks import estimate_ambiguity
 
     lines = ["| K (values) | strict: fraction ambiguous | authors: fraction ambiguous |", "|---|---|---|"]
     for n_values in (4, 8, 16):

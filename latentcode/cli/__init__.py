@@ -21,8 +21,12 @@ import os
 import sys
 from collections.abc import Sequence
 
+from latentcode.cli.arguments import parse_assignments
 from latentcode.cli.command import Registry, command_modules
 from latentcode.errors import LatentcodeError
+
+# `parse_assignments`: scripts that take `--set KEY=VALUE` (analyses/) read it as the commands do.
+__all__ = ["main", "parse_assignments"]
 
 # What the user can fix: our own errors, and files that are missing or already there. Anything else is
 # a bug and keeps its traceback.

@@ -89,7 +89,7 @@ def check(args: argparse.Namespace) -> None:
     args.split = check_split(args.split or task_object.analysis.held_out_split, task_object, "--split")
     if args.variant is not None:
         check_variant(args.variant, task_object, "--variant")
-    from latentcode.extraction.sites import MAX_ALL_PAIRS, parse_selector
+    from latentcode.sources.sites import MAX_ALL_PAIRS, parse_selector
 
     model_config = model_config_of(run_dir)
     selector = parse_selector(args.sites, task_object)
@@ -120,8 +120,8 @@ def check(args: argparse.Namespace) -> None:
 def check_pretrained(args: argparse.Namespace) -> None:
     """A pretrained model: its file or package, the split, the window length, the sites and the output."""
     from latentcode.extraction.pipeline import pretrained_seq_len
-    from latentcode.extraction.sites import parse_selector
     from latentcode.pretrained import SMOLLM2_PACKAGE, resolve
+    from latentcode.sources.sites import parse_selector
 
     path = resolve(args.run)  # a missing SmolLM2 package is one line here
     if not path.exists():

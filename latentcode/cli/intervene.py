@@ -117,7 +117,7 @@ def check(args: argparse.Namespace) -> None:
     check_split(task.analysis.held_out_split if args.split is None else args.split, task, "--split")
     if args.variant is not None:
         check_variant(args.variant, task, "--variant")
-    from latentcode.extraction.sites import parse_selector
+    from latentcode.sources.sites import parse_selector
 
     sites = parse_selector(args.sites, task).resolve(model_config["n_layers"], task.seq_len)
     # Every instance is sampled before the first pass ([n, sequence, d_in]), then passes of a batch each.

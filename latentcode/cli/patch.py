@@ -158,7 +158,7 @@ def check(args: argparse.Namespace) -> None:
     if not -task.n_predictions <= args.prediction < task.n_predictions:
         raise UsageError(f"--prediction {args.prediction}: the task has {task.n_predictions} prediction positions "
                          f"(0..{task.n_predictions - 1}, or negative from the end)")
-    from latentcode.extraction.sites import (
+    from latentcode.sources.sites import (
         SiteError,
         parse_positions,
         parse_selector,
@@ -237,7 +237,6 @@ def _correlations(exact, estimate) -> dict[str, float | None]:
 
 
 def _groups(args, task):
-    from latentcode.extraction.sites import parse_selector
     from latentcode.intervention.patching import (
         SiteGroup,
         head_grid,
@@ -245,6 +244,7 @@ def _groups(args, task):
         site_grid,
         task_partitions,
     )
+    from latentcode.sources.sites import parse_selector
 
     if args.partition_grid:
         return partition_grid(task_partitions(task), *args.partition_grid, layers=args.layers,

@@ -40,10 +40,10 @@ from torch import nn
 
 from latentcode.errors import LatentcodeError, UsageError
 from latentcode.extraction.recorder import Recorder
-from latentcode.extraction.sites import MAX_ALL_PAIRS, Selector, SiteError, parse_selector
 from latentcode.progress import Progress
 from latentcode.provenance import sha256_of_file, sha256_of_state
 from latentcode.rundir import RunDirectory, RunRecord
+from latentcode.sources.sites import MAX_ALL_PAIRS, Selector, SiteError, parse_selector
 from latentcode.store import (
     DEFAULT_COMPRESSION,
     CodeWriter,
@@ -189,7 +189,7 @@ def extract(
     run_or_model: a run directory, a saved model directory, or a model object.
     task: a Task, a task config dict, or None to use the run's task.
     split: a split of the task; None: its held-out split (`ood`; `validation` for language).
-    selector: see `latentcode.extraction.sites` (`last-self`, `sraven-rule`, `all-pairs:L`, lists).
+    selector: see `latentcode.sources.sites` (`last-self`, `sraven-rule`, `all-pairs:L`, lists).
     variant: the task variant (default: the selector's, e.g. `unpermuted` for `sraven-rule`, else
         the task's default).
     extra: further per-example arrays of length n to store beside the codes.

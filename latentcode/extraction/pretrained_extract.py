@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from latentcode.extraction.compact_capture import CompactAttentionSource, CompactError, CompactLayer
 from latentcode.extraction.recorder import Recorder
-from latentcode.extraction.sites import MAX_ALL_PAIRS, SiteError, parse_selector
+from latentcode.sources.compact_capture import CompactAttentionSource, CompactError, CompactLayer
+from latentcode.sources.sites import MAX_ALL_PAIRS, SiteError, parse_selector
 from latentcode.store import CodeWriter
 from latentcode.store.compact import COMPACT_VERSION, KEY_VALID, key_name, query_name
 from latentcode.validation import check_integer

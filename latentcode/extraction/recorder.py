@@ -5,7 +5,7 @@
         model(inputs_2)
     codes = recorder.pop()        # {Site(layer, query, key): float32 [N, H]}, N over both passes
 
-Works for any model a source can read (see `latentcode.extraction.source`): our models, TransformerLens
+Works for any model a source can read (see `latentcode.sources.source`): our models, TransformerLens
 models, and PyTorch models using scaled_dot_product_attention / nn.MultiheadAttention, or an
 adapter. Only the selected entries are kept, sliced while the forward pass runs. On hook points
 the Recorder's hooks are `QueryBlockHook`s: our attention layers, which compute long sequences in
@@ -25,10 +25,10 @@ from collections.abc import Sequence
 import numpy as np
 from torch import Tensor, nn
 
-from latentcode.extraction.detect import detect_source
-from latentcode.extraction.site_pairs import SitePairs
-from latentcode.extraction.sites import Selector, parse_selector
-from latentcode.extraction.source import (
+from latentcode.sources.detect import detect_source
+from latentcode.sources.site_pairs import SitePairs
+from latentcode.sources.sites import Selector, parse_selector
+from latentcode.sources.source import (
     AttentionSource,
     NoAttentionCaptured,
     check_score,
@@ -38,7 +38,7 @@ from latentcode.store import Site
 
 def attention_like_modules(model: nn.Module, shown: int = 4) -> str:
     """The model's modules whose names look like attention, for an error message."""
-    from latentcode.extraction.softmax_capture import ATTENTION_NAMES
+    from latentcode.sources.softmax_capture import ATTENTION_NAMES
 
     names = [name for name, _ in model.named_modules() if name and ATTENTION_NAMES.fullmatch(name)]
     if not names:
@@ -107,9 +107,9 @@ class Recorder:
                 "it has no HookPoint named blocks.<layer>.attn.hook_pattern and made no call to "
                 "scaled_dot_product_attention or nn.MultiheadAttention that could be intercepted, or the "
                 "selected layers never ran; for attention written by hand (matmul, softmax) use "
-                f"latentcode.extraction.SoftmaxSource(model, r'NAME_PATTERN') naming the modules that compute "
+                f"latentcode.sources.SoftmaxSource(model, r'NAME_PATTERN') naming the modules that compute "
                 f"the softmax ({attention_like_modules(self.model)}), and for other attention code "
-                "latentcode.extraction.AdapterSource"
+                "latentcode.sources.AdapterSource"
             )
         self.pairs_for.check_ran(self._layers_seen)
 

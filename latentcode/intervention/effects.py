@@ -58,7 +58,7 @@ def intervention_effects(
     import pandas as pd
 
     from latentcode.extraction.pipeline import resolve_model, resolve_task
-    from latentcode.extraction.sites import parse_selector
+    from latentcode.sources.sites import parse_selector
     from latentcode.tasks import Batch, eval_seed
 
     edits = (edits,) if isinstance(edits, Edit) else tuple(edits)

@@ -15,13 +15,13 @@ names its own (`ZeroAblate(sites="1:-1:-1")`). Edits run in the order given, eac
 the one before.
 
 Where the edit happens: on the latent code after σ and before the value network (for HYLA: after
-RMSHead), i.e. on what `hook_pattern` carries. Sources (`latentcode.extraction.source`):
+RMSHead), i.e. on what `hook_pattern` carries. Sources (`latentcode.sources.source`):
 
 - our models and TransformerLens `HookedTransformer`s: the forward hook on `blocks.{l}.attn.hook_pattern`
   returns the edited pattern, which the value network consumes;
 - transformer-lens 4.x `TransformerBridge`s: the same, where the bridge computes attention from the
   hooked pattern (boot_native models, joint-QKV attention such as GPT-2's); others raise
-  `CannotIntervene` (see `latentcode.extraction.bridge`);
+  `CannotIntervene` (see `latentcode.sources.bridge`);
 - models calling `F.scaled_dot_product_attention` or `nn.MultiheadAttention`: the intercepted call
   recomputes the probabilities of the affected query rows from its own inputs, edits them and
   returns `edited_probabilities @ value` there (through the out-projection for MultiheadAttention);
@@ -53,11 +53,12 @@ import torch
 from torch import Tensor, nn
 
 from latentcode.errors import UsageError
-from latentcode.extraction.detect import detect_source
 from latentcode.extraction.recorder import Recorder
-from latentcode.extraction.site_pairs import SitePairs
-from latentcode.extraction.sites import Selector, SiteError, parse_selector
-from latentcode.extraction.source import (
+from latentcode.intervention.edits import Edit, EditError
+from latentcode.sources.detect import detect_source
+from latentcode.sources.site_pairs import SitePairs
+from latentcode.sources.sites import Selector, SiteError, parse_selector
+from latentcode.sources.source import (
     AttentionSource,
     DifferentiableEditor,
     NoAttentionCaptured,
@@ -65,7 +66,6 @@ from latentcode.extraction.source import (
     Sink,
     check_score,
 )
-from latentcode.intervention.edits import Edit, EditError
 from latentcode.store import Site
 
 

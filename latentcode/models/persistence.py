@@ -13,15 +13,16 @@ the config implies and names what differs.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from latentcode.errors import LatentcodeError
-from latentcode.files import give_umask_mode, save_safetensors
+from latentcode.files import WriteError, give_umask_mode
 from latentcode.models.config import ModelConfig
 
 FORMAT = "latentcode-model/1"
@@ -37,6 +38,19 @@ def _package_version() -> str:
     from latentcode import __version__
 
     return __version__
+
+
+def save_safetensors(tensors: dict, path: str | Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' `save_file`, with its I/O failures (no space left, ...) as the one-line WriteError:
+    safetensors raises its own SafetensorError, not an OSError, so callers' `except OSError` missed them."""
+    from safetensors import SafetensorError
+
+    try:
+        save_file(tensors, path, metadata=metadata)
+    except SafetensorError as error:
+        reason = str(error)
+        system = re.search(r"I/O error: (.*?)(?: \(os error \d+\))?$", reason)
+        raise WriteError(f"cannot write {path}: {system.group(1) if system else reason}") from None
 
 
 def save_model(model: torch.nn.Module, path: str | Path, overwrite: bool = False, dtype: torch.dtype | None = None) -> Path:

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from latentcode.analysis.token_relations import RELATIONS, relations_of, sample_pairs
-from latentcode.extraction.sites import block
 from latentcode.intervention.patching import record_codes
+from latentcode.sources.sites import block
 
 __all__ = ["RelationCodes", "relation_codes"]
 

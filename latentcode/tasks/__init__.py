@@ -30,6 +30,9 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "Language": "latentcode.tasks.language",
     "RULES": "latentcode.tasks.sraven_rules",
     "SRaven": "latentcode.tasks.sraven",
+    "corpus_split": "latentcode.tasks.corpus",
+    "estimate_ambiguity": "latentcode.tasks.sraven_counts",
+    "repeated_random_tokens": "latentcode.tasks.token_sequences",
 })
 
 __all__ = [
@@ -43,9 +46,12 @@ __all__ = [
     "SRaven",
     "Task",
     "TrainingSetup",
+    "corpus_split",
+    "estimate_ambiguity",
     "eval_seed",
     "get_task",
     "register_task",
+    "repeated_random_tokens",
     "task_class",
     "task_names",
 ]

@@ -112,7 +112,7 @@ class AnalysisDefaults:
 
     Attributes:
         selector: the named site set of the paper's latent-code analysis (a name `Task.selectors`
-            or the generic selectors of `latentcode.extraction.sites` know).
+            or the generic selectors of `latentcode.sources.sites` know).
         variant: the input variant that analysis reads.
         probe_label: the label the paper decodes from the codes (the sub-task).
         picture_label: what figures colour by: one value per example.

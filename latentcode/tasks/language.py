@@ -16,7 +16,7 @@ seq_len``), scored by cross-entropy; ``Language.evaluate`` gives the mean loss i
 
 Labels and sites
 ----------------
-Sites sit at fixed positions (`latentcode.extraction.sites`), so what varies with the text is in the
+Sites sit at fixed positions (`latentcode.sources.sites`), so what varies with the text is in the
 labels. They describe the query token, by default the last one (position ``seq_len - 1``), whose
 codes the paper-style analysis reads: its byte and byte class (`BYTE_CLASSES`: an ASCII letter,
 digit, whitespace or punctuation, or other), the class of the byte it must predict, and

@@ -19,6 +19,8 @@ _WHERE = {
     "TrainingDiverged": "latentcode.training.trainer",
     "train": "latentcode.training.trainer",
     "sweep": "latentcode.training.sweeps",
+    "Job": "latentcode.training.sweeps",
+    "run_jobs": "latentcode.training.sweeps",
 }
 __all__ = sorted(_WHERE)
 __getattr__, __dir__ = lazy_exports(__name__, _WHERE)

@@ -32,7 +32,8 @@ import torch
 from safetensors.torch import load_file
 
 from latentcode.errors import LatentcodeError
-from latentcode.files import give_umask_mode, save_safetensors
+from latentcode.files import give_umask_mode
+from latentcode.models.persistence import save_safetensors
 
 CHECKPOINT_FORMAT = "latentcode-checkpoint/2"
 STATE_FILE = "trainer_state.json"

@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from latentcode import ModelConfig, build_model
-from latentcode.extraction import Recorder, Site, SiteError, parse_selector
-from latentcode.extraction.sites import MAX_ALL_PAIRS
+from latentcode.extraction import Recorder
 from latentcode.models.hook_state import any_hooks
+from latentcode.sources import Site, SiteError, parse_selector
+from latentcode.sources.sites import MAX_ALL_PAIRS
 
 CONFIG = ModelConfig(attention="hyla", n_layers=3, d_model=16, n_heads=4, kqv_dim=8, d_mlp=16, n_ctx=12, d_in=5, d_out=5)
 

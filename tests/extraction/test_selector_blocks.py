@@ -7,7 +7,7 @@ import torch
 
 from latentcode import ModelConfig, build_model
 from latentcode.extraction import Recorder
-from latentcode.extraction.sites import SiteError, block, parse_selector
+from latentcode.sources.sites import SiteError, block, parse_selector
 from latentcode.store import Site
 
 

@@ -6,9 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from latentcode.extraction import Recorder, SiteError, TorchAttentionSource
-from latentcode.extraction.softmax_capture import SoftmaxSource
+from latentcode.extraction import Recorder
 from latentcode.intervention import Intervention, ZeroAblate
+from latentcode.sources import SiteError, TorchAttentionSource
+from latentcode.sources.softmax_capture import SoftmaxSource
 from latentcode.store import Site
 from tests.extraction.torch_models import SdpaModel
 

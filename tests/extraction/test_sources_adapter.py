@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from latentcode.extraction import AdapterSource, NoAttentionCaptured, Recorder
+from latentcode.extraction import Recorder
+from latentcode.sources import AdapterSource, NoAttentionCaptured
 from latentcode.store import Site
 
 BATCH, LENGTH, HEADS = 3, 5, 2

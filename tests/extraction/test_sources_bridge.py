@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from latentcode.extraction import BridgeSource, Recorder, detect_source, is_transformer_bridge
+from latentcode.extraction import Recorder
+from latentcode.sources import BridgeSource, detect_source, is_transformer_bridge
 from latentcode.store import Site
 
 transformer_lens = pytest.importorskip("transformer_lens")
@@ -64,7 +65,7 @@ def test_detect_source_picks_the_bridge_and_names_layers(native):
 def test_is_transformer_bridge_imports_nothing_for_other_models():
     code = (
         "import sys, torch\n"
-        "from latentcode.extraction.bridge import is_transformer_bridge\n"
+        "from latentcode.sources.bridge import is_transformer_bridge\n"
         "assert not is_transformer_bridge(torch.nn.Linear(2, 2))\n"
         "print(sorted(m for m in sys.modules if m.startswith(('transformer_lens', 'transformers'))))\n"
     )

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from latentcode.extraction import Recorder, TorchAttentionSource, detect_source
+from latentcode.extraction import Recorder
+from latentcode.sources import TorchAttentionSource, detect_source
 from latentcode.store import Site
 
 transformers = pytest.importorskip("transformers")

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from latentcode.extraction import HookPointSource, Recorder, detect_source
+from latentcode.extraction import Recorder
+from latentcode.sources import HookPointSource, detect_source
 from latentcode.store import Site
 
 transformer_lens = pytest.importorskip("transformer_lens")

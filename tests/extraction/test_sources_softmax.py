@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from latentcode.extraction import Recorder, TorchAttentionSource, detect_source
-from latentcode.extraction.softmax_capture import SoftmaxCaptureError, SoftmaxSource
+from latentcode.extraction import Recorder
+from latentcode.sources import TorchAttentionSource, detect_source
+from latentcode.sources.softmax_capture import SoftmaxCaptureError, SoftmaxSource
 from latentcode.store import Site
 
 transformers = pytest.importorskip("transformers")
@@ -213,7 +214,7 @@ def test_an_edit_that_changes_nothing_changes_no_bit_of_a_hand_written_model():
 
 
 def test_the_error_for_a_model_no_source_could_read_names_the_attention_like_modules():
-    from latentcode.extraction import NoAttentionCaptured
+    from latentcode.sources import NoAttentionCaptured
 
     class HandWritten(torch.nn.Module):  # attention by hand, not a Hugging Face model: not detected
         def __init__(self):

@@ -14,13 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from latentcode.extraction import (
-    NoAttentionCaptured,
-    Recorder,
-    SiteError,
-    TorchAttentionSource,
-    detect_source,
-)
+from latentcode.extraction import Recorder
+from latentcode.sources import NoAttentionCaptured, SiteError, TorchAttentionSource, detect_source
 from latentcode.store import Site
 from tests.extraction.torch_models import (
     BATCH,

@@ -9,7 +9,7 @@ import torch
 
 from latentcode import ATTENTION_PRESETS, ModelConfig, build_model
 from latentcode.errors import UsageError
-from latentcode.extraction import Recorder, SiteError
+from latentcode.extraction import Recorder
 from latentcode.intervention import (
     AddVector,
     CodesOfAnotherModel,
@@ -23,6 +23,7 @@ from latentcode.intervention import (
 )
 from latentcode.models.hook_state import attached_hooks
 from latentcode.provenance import sha256_of_state
+from latentcode.sources import SiteError
 from latentcode.store import CodeWriter, Site
 from tests.models.reference import (
     reference_attention,

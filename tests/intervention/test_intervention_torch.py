@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from latentcode.extraction import AdapterSource, Recorder
+from latentcode.extraction import Recorder
 from latentcode.intervention import CannotIntervene, Interchange, Intervention, SetCode, ZeroAblate
 from latentcode.models.hook_state import any_hooks
+from latentcode.sources import AdapterSource
 from latentcode.store import Site
 from tests.extraction.torch_models import MHA_CASES, SDPA_CASES, MhaModel, SdpaModel, mha_case
 

@@ -53,9 +53,9 @@ def test_bad_arguments_are_refused_before_torch_is_imported(tmp_path, arguments,
 
 def test_patch_writes_the_numbers_transfer_sweep_gives(tmp_path):
     from latentcode.cli import main
-    from latentcode.extraction.sites import parse_selector
     from latentcode.intervention.patching import SiteGroup
     from latentcode.intervention.transfer import transfer_sweep
+    from latentcode.sources.sites import parse_selector
     from latentcode.training.run import Run
 
     stem = tmp_path / "patch"

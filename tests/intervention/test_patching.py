@@ -14,7 +14,6 @@ from torch.nn import functional as F
 
 from latentcode import ModelConfig, build_model
 from latentcode.errors import UsageError
-from latentcode.extraction.sites import block
 from latentcode.intervention import AddVector, Interchange, Intervention, ScaleHeads, SetCode
 from latentcode.intervention.patching import (
     SiteGroup,
@@ -24,6 +23,7 @@ from latentcode.intervention.patching import (
     patching_sweep,
     site_grid,
 )
+from latentcode.sources.sites import block
 
 CONFIG = dict(n_layers=2, d_model=8, n_heads=2, kqv_dim=8, d_mlp=8, n_ctx=5, d_in=3, d_out=4)
 
@@ -229,7 +229,7 @@ class HandWrittenLinearInCodes(nn.Module):
 
 
 def test_attribution_equals_exact_patching_on_hand_written_softmax_attention():
-    from latentcode.extraction.softmax_capture import SoftmaxSource
+    from latentcode.sources.softmax_capture import SoftmaxSource
 
     torch.manual_seed(1)
     model = HandWrittenLinearInCodes().double().eval()

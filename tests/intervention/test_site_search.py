@@ -15,7 +15,6 @@ import pytest
 import torch
 from torch import nn
 
-from latentcode.extraction.site_pairs import SitePairs
 from latentcode.intervention.patching import (
     part_group,
     partition_grid,
@@ -23,6 +22,7 @@ from latentcode.intervention.patching import (
     task_partitions,
 )
 from latentcode.models.hooks import HookedRootModule, HookPoint
+from latentcode.sources.site_pairs import SitePairs
 from latentcode.tasks import get_task
 
 SEQ_LEN, N_RULES = 12, 3

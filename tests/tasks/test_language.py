@@ -202,7 +202,7 @@ def test_derived_labels_describe_a_shared_query_and_key():
 
 
 def test_selectors_place_the_last_row_of_recent_keys():
-    from latentcode.extraction.sites import parse_selector
+    from latentcode.sources.sites import parse_selector
     from latentcode.store import Site
 
     task = get_task("language", seq_len=512)

@@ -45,7 +45,6 @@ metric), `layer_codes` (record_codes: the codes of one pass per layer), `sweep` 
 PatchingSweep), `attribution` (attribution_patching, Attribution, compare_attribution).
 """
 
-from latentcode.extraction.sites import Positions
 from latentcode.intervention.patching.attribution import (
            Attribution,
            attribution_patching,
@@ -56,6 +55,7 @@ from latentcode.intervention.patching.partitions import part_group, partition_gr
 from latentcode.intervention.patching.search import SiteSearch, site_search
 from latentcode.intervention.patching.site_groups import SiteGroup, head_grid, site_grid
 from latentcode.intervention.patching.sweep import PatchingSweep, patching_sweep
+from latentcode.sources.sites import Positions
 
 __all__ = ["Attribution", "PatchingSweep", "Positions", "SiteGroup", "SiteSearch", "attribution_patching",
            "compare_attribution", "head_grid", "part_group", "partition_grid", "patching_sweep", "record_codes",

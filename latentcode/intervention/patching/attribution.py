@@ -14,10 +14,6 @@ import torch
 from torch import Tensor, nn
 
 from latentcode.errors import UsageError
-from latentcode.extraction.detect import detect_source
-from latentcode.extraction.site_pairs import SitePairs
-from latentcode.extraction.sites import Selector, SiteError, parse_selector
-from latentcode.extraction.source import AttentionSource, DifferentiableEditor
 from latentcode.intervention.patching.inputs import (
     Metric,
     batch_size_of,
@@ -30,6 +26,10 @@ from latentcode.intervention.patching.inputs import (
 from latentcode.intervention.patching.layer_codes import LayerCodes, record_codes
 from latentcode.intervention.patching.site_groups import SiteGroup
 from latentcode.intervention.patching.sweep import PatchingSweep
+from latentcode.sources.detect import detect_source
+from latentcode.sources.site_pairs import SitePairs
+from latentcode.sources.sites import Selector, SiteError, parse_selector
+from latentcode.sources.source import AttentionSource, DifferentiableEditor
 
 
 @dataclass

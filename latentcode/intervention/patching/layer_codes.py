@@ -10,11 +10,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from latentcode.extraction.detect import detect_source
-from latentcode.extraction.site_pairs import SitePairs
-from latentcode.extraction.sites import Selector, SiteError, parse_selector
-from latentcode.extraction.source import AttentionSource
 from latentcode.intervention.patching.inputs import call_model
+from latentcode.sources.detect import detect_source
+from latentcode.sources.site_pairs import SitePairs
+from latentcode.sources.sites import Selector, SiteError, parse_selector
+from latentcode.sources.source import AttentionSource
 
 
 class LayerCodes:

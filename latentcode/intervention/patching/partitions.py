@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from latentcode.errors import UsageError
-from latentcode.extraction.sites import block
 from latentcode.intervention.patching.site_groups import SiteGroup
+from latentcode.sources.sites import block
 from latentcode.tasks.partitions import Partitions, grid_size, parse_grid, task_partitions
 
 __all__ = ["Partitions", "grid_size", "parse_grid", "part_group", "partition_grid", "task_partitions"]

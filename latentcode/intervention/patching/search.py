@@ -166,8 +166,8 @@ def site_search(
     `partitions` default `task_partitions(task)`; `layers` default every layer of the model."""
     import pandas as pd
 
-    from latentcode.extraction.detect import detect_source
     from latentcode.intervention.transfer import transfer_sweep
+    from latentcode.sources.detect import detect_source
 
     say = say or (lambda text: None)
     partitions = task_partitions(task) if partitions is None else partitions

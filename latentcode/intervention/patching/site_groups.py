@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from latentcode.extraction.sites import Selector, SiteError, block, parse_selector
+from latentcode.sources.sites import Selector, SiteError, block, parse_selector
 
 
 @dataclass(frozen=True)

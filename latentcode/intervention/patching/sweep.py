@@ -14,10 +14,6 @@ import torch
 from torch import Tensor, nn
 
 from latentcode.errors import UsageError
-from latentcode.extraction.detect import detect_source
-from latentcode.extraction.site_pairs import SitePairs
-from latentcode.extraction.sites import SiteError
-from latentcode.extraction.source import AttentionSource
 from latentcode.intervention.patching.inputs import (
     Metric,
     batch_size_of,
@@ -31,6 +27,10 @@ from latentcode.intervention.patching.inputs import (
 )
 from latentcode.intervention.patching.layer_codes import LayerCodes
 from latentcode.intervention.patching.site_groups import SiteGroup, union_of
+from latentcode.sources.detect import detect_source
+from latentcode.sources.site_pairs import SitePairs
+from latentcode.sources.sites import SiteError
+from latentcode.sources.source import AttentionSource
 
 
 def _mean_and_se(values: np.ndarray) -> tuple[float, float]:

@@ -15,7 +15,7 @@ with the original arguments; beside it the source recomputes the attention of th
 call's own inputs (q, k, mask, is_causal, scale, enable_gqa; for MultiheadAttention the in-projection
 weights, bias_k, add_zero_attn, attn_mask and key_padding_mask), for the requested query rows only,
 so memory stays O(batch x heads x requested queries x keys). That arithmetic, from a call's bound
-arguments, is `latentcode.extraction.attention_calls`; this module intercepts the calls.
+arguments, is `latentcode.sources.attention_calls`; this module intercepts the calls.
 
 Layers: the intercepted calls made during one forward pass of the model, numbered from 0 in call
 order (the count restarts whenever the outermost module of the model starts a forward pass). Calls
@@ -60,11 +60,11 @@ above). Edited rows are computed without dropout, so calls with dropout are refu
 eval mode.
 
 Hugging Face `transformers` models are covered with their default `attn_implementation="sdpa"`;
-with "eager" they compute the softmax themselves: `latentcode.extraction.SoftmaxSource` reads
+with "eager" they compute the softmax themselves: `latentcode.sources.SoftmaxSource` reads
 those (and `detect_source` picks it). Cross-attention calls (queries of the decoder, keys of the
 encoder, e.g. BART's `decoder.layers.0.encoder_attn`) are layers like any other; their query
 positions are resolved against the call's queries and key positions against its keys.
-Not covered (use `SoftmaxSource` or `latentcode.extraction.AdapterSource`): attention written with
+Not covered (use `SoftmaxSource` or `latentcode.sources.AdapterSource`): attention written with
 explicit matmul/softmax, `flex_attention`, fused kernels called directly (e.g. flash-attn), and compiled
 graphs (`torch.compile`) where the Python-level call never happens.
 """
@@ -80,7 +80,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from latentcode.extraction.attention_calls import (
+from latentcode.sources.attention_calls import (
     call_scores,
     call_shape,
     check_no_dropout,
@@ -88,8 +88,8 @@ from latentcode.extraction.attention_calls import (
     edited_sdpa_output,
     pattern_or_scores,
 )
-from latentcode.extraction.attention_rows import check_pairs, codes_of_rows
-from latentcode.extraction.source import (
+from latentcode.sources.attention_rows import check_pairs, codes_of_rows
+from latentcode.sources.source import (
     AttentionSource,
     Editor,
     PairsFor,

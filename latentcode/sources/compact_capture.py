@@ -24,15 +24,15 @@ import torch
 from torch import Tensor
 
 from latentcode.errors import LatentcodeError
-from latentcode.extraction.attention_calls import (
+from latentcode.sources.attention_calls import (
     additive_mask,
     call_scores,
     call_shape,
     pattern_or_scores,
 )
-from latentcode.extraction.attention_rows import check_pairs, codes_of_rows
-from latentcode.extraction.source import PairsFor, Sink, check_score
-from latentcode.extraction.torch_attention import TorchAttentionSource
+from latentcode.sources.attention_rows import check_pairs, codes_of_rows
+from latentcode.sources.source import PairsFor, Sink, check_score
+from latentcode.sources.torch_attention import TorchAttentionSource
 from latentcode.store.compact import LayerMask
 
 

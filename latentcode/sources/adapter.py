@@ -6,7 +6,8 @@ neither passes through a TransformerLens HookPoint nor calls `scaled_dot_product
 `nn.MultiheadAttention`. Example, for a model whose attention modules return
 `(output, weights)` with `weights` `[batch, head, query, key]`::
 
-    from latentcode.extraction import AdapterSource, Recorder
+    from latentcode.extraction import Recorder
+    from latentcode.sources import AdapterSource
 
     source = AdapterSource(
         model,
@@ -45,13 +46,13 @@ import torch
 from torch import Tensor, nn
 
 from latentcode.errors import UsageError
-from latentcode.extraction.attention_rows import (
+from latentcode.sources.attention_rows import (
     check_pairs,
     codes_of_rows,
     slice_pairs,
     softmax_rows,
 )
-from latentcode.extraction.source import (
+from latentcode.sources.source import (
     SCORE_KINDS,
     AttentionSource,
     CannotIntervene,

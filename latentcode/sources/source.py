@@ -15,15 +15,15 @@ Sources:
 - `HookPointSource` (this file): models whose attention passes through TransformerLens-style
   HookPoints named `blocks.{l}.attn.hook_pattern` / `hook_attn_scores`: our models and
   TransformerLens `HookedTransformer`s.
-- `latentcode.extraction.bridge.BridgeSource`: transformer-lens 4.x `TransformerBridge`s.
-- `latentcode.extraction.torch_attention.TorchAttentionSource`: any PyTorch model whose attention goes
+- `latentcode.sources.bridge.BridgeSource`: transformer-lens 4.x `TransformerBridge`s.
+- `latentcode.sources.torch_attention.TorchAttentionSource`: any PyTorch model whose attention goes
   through `torch.nn.functional.scaled_dot_product_attention` or `torch.nn.MultiheadAttention`.
-- `latentcode.extraction.softmax_capture.SoftmaxSource`: attention written by hand, read at the
+- `latentcode.sources.softmax_capture.SoftmaxSource`: attention written by hand, read at the
   softmax computed inside chosen modules (Hugging Face models with `attn_implementation="eager"`).
-- `latentcode.extraction.adapter.AdapterSource`: anything else, through a user-named module and a
+- `latentcode.sources.adapter.AdapterSource`: anything else, through a user-named module and a
   function from its inputs/outputs to scores (records only; it cannot edit).
 
-`latentcode.extraction.detect.detect_source(model)` picks the first that applies.
+`latentcode.sources.detect.detect_source(model)` picks the first that applies.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from contextlib import AbstractContextManager, contextmanager
 from torch import Tensor, nn
 
 from latentcode.errors import LatentcodeError, UsageError
-from latentcode.extraction.attention_rows import gather_pairs, slice_pairs, write_pairs
 from latentcode.models.query_block_hook import QueryBlockHook
+from latentcode.sources.attention_rows import gather_pairs, slice_pairs, write_pairs
 
 SCORE_KINDS = ("pattern", "scores")
 

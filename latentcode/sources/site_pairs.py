@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from latentcode.extraction.sites import (
+from latentcode.sources.sites import (
     Selector,
     SiteError,
     all_pairs,

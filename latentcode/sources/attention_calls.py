@@ -1,7 +1,7 @@
 """The arithmetic of one intercepted attention call, `F.scaled_dot_product_attention` ("sdpa") or
 `F.multi_head_attention_forward` ("mha", what `nn.MultiheadAttention` calls), from the call's bound
 arguments: the raw scores and probabilities of selected query rows, and the call's output with the
-rows an edit changed recomputed. `latentcode.extraction.torch_attention.TorchAttentionSource`
+rows an edit changed recomputed. `latentcode.sources.torch_attention.TorchAttentionSource`
 intercepts the calls and uses these; its docstring says what is recorded and edited.
 
 Everything is computed in float32, for the requested query rows only, so memory stays
@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from latentcode.extraction.attention_rows import as_minus_infinity, changed, softmax_rows
-from latentcode.extraction.source import CannotIntervene
+from latentcode.sources.attention_rows import as_minus_infinity, changed, softmax_rows
+from latentcode.sources.source import CannotIntervene
 
 
 # -- the attention of selected query rows -------------------------------------------------------------

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from torch import nn
 
-from latentcode.extraction.bridge import BridgeSource, is_transformer_bridge
-from latentcode.extraction.softmax_capture import SoftmaxSource
-from latentcode.extraction.source import AttentionSource, HookPointSource
-from latentcode.extraction.torch_attention import TorchAttentionSource
+from latentcode.sources.bridge import BridgeSource, is_transformer_bridge
+from latentcode.sources.softmax_capture import SoftmaxSource
+from latentcode.sources.source import AttentionSource, HookPointSource
+from latentcode.sources.torch_attention import TorchAttentionSource
 
 
 def detect_source(model: nn.Module) -> AttentionSource:

@@ -46,13 +46,13 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from latentcode.errors import LatentcodeError
-from latentcode.extraction.attention_rows import (
+from latentcode.sources.attention_rows import (
     as_minus_infinity,
     check_pairs,
     slice_pairs,
     write_pairs,
 )
-from latentcode.extraction.source import (
+from latentcode.sources.source import (
     AttentionSource,
     Editor,
     PairsFor,

@@ -57,7 +57,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from latentcode.extraction.attention_rows import (
+from latentcode.sources.attention_rows import (
     as_minus_infinity,
     check_pairs,
     codes_of_rows,
@@ -65,7 +65,7 @@ from latentcode.extraction.attention_rows import (
     softmax_rows,
     write_pairs,
 )
-from latentcode.extraction.source import (
+from latentcode.sources.source import (
     PATTERN_HOOK,
     AttentionSource,
     CannotIntervene,
