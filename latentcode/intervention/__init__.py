@@ -6,22 +6,23 @@ during forward passes and see what the model computes with them.
         edited_output = model(inputs)
 
 `intervention_effects` measures a task metric with and without an edit (what `latentcode intervene`
-prints and writes).
+prints and writes); `plan_intervention` checks its arguments first (no torch: names load their module
+on first use, so the command line's check imports the plan without torch).
 """
 
-from latentcode.extraction.source import CannotIntervene
-from latentcode.intervention import edits
-from latentcode.intervention.checkpoints import CodesOfAnotherModel, checkpoint_sha256_of
-from latentcode.intervention.edits import *  # noqa: F403 (every edit kind, as edits.__all__ lists them)
-from latentcode.intervention.effects import intervention_effects, write_effects
-from latentcode.intervention.intervener import Intervention
+from latentcode.lazy import lazy_exports
 
-__all__ = [
-    *edits.__all__,
-    "CannotIntervene",
-    "CodesOfAnotherModel",
-    "Intervention",
-    "checkpoint_sha256_of",
-    "intervention_effects",
-    "write_effects",
-]
+_EDITS = ["AddVector", "Edit", "EditError", "Interchange", "MeanAblate", "ScaleHeads", "SetCode", "ZeroAblate"]
+_WHERE = {
+    **{name: "latentcode.intervention.edits" for name in _EDITS},
+    "CannotIntervene": "latentcode.extraction.source",
+    "CodesOfAnotherModel": "latentcode.intervention.checkpoints",
+    "checkpoint_sha256_of": "latentcode.intervention.checkpoints",
+    "intervention_effects": "latentcode.intervention.effects",
+    "write_effects": "latentcode.intervention.effects",
+    "Intervention": "latentcode.intervention.intervener",
+    "InterventionPlan": "latentcode.intervention.plan",
+    "plan_intervention": "latentcode.intervention.plan",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
+__all__ = sorted(_WHERE)
