@@ -51,25 +51,16 @@ def read_json_file(path: str, flag: str, fields: str = "TrainConfig") -> dict:
 
 
 def model_config_of(path: Path) -> dict:
-    """The model config of a run directory or a saved model directory, from JSON (no torch)."""
-    from latentcode.rundir import RunDirectory, RunRecord
+    """The model config of a run directory or a saved model directory, from JSON (no torch), checked
+    as the plan steps check it (`latentcode.extraction.plan.checked_model_config`), named RUN_DIR."""
+    from latentcode.errors import LatentcodeError
+    from latentcode.extraction.plan import checked_model_config
+    from latentcode.rundir import locate_model
 
-    if path.is_dir() and RunDirectory(path).looks_like_a_run():
-        config = RunRecord.read(path).config
-        model_config = config.get("resolved_model_config") or config["train"]["model"]
-    from latentcode.models.config import ConfigError, check_model_config, parameter_bytes
-
-    if not (path.is_dir() and RunDirectory(path).looks_like_a_run()):
-        model_config = read_json_file(str(path / "config.json"), "RUN_DIR", "ModelConfig")
-        try:  # a model directory's own config, checked as a run's is (without torch)
-            check_model_config(model_config)
-        except ConfigError as error:
-            raise UsageError(f"RUN_DIR {path}: its config.json is not a config a model can be built from: "
-                             f"{error}") from None
-    if not isinstance(model_config, dict) or not isinstance(model_config.get("n_layers"), int):
-        raise UsageError(f"RUN_DIR {path}: its model config names no number of layers (n_layers)")
-    check_fits_in_memory(parameter_bytes(model_config), f"RUN_DIR {path}: the model its config describes")
-    return model_config
+    try:
+        return checked_model_config(locate_model(path))
+    except LatentcodeError as error:
+        raise UsageError(f"RUN_DIR {error}") from None
 
 
 def open_codes_files(paths: Sequence[str | Path], what: str = "codes file") -> list:

@@ -92,8 +92,8 @@ def plan_extract(
     with about("batch_size"):
         batch_size = check_integer("batch_size", batch_size, minimum=1)
     if append and overwrite:
-        raise UsageError("append (--append) adds to the output and overwrite (--overwrite) replaces it: give one "
-                         "of them")
+        raise UsageError("append=True (--append) adds to the output and overwrite=True (--overwrite) replaces it: "
+                         "give one of them")
     if source.kind == "pretrained":
         return _plan_pretrained(source, task, sites, split, n, out, score=score, batch_size=batch_size, seed=seed,
                                 append=append, overwrite=overwrite, extra=extra, compression=compression,
@@ -179,8 +179,8 @@ def _checked_out(out: str | Path, append: bool, overwrite: bool) -> Path:
     with about("out"):
         out = check_output(out)
         if out.exists() and not (append or overwrite):
-            raise OutputExistsError(f"{out} already exists; add examples to it with append (--append), replace it "
-                                    "with overwrite (--overwrite), or choose another output")
+            raise OutputExistsError(f"{out} already exists; pass append=True (--append) to add examples to it, "
+                                    "overwrite=True (--overwrite) to replace it, or choose another path")
         if out.exists() and append:
             from latentcode.store import CodeFile
 
