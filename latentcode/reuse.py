@@ -97,7 +97,7 @@ def code_reuse(run: str | Path, *, codes: str | Path, n_codes: int = 2048, n_pai
         splits_there = set(existing.splits)
     for split in ("train", "ood"):
         if split not in splits_there:
-            latentcode.extract(run, selector=analysis.selector, split=split, n=n_codes, out=codes,
+            latentcode.extract(run, sites=analysis.selector, split=split, n=n_codes, out=codes,
                                variant=analysis.variant, append=codes.exists(), batch_size=batch_size,
                                progress=progress)
     code_file = CodeFile(codes)

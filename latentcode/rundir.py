@@ -322,3 +322,80 @@ class RunRecord:
             return self.summary.get("final_metrics", {})
         evaluations = [record for record in self.metrics if record.get("event") == "eval"]
         return evaluations[-1]["splits"] if evaluations else {}
+
+
+# -- the one loader of what a user names as a model ----------------------------------------------------
+PRETRAINED_NAMES = ("smollm2",)  # names that resolve to a causal LM a package ships (latentcode.pretrained)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What a path or name given for a model is, read from JSON alone (no torch).
+
+    kind: "run" (a run directory with its final model), "model" (a saved model directory:
+    config.json + model.safetensors, without its run), "pretrained" (a causal LM: a Hugging Face
+    directory, a `.gguf` file or a name such as "smollm2"; `latentcode.pretrained` loads it) or
+    "object" (a model object handed over in Python). `model_path` is the directory
+    `latentcode.models.load_model` reads; `task_config` the run's task (None without a run);
+    `model_config` the model's config as JSON (None for a pretrained model).
+    """
+
+    kind: str
+    path: Path | None
+    model_path: Path | None = None
+    task_config: dict[str, Any] | None = None
+    model_config: Any = None
+
+    @property
+    def weights_path(self) -> Path | None:
+        return None if self.model_path is None else self.model_path / WEIGHTS_FILE
+
+
+def is_pretrained(path_or_name: str | Path) -> bool:
+    """Whether `path_or_name` names a pretrained model rather than a run or saved-model directory: a
+    known name, a `.gguf` file, or a directory whose config.json is a Hugging Face config (it has
+    `model_type` or `architectures`, which latentcode's run and model configs do not)."""
+    if str(path_or_name) in PRETRAINED_NAMES:
+        return True
+    path = Path(path_or_name)
+    if path.suffix == ".gguf":
+        return True
+    try:
+        config = json.loads((path / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and ("model_type" in config or "architectures" in config)
+
+
+def not_a_model(path: Path) -> str:
+    """The one message for a path that is neither a run directory nor a model directory."""
+    return (f"{path} is neither a finished run directory (with {MODEL_DIR}/{WEIGHTS_FILE}) nor a model directory "
+            f"(with {WEIGHTS_FILE}){'' if path.exists() else ': it does not exist'}")
+
+
+def locate_model(path_or_name: str | Path) -> ModelSource:
+    """The run directory, saved model directory or pretrained model that `path_or_name` names; a
+    RunDirectoryError (the one message, `not_a_model`) for anything else. A model directory's
+    config.json is read as JSON (`model_config`; what it holds is checked by whoever builds from it)."""
+    if is_pretrained(path_or_name):
+        path = Path(path_or_name)
+        return ModelSource("pretrained", path)
+    path = Path(path_or_name)
+    run = RunDirectory(path)
+    if path.is_dir() and run.looks_like_a_run():
+        record = RunRecord.read(path)
+        return ModelSource("run", path, run.model_path, dict(record.task_config),
+                           record.config.get("resolved_model_config") or record.config["train"]["model"])
+    if (path / WEIGHTS_FILE).is_file():
+        return ModelSource("model", path, path, None, _read_model_config(path / CONFIG_FILE))
+    raise RunDirectoryError(not_a_model(path))
+
+
+def _read_model_config(path: Path) -> Any:
+    try:
+        return json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise RunDirectoryError(f"{path.parent} has {WEIGHTS_FILE} but no {CONFIG_FILE}; expected the model "
+                                "directory latentcode saves (models.save_model)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise RunDirectoryError(f"{path.parent}: its {CONFIG_FILE} is not a JSON file ({error})") from None

@@ -3,7 +3,9 @@ same function, so both refuse a value with the same message.
 
 - `check_split`, `check_variant`: a split or a variant of a task (a `Task`, or its class);
 - `check_integer`: an integer in a range (`describe_integer_range` says the range in words, as the
-  command line's argument types print it).
+  command line's argument types print it);
+- `check_output`: an output that can be written where asked; `check_fits_in_memory`,
+  `check_fits_on_disk` (with `forward_pass_bytes`): work the machine can hold.
 
 Standard library only (no numpy, no torch): the command line calls these before it imports anything
 heavy. Each check returns the value or raises `UsageError` (or the `error` class its caller names: a
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import numbers
 import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from latentcode.errors import LatentcodeError, UsageError
@@ -64,6 +68,52 @@ def describe_integer_range(minimum: int, maximum: int | None = None) -> str:
     return expected if maximum is None else f"{expected} below {maximum + 1}"
 
 
+# -- outputs and resources: the command line's checks and the plan steps of the Python API alike -------------
+def _why_not_writable(directory: Path) -> str:
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return "read-only file system"
+    except OSError:
+        pass
+    return "no write permission, or the directory is immutable"
+
+
+def check_output(path: str | Path, flag: str | None = None, kind: str = "file") -> Path:
+    """Refuse, before anything is computed, an output that cannot be written where asked.
+
+    kind: "file" (must not be a directory), "directory" (must not be a file) or "stem" (the
+    start of file names, e.g. a figure's; either is fine). The nearest existing directory on the
+    way to `path` must be one this process may write in. `flag` starts each message (None: the
+    message starts with the path; a plan step names its parameter with `errors.about`).
+    """
+    from latentcode.files import check_replaceable
+
+    path = Path(path)
+    named = f"{flag} {path}" if flag else str(path)
+    choose = f"another {flag}" if flag else "another path"
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as error:  # a name too long, a loop of links: one line, not a traceback
+        raise UsageError(f"{named}: {error.strerror}") from None
+    if kind == "file" and path.is_dir():
+        raise UsageError(f"{named} is a directory; expected the name of a file to write")
+    if kind == "directory" and path.exists() and not path.is_dir():
+        raise UsageError(f"{named} is a file; expected a directory (a new or an empty one)")
+    place = path if kind == "directory" and path.is_dir() else path.parent
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    if place.exists() and not place.is_dir():
+        raise UsageError(f"{named}: {place} is a file, not a directory, so nothing can be written under it")
+    if not os.access(place, os.W_OK | os.X_OK):
+        raise UsageError(f"{named}: cannot write in {place} ({_why_not_writable(place)}); choose {choose}")
+    if kind == "file":
+        check_replaceable(path, flag or "")  # a symbolic link, a device or a FIFO is never written through
+    return path
+
+
+# -- resources -------------------------------------------------------------------------------------
 def machine_memory() -> int | None:
     """The machine's physical memory in bytes (None where the system does not say)."""
     try:
@@ -75,3 +125,34 @@ def machine_memory() -> int | None:
 def describe_bytes(n_bytes: float) -> str:
     """`n_bytes` in GiB, or TiB from 1 TiB: "7.3 GiB", "16.0 TiB"."""
     return f"{n_bytes / 2**30:,.1f} GiB" if n_bytes < 2**40 else f"{n_bytes / 2**40:,.1f} TiB"
+
+
+def forward_pass_bytes(batch: int, seq_len: int, model_config: Mapping) -> int:
+    """A lower bound on the memory of one forward pass of `batch` sequences: one layer's widest
+    activations `[batch, sequence, width]` and one attention tensor `[batch, head, query, key]`, float32."""
+    width = max(int(model_config.get(key) or 0) for key in ("d_in", "d_model", "d_mlp", "d_vocab", "d_out"))
+    heads = int(model_config.get("n_heads") or 1)
+    return 4 * batch * seq_len * (width + heads * seq_len)
+
+
+def check_fits_in_memory(n_bytes: int, what: str) -> None:
+    """Refuse work whose memory need (a lower bound, `what` says of what) exceeds the machine's
+    physical memory: it would fail with a traceback (numpy's "Unable to allocate 7.3 TiB") or swap."""
+    memory = machine_memory()
+    if memory is not None and n_bytes > memory:
+        raise UsageError(f"{what} needs at least {describe_bytes(n_bytes)} of memory; this machine has {describe_bytes(memory)}")
+
+
+def check_fits_on_disk(n_bytes: int, out: Path, compression: str, what: str) -> None:
+    """Refuse codes (`n_bytes` uncompressed; `what` says of what) that cannot fit on the disk of `out`,
+    before hours of extraction end on a full disk. Compressed codes may shrink a lot (the zeros of
+    causal patterns), so with compression only a need above ten times the free space is refused."""
+    try:
+        info = os.statvfs(out.parent)
+    except (AttributeError, OSError):
+        return
+    free = info.f_bavail * info.f_frsize
+    if n_bytes > (free if compression == "none" else 10 * free):
+        compressed = "" if compression == "none" else f" (more than ten times that, so even {compression} will not fit)"
+        raise UsageError(f"{what} need {describe_bytes(n_bytes)} on disk; {out.parent} has {describe_bytes(free)} free{compressed}: "
+                         "extract fewer instances or sites")

@@ -338,7 +338,7 @@ BAD_INPUTS = [
     ("extract-run-empty-directory", ["extract", "{empty_dir}", "--out", "{a_dir}/c.h5"],
      "RUN_DIR {empty_dir} is neither a finished run directory"),
     ("extract-model-without-task", ["extract", "{model_only}", "--out", "{a_dir}/c.h5"],
-     "is a model directory without its run: give its task with --task"),
+     "is a model directory without its run: give its task, e.g. task="),
     ("extract-unknown-task", ["extract", "{model_only}", "--task", "name=mnist", "--out", "{a_dir}/c.h5"],
      "unknown task 'mnist'"),
     ("extract-task-without-value", ["extract", "{model_only}", "--task", "sraven", "--out", "{a_dir}/c.h5"],
@@ -353,7 +353,7 @@ BAD_INPUTS = [
     ("extract-unknown-variant", [*EXTRACT, "--variant", "mirrored", "--out", "{a_dir}/c.h5"],
      "--variant: unknown variant 'mirrored' for task 'fuzzy_logic'"),
     ("extract-out-exists", [*EXTRACT, "--out", "{existing.h5}"],
-     "--out {existing.h5} already exists; add --append to add examples to it, --overwrite to replace it"),
+     "--out {existing.h5} already exists; pass append=True (--append) to add examples to it, overwrite=True (--overwrite) to replace it"),
     ("extract-out-directory-overwrite", [*EXTRACT, "--out", "{a_dir}", "--overwrite"],
      "--out {a_dir} is a directory; expected the name of a file to write"),
     ("extract-out-under-a-file", [*EXTRACT, "--out", "{a_file}/c.h5"], "{a_file} is a file, not a directory"),
@@ -365,7 +365,7 @@ BAD_INPUTS = [
     ("extract-append-other-hdf5", [*EXTRACT, "--out", "{other.h5}", "--append"],
      "{other.h5} is an HDF5 file but not a latentcode codes file"),
     ("extract-append-and-overwrite", [*EXTRACT, "--out", "{existing.h5}", "--append", "--overwrite"],
-     "--append adds to --out and --overwrite replaces it: give one of them"),
+     "append=True (--append) adds to the output and overwrite=True (--overwrite) replaces it: give one of them"),
     # probe
     ("probe-file-missing", ["probe", "{none.h5}", "--label", "x"], "codes file {none.h5} does not exist"),
     ("probe-directory", ["probe", "{a_dir}"], "codes file {a_dir} is a directory; expected a file"),
@@ -747,3 +747,87 @@ def test_non_finite_edit_values_are_refused(edit):
         make().replacement(torch.zeros(2, 3, 1), [Site(0, 1, 1)])
     optimised = torch.full((3,), float("nan"), requires_grad=True)  # an edit being learned is left alone
     SetCode(optimised).replacement(torch.zeros(2, 3, 1), [Site(0, 1, 1)])
+
+
+# -- issue 33: the command line and the Python API answer the same mistake with the same string ----------------
+def _plan_mistake(command: str, args) -> Exception | None:
+    """The mistake the command's plan step finds in its parsed arguments (None: the mistake is one only
+    the command line can make, e.g. --set with a NaN, and has no Python-API equivalent)."""
+    from latentcode.cli.arguments import parse_assignments
+    from latentcode.errors import UsageError
+    from latentcode.extraction.plan import plan_extract
+    from latentcode.intervention.plan import plan_intervention
+
+    try:
+        task = parse_assignments(args.task, "--task") or None
+    except UsageError:  # KEY=VALUE syntax: the command line's own
+        return None
+    try:
+        if command == "extract":
+            plan_extract(args.run, task, args.sites, args.split, args.n, args.out, variant=args.variant,
+                         batch_size=args.batch_size, seed=args.seed, append=args.append, overwrite=args.overwrite,
+                         compression=args.compression)
+        else:
+            plan_intervention(args.run, task=task, sites=args.sites, split=args.split, n=args.n, variant=args.variant,
+                              batch_size=args.batch_size, seed=args.seed, per_site=not args.no_per_site)
+    except Exception as error:  # noqa: BLE001 - returned to be compared
+        return error
+    return None
+
+
+def _public_api_error(command: str, args) -> Exception:
+    """The error of the public function a Python user calls (latentcode.extract, intervention_effects)
+    with the same arguments; it must raise before any work."""
+    import latentcode
+    from latentcode.cli.arguments import parse_assignments
+    from latentcode.intervention import ZeroAblate, intervention_effects
+
+    task = parse_assignments(args.task, "--task") or None
+    with pytest.raises(Exception) as raised:  # noqa: PT011 - which class is compared below
+        if command == "extract":
+            options = {} if args.compression is None else {"compression": args.compression}
+            latentcode.extract(args.run, task, sites=args.sites, split=args.split, n=args.n, out=args.out,
+                               variant=args.variant, batch_size=args.batch_size, seed=args.seed, append=args.append,
+                               overwrite=args.overwrite, progress=False, **options)
+        else:
+            intervention_effects(args.run, ZeroAblate(), task=task, sites=args.sites, split=args.split, n=args.n,
+                                 variant=args.variant, batch_size=args.batch_size, seed=args.seed,
+                                 per_site=not args.no_per_site)
+    return raised.value
+
+
+API_ROWS = [row for row in BAD_INPUTS if row[1] and row[1][0] in ("extract", "intervene")
+            and "{locked}" not in str(row) and "{readonly}" not in str(row)]
+
+
+@pytest.mark.parametrize("argv", [row[1] for row in API_ROWS], ids=[row[0] for row in API_ROWS])
+def test_the_python_api_answers_a_mistake_with_the_command_lines_string(workspace, monkeypatch, capsys, argv):
+    """For each mistake of the table that the Python API can make too, `latentcode.extract` or
+    `intervention_effects` raises the same error class with the same message the command line prints
+    after its flag (`--split: `, `RUN_DIR `, `--out `, or `--` before a message naming its argument)."""
+    from latentcode.cli import build_parser
+
+    monkeypatch.chdir(workspace)
+    monkeypatch.delenv("LATENTCODE_DEBUG", raising=False)
+    argv = [expand(arg, workspace) for arg in argv]
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit:
+        capsys.readouterr()
+        pytest.skip("argparse refuses it: no Python-API equivalent")
+    mistake = _plan_mistake(argv[0], args)
+    if mistake is None:
+        pytest.skip("a mistake only the command line can make (its own flags)")
+    before = snapshot(workspace)
+    api_error = _public_api_error(argv[0], args)
+    assert main(argv) == 2
+    line = capsys.readouterr().err.strip()
+    assert type(api_error) is type(mistake) and str(api_error) == str(mistake)
+    message = str(api_error).replace("\n", "\\n")
+    assert line.startswith("error: ") and line.endswith(message), (line, message)
+    flag = line[len("error: "):len(line) - len(message)]
+    sub = parser.commands.parsers[argv[0]]
+    flags = {option for action in sub._actions for option in action.option_strings} | {"RUN_DIR"}
+    assert flag in ("", "--") or flag.rstrip(": ") in flags, flag
+    assert snapshot(workspace) == before

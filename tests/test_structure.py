@@ -39,7 +39,7 @@ ALLOWED = {
     "store": set(),
     "rundir": set(),
     "pretrained_cache": {"models"},
-    "pretrained": {"tasks", "pretrained_cache"},
+    "pretrained": {"tasks", "rundir", "pretrained_cache"},
     "shipped": {"rundir"},
     "provenance": {"tasks", "store", "rundir"},
     "training": {"tasks", "models", "rundir"},

@@ -94,7 +94,7 @@ def test_a_third_task_trains_extracts_probes_and_reports(third_task, tmp_path):
 
     codes = tmp_path / "codes.h5"
     for index, split in enumerate(("train", "test")):
-        latentcode.extract(run.path, selector="query-to-first", split=split, n=96, out=codes, append=index > 0,
+        latentcode.extract(run.path, sites="query-to-first", split=split, n=96, out=codes, append=index > 0,
                            progress=False)
     code_file = CodeFile(codes)
     assert [(site.layer, site.query, site.key) for site in code_file.sites] == [(0, 7, 0)]

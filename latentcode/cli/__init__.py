@@ -71,6 +71,26 @@ def one_line(message: str) -> str:
     return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
+def located(error: BaseException, args: argparse.Namespace, parser: argparse.ArgumentParser, command) -> str:
+    """The message of `error`, with the flag of the argument it is about (`LatentcodeError.parameter`,
+    a name of the Python API) in front, as the user typed it: the message is the Python API's, word
+    for word. `RUN_DIR runs/x is ...` and `--out c.h5 already exists` where the message starts with
+    the value given; `--variant permuted: ...` where it starts with the argument's name; else
+    `--split: unknown split ...`."""
+    message, parameter = str(error), getattr(error, "parameter", None)
+    dest = command.parameters.get(parameter, parameter)
+    action = next((action for action in parser._actions if parameter and action.dest == dest), None)
+    if action is None:
+        return message
+    flag = action.option_strings[0] if action.option_strings else action.metavar or dest
+    value = getattr(args, dest, None)
+    if value is not None and str(value) and message.startswith(str(value)):
+        return f"{flag} {message}"
+    if message.startswith(f"{parameter} "):
+        return flag + message[len(parameter):]
+    return f"{flag}: {message}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit status (2: a user error, printed as one line; argparse's
     own errors exit with 2 as well)."""
@@ -83,7 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS as error:
         if os.environ.get("LATENTCODE_DEBUG"):
             raise
-        print(f"error: {one_line(str(error))}", file=sys.stderr)
+        print(f"error: {one_line(located(error, args, parser.commands.parsers[args.command], command))}",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

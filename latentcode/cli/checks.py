@@ -16,7 +16,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from latentcode.errors import UsageError
-from latentcode.validation import describe_bytes, machine_memory
+from latentcode.validation import (  # noqa: F401 - shared with the plan steps of the Python API; named here too
+    check_fits_in_memory,
+    check_fits_on_disk,
+    check_output,
+    forward_pass_bytes,
+    machine_memory,
+)
 
 
 # -- inputs ----------------------------------------------------------------------------------------
@@ -45,25 +51,16 @@ def read_json_file(path: str, flag: str, fields: str = "TrainConfig") -> dict:
 
 
 def model_config_of(path: Path) -> dict:
-    """The model config of a run directory or a saved model directory, from JSON (no torch)."""
-    from latentcode.rundir import RunDirectory, RunRecord
+    """The model config of a run directory or a saved model directory, from JSON (no torch), checked
+    as the plan steps check it (`latentcode.extraction.plan.checked_model_config`), named RUN_DIR."""
+    from latentcode.errors import LatentcodeError
+    from latentcode.extraction.plan import checked_model_config
+    from latentcode.rundir import locate_model
 
-    if path.is_dir() and RunDirectory(path).looks_like_a_run():
-        config = RunRecord.read(path).config
-        model_config = config.get("resolved_model_config") or config["train"]["model"]
-    from latentcode.models.config import ConfigError, check_model_config, parameter_bytes
-
-    if not (path.is_dir() and RunDirectory(path).looks_like_a_run()):
-        model_config = read_json_file(str(path / "config.json"), "RUN_DIR", "ModelConfig")
-        try:  # a model directory's own config, checked as a run's is (without torch)
-            check_model_config(model_config)
-        except ConfigError as error:
-            raise UsageError(f"RUN_DIR {path}: its config.json is not a config a model can be built from: "
-                             f"{error}") from None
-    if not isinstance(model_config, dict) or not isinstance(model_config.get("n_layers"), int):
-        raise UsageError(f"RUN_DIR {path}: its model config names no number of layers (n_layers)")
-    check_fits_in_memory(parameter_bytes(model_config), f"RUN_DIR {path}: the model its config describes")
-    return model_config
+    try:
+        return checked_model_config(locate_model(path))
+    except LatentcodeError as error:
+        raise UsageError(f"RUN_DIR {error}") from None
 
 
 def open_codes_files(paths: Sequence[str | Path], what: str = "codes file") -> list:
@@ -161,47 +158,6 @@ def check_splits(code_file, splits: Mapping[str, str | None]) -> None:
 
 
 # -- outputs ---------------------------------------------------------------------------------------
-def _why_not_writable(directory: Path) -> str:
-    try:
-        if os.statvfs(directory).f_flag & os.ST_RDONLY:
-            return "read-only file system"
-    except OSError:
-        pass
-    return "no write permission, or the directory is immutable"
-
-
-def check_output(path: str | Path, flag: str, kind: str = "file") -> Path:
-    """Refuse, before anything is computed, an output that cannot be written where asked.
-
-    kind: "file" (must not be a directory), "directory" (must not be a file) or "stem" (the
-    start of file names, e.g. a figure's; either is fine). The nearest existing directory on the
-    way to `path` must be one this process may write in.
-    """
-    from latentcode.files import check_replaceable
-
-    path = Path(path)
-    try:
-        os.lstat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        pass
-    except OSError as error:  # a name too long, a loop of links: one line, not a traceback
-        raise UsageError(f"{flag} {path}: {error.strerror}") from None
-    if kind == "file" and path.is_dir():
-        raise UsageError(f"{flag} {path} is a directory; expected the name of a file to write")
-    if kind == "directory" and path.exists() and not path.is_dir():
-        raise UsageError(f"{flag} {path} is a file; expected a directory (a new or an empty one)")
-    place = path if kind == "directory" and path.is_dir() else path.parent
-    while not place.exists() and place != place.parent:
-        place = place.parent
-    if place.exists() and not place.is_dir():
-        raise UsageError(f"{flag} {path}: {place} is a file, not a directory, so nothing can be written under it")
-    if not os.access(place, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {path}: cannot write in {place} ({_why_not_writable(place)}); choose another {flag}")
-    if kind == "file":
-        check_replaceable(path, flag)  # a symbolic link, a device or a FIFO is never written through
-    return path
-
-
 def check_stem_free(stem: str | Path, suffixes: Sequence[str], overwrite: bool, flag: str = "--out") -> None:
     """Refuse to replace files already written at `stem` + each suffix (tables, figures) unless
     --overwrite: a result written earlier is never lost by running a command again."""
@@ -228,35 +184,3 @@ def command_outputs(stem: str | Path, suffixes: Sequence[str], overwrite: bool, 
     with AtomicOutputs(lock=stem, purpose=purpose) as outputs:
         check_stem_free(stem, suffixes, overwrite)
         yield outputs
-
-
-# -- resources -------------------------------------------------------------------------------------
-def forward_pass_bytes(batch: int, seq_len: int, model_config: Mapping) -> int:
-    """A lower bound on the memory of one forward pass of `batch` sequences: one layer's widest
-    activations `[batch, sequence, width]` and one attention tensor `[batch, head, query, key]`, float32."""
-    width = max(int(model_config.get(key) or 0) for key in ("d_in", "d_model", "d_mlp", "d_vocab", "d_out"))
-    heads = int(model_config.get("n_heads") or 1)
-    return 4 * batch * seq_len * (width + heads * seq_len)
-
-
-def check_fits_in_memory(n_bytes: int, what: str) -> None:
-    """Refuse work whose memory need (a lower bound, `what` says of what) exceeds the machine's
-    physical memory: it would fail with a traceback (numpy's "Unable to allocate 7.3 TiB") or swap."""
-    memory = machine_memory()
-    if memory is not None and n_bytes > memory:
-        raise UsageError(f"{what} needs at least {describe_bytes(n_bytes)} of memory; this machine has {describe_bytes(memory)}")
-
-
-def check_fits_on_disk(n_bytes: int, out: Path, compression: str, what: str) -> None:
-    """Refuse codes (`n_bytes` uncompressed; `what` says of what) that cannot fit on the disk of `out`,
-    before hours of extraction end on a full disk. Compressed codes may shrink a lot (the zeros of
-    causal patterns), so with compression only a need above ten times the free space is refused."""
-    try:
-        info = os.statvfs(out.parent)
-    except (AttributeError, OSError):
-        return
-    free = info.f_bavail * info.f_frsize
-    if n_bytes > (free if compression == "none" else 10 * free):
-        compressed = "" if compression == "none" else f" (more than ten times that, so even {compression} will not fit)"
-        raise UsageError(f"{what} need {describe_bytes(n_bytes)} on disk; {out.parent} has {describe_bytes(free)} free{compressed}: "
-                         "extract fewer instances or sites")

@@ -9,7 +9,9 @@ A command is one module of this package that declares `COMMAND = Command(registe
   it resolved, e.g. a default label; it raises a `UsageError`. A command whose argument types check
   everything says so, with the reason: `nothing_to_check("...")`;
 - `run(args)` imports what it needs (torch, scikit-learn, matplotlib) and calls the public API;
-- `order` places the command in `latentcode --help` (the pipeline's order: tasks, train, ..., demo).
+- `order` places the command in `latentcode --help` (the pipeline's order: tasks, train, ..., demo);
+- `parameters` maps the Python API's argument names to the command's own where they differ
+  (`run_or_model` is RUN_DIR's `run`), so that an error about an argument names its flag.
 
 Adding a command is adding one module here (and its test): `build_parser` finds it.
 """
@@ -20,7 +22,7 @@ import argparse
 import importlib
 import pkgutil
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 
 Check = Callable[[argparse.Namespace], None]
@@ -33,6 +35,7 @@ class Command:
     check: Check
     run: Handler
     order: int
+    parameters: Mapping[str, str] = field(default_factory=dict)
 
 
 def nothing_to_check(reason: str) -> Check:
@@ -61,6 +64,7 @@ class Registry(Mapping[str, Command]):
 
     def __init__(self) -> None:
         self._commands: dict[str, Command] = {}
+        self.parsers: dict[str, argparse.ArgumentParser] = {}
 
     def add(self, subparsers: argparse._SubParsersAction, command: Command) -> argparse.ArgumentParser:
         """Register `command`'s parser with `subparsers` (which refuses a name taken already) and file
@@ -71,6 +75,7 @@ class Registry(Mapping[str, Command]):
             raise TypeError(f"{command.register.__qualname__} returned a parser registered under {names}; "
                             "expected the one parser it added with subparsers.add_parser")
         self._commands[names[0]] = command
+        self.parsers[names[0]] = parser
         return parser
 
     def __getitem__(self, name: str) -> Command:

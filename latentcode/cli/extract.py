@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 
 from latentcode.cli.arguments import (
     NON_NEGATIVE_NUMBER,
@@ -12,17 +11,7 @@ from latentcode.cli.arguments import (
     add_instance_arguments,
     parse_assignments,
 )
-from latentcode.cli.checks import (
-    check_fits_in_memory,
-    check_fits_on_disk,
-    check_output,
-    forward_pass_bytes,
-    model_config_of,
-    open_codes_files,
-)
 from latentcode.cli.command import Command
-from latentcode.errors import UsageError
-from latentcode.validation import check_split, check_variant
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -65,101 +54,21 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def check(args: argparse.Namespace) -> None:
-    """The model, its task, the split, the variant, the sites, memory, disk and the output, before torch."""
-    from latentcode.pretrained import is_pretrained
-    from latentcode.rundir import WEIGHTS_FILE, RunDirectory, RunRecord
+    """The model, its task, the split, the variant, the sites, memory, disk and the output, before torch:
+    the plan `latentcode.extract` makes too (`args.plan`)."""
+    from latentcode.extraction.plan import plan_extract
 
-    if is_pretrained(args.run):
-        check_pretrained(args)
-        return
-    args.compression = args.compression or "gzip"
-    run_dir = Path(args.run)
-    task = parse_assignments(args.task, "--task")
-    if RunDirectory(run_dir).looks_like_a_run():
-        task = task or RunRecord.read(run_dir).task_config
-    elif not (run_dir / WEIGHTS_FILE).is_file():
-        raise UsageError(f"RUN_DIR {run_dir} is neither a finished run directory (with model/{WEIGHTS_FILE}) nor a "
-                         f"model directory (with {WEIGHTS_FILE}){'' if run_dir.exists() else ': it does not exist'}")
-    elif not task:
-        raise UsageError(f"{run_dir} is a model directory without its run: give its task with --task, "
-                         "e.g. --task name=sraven")
-    from latentcode.tasks import get_task
-
-    task_object = get_task(**task)
-    args.split = check_split(args.split or task_object.analysis.held_out_split, task_object, "--split")
-    if args.variant is not None:
-        check_variant(args.variant, task_object, "--variant")
-    from latentcode.sources.sites import MAX_ALL_PAIRS, parse_selector
-
-    model_config = model_config_of(run_dir)
-    selector = parse_selector(args.sites, task_object)
-    if args.variant is not None:
-        selector.check_variant(args.variant, task_object, "--variant")
-    sites = selector.resolve(model_config["n_layers"], task_object.seq_len)
-    if len(sites) > MAX_ALL_PAIRS:
-        raise UsageError(f"--sites {args.sites!r} selects {len(sites)} sites; a codes file holds one dataset per site, "
-                         f"at most {MAX_ALL_PAIRS}: select fewer (a layer, a row, a block), or sweep them with "
-                         "latentcode patch")
-    batch = min(args.batch_size, args.n)
-    n_heads = int(model_config.get("n_heads") or 1)
-    check_fits_in_memory(forward_pass_bytes(batch, task_object.seq_len, model_config) + 4 * batch * len(sites) * n_heads,
-                         f"a forward pass of {batch} sequences of {task_object.seq_len} (the smaller of --n and "
-                         "--batch-size)")
-    out = check_output(args.out, "--out")
-    check_fits_on_disk(4 * args.n * len(sites) * n_heads, out, args.compression,
-                       f"--n {args.n} x {len(sites)} sites x {n_heads} heads of float32 codes")
-    if args.append and args.overwrite:
-        raise UsageError("--append adds to --out and --overwrite replaces it: give one of them")
-    if out.exists() and not (args.append or args.overwrite):
-        raise FileExistsError(f"--out {out} already exists; add --append to add examples to it, --overwrite to "
-                              "replace it, or choose another --out")
-    if out.exists() and args.append:
-        open_codes_files([out], "--out")  # a damaged file or one that is no codes file is refused now
-
-
-def check_pretrained(args: argparse.Namespace) -> None:
-    """A pretrained model: its file or package, the split, the window length, the sites and the output."""
-    from latentcode.extraction.pipeline import pretrained_seq_len
-    from latentcode.pretrained import SMOLLM2_PACKAGE, resolve
-    from latentcode.sources.sites import parse_selector
-
-    path = resolve(args.run)  # a missing SmolLM2 package is one line here
-    if not path.exists():
-        raise UsageError(f"RUN_DIR {path} does not exist; expected a run directory, a model directory or a .gguf file")
-    args.split = args.split or "validation"
-    if args.split not in ("train", "validation"):
-        raise UsageError(f"--split {args.split!r}: a pretrained model reads the language corpus's train or validation "
-                         "split")
-    seq_len = pretrained_seq_len(parse_assignments(args.task, "--task") or None)
-    if seq_len < 1:
-        raise UsageError(f"--task seq_len={seq_len}: expected a positive number of tokens")
-    config_file = path / "config.json" if path.is_dir() else None
-    n_ctx = 8192 if SMOLLM2_PACKAGE.replace("-", "_") in str(path) else None
-    if config_file is not None and config_file.is_file():
-        import json
-
-        n_ctx = json.loads(config_file.read_text()).get("max_position_embeddings")
-    if n_ctx and seq_len > n_ctx:
-        raise UsageError(f"--task seq_len={seq_len} is beyond the context of {args.run} ({n_ctx} positions); "
-                         f"expected <= {n_ctx}")
-    parse_selector(args.sites)
-    args.compression = args.compression or "none"
-    out = check_output(args.out, "--out")
-    if args.append and args.overwrite:
-        raise UsageError("--append adds to --out and --overwrite replaces it: give one of them")
-    if out.exists() and not (args.append or args.overwrite):
-        raise FileExistsError(f"--out {out} already exists; add --append to add examples to it, --overwrite to "
-                              "replace it, or choose another --out")
+    args.plan = plan_extract(args.run, parse_assignments(args.task, "--task") or None, args.sites, args.split, args.n,
+                             args.out, variant=args.variant, score=args.score, batch_size=args.batch_size,
+                             seed=args.seed, append=args.append, overwrite=args.overwrite,
+                             compression=args.compression, wait_for_lock=args.wait_for_lock)
 
 
 def run(args: argparse.Namespace) -> None:
-    from latentcode.extraction import extract
+    from latentcode.extraction.pipeline import run_extraction
     from latentcode.store import CodeFile
 
-    task = parse_assignments(args.task, "--task") or None
-    path = extract(args.run, task, args.sites, args.split, args.n, args.out, variant=args.variant, score=args.score,
-                   batch_size=args.batch_size, seed=args.seed, append=args.append, overwrite=args.overwrite,
-                   progress=not args.quiet, compression=args.compression, wait_for_lock=args.wait_for_lock)
+    path = run_extraction(args.plan, progress=not args.quiet)
     if os.environ.get("RANK", "0") != "0":  # a sharded extraction (torchrun, accelerate launch): rank 0 says it
         return
     codes = CodeFile(path)
@@ -168,4 +77,4 @@ def run(args: argparse.Namespace) -> None:
           + (f", rows in {len(codes.shards)} shards beside it" if codes.shards else ""))
 
 
-COMMAND = Command(register, check, run, order=40)
+COMMAND = Command(register, check, run, order=40, parameters={"run_or_model": "run"})

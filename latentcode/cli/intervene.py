@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import math
-from pathlib import Path
 
 from latentcode.cli.arguments import (
     FIGURE_FORMATS,
@@ -16,17 +15,11 @@ from latentcode.cli.arguments import (
     parse_assignments,
 )
 from latentcode.cli.checks import (
-    check_fits_in_memory,
     check_output,
     check_stem_free,
-    forward_pass_bytes,
-    model_config_of,
 )
 from latentcode.cli.command import Command
 from latentcode.errors import UsageError
-from latentcode.validation import check_split, check_variant
-
-MAX_PER_SITE_SCOPES = 64  # intervene's per-site scopes, one pass over the instances each
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -92,43 +85,14 @@ def _parse_vector(text: str, flag: str) -> list[float]:
 
 
 def check(args: argparse.Namespace) -> None:
-    """The model, its task, the split, the variant, the sites and memory, from JSON and the task module
-    (no torch), so that a mistake is answered at once (issue 22: it took ~10 s); then the outputs, the
-    operation's flags, its heads and its vector (filled in as `args.edit_heads`, `args.edit_vector`)."""
-    from latentcode.rundir import RunDirectory, RunRecord
-    from latentcode.tasks import get_task
+    """The model, its task, the split, the variant, the sites and memory: the plan `intervention_effects`
+    makes too (`args.plan`; JSON and the task module, no torch, so a mistake is answered at once); then
+    the outputs, the operation's flags, its heads and its vector (`args.edit_heads`, `args.edit_vector`)."""
+    from latentcode.intervention.plan import plan_intervention
 
-    path = Path(args.run)
-    overrides = parse_assignments(args.task, "--task")
-    if path.is_dir() and RunDirectory(path).looks_like_a_run():
-        record = RunRecord.read(path)
-        model_config = model_config_of(path)
-        task_config = {**record.task_config, **overrides} if overrides else dict(record.task_config)
-    elif (path / "model.safetensors").is_file() and (path / "config.json").is_file():
-        model_config = model_config_of(path)
-        if not overrides:
-            raise UsageError(f"{path} is a model directory without a task; give it with --task name=... (e.g. --task "
-                             "name=sraven --task n_features=4)")
-        task_config = overrides
-    else:
-        raise UsageError(f"RUN_DIR {path} is neither a finished run directory (with model/model.safetensors) nor a "
-                         "model directory (with model.safetensors)")
-    task = get_task(**task_config)
-    check_split(task.analysis.held_out_split if args.split is None else args.split, task, "--split")
-    if args.variant is not None:
-        check_variant(args.variant, task, "--variant")
-    from latentcode.sources.sites import parse_selector
-
-    sites = parse_selector(args.sites, task).resolve(model_config["n_layers"], task.seq_len)
-    # Every instance is sampled before the first pass ([n, sequence, d_in]), then passes of a batch each.
-    inputs = 4 * args.n * task.seq_len * int(model_config.get("d_in") or 1)
-    check_fits_in_memory(inputs + forward_pass_bytes(min(args.batch_size, args.n), task.seq_len, model_config),
-                         f"--n {args.n} instances (sequences of {task.seq_len}) in passes of --batch-size "
-                         f"{min(args.batch_size, args.n)}")
-    if len(sites) > MAX_PER_SITE_SCOPES and not args.no_per_site:
-        raise UsageError(f"--sites {args.sites!r} selects {len(sites)} sites, and intervene would measure each alone "
-                         f"(more than {MAX_PER_SITE_SCOPES}); add --no-per-site to edit them together, or sweep groups "
-                         "of them with latentcode patch")
+    args.plan = plan_intervention(args.run, task=parse_assignments(args.task, "--task") or None, sites=args.sites,
+                                  split=args.split, n=args.n, variant=args.variant, batch_size=args.batch_size,
+                                  seed=args.seed, per_site=not args.no_per_site)
     check_output(args.out, "--out", kind="stem")
     check_stem_free(args.out, (".csv", ".json", *(f".{fmt}" for fmt in formats(args))), args.overwrite)
     if args.mean_ablate is None and (args.codes or args.by or args.codes_split):
@@ -170,10 +134,7 @@ def run(args: argparse.Namespace) -> None:
         edit = AddVector(vector, heads=heads)
     else:
         edit = ScaleHeads(args.scale, heads=heads)
-    task = parse_assignments(args.task, "--task") or None
-    table = intervention_effects(args.run, edit, task=task, sites=args.sites, split=args.split, n=args.n,
-                                 variant=args.variant, batch_size=args.batch_size, seed=args.seed,
-                                 per_site=not args.no_per_site, progress=not args.quiet)
+    table = intervention_effects(args.plan, edit, progress=not args.quiet)
     import pandas
 
     columns = ["scope", "metric", "before", "after", "change", "change se"]
@@ -184,4 +145,4 @@ def run(args: argparse.Namespace) -> None:
     print("wrote " + ", ".join(map(str, written)))
 
 
-COMMAND = Command(register, check, run, order=50)
+COMMAND = Command(register, check, run, order=50, parameters={"run_or_model": "run"})

@@ -8,6 +8,9 @@ from latentcode.lazy import lazy_exports
 
 _WHERE = {
     "extract": "latentcode.extraction.pipeline",
+    "run_extraction": "latentcode.extraction.pipeline",
+    "ExtractPlan": "latentcode.extraction.plan",
+    "plan_extract": "latentcode.extraction.plan",
     "Recorder": "latentcode.extraction.recorder",
 }
 __all__ = sorted(_WHERE)

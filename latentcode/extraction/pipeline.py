@@ -1,6 +1,6 @@
 """`extract`: a trained model's latent codes on task instances, streamed into an HDF5 codes file.
 
-    latentcode.extract("runs/sraven-hyla", selector="sraven-rule", split="ood", n=8192, out="codes.h5")
+    latentcode.extract("runs/sraven-hyla", sites="sraven-rule", split="ood", n=8192, out="codes.h5")
 
 Instances are drawn batch by batch with `task.sample(batch, split, seed=(seed, batch_index),
 variant)`; the default `seed` is the split's evaluation seed, so every model is read on the same
@@ -38,22 +38,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from latentcode.errors import LatentcodeError, UsageError
+from latentcode.errors import LatentcodeError, UsageError, about
+from latentcode.extraction.plan import ExtractPlan, plan_extract, task_of
 from latentcode.extraction.recorder import Recorder
 from latentcode.progress import Progress
 from latentcode.provenance import sha256_of_file, sha256_of_state
-from latentcode.rundir import RunDirectory, RunRecord
-from latentcode.sources.sites import MAX_ALL_PAIRS, Selector, SiteError, parse_selector
-from latentcode.store import (
-    DEFAULT_COMPRESSION,
-    CodeWriter,
-    Site,
-    check_compression,
-    shard_path,
-    write_sharded_file,
-)
-from latentcode.tasks import Batch, Task, eval_seed, get_task
-from latentcode.validation import check_integer, check_split, check_variant
+from latentcode.rundir import ModelSource, locate_model
+from latentcode.sources.sites import Selector
+from latentcode.store import DEFAULT_COMPRESSION, CodeWriter, Site, shard_path, write_sharded_file
+from latentcode.tasks import Batch, Task, eval_seed
+from latentcode.validation import check_split
 
 
 class ShardFailed(LatentcodeError):
@@ -108,10 +102,10 @@ def _raise_if_any_failed(error: BaseException | None, what: str) -> None:
             raise ShardFailed(f"process {rank} of {len(messages)} failed {what}: {message}")
 
 
-def resolve_model(run_or_model: str | Path | nn.Module) -> tuple[nn.Module, dict[str, Any]]:
-    """The model and what the codes file records about it: name, config, checkpoint hash, task."""
+def resolve_model(run_or_model: str | Path | ModelSource | nn.Module) -> tuple[nn.Module, dict[str, Any]]:
+    """The model and what the codes file records about it: name, config, checkpoint hash, task.
+    A path is located by `rundir.locate_model` (its one message for what is no model)."""
     from latentcode.models import load_model
-    from latentcode.models.persistence import WEIGHTS_FILE
     from latentcode.models.transformer import Transformer
 
     if isinstance(run_or_model, nn.Module):
@@ -127,26 +121,16 @@ def resolve_model(run_or_model: str | Path | nn.Module) -> tuple[nn.Module, dict
             "checkpoint_sha256": sha256_of_state(model),
             "task_config": None,
         }
-    path = Path(run_or_model)
-    run = RunDirectory(path)
-    if run.looks_like_a_run():
-        model = load_model(run.model_path)
-        weights = run.weights_path
-        task_config = RunRecord.read(path).task_config
-    elif (path / WEIGHTS_FILE).is_file():  # a saved model directory
-        model = load_model(path)
-        weights = path / WEIGHTS_FILE
-        task_config = None
-    else:
-        raise FileNotFoundError(
-            f"{path} is neither a finished run directory (with model/{WEIGHTS_FILE}) nor a model directory "
-            f"(with {WEIGHTS_FILE})"
-        )
+    with about("run_or_model"):
+        source = run_or_model if isinstance(run_or_model, ModelSource) else locate_model(run_or_model)
+        if source.model_path is None:
+            raise UsageError(f"{source.path} is a pretrained model; expected a latentcode run or model directory")
+    model = load_model(source.model_path)
     return model, {
         "model_name": model.config.attention_name,
         "model_config": model.config.to_dict(),
-        "checkpoint_sha256": sha256_of_file(weights),
-        "task_config": task_config,
+        "checkpoint_sha256": sha256_of_file(source.weights_path),
+        "task_config": source.task_config,
     }
 
 
@@ -155,20 +139,17 @@ def resolve_task(task: Task | Mapping[str, Any] | None, info: Mapping[str, Any],
     """The task to read: `task` (a Task or its config), else the run's own (`info` from
     `resolve_model`); and the split: `split`, or None for the task's held-out split (`ood`, or
     language's `validation`); refuses a split the task does not have."""
-    if task is None:
-        if not info["task_config"]:
-            raise UsageError("no task given and the model comes without a run directory; pass task=")
-        task = get_task(**info["task_config"])
-    elif isinstance(task, Mapping):
-        task = get_task(**task)
-    split = task.analysis.held_out_split if split is None else split
-    return task, check_split(split, task)
+    with about("task"):
+        task = task_of(ModelSource("object", None, task_config=info["task_config"]), task)
+    with about("split"):
+        split = check_split(task.analysis.held_out_split if split is None else split, task)
+    return task, split
 
 
 def extract(
     run_or_model: str | Path | nn.Module,
     task: Task | Mapping[str, Any] | None = None,
-    selector: str | Selector | list = "last-self",
+    sites: str | Selector | list = "last-self",
     split: str | None = None,
     n: int = 8192,
     out: str | Path = "codes.h5",
@@ -184,69 +165,67 @@ def extract(
     compression: str | None = DEFAULT_COMPRESSION,
     wait_for_lock: float | None = 0.0,
 ) -> Path:
-    """Record the latent codes of `n` instances of `split` at the `selector`'s sites into `out`.
+    """Record the latent codes of `n` instances of `split` at `sites` into `out`.
 
     run_or_model: a run directory, a saved model directory, or a model object.
     task: a Task, a task config dict, or None to use the run's task.
     split: a split of the task; None: its held-out split (`ood`; `validation` for language).
-    selector: see `latentcode.sources.sites` (`last-self`, `sraven-rule`, `all-pairs:L`, lists).
-    variant: the task variant (default: the selector's, e.g. `unpermuted` for `sraven-rule`, else
+    sites: see `latentcode.sources.sites` (`last-self`, `sraven-rule`, `all-pairs:L`, lists).
+    variant: the task variant (default: the sites', e.g. `unpermuted` for `sraven-rule`, else
         the task's default).
     extra: further per-example arrays of length n to store beside the codes.
     compression: of a new file: "gzip" (default; any HDF5 tool reads it), "lzf" or "none".
     wait_for_lock: seconds to wait while another process writes `out` (default: refuse at once).
     Returns the path of the written file.
 
+    Everything is checked first by `plan_extract` (the command line's check builds the same plan),
+    then `run_extraction` records it.
+
     A pretrained causal LM (`latentcode.pretrained`: a Hugging Face directory, a .gguf file or
     "smollm2") is read on windows of the language corpus (`task` may give their length, e.g.
     {"seq_len": 2048}; default 512) into a file with a compact store of every pair of every layer
     (`latentcode.extraction.pretrained_extract`; split: train or validation, default validation).
     """
-    from latentcode.pretrained import (
-        is_pretrained,  # beside rundir; imported here, where it is used
-    )
+    model = None
+    if isinstance(run_or_model, nn.Module):
+        model, info = resolve_model(run_or_model)
+        run_or_model = ModelSource("object", None, model_config=info["model_config"])
+    plan = plan_extract(run_or_model, task, sites, split, n, out, variant=variant, score=score, batch_size=batch_size,
+                        seed=seed, append=append, overwrite=overwrite, extra=extra, compression=compression,
+                        wait_for_lock=wait_for_lock)
+    return run_extraction(plan, model, progress=progress)
 
-    if isinstance(run_or_model, (str, Path)) and is_pretrained(run_or_model):
+
+def run_extraction(plan: ExtractPlan, model: nn.Module | None = None, *, progress: bool = True) -> Path:
+    """Record what `plan` (from `plan_extract`) says; `model`: the model object of a plan made for one."""
+    if plan.source.kind == "pretrained":
         from latentcode.extraction.pretrained_extract import extract_pretrained
 
         if distributed_position()[1] > 1:
-            raise UsageError(f"{run_or_model} is a pretrained model: its extraction is not sharded yet; run it in one "
-                             f"process (found WORLD_SIZE={distributed_position()[1]})")
+            raise UsageError(f"{plan.source.path} is a pretrained model: its extraction is not sharded yet; run it in "
+                             f"one process (found WORLD_SIZE={distributed_position()[1]})")
         return extract_pretrained(
-            run_or_model, split or "validation", n, pretrained_seq_len(task), out, selector=selector,
-            batch_size=batch_size, seed=0 if seed is None else seed, score=score, append=append, overwrite=overwrite,
-            compression=compression, progress=progress, wait_for_lock=wait_for_lock)
-    model, info = resolve_model(run_or_model)
-    task, split = resolve_task(task, info, split)
-    n, batch_size = check_integer("n", n, minimum=1), check_integer("batch_size", batch_size, minimum=1)
-    check_compression(compression)
-    for name, values in (extra or {}).items():
-        if len(values) != n:
-            raise UsageError(f"extra array {name!r} has {len(values)} rows; expected n={n}, one per instance")
-
-    parsed = parse_selector(selector, task)
-    variant = check_variant(variant or parsed.default_variant or task.variants[0], task)
-    parsed.check_variant(variant, task)
-    seed = eval_seed(split) if seed is None else seed
-    if task.seq_len > model.config.n_ctx:
-        raise UsageError(f"the task's seq_len={task.seq_len} is longer than the model accepts (n_ctx="
-                         f"{model.config.n_ctx}); expected seq_len <= {model.config.n_ctx}")
-    sites = parsed.resolve(model.config.n_layers, task.seq_len)
-    if len(sites) > MAX_ALL_PAIRS:
-        raise SiteError(
-            f"{parsed.spec()!r} selects {len(sites)} sites; a codes file holds one dataset per site, at most "
-            f"{MAX_ALL_PAIRS}: select fewer (a layer, a row, a block), or record them in memory with Recorder, or "
-            "sweep them with latentcode patch"
-        )
+            plan.source.path, plan.split, plan.n, plan.seq_len, plan.out, selector=plan.sites_given,
+            batch_size=plan.batch_size, seed=0 if plan.seed is None else plan.seed, score=plan.score,
+            append=plan.append, overwrite=plan.overwrite, compression=plan.compression, progress=progress,
+            wait_for_lock=plan.wait_for_lock)
+    if model is None:
+        model, info = resolve_model(plan.source)
+    else:
+        info = resolve_model(model)[1]
+    task, split, variant, parsed, sites = plan.task, plan.split, plan.variant, plan.selector, list(plan.sites)
+    n, batch_size, out, extra = plan.n, plan.batch_size, plan.out, plan.extra
+    append, overwrite, compression, wait_for_lock = plan.append, plan.overwrite, plan.compression, plan.wait_for_lock
+    seed = eval_seed(split) if plan.seed is None else plan.seed
     n_heads = model.config.sizes.n_heads
-    recorder = Recorder(model, sites, score=score)
+    recorder = Recorder(model, sites, score=plan.score)
 
     metadata = {
         **info,
         "task_config": task.config(),
-        "selector": {"spec": selector if isinstance(selector, str) else parsed.name, **parsed.to_dict(),
-                     "sites": [[s.layer, s.query, s.key] for s in sites], "variant": variant},
-        "score": score,
+        "selector": {"spec": plan.sites_given if isinstance(plan.sites_given, str) else parsed.name,
+                     **parsed.to_dict(), "sites": [[s.layer, s.query, s.key] for s in sites], "variant": variant},
+        "score": plan.score,
         "source": recorder.source.name,
         "task_analysis": task.analysis.to_dict(),
         "value_names": task.value_names(),
@@ -309,17 +288,6 @@ def extract(
                 error = failure
         _raise_if_any_failed(error, f"writing {out} over the shards")
     return out
-
-
-def pretrained_seq_len(task: Task | Mapping[str, Any] | None, default: int = 512) -> int:
-    """The window length a pretrained extraction reads: `task["seq_len"]` (a mapping with nothing else
-    but the language task's name), else `default`."""
-    if task is None:
-        return default
-    if not isinstance(task, Mapping) or set(task) - {"seq_len", "name"} or task.get("name", "language") != "language":
-        raise UsageError(f"a pretrained model reads windows of the language corpus: the task may give only seq_len "
-                         f"(e.g. {{'seq_len': 2048}}, --task seq_len=2048), got {task!r}")
-    return int(task.get("seq_len", default))
 
 
 def _size(n_bytes: int) -> str:

@@ -6,38 +6,37 @@ during forward passes and see what the model computes with them.
         edited_output = model(inputs)
 
 `intervention_effects` measures a task metric with and without an edit (what `latentcode intervene`
-prints and writes).
+prints and writes); `plan_intervention` checks its arguments first (no torch: names load their module
+on first use, so the command line's check imports the plan without torch).
 """
 
-from latentcode.intervention import edits
-from latentcode.intervention.checkpoints import CodesOfAnotherModel, checkpoint_sha256_of
-from latentcode.intervention.edits import *  # noqa: F403 (every edit kind, as edits.__all__ lists them)
-from latentcode.intervention.effects import intervention_effects, write_effects
-from latentcode.intervention.intervener import Intervention
-from latentcode.intervention.subspace import learn_subspace, patched_outputs, random_basis
-from latentcode.intervention.transfer import (
-    METRICS,
-    counterfactual_metrics,
-    output_position,
-    per_example,
-    transfer_sweep,
-)
-from latentcode.sources.source import CannotIntervene
+from latentcode.lazy import lazy_exports
 
-__all__ = [
-    *edits.__all__,
-    "CannotIntervene",
-    "CodesOfAnotherModel",
-    "Intervention",
-    "METRICS",
-    "checkpoint_sha256_of",
-    "counterfactual_metrics",
-    "intervention_effects",
-    "learn_subspace",
-    "output_position",
-    "patched_outputs",
-    "per_example",
-    "random_basis",
-    "transfer_sweep",
-    "write_effects",
-]
+_WHERE = {
+    "AddVector": "latentcode.intervention.edits",
+    "Edit": "latentcode.intervention.edits",
+    "EditError": "latentcode.intervention.edits",
+    "Interchange": "latentcode.intervention.edits",
+    "MeanAblate": "latentcode.intervention.edits",
+    "ScaleHeads": "latentcode.intervention.edits",
+    "SetCode": "latentcode.intervention.edits",
+    "ZeroAblate": "latentcode.intervention.edits",
+    "CannotIntervene": "latentcode.sources.source",
+    "CodesOfAnotherModel": "latentcode.intervention.checkpoints",
+    "checkpoint_sha256_of": "latentcode.intervention.checkpoints",
+    "intervention_effects": "latentcode.intervention.effects",
+    "write_effects": "latentcode.intervention.effects",
+    "Intervention": "latentcode.intervention.intervener",
+    "InterventionPlan": "latentcode.intervention.plan",
+    "plan_intervention": "latentcode.intervention.plan",
+    "learn_subspace": "latentcode.intervention.subspace",
+    "patched_outputs": "latentcode.intervention.subspace",
+    "random_basis": "latentcode.intervention.subspace",
+    "METRICS": "latentcode.intervention.transfer",
+    "counterfactual_metrics": "latentcode.intervention.transfer",
+    "output_position": "latentcode.intervention.transfer",
+    "per_example": "latentcode.intervention.transfer",
+    "transfer_sweep": "latentcode.intervention.transfer",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
+__all__ = sorted(_WHERE)

@@ -30,15 +30,15 @@ from latentcode.errors import UsageError
 from latentcode.files import AtomicOutputs
 from latentcode.intervention.edits import Edit
 from latentcode.intervention.intervener import Intervention
+from latentcode.intervention.plan import InterventionPlan, plan_intervention
 from latentcode.progress import Progress
-from latentcode.validation import check_integer, check_variant
 
 ALL_SITES = "all sites"
 BOOTSTRAP_RESAMPLES = 200
 
 
 def intervention_effects(
-    run_or_model: str | Path | nn.Module,
+    run_or_model: str | Path | nn.Module | InterventionPlan,
     edits: Edit | Sequence[Edit],
     *,
     task: Any = None,
@@ -54,23 +54,30 @@ def intervention_effects(
     """The task metrics of `n` instances of `split` (None: the task's held-out split, `ood` or
     language's `validation`) without and with `edits` at `sites` (all at once,
     and with `per_site` each site alone); returns the tidy pandas table described in the module
-    docstring. The edits' own `sites` are replaced by each scope."""
+    docstring. The edits' own `sites` are replaced by each scope. Everything is checked first by
+    `latentcode.intervention.plan.plan_intervention`; `run_or_model` may be such a plan (the command
+    line's), and then the other arguments are the plan's."""
     import pandas as pd
 
-    from latentcode.extraction.pipeline import resolve_model, resolve_task
-    from latentcode.sources.sites import parse_selector
+    from latentcode.extraction.pipeline import resolve_model
+    from latentcode.rundir import ModelSource
     from latentcode.tasks import Batch, eval_seed
 
     edits = (edits,) if isinstance(edits, Edit) else tuple(edits)
     if not edits:
         raise UsageError("give at least one edit")
-    n, batch_size = check_integer("n", n, minimum=1), check_integer("batch_size", batch_size, minimum=1)
-    model, info = resolve_model(run_or_model)
-    task, split = resolve_task(task, info, split)
-    selector = parse_selector(sites, task.config())
-    variant = check_variant(variant or selector.default_variant or task.variants[0], task)
-    resolved = selector.resolve(model.config.n_layers, task.seq_len)
-    seed = eval_seed(split) if seed is None else seed
+    model_object = run_or_model if isinstance(run_or_model, nn.Module) else None
+    if isinstance(run_or_model, InterventionPlan):
+        plan = run_or_model
+    else:
+        if model_object is not None:
+            run_or_model = ModelSource("object", None, model_config=resolve_model(model_object)[1]["model_config"])
+        plan = plan_intervention(run_or_model, task=task, sites=sites, split=split, n=n, variant=variant,
+                                 batch_size=batch_size, seed=seed, per_site=per_site)
+    model, info = resolve_model(model_object if plan.source.kind == "object" else plan.source)
+    task, split, variant, resolved = plan.task, plan.split, plan.variant, list(plan.sites)
+    n, batch_size, per_site = plan.n, plan.batch_size, plan.per_site
+    seed = eval_seed(split) if plan.seed is None else plan.seed
     model.eval()
 
     batches = [task.sample(min(batch_size, n - start), split, seed=(seed, index), variant=variant)

@@ -35,7 +35,7 @@ def test_a_sharded_extraction_refuses_before_any_process_waits(monkeypatch, tmp_
     with pytest.raises(UsageError, match="append=True .* with 2 processes: a sharded file cannot be appended to"):
         latentcode.extract(MODEL, n=8, out=out, append=True, progress=False)
     out.write_bytes(b"")
-    with pytest.raises(FileExistsError, match="already exists; pass overwrite=True"):
+    with pytest.raises(FileExistsError, match="already exists; pass append=True .*overwrite=True"):
         latentcode.extract(MODEL, n=8, out=out, progress=False)
 
 

@@ -20,7 +20,7 @@ def sraven_run(tmp_path_factory):
 
 
 def test_extract_records_codes_labels_predictions_and_provenance(sraven_run, tmp_path):
-    out = latentcode.extract(sraven_run.path, selector="sraven-rule", split="ood", n=300, out=tmp_path / "codes.h5",
+    out = latentcode.extract(sraven_run.path, sites="sraven-rule", split="ood", n=300, out=tmp_path / "codes.h5",
                              batch_size=128, progress=False)
     codes = CodeFile(out)
     assert len(codes) == 300 and codes.splits == ["ood"]
@@ -78,7 +78,7 @@ def test_append_and_schema_mismatch(sraven_run, tmp_path):
     codes = CodeFile(out)
     assert len(codes) == 80 and codes.splits == ["ood", "test"] and codes.codes(codes.sites[0], "test").shape == (30, 4)  # tiny SRAVEN: 4 heads
     with pytest.raises(CodeFileError, match="sites differ"):
-        latentcode.extract(sraven_run.path, selector="0:-1:-1", split="test", n=10, out=out, append=True, progress=False)
+        latentcode.extract(sraven_run.path, sites="0:-1:-1", split="test", n=10, out=out, append=True, progress=False)
     with pytest.raises(FileExistsError, match="already exists; pass append=True"):
         latentcode.extract(sraven_run.path, split="test", n=10, out=out, progress=False)
     assert len(CodeFile(out)) == 80

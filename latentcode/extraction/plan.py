@@ -1,0 +1,235 @@
+"""`plan_extract`: everything an extraction needs, resolved and checked before torch is imported.
+
+    plan = plan_extract("runs/sraven-hyla", sites="sraven-rule", split="ood", n=8192, out="codes.h5")
+    plan.task, plan.split, plan.variant, plan.sites        # what will be recorded
+    latentcode.extraction.pipeline.run_extraction(plan)    # records it (torch)
+
+The command line's check builds this plan and its run executes it; `latentcode.extract` builds the
+same plan, so a mistake gets the same message from both (`errors.about` names the argument; the
+command line shows it as the flag the user typed). Checked here: the model (one loader:
+`rundir.locate_model`), its config, the task, the split, the variant, the sites, the sizes (a
+forward pass in memory, the codes on disk) and the output (writable, not there already unless
+appended to or replaced, a codes file if appended to). JSON, numpy and h5py only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from latentcode.errors import OutputExistsError, UsageError, about
+from latentcode.rundir import ModelSource, locate_model
+from latentcode.sources.sites import MAX_ALL_PAIRS, Selector, SiteError, parse_selector
+from latentcode.store import DEFAULT_COMPRESSION, Site, check_compression
+from latentcode.tasks import Task, get_task
+from latentcode.validation import (
+    check_fits_in_memory,
+    check_fits_on_disk,
+    check_integer,
+    check_output,
+    check_split,
+    check_variant,
+    forward_pass_bytes,
+)
+
+PRETRAINED_SEQ_LEN = 512  # tokens per window of a pretrained model, unless the task says
+
+
+@dataclass(frozen=True)
+class ExtractPlan:
+    """One extraction, resolved: `n` instances of `task`'s `split` (`variant`) at `sites` into `out`.
+
+    For a pretrained model `task` is None, `variant` is None and `seq_len` is the window length
+    (its sites are resolved when the model is loaded: `selector` holds them as given)."""
+
+    source: ModelSource
+    task: Task | None
+    split: str
+    variant: str | None
+    sites_given: Any  # as the caller gave them (recorded in the file as the selector's spec)
+    selector: Selector
+    sites: tuple[Site, ...]
+    n: int
+    out: Path
+    score: str = "pattern"
+    batch_size: int = 256
+    seed: int | None = None
+    append: bool = False
+    overwrite: bool = False
+    compression: str | None = DEFAULT_COMPRESSION
+    wait_for_lock: float | None = 0.0
+    extra: Mapping[str, Any] | None = None
+    seq_len: int | None = None
+
+
+def plan_extract(
+    run_or_model: str | Path | ModelSource,
+    task: Task | Mapping[str, Any] | None = None,
+    sites: str | Selector | list = "last-self",
+    split: str | None = None,
+    n: int = 8192,
+    out: str | Path = "codes.h5",
+    *,
+    variant: str | None = None,
+    score: str = "pattern",
+    batch_size: int = 256,
+    seed: int | None = None,
+    append: bool = False,
+    overwrite: bool = False,
+    extra: Mapping[str, Any] | None = None,
+    compression: str | None = None,
+    wait_for_lock: float | None = 0.0,
+) -> ExtractPlan:
+    """The plan of `latentcode.extract` with these arguments (see there), or the first mistake in
+    them. `run_or_model`: a path or name (`rundir.locate_model`), or a `ModelSource` already located
+    (a model object's). compression None: gzip, or none for a pretrained model's compact store."""
+    with about("run_or_model"):
+        source = run_or_model if isinstance(run_or_model, ModelSource) else locate_model(run_or_model)
+    with about("n"):
+        n = check_integer("n", n, minimum=1)
+    with about("batch_size"):
+        batch_size = check_integer("batch_size", batch_size, minimum=1)
+    if append and overwrite:
+        raise UsageError("append=True (--append) adds to the output and overwrite=True (--overwrite) replaces it: "
+                         "give one of them")
+    if source.kind == "pretrained":
+        return _plan_pretrained(source, task, sites, split, n, out, score=score, batch_size=batch_size, seed=seed,
+                                append=append, overwrite=overwrite, extra=extra, compression=compression,
+                                wait_for_lock=wait_for_lock)
+    with about("compression"):
+        compression = DEFAULT_COMPRESSION if compression is None else compression
+        check_compression(compression)
+    with about("task"):
+        task = task_of(source, task)
+    with about("split"):
+        split = check_split(task.analysis.held_out_split if split is None else split, task)
+    for name, values in (extra or {}).items():
+        if len(values) != n:
+            raise UsageError(f"extra array {name!r} has {len(values)} rows; expected n={n}, one per instance")
+    with about("sites"):
+        selector = parse_selector(sites, task)
+    with about("variant"):
+        variant = check_variant(variant or selector.default_variant or task.variants[0], task)
+        selector.check_variant(variant, task)
+    model_config = checked_model_config(source)
+    if task.seq_len > model_config.get("n_ctx", task.seq_len):
+        with about("task"):
+            raise UsageError(f"the task's seq_len={task.seq_len} is longer than the model accepts (n_ctx="
+                             f"{model_config['n_ctx']}); expected seq_len <= {model_config['n_ctx']}")
+    with about("sites"):
+        resolved = selector.resolve(model_config["n_layers"], task.seq_len)
+        if len(resolved) > MAX_ALL_PAIRS:
+            raise SiteError(
+                f"{selector.spec()!r} selects {len(resolved)} sites; a codes file holds one dataset per site, at "
+                f"most {MAX_ALL_PAIRS}: select fewer (a layer, a row, a block), or record them in memory with "
+                "Recorder, or sweep them with latentcode patch")
+    batch = min(batch_size, n)
+    n_heads = int(model_config.get("n_heads") or 1)
+    check_fits_in_memory(forward_pass_bytes(batch, task.seq_len, model_config) + 4 * batch * len(resolved) * n_heads,
+                         f"a forward pass of {batch} sequences of {task.seq_len} (the smaller of n and batch size)")
+    out = _checked_out(out, append, overwrite)
+    with about("n"):
+        check_fits_on_disk(4 * n * len(resolved) * n_heads, out, compression,
+                           f"{n} instances x {len(resolved)} sites x {n_heads} heads of float32 codes")
+    return ExtractPlan(source, task, split, variant, sites, selector, tuple(resolved), n, out, score=score,
+                       batch_size=batch_size, seed=seed, append=append, overwrite=overwrite, compression=compression,
+                       wait_for_lock=wait_for_lock, extra=extra)
+
+
+def task_of(source: ModelSource, task: Task | Mapping[str, Any] | None) -> Task:
+    """`task` (a Task or its config), else the run's own."""
+    if isinstance(task, Task):
+        return task
+    if task:
+        return get_task(**task)
+    if not source.task_config:
+        what = f"{source.path} is a model directory" if source.path else "the model object comes"
+        raise UsageError(f"{what} without its run: give its task, e.g. task={{'name': 'sraven'}} "
+                         "(--task name=sraven)")
+    return get_task(**source.task_config)
+
+
+def checked_model_config(source: ModelSource) -> dict[str, Any]:
+    """The model's config as JSON, checked as a model can be built from it (no torch) and small
+    enough for this machine's memory."""
+    from latentcode.models.config import ConfigError, check_model_config, parameter_bytes
+
+    config = source.model_config
+    with about("run_or_model"):
+        if source.kind == "model":
+            if not isinstance(config, dict):
+                raise UsageError(f"{source.path}/config.json holds a JSON {type(config).__name__}; expected an "
+                                 "object of ModelConfig fields")
+            try:  # a model directory's own config, checked as a run's is
+                check_model_config(config)
+            except ConfigError as error:
+                raise UsageError(f"{source.path}: its config.json is not a config a model can be built from: "
+                                 f"{error}") from None
+        if not isinstance(config, dict) or not isinstance(config.get("n_layers"), int):
+            raise UsageError(f"{source.path}: its model config names no number of layers (n_layers)")
+        check_fits_in_memory(parameter_bytes(config), f"{source.path}: the model its config describes")
+    return config
+
+
+def _checked_out(out: str | Path, append: bool, overwrite: bool) -> Path:
+    """A codes file that can be written at `out`: not there, or there and appended to (then it must
+    be a codes file) or replaced."""
+    with about("out"):
+        out = check_output(out)
+        if out.exists() and not (append or overwrite):
+            raise OutputExistsError(f"{out} already exists; pass append=True (--append) to add examples to it, "
+                                    "overwrite=True (--overwrite) to replace it, or choose another path")
+        if out.exists() and append:
+            from latentcode.store import CodeFile
+
+            CodeFile(out)  # a damaged file or one that is no codes file is refused now
+    return out
+
+
+def pretrained_seq_len(task: Task | Mapping[str, Any] | None, default: int = PRETRAINED_SEQ_LEN) -> int:
+    """The window length a pretrained extraction reads: `task["seq_len"]` (a mapping with nothing else
+    but the language task's name), else `default`."""
+    if task is None:
+        return default
+    if not isinstance(task, Mapping) or set(task) - {"seq_len", "name"} or task.get("name", "language") != "language":
+        raise UsageError(f"a pretrained model reads windows of the language corpus: the task may give only seq_len "
+                         f"(e.g. {{'seq_len': 2048}}, --task seq_len=2048), got {task!r}")
+    return int(task.get("seq_len", default))
+
+
+def _plan_pretrained(source: ModelSource, task, sites, split, n, out, **options) -> ExtractPlan:
+    """A pretrained causal LM: its file or package, the split, the window length, the sites, the output."""
+    from latentcode.pretrained import SMOLLM2_PACKAGE, resolve
+
+    with about("run_or_model"):
+        path = resolve(source.path)  # a missing SmolLM2 package is one line here
+        if not path.exists():
+            raise UsageError(f"{path} does not exist; expected a run directory, a model directory or a .gguf file")
+    split = "validation" if split is None else split
+    if split not in ("train", "validation"):
+        with about("split"):
+            raise UsageError(f"unknown split {split!r} for a pretrained model: it reads the language corpus's train "
+                             "or validation split")
+    with about("task"):
+        seq_len = pretrained_seq_len(task)
+        if seq_len < 1:
+            raise UsageError(f"seq_len={seq_len}: expected a positive number of tokens")
+        config_file = path / "config.json" if path.is_dir() else None
+        n_ctx = 8192 if SMOLLM2_PACKAGE.replace("-", "_") in str(path) else None
+        if config_file is not None and config_file.is_file():
+            import json
+
+            n_ctx = json.loads(config_file.read_text()).get("max_position_embeddings")
+        if n_ctx and seq_len > n_ctx:
+            raise UsageError(f"seq_len={seq_len} is beyond the context of {source.path} ({n_ctx} positions); "
+                             f"expected <= {n_ctx}")
+    with about("sites"):
+        selector = parse_selector(sites)
+    if options["compression"] is None:
+        options["compression"] = "none"
+    with about("compression"):
+        check_compression(options["compression"])
+    out = _checked_out(out, options["append"], options["overwrite"])
+    return ExtractPlan(source, None, split, None, sites, selector, (), n, out, seq_len=seq_len, **options)
