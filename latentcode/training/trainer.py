@@ -192,6 +192,7 @@ def _train(config, out, *, resume, progress, stop_after_step, on_step) -> Run:
     if resume is not None:
         loop = _load_latest_checkpoint(accelerator, directory, model, optimizer, scheduler, config.steps)
         if accelerator.is_main_process:
+            _check_checkpoints_writable(directory)  # before hours of training, not at the next checkpoint
             directory.truncate_metrics(loop.step)
     start_step = loop.step
 
@@ -330,7 +331,10 @@ def _save_checkpoint(accelerator, directory: RunDirectory, model, optimizer, sch
             if dead.is_dir() and not dead.is_symlink():
                 shutil.rmtree(dead, ignore_errors=True)
         # mkdtemp: a new directory of a random name, never a planted link; the umask's mode survives the rename
-        temporary = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}.", dir=directory.checkpoints_path))
+        try:
+            temporary = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}.", dir=directory.checkpoints_path))
+        except OSError as error:  # an immutable or read-only checkpoints directory
+            raise write_error(error, final) from None
         give_umask_mode(temporary, directory=True)
         try:
             save_checkpoint(temporary, accelerator.unwrap_model(model), optimizer, scheduler, accelerator.scaler,
@@ -348,6 +352,16 @@ def _save_checkpoint(accelerator, directory: RunDirectory, model, optimizer, sch
             raise
         directory.prune_checkpoints(keep)
     accelerator.wait_for_everyone()
+
+
+def _check_checkpoints_writable(directory: RunDirectory) -> None:
+    """A resumed run writes its next checkpoint beside the old ones: refuse now, in one line, a
+    checkpoints directory that cannot take one (immutable, read-only, another owner's)."""
+    try:
+        directory.checkpoints_path.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=".tmp-probe.", dir=directory.checkpoints_path))
+    except OSError as error:
+        raise write_error(error, directory.checkpoints_path) from None
 
 
 def _load_latest_checkpoint(accelerator, directory: RunDirectory, model, optimizer, scheduler,

@@ -55,3 +55,27 @@ def test_a_full_disk_while_training_is_one_line_and_the_run_resumes(small, where
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == json.loads((run / "config.json").read_text())["steps"]
+
+
+def test_a_resume_into_an_unwritable_checkpoints_directory_is_one_line_before_any_training(tmp_path):
+    """It used to train to the next checkpoint and end in mkdtemp's PermissionError traceback."""
+    import shutil
+
+    from tests.test_cli_bad_inputs import immutable
+
+    assert train("--preset", "fuzzy_logic", "--scale", "tiny", "--out", "run", cwd=tmp_path).returncode == 0
+    run = tmp_path / "run"
+    checkpoints = sorted((run / "checkpoints").iterdir())
+    for path in (*checkpoints[1:], run / "model"):
+        shutil.rmtree(path)
+    (run / "summary.json").unlink()  # a run killed after its first checkpoint
+    metrics = (run / "metrics.jsonl").read_bytes()
+    with immutable(run / "checkpoints"):
+        result = train("--resume", "run", cwd=tmp_path)
+    assert result.returncode != 0
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.startswith("error: cannot write run/checkpoints: ")
+    assert (run / "metrics.jsonl").read_bytes() == metrics  # nothing truncated or appended
+    assert sorted((run / "checkpoints").iterdir()) == checkpoints[:1]
+    assert train("--resume", "run", cwd=tmp_path).returncode == 0  # writable again: it finishes
+    assert (run / "summary.json").is_file()
