@@ -458,3 +458,29 @@ def test_a_recorded_run_keeps_its_weights_in_float16_and_loads_as_float32(analys
     shutil.rmtree(run / "model")
     recording.record_run(run, tmp_path / "without")
     assert (tmp_path / "without" / "summary.json").is_file() and not (tmp_path / "without" / "model").exists()
+
+
+def test_hyla_seed_reruns_are_read_from_their_configs_and_the_plateau_exit_is_the_first_step_above_it(
+        analyses_modules, monkeypatch, tmp_path):
+    """Issue 36's comparison: each kept rerun's seed, learning rate and warm-up come from its own
+    config.json (not its directory name), and a run leaves the plateau at its first evaluation whose
+    training accuracy exceeds 25%."""
+    hyla_seed = analyses_modules("reproduction.hyla_seed")
+
+    def evaluation(step, train):
+        return {"event": "eval", "step": step, "splits": {split: {"accuracy": train} for split in ("train", "ood")}}
+
+    for name, seed, rate, warmup, curve in (("b", 2, 3e-4, 800, [0.1, 0.2, 0.25]), ("a", 2, 1e-3, 800, [0.1, 0.3, 0.4])):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "config.json").write_text(json.dumps({"train": {"seed": seed, "learning_rate": rate, "warmup_steps": warmup}}))
+        (run / "metrics.jsonl").write_text("".join(json.dumps(evaluation(800 * (i + 1), accuracy)) + "\n"
+                                                   for i, accuracy in enumerate(curve)))
+        (run / "summary.json").write_text(json.dumps({"final_metrics": {}, "wall_seconds": 60}))
+    (tmp_path / "unfinished").mkdir()  # no summary.json: not a rerun
+    monkeypatch.setattr(hyla_seed, "HYLA_SEED", tmp_path)
+    monkeypatch.setattr(hyla_seed, "summary_of", lambda name: None)  # no recorded old-init runs here
+    runs = hyla_seed.runs()
+    assert [(run["name"], run["learning_rate"]) for run in runs] == [("a", 1e-3), ("b", 3e-4)]  # larger lr first
+    assert [hyla_seed.plateau_exit(run) for run in runs] == [1600, None]  # 0.25 itself is not above the plateau
+    assert hyla_seed.label(runs[1]) == "seed 2, corrected init, lr 0.0003, warm-up 800"
