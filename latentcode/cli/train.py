@@ -14,11 +14,8 @@ from latentcode.cli.arguments import (
     one_of,
     parse_assignments,
 )
-from latentcode.cli.checks import check_output, read_json_file
 from latentcode.cli.command import Command
-from latentcode.errors import UsageError
 from latentcode.training.config import MIXED_PRECISION
-from latentcode.validation import check_variant
 
 TRAIN_OVERRIDES = (
     # flag, field, type, help
@@ -90,82 +87,28 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 
 def check(args: argparse.Namespace) -> None:
-    """What can be checked without the model modules (which import torch): flags that go
-    together, the preset, scale, variant and --set fields, the --config file, where the run goes."""
-    from latentcode.tasks import task_class
-    from latentcode.training.presets import MODEL_FIELDS, SCALES, TRAIN_FIELDS, presets, task_fields
+    """What can be checked without the model modules (which import torch): flags that go together,
+    the preset, scale, variant and --set fields, the --config file, where the run goes, the run to
+    resume: the plan `latentcode.train` makes too (`args.plan`)."""
+    from latentcode.training.plan import plan_train
 
     overrides = _overrides(args)
-    given = [flag for flag, field, _, _ in TRAIN_OVERRIDES if field in overrides]
-    given += ["--set"] * bool(args.set) + ["--compile"] * args.compile
-    if args.resume:
-        if args.preset or args.config:
-            raise UsageError("--resume continues a run with its own config; do not combine it with --preset or --config")
-        if given or args.out:
-            raise UsageError(f"--resume continues a run with its own config and directory; "
-                             f"{', '.join(given + ['--out'] * bool(args.out))} cannot change them")
-        from latentcode.rundir import RunDirectory
-
-        directory = RunDirectory(args.resume)
-        directory.read_raw_config()
-        if not directory.checkpoints():  # said, not silent: nothing of the earlier session is kept
-            print(f"note: {args.resume} has no checkpoint yet; --resume trains it again from step 0 (the model "
-                  "initialized from the run's seed, as before)", flush=True)
-        return
-    if args.config:
-        if args.preset:
-            raise UsageError("give either --preset or --config, not both")
-        if given:
-            raise UsageError(f"--config takes every setting from its file; {', '.join(given)} cannot be combined "
-                             "with it (edit the file, or use --preset)")
-        from latentcode.models.config import ConfigError
-        from latentcode.training.config import TrainConfig
-
-        args.config_data = read_json_file(args.config, "--config")
-        try:
-            TrainConfig.check_fields(args.config_data)
-        except ConfigError as error:  # it says what is wrong, not in which file
-            raise UsageError(f"--config {args.config}: {error}") from None
-    elif args.preset:
-        if args.preset not in presets():
-            raise UsageError(f"unknown preset {args.preset!r}; valid presets: {', '.join(presets())}")
-        if args.scale not in SCALES:
-            raise UsageError(f"--scale {args.scale}: unknown scale; valid scales: {', '.join(SCALES)}")
-        if args.variant is not None:
-            check_variant(args.variant, task_class(presets()[args.preset].task["name"]), "--variant")
-        known = TRAIN_FIELDS | MODEL_FIELDS | task_fields()
-        for key, value in parse_assignments(args.set, "--set").items():
-            if key not in known:
-                raise UsageError(f"--set {key}={value}: unknown field {key!r}; valid fields: {', '.join(sorted(known))}")
-    else:
-        raise UsageError(f"latentcode train needs --preset ({', '.join(presets())}), --config or --resume")
-    if args.out:
-        check_output(args.out, "--out", kind="directory")
+    named = [flag for flag, field, _, _ in TRAIN_OVERRIDES if field in overrides]
+    named += ["--set"] * bool(args.set) + ["--compile"] * args.compile
+    overrides |= parse_assignments(args.set, "--set") | ({"compile": True} if args.compile else {})
+    args.plan = plan_train(args.config, args.out, preset=args.preset, scale=args.scale, attention=args.attention,
+                           overrides=overrides, resume=args.resume, threads=args.threads, named=named)
+    if args.plan.resume is not None and not args.plan.checkpoints:  # said, not silent: nothing earlier is kept
+        print(f"note: {args.resume} has no checkpoint yet; --resume trains it again from step 0 (the model "
+              "initialized from the run's seed, as before)", flush=True)
 
 
 def run(args: argparse.Namespace) -> None:
-    from latentcode.models.config import ConfigError
-    from latentcode.training import TrainConfig, build_train_config, train
     from latentcode.training.threads import choose_threads
+    from latentcode.training.trainer import run_training
 
-    on_step = choose_threads(args.threads)
-
-    if args.resume:
-        run_record = train(resume=args.resume, progress=not args.quiet, on_step=on_step)
-    else:
-        if args.config:
-            try:
-                config = TrainConfig.from_dict(args.config_data)
-            except ConfigError as error:  # it says what is wrong, not in which file
-                raise UsageError(f"--config {args.config}: {error}") from None
-        else:
-            overrides = _overrides(args) | parse_assignments(args.set, "--set") | (
-                {"compile": True} if args.compile else {})
-            config = build_train_config(args.preset, args.scale, args.attention, **overrides)
-        out = args.out or check_output(f"runs/{config.preset or config.task['name']}-"
-                                       f"{config.model_config().attention_name}-{config.scale}-seed{config.seed}",
-                                       "--out", kind="directory")
-        run_record = train(config, out, progress=not args.quiet, on_step=on_step)
+    on_step = choose_threads(args.plan.threads)
+    run_record = run_training(args.plan, progress=not args.quiet, on_step=on_step)
     if int(os.environ.get("RANK", "0")) != 0:
         return  # one report per run, from the main process of a multi-process launch
     summary = run_record.summary or {}
@@ -174,4 +117,4 @@ def run(args: argparse.Namespace) -> None:
         print(f"  {split:14s} " + "  ".join(f"{key} {value:.4f}" for key, value in metrics.items()))
 
 
-COMMAND = Command(register, check, run, order=20)
+COMMAND = Command(register, check, run, order=20, parameters={"overrides": "set"})

@@ -19,10 +19,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from latentcode.errors import about
 from latentcode.models.config import ConfigError, ModelConfig
 from latentcode.tasks import get_task, task_class, task_names
 from latentcode.tasks.base import TrainingSetup
 from latentcode.training.config import TrainConfig
+from latentcode.validation import check_variant
 
 SCALES = ("tiny", "demo", "cpu", "paper")
 
@@ -64,12 +66,8 @@ def build_train_config(preset: str, scale: str = "cpu", attention: str = "softma
     fields (`n_layers`, `width_factor`, ...) or task fields (`seq_len`, `frac_test`, `task_seed`, ...).
     The preset's own overrides for `scale` (`TrainingSetup.scales`) come first, the given ones after.
     """
-    known = presets()
-    if preset not in known:
-        raise ConfigError(f"unknown preset {preset!r}; valid presets: {', '.join(known)}")
-    if scale not in SCALES:
-        raise ConfigError(f"unknown scale {scale!r}; valid scales: {', '.join(SCALES)}")
-    spec = known[preset]
+    check_preset(preset, scale, overrides)
+    spec = presets()[preset]
     task = dict(spec.task)
     model = {**spec.model, "attention": attention}
     train_fields: dict[str, Any] = dict(spec.optimizer)
@@ -77,19 +75,11 @@ def build_train_config(preset: str, scale: str = "cpu", attention: str = "softma
         if value is None:
             continue
         if key in task_fields():
-            # a parameter the preset leaves at its default (SRAVEN's hold_out) may be set too
-            if key != "task_seed" and key not in task and key not in task_class(task["name"]).parameter_names():
-                raise ConfigError(f"the {preset} task has no parameter {key!r}; its parameters: {sorted(task)}")
             task["seed" if key == "task_seed" else key] = value
         elif key in MODEL_FIELDS:
             model[key] = value
-        elif key in TRAIN_FIELDS:
-            train_fields[key] = value
         else:
-            raise ConfigError(
-                f"unknown field {key!r}; valid fields: training {sorted(TRAIN_FIELDS)}, model {sorted(MODEL_FIELDS)}, "
-                f"task {sorted(task_fields())}"
-            )
+            train_fields[key] = value
 
     task_object = get_task(**task)
     model.update(d_in=task_object.d_in, d_vocab=task_object.d_vocab, d_out=task_object.d_out,
@@ -115,3 +105,32 @@ def build_train_config(preset: str, scale: str = "cpu", attention: str = "softma
     train_fields = {**defaults, **train_fields}
     return TrainConfig(task=task, model=model, n_train_instances=n_train, preset=preset, scale=scale,
                        notes=notes, **train_fields)
+
+
+def check_preset(preset: str, scale: str, overrides: dict[str, Any] | None = None) -> None:
+    """The preset, the scale, the variant and the names of the overridden fields, checked without torch:
+    `build_train_config` and `latentcode.training.plan.plan_train` refuse a mistake here with one message
+    (`errors.about` names the argument: preset, scale, variant or overrides)."""
+    known = presets()
+    if preset not in known:
+        raise ConfigError(f"unknown preset {preset!r}; valid presets: {', '.join(known)}")
+    if scale not in SCALES:
+        with about("scale"):
+            raise ConfigError(f"unknown scale {scale!r}; valid scales: {', '.join(SCALES)}")
+    task = known[preset].task
+    overrides = overrides or {}
+    if overrides.get("variant") is not None:
+        with about("variant"):
+            check_variant(overrides["variant"], task_class(task["name"]), error=ConfigError)
+    with about("overrides"):
+        for key, value in overrides.items():
+            if value is None:  # left at the preset's
+                continue
+            if key in task_fields():
+                # a parameter the preset leaves at its default (SRAVEN's hold_out) may be set too
+                if key != "task_seed" and key not in task and key not in task_class(task["name"]).parameter_names():
+                    raise ConfigError(f"the {preset} task has no parameter {key!r}; its parameters: {sorted(task)}")
+            elif key not in MODEL_FIELDS and key not in TRAIN_FIELDS:
+                raise ConfigError(
+                    f"unknown field {key!r}; valid fields: training {sorted(TRAIN_FIELDS)}, model "
+                    f"{sorted(MODEL_FIELDS)}, task {sorted(task_fields())}")

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from latentcode.errors import UsageError
+from latentcode.errors import UsageError, about
 from latentcode.files import give_umask_mode, write_error
 from latentcode.models import build_model
 from latentcode.models.config import ConfigError
@@ -52,6 +52,7 @@ from latentcode.training.objective import prediction_positions, task_loss, to_te
 from latentcode.training.optimizer import build_optimizer
 from latentcode.training.run import Run, read_train_config, run_record
 from latentcode.training.schedule import build_scheduler
+from latentcode.validation import check_output
 
 
 class TrainingDiverged(RuntimeError):
@@ -136,7 +137,7 @@ def _format_metrics(metrics: dict[str, dict[str, float]]) -> str:
 
 
 def train(
-    config: TrainConfig | None = None,
+    config: TrainConfig | dict | str | Path | None = None,
     out: str | Path | None = None,
     *,
     resume: str | Path | None = None,
@@ -146,33 +147,48 @@ def train(
 ) -> Run:
     """Train a model as `config` says, into the run directory `out`; or continue `resume`.
 
+    config: a TrainConfig (e.g. `build_train_config(preset, scale, attention)`), a dict of its fields
+    or the path of a JSON file of them. out: None is runs/PRESET-ATTENTION-SCALE-seedSEED. Every
+    argument is checked first, as `latentcode train` checks it (`training.plan.plan_train`).
     The run directory is locked for the whole run (`RunDirectory.lock`): a second `train` or
     `--resume` into it is refused with `latentcode.files.LockHeld`, naming the first.
     stop_after_step: stop (as if killed) once this many steps are done, without the final
         evaluation, checkpoint or model; for tests of resuming.
     on_step: called with (step, loss) after every optimizer step.
     """
-    target = resume if resume is not None else out
+    from latentcode.training.plan import plan_train
+
+    plan = plan_train(config, out, resume=resume)
+    return run_training(plan, progress=progress, stop_after_step=stop_after_step, on_step=on_step)
+
+
+def run_training(plan, *, progress: bool = True, stop_after_step: int | None = None,
+                 on_step: Callable[[int, float], None] | None = None) -> Run:
+    """Train as `plan` (`training.plan.TrainPlan`) says: build its TrainConfig, lock the run
+    directory, train. The arguments are `train`'s."""
+    from latentcode.training.plan import default_run_directory
+
+    config = plan.train_config()
+    out = plan.out
+    if plan.resume is None and out is None:
+        with about("out"):
+            out = check_output(default_run_directory(config), kind="directory")
+    target = plan.resume if plan.resume is not None else out
     # Process 0 of a run holds the lock for all of its processes (torchrun / accelerate set RANK).
-    holds_lock = target is not None and os.environ.get("RANK", "0") == "0"
-    with RunDirectory(target).lock(new=resume is None) if holds_lock else contextlib.nullcontext():
-        return _train(config, out, resume=resume, progress=progress, stop_after_step=stop_after_step,
+    holds_lock = os.environ.get("RANK", "0") == "0"
+    with RunDirectory(target).lock(new=plan.resume is None) if holds_lock else contextlib.nullcontext():
+        return _train(config, out, resume=plan.resume, progress=progress, stop_after_step=stop_after_step,
                       on_step=on_step)
 
 
 def _train(config, out, *, resume, progress, stop_after_step, on_step) -> Run:
     if resume is not None:
         directory = RunDirectory(resume)
-        stored = read_train_config(directory)
-        if config is not None and config != stored:
-            raise RunDirectoryError(f"--resume {resume}: the given config differs from the run's; omit it to resume")
-        config = stored
-        if directory.is_finished:
+        config = read_train_config(directory)
+        if directory.is_finished:  # checked by the plan too; here again under the run's lock
             raise RunDirectoryError(f"{resume} has already finished; nothing to resume")
         _check_config_unchanged(directory)
     else:
-        if config is None or out is None:
-            raise UsageError("train needs a config and an output directory (or resume=RUN_DIR)")
         directory = RunDirectory(out)
 
     task = get_task(**config.task)
