@@ -292,11 +292,11 @@ BAD_INPUTS = [
     ("train-n-layers-0", [*TRAIN, "--n-layers", "0"], "argument --n-layers: expected a positive integer"),
     ("train-mixed-precision", [*TRAIN, "--mixed-precision", "fp8"],
      "argument --mixed-precision: expected one of auto, no, bf16, fp16, got 'fp8'"),
-    ("train-set-unknown-key", [*TRAIN, "--set", "nosuchkey=1"], "--set nosuchkey=1: unknown field 'nosuchkey'"),
+    ("train-set-unknown-key", [*TRAIN, "--set", "nosuchkey=1"], "--set: unknown field 'nosuchkey'; valid fields: training ["),
     ("train-set-without-value", [*TRAIN, "--set", "frac_test"], "--set expects KEY=VALUE, got 'frac_test'"),
     ("train-unknown-preset", ["train", "--preset", "mnist"],
      f"unknown preset 'mnist'; valid presets: {', '.join(presets())}"),  # every task's, from the registry
-    ("train-unknown-scale", [*TRAIN[:3], "--scale", "huge"], "--scale huge: unknown scale; valid scales: tiny"),
+    ("train-unknown-scale", [*TRAIN[:3], "--scale", "huge"], "--scale: unknown scale 'huge'; valid scales: tiny"),
     ("train-unknown-variant", [*TRAIN, "--variant", "mirrored"],
      "--variant: unknown variant 'mirrored' for task 'fuzzy_logic'; valid variants: ['uniform', 'fixed_context', "
      "'fixed_query']"),
@@ -758,6 +758,8 @@ def _plan_mistake(command: str, args) -> Exception | None:
     from latentcode.extraction.plan import plan_extract
     from latentcode.intervention.plan import plan_intervention
 
+    if command == "train":
+        return _train_plan_mistake(args)
     try:
         task = parse_assignments(args.task, "--task") or None
     except UsageError:  # KEY=VALUE syntax: the command line's own
@@ -782,6 +784,8 @@ def _public_api_error(command: str, args) -> Exception:
     from latentcode.cli.arguments import parse_assignments
     from latentcode.intervention import ZeroAblate, intervention_effects
 
+    if command == "train":
+        return _train_api_error(args)
     task = parse_assignments(args.task, "--task") or None
     with pytest.raises(Exception) as raised:  # noqa: PT011 - which class is compared below
         if command == "extract":
@@ -796,14 +800,70 @@ def _public_api_error(command: str, args) -> Exception:
     return raised.value
 
 
-API_ROWS = [row for row in BAD_INPUTS if row[1] and row[1][0] in ("extract", "intervene")
+def _train_overrides(args) -> dict | None:
+    """The fields the override flags and --set give (None: a --set the command line's syntax refuses)."""
+    from latentcode.cli.arguments import parse_assignments
+    from latentcode.cli.train import TRAIN_OVERRIDES
+    from latentcode.errors import UsageError
+
+    try:
+        assigned = parse_assignments(args.set, "--set")
+    except UsageError:
+        return None
+    flags = {field: getattr(args, field) for _, field, _, _ in TRAIN_OVERRIDES if getattr(args, field) is not None}
+    return flags | assigned | ({"compile": True} if args.compile else {})
+
+
+def _train_cli_only(args) -> str | None:
+    """Why a train command line has no Python-API equivalent: latentcode.train takes a config (from
+    build_train_config, a dict or a JSON file), an output and resume, never flags beside them."""
+    overrides = _train_overrides(args)
+    if overrides is None:
+        return "--set's KEY=VALUE syntax"
+    if args.resume and (args.preset or args.config or overrides or args.out):
+        return "flags beside --resume"
+    if args.config and (args.preset or overrides):
+        return "flags beside --config"
+    return None
+
+
+def _train_plan_mistake(args) -> Exception | None:
+    from latentcode.training.plan import plan_train
+
+    if _train_cli_only(args):
+        return None
+    try:
+        plan_train(args.config, args.out, preset=args.preset, scale=args.scale, attention=args.attention,
+                   overrides=_train_overrides(args), resume=args.resume, threads=args.threads)
+    except Exception as error:  # noqa: BLE001 - returned to be compared
+        return error
+    return None
+
+
+def _train_api_error(args) -> Exception:
+    """What a Python user writes for the same run: build_train_config(preset, ...) then train(config,
+    out); train(config_file, out); train(resume=run); train() with nothing."""
+    import latentcode
+
+    with pytest.raises(Exception) as raised:  # noqa: PT011 - which class is compared below
+        if args.resume:
+            latentcode.train(resume=args.resume, progress=False)
+        elif args.preset:
+            config = latentcode.build_train_config(args.preset, args.scale, args.attention, **_train_overrides(args))
+            latentcode.train(config, args.out, progress=False)
+        else:
+            latentcode.train(args.config, args.out, progress=False)
+    return raised.value
+
+
+API_ROWS = [row for row in BAD_INPUTS if row[1] and row[1][0] in ("extract", "intervene", "train")
             and "{locked}" not in str(row) and "{readonly}" not in str(row)]
 
 
 @pytest.mark.parametrize("argv", [row[1] for row in API_ROWS], ids=[row[0] for row in API_ROWS])
 def test_the_python_api_answers_a_mistake_with_the_command_lines_string(workspace, monkeypatch, capsys, argv):
-    """For each mistake of the table that the Python API can make too, `latentcode.extract` or
-    `intervention_effects` raises the same error class with the same message the command line prints
+    """For each mistake of the table that the Python API can make too, `latentcode.extract`,
+    `intervention_effects` or `latentcode.train` (with `build_train_config` for a preset) raises the same error class with the same message the command line prints
     after its flag (`--split: `, `RUN_DIR `, `--out `, or `--` before a message naming its argument)."""
     from latentcode.cli import build_parser
 

@@ -100,7 +100,7 @@ def test_the_paper_scale_is_the_papers_width(preset):
         (dict(preset="fuzzy_logic", n_features=3), r"the fuzzy_logic task has no parameter 'n_features'"),
         (dict(preset="fuzzy_logic", warmup_steps=10_000), r"warmup_steps=10000 is not less than the 8000 training steps"),
         (dict(preset="sraven", variant="shuffled"),
-         r"variant: unknown variant 'shuffled' for task 'sraven'; valid variants: \['permuted', 'unpermuted'\]"),
+         r"^unknown variant 'shuffled' for task 'sraven'; valid variants: \['permuted', 'unpermuted'\]"),
     ],
 )
 def test_contradictory_configs_are_refused(args, message):
