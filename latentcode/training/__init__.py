@@ -1,6 +1,7 @@
 """Training with accelerate: the paper's recipe, presets, resumable runs and sweeps.
 
-`latentcode.train(config, out)` is `latentcode.training.trainer.train`. Names load on first use (see
+`latentcode.train(config, out)` is `latentcode.training.trainer.train`: `plan_train` checks its
+arguments without torch (as `latentcode train` does), `run_training` trains the plan. Names load on first use (see
 `latentcode.lazy`), so the preset table and configs stay light.
 """
 
@@ -18,6 +19,8 @@ _WHERE = {
     "CheckpointError": "latentcode.training.trainer",
     "TrainingDiverged": "latentcode.training.trainer",
     "train": "latentcode.training.trainer",
+    "plan_train": "latentcode.training.plan",
+    "TrainPlan": "latentcode.training.plan",
     "sweep": "latentcode.training.sweeps",
     "Job": "latentcode.training.sweeps",
     "run_jobs": "latentcode.training.sweeps",
