@@ -140,8 +140,8 @@ def plan_patch(
             query_positions = _queries(queries, task.seq_len)
         if key_blocks > task.seq_len:
             with about("key_blocks"):
-                raise UsageError(f"key_blocks {key_blocks}: the sequence has {task.seq_len} keys, so at most "
-                                 f"{task.seq_len} blocks")
+                raise UsageError(f"the sequence has {task.seq_len} keys, so at most {task.seq_len} key blocks; got "
+                                 f"{key_blocks}")
     elif grid == "heads":
         with about("sites"):
             _resolvable(sites, task, n_layers)
