@@ -545,6 +545,41 @@ BAD_INPUTS = [
      "--variant: unknown variant 'mirrored' for task 'fuzzy_logic'"),
     ("patch-seed-2-32", ["patch", "{run}", "--seed", "4294967296", "--out", "{a_dir}/p"],
      "argument --seed: expected a non-negative integer below 4294967296, got '4294967296'"),
+    # issue 33: every check of plan_patch (the run has 2 layers and 32 tokens; one prediction)
+    ("patch-model-directory-without-its-run", ["patch", "{model_only}", "--out", "{a_dir}/p"],
+     "RUN_DIR {model_only} is not a finished run directory (config.json and model/model.safetensors); patch reads "
+     "the task of the run to draw its pairs"),
+    ("patch-grid-and-group", ["patch", "{run}", "--grid", "rows", "--group", "1:*:*", "--out", "{a_dir}/p"],
+     "error: give one of --search, --grid or --group"),
+    ("patch-search-with-attribution", ["patch", "{run}", "--search", "--attribution", "--out", "{a_dir}/p"],
+     "error: --attribution goes with --grid or --group; --search ranks its candidates by attribution itself"),
+    ("patch-layer-outside", ["patch", "{run}", "--layers", "7", "--out", "{a_dir}/p"],
+     "--layers '7': the model has 2 layers (0..1); got [7]"),
+    ("patch-layers-not-integers", ["patch", "{run}", "--layers", "x", "--out", "{a_dir}/p"],
+     "--layers expects layer indices such as 0,2; got 'x'"),
+    ("patch-search-layer-outside", ["patch", "{run}", "--search", "--layers", "-3", "--out", "{a_dir}/p"],
+     "--layers '-3': the model has 2 layers (0..1); got [-3]"),
+    ("patch-unknown-partition", ["patch", "{run}", "--grid", "slot", "--out", "{a_dir}/p"],
+     "--grid 'slot': expected a partition name or QUERY/KEY of two, among block, context, example"),
+    ("patch-queries-past-the-sequence", ["patch", "{run}", "--queries", "30..40", "--out", "{a_dir}/p"],
+     "--queries '30..40': range 30..40 reaches past the sequence of 32 tokens"),
+    ("patch-queries-unreadable", ["patch", "{run}", "--queries", "a..b", "--out", "{a_dir}/p"], "--queries"),
+    ("patch-more-key-blocks-than-keys", ["patch", "{run}", "--key-blocks", "99", "--out", "{a_dir}/p"],
+     "--key-blocks: the sequence has 32 keys, so at most 32 key blocks; got 99"),
+    ("patch-too-many-groups", ["patch", "{run}", "--key-blocks", "9", "--out", "{a_dir}/p"],
+     "--grid rows makes 576 groups, more than --max-groups 256 (each costs 3 x --n 256 forward passes); give "
+     "--max-groups 576 to run them all"),
+    ("patch-prediction-outside", ["patch", "{run}", "--prediction", "5", "--out", "{a_dir}/p"],
+     "--prediction 5: the task has 1 prediction positions (0..0, or negative from the end)"),
+    ("patch-heads-site-outside", ["patch", "{run}", "--grid", "heads", "--sites", "9:0:0", "--out", "{a_dir}/p"],
+     "--sites: site 9:0:0: layer 9 is outside the model's 2 layers (0..1)"),
+    ("patch-group-unreadable", ["patch", "{run}", "--group", "1:x:1", "--out", "{a_dir}/p"],
+     "--group: cannot read site '1:x:1'"),
+    ("patch-outputs-there-already", ["patch", "{run}", "--out", "{patch_good}"],
+     "--out {patch_good}: {patch_good.csv}, {patch_good.json}, {patch_good.png} already exist; pass overwrite=True "
+     "(--overwrite) to replace them"),
+    ("patch-map-a-planted-link", ["patch", "{run}", "--overwrite", "--out", "{patch_planted}"],
+     "--out {patch_planted.png} is a symbolic link -> {victim.txt}; latentcode writes only regular files"),
     # issue 34: damaged shards are refused, never read as another extraction's rows or as zeros
     ("probe-shard-of-another-extraction", ["probe", "{sharded_replaced.h5}"],
      "{sharded_replaced.h5}: its shard {sharded_replaced.shard-1-of-2.h5} has file_id"),
@@ -760,6 +795,14 @@ def _plan_mistake(command: str, args) -> Exception | None:
 
     if command == "train":
         return _train_plan_mistake(args)
+    if command == "patch":
+        from latentcode.intervention.patching.plan import plan_patch
+
+        try:
+            plan_patch(args.run, **_patch_options(args))
+        except Exception as error:  # noqa: BLE001 - returned to be compared
+            return error
+        return None
     try:
         task = parse_assignments(args.task, "--task") or None
     except UsageError:  # KEY=VALUE syntax: the command line's own
@@ -777,15 +820,29 @@ def _plan_mistake(command: str, args) -> Exception | None:
     return None
 
 
+def _patch_options(args) -> dict:
+    """`latentcode patch`'s parsed flags as the keyword arguments of `plan_patch` and `patch`."""
+    return {"search": args.search, "grid": args.grid, "groups": args.group, "per_head": args.per_head,
+            "layers": args.layers, "queries": args.queries, "key_blocks": args.key_blocks, "sites": args.sites,
+            "n": args.n, "confirm_n": args.confirm_n, "tolerance": args.tolerance, "max_groups": args.max_groups,
+            "split": args.split, "variant": args.variant, "prediction": args.prediction, "seed": args.seed,
+            "attribution": args.attribution, "out": args.out, "overwrite": args.overwrite}
+
+
 def _public_api_error(command: str, args) -> Exception:
-    """The error of the public function a Python user calls (latentcode.extract, intervention_effects)
-    with the same arguments; it must raise before any work."""
+    """The error of the public function a Python user calls (latentcode.extract, intervention_effects,
+    latentcode.intervention.patching.patch) with the same arguments; it must raise before any work."""
     import latentcode
     from latentcode.cli.arguments import parse_assignments
     from latentcode.intervention import ZeroAblate, intervention_effects
+    from latentcode.intervention.patching import patch
 
     if command == "train":
         return _train_api_error(args)
+    if command == "patch":
+        with pytest.raises(Exception) as raised:  # noqa: PT011 - which class is compared below
+            patch(args.run, **_patch_options(args))
+        return raised.value
     task = parse_assignments(args.task, "--task") or None
     with pytest.raises(Exception) as raised:  # noqa: PT011 - which class is compared below
         if command == "extract":
@@ -856,7 +913,7 @@ def _train_api_error(args) -> Exception:
     return raised.value
 
 
-API_ROWS = [row for row in BAD_INPUTS if row[1] and row[1][0] in ("extract", "intervene", "train")
+API_ROWS = [row for row in BAD_INPUTS if row[1] and row[1][0] in ("extract", "intervene", "train", "patch")
             and "{locked}" not in str(row) and "{readonly}" not in str(row)]
 
 

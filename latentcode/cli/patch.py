@@ -24,21 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from latentcode.cli.arguments import SEED, integer, number
-from latentcode.cli.checks import (
-    check_fits_in_memory,
-    check_output,
-    check_stem_free,
-    model_config_of,
-)
 from latentcode.cli.command import Command
-from latentcode.errors import UsageError
-from latentcode.validation import check_split, check_variant
-
-GRIDS = ("rows", "heads")
-MAX_GROUPS = 256
-SUFFIXES = (".csv", ".json", ".png")
-SEARCH_SUFFIXES = (".csv", ".candidates.csv", ".json", ".png")
-DONORS = ("different", "third", "same")  # r', a third sub-task (the baseline), the base's own (damage)
+from latentcode.intervention.patching.plan import MAX_GROUPS
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -96,121 +83,19 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return parser
 
 
-def _read_run(run: str) -> tuple[int, int, dict, str | None]:
-    """(n_layers, n_heads, task config, training variant) of a finished run directory, from its JSON."""
-    from latentcode.rundir import RunDirectory, RunRecord
-
-    directory = RunDirectory(run)
-    if not Path(run).is_dir() or not directory.looks_like_a_run():
-        raise UsageError(f"RUN_DIR {run} is not a finished run directory (config.json and model/model.safetensors); "
-                         "patch reads the task of the run to draw its pairs")
-    record = RunRecord.read(run)
-    model = model_config_of(Path(run))
-    return int(model["n_layers"]), int(model["n_heads"]), dict(record.task_config), record.config["train"].get("variant")
-
-
-def _layers(text: str | None, n_layers: int) -> list[int]:
-    if text is None:
-        return list(range(n_layers))
-    try:
-        layers = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise UsageError(f"--layers expects layer indices such as 0,2; got {text!r}") from None
-    bad = [layer for layer in layers if not -n_layers <= layer < n_layers]
-    if not layers or bad:
-        raise UsageError(f"--layers {text!r}: the model has {n_layers} layers (0..{n_layers - 1}); got {bad or 'none'}")
-    return [layer % n_layers for layer in layers]
-
-
-def _search_cost(n_layers: int, n_selection: int, n_confirmation: int, per_step: int = 8, max_rounds: int = 6
-                 ) -> dict[str, int]:
-    """An upper bound of `site_search`'s work with its defaults: groups patched exactly (the layers, then
-    `per_step` per step), confirmed (the route) and example forward passes (2 donors x selection pairs per
-    group, 3 x confirmation pairs for each of the 3 confirmed groups, attribution about 6 x selection pairs)."""
-    selected = n_layers + per_step * (1 + max_rounds)
-    confirmed = 3
-    return {"groups": selected + confirmed,
-            "examples": 2 * n_selection * selected + 3 * n_confirmation * confirmed + 6 * n_selection}
-
-
 def check(args: argparse.Namespace) -> None:
-    """Everything that can be checked before torch: output, run, task, split, variant, groups."""
-    from latentcode.tasks import get_task, task_class, task_names
+    """Everything that can be checked before torch: the plan `latentcode.intervention.patching.patch`
+    makes too (`args.plan`: output, run, task, split, variant, groups and their cost)."""
+    from latentcode.intervention.patching.plan import plan_patch
 
-    if sum(bool(choice) for choice in (args.grid, args.group, args.search)) > 1:
-        raise UsageError("give one of --search, --grid or --group")
-    if args.search and args.attribution:
-        raise UsageError("--attribution goes with --grid or --group; --search ranks its candidates by attribution itself "
-                         "(the estimates are in <out>.candidates.csv)")
-    args.grid = args.grid or (None if args.group or args.search else "rows")
-    n_layers, n_heads, task_config, training_variant = _read_run(args.run)
-    task = get_task(**task_config)
-    if not task.provides("counterfactual_pairs"):
-        having = [name for name in task_names() if task_class(name).provides("counterfactual_pairs")]
-        raise UsageError(f"task {task.name!r} draws no counterfactual pairs (Task.counterfactual_pairs); patch needs "
-                         f"them: {' and '.join(having)} have them")
-    args.split = check_split(task.analysis.held_out_split if args.split is None else args.split, task, "--split")
-    args.variant = check_variant(args.variant or training_variant or task.variants[0], task, "--variant")
-    # The bases and their three donors are drawn before the first pass ([n, sequence, d_in] each, float32,
-    # with int64 indices of several times n while drawing them): what must fit, whatever the groups.
-    check_fits_in_memory(4 * args.n * (1 + len(DONORS)) * task.seq_len * (task.d_in or 1) + 32 * args.n,
-                         f"--n {args.n} base/donor pairs (sequences of {task.seq_len}, with {len(DONORS)} donors each)")
-    if not -task.n_predictions <= args.prediction < task.n_predictions:
-        raise UsageError(f"--prediction {args.prediction}: the task has {task.n_predictions} prediction positions "
-                         f"(0..{task.n_predictions - 1}, or negative from the end)")
-    from latentcode.sources.sites import (
-        SiteError,
-        parse_positions,
-        parse_selector,
-        resolve_positions,
-    )
-    from latentcode.tasks.partitions import grid_size, parse_grid, task_partitions
-
-    partitions = task_partitions(task)
-    args.partition_grid = None
-    if args.grid not in (None, *GRIDS):
-        args.partition_grid = parse_grid(args.grid, partitions)
-    try:
-        if args.search or args.partition_grid:
-            args.layers = _layers(args.layers, n_layers)
-        elif args.grid == "rows":
-            args.layers = _layers(args.layers, n_layers)
-            try:
-                queries = parse_positions(args.queries)
-                args.query_positions = list(resolve_positions((queries,), task.seq_len) if isinstance(queries, int)
-                                            else queries.resolve(task.seq_len))
-            except ValueError as error:
-                raise UsageError(f"--queries {args.queries!r}: {error}" if isinstance(error, SiteError) else
-                                 f"--queries expects *, an integer, START..STOP or A|B|C; got {args.queries!r}") from None
-            if args.key_blocks > task.seq_len:
-                raise UsageError(f"--key-blocks {args.key_blocks}: the sequence has {task.seq_len} keys, so at most "
-                                 f"{task.seq_len} blocks")
-        elif args.grid == "heads":
-            parse_selector(args.sites, task).resolve(n_layers, task.seq_len)
-        else:
-            for spec in args.group:
-                parse_selector(spec, task).resolve(n_layers, task.seq_len)
-    except ValueError as error:  # SiteError, and int() of a bad --queries
-        raise UsageError(f"{error}") from None
-    args.n_layers, args.n_heads = n_layers, n_heads
-    if args.search:
-        args.cost = _search_cost(len(args.layers), args.n, args.confirm_n)
-    else:
-        if args.partition_grid:
-            groups = grid_size(partitions, *args.partition_grid, len(args.layers), n_heads if args.per_head else None)
-        elif args.grid == "rows":
-            groups = len(args.layers) * len(args.query_positions) * args.key_blocks
-        elif args.grid == "heads":
-            groups = n_layers * n_heads
-        else:
-            groups = len(args.group)
-        if groups > args.max_groups and not args.group:
-            raise UsageError(f"--grid {args.grid} makes {groups} groups, more than --max-groups {args.max_groups} (each "
-                             f"costs {len(DONORS)} x --n {args.n} forward passes); give --max-groups {groups} to run "
-                             "them all, or fewer layers, parts or blocks")
-        args.cost = {"groups": groups, "examples": len(DONORS) * args.n * (groups + 2)}
-    check_output(args.out, "--out", kind="stem")
-    check_stem_free(args.out, SEARCH_SUFFIXES if args.search else SUFFIXES, args.overwrite)
+    args.plan = plan_patch(args.run, search=args.search, grid=args.grid, groups=args.group, per_head=args.per_head,
+                           layers=args.layers, queries=args.queries, key_blocks=args.key_blocks, sites=args.sites,
+                           n=args.n, confirm_n=args.confirm_n, tolerance=args.tolerance, max_groups=args.max_groups,
+                           split=args.split, variant=args.variant, prediction=args.prediction, seed=args.seed,
+                           attribution=args.attribution, out=args.out, overwrite=args.overwrite)
+    # what the map's title and layout read
+    args.grid, args.partition_grid = args.plan.grid, args.plan.partition_grid
+    args.split, args.variant = args.plan.split, args.plan.variant
 
 
 def _finite(value: Any) -> Any:
@@ -224,78 +109,20 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _correlations(exact, estimate) -> dict[str, float | None]:
-    """Pearson and Spearman correlation of two per-group vectors; None where undefined (fewer than 3
-    groups or a constant vector), computed without scipy's warnings."""
-    import numpy as np
-
-    if len(exact) < 3 or np.std(exact) == 0 or np.std(estimate) == 0:
-        return {"pearson": None, "spearman": None}
-    from scipy.stats import pearsonr, spearmanr
-
-    return {"pearson": float(pearsonr(exact, estimate)[0]), "spearman": float(spearmanr(exact, estimate)[0])}
-
-
-def _groups(args, task):
-    from latentcode.intervention.patching import (
-        SiteGroup,
-        head_grid,
-        partition_grid,
-        site_grid,
-        task_partitions,
-    )
-    from latentcode.sources.sites import parse_selector
-
-    if args.partition_grid:
-        return partition_grid(task_partitions(task), *args.partition_grid, layers=args.layers,
-                              n_heads=args.n_heads if args.per_head else None)
-    if args.grid == "rows":
-        return site_grid(args.n_layers, task.seq_len, layers=args.layers, queries=args.query_positions,
-                         key_blocks=args.key_blocks)
-    if args.grid == "heads":
-        return head_grid(args.n_layers, args.n_heads, sites=args.sites)
-    return [SiteGroup(parse_selector(spec, task), coordinates={"spec": spec}) for spec in args.group]
-
-
 def run(args: argparse.Namespace) -> None:
-    import torch
-
-    import latentcode
-    from latentcode.progress import Progress
+    from latentcode.files import AtomicOutputs
+    from latentcode.intervention.patching import patch
 
     started = time.time()
-    record = latentcode.Run(args.run)
-    model = record.load_model().eval()
-    task = record.task()
-    pairs = task.counterfactual_pairs(args.n, args.split, seed=args.seed, variant=args.variant, prediction=args.prediction)
     say = (lambda text: None) if args.quiet else (lambda text: print(text, flush=True))
-    what = "search" if args.search else f"{args.cost['groups']} groups"
-    say(f"cost: at most {args.cost['groups']} groups patched, about {args.cost['examples']:,} example forward passes "
-        f"({what}; {len(pairs)} pairs x {'2 donors to select, 3 to confirm' if args.search else '3 donors'}) on "
-        f"{args.split} ({args.variant})")
-    progress = Progress(args.cost["examples"], "patch", unit="example", enabled=not args.quiet)
-    progress.start()
-    summary: dict[str, Any] = {"run": str(args.run), "task": task.config(), "split": args.split, "variant": args.variant,
-                               "n": len(pairs), "prediction": pairs.prediction, "pairs": pairs.counts}
-    from latentcode.provenance import sha256_of_file
-
-    summary["checkpoint_sha256"] = sha256_of_file(record.directory.weights_path)  # a report shows it with this model only
-    try:
-        with torch.no_grad():
-            if args.search:
-                tables = _search(args, model, task, pairs, progress, summary)
-            else:
-                tables = _sweep(args, model, task, pairs, progress, summary)
-    finally:
-        progress.close()
+    result = patch(args.plan, progress=not args.quiet, say=say)
+    tables, summary = result.tables, result.summary
+    summary["run"] = str(args.run)
     summary["seconds"] = time.time() - started
-    from latentcode.files import AtomicOutputs
-
     table = tables[0]
-    figure = _draw_search(table, args, summary) if args.search else _draw(table, args, task, summary)
+    figure = _draw_search(table, args, summary) if args.search else _draw(table, args, args.plan.task, summary)
     stem = Path(args.out)
-    suffixes = SEARCH_SUFFIXES if args.search else SUFFIXES
-    paths = [stem.with_name(stem.name + suffix) for suffix in suffixes if suffix != ".png"]
+    paths = [stem.with_name(stem.name + suffix) for suffix in args.plan.suffixes if suffix != ".png"]
     with AtomicOutputs(lock=stem, purpose="latentcode patch") as outputs:
         for path, each in zip(paths, tables, strict=False):
             each.attrs = {}
@@ -311,47 +138,8 @@ def run(args: argparse.Namespace) -> None:
         best = table.loc[table["transfer"].idxmax()]
         say(f"largest transfer: {best['group']}: follow {best['follow (different)']:.3f} vs third-sub-task donor "
             f"{best['follow (third)']:.3f} (transfer {best['transfer']:.3f} ± {best['transfer se']:.3f}, damage "
-            f"{best['damage']:.3f} ± {best['damage se']:.3f}, n={len(pairs)})")
+            f"{best['damage']:.3f} ± {best['damage se']:.3f}, n={summary['n']})")
     say(f"wrote {', '.join(str(path) for path in paths)}, {stem}.png ({summary['seconds']:.0f} s)")
-
-
-def _sweep(args, model, task, pairs, progress, summary):
-    from latentcode.intervention.patching import attribution_patching
-    from latentcode.intervention.transfer import (
-        counterfactual_metrics,
-        output_position,
-        per_example,
-        transfer_sweep,
-    )
-
-    groups = _groups(args, task)
-    progress.begin(f"{len(groups)} groups x {len(pairs)} pairs x {len(DONORS)} donors")
-    table = transfer_sweep(model, task, pairs, groups, relations=DONORS, on_pass=progress.advance)
-    summary.update({"groups": len(groups), "forward_passes": table.attrs["forward_passes"]})
-    if args.attribution:
-        progress.begin("attribution")
-        metrics = counterfactual_metrics(pairs, task.objective, output_position(task, pairs.prediction))
-        attribution = attribution_patching(model, pairs.base.torch().x, pairs.donors["different"].torch().x,
-                                           metrics["logit_difference"], sites="*:*:*")
-        estimate = attribution.for_groups(groups)
-        exact = per_example(table, "different", "logit_difference") - table["logit_difference (unpatched)"].iloc[0]
-        table["logit_difference effect"] = exact.mean(1)
-        table["attribution estimate"] = estimate.mean(1)
-        summary["attribution_vs_exact"] = _correlations(exact.mean(1), estimate.mean(1))
-    return (table,)
-
-
-def _search(args, model, task, pairs, progress, summary):
-    from latentcode.intervention.patching import site_search
-
-    confirmation = task.counterfactual_pairs(args.confirm_n, args.split, seed=args.seed + 1, variant=args.variant,
-                                             prediction=args.prediction)
-    result = site_search(model, task, pairs, confirmation, layers=args.layers, tolerance=args.tolerance,
-                         on_pass=progress.advance, say=progress.begin)
-    summary.update({"search": result.settings, "confirmation_pairs": confirmation.counts,
-                    "found": result.found.name, "examples": result.examples,
-                    "route": result.confirmed.drop(columns=["group"]).to_dict("records")})
-    return result.confirmed, result.candidates
 
 
 UNMEASURED = "0.45"  # the map's colour of a cell with no group (mid grey: neither 0's white nor a sign)
@@ -487,4 +275,4 @@ def _draw_search(table, args, summary):
     return figure
 
 
-COMMAND = Command(register, check, run, order=60)
+COMMAND = Command(register, check, run, order=60, parameters={"run_or_model": "run", "groups": "group"})

@@ -26,14 +26,14 @@ def refused_without_torch(arguments):
 
 @pytest.mark.parametrize("arguments, message", [
     (["patch", str(SRAVEN), "--layers", "7"], "the model has 4 layers"),
-    (["patch", str(SRAVEN), "--group", "2:x:1"], "cannot read site '2:x:1'"),
+    (["patch", str(SRAVEN), "--group", "2:x:1"], "--group: cannot read site '2:x:1'"),
     (["patch", str(SRAVEN), "--split", "nope"], "--split: unknown split 'nope' for task 'sraven'; valid splits"),
     (["patch", str(SRAVEN), "--queries", "30..40"], "reaches past the sequence of 36 tokens"),
     (["patch", str(SRAVEN), "--grid", "rows", "--group", "2:*:*"], "give one of --search, --grid or --group"),
     (["patch", str(SRAVEN), "--search", "--grid", "slot"], "give one of --search, --grid or --group"),
     (["patch", str(SRAVEN), "--grid", "rows", "--key-blocks", "9"],
      "--grid rows makes 1296 groups, more than --max-groups 256"),
-    (["patch", str(SRAVEN), "--grid", "slot/nope"], "grid 'slot/nope': expected a partition name or QUERY/KEY"),
+    (["patch", str(SRAVEN), "--grid", "slot/nope"], "--grid 'slot/nope': expected a partition name or QUERY/KEY"),
     (["patch", str(SRAVEN), "--search", "--layers", "5"], "the model has 4 layers"),
     (["patch", str(REPOSITORY / "models" / "language-hyla")], "draws no counterfactual pairs"),
     (["patch", str(REPOSITORY / "nowhere")], "not a finished run directory"),
@@ -76,6 +76,33 @@ def test_patch_writes_the_numbers_transfer_sweep_gives(tmp_path):
     # run again: refused without --overwrite, nothing lost
     assert main([*arguments, "--group", "0:31:*"]) == 2
     assert pd.read_csv(stem.with_name("patch.csv")).shape == table.shape
+
+
+def test_the_python_entry_runs_the_plan_the_command_line_runs(tmp_path):
+    """Issue 33: `patch` (Python) and `latentcode patch` build one plan (`plan_patch`): the same groups, pairs
+    and numbers, and a plan that imports without torch."""
+    import subprocess
+
+    from latentcode.cli import main
+    from latentcode.intervention.patching import PatchPlan, patch, plan_patch
+
+    code = ("import sys; from latentcode.intervention.patching import plan_patch; "
+            f"plan_patch({str(FUZZY)!r}, grid='rows', layers='1', queries='31', key_blocks=4); "
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPOSITORY).stdout.strip() == "NO-TORCH"
+    plan = plan_patch(FUZZY, layers=[1], queries="31", key_blocks=4, n=16)
+    assert isinstance(plan, PatchPlan) and plan.grid == "rows" and plan.layers == (1,)
+    assert plan.query_positions == (31,) and plan.cost["groups"] == 4 and plan.out is None
+    result = patch(plan)
+    assert len(result.table) == 4 and result.summary["n"] == 16 and result.summary["groups"] == 4
+    stem = tmp_path / "rows"
+    assert main(["patch", str(FUZZY), "--layers", "1", "--queries", "31", "--key-blocks", "4", "--n", "16", "--quiet",
+                 "--out", str(stem)]) == 0
+    written = pd.read_csv(stem.with_name("rows.csv"))
+    assert written["group"].tolist() == result.table["group"].tolist()
+    for column in ("follow (different)", "follow (third)", "transfer", "damage"):
+        assert written[column].tolist() == pytest.approx(result.table[column].tolist(), abs=1e-12)
 
 
 def test_the_report_shows_a_patch_sweep_in_an_interventions_section(tmp_path):

@@ -39,24 +39,41 @@ confirmed on fresh ones):
     groups = partition_grid(task_partitions(task), "slot", "slot", layers=[2])
     result = site_search(model, task, selection_pairs, confirmation_pairs)    # -> SiteSearch
 
-The modules: `site_groups` (SiteGroup, site_grid, head_grid), `partitions` (task_partitions,
+A sweep of a run directory, as `latentcode patch` runs it (the pairs drawn from the run's task, the
+outputs checked first by the torch-free `plan_patch`, which the command line's check builds too):
+
+    result = patch("models/sraven-hyla", grid="slot", layers=[2], n=64)     # -> PatchResult
+    result.table, result.summary
+
+The modules: `plan` (plan_patch, PatchPlan), `run` (patch, PatchResult), `site_groups` (SiteGroup, site_grid, head_grid), `partitions` (task_partitions,
 partition_grid, part_group), `search` (site_search, SiteSearch), `inputs` (base and donor batches, the
 metric), `layer_codes` (record_codes: the codes of one pass per layer), `sweep` (patching_sweep,
 PatchingSweep), `attribution` (attribution_patching, Attribution, compare_attribution).
 """
 
-from latentcode.intervention.patching.attribution import (
-           Attribution,
-           attribution_patching,
-           compare_attribution,
-)
-from latentcode.intervention.patching.layer_codes import record_codes
-from latentcode.intervention.patching.partitions import part_group, partition_grid, task_partitions
-from latentcode.intervention.patching.search import SiteSearch, site_search
-from latentcode.intervention.patching.site_groups import SiteGroup, head_grid, site_grid
-from latentcode.intervention.patching.sweep import PatchingSweep, patching_sweep
-from latentcode.sources.sites import Positions
+from latentcode.lazy import lazy_exports
 
-__all__ = ["Attribution", "PatchingSweep", "Positions", "SiteGroup", "SiteSearch", "attribution_patching",
-           "compare_attribution", "head_grid", "part_group", "partition_grid", "patching_sweep", "record_codes",
-           "site_grid", "site_search", "task_partitions"]
+# Names load their module on first use, so the command line's check imports `plan` without torch.
+_WHERE = {
+    "Attribution": "latentcode.intervention.patching.attribution",
+    "attribution_patching": "latentcode.intervention.patching.attribution",
+    "compare_attribution": "latentcode.intervention.patching.attribution",
+    "record_codes": "latentcode.intervention.patching.layer_codes",
+    "part_group": "latentcode.intervention.patching.partitions",
+    "partition_grid": "latentcode.intervention.patching.partitions",
+    "task_partitions": "latentcode.intervention.patching.partitions",
+    "PatchPlan": "latentcode.intervention.patching.plan",
+    "plan_patch": "latentcode.intervention.patching.plan",
+    "PatchResult": "latentcode.intervention.patching.run",
+    "patch": "latentcode.intervention.patching.run",
+    "SiteSearch": "latentcode.intervention.patching.search",
+    "site_search": "latentcode.intervention.patching.search",
+    "SiteGroup": "latentcode.intervention.patching.site_groups",
+    "head_grid": "latentcode.intervention.patching.site_groups",
+    "site_grid": "latentcode.intervention.patching.site_groups",
+    "PatchingSweep": "latentcode.intervention.patching.sweep",
+    "patching_sweep": "latentcode.intervention.patching.sweep",
+    "Positions": "latentcode.sources.sites",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
+__all__ = sorted(_WHERE)
