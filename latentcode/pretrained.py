@@ -151,7 +151,7 @@ def check_causal_directory(path: Path) -> None:
         )
 
 
-def load_pretrained(path_or_name: str | Path, name: str | None = None, cache: Path | None = None) -> Pretrained:
+def load_pretrained(path_or_name: str | Path, name: str | None = None, cache: str | Path | None = None) -> Pretrained:
     """Load a causal LM offline: a Hugging Face directory, a `.gguf` file, or "smollm2".
 
     float32, eval mode, `attn_implementation="sdpa"`, `local_files_only`. A `.gguf` file is dequantised

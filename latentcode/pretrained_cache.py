@@ -46,10 +46,10 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def entry_of(gguf_path: Path, root: Path | None = None) -> tuple[Path, str]:
+def entry_of(gguf_path: Path, root: str | Path | None = None) -> tuple[Path, str]:
     """The cache directory of a `.gguf` file and the file's SHA-256."""
     sha256 = file_sha256(gguf_path)
-    return (root or cache_root()) / "gguf" / f"{gguf_path.stem}-{sha256[:16]}", sha256
+    return (Path(root) if root else cache_root()) / "gguf" / f"{gguf_path.stem}-{sha256[:16]}", sha256
 
 
 def usable(entry: Path, sha256: str) -> bool:

@@ -94,3 +94,8 @@ def test_the_cache_root_is_the_environment_variable_or_the_home_cache(monkeypatc
     assert pretrained_cache.cache_root() == tmp_path
     monkeypatch.delenv("LATENTCODE_CACHE")
     assert pretrained_cache.cache_root() == pretrained_cache.Path.home() / ".cache" / "latentcode"
+
+
+def test_a_cache_given_as_text_is_a_directory(source, tmp_path):
+    entry, sha256 = pretrained_cache.entry_of(source, str(tmp_path))
+    assert entry == tmp_path / "gguf" / f"model-{sha256[:16]}"
