@@ -14,8 +14,9 @@ whole layer.
     python analyses/rule_localisation.py --gather                               # the page shows search.csv
 
 Writes under --out (default analyses/results/interventions/localisation): `MODEL/search.csv` (the
-route and the hand-made groups on the confirmation pairs), `MODEL/search-candidates.csv` (every
-candidate the search weighed, on the selection pairs) and `MODEL/search.json`.
+route and the hand-made groups on the confirmation pairs), `MODEL/search-per-rule.csv` (the same
+groups per target rule r'), `MODEL/search-candidates.csv` (every candidate the search weighed, on the
+selection pairs) and `MODEL/search.json`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import json
 import time
 from pathlib import Path
 
-from rule_localisation import FUZZY_MODELS, OUT, SRAVEN_MODELS, output_set
+from rule_localisation import FUZZY_MODELS, OUT, SRAVEN_MODELS, output_set, per_target_rule
 
 COLUMNS = ["group kind", "step", "layer", "n_queries", "n_keys", "n", "follow (different)", "follow (third)",
            "transfer", "transfer se", "keep (unpatched)", "keep (same)", "damage", "damage se", "group"]
@@ -71,6 +72,11 @@ def search_model(name: str, run_dir: Path, args) -> dict:
     table["group kind"] = "hand-made"
     route = result.confirmed.copy()
     route["group kind"] = "search route"
+    per_rule = pd.DataFrame([{"group kind": kind, "step": step, **row}
+                             for frame, kind in ((route, "search route"), (table, "hand-made"))
+                             for index, step in enumerate(frame["step"])
+                             for row in per_target_rule(frame, confirmation, index)])
+    route.attrs, table.attrs = {}, {}  # per-example arrays of different lengths: pandas compares attrs on concat
     both = pd.concat([route, table], ignore_index=True)
     both["keep (unpatched)"] = both["keep (unpatched)"].astype(float)
     frame = both[[column for column in COLUMNS if column in both.columns]]
@@ -83,6 +89,7 @@ def search_model(name: str, run_dir: Path, args) -> dict:
     with output_set(args) as outputs:
         outputs.write_text(out / "search.csv", frame.to_csv(index=False))
         outputs.write_text(out / "search-candidates.csv", result.candidates.to_csv(index=False))
+        outputs.write_text(out / "search-per-rule.csv", per_rule.to_csv(index=False))
         outputs.write_text(out / "search.json", json.dumps(summary, indent=2, default=str) + "\n")
     print(frame.drop(columns=["group"]).to_string(index=False), flush=True)
     return summary

@@ -270,6 +270,28 @@ def fit_subspaces(model, task, selected, evaluation, position, is_sraven, varian
     return rows
 
 
+def per_target_rule(table, pairs, group: int) -> list[dict]:
+    """Rows of one group of a `transfer_sweep` table (relations different, third, same), for all pairs
+    and per target rule r' (the different donor's part): follow r', the third donor's follow, their
+    paired difference (transfer) with its s.e., and the same-rule donor's keep."""
+    from latentcode.intervention import per_example
+
+    target = pairs.donor_parts["different"]
+    follow_r, follow_third = (per_example(table, relation, "follow")[group] for relation in ("different", "third"))
+    keep = per_example(table, "same", "keep")[group]
+    rows = []
+    for part in [None, *np.unique(target)]:
+        mask = np.ones(len(target), bool) if part is None else target == part
+        n = int(mask.sum())
+        paired = follow_r[mask] - follow_third[mask]
+        rows.append({"target r'": "all" if part is None else pairs.part_names[int(part)], "n": n,
+                     "follow r' (different donor)": float(follow_r[mask].mean()),
+                     "follow r' (third donor)": float(follow_third[mask].mean()), "transfer": float(paired.mean()),
+                     "transfer se (paired)": float(paired.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan"),
+                     "keep (same-rule donor)": float(keep[mask].mean())})
+    return rows
+
+
 # -- confirmation on many pairs -----------------------------------------------------------------------
 def confirm(name: str, run_dir: Path, args) -> None:
     """The selected group of a measured model (its summary.json) on `args.confirm` fresh OOD pairs (seed
@@ -277,7 +299,7 @@ def confirm(name: str, run_dir: Path, args) -> None:
     import pandas as pd
 
     import latentcode
-    from latentcode.intervention import per_example, transfer_sweep
+    from latentcode.intervention import transfer_sweep
     from latentcode.intervention.patching import SiteGroup
     from latentcode.sources import parse_selector
 
@@ -289,19 +311,7 @@ def confirm(name: str, run_dir: Path, args) -> None:
                                       prediction=task.n_predictions - 1)
     group = SiteGroup(parse_selector(summary["selected_group"], task))
     table = transfer_sweep(model, task, pairs, [group], relations=("different", "third", "same"))
-    target = pairs.donor_parts["different"]
-    rows = []
-    for part in [None, *np.unique(target)]:
-        mask = np.ones(len(target), bool) if part is None else target == part
-        n = int(mask.sum())
-        follow = float(per_example(table, "different", "follow")[0][mask].mean())
-        third = float(per_example(table, "third", "follow")[0][mask].mean())
-        paired = per_example(table, "different", "follow")[0][mask] - per_example(table, "third", "follow")[0][mask]
-        rows.append({"target r'": "all" if part is None else pairs.part_names[int(part)], "n": n,
-                     "follow r' (different donor)": follow, "follow r' (third donor)": third, "transfer": follow - third,
-                     "transfer se (paired)": float(paired.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan"),
-                     "keep (same-rule donor)": float(per_example(table, "same", "keep")[0][mask].mean())})
-    frame = pd.DataFrame(rows)
+    frame = pd.DataFrame(per_target_rule(table, pairs, 0))
     summary["confirm_command"] = (f"python analyses/rule_localisation.py --runs-from {args.runs_from} --model {name} "
                                   f"--confirm {args.confirm}")
     with output_set(args) as outputs:
@@ -424,7 +434,30 @@ def search_section(out: Path, name: str, markdown) -> list[str]:
     return [f"Found without being told (`{found['command']}`, {found['minutes']:.1f} min): "
             f"{found['found'].replace('|', chr(92) + '|')}. The search's route (chosen on {found['selection_pairs']} "
             f"selection pairs) and the hand-made groups, on the same {found['confirmation_pairs']} fresh pairs (seed 4); "
-            "transfer se paired, damage = keep (unpatched) - keep (same-rule donor):", "", markdown(table), ""]
+            "transfer se paired, damage = keep (unpatched) - keep (same-rule donor):", "", markdown(table), "",
+            *per_rule_lines(out, name, markdown)]
+
+
+def per_rule_lines(out: Path, name: str, markdown, min_pairs: int = 20) -> list[str]:
+    """Per target rule r' (with at least `min_pairs` confirmation pairs): transfer ± s.e. and the
+    same-rule donor's keep of the found group and the hand-made groups but the whole layer."""
+    import pandas as pd
+
+    if not (out / name / "search-per-rule.csv").is_file():
+        return []
+    rows = pd.read_csv(out / name / "search-per-rule.csv")
+    found = rows[rows["group kind"] == "search route"]["step"].iloc[-1]
+    chosen = rows[(rows["step"] == found) | ((rows["group kind"] == "hand-made") & (rows["step"] != "whole layer"))]
+    chosen = chosen[(chosen["n"] >= min_pairs) & (chosen["target r'"] != "all")]
+    if chosen.empty:
+        return []
+    labels = {step: "found" if step == found else step for step in chosen["step"].unique()}
+    cells = chosen.assign(cell=[f"{t:.3f} ± {se:.3f} (keep {k:.2f})" for t, se, k in zip(
+        chosen["transfer"], chosen["transfer se (paired)"], chosen["keep (same-rule donor)"], strict=True)])
+    table = cells.pivot_table(index=["target r'", "n"], columns="step", values="cell", aggfunc="first", sort=False)
+    table = table[list(labels)].rename(columns=labels).reset_index()
+    return [f"Per target rule r' with at least {min_pairs} of the confirmation pairs (transfer ± s.e., and the "
+            "same-rule donor's keep), `search-per-rule.csv`:", "", markdown(table), ""]
 
 
 def markdown(frame) -> str:
