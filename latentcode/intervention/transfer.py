@@ -111,9 +111,18 @@ def transfer_sweep(model: nn.Module, task: Any, pairs: Any, groups: Sequence[Sit
             row["damage se"] = float(lost.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
         rows.append(row)
     table = pd.DataFrame(rows)
-    table.attrs["per_example"] = {relation: sweep.patched for relation, sweep in sweeps.items()}
+    table.attrs["per_example"] = PerExample({relation: sweep.patched for relation, sweep in sweeps.items()})
     table.attrs["forward_passes"] = sum(sweep.forward_passes for sweep in sweeps.values())
     return table
+
+
+class PerExample(dict):
+    """`{relation: {metric: [groups, n] array}}` behind a table, compared by identity: pandas compares
+    the attrs of the tables it concatenates, and arrays of different lengths cannot be compared
+    (`pd.concat` of two sweeps on different pairs raised); unequal attrs are dropped instead."""
+
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
 
 
 def per_example(table, relation: str, metric: str) -> np.ndarray:

@@ -168,6 +168,10 @@ def test_the_search_finds_a_planted_strided_block_without_being_told():
     planted = transfer_sweep(model, task, _pairs(64, seed=1), [part_group(1, BLOCK, BLOCK)],
                              relations=("different", "third", "same"))
     assert route["transfer"].iloc[-1] >= planted["transfer"].iloc[0] - 2 * planted["transfer se"].iloc[0]  # ... as the block
+    import pandas as pd
+
+    both = pd.concat([route, planted], ignore_index=True)  # two sweeps on different pairs (pandas compares attrs)
+    assert len(both) == len(route) + 1 and "per_example" not in both.attrs
     assert route["damage"].iloc[-1] == pytest.approx(0.0, abs=1e-9)  # a same-rule donor changes nothing here
     layer_0 = result.candidates[(result.candidates["stage"] == "layer") & (result.candidates["layer"] == 0)]
     assert layer_0["transfer"].iloc[0] == pytest.approx(0.0, abs=1e-9)
