@@ -99,9 +99,9 @@ def test_demo_never_overwrites_an_existing_directory(tmp_path):
     assert fresh_directory(tmp_path / "latentcode-demo") == tmp_path / "latentcode-demo-2"
 
 
+# fuzzy_logic's shipped trio is run by tests/test_install.py's installed demo (the default task), not again here.
 @pytest.mark.slow
-@pytest.mark.parametrize(("task", "checkpoints"), [("fuzzy_logic", None), ("sraven", None), ("sraven", "permuted"),
-                                                   ("language", None)])
+@pytest.mark.parametrize(("task", "checkpoints"), [("sraven", None), ("sraven", "permuted"), ("language", None)])
 def test_demo_from_the_shipped_checkpoints(tmp_path, task, checkpoints, capsys):
     for attention in ("softmax", "linear", "hyla"):
         assert (shipped_run(task, attention, checkpoints=checkpoints) / "model").is_dir(), \

@@ -360,6 +360,10 @@ KILL_PHASES = [
 ]
 
 
+WRITING_PHASES = {"creating the run directory", "appending to metrics.jsonl", "writing a checkpoint",
+                  "writing model/", "writing summary.json"}
+
+
 def test_the_campaign_reaches_every_phase(campaign):
     assert {event.phase for event in campaign[3]} == set(KILL_PHASES)
 
@@ -409,17 +413,23 @@ def test_a_resume_killed_while_resuming_resumes_again(campaign, tmp_path):
 
 @pytest.mark.slow
 def test_every_kill_point_resumes_to_the_uninterrupted_run(campaign, tmp_path, capsys):
-    """Kill at every distinct line event of a 6-step run (a line counts once per phase and number
-    of checkpoints written: 384 kills), continue, and print how many of each phase came out
-    equal to the uninterrupted run."""
+    """Kill at every distinct line event of a 6-step run where something is being written (a line
+    counts once per phase, before and after the first complete checkpoint; the lines that prune a
+    checkpoint run only from the third on and are killed too), and at the first line of every
+    function of the phases where nothing is written (a kill there leaves the files as the previous
+    write left them, whichever line it hits). Fewer kills than one per line and checkpoint count,
+    for CI's time. Continue each, and print how many of each phase came out equal to the
+    uninterrupted run."""
     _, _, reference, events = campaign
     first_of_each = {}
     for index, event in enumerate(events):
-        first_of_each.setdefault(event, index)
+        key = (event._replace(checkpoints=min(event.checkpoints, 1)) if event.phase in WRITING_PHASES
+               else (event.phase, event.function))
+        first_of_each.setdefault(key, index)
     outcomes: dict[str, list[bool]] = defaultdict(list)
     failures = []
-    for event, index in first_of_each.items():
-        where = tmp_path / f"kill-{index}"
+    for index in first_of_each.values():
+        event, where = events[index], tmp_path / f"kill-{index}"
         try:
             assert_same_run(reference, kill_and_continue(campaign, index, where))
             outcomes[event.phase].append(True)
