@@ -86,3 +86,34 @@ def localisation_section() -> str:
     if len(lines) == 2:
         return "Not measured yet: `python analyses/rule_localisation.py --runs-from models --model all`."
     return "\n".join(lines)
+
+
+def search_section() -> str:
+    """Issue 31's search (analyses/localisation_search.py) on each shipped model, one row each: the group
+    found without being told and the whole layer it lies in, beside the best hand-made group where there
+    is one (unpermuted SRAVEN: the queried feature's 8 context cells among themselves), every figure on
+    the same fresh confirmation pairs, transfer and damage ± paired s.e."""
+    import pandas as pd
+
+    def cell(row, what: str) -> str:
+        return f"{row[what]:.3f} ± {row[what + ' se']:.3f}"
+
+    lines = ["| model | layer | found (queries x keys) | transfer | damage | 8 x 8 context cells: transfer | damage | "
+             "whole layer: transfer | damage | n | minutes |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    # a found group whose transfer is not 2 s.e. above zero is shown in brackets: the route ended in noise
+    for folder in sorted(LOCALISATION.glob("*/search.json")):
+        found = json.loads(folder.read_text())
+        table = pd.read_csv(folder.parent / "search.csv")
+        route, hand_made = table[table["group kind"] == "search route"], table[table["group kind"] == "hand-made"]
+        last = route.iloc[-1]
+        block = hand_made[hand_made["step"].str.contains("8 x 8")]
+        whole = hand_made[hand_made["step"] == "whole layer"].iloc[0]
+        eight = (cell(block.iloc[0], "transfer"), cell(block.iloc[0], "damage")) if len(block) else ("-", "-")
+        shape = f"{int(last['n_queries'])} x {int(last['n_keys'])}"
+        shape = shape if last["transfer"] > 2 * last["transfer se"] else f"({shape}: nothing transfers)"
+        lines.append(f"| {found['model']} | {int(last['layer'])} | {shape} | "
+                     f"{cell(last, 'transfer')} | {cell(last, 'damage')} | {eight[0]} | {eight[1]} | "
+                     f"{cell(whole, 'transfer')} | {cell(whole, 'damage')} | {int(last['n'])} | {found['minutes']:.1f} |")
+    if len(lines) == 2:
+        return "Not measured yet: `python analyses/localisation_search.py --model all`."
+    return "\n".join(lines)

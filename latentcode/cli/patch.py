@@ -133,12 +133,15 @@ def run(args: argparse.Namespace) -> None:
     if args.search:
         found = table.iloc[-1]
         say(f"found: {found['group']} ({found['step']}): transfer {found['transfer']:.3f} ± {found['transfer se']:.3f}, "
-            f"damage {found['damage']:.3f} ± {found['damage se']:.3f} on {int(found['n'])} fresh pairs")
+            f"damage {found['damage']:.3f} ± {found['damage se']:.3f} on {int(found['n'])} fresh pairs"
+            + ("" if _clear(found) else "; not above 2 s.e. of zero: nothing this search weighed transfers the "
+               "sub-task on these pairs (the route ends in noise)"))
     else:
         best = table.loc[table["transfer"].idxmax()]
         say(f"largest transfer: {best['group']}: follow {best['follow (different)']:.3f} vs third-sub-task donor "
             f"{best['follow (third)']:.3f} (transfer {best['transfer']:.3f} ± {best['transfer se']:.3f}, damage "
-            f"{best['damage']:.3f} ± {best['damage se']:.3f}, n={summary['n']})")
+            f"{best['damage']:.3f} ± {best['damage se']:.3f}, n={summary['n']})"
+            + ("" if _clear(best) else "; not above 2 s.e. of zero: no group given transfers the sub-task"))
     say(f"wrote {', '.join(str(path) for path in paths)}, {stem}.png ({summary['seconds']:.0f} s)")
 
 
@@ -276,3 +279,8 @@ def _draw_search(table, args, summary):
 
 
 COMMAND = Command(register, check, run, order=60, parameters={"run_or_model": "run", "groups": "group"})
+
+
+def _clear(row) -> bool:
+    """A transfer more than 2 (paired) standard errors above zero."""
+    return bool(row["transfer"] > 2 * row["transfer se"])

@@ -140,3 +140,16 @@ def test_patch_says_its_cost_and_progress_off_a_terminal_and_nothing_under_quiet
     assert "NaN" not in text and json.loads(text)["attribution_vs_exact"] == {"pearson": None, "spearman": None}
     table = pd.read_csv(tmp_path / "quiet.csv")
     assert {"damage", "damage se", "keep (same)"} <= set(table.columns)
+
+
+def test_patch_says_when_nothing_transfers(tmp_path, capsys):
+    """sraven-softmax's codes carry no rule (0.000 ± 0.000 on 2,048 pairs, analyses/RESULTS.md) and
+    sraven-hyla's queried-feature context cells do (0.20 ± 0.013): only the first is called noise."""
+    from latentcode.cli import main
+
+    cells = "|".join(str(position) for position in range(3, 32, 4))
+    for model, group, noise in ((SRAVEN.with_name("sraven-softmax"), "0:*:*", True),
+                                (SRAVEN, f"2:{cells}:{cells}", False)):
+        assert main(["patch", str(model), "--n", "96", "--group", group, "--out", str(tmp_path / model.name)]) == 0
+        printed = capsys.readouterr().out
+        assert "largest transfer" in printed and ("not above 2 s.e. of zero" in printed) == noise, printed
