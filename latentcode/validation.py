@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -83,7 +84,8 @@ def check_output(path: str | Path, flag: str | None = None, kind: str = "file") 
 
     kind: "file" (must not be a directory), "directory" (must not be a file) or "stem" (the
     start of file names, e.g. a figure's; either is fine). The nearest existing directory on the
-    way to `path` must be one this process may write in. `flag` starts each message (None: the
+    way to `path` must be one this process may write in, and one that lets it create something:
+    an empty directory is made there and removed at once. `flag` starts each message (None: the
     message starts with the path; a plan step names its parameter with `errors.about`).
     """
     from latentcode.files import check_replaceable
@@ -108,6 +110,11 @@ def check_output(path: str | Path, flag: str | None = None, kind: str = "file") 
         raise UsageError(f"{named}: {place} is a file, not a directory, so nothing can be written under it")
     if not os.access(place, os.W_OK | os.X_OK):
         raise UsageError(f"{named}: cannot write in {place} ({_why_not_writable(place)}); choose {choose}")
+    try:  # permissions pass, yet some places refuse every new entry (/proc, /sys; root passes os.access anywhere)
+        os.rmdir(tempfile.mkdtemp(prefix=".latentcode-check-", dir=place))
+    except OSError as error:
+        raise UsageError(f"{named}: cannot write in {place} (creating anything there fails: {error.strerror}); "
+                         f"choose {choose}") from None
     if kind == "file":
         check_replaceable(path, flag or "")  # a symbolic link, a device or a FIFO is never written through
     return path
