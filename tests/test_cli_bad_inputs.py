@@ -601,7 +601,7 @@ BAD_INPUTS = [
     ("report-patch-of-another-task", ["report", "--codes", "{fuzzy.h5}", "--patch", "{patch_sraven}"],
      "--patch {patch_sraven.json} (task 'sraven') comes from another task than codes file {fuzzy.h5}"),
     ("report-patch-map-a-planted-link", ["report", "--codes", "{fuzzy.h5}", "--patch", "{patch_planted}"],
-     "--patch map {patch_planted.png} is a symbolic link -> {victim.txt}; latentcode reads only regular files"),
+     "--patch {patch_planted.png} is a symbolic link -> {victim.txt}; latentcode reads only regular files"),
     ("report-patch-copy-onto-a-planted-link", ["report", "--codes", "{fuzzy.h5}", "--patch", "{patch_good}", "--out",
                                                "{mine.html}", "--overwrite"], "is a symbolic link"),
     # issue 34: a model directory's own config is checked as a run's is
@@ -795,6 +795,12 @@ def _plan_mistake(command: str, args) -> Exception | None:
 
     if command == "train":
         return _train_plan_mistake(args)
+    if command in ANALYSIS_PLANS:
+        try:
+            ANALYSIS_PLANS[command][0](args)
+        except Exception as error:  # noqa: BLE001 - returned to be compared
+            return error
+        return None
     if command == "patch":
         from latentcode.intervention.patching.plan import plan_patch
 
@@ -839,6 +845,10 @@ def _public_api_error(command: str, args) -> Exception:
 
     if command == "train":
         return _train_api_error(args)
+    if command in ANALYSIS_PLANS:
+        with pytest.raises(Exception) as raised:  # noqa: PT011 - which class is compared below
+            ANALYSIS_PLANS[command][1](args)
+        return raised.value
     if command == "patch":
         with pytest.raises(Exception) as raised:  # noqa: PT011 - which class is compared below
             patch(args.run, **_patch_options(args))
@@ -913,7 +923,28 @@ def _train_api_error(args) -> Exception:
     return raised.value
 
 
-API_ROWS = [row for row in BAD_INPUTS if row[1] and row[1][0] in ("extract", "intervene", "train", "patch")
+def _report_options(args) -> dict:
+    return {"label": args.label, "fit_split": args.fit_split, "test_split": args.test_split,
+            "methods": tuple(args.method or ["tsne"]), "max_points": args.max_points, "title": args.title,
+            "overwrite": args.overwrite, "patches": args.patch or (), "max_rows": args.max_rows}
+
+
+def _plan_report(args):
+    from latentcode.analysis.report_plan import plan_report
+
+    return plan_report(args.runs, args.codes or (), args.out, **_report_options(args))
+
+
+def _build_report(args):
+    from latentcode.analysis.report import build_report
+
+    return build_report(args.runs, args.codes or (), args.out, progress=False, **_report_options(args))
+
+
+# command: (its plan step, the public function a Python user calls), each given the parsed arguments
+ANALYSIS_PLANS = {"report": (_plan_report, _build_report)}
+
+API_ROWS = [row for row in BAD_INPUTS if row[1] and row[1][0] in ("extract", "intervene", "train", "patch", *ANALYSIS_PLANS)
             and "{locked}" not in str(row) and "{readonly}" not in str(row)]
 
 

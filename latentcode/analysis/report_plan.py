@@ -133,7 +133,7 @@ def plan_report(
     with about("patches"):
         for stem in patches:
             for suffix in (".csv", ".json"):
-                check_input_file(f"{stem}{suffix}", "patches")
+                check_input_file(f"{stem}{suffix}", "")
     with about("run_dirs"):
         runs = [RunRecord.read(run_dir) for run_dir in run_dirs]
     with about("codes_files" if codes_files else "run_dirs"):
@@ -143,9 +143,9 @@ def plan_report(
     check_one_task(code_files, runs)
     check_codes_from_runs(runs, code_files)
     with about("patches"):  # damaged, or of another task or model: refused before any work
-        outputs = [read_patch_output(stem, "patches") for stem in patches]
+        outputs = [read_patch_output(stem, "") for stem in patches]
         for output in outputs:
-            check_patch_provenance(output, code_files, runs, "patches")
+            check_patch_provenance(output, code_files, runs, "")
     if code_files:
         probe_label = default_label(code_files, label, "a label (label=, or --label)")
         with about("label"):
@@ -156,7 +156,7 @@ def plan_report(
         check_output(out)
     for output in outputs:  # where the map's copy goes: never through a planted link
         with about("patches"):
-            check_replaceable(files_dir_of(out) / f"patch_{output.stem.name}.png", "patches map's copy")
+            check_replaceable(files_dir_of(out) / f"patch_{output.stem.name}.png", "")
     check_report_outputs_free(out, overwrite)
     return ReportPlan(tuple(runs), tuple(map(Path, run_dirs)), tuple(code_files), tuple(outputs), out,
                       files_dir_of(out), label, fit_split, test_split, embedding_split, tuple(methods), max_points,
