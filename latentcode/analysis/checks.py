@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from latentcode.errors import LatentcodeError, UsageError
+from latentcode.safe_reads import prefixed
 
 
 class MissingInput(LatentcodeError, FileNotFoundError):
@@ -24,7 +25,7 @@ class MissingInput(LatentcodeError, FileNotFoundError):
 def check_input_file(path: str | Path, what: str) -> Path:
     """An existing, readable file (not a directory); `what` ("" for none) starts each message."""
     path = Path(path)
-    named = f"{what} {path}" if what else str(path)
+    named = prefixed(what, path)
     if not path.exists():
         raise MissingInput(f"{named} does not exist")
     if path.is_dir():
@@ -69,7 +70,7 @@ def default_label(code_files: Sequence, label: str | None, flag: str = "--label"
 def check_label(code_file, spec: str, what: str) -> None:
     """The label spec names a per-example array of the file (its index is checked when read)."""
     if label_name(spec) not in available_label_names(code_file):
-        raise UsageError(f"{what} {spec}: {code_file.path} has no label {label_name(spec)!r}; "
+        raise UsageError(f"{prefixed(what, spec)}: {code_file.path} has no label {label_name(spec)!r}; "
                          f"its labels are {available_label_names(code_file)}")
 
 
@@ -83,11 +84,12 @@ def check_one_column(code_file, spec: str, what: str) -> None:
     with h5py.File(code_file.path, "r") as file:
         shape = file[f"labels/{name}"].shape[1:]
     if shape:
-        raise UsageError(f"{what} {spec}: label {name!r} has shape [N, {', '.join(map(str, shape))}]: colour by one "
+        raise UsageError(f"{prefixed(what, spec)}: label {name!r} has shape [N, {', '.join(map(str, shape))}]: colour by one "
                          f"column, e.g. {name}[0]")
 
 
-def check_decodable(code_file, spec: str, what: str, split: str, split_what: str = "--fit-split") -> None:
+def check_decodable(code_file, spec: str, what: str, split: str,
+                    advice: str = "choose another --label or --fit-split") -> None:
     """A label a probe can learn: not one value for every example of the fitting split (for a
     multi-column label such as term_present, not one value per column: nothing to decode)."""
     name = label_name(spec)
@@ -98,8 +100,8 @@ def check_decodable(code_file, spec: str, what: str, split: str, split_what: str
     if len(rows) and (rows == rows[:1]).all():
         same = (f"in each of its {rows.shape[1]} columns" if rows.shape[1] > 1 else f"({rows[0, 0]})")
         raise UsageError(
-            f"{what} {spec}: every example of split {split!r} in {code_file.path} has the same value {same}; "
-            f"a probe needs at least two classes to learn from (choose another {what} or {split_what})"
+            f"{prefixed(what, spec)}: every example of split {split!r} in {code_file.path} has the same value {same}; "
+            f"a probe needs at least two classes to learn from ({advice})"
         )
 
 
@@ -107,4 +109,5 @@ def check_splits(code_file, splits: Mapping[str, str | None]) -> None:
     """Each `{what: split}` names a split of the codes file."""
     for what, split in splits.items():
         if split is not None and split not in code_file.splits:
-            raise UsageError(f"{what} {split}: {code_file.path} has no split {split!r}; its splits are {code_file.splits}")
+            raise UsageError(f"{prefixed(what, split)}: {code_file.path} has no split {split!r}; its splits are "
+                             f"{code_file.splits}")
