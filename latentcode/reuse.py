@@ -23,15 +23,77 @@ analysis) as `latentcode.demo` does, so it lives at the package's top level.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from latentcode.errors import LatentcodeError
+from latentcode.errors import LatentcodeError, about
+from latentcode.validation import SEED_LIMIT, check_integer, check_output, check_output_stem
 
-__all__ = ["code_reuse", "reuse_task_problem"]
+__all__ = ["ReusePlan", "code_reuse", "plan_reuse", "reuse_task_problem"]
+
+SUFFIXES = (".csv", ".json")  # of the table `latentcode reuse --out STEM` writes
 
 
 class CodeReuseError(LatentcodeError, ValueError):
     """A run or codes file the code-reuse score cannot be measured on; says why."""
+
+
+@dataclass(frozen=True)
+class ReusePlan:
+    """The score of the finished run `run` (its `task`), its codes read from or extracted into `codes`;
+    the table written at the stem `out` (None: returned only)."""
+
+    run: Path
+    task: Any
+    codes: Path
+    n_codes: int = 2048
+    n_pairs: int = 256
+    seed: int = 0
+    batch_size: int = 256
+    out: Path | None = None
+    overwrite: bool = False
+
+
+def plan_reuse(run: str | Path, *, codes: str | Path, n_codes: int = 2048, n_pairs: int = 256, seed: int = 0,
+               batch_size: int = 256, out: str | Path | None = None, overwrite: bool = False) -> ReusePlan:
+    """The plan of `code_reuse` (and of `latentcode reuse`) with these arguments, or the first mistake in
+    them, without torch: a finished run with weights, of a task the score applies to; sizes; a codes
+    path that can be written, or codes already there of this run's model and sites; the table's stem."""
+    from latentcode.provenance import check_codes_from_runs
+    from latentcode.rundir import RunDirectory, RunRecord
+    from latentcode.store import CodeFile
+    from latentcode.tasks import get_task
+
+    path = Path(run)
+    with about("run"):
+        if not (path.is_dir() and RunDirectory(path).looks_like_a_run()):
+            raise CodeReuseError(f"{path} is not a run directory (config.json, model/); expected a finished run")
+        if not (path / "model" / "model.safetensors").is_file():
+            raise CodeReuseError(f"{path} has no final model (model/model.safetensors): the run has not finished, "
+                                 "or was recorded without weights")
+        record = RunRecord.read(path)
+        task = get_task(**record.task_config)
+        problem = reuse_task_problem(task)
+        if problem:
+            raise CodeReuseError(f"{path}: {problem}")
+    sizes = [check_integer(name, value, 1, error=CodeReuseError)
+             for name, value in (("n_codes", n_codes), ("n_pairs", n_pairs), ("batch_size", batch_size))]
+    seed = check_integer("seed", seed, 0, SEED_LIMIT - 1, error=CodeReuseError)
+    with about("codes"):
+        codes = check_output(codes)
+        if codes.exists():  # codes of this run only (its weights' checksum, its task, its sites)
+            existing, analysis = CodeFile(codes), task.analysis
+            check_codes_from_runs([record], [existing])
+            if existing.selector.get("name") not in (None, analysis.selector) or existing.selector.get(
+                    "variant") not in (None, analysis.variant):
+                raise CodeReuseError(f"{codes} holds codes of {existing.selector}; the score reads the task's "
+                                     f"{analysis.selector} sites on its {analysis.variant} variant: give another "
+                                     "codes path")
+    if out is not None:
+        with about("out"):
+            out = check_output_stem(out, SUFFIXES, overwrite)
+    return ReusePlan(path, task, codes, *sizes[:2], seed, sizes[2], out, overwrite)
 
 
 def reuse_task_problem(task) -> str:
@@ -57,7 +119,8 @@ def _arrays(code_file, label: str, split: str):
 
 def code_reuse(run: str | Path, *, codes: str | Path, n_codes: int = 2048, n_pairs: int = 256, seed: int = 0,
                batch_size: int = 256, progress: bool = False):
-    """The three parts and the combined score of the run `run` (module docstring), as a pandas table
+    """The three parts and the combined score of the run `run` (module docstring), after the checks of
+    `plan_reuse` (the command line's, too), as a pandas table
     with one row per part (columns of `ReusePart.row`, plus ``follow_different_se``-style detail in
     ``note``); ``table.attrs``: ``score`` (the combined score), ``ood_r2`` (the run's final OOD R²
     where recorded), ``codes`` (the codes file), ``pairs`` (the transplant pairs' counts)."""
@@ -76,25 +139,10 @@ def code_reuse(run: str | Path, *, codes: str | Path, n_codes: int = 2048, n_pai
     from latentcode.sources.sites import parse_selector
     from latentcode.store import CodeFile
 
-    record = latentcode.Run(run)
-    task = record.task()
-    problem = reuse_task_problem(task)
-    if problem:
-        raise CodeReuseError(f"{run}: {problem}")
+    plan = plan_reuse(run, codes=codes, n_codes=n_codes, n_pairs=n_pairs, seed=seed, batch_size=batch_size)
+    record, task, codes = latentcode.Run(run), plan.task, plan.codes
     analysis = task.analysis
-    codes = Path(codes)
-    splits_there = set()
-    if codes.exists():  # codes of this run only (its weights' checksum, its task), else a one-line error
-        from latentcode.provenance import check_codes_from_runs
-        from latentcode.rundir import RunRecord
-
-        existing = CodeFile(codes)
-        check_codes_from_runs([RunRecord.read(Path(run))], [existing])
-        if existing.selector.get("name") not in (None, analysis.selector) or existing.selector.get(
-                "variant") not in (None, analysis.variant):
-            raise CodeReuseError(f"{codes} holds codes of {existing.selector}; the score reads the task's "
-                                 f"{analysis.selector} sites on its {analysis.variant} variant: give another codes path")
-        splits_there = set(existing.splits)
+    splits_there = set(CodeFile(codes).splits) if codes.exists() else set()
     for split in ("train", "ood"):
         if split not in splits_there:
             latentcode.extract(run, sites=analysis.selector, split=split, n=n_codes, out=codes,

@@ -29,6 +29,11 @@ class UnreadableInput(UnsafePath):
     """An input that is not what it should be: too large, of another format, unreadable."""
 
 
+def prefixed(what: str, path: str | Path) -> str:
+    """`what path`, or the path alone where `what` is "" (a plan step's message starts with the value)."""
+    return f"{what} {path}" if what else str(path)
+
+
 def read_regular_file(path: str | Path, what: str, max_bytes: int, check_head=None, head_bytes: int = 0) -> bytes:
     """The bytes of `path`, a regular file of at most `max_bytes`; a link (even to a readable
     file), a directory, a FIFO or a device is refused without being followed or opened for data.
@@ -39,15 +44,15 @@ def read_regular_file(path: str | Path, what: str, max_bytes: int, check_head=No
         descriptor = os.open(path, flags)
     except OSError as error:
         if error.errno == errno.ELOOP:
-            raise UnsafePath(f"{what} {path} is a symbolic link -> {os.readlink(path)}; latentcode reads only "
+            raise UnsafePath(f"{prefixed(what, path)} is a symbolic link -> {os.readlink(path)}; latentcode reads only "
                              "regular files and never follows a link; remove it or give the file itself") from None
-        raise UnreadableInput(f"cannot read {what} {path}: {error.strerror}") from None
+        raise UnreadableInput(f"cannot read {prefixed(what, path)}: {error.strerror}") from None
     try:
         info = os.fstat(descriptor)
         if not stat.S_ISREG(info.st_mode):
-            raise UnsafePath(f"{what} {path} is {kind_of(info.st_mode)}; expected a regular file")
+            raise UnsafePath(f"{prefixed(what, path)} is {kind_of(info.st_mode)}; expected a regular file")
         if info.st_size > max_bytes:
-            raise UnreadableInput(f"{what} {path} has {info.st_size} bytes; expected at most {max_bytes}")
+            raise UnreadableInput(f"{prefixed(what, path)} has {info.st_size} bytes; expected at most {max_bytes}")
         os.set_blocking(descriptor, True)
         with os.fdopen(descriptor, "rb", closefd=False) as file:
             head = file.read(head_bytes) if check_head is not None else b""
@@ -73,11 +78,11 @@ def read_png(path: str | Path, what: str = "image", max_bytes: int = MAX_FIGURE_
     def check_head(head: bytes) -> None:
         size = png_size(head)
         if size is None:
-            raise UnreadableInput(f"{what} {path} is not a PNG image (it starts with {head[:8]!r}); expected a "
+            raise UnreadableInput(f"{prefixed(what, path)} is not a PNG image (it starts with {head[:8]!r}); expected a "
                                   "figure written by latentcode")
         width, height = size
         if not (0 < width <= max_pixels and 0 < height <= max_pixels):
-            raise UnreadableInput(f"{what} {path} is a PNG of {width} x {height} pixels; expected 1 to "
+            raise UnreadableInput(f"{prefixed(what, path)} is a PNG of {width} x {height} pixels; expected 1 to "
                                   f"{max_pixels} a side")
 
     return read_regular_file(path, what, max_bytes, check_head, head_bytes=24)

@@ -4,7 +4,8 @@ same function, so both refuse a value with the same message.
 - `check_split`, `check_variant`: a split or a variant of a task (a `Task`, or its class);
 - `check_integer`: an integer in a range (`describe_integer_range` says the range in words, as the
   command line's argument types print it);
-- `check_output`: an output that can be written where asked; `check_fits_in_memory`,
+- `check_output`: an output that can be written where asked (`check_output_stem`: the files of a
+  stem, none replaced unless asked); `check_fits_in_memory`,
   `check_fits_on_disk` (with `forward_pass_bytes`): work the machine can hold.
 
 Standard library only (no numpy, no torch): the command line calls these before it imports anything
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -83,7 +85,8 @@ def check_output(path: str | Path, flag: str | None = None, kind: str = "file") 
 
     kind: "file" (must not be a directory), "directory" (must not be a file) or "stem" (the
     start of file names, e.g. a figure's; either is fine). The nearest existing directory on the
-    way to `path` must be one this process may write in. `flag` starts each message (None: the
+    way to `path` must be one this process may write in, and one that lets it create something:
+    an empty directory is made there and removed at once. `flag` starts each message (None: the
     message starts with the path; a plan step names its parameter with `errors.about`).
     """
     from latentcode.files import check_replaceable
@@ -108,10 +111,33 @@ def check_output(path: str | Path, flag: str | None = None, kind: str = "file") 
         raise UsageError(f"{named}: {place} is a file, not a directory, so nothing can be written under it")
     if not os.access(place, os.W_OK | os.X_OK):
         raise UsageError(f"{named}: cannot write in {place} ({_why_not_writable(place)}); choose {choose}")
+    try:  # permissions pass, yet some places refuse every new entry (/proc, /sys; root passes os.access anywhere)
+        os.rmdir(tempfile.mkdtemp(prefix=".latentcode-check-", dir=place))
+    except OSError as error:
+        raise UsageError(f"{named}: cannot write in {place} (creating anything there fails: {error.strerror}); "
+                         f"choose {choose}") from None
     if kind == "file":
         check_replaceable(path, flag or "")  # a symbolic link, a device or a FIFO is never written through
     return path
 
+
+
+def check_output_stem(out: str | Path, suffixes: tuple[str, ...], overwrite: bool) -> Path:
+    """A stem whose files (stem + each suffix: a table, its figures) can be written: a place that can
+    be written (`check_output`), none of them anything but a regular file, and none there already
+    unless `overwrite`: a result written earlier is never lost by running again."""
+    from latentcode.errors import OutputExistsError
+    from latentcode.files import check_replaceable
+
+    stem = check_output(out, kind="stem")
+    paths = [stem.with_name(stem.name + suffix) for suffix in suffixes]
+    for path in paths:
+        check_replaceable(path)
+    existing = [str(path) for path in paths if path.exists()]
+    if existing and not overwrite:
+        raise OutputExistsError(f"{stem}: {', '.join(existing)} already exist; pass overwrite=True (--overwrite) to "
+                                "replace them, or choose another path")
+    return stem
 
 # -- resources -------------------------------------------------------------------------------------
 def machine_memory() -> int | None:

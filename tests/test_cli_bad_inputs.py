@@ -426,7 +426,7 @@ BAD_INPUTS = [
     ("report-codes-missing", ["report", "--codes", "{none.h5}"], "--codes {none.h5} does not exist"),
     ("report-unknown-label", ["report", "--codes", "{fuzzy.h5}", "--label", "rule"], "--label rule: {fuzzy.h5} has no label"),
     ("report-out-exists", ["report", "--codes", "{fuzzy.h5}", "--out", "{existing.html}"],
-     "--out {existing.html} already exists; add --overwrite to replace it"),
+     "--out {existing.html} already exists; pass overwrite=True (--overwrite) to replace it"),
     ("report-out-directory-overwrite", ["report", "--codes", "{fuzzy.h5}", "--out", "{a_dir}", "--overwrite"],
      "--out {a_dir} is a directory; expected the name of a file"),
     ("report-out-under-a-file", ["report", "--codes", "{fuzzy.h5}", "--out", "{a_file}/r.html"], "is a file, not a directory"),
@@ -460,7 +460,7 @@ BAD_INPUTS = [
     ("report-out-planted-link", ["report", "--codes", "{fuzzy.h5}", "--out", "{planted.html}", "--overwrite"],
      "--out {planted.html} is a symbolic link"),
     ("report-files-of-the-user", ["report", "--codes", "{fuzzy.h5}", "--out", "{mine.html}"],
-     "--out {mine.html}: {mine_files} already holds files; add --overwrite"),
+     "--out {mine.html}: {mine_files} already holds files; pass overwrite=True (--overwrite)"),
     ("extract-out-name-too-long", [*EXTRACT, "--out", "{a_dir}/" + "x" * 300 + ".h5"],
      "--out {a_dir}/" + "x" * 300 + ".h5: File name too long"),
     ("probe-out-name-too-long", ["probe", "{fuzzy.h5}", "--out", "{a_dir}/" + "x" * 300],
@@ -578,6 +578,11 @@ BAD_INPUTS = [
     ("patch-outputs-there-already", ["patch", "{run}", "--out", "{patch_good}"],
      "--out {patch_good}: {patch_good.csv}, {patch_good.json}, {patch_good.png} already exist; pass overwrite=True "
      "(--overwrite) to replace them"),
+    # /proc passes the permission test as root, yet nothing can be created there: refused by the check
+    ("patch-out-in-proc", ["patch", "{run}", "--out", "/proc/x/p"],
+     "--out /proc/x/p: cannot write in /proc (creating anything there fails: "),
+    ("report-out-in-proc", ["report", "--codes", "{fuzzy.h5}", "--out", "/proc/r.html"],
+     "--out /proc/r.html: cannot write in /proc (creating anything there fails: "),
     ("patch-map-a-planted-link", ["patch", "{run}", "--overwrite", "--out", "{patch_planted}"],
      "--out {patch_planted.png} is a symbolic link -> {victim.txt}; latentcode writes only regular files"),
     # issue 34: damaged shards are refused, never read as another extraction's rows or as zeros
@@ -601,7 +606,7 @@ BAD_INPUTS = [
     ("report-patch-of-another-task", ["report", "--codes", "{fuzzy.h5}", "--patch", "{patch_sraven}"],
      "--patch {patch_sraven.json} (task 'sraven') comes from another task than codes file {fuzzy.h5}"),
     ("report-patch-map-a-planted-link", ["report", "--codes", "{fuzzy.h5}", "--patch", "{patch_planted}"],
-     "--patch map {patch_planted.png} is a symbolic link -> {victim.txt}; latentcode reads only regular files"),
+     "--patch {patch_planted.png} is a symbolic link -> {victim.txt}; latentcode reads only regular files"),
     ("report-patch-copy-onto-a-planted-link", ["report", "--codes", "{fuzzy.h5}", "--patch", "{patch_good}", "--out",
                                                "{mine.html}", "--overwrite"], "is a symbolic link"),
     # issue 34: a model directory's own config is checked as a run's is
@@ -795,6 +800,12 @@ def _plan_mistake(command: str, args) -> Exception | None:
 
     if command == "train":
         return _train_plan_mistake(args)
+    if command in ANALYSIS_PLANS:
+        try:
+            ANALYSIS_PLANS[command][0](args)
+        except Exception as error:  # noqa: BLE001 - returned to be compared
+            return error
+        return None
     if command == "patch":
         from latentcode.intervention.patching.plan import plan_patch
 
@@ -839,6 +850,10 @@ def _public_api_error(command: str, args) -> Exception:
 
     if command == "train":
         return _train_api_error(args)
+    if command in ANALYSIS_PLANS:
+        with pytest.raises(Exception) as raised:  # noqa: PT011 - which class is compared below
+            ANALYSIS_PLANS[command][1](args)
+        return raised.value
     if command == "patch":
         with pytest.raises(Exception) as raised:  # noqa: PT011 - which class is compared below
             patch(args.run, **_patch_options(args))
@@ -913,14 +928,109 @@ def _train_api_error(args) -> Exception:
     return raised.value
 
 
-API_ROWS = [row for row in BAD_INPUTS if row[1] and row[1][0] in ("extract", "intervene", "train", "patch")
+def _report_options(args) -> dict:
+    return {"label": args.label, "fit_split": args.fit_split, "test_split": args.test_split,
+            "methods": tuple(args.method or ["tsne"]), "max_points": args.max_points, "title": args.title,
+            "overwrite": args.overwrite, "patches": args.patch or (), "max_rows": args.max_rows}
+
+
+def _plan_report(args):
+    from latentcode.analysis.report_plan import plan_report
+
+    return plan_report(args.runs, args.codes or (), args.out, **_report_options(args))
+
+
+def _build_report(args):
+    from latentcode.analysis.report import build_report
+
+    return build_report(args.runs, args.codes or (), args.out, progress=False, **_report_options(args))
+
+
+def _probe_arguments(args) -> tuple[tuple, dict]:
+    """What a Python user passes to decode (or regress) for this command line: no output (they write the
+    table themselves), so a mistake about --out is the command line's own."""
+    return (args.files, args.label, args.fit_split, args.test_split), {"cv": args.cv, "seed": args.seed}
+
+
+def _plan_probe(args):
+    from latentcode.analysis.probe_plan import plan_probe
+
+    positional, options = _probe_arguments(args)
+    return plan_probe(*positional, **options)
+
+
+def _decode(args):
+    from latentcode.analysis import decode, regress
+
+    positional, options = _probe_arguments(args)
+    return (regress if args.ridge else decode)(*positional, **options, progress=False)
+
+
+PICTURES = {"plot": ("plot_embedding", None), "heatmap": ("plot_similarity", "similarity"),
+            "samples": ("plot_code_samples", "samples")}
+
+
+def _picture_arguments(args) -> tuple[str, tuple, dict]:
+    """The kind of figure and what a Python user passes to the plotting function: a stem always (the
+    command line's default stem needs the label it resolves; a mistake about --out gives --out)."""
+    from latentcode.cli.arguments import formats
+
+    kind = PICTURES[args.command][1] or args.method
+    stem = args.out or str(Path(args.file).with_suffix("")) + f"_{kind}"
+    options = {"split": args.split, "formats": formats(args)}
+    if args.command == "samples":
+        options["layer"] = args.layer
+    return kind, (args.file, args.label, stem), options
+
+
+def _plan_picture(args):
+    from latentcode.analysis.picture_plan import plan_picture
+
+    kind, positional, options = _picture_arguments(args)
+    return plan_picture(*positional, kind=kind, overwrite=True, **options)  # the plotting functions replace theirs
+
+
+def _plot(args):
+    import latentcode.analysis
+
+    kind, positional, options = _picture_arguments(args)
+    if args.command == "plot":
+        options.update(method=args.method, max_points=args.max_points, seed=args.seed, progress=False)
+    return getattr(latentcode.analysis, PICTURES[args.command][0])(*positional, **options)
+
+
+def _reuse_options(args) -> dict:
+    return {"codes": f"{args.out}-codes.h5", "n_codes": args.n_codes, "n_pairs": args.n_pairs, "seed": args.seed}
+
+
+def _plan_reuse(args):
+    from latentcode.reuse import plan_reuse
+
+    return plan_reuse(args.run, **_reuse_options(args))
+
+
+def _code_reuse(args):
+    from latentcode.reuse import code_reuse
+
+    return code_reuse(args.run, **_reuse_options(args))
+
+
+# command: (its plan step as the Python function calls it, the public function a Python user calls), each
+# given the parsed arguments
+ANALYSIS_PLANS = {"report": (_plan_report, _build_report), "probe": (_plan_probe, _decode),
+                  "plot": (_plan_picture, _plot), "heatmap": (_plan_picture, _plot), "samples": (_plan_picture, _plot),
+                  "reuse": (_plan_reuse, _code_reuse)}
+
+API_ROWS = [row for row in BAD_INPUTS if row[1] and row[1][0] in ("extract", "intervene", "train", "patch", *ANALYSIS_PLANS)
             and "{locked}" not in str(row) and "{readonly}" not in str(row)]
 
 
 @pytest.mark.parametrize("argv", [row[1] for row in API_ROWS], ids=[row[0] for row in API_ROWS])
 def test_the_python_api_answers_a_mistake_with_the_command_lines_string(workspace, monkeypatch, capsys, argv):
     """For each mistake of the table that the Python API can make too, `latentcode.extract`,
-    `intervention_effects` or `latentcode.train` (with `build_train_config` for a preset) raises the same error class with the same message the command line prints
+    `intervention_effects`, `latentcode.train` (with `build_train_config` for a preset), `patch`,
+    `build_report`, `decode`/`regress`, `plot_embedding`/`plot_similarity`/`plot_code_samples` or
+    `code_reuse` raises the same error class with the same message the command line prints
     after its flag (`--split: `, `RUN_DIR `, `--out `, or `--` before a message naming its argument)."""
     from latentcode.cli import build_parser
 

@@ -14,7 +14,13 @@ import pytest
 from latentcode.errors import LatentcodeError, UsageError
 from latentcode.tasks import get_task
 from latentcode.tasks.base import TaskError
-from latentcode.validation import check_integer, check_split, check_variant, describe_integer_range
+from latentcode.validation import (
+    check_integer,
+    check_output,
+    check_split,
+    check_variant,
+    describe_integer_range,
+)
 
 # A stand-in with what the checks read of a task (its class attributes would do as well).
 TASK = SimpleNamespace(name="toy", splits=("train", "ood"), variants=("plain", "shuffled"))
@@ -99,3 +105,23 @@ def test_the_python_api_and_the_command_line_refuse_a_split_with_the_same_messag
         done = subprocess.run([sys.executable, "-c", code, *command], capture_output=True, text=True)
         assert done.returncode == 2 and done.stderr.strip() == f"error: --split: {expected}", done.stderr
         assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("path, place", [("/proc/x/p", "/proc"), ("/proc/p", "/proc"), ("/sys/x/p", "/sys")])
+@pytest.mark.parametrize("kind", ["file", "directory", "stem"])
+def test_check_output_refuses_a_place_where_nothing_can_be_created(path, place, kind):
+    """/proc and /sys pass the permission test as root, yet refuse every new entry: `latentcode patch
+    --out /proc/x/p` used to pass the check and fail after the work."""
+    if not Path(place).is_dir():
+        pytest.skip(f"no {place} on this system")
+    with pytest.raises(UsageError) as raised:
+        check_output(path, "--out", kind=kind)
+    assert str(raised.value).startswith(f"--out {path}: cannot write in {place} (creating anything there fails: ")
+    assert "\n" not in str(raised.value)
+
+
+def test_check_output_leaves_the_place_it_tried_as_it_was(tmp_path):
+    (tmp_path / "mine.txt").write_text("mine")
+    assert check_output(tmp_path / "new" / "out.h5", "--out") == tmp_path / "new" / "out.h5"
+    assert check_output(tmp_path / "stem", "--out", kind="stem") == tmp_path / "stem"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["mine.txt"]

@@ -22,7 +22,7 @@ from typing import Any
 from latentcode.errors import LatentcodeError
 from latentcode.provenance import sha256_of_weights, task_differences, task_name_of
 from latentcode.rundir import RunRecord
-from latentcode.safe_reads import MAX_FIGURE_BYTES, read_png, read_regular_file
+from latentcode.safe_reads import MAX_FIGURE_BYTES, prefixed, read_png, read_regular_file
 from latentcode.store import CodeFile
 
 #: far above any patch table (a row per group: 5,184 groups of 36 key blocks are about 1 MiB)
@@ -66,21 +66,21 @@ def read_patch_output(stem: str | Path, what: str = "--patch") -> PatchOutput:
     try:
         text = read_regular_file(table_path, what, MAX_TABLE_BYTES).decode("utf-8")
     except UnicodeDecodeError:
-        raise PatchOutputError(f"{what} {table_path} is not a text (CSV) file; expected the table latentcode patch "
+        raise PatchOutputError(f"{prefixed(what, table_path)} is not a text (CSV) file; expected the table latentcode patch "
                                "writes") from None
     rows = list(csv.reader(io.StringIO(text)))
     if not rows or not any(rows[0]):
-        raise PatchOutputError(f"{what} {table_path} is empty; expected a header and one row per site group")
+        raise PatchOutputError(f"{prefixed(what, table_path)} is empty; expected a header and one row per site group")
     columns, body = rows[0], rows[1:]
     missing = [column for column in REQUIRED_COLUMNS if column not in columns]
     if missing:
-        raise PatchOutputError(f"{what} {table_path} lacks the column(s) {missing}; its columns are "
+        raise PatchOutputError(f"{prefixed(what, table_path)} lacks the column(s) {missing}; its columns are "
                                f"{columns[:8]}; expected the table latentcode patch writes")
     if not body:
-        raise PatchOutputError(f"{what} {table_path} holds a header and no rows; expected one row per site group")
+        raise PatchOutputError(f"{prefixed(what, table_path)} holds a header and no rows; expected one row per site group")
     for number, row in enumerate(body, start=2):
         if len(row) != len(columns):
-            raise PatchOutputError(f"{what} {table_path} line {number} has {len(row)} fields; the header has "
+            raise PatchOutputError(f"{prefixed(what, table_path)} line {number} has {len(row)} fields; the header has "
                                    f"{len(columns)}")
         for column in NUMERIC_COLUMNS:
             if column in columns:
@@ -88,10 +88,10 @@ def read_patch_output(stem: str | Path, what: str = "--patch") -> PatchOutput:
                 try:
                     float(value) if value else math.nan
                 except ValueError:
-                    raise PatchOutputError(f"{what} {table_path} line {number}: column {column!r} holds {value[:40]!r}; "
+                    raise PatchOutputError(f"{prefixed(what, table_path)} line {number}: column {column!r} holds {value[:40]!r}; "
                                            "expected a number") from None
     summary = _read_summary(summary_path, what)
-    png = read_png(image_path, f"{what} map", MAX_FIGURE_BYTES) if _exists(image_path) else None
+    png = read_png(image_path, f"{what} map" if what else "", MAX_FIGURE_BYTES) if _exists(image_path) else None
     return PatchOutput(stem, text, columns, len(body), summary, png)
 
 
@@ -103,23 +103,23 @@ def _read_summary(path: Path, what: str) -> dict[str, Any]:
     try:
         summary = json.loads(read_regular_file(path, what, MAX_SUMMARY_BYTES))
     except (UnicodeDecodeError, ValueError) as error:
-        raise PatchOutputError(f"{what} {path} is not a JSON file ({str(error)[:80]}); expected the summary "
+        raise PatchOutputError(f"{prefixed(what, path)} is not a JSON file ({str(error)[:80]}); expected the summary "
                                "latentcode patch writes") from None
     if not isinstance(summary, dict):
-        raise PatchOutputError(f"{what} {path} holds a JSON {type(summary).__name__}; expected an object (the "
+        raise PatchOutputError(f"{prefixed(what, path)} holds a JSON {type(summary).__name__}; expected an object (the "
                                "summary latentcode patch writes)")
     expected = {"task": (dict, "an object (the task's config)"), "run": (str, "a run directory"),
                 "n": (int, "an integer"), "groups": (int, "an integer"),
                 "attribution_vs_exact": (dict, "an object of pearson and spearman")}
     for key, (kind, words) in expected.items():
         if key in summary and not (isinstance(summary[key], kind) and not isinstance(summary[key], bool)):
-            raise PatchOutputError(f"{what} {path}: {key!r} is {json.dumps(summary[key])[:40]}; expected {words}")
+            raise PatchOutputError(f"{prefixed(what, path)}: {key!r} is {json.dumps(summary[key])[:40]}; expected {words}")
     if "task" not in summary:
-        raise PatchOutputError(f"{what} {path} lacks 'task' (the task's config); a report shows patching outputs "
+        raise PatchOutputError(f"{prefixed(what, path)} lacks 'task' (the task's config); a report shows patching outputs "
                                "only beside codes and runs of their own task")
     for name, value in summary.get("attribution_vs_exact", {}).items():
         if value is not None and not isinstance(value, (int, float)):
-            raise PatchOutputError(f"{what} {path}: attribution_vs_exact.{name} is {json.dumps(value)[:40]}; "
+            raise PatchOutputError(f"{prefixed(what, path)}: attribution_vs_exact.{name} is {json.dumps(value)[:40]}; "
                                    "expected a number")
     return summary
 
@@ -130,7 +130,7 @@ def check_patch_provenance(output: PatchOutput, code_files: Sequence[CodeFile] =
     runs: its task config must agree with theirs, and its checkpoint (recorded in the summary, or
     the weights of the run it names) must be the model of one of them."""
     task = output.summary["task"]
-    described = f"{what} {_file(output.stem, '.json')} (task {task.get('name')!r}"
+    described = f"{prefixed(what, _file(output.stem, '.json'))} (task {task.get('name')!r}"
     for item in [*runs, *code_files]:
         differences = task_differences(item.task_config, task) if item.task_config else []
         if item.task_config and (task_name_of(item) != str(task.get("name")) or differences):

@@ -37,7 +37,7 @@ from latentcode.analysis.narrative import (
     findings_paragraph,
     training_variants,
 )
-from latentcode.analysis.patch_outputs import PatchOutput, check_patch_provenance, read_patch_output
+from latentcode.analysis.patch_outputs import PatchOutput
 from latentcode.analysis.plots import (
     plot_code_samples,
     plot_embedding,
@@ -51,17 +51,17 @@ from latentcode.analysis.probes import (
     summary_rows,
     write_table,
 )
-from latentcode.errors import LatentcodeError
+from latentcode.analysis.report_plan import (  # noqa: F401 - ReportError: raised here too, where it always was
+    ReportError,
+    ReportPlan,
+    check_report_outputs_free,
+    plan_report,
+)
 from latentcode.files import AtomicOutputs, ExclusiveLock, check_replaceable, write_error
 from latentcode.progress import Progress
-from latentcode.provenance import check_codes_from_runs, check_one_task, codes_of_runs
 from latentcode.rundir import RunRecord
 from latentcode.safe_reads import read_png
 from latentcode.store import DEFAULT_MAX_ROWS, CodeFile
-
-
-class ReportError(LatentcodeError, ValueError):
-    """Inputs a report cannot be made from; says which and why."""
 
 
 @dataclass
@@ -183,7 +183,8 @@ def build_report(
     max_rows: int = DEFAULT_MAX_ROWS,
 ) -> Report:
     """Write the report to `out` (figures and tables beside it in `<out stem>_files/`); a name
-    without an .html (or .htm) suffix gets .html, so that a browser opens it.
+    without an .html (or .htm) suffix gets .html, so that a browser opens it. Every argument is
+    checked first, by the plan `latentcode report` makes too (`plan_report`).
 
     patches: path stems written by `latentcode patch` (STEM.csv, STEM.json, STEM.png): an
         'Interventions' section shows where patching codes transferred the donor's sub-task.
@@ -194,40 +195,25 @@ def build_report(
     notes: sentences for the 'Where the numbers come from' list, e.g. that the runs are shipped
         checkpoints whose training happened elsewhere (`latentcode demo` says so).
     """
-    if not isinstance(title, str):
-        raise ReportError(f"title={title!r}; expected the page's title as text")
-    out = Path(out)
-    if out.suffix.lower() not in (".html", ".htm") and not out.is_dir():
-        out = out.with_name(out.name + ".html")
-    if out.is_dir():
-        raise ReportError(f"out={str(out)!r} is a directory; expected the path of the HTML file to write")
-    check_replaceable(out, "out")
-    if not run_dirs and not codes_files:
-        raise ReportError("a report needs at least one run directory or codes file")
-    files_dir = out.with_name(f"{out.stem}_files")
-    # One report into `out` at a time; the page and its files are checked and written under the lock.
+    plan = plan_report(run_dirs, codes_files, out, label=label, fit_split=fit_split, test_split=test_split,
+                       embedding_split=embedding_split, methods=methods, max_points=max_points, title=title,
+                       overwrite=overwrite, notes=notes, patches=patches, max_rows=max_rows)
+    return run_report(plan, progress=progress)
+
+
+def run_report(plan: ReportPlan, progress: bool = True) -> Report:
+    """Draw and write the report `plan` describes (`plan_report`)."""
+    out, files_dir = plan.out, plan.files_dir
+    # One report into `out` at a time; the page and its files are checked again and written under the lock.
     with ExclusiveLock(out, purpose="writing a report", hint="wait until it has finished or choose another out"):
-        if out.exists() and not overwrite:
-            raise FileExistsError(f"{out} already exists; pass overwrite=True to replace it, or choose another out")
-        if files_dir.is_symlink() or (files_dir.exists() and not files_dir.is_dir()):
-            raise ReportError(f"{files_dir} (where the report's figures go) is not a directory; remove it or "
-                              "choose another out")
-        if files_dir.is_dir() and any(files_dir.iterdir()) and not overwrite:
-            raise FileExistsError(f"{files_dir} already holds files; pass overwrite=True to replace the report's "
-                                  "files in it, or choose another out")
-        runs = [RunRecord.read(path) for path in run_dirs]
-        code_files = [CodeFile(path).subsample(max_rows) for path in codes_files or codes_of_runs(runs)]
-        # Numbers side by side must be comparable: one task, and codes of the runs they are shown with.
-        check_one_task(code_files, runs)
-        check_codes_from_runs(runs, code_files)
-        patch_outputs = [read_patch_output(stem, "patch") for stem in patches]  # damaged or foreign: refused
-        for output in patch_outputs:
-            check_patch_provenance(output, code_files, runs, "patch")
-            check_replaceable(files_dir / f"patch_{output.stem.name}.png")  # a planted link: refused before work
+        check_report_outputs_free(out, plan.overwrite)
+        for output in plan.patches:
+            check_replaceable(files_dir / f"patch_{output.stem.name}.png")
         made_files_dir = not files_dir.exists()
         try:
-            return _write_report(runs, code_files, run_dirs, out, files_dir, label, fit_split, test_split,
-                                 embedding_split, methods, max_points, title, progress, notes, patch_outputs)
+            return _write_report(list(plan.runs), list(plan.code_files), plan.run_dirs, out, files_dir, plan.label,
+                                 plan.fit_split, plan.test_split, plan.embedding_split, plan.methods,
+                                 plan.max_points, plan.title, progress, plan.notes, plan.patches)
         except BaseException:
             if made_files_dir:  # a failed report leaves nothing behind
                 shutil.rmtree(files_dir, ignore_errors=True)

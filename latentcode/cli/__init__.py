@@ -75,7 +75,7 @@ def located(error: BaseException, args: argparse.Namespace, parser: argparse.Arg
     """The message of `error`, with the flag of the argument it is about (`LatentcodeError.parameter`,
     a name of the Python API) in front, as the user typed it: the message is the Python API's, word
     for word. `RUN_DIR runs/x is ...` and `--out c.h5 already exists` where the message starts with
-    the value given; `--variant permuted: ...` where it starts with the argument's name; else
+    the value given (or one of the values of a list); `--variant permuted: ...` where it starts with the argument's name; else
     `--split: unknown split ...`."""
     message, parameter = str(error), getattr(error, "parameter", None)
     dest = command.parameters.get(parameter, parameter)
@@ -84,7 +84,8 @@ def located(error: BaseException, args: argparse.Namespace, parser: argparse.Arg
         return message
     flag = action.option_strings[0] if action.option_strings else action.metavar or dest
     value = getattr(args, dest, None)
-    if value is not None and str(value) and message.startswith(str(value)):
+    values = value if isinstance(value, list) else [value]  # a repeatable flag, or several RUN_DIRs
+    if any(value is not None and str(value) and message.startswith(str(value)) for value in values):
         return f"{flag} {message}"
     if message.startswith(f"{parameter} "):
         return flag + message[len(parameter):]

@@ -4,22 +4,9 @@ of one figure per command with a `latentcode.analysis` function."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from latentcode.cli.arguments import FIGURE_FORMATS, add_max_rows_argument, formats
-from latentcode.cli.checks import (
-    capped,
-    check_label,
-    check_one_column,
-    check_output,
-    check_splits,
-    check_stem_free,
-    command_outputs,
-    default_label,
-    label_name,
-    open_codes_files,
-)
-from latentcode.errors import UsageError
+from latentcode.cli.checks import command_outputs, note_caps
 
 
 def add_picture_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,20 +19,16 @@ def add_picture_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_picture(args: argparse.Namespace, flag: str, kind: str) -> None:
-    """The file, the label (`args.label`, flag `flag`), the split, the layer and the figure's path
-    (`kind` names it: FILE_<kind>_<label>); fills in the defaults."""
-    [code_file] = capped(open_codes_files([args.file]), args.max_rows, getattr(args, "seed", 0), args.command)
-    args.code_file = code_file  # what draw reads: the same view
-    args.label = default_label([code_file], args.label, flag, kind="picture_label")
-    check_splits(code_file, {"--split": args.split})
-    check_label(code_file, args.label, flag)
-    if kind in ("tsne", "umap"):
-        check_one_column(code_file, args.label, flag)
-    if getattr(args, "layer", None) is not None and args.layer not in code_file.layers:
-        raise UsageError(f"--layer {args.layer}: {args.file} has no layer {args.layer}; its layers are {code_file.layers}")
-    args.out = args.out or str(Path(args.file).with_suffix("")) + f"_{kind}_{label_name(args.label)}"
-    check_output(args.out, "--out", kind="stem")
-    check_stem_free(args.out, tuple(f".{fmt}" for fmt in formats(args)), args.overwrite)
+    """The file, the label (`args.label`; `flag` is the command's name for it), the split, the layer and
+    the figure's path (`kind` names it: FILE_<kind>_<label>), by the plan the plotting functions make
+    too (`plan_picture`); fills in the defaults."""
+    from latentcode.analysis.picture_plan import plan_picture
+
+    seed = getattr(args, "seed", 0)
+    plan = plan_picture(args.file, args.label, args.out, kind=kind, split=args.split, layer=getattr(args, "layer", None),
+                        max_rows=args.max_rows, seed=seed, formats=formats(args), overwrite=args.overwrite)
+    [args.code_file] = note_caps(plan.code_files, seed, args.command)  # what draw reads: the same view
+    args.label, args.out = plan.label, str(plan.out)
 
 
 def draw(args: argparse.Namespace, function: str, **options) -> None:

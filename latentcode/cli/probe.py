@@ -13,18 +13,7 @@ from latentcode.cli.arguments import (
     integer,
     progress_bars,
 )
-from latentcode.cli.checks import (
-    capped,
-    check_decodable,
-    check_label,
-    check_output,
-    check_splits,
-    check_stem_free,
-    command_outputs,
-    default_label,
-    note_in_sample,
-    open_codes_files,
-)
+from latentcode.cli.checks import command_outputs, note_caps, note_in_sample
 from latentcode.cli.command import Command
 
 
@@ -58,21 +47,14 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def check(args: argparse.Namespace) -> None:
-    """Codes files of one task, a label they all have and a probe can learn, splits, the outputs."""
-    code_files = capped(open_codes_files(args.files), args.max_rows, args.seed, "probe")
-    args.code_files = code_files  # what run reads: the same views
-    from latentcode.provenance import check_one_task
+    """Codes files of one task, a label they all have and a probe can learn, splits, the outputs: the
+    plan `decode` and `regress` make too (`plan_probe`)."""
+    from latentcode.analysis.probe_plan import plan_probe
 
-    check_one_task(code_files)  # one label decoded in files of different tasks means different things
-    args.label = default_label(code_files, args.label)
-    for code_file in code_files:
-        check_splits(code_file, {"--fit-split": args.fit_split, "--test-split": args.test_split})
-        check_label(code_file, args.label, "--label")
-        check_decodable(code_file, args.label, "--label", args.fit_split)
+    plan = plan_probe(args.files, args.label, args.fit_split, args.test_split, cv=args.cv, seed=args.seed,
+                      max_rows=args.max_rows, out=args.out, formats=formats(args), overwrite=args.overwrite)
+    args.code_files, args.label = note_caps(plan.code_files, args.seed, "probe"), plan.label  # what run reads
     note_in_sample(args.fit_split, args.test_split)
-    if args.out:
-        check_output(args.out, "--out", kind="stem")
-        check_stem_free(args.out, (".csv", ".json", *(f".{fmt}" for fmt in formats(args))), args.overwrite)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -104,4 +86,4 @@ def run(args: argparse.Namespace) -> None:
         print("wrote " + ", ".join(map(str, outputs.written)))
 
 
-COMMAND = Command(register, check, run, order=70)
+COMMAND = Command(register, check, run, order=70, parameters={"code_files": "files"})

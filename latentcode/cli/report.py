@@ -3,20 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from latentcode.cli.arguments import POSITIVE_INTEGER, add_max_rows_argument, progress_bars
-from latentcode.cli.checks import (
-    capped,
-    check_input_file,
-    check_label,
-    check_output,
-    default_label,
-    note_in_sample,
-    open_codes_files,
-)
+from latentcode.cli.checks import note_caps, note_in_sample
 from latentcode.cli.command import Command
-from latentcode.errors import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -44,59 +34,26 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def check(args: argparse.Namespace) -> None:
-    """Runs and codes files that belong together, a label they all have, an output to write."""
-    if not args.runs and not args.codes:
-        raise UsageError("latentcode report needs RUN_DIR arguments, --codes files, or both")
-    for run_dir in args.runs:
-        if not Path(run_dir).exists():
-            raise FileNotFoundError(f"RUN_DIR {run_dir} does not exist")
-    for path in args.codes or ():
-        check_input_file(path, "--codes")
-    for stem in args.patch or ():
-        for suffix in (".csv", ".json"):
-            check_input_file(f"{stem}{suffix}", "--patch")
-    from latentcode.provenance import check_codes_from_runs, check_one_task, codes_of_runs
-    from latentcode.rundir import RunRecord
+    """Runs and codes files that belong together, a label they all have, an output to write: the plan
+    `build_report` makes too (`args.plan`)."""
+    from latentcode.analysis.report_plan import SEED, plan_report
 
-    runs = [RunRecord.read(run_dir) for run_dir in args.runs]
-    code_files = open_codes_files(args.codes, "--codes") if args.codes else open_codes_files(codes_of_runs(runs))
-    code_files = capped(code_files, args.max_rows, 0, "report")  # build_report draws the same rows (seed 0)
-    check_one_task(code_files, runs)
-    check_codes_from_runs(runs, code_files)
-    from latentcode.analysis.patch_outputs import check_patch_provenance, read_patch_output
-
-    for stem in args.patch or ():  # damaged, or of another task or model: refused before any work
-        check_patch_provenance(read_patch_output(stem, "--patch"), code_files, runs, "--patch")
-    if code_files:
-        label = default_label(code_files, args.label)
-        for code_file in code_files:
-            check_label(code_file, label, "--label")
+    args.plan = plan_report(args.runs, args.codes or (), args.out, label=args.label, fit_split=args.fit_split,
+                            test_split=args.test_split, methods=tuple(args.method or ["tsne"]),
+                            max_points=args.max_points, title=args.title, overwrite=args.overwrite,
+                            patches=args.patch or (), max_rows=args.max_rows)
+    note_caps(args.plan.code_files, SEED, "report")
     note_in_sample(args.fit_split, args.test_split)
-    if Path(args.out).suffix.lower() not in (".html", ".htm") and not Path(args.out).is_dir():
-        args.out += ".html"  # as build_report names it: a page a browser opens
-    out = check_output(args.out, "--out")
-    if out.exists() and not args.overwrite:
-        raise FileExistsError(f"--out {out} already exists; add --overwrite to replace it, or choose another --out")
-    files_dir = out.with_name(f"{out.stem}_files")  # the report's figures and tables
-    from latentcode.files import check_replaceable
-
-    for stem in args.patch or ():  # where the map's copy goes: never through a planted link
-        check_replaceable(files_dir / f"patch_{Path(stem).name}.png", "--patch map's copy")
-    if files_dir.is_dir() and any(files_dir.iterdir()) and not args.overwrite:
-        raise FileExistsError(f"--out {out}: {files_dir} already holds files; add --overwrite to replace the "
-                              "report's files in it, or choose another --out")
 
 
 def run(args: argparse.Namespace) -> None:
-    from latentcode.analysis.report import build_report
+    from latentcode.analysis.report import run_report
 
-    report = build_report(args.runs, args.codes or (), args.out, label=args.label, fit_split=args.fit_split,
-                          test_split=args.test_split, methods=tuple(args.method or ["tsne"]),
-                          max_points=args.max_points, title=args.title, overwrite=args.overwrite,
-                          progress=progress_bars(args), patches=args.patch or (), max_rows=args.max_rows)
+    report = run_report(args.plan, progress=progress_bars(args))
     print(f"report: {report.path.resolve()}")
     for line in report.headline():
         print("  " + line)
 
 
-COMMAND = Command(register, check, run, order=110)
+COMMAND = Command(register, check, run, order=110,
+                  parameters={"run_dirs": "runs", "codes_files": "codes", "patches": "patch"})

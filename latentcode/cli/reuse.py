@@ -8,11 +8,9 @@ import argparse
 from pathlib import Path
 
 from latentcode.cli.arguments import POSITIVE_INTEGER, integer, progress_bars
-from latentcode.cli.checks import check_output, check_stem_free, command_outputs
+from latentcode.cli.checks import command_outputs
 from latentcode.cli.command import Command
-from latentcode.errors import UsageError
-
-SUFFIXES = (".csv", ".json")
+from latentcode.reuse import SUFFIXES  # torch-free: the table's files
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -41,29 +39,20 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def check(args: argparse.Namespace) -> None:
-    """The run (finished, with weights, a task the score applies to) and the outputs, without torch."""
-    from latentcode.reuse import reuse_task_problem
-    from latentcode.rundir import RunDirectory, RunRecord
-    from latentcode.tasks import get_task
+    """The run (finished, with weights, a task the score applies to), the codes and the outputs, without
+    torch: the plan `code_reuse` makes too (`plan_reuse`)."""
+    from latentcode.reuse import plan_reuse
 
-    path = Path(args.run)
-    if not (path.is_dir() and RunDirectory(path).looks_like_a_run()):
-        raise UsageError(f"RUN_DIR {path} is not a run directory (config.json, model/); expected a finished run")
-    if not (path / "model" / "model.safetensors").is_file():
-        raise UsageError(f"RUN_DIR {path} has no final model (model/model.safetensors): the run has not finished, "
-                         "or was recorded without weights")
-    problem = reuse_task_problem(get_task(**RunRecord.read(path).task_config))
-    if problem:
-        raise UsageError(f"RUN_DIR {path}: {problem}")
-    check_output(args.out, "--out", kind="stem")
-    check_stem_free(args.out, SUFFIXES, args.overwrite)
+    args.plan = plan_reuse(args.run, codes=f"{args.out}-codes.h5", n_codes=args.n_codes, n_pairs=args.n_pairs,
+                           seed=args.seed, out=args.out, overwrite=args.overwrite)
 
 
 def run(args: argparse.Namespace) -> None:
     from latentcode.reuse import code_reuse
 
-    table = code_reuse(args.run, codes=f"{args.out}-codes.h5", n_codes=args.n_codes, n_pairs=args.n_pairs,
-                       seed=args.seed, progress=progress_bars(args))
+    plan = args.plan
+    table = code_reuse(plan.run, codes=plan.codes, n_codes=plan.n_codes, n_pairs=plan.n_pairs, seed=plan.seed,
+                       progress=progress_bars(args))
     with command_outputs(args.out, SUFFIXES, args.overwrite, "writing the code-reuse table") as outputs:
         outputs.write_table(Path(args.out), table)
     if not args.quiet:

@@ -24,7 +24,7 @@ from latentcode.analysis.probes import (
     summary_rows,
     write_table,
 )
-from latentcode.errors import LatentcodeError
+from latentcode.errors import LatentcodeError, UsageError
 from latentcode.store import CodeFile, CodeFileError, CodeWriter, Site
 from tests.analysis.synthetic import make_labels, write_codes
 
@@ -323,7 +323,8 @@ def test_progress_bar_on_stderr_unless_turned_off(planted, capsys):
 
 def test_errors_say_what_is_wrong(tmp_path, planted):
     assert issubclass(ProbeError, LatentcodeError) and issubclass(ProbeError, ValueError)
-    with pytest.raises(CodeFileError, match=r"no label 'rules'; the labels it has are \['negation_bits', 'query_rule'"):
+    # the message `latentcode probe` prints after --label (issue 33: one check, plan_probe, for both)
+    with pytest.raises(UsageError, match=r"^rules: .* has no label 'rules'; its labels are \['negation_bits', 'query_rule'"):
         decode(planted, "rules")
     with pytest.raises(ProbeError, match=r"label 'target' holds continuous values.*Use regress\(\)"):
         decode(planted, "target")
@@ -358,7 +359,7 @@ def test_errors_say_what_is_wrong(tmp_path, planted):
     assert _row(table, metric="accuracy", layer=1)["note"] == ""
     with pytest.raises(CodeFileError, match=r"no sites in layer 5; its layers are \[0, 1\]"):
         decode(planted, "rule", layers=[5])
-    with pytest.raises(CodeFileError, match=r"no split 'test'"):
+    with pytest.raises(UsageError, match=r"^test: .* has no split 'test'; its splits are \['train', 'ood'\]"):
         decode(planted, "rule", test_split="test")
 
 

@@ -107,7 +107,7 @@ def test_a_second_users_links_are_never_followed(codes, tmp_path, capsys):
     page = tmp_path / "report.html"
     assert main(["report", "--label", "rule", "--codes", str(codes), "--patch", str(stem), "--out", str(page), "--quiet"]) == 2
     error = capsys.readouterr().err
-    assert error.count("\n") == 1 and f"--patch map {stem}.png is a symbolic link -> {victim}" in error
+    assert error.count("\n") == 1 and f"--patch {stem}.png is a symbolic link -> {victim}" in error
     assert not page.exists() and not (tmp_path / "report_files").exists()
 
     other = patch_output(tmp_path, task, name="other")

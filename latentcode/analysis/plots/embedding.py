@@ -12,6 +12,7 @@ from matplotlib.lines import Line2D
 from latentcode.analysis.captions import codes_context, wrap_lines
 from latentcode.analysis.embed import DEFAULT_MAX_POINTS, Embedding, embed
 from latentcode.analysis.labels import select_label, value_names
+from latentcode.analysis.picture_plan import plan_picture
 from latentcode.analysis.plots.colours import (
     OTHER_COLOUR,
     category_groups,
@@ -21,7 +22,6 @@ from latentcode.analysis.plots.colours import (
 from latentcode.analysis.plots.figure import (
     new_figure,
     one_column,
-    open_codes,
     panel_grid,
     save_figure,
 )
@@ -67,7 +67,9 @@ def plot_embedding(
     Layers whose codes are all equal get a sentence, not an empty panel. The title names the
     model, the sites, the variant and the split, and how many of how many examples were used.
     """
-    code_file = open_codes(code_file)
+    plan = plan_picture(code_file, color_by, path_stem, kind="umap" if method == "umap" else "tsne",
+                        split=split if embedding is None else embedding.split, formats=formats, overwrite=True)
+    code_file, color_by = plan.code_files[0], plan.label  # checked as `latentcode plot` checks them
     # The label first: a spec it cannot colour by (a column out of range, a multi-column label) is
     # refused before minutes of embedding, not after.
     values, label = select_label(code_file, color_by, split if embedding is None else embedding.split)

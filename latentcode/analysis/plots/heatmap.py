@@ -14,7 +14,8 @@ from matplotlib.colors import Colormap, Normalize
 
 from latentcode.analysis.captions import codes_context, wrap_lines
 from latentcode.analysis.labels import display_value, value_names
-from latentcode.analysis.plots.figure import new_figure, open_codes, panel_grid, save_figure
+from latentcode.analysis.picture_plan import plan_picture
+from latentcode.analysis.plots.figure import new_figure, panel_grid, save_figure
 from latentcode.analysis.similarity import mean_code_similarity
 from latentcode.store import CodeFile
 
@@ -31,12 +32,6 @@ CENTRE_ABOVE_SHARE = 0.01
 # so, its frame is dashed): 0.2% must not read as structure. Its colours stay those of the colour bar
 # (they were faded towards white once, which put colours on the panel that the bar does not have).
 WEAK_SHARE = 0.1
-
-
-def _as_list(code_files) -> list[CodeFile]:
-    if isinstance(code_files, (CodeFile, str, Path)):
-        code_files = [code_files]
-    return [open_codes(code_file) for code_file in code_files]
 
 
 def _heatmap_side(n_values: int) -> float:
@@ -115,7 +110,8 @@ def plot_similarity(
 
     Layers whose codes are all equal get a sentence instead of a uniform square.
     """
-    files = _as_list(code_files)
+    plan = plan_picture(code_files, label, path_stem, kind="similarity", split=split, formats=formats, overwrite=True)
+    files, label = list(plan.code_files), plan.label  # checked as `latentcode heatmap` checks them
     layers_of = [list(code_file.layers if layers is None else layers) for code_file in files]
     plain = [[mean_code_similarity(code_file, label, layer, split) for layer in file_layers]
              for code_file, file_layers in zip(files, layers_of, strict=True)]

@@ -10,8 +10,9 @@ import numpy as np
 
 from latentcode.analysis.captions import codes_context, position_ranges, wrap_lines
 from latentcode.analysis.labels import display_value, select_label, value_names
+from latentcode.analysis.picture_plan import plan_picture
 from latentcode.analysis.plots.colours import colour_scale
-from latentcode.analysis.plots.figure import new_figure, one_column, open_codes, save_figure
+from latentcode.analysis.plots.figure import new_figure, one_column, save_figure
 from latentcode.errors import AnalysisError
 from latentcode.store import CodeFile
 
@@ -42,7 +43,9 @@ def plot_code_samples(
     columns, too many to draw as columns of a panel) is shown through a window, its last
     `max_sites` sites (for recent keys, those nearest the query), grouped by head, and the title
     names the window and what it leaves out."""
-    code_file = open_codes(code_file)
+    plan = plan_picture(code_file, label, path_stem, kind="samples", split=split, layer=layer, formats=formats,
+                        overwrite=True)
+    code_file, label = plan.code_files[0], plan.label  # checked as `latentcode samples` checks them
     layer = code_file.layers[-1] if layer is None else layer
     values, label = select_label(code_file, label, split)
     values = one_column(values, label)

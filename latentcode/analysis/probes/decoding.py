@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
+from latentcode.analysis.probe_plan import plan_probe
 from latentcode.analysis.probes.estimators import DEFAULT_ALPHAS, DEFAULT_CS
 from latentcode.analysis.probes.inputs import (
     as_code_files,
@@ -29,8 +30,10 @@ __all__ = ["decode", "regress"]
 
 
 def _probe_table(kind: str, code_files, label, fit_split, test_split, layers, per_site, seed, cv, grid, progress):
-    """Files x layers x sites -> table: the loop `decode` (kind "decode") and `regress` share."""
-    files = as_code_files(code_files)
+    """Files x layers x sites -> table: the loop `decode` (kind "decode") and `regress` share, after
+    the checks `latentcode probe` makes too (`plan_probe`)."""
+    plan = plan_probe(code_files, label, fit_split, test_split, cv=cv, seed=seed)
+    files, label = as_code_files(plan.code_files), plan.label
     read_labels = decoding_labels if kind == "decode" else regression_labels
     labelled_files = [read_labels(code_file, label, fit_split, test_split, cv) for code_file in files]
     sites = probe_sites(labelled_files, layers, per_site)
