@@ -443,13 +443,11 @@ def per_rule_lines(out: Path, name: str, markdown, min_pairs: int = 20) -> list[
     same-rule donor's keep of the found group and the hand-made groups but the whole layer."""
     import pandas as pd
 
-    if not (out / name / "search-per-rule.csv").is_file():
-        return []
-    rows = pd.read_csv(out / name / "search-per-rule.csv")
-    found = rows[rows["group kind"] == "search route"]["step"].iloc[-1]
-    chosen = rows[(rows["step"] == found) | ((rows["group kind"] == "hand-made") & (rows["step"] != "whole layer"))]
-    chosen = chosen[(chosen["n"] >= min_pairs) & (chosen["target r'"] != "all")]
-    if chosen.empty:
+    rows = pd.read_csv(out / name / "search-per-rule.csv") if (out / name / "search-per-rule.csv").is_file() else None
+    found = None if rows is None else rows[rows["group kind"] == "search route"]["step"].iloc[-1]
+    chosen = rows if rows is None else rows[((rows["step"] == found) | ((rows["group kind"] == "hand-made") & (
+        rows["step"] != "whole layer"))) & (rows["n"] >= min_pairs) & (rows["target r'"] != "all")]
+    if chosen is None or chosen.empty:
         return []
     labels = {step: "found" if step == found else step for step in chosen["step"].unique()}
     cells = chosen.assign(cell=[f"{t:.3f} ± {se:.3f} (keep {k:.2f})" for t, se, k in zip(
