@@ -30,6 +30,7 @@ from latentcode.errors import UsageError
 from latentcode.files import AtomicOutputs
 from latentcode.intervention.edits import Edit
 from latentcode.intervention.intervener import Intervention
+from latentcode.intervention.language_plan import LanguageInterventionPlan
 from latentcode.intervention.plan import InterventionPlan, plan_intervention
 from latentcode.progress import Progress
 
@@ -49,6 +50,7 @@ def intervention_effects(
     batch_size: int = 256,
     seed: int | None = None,
     per_site: bool = True,
+    control: bool = True,
     progress: bool = False,
 ):
     """The task metrics of `n` instances of `split` (None: the task's held-out split, `ood` or
@@ -56,7 +58,9 @@ def intervention_effects(
     and with `per_site` each site alone); returns the tidy pandas table described in the module
     docstring. The edits' own `sites` are replaced by each scope. Everything is checked first by
     `latentcode.intervention.plan.plan_intervention`; `run_or_model` may be such a plan (the command
-    line's), and then the other arguments are the plan's."""
+    line's), and then the other arguments are the plan's. A pretrained causal LM ("smollm2", a Hugging
+    Face directory, a .gguf file) is edited on windows of the language corpus and read on its next-token
+    predictions, beside a `control` edit of as many random heads (`latentcode.intervention.language`)."""
     import pandas as pd
 
     from latentcode.extraction.pipeline import resolve_model
@@ -67,13 +71,17 @@ def intervention_effects(
     if not edits:
         raise UsageError("give at least one edit")
     model_object = run_or_model if isinstance(run_or_model, nn.Module) else None
-    if isinstance(run_or_model, InterventionPlan):
+    if isinstance(run_or_model, (InterventionPlan, LanguageInterventionPlan)):
         plan = run_or_model
     else:
         if model_object is not None:
             run_or_model = ModelSource("object", None, model_config=resolve_model(model_object)[1]["model_config"])
         plan = plan_intervention(run_or_model, task=task, sites=sites, split=split, n=n, variant=variant,
-                                 batch_size=batch_size, seed=seed, per_site=per_site)
+                                 batch_size=batch_size, seed=seed, per_site=per_site, control=control)
+    if isinstance(plan, LanguageInterventionPlan):
+        from latentcode.intervention.language import language_model_effects
+
+        return language_model_effects(plan, edits, progress=progress)
     model, info = resolve_model(model_object if plan.source.kind == "object" else plan.source)
     task, split, variant, resolved = plan.task, plan.split, plan.variant, list(plan.sites)
     n, batch_size, per_site = plan.n, plan.batch_size, plan.per_site
@@ -176,11 +184,15 @@ def draw_effects(table):
     axes = figure.subplots(n_rows, columns, squeeze=False).ravel()
     for axis, metric in zip(axes, metrics, strict=False):
         rows = table[table["metric"] == metric].set_index("scope").loc[scopes]
+        controls = (rows["role"] == "control").to_numpy() if "role" in rows else np.zeros(len(rows), bool)
+        alone = ~controls & (np.arange(len(rows)) > 0)
         axis.bar([0], rows["after"].iloc[:1], yerr=rows["after se"].iloc[:1], capsize=3, color="tab:red",
                  label="with the edit, all sites together")
-        if len(scopes) > 1:
-            axis.bar(range(1, len(scopes)), rows["after"].iloc[1:], yerr=rows["after se"].iloc[1:], capsize=3,
-                     color="tab:orange", label="with the edit, each site alone")
+        for chosen, colour, label in ((alone, "tab:orange", "with the edit, each site alone"),
+                                      (controls, "tab:gray", "control: the edit at as many random heads")):
+            if chosen.any():
+                axis.bar(np.flatnonzero(chosen), rows["after"].to_numpy()[chosen], yerr=rows["after se"].to_numpy()[chosen], capsize=3,
+                         color=colour, label=label)
         before, before_se = rows["before"].iloc[0], rows["before se"].iloc[0]
         axis.axhspan(before - before_se, before + before_se, color="0.8", zorder=0)
         axis.axhline(before, color="black", linestyle="--", linewidth=1, label="without the edit (band: ± s.e.)")
