@@ -147,3 +147,25 @@ def test_patch_refuses_a_pretrained_model_in_one_line_saying_why(tiny_llama, tmp
     assert main(["patch", str(tiny_llama), "--out", str(tmp_path / "p")]) == 2
     error = capsys.readouterr().err
     assert str(raised.value) in error and len(error.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
+
+
+def test_mean_ablation_takes_the_mean_pattern_of_a_compact_store_of_training_windows(tiny_llama, tmp_path):
+    from latentcode.extraction.pretrained_extract import extract_pretrained
+    from latentcode.intervention.language import mean_ablate_from_compact
+    from latentcode.intervention.plan import plan_intervention
+    from latentcode.store import Site
+
+    codes = extract_pretrained(str(tiny_llama), split="train", n=5, seq_len=SEQ_LEN, out=tmp_path / "train.h5",
+                               progress=False)
+    plan = plan_intervention(str(tiny_llama), sites="1:*:*", task={"seq_len": SEQ_LEN}, n=2)
+    edit = mean_ablate_from_compact(codes, plan, heads=[1])
+    pretrained = load_pretrained(tiny_llama)
+    ids = torch.from_numpy(corpus_token_windows(pretrained, "train", SEQ_LEN, 5, seed=0))
+    eager = transformers.LlamaForCausalLM.from_pretrained(tiny_llama, attn_implementation="eager").eval()
+    with torch.no_grad():
+        attentions = eager(input_ids=ids, output_attentions=True).attentions[1].mean(0)  # [H, T, T]
+    assert len(edit.means) == SEQ_LEN * SEQ_LEN and edit.heads == [1]
+    for query, key in [(0, 0), (5, 3), (SEQ_LEN - 1, 0), (SEQ_LEN - 1, SEQ_LEN - 1), (2, 9)]:
+        np.testing.assert_allclose(edit.means[Site(1, query, key)], attentions[:, query, key].numpy(), atol=1e-6)
+    with pytest.raises(LatentcodeError, match="has windows of 16 tokens; mean-ablating a pretrained model needs"):
+        mean_ablate_from_compact(codes, plan_intervention(str(tiny_llama), sites="1:*:*", task={"seq_len": 8}), [1])
