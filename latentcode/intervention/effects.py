@@ -171,12 +171,16 @@ def write_effects(table, path_stem: str | Path, formats: Sequence[str] = ("png",
 
 def draw_effects(table):
     """The plot of `write_effects`: one panel per metric, after the edit per scope (± s.e.), all sites
-    together in red, each site alone in orange; before it, a dashed line in its ± s.e. band."""
+    together in red, each site alone in orange; before it, a dashed line in its ± s.e. band. A language
+    model's table (a `role` column) shows the change per scope instead (± its paired s.e.; the
+    changes are small beside the loss itself) and its controls in grey."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     metrics = list(dict.fromkeys(table["metric"]))
     scopes = list(dict.fromkeys(table["scope"]))
+    relative = "role" in table
+    value, error = ("change", "change se") if relative else ("after", "after se")
     columns = min(3, len(metrics))
     n_rows = math.ceil(len(metrics) / columns)
     figure = Figure(figsize=(max(4.0, 0.5 * len(scopes) + 2) * columns, 3.2 * n_rows), dpi=100, layout="constrained")
@@ -184,25 +188,31 @@ def draw_effects(table):
     axes = figure.subplots(n_rows, columns, squeeze=False).ravel()
     for axis, metric in zip(axes, metrics, strict=False):
         rows = table[table["metric"] == metric].set_index("scope").loc[scopes]
-        controls = (rows["role"] == "control").to_numpy() if "role" in rows else np.zeros(len(rows), bool)
+        controls = (rows["role"] == "control").to_numpy() if relative else np.zeros(len(rows), bool)
         alone = ~controls & (np.arange(len(rows)) > 0)
-        axis.bar([0], rows["after"].iloc[:1], yerr=rows["after se"].iloc[:1], capsize=3, color="tab:red",
-                 label="with the edit, all sites together")
-        for chosen, colour, label in ((alone, "tab:orange", "with the edit, each site alone"),
+        for chosen, colour, label in ((np.arange(len(rows)) == 0, "tab:red", "with the edit, all sites together"),
+                                      (alone, "tab:orange", "with the edit, each site alone"),
                                       (controls, "tab:gray", "control: the edit at as many random heads")):
             if chosen.any():
-                axis.bar(np.flatnonzero(chosen), rows["after"].to_numpy()[chosen], yerr=rows["after se"].to_numpy()[chosen], capsize=3,
-                         color=colour, label=label)
-        before, before_se = rows["before"].iloc[0], rows["before se"].iloc[0]
-        axis.axhspan(before - before_se, before + before_se, color="0.8", zorder=0)
-        axis.axhline(before, color="black", linestyle="--", linewidth=1, label="without the edit (band: ± s.e.)")
+                axis.bar(np.flatnonzero(chosen), rows[value].to_numpy()[chosen], yerr=rows[error].to_numpy()[chosen],
+                         capsize=3, color=colour, label=label)
+        if relative:
+            axis.axhline(0, color="black", linestyle="--", linewidth=1, label="without the edit")
+            axis.set_ylabel("after - before (± paired s.e.)", fontsize=8)
+            axis.set_title(f"change in {metric} ({rows['before'].iloc[0]:.4g} without the edit)", fontsize=9)
+        else:
+            before, before_se = rows["before"].iloc[0], rows["before se"].iloc[0]
+            axis.axhspan(before - before_se, before + before_se, color="0.8", zorder=0)
+            axis.axhline(before, color="black", linestyle="--", linewidth=1, label="without the edit (band: ± s.e.)")
+            axis.set_ylabel(f"{metric} (± s.e.)")
+            axis.set_title(f"{metric} with the edit", fontsize=9)
         axis.set_xticks(range(len(scopes)), scopes, rotation=45, ha="right", fontsize=7)
-        axis.set_ylabel(f"{metric} (± s.e.)")
-        axis.set_title(f"{metric} with the edit", fontsize=9)
     for axis in axes[len(metrics) :]:
         axis.set_visible(False)
     # one legend for every panel (the same colours in each), below them where it covers no bar
-    figure.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=3, fontsize=8, frameon=False)
+    figure.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=4, fontsize=8, frameon=False)
     first = table.iloc[0]
-    figure.suptitle(f"{first['model']} on {first['task']} {first['split']} (n={first['n']}): {first['edit']}", fontsize=9)
+    windows = f", windows of {first['variant'][2:]} tokens" if relative else ""
+    figure.suptitle(f"{first['model']} on {first['task']} {first['split']} (n={first['n']}{windows}): {first['edit']}",
+                    fontsize=9)
     return figure
