@@ -68,19 +68,25 @@ def control_units(units: Sequence[Unit], n_heads: int, rng: np.random.Generator)
     return sorted(chosen)
 
 
-def scoped(plan: LanguageInterventionPlan, edits: Sequence[Edit], units: Sequence[tuple[Unit, Unit]]) -> list[Edit]:
-    """Each edit at `units`, given as (unit, the unit it stands for: itself, or the edited unit a
-    control unit replaces): per layer, the edit of the heads of `units` there whose stand-in it writes,
-    at the plan's pairs of that layer."""
+def written_heads(edits: Sequence[Edit], units: Sequence[tuple[Unit, Unit]]) -> list[tuple[int, int, tuple[int, ...]]]:
+    """(edit index, layer, heads) of each edit at `units`, given as (unit, the unit it stands for:
+    itself, or the edited unit a control unit replaces): per layer, the heads of `units` there whose
+    stand-in the edit writes."""
     result = []
-    for edit in edits:
+    for index, edit in enumerate(edits):
         writes = None if edit.heads is None else {int(head) for head in edit.heads}
         for layer in sorted({layer for (layer, _), _ in units}):
-            heads = [head for (unit_layer, head), (_, original) in units
-                     if unit_layer == layer and (writes is None or original in writes)]
+            heads = sorted(head for (unit_layer, head), (_, original) in units
+                           if unit_layer == layer and (writes is None or original in writes))
             if heads:
-                result.append(dataclasses.replace(edit, heads=sorted(heads), sites=layer_selector(plan, layer)))
+                result.append((index, layer, tuple(heads)))
     return result
+
+
+def scoped(plan: LanguageInterventionPlan, edits: Sequence[Edit], units: Sequence[tuple[Unit, Unit]]) -> list[Edit]:
+    """Each edit at `units` (see `written_heads`), at the plan's pairs of each layer."""
+    return [dataclasses.replace(edits[index], heads=list(heads), sites=layer_selector(plan, layer))
+            for index, layer, heads in written_heads(edits, units)]
 
 
 def next_token_metrics(logits: torch.Tensor, targets: torch.Tensor) -> np.ndarray:
@@ -122,8 +128,15 @@ def language_model_effects(plan: LanguageInterventionPlan, edits: Edit | Sequenc
         if control is not None:
             measured.append((f"control for {scope}: {unit_name([unit for unit, _ in control])}", "control", control))
 
+    measured_before: dict[tuple, np.ndarray] = {}  # a control may be another scope's heads: one pass for both
+
     def per_window(scope_units: list[tuple[Unit, Unit]] | None, note: str) -> np.ndarray:
         """`[n, 3]`: METRICS of each window, with the edits at `scope_units` (None: unedited)."""
+        key = None if scope_units is None else tuple(written_heads(edits, scope_units))
+        if key is not None:
+            if key in measured_before:
+                tracker.advance(len(batches), note=note)
+                return measured_before[key]
         values = []
         for batch in batches:
             with torch.no_grad():
@@ -134,7 +147,10 @@ def language_model_effects(plan: LanguageInterventionPlan, edits: Edit | Sequenc
                         logits = model(input_ids=inputs[batch], use_cache=False).logits
             values.append(next_token_metrics(logits[:, plan.first_query :], targets[batch]))
             tracker.advance(note=note)
-        return np.concatenate(values)
+        values = np.concatenate(values)
+        if key is not None:
+            measured_before[key] = values
+        return values
 
     description = "; ".join(edit.describe() for edit in edits) + f" at {plan.selector.spec()}"
     tracker = Progress((1 + len(measured)) * len(batches), "intervene", unit="batch", enabled=progress)
