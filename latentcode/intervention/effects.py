@@ -181,9 +181,10 @@ def draw_effects(table):
     scopes = list(dict.fromkeys(table["scope"]))
     relative = "role" in table
     value, error = ("change", "change se") if relative else ("after", "after se")
-    columns = min(3, len(metrics))
+    columns = min(3 if len(scopes) <= 8 else 1, len(metrics))  # many scopes: panels one above the other
     n_rows = math.ceil(len(metrics) / columns)
-    figure = Figure(figsize=(max(4.0, 0.5 * len(scopes) + 2) * columns, 3.2 * n_rows), dpi=100, layout="constrained")
+    figure = Figure(figsize=(max(4.0, 0.5 * len(scopes) + 2) * columns, 3.2 * n_rows + (1.2 if columns == 1 else 0)),
+                    dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(n_rows, columns, squeeze=False).ravel()
     for axis, metric in zip(axes, metrics, strict=False):

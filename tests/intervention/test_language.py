@@ -169,3 +169,18 @@ def test_mean_ablation_takes_the_mean_pattern_of_a_compact_store_of_training_win
         np.testing.assert_allclose(edit.means[Site(1, query, key)], attentions[:, query, key].numpy(), atol=1e-6)
     with pytest.raises(LatentcodeError, match="has windows of 16 tokens; mean-ablating a pretrained model needs"):
         mean_ablate_from_compact(codes, plan_intervention(str(tiny_llama), sites="1:*:*", task={"seq_len": 8}), [1])
+
+
+def test_the_command_line_writes_the_table_python_returns_and_its_plot(tiny_llama, tmp_path, capsys):
+    import pandas as pd
+
+    stem = tmp_path / "tiny-l1"
+    assert main(["intervene", str(tiny_llama), "--sites", "1:*:*", "--zero-ablate", "1,2", "--task",
+                 f"seq_len={SEQ_LEN}", "--n", "3", "--out", str(stem), "--quiet"]) == 0
+    assert "next-token predictions at positions 0..15" in capsys.readouterr().out
+    written = pd.read_csv(stem.with_suffix(".csv"))
+    table = intervention_effects(str(tiny_llama), ZeroAblate(heads=[1, 2]), sites="1:*:*",
+                                 task={"seq_len": SEQ_LEN}, n=3)
+    assert list(written["scope"]) == list(table["scope"])
+    np.testing.assert_allclose(written[["before", "after", "change"]], table[["before", "after", "change"]], rtol=1e-6)
+    assert stem.with_suffix(".png").stat().st_size > 0 and stem.with_suffix(".json").is_file()
