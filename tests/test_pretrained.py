@@ -145,9 +145,3 @@ def test_the_attention_shape_is_read_from_metadata_alone(tiny_llama, tmp_path):
     writer.close()
     assert attention_shape(path) == AttentionShape(n_layers=5, n_heads=6, n_kv_heads=2, n_ctx=256)
 
-
-@pytest.mark.slow
-def test_the_smollm2_shape_the_plans_use_is_what_its_gguf_file_declares():
-    from latentcode.pretrained import SMOLLM2_SHAPE, attention_shape
-
-    assert attention_shape(smollm2_path()) == SMOLLM2_SHAPE

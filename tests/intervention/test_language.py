@@ -126,6 +126,9 @@ def test_bad_input_is_the_same_one_line_from_python_and_the_command_line(tiny_ll
 
 @pytest.mark.slow
 def test_smollm2_one_head_zero_ablated_on_short_windows(smollm2, tmp_path, capsys):
+    from latentcode.pretrained import SMOLLM2_SHAPE, attention_shape, smollm2_path
+
+    assert attention_shape(smollm2_path()) == SMOLLM2_SHAPE  # the plans' constant is what the file declares
     stem = tmp_path / "smollm2-l3h0"
     assert main(["intervene", "smollm2", "--sites", "3:*:*", "--zero-ablate", "0", "--task", "seq_len=64",
                  "--n", "4", "--out", str(stem), "--quiet"]) == 0
