@@ -200,7 +200,7 @@ def draw_effects(table):
         if relative:
             axis.axhline(0, color="black", linestyle="--", linewidth=1, label="without the edit")
             axis.set_ylabel("after - before (± paired s.e.)", fontsize=8)
-            axis.set_title(f"change in {metric} ({rows['before'].iloc[0]:.4g} without the edit)", fontsize=9)
+            axis.set_title(f"change in {metric}\n({rows['before'].iloc[0]:.4g} without the edit)", fontsize=9)
         else:
             before, before_se = rows["before"].iloc[0], rows["before se"].iloc[0]
             axis.axhspan(before - before_se, before + before_se, color="0.8", zorder=0)
