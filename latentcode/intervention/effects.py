@@ -30,6 +30,7 @@ from latentcode.errors import UsageError
 from latentcode.files import AtomicOutputs
 from latentcode.intervention.edits import Edit
 from latentcode.intervention.intervener import Intervention
+from latentcode.intervention.language_plan import LanguageInterventionPlan
 from latentcode.intervention.plan import InterventionPlan, plan_intervention
 from latentcode.progress import Progress
 
@@ -49,6 +50,7 @@ def intervention_effects(
     batch_size: int = 256,
     seed: int | None = None,
     per_site: bool = True,
+    control: bool = True,
     progress: bool = False,
 ):
     """The task metrics of `n` instances of `split` (None: the task's held-out split, `ood` or
@@ -56,7 +58,9 @@ def intervention_effects(
     and with `per_site` each site alone); returns the tidy pandas table described in the module
     docstring. The edits' own `sites` are replaced by each scope. Everything is checked first by
     `latentcode.intervention.plan.plan_intervention`; `run_or_model` may be such a plan (the command
-    line's), and then the other arguments are the plan's."""
+    line's), and then the other arguments are the plan's. A pretrained causal LM ("smollm2", a Hugging
+    Face directory, a .gguf file) is edited on windows of the language corpus and read on its next-token
+    predictions, beside a `control` edit of as many random heads (`latentcode.intervention.language`)."""
     import pandas as pd
 
     from latentcode.extraction.pipeline import resolve_model
@@ -67,13 +71,17 @@ def intervention_effects(
     if not edits:
         raise UsageError("give at least one edit")
     model_object = run_or_model if isinstance(run_or_model, nn.Module) else None
-    if isinstance(run_or_model, InterventionPlan):
+    if isinstance(run_or_model, (InterventionPlan, LanguageInterventionPlan)):
         plan = run_or_model
     else:
         if model_object is not None:
             run_or_model = ModelSource("object", None, model_config=resolve_model(model_object)[1]["model_config"])
         plan = plan_intervention(run_or_model, task=task, sites=sites, split=split, n=n, variant=variant,
-                                 batch_size=batch_size, seed=seed, per_site=per_site)
+                                 batch_size=batch_size, seed=seed, per_site=per_site, control=control)
+    if isinstance(plan, LanguageInterventionPlan):
+        from latentcode.intervention.language import language_model_effects
+
+        return language_model_effects(plan, edits, progress=progress)
     model, info = resolve_model(model_object if plan.source.kind == "object" else plan.source)
     task, split, variant, resolved = plan.task, plan.split, plan.variant, list(plan.sites)
     n, batch_size, per_site = plan.n, plan.batch_size, plan.per_site
@@ -163,34 +171,49 @@ def write_effects(table, path_stem: str | Path, formats: Sequence[str] = ("png",
 
 def draw_effects(table):
     """The plot of `write_effects`: one panel per metric, after the edit per scope (± s.e.), all sites
-    together in red, each site alone in orange; before it, a dashed line in its ± s.e. band."""
+    together in red, each site alone in orange; before it, a dashed line in its ± s.e. band. A language
+    model's table (a `role` column) shows the change per scope instead (± its paired s.e.; the
+    changes are small beside the loss itself) and its controls in grey."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     metrics = list(dict.fromkeys(table["metric"]))
     scopes = list(dict.fromkeys(table["scope"]))
-    columns = min(3, len(metrics))
+    relative = "role" in table
+    value, error = ("change", "change se") if relative else ("after", "after se")
+    columns = min(3 if len(scopes) <= 8 else 1, len(metrics))  # many scopes: panels one above the other
     n_rows = math.ceil(len(metrics) / columns)
-    figure = Figure(figsize=(max(4.0, 0.5 * len(scopes) + 2) * columns, 3.2 * n_rows), dpi=100, layout="constrained")
+    figure = Figure(figsize=(max(4.0, 0.5 * len(scopes) + 2) * columns, 3.2 * n_rows + (1.2 if columns == 1 else 0)),
+                    dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(n_rows, columns, squeeze=False).ravel()
     for axis, metric in zip(axes, metrics, strict=False):
         rows = table[table["metric"] == metric].set_index("scope").loc[scopes]
-        axis.bar([0], rows["after"].iloc[:1], yerr=rows["after se"].iloc[:1], capsize=3, color="tab:red",
-                 label="with the edit, all sites together")
-        if len(scopes) > 1:
-            axis.bar(range(1, len(scopes)), rows["after"].iloc[1:], yerr=rows["after se"].iloc[1:], capsize=3,
-                     color="tab:orange", label="with the edit, each site alone")
-        before, before_se = rows["before"].iloc[0], rows["before se"].iloc[0]
-        axis.axhspan(before - before_se, before + before_se, color="0.8", zorder=0)
-        axis.axhline(before, color="black", linestyle="--", linewidth=1, label="without the edit (band: ± s.e.)")
+        controls = (rows["role"] == "control").to_numpy() if relative else np.zeros(len(rows), bool)
+        alone = ~controls & (np.arange(len(rows)) > 0)
+        for chosen, colour, label in ((np.arange(len(rows)) == 0, "tab:red", "with the edit, all sites together"),
+                                      (alone, "tab:orange", "with the edit, each site alone"),
+                                      (controls, "tab:gray", "control: the edit at as many random heads")):
+            if chosen.any():
+                axis.bar(np.flatnonzero(chosen), rows[value].to_numpy()[chosen], yerr=rows[error].to_numpy()[chosen],
+                         capsize=3, color=colour, label=label)
+        if relative:
+            axis.axhline(0, color="black", linestyle="--", linewidth=1, label="without the edit")
+            axis.set_ylabel("after - before (± paired s.e.)", fontsize=8)
+            axis.set_title(f"change in {metric}\n({rows['before'].iloc[0]:.4g} without the edit)", fontsize=9)
+        else:
+            before, before_se = rows["before"].iloc[0], rows["before se"].iloc[0]
+            axis.axhspan(before - before_se, before + before_se, color="0.8", zorder=0)
+            axis.axhline(before, color="black", linestyle="--", linewidth=1, label="without the edit (band: ± s.e.)")
+            axis.set_ylabel(f"{metric} (± s.e.)")
+            axis.set_title(f"{metric} with the edit", fontsize=9)
         axis.set_xticks(range(len(scopes)), scopes, rotation=45, ha="right", fontsize=7)
-        axis.set_ylabel(f"{metric} (± s.e.)")
-        axis.set_title(f"{metric} with the edit", fontsize=9)
     for axis in axes[len(metrics) :]:
         axis.set_visible(False)
     # one legend for every panel (the same colours in each), below them where it covers no bar
-    figure.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=3, fontsize=8, frameon=False)
+    figure.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=4, fontsize=8, frameon=False)
     first = table.iloc[0]
-    figure.suptitle(f"{first['model']} on {first['task']} {first['split']} (n={first['n']}): {first['edit']}", fontsize=9)
+    windows = f", windows of {first['variant'][2:]} tokens" if relative else ""
+    figure.suptitle(f"{first['model']} on {first['task']} {first['split']} (n={first['n']}{windows}): {first['edit']}",
+                    fontsize=9)
     return figure

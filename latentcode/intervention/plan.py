@@ -19,6 +19,10 @@ from typing import Any
 
 from latentcode.errors import UsageError, about
 from latentcode.extraction.plan import checked_model_config, task_of
+from latentcode.intervention.language_plan import (
+    LanguageInterventionPlan,
+    plan_language_intervention,
+)
 from latentcode.rundir import ModelSource, locate_model
 from latentcode.sources.sites import Selector, parse_selector
 from latentcode.store import Site
@@ -62,12 +66,15 @@ def plan_intervention(
     batch_size: int = 256,
     seed: int | None = None,
     per_site: bool = True,
-) -> InterventionPlan:
-    """The plan of `intervention_effects` with these arguments (see there), or the first mistake."""
+    control: bool = True,
+) -> InterventionPlan | LanguageInterventionPlan:
+    """The plan of `intervention_effects` with these arguments (see there), or the first mistake; for a
+    pretrained causal LM, `language_plan.plan_language_intervention`'s (`control` is its alone)."""
     with about("run_or_model"):
         source = run_or_model if isinstance(run_or_model, ModelSource) else locate_model(run_or_model)
-        if source.kind == "pretrained":
-            raise UsageError(f"{source.path} is a pretrained model; expected a latentcode run or model directory")
+    if source.kind == "pretrained":
+        return plan_language_intervention(source, task=task, sites=sites, split=split, n=n, variant=variant,
+                                          batch_size=batch_size, seed=seed, per_site=per_site, control=control)
     with about("n"):
         n = check_integer("n", n, minimum=1)
     with about("batch_size"):

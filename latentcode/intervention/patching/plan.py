@@ -176,14 +176,20 @@ def plan_patch(
 
 
 def _run_of(run: str | Path | ModelSource) -> ModelSource:
-    """The finished run directory `run` (its task draws the pairs): a model directory without its run,
-    a pretrained model or anything else is refused with one message."""
+    """The finished run directory `run` (its task draws the pairs): a pretrained model is refused with
+    the reason (no counterfactual pairs), a model directory without its run or anything else with one
+    message."""
     from latentcode.rundir import RunDirectoryError
 
     try:
         source = run if isinstance(run, ModelSource) else locate_model(run)
     except RunDirectoryError:
         source = None
+    if source is not None and source.kind == "pretrained":
+        raise UsageError(f"{run} is a pretrained language model: patch reads counterfactual pairs of a run's task (a "
+                         "donor whose answer differs from the base's in a known way), and windows of a text corpus "
+                         "have none; measure what a head's codes do to its next-token loss with latentcode "
+                         f"intervene {run} --sites 'LAYER:*:*' --zero-ablate HEADS --task seq_len=T")
     if source is None or source.kind != "run":
         raise UsageError(f"{run} is not a finished run directory (config.json and model/model.safetensors); "
                          "patch reads the task of the run to draw its pairs")
