@@ -439,8 +439,7 @@ def search_section(out: Path, name: str, markdown) -> list[str]:
 
 
 def per_rule_lines(out: Path, name: str, markdown, min_pairs: int = 20) -> list[str]:
-    """Per target rule r' (with at least `min_pairs` confirmation pairs): transfer ± s.e. and the
-    same-rule donor's keep of the found group and the hand-made groups but the whole layer."""
+    """Per target rule r' (>= `min_pairs` pairs): the found and hand-made groups' transfer and keep."""
     import pandas as pd
 
     rows = pd.read_csv(out / name / "search-per-rule.csv") if (out / name / "search-per-rule.csv").is_file() else None
