@@ -108,6 +108,21 @@ def _rounded(array: np.ndarray, decimals: int) -> list:
     return listed
 
 
+def _tokens(code_file: CodeFile, rows: np.ndarray, split, sites, token_names: Sequence[str] | None) -> dict | None:
+    """The text of each sampled instance's token at every recorded position (a query or key of a
+    site): `{positions, texts [n][positions]}`, where the file keeps the input tokens (`token_ids`)
+    and their names are known (the file's `token_names`, else `token_names` given); else None."""
+    names = list(token_names or code_file.token_names)
+    if "token_ids" not in code_file.extra_names or not names:
+        return None
+    positions = sorted({site.query for site in sites} | {site.key for site in sites})
+    ids = code_file.extra("token_ids", split)[rows][:, positions]  # [n, positions]
+    if ids.size and (ids.min() < 0 or ids.max() >= len(names)):
+        raise AnalysisError(f"{code_file.path}: token ids from {ids.min()} to {ids.max()}, but {len(names)} token "
+                            "names; expected a name for every id")
+    return {"positions": positions, "texts": [[names[token] for token in row] for row in ids.tolist()]}
+
+
 def viewer_data(
     code_file: CodeFile | str,
     split: str | None = None,
@@ -115,6 +130,7 @@ def viewer_data(
     seed: int = 0,
     embeddings: Sequence[Embedding] = (),
     decimals: int = DECIMALS,
+    token_names: Sequence[str] | None = None,
 ) -> dict:
     """The viewer's data for at most `max_instances` instances of `split` (None: every split), drawn
     uniformly with `seed` (`latentcode.analysis.embed.subsample`, as `embed` draws them, so an
@@ -125,7 +141,11 @@ def viewer_data(
     position, where the file names them), `heads` (the widest code), `instances`
     (`{row, split, answer, target}` lists), `labels` (`{name: {values, index, filter}}`), `codes`
     (`[n_shown][n_sites * heads]`, rounded; null where a site has fewer heads) and `embeddings`
-    (`{method: {layer: {x, y, axes}}}`, PCA first).
+    (`{method: {layer: {x, y, axes}}}`, PCA first), `tokens` (each instance's token text at every
+    recorded position, where the file keeps its input tokens: `_tokens`; else null).
+
+    token_names: the text of each token id where the file does not name them (a pretrained
+    model's tokenizer: `[tokenizer.decode([id]) for id in range(vocabulary)]`).
     """
     code_file = code_file if isinstance(code_file, CodeFile) else CodeFile(code_file)
     mask = code_file.split_mask(split)
@@ -198,4 +218,5 @@ def viewer_data(
         "labels": labels,
         "codes": _rounded(codes.reshape(len(rows), -1), decimals),
         "embeddings": projections,
+        "tokens": _tokens(code_file, rows, split, sites, token_names),
     }
