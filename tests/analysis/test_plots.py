@@ -371,3 +371,28 @@ def test_scores_crowded_at_the_top_get_a_panel_of_gaps_and_near_trivial_ones_are
     assert "lower panel" not in text and "gap to" not in text
     # linear at layer 0 is 0.76 against 0.75: less than 0.02 above its strongest baseline.
     assert "1 of 6 scores are near-trivial (hollow)" in text and "near-trivial: &lt; 0.02 above" in text
+
+
+def test_sample_grid_names_the_key_of_each_block_beside_a_divider(tmp_path):
+    """SRAVEN's grid showed two blocks of heads split by a line without saying which key each was
+    (issue 32): each block is now named under it, by the file's name of its key position."""
+    from latentcode.store import CodeWriter, Site
+
+    names = [f"p{position}" for position in range(36)]
+    names[27], names[31] = "left panel", "right panel"
+    sites = [Site(1, 35, 31), Site(1, 35, 27)]  # sorted by key in the file: 27 is drawn first (left)
+    with CodeWriter(tmp_path / "c.h5", sites, n_heads=4, metadata={"position_names": names}) as writer:
+        writer.append(codes={Site(1, 35, 27): -np.ones((20, 4), np.float32), Site(1, 35, 31): np.ones((20, 4), np.float32)},
+                      labels={"rule": np.arange(20) % 2}, split="ood")
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        (svg,) = plot_code_samples(tmp_path / "c.h5", "rule", tmp_path / "grid", formats=("svg",))
+        (png,) = plot_code_samples(tmp_path / "c.h5", "rule", tmp_path / "grid", formats=("png",))
+    text = _svg_text(svg)
+    assert text.index("left panel") < text.index("(key 27)") < text.index("right panel") < text.index("(key 31)")
+    assert text.count("key (heads 0–3 in each block)") == 2  # one per panel (rule 0 and 1)
+    # The block named key 27 holds its codes (-1: blue), key 31's (+1: red): across the middle of the
+    # figure, blue then red in each of the two panels.
+    row = imread(png)[..., :3][imread(png).shape[0] // 2]
+    colours = ["B" if pixel[2] > pixel[0] else "R" for pixel in row if abs(pixel[2] - pixel[0]) > 0.2]
+    runs = "".join(colour for index, colour in enumerate(colours) if index == 0 or colour != colours[index - 1])
+    assert runs.startswith("BRBR"), runs
