@@ -81,7 +81,7 @@ def test_the_exported_notebook_renders_the_viewer_offline(browser, exported):  #
     events = [json.loads(entry["message"])["message"] for entry in browser.get_log("performance")]
     requested = [event["params"]["request"]["url"] for event in events if event["method"] == "Network.requestWillBeSent"]
     outside = [url for url in requested if not url.startswith(("file:", "data:", "blob:", "about:"))]
-    assert outside and all(any(script in url for script in TEMPLATE_SCRIPTS) for url in outside), outside
+    assert all(any(script in url for script in TEMPLATE_SCRIPTS) for url in outside), outside
     errors = [entry["message"] for entry in logs if entry["level"] == "SEVERE"
               and not any(script in entry["message"] for script in TEMPLATE_SCRIPTS)]
     assert errors == [], "the only errors are the blocked template scripts'"
