@@ -110,7 +110,8 @@ def _check_run(args: argparse.Namespace) -> None:
     out = args.codes or Path(tempfile.gettempdir()) / f"latentcode-view-{os.getpid()}.h5"
     args.extraction = dict(run_or_model=source, sites=args.sites or "last-self", split=args.split,
                            n=args.n or 8192)
-    plan_extract(**args.extraction, out=out)  # every mistake now, before torch
+    plan = plan_extract(**args.extraction, out=out)  # every mistake now, before torch
+    args.split = plan.split  # the page shows the split extracted (the task's held-out one by default)
 
 
 def _extracted(args: argparse.Namespace, directory: str) -> str:
@@ -118,8 +119,8 @@ def _extracted(args: argparse.Namespace, directory: str) -> str:
     import latentcode
 
     out = args.codes or str(Path(directory) / f"{Path(args.file).resolve().name}.h5")
-    print(f"extracting the codes of {args.file}: {args.extraction['n']} instances of "
-          f"{args.split or 'its held-out split'} at {args.extraction['sites']} into "
+    print(f"extracting the codes of {args.file}: {args.extraction['n']} instances of split "
+          f"{args.split} at {args.extraction['sites']} into "
           f"{args.codes or 'a temporary file'}", flush=True)
     latentcode.extract(**args.extraction, out=out, progress=False)
     if args.label is not None:

@@ -36,7 +36,7 @@ def test_a_run_directory_is_extracted_into_the_named_codes_file_then_viewed(tiny
     assert code_file.splits == ["ood"] and len(code_file) == 300
     assert code_file.selector["spec"] == "last-self" and code_file.selector["variant"] == "uniform"
     data = page_data(page)
-    assert (data["file"], data["n_total"], data["n_shown"]) == ("codes.h5", 300, 300)
+    assert (data["file"], data["split"], data["n_total"], data["n_shown"]) == ("codes.h5", "ood", 300, 300)
     site = code_file.sites[0]
     shown = np.array(data["codes"])[:, : code_file.heads_of[site]]
     np.testing.assert_allclose(shown, code_file.codes(site), atol=0.0005 + 1e-9)
