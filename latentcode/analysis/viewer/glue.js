@@ -118,8 +118,9 @@
     for (const name of Object.keys(data.labels)) {
       html += "<tr><th>" + escapeHtml(name) + "</th><td>" + escapeHtml(labelText(name, i)) + "</td></tr>";
     }
-    html += "<tr><th>model's answer</th><td>" + escapeHtml(data.instances.answer[i]) + "</td></tr>";
-    html += "<tr><th>target</th><td>" + escapeHtml(data.instances.target[i]) + "</td></tr>";
+    // a file without predictions or targets (a pretrained model's) has no rows for them
+    if (data.instances.answer[i] !== "") html += "<tr><th>model's answer</th><td>" + escapeHtml(data.instances.answer[i]) + "</td></tr>";
+    if (data.instances.target[i] !== "") html += "<tr><th>target</th><td>" + escapeHtml(data.instances.target[i]) + "</td></tr>";
     if (data.tokens) {
       const [query] = state.site.split(":").map(Number);
       const keys = data.sites.filter((s) => s.query === query).map((s) => s.key);
