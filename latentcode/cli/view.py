@@ -1,8 +1,12 @@
-"""`latentcode view`: one self-contained, offline HTML page to explore the latent codes of a codes file."""
+"""`latentcode view`: one self-contained, offline HTML page to explore the latent codes of a codes file,
+or of a run directory (its codes extracted first with `latentcode.extract`, as `latentcode extract` would)."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from latentcode.cli.arguments import POSITIVE_INTEGER, SEED
@@ -26,11 +30,19 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "answer, filtered by any label; the selected instance's codes as a layer x head grid and its attention from "
         "the query to every recorded key, per head; probe tables and patching maps when given. At most "
         "--max-instances instances, drawn with --seed; codes rounded for display.",
-        epilog="example:\n  latentcode view codes.h5 --probes results/rule.csv --patching results/patch.csv --out codes.html",
+        epilog="examples:\n  latentcode view codes.h5 --probes results/rule.csv --patching results/patch.csv --out codes.html\n"
+        "  latentcode view models/fuzzy_logic-hyla --sites '*:-1:*' --codes fuzzy-hyla.h5   # a run: extracted first",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("file", metavar="CODES.h5")
-    parser.add_argument("--split", help="only this split (default: all)")
+    parser.add_argument("file", metavar="CODES.h5|RUN_DIR",
+                        help="a codes file, or a run or model directory whose codes are extracted first (latentcode "
+                        "extract's defaults: the task's held-out split, --n 8192, --sites last-self)")
+    parser.add_argument("--split", help="only this split (default: all; of a RUN_DIR: the task's held-out split)")
+    parser.add_argument("--sites", help="of a RUN_DIR: the site selector to extract (default last-self; '*:-1:*' "
+                        "fills the attention panel: the last query to every key)")
+    parser.add_argument("--n", type=POSITIVE_INTEGER, help="of a RUN_DIR: instances to extract (default 8192)")
+    parser.add_argument("--codes", help="of a RUN_DIR: keep the extracted codes in this file (default: a temporary "
+                        "file, deleted once the page is written)")
     parser.add_argument("--max-instances", type=POSITIVE_INTEGER, default=1000,
                         help="cap on the instances shown, drawn uniformly with --seed (default 1000)")
     parser.add_argument("--seed", type=SEED, default=0)
@@ -41,16 +53,29 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="a latentcode probe table (.csv) to show; repeatable")
     parser.add_argument("--patching", action="append", default=[], metavar="CSV",
                         help="a latentcode patch table (.csv) to show as a map; repeatable")
-    parser.add_argument("--out", help="the HTML file (default: beside the codes file, CODES.html)")
+    parser.add_argument("--out", help="the HTML file (default: beside the codes file, CODES.html; of a RUN_DIR: "
+                        "NAME.html in the current directory, NAME the directory's name)")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     return parser
 
 
+RUN_ONLY_FLAGS = ("--sites", "--n", "--codes")
+
+
 def check(args: argparse.Namespace) -> None:
-    [code_file] = open_codes_files([args.file])
-    check_splits(code_file, {"--split": args.split})
-    if args.label is not None:
-        check_label(code_file, args.label, "--color")
+    args.extraction = None
+    if Path(args.file).is_dir():
+        _check_run(args)
+        args.out = args.out or f"{Path(args.file).resolve().name}.html"
+    else:
+        given = [flag for flag in RUN_ONLY_FLAGS if getattr(args, flag.strip("-")) is not None]
+        if given:
+            raise UsageError(f"{' '.join(given)} apply to a RUN_DIR, whose codes are extracted; {args.file} is a "
+                             "codes file: drop them, or give the run directory")
+        [code_file] = open_codes_files([args.file])
+        check_splits(code_file, {"--split": args.split})
+        if args.label is not None:
+            check_label(code_file, args.label, "--color")
     for flag, paths in (("--probes", args.probes), ("--patching", args.patching)):
         for path in paths:
             if Path(path).suffix.lower() != ".csv":
@@ -58,6 +83,8 @@ def check(args: argparse.Namespace) -> None:
                                  f"{flag.strip('-').replace('patching', 'patch').rstrip('s')} wrote (STEM.csv)")
             check_input_file(path, flag)
     args.out = args.out or str(Path(args.file).with_suffix(".html"))
+    if args.codes is not None and Path(args.codes).suffix.lower() not in (".h5", ".hdf5"):
+        raise UsageError(f"--codes {args.codes} does not end in .h5; expected the name of the codes file to write")
     if Path(args.out).suffix.lower() not in (".html", ".htm"):
         raise UsageError(f"--out {args.out} does not end in .html; expected the name of the HTML page to write")
     check_output(args.out, "--out", kind="file")
@@ -65,10 +92,59 @@ def check(args: argparse.Namespace) -> None:
         raise FileExistsError(f"--out {args.out} already exists; add --overwrite to replace it, or choose another --out")
 
 
+def _check_run(args: argparse.Namespace) -> None:
+    """A run or model directory: the extraction `latentcode extract RUN_DIR` would plan (its defaults
+    where --split, --sites, --n are not given), into --codes or a temporary file made by `run`."""
+    from latentcode.extraction.plan import plan_extract
+    from latentcode.rundir import RunDirectoryError, locate_model
+
+    try:
+        source = locate_model(args.file)
+    except RunDirectoryError:
+        raise UsageError(f"{args.file} is a directory but neither a codes file (.h5) nor a run or model directory "
+                         "(with model/model.safetensors or model.safetensors); expected one of them") from None
+    if source.kind == "pretrained":
+        raise UsageError(f"{args.file} is a pretrained model; latentcode view reads a run directory of a latentcode "
+                         "task or a codes file: extract its codes first (latentcode extract) and view that file")
+    # The temporary file is made by `run`; its directory is checked here through a name not taken.
+    out = args.codes or Path(tempfile.gettempdir()) / f"latentcode-view-{os.getpid()}.h5"
+    args.extraction = dict(run_or_model=source, sites=args.sites or "last-self", split=args.split,
+                           n=args.n or 8192)
+    plan = plan_extract(**args.extraction, out=out)  # every mistake now, before torch
+    args.split = plan.split  # the page shows the split extracted (the task's held-out one by default)
+
+
+def _extracted(args: argparse.Namespace, directory: str) -> str:
+    """The run's codes, extracted as planned into --codes or `directory`."""
+    import latentcode
+
+    out = args.codes or str(Path(directory) / f"{Path(args.file).resolve().name}.h5")
+    print(f"extracting the codes of {args.file}: {args.extraction['n']} instances of split "
+          f"{args.split} at {args.extraction['sites']} into "
+          f"{args.codes or 'a temporary file'}", flush=True)
+    latentcode.extract(**args.extraction, out=out, progress=False)
+    if args.label is not None:
+        from latentcode.store import CodeFile
+
+        check_label(CodeFile(out), args.label, "--color")
+    return out
+
+
 def run(args: argparse.Namespace) -> None:
+    if args.extraction is None:
+        return _view(args, args.file)
+    directory = tempfile.mkdtemp(prefix="latentcode-view-")
+    try:
+        return _view(args, _extracted(args, directory))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _view(args: argparse.Namespace, codes: str) -> None:
     from latentcode.analysis import embed
     from latentcode.analysis.viewer import build_viewer
 
+    args.file = codes
     embeddings = [embed(args.file, method, split=args.split, max_points=args.max_instances, seed=args.seed)
                   for method in args.embedding]
     viewer = build_viewer(args.file, split=args.split, max_instances=args.max_instances, seed=args.seed,
@@ -78,4 +154,4 @@ def run(args: argparse.Namespace) -> None:
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB; {viewer.title})")
 
 
-COMMAND = Command(register, check, run, order=95)
+COMMAND = Command(register, check, run, order=95, parameters={"run_or_model": "file", "out": "codes"})

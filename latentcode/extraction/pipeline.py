@@ -233,6 +233,7 @@ def run_extraction(plan: ExtractPlan, model: nn.Module | None = None, *, progres
         "prediction_kind": task.prediction_kind(),
         "split_descriptions": getattr(task, "split_descriptions", {}),
         "position_names": task.position_names(),
+        "token_names": task.token_names(),
         "seed": seed,
     }
     model.eval()
@@ -307,6 +308,9 @@ def record_batch(
     """One forward pass under `recorder` (call under torch.no_grad) and one append to `writer`."""
     device = next(model.parameters()).device
     output = model(torch.from_numpy(batch.x).to(device))
+    vocabulary = task.token_names()
+    if vocabulary:  # the input tokens, so that a key can be named by its token (the smallest integer type)
+        extra = {**(extra or {}), "token_ids": batch.x.astype(np.uint8 if len(vocabulary) <= 256 else np.int32)}
     writer.append(
         codes=recorder.pop(),
         labels={**batch.labels, **task.derived_labels(batch, sites)},

@@ -64,6 +64,7 @@ class CodeFile:
         self.attention_layers = values["attention_layers"]
         self.split_descriptions = values["split_descriptions"]
         self.position_names = values["position_names"]
+        self.token_names = values["token_names"]  # text of each id of extra("token_ids"), where recorded
         # The compact store (latentcode.store.compact): codes of any pair of its layers, rebuilt on demand.
         self.compact = CompactCodes(self.path, values["compact"], values["score"] or "pattern") \
             if values["compact"] else None

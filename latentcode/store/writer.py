@@ -85,16 +85,15 @@ class CodeWriter:
     ...     for batch in batches:
     ...         writer.append(codes={site: array [B, H]}, labels={...}, split="ood", ...)
 
-    `metadata` fills the root attributes that describe where the codes came from (see
-    `latentcode.store.schema`: `model_name`, `model_config`, `checkpoint_sha256`, `task_config`,
-    `selector`, `score`, `source`, `seed`, `task_analysis`, `prediction_kind`, `attention_layers`,
-    `split_descriptions`, `position_names`) and, as `value_names` / `column_names` (label name ->
-    names), the attributes of /labels/<name>. With `append=True` an existing file is extended if its schema is compatible (same sites, heads,
-    score, labels, model, checkpoint and task), otherwise refused with the reasons; with
-    `append=False` an existing file is refused (nothing already written is overwritten) unless
-    `overwrite=True`. `compression`: "gzip" (default), "lzf" or "none" (None) for a new file.
-    The writer holds the file's lock from construction to `close`/`abort`; another writer holding
-    it raises `LockHeld` at once, or after `wait_for_lock` seconds (None: wait as long as it takes).
+    `metadata` fills the root attributes that describe where the codes came from (see `latentcode.store.schema`:
+    `model_name`, `model_config`, `checkpoint_sha256`, `task_config`, `selector`, `score`, `source`, `seed`,
+    `task_analysis`, `prediction_kind`, `attention_layers`, `split_descriptions`, `position_names`,
+    `token_names`) and, as `value_names` / `column_names` (label -> names), the attributes of /labels/<name>. With `append=True` an existing file is extended if its schema is
+    compatible (same sites, heads, score, labels, model, checkpoint and task), otherwise refused; with
+    `append=False` an existing file is refused (nothing already written is overwritten) unless `overwrite=True`.
+    `compression`: "gzip" (default), "lzf" or "none" (None) for a new file. The writer holds the file's lock
+    from construction to `close`/`abort`; another writer holding it raises `LockHeld` at once, or after
+    `wait_for_lock` seconds (None: wait as long as it takes).
     """
 
     def __init__(
@@ -209,6 +208,7 @@ class CodeWriter:
             "attention_layers": list(self.metadata.get("attention_layers") or []),
             "split_descriptions": self.metadata.get("split_descriptions", {}),
             "position_names": list(self.metadata.get("position_names") or []),
+            "token_names": list(self.metadata.get("token_names") or []),
             "compact": self.metadata.get("compact", {}),
             "file_id": os.urandom(16).hex(),
         }

@@ -294,6 +294,12 @@ class Task(abc.ABC):
         per position of a sequence; [] where positions are only numbers (e.g. bytes of a text)."""
         return []
 
+    def token_names(self) -> list[str]:
+        """The text of each token id, for a task whose inputs are tokens of a text (one per id of the
+        vocabulary): an extraction then keeps each example's input tokens (`/extra/token_ids`) and
+        these names, so that the viewer names a key by its token; [] otherwise."""
+        return []
+
     def prediction_kind(self) -> str:
         """What the model's raw output at a prediction position is, as stored in a codes file."""
         return "logits" if self.objective == "classification" else "regression output"

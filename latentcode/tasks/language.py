@@ -220,6 +220,9 @@ class Language(Task):
         return {"query_class": classes, "target_class": classes, "key_class": classes,
                 "query_byte": [byte_name(byte) for byte in range(VOCABULARY)]}
 
+    def token_names(self) -> list[str]:
+        return [byte_name(byte) for byte in range(VOCABULARY)]
+
     def prediction_kind(self) -> str:
         return "logits of the byte after the last token"
 

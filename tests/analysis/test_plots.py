@@ -333,3 +333,66 @@ def test_a_figure_of_two_layers_keeps_its_one_row(tmp_path, codes_path):
     (tsne,) = plot_embedding(codes_path, "rule", tmp_path / "tsne", embedding=_random_embedding(codes_path, [0, 1]),
                              dpi=20)
     assert_png(tsne, figsize=(3.6 * 2 + 2.6, 4.9), dpi=20)  # the size it had before rows of panels
+
+
+def _probe_table(values, baselines):
+    """A probe table of three models over layers 0 and 1: `values[model][layer]`, each scored
+    against `baselines[model][layer]` = (name, value); majority 0.75 throughout."""
+    import pandas as pd
+
+    rows = []
+    for model in values:
+        for layer in (0, 1):
+            name, baseline = baselines[model][layer]
+            rows.append({"model": model, "file": f"{model}.h5", "site": "last-recent", "label": "query_class",
+                         "metric": "accuracy", "layer": layer, "value": values[model][layer], "majority": 0.75,
+                         "shuffled_labels": 0.7, "strongest_baseline": name, "strongest_baseline_value": baseline,
+                         "fit_split": "train", "test_split": "validation"})
+    return pd.DataFrame(rows)
+
+
+def test_scores_crowded_at_the_top_get_a_panel_of_gaps_and_near_trivial_ones_are_named(tmp_path):
+    """The language demo's three models overlapped at 0.99 (issue 32): the plot then says so and
+    shows each score's gap to its strongest baseline; a score barely above it is called near-trivial."""
+    majority = {layer: ("majority", 0.75) for layer in (0, 1)}
+    crowded = _probe_table({"softmax": [0.97, 0.99], "linear": [0.98, 0.985], "hyla": [0.975, 0.99]},
+                           {"softmax": {0: ("majority", 0.75), 1: ("shuffled_labels", 0.8)}, "linear": majority,
+                            "hyla": majority})
+    spread = _probe_table({"softmax": [0.8, 0.9], "linear": [0.76, 0.8], "hyla": [0.85, 0.88]},
+                          {"softmax": majority, "linear": majority, "hyla": majority})
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        (svg,) = plot_probe_scores(crowded, tmp_path / "crowded", formats=("svg",))
+        (other,) = plot_probe_scores(spread, tmp_path / "spread", formats=("svg",))
+    text = re.sub(r"\s+", " ", _svg_text(svg))
+    assert "every score is within 0.05 of 1 (0.970–0.990)" in text and "lower panel" in text
+    assert "gap to majority" in text and "gap to shuffled labels" in text  # softmax's layer 1: 0.99 - 0.8
+    assert "near-trivial" not in text
+    text = re.sub(r"\s+", " ", _svg_text(other))
+    assert "lower panel" not in text and "gap to" not in text
+    # linear at layer 0 is 0.76 against 0.75: less than 0.02 above its strongest baseline.
+    assert "1 of 6 scores are near-trivial (hollow)" in text and "near-trivial: &lt; 0.02 above" in text
+
+
+def test_sample_grid_names_the_key_of_each_block_beside_a_divider(tmp_path):
+    """SRAVEN's grid showed two blocks of heads split by a line without saying which key each was
+    (issue 32): each block is now named under it, by the file's name of its key position."""
+    from latentcode.store import CodeWriter, Site
+
+    names = [f"p{position}" for position in range(36)]
+    names[27], names[31] = "left panel", "right panel"
+    sites = [Site(1, 35, 31), Site(1, 35, 27)]  # sorted by key in the file: 27 is drawn first (left)
+    with CodeWriter(tmp_path / "c.h5", sites, n_heads=4, metadata={"position_names": names}) as writer:
+        writer.append(codes={Site(1, 35, 27): -np.ones((20, 4), np.float32), Site(1, 35, 31): np.ones((20, 4), np.float32)},
+                      labels={"rule": np.arange(20) % 2}, split="ood")
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        (svg,) = plot_code_samples(tmp_path / "c.h5", "rule", tmp_path / "grid", formats=("svg",))
+        (png,) = plot_code_samples(tmp_path / "c.h5", "rule", tmp_path / "grid", formats=("png",))
+    text = _svg_text(svg)
+    assert text.index("left panel") < text.index("(key 27)") < text.index("right panel") < text.index("(key 31)")
+    assert text.count("key (heads 0–3 in each block)") == 2  # one per panel (rule 0 and 1)
+    # The block named key 27 holds its codes (-1: blue), key 31's (+1: red): across the middle of the
+    # figure, blue then red in each of the two panels.
+    row = imread(png)[..., :3][imread(png).shape[0] // 2]
+    colours = ["B" if pixel[2] > pixel[0] else "R" for pixel in row if abs(pixel[2] - pixel[0]) > 0.2]
+    runs = "".join(colour for index, colour in enumerate(colours) if index == 0 or colour != colours[index - 1])
+    assert runs.startswith("BRBR"), runs

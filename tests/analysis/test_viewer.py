@@ -70,3 +70,42 @@ def test_an_embedding_of_other_instances_and_a_table_that_is_not_a_patch_table_a
     with pytest.raises(AnalysisError, match="no column"):
         build_viewer(codes, patching=[table])
     assert '"accuracy"' in build_viewer(codes, probe_tables=[table]).html
+
+
+def test_keys_are_named_by_the_tokens_the_file_keeps(tmp_path):
+    from latentcode.store import CodeWriter, Site
+
+    sites = [Site(0, 3, key) for key in (0, 2)]
+    ids = np.array([[0, 1, 2, 1], [2, 2, 0, 0], [1, 0, 1, 2]])  # [N=3, T=4]
+
+    def write(path, metadata):
+        with CodeWriter(path, sites, n_heads=2, metadata=metadata) as writer:
+            writer.append(codes={site: np.zeros((3, 2), np.float32) for site in sites}, labels={"a": np.arange(3)},
+                          split="train", extra={"token_ids": ids})
+        return path
+
+    named = write(tmp_path / "named.h5", {"token_names": ["x", "y", "<z>"]})
+    tokens = viewer_data(named, max_instances=None)["tokens"]  # positions: the keys 0, 2 and the query 3
+    assert tokens == {"positions": [0, 2, 3], "texts": [["x", "<z>", "y"], ["<z>", "x", "x"], ["y", "y", "<z>"]]}
+    unnamed = write(tmp_path / "unnamed.h5", {})  # a pretrained model's file: its tokenizer names the ids
+    assert viewer_data(unnamed, max_instances=None)["tokens"] is None
+    assert viewer_data(unnamed, max_instances=None, token_names=["p", "q", "r"])["tokens"]["texts"][1] == ["r", "p", "p"]
+    with pytest.raises(AnalysisError, match="token ids from 0 to 2, but 2 token names"):
+        viewer_data(unnamed, token_names=["p", "q"])
+    assert "token_ids" not in viewer_data(named, max_instances=None)["labels"], "the window's tokens are no label"
+
+
+def test_a_language_answer_is_the_argmax_token_and_its_target_the_last_position(tmp_path):
+    """A language file keeps the logits of the last position only ([N, 1, vocabulary]) and the target
+    of every position ([N, T]): the answer is the argmax's token, the target the last position's."""
+    from latentcode.store import CodeWriter, Site
+
+    logits = np.zeros((2, 1, 3), np.float32)
+    logits[0, 0, 2] = logits[1, 0, 0] = 5.0  # answers: "<z>", "x"
+    target = np.array([[0, 0, 0, 2], [1, 1, 1, 1]])  # last position: "<z>", "y"
+    metadata = {"token_names": ["x", "y", "<z>"], "prediction_kind": "logits of the byte after the last token"}
+    with CodeWriter(tmp_path / "c.h5", [Site(0, 3, 3)], n_heads=2, metadata=metadata) as writer:
+        writer.append(codes={Site(0, 3, 3): np.zeros((2, 2), np.float32)}, labels={"a": np.arange(2)}, split="train",
+                      prediction=logits, target=target, extra={"token_ids": target})
+    instances = viewer_data(tmp_path / "c.h5", max_instances=None)["instances"]
+    assert (instances["answer"], instances["target"]) == (["<z>", "x"], ["<z>", "y"])

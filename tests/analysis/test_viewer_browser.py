@@ -182,3 +182,38 @@ def test_the_notebook_display_renders_the_same_page_offline(browser, page, tmp_p
     assert len(points(browser)) == N
     browser.switch_to.default_content()
     assert [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"] == []
+
+
+TOKENS = ["a", "<script>", "&amp;", "b"]  # a token is user text: shown as text, never as markup
+
+
+@pytest.fixture(scope="module")
+def token_page(tmp_path_factory):
+    """A codes file that keeps its input tokens (`token_ids` [N, 5], names TOKENS): key 1 of every
+    instance is the token "<script>", the others drawn from TOKENS."""
+    directory = tmp_path_factory.mktemp("tokens")
+    sites = [Site(0, QUERY, key) for key in KEYS]
+    ids = np.random.default_rng(2).integers(0, len(TOKENS), (N, len(KEYS)))
+    ids[:, 1] = 1
+    metadata = {"model_name": "toy", "model_config": {"attention": "toy"}, "task_config": {"name": "toy"},
+                "token_names": TOKENS}
+    with CodeWriter(directory / "codes.h5", sites, n_heads=HEADS, metadata=metadata) as writer:
+        writer.append(codes={site: np.random.default_rng(3).random((N, HEADS)).astype(np.float32) for site in sites},
+                      labels={"size": np.arange(N)}, split="train", extra={"token_ids": ids})
+    return build_viewer(directory / "codes.h5").save(directory / "codes.html"), ids
+
+
+def test_keys_are_named_by_their_tokens_shown_as_text(browser, token_page):
+    path, ids = token_page
+    open_page(browser, path.as_uri())
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+    panel = browser.find_element("id", "instance")
+    keys = panel.find_element("id", "key-tokens").text
+    expected = [f"\u201c{TOKENS[ids[0, key]]}\u201d ({key})" for key in KEYS]  # instance 0 is selected
+    assert keys.split(" ") == " ".join(expected).split(" ")
+    assert "\u201c<script>\u201d (1)" in keys
+    assert browser.execute_script("return document.querySelectorAll('#instance script, #instance amp').length") == 0
+    assert f"\u201c{TOKENS[ids[0, QUERY]]}\u201d ({QUERY})" in panel.find_element("css selector", "td.token").text
+    ticks = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#attention .xtick text')).map((e) => e.textContent)")
+    assert ticks == expected

@@ -14,7 +14,15 @@ from latentcode.analysis.probes import HEADLINE_METRICS
 from latentcode.errors import AnalysisError
 from latentcode.store import CodeFile
 
-__all__ = ["plot_probe_scores"]
+__all__ = ["CROWDED_BAND", "NEAR_TRIVIAL_GAP", "plot_probe_scores"]
+
+# Scores this close to 1 (every model, every layer) overlap as lines: the gap to each one's strongest
+# baseline, drawn in a panel of its own, is what tells the models apart.
+CROWDED_BAND = 0.05
+# A score less than this above its strongest baseline (or below it) says next to nothing about the codes.
+NEAR_TRIVIAL_GAP = 0.02
+# The gap panel's marker of each baseline (another one: a diamond).
+BASELINE_MARKERS = {"majority": "o", "shuffled_labels": "s", "prevalence_random": "^", "all_present": "v"}
 
 
 def _files_of_table(rows: pd.DataFrame) -> list[CodeFile]:
@@ -68,6 +76,11 @@ def plot_probe_scores(
     is short (label, metric, splits); the sites and variant are a caption under the axes. The
     legend has an entry for what is drawn only.
 
+    A score less than `NEAR_TRIVIAL_GAP` above its strongest baseline (or below it) is near-trivial: drawn hollow and
+    named in the legend. Where several models all score within `CROWDED_BAND` of 1 (their lines
+    overlap at the top), a second panel shows each score's gap to its strongest baseline, and the
+    title says so.
+
     `metric` defaults to the first of `HEADLINE_METRICS` the table has. `models_note` adds a line to
     the title about the models that the codes file cannot say, e.g. "models trained on the
     permuted variant" where their codes were read on another.
@@ -87,9 +100,15 @@ def plot_probe_scores(
     keys = ["model", "file", "site", "label"]
     groups = list(rows.groupby(keys, sort=False))
     models_per_name = rows.groupby("model")["file"].nunique()
-    figure = new_figure(figsize, dpi)
-    axis = figure.subplots()
+    gaps = rows["value"].astype(float) - rows["strongest_baseline_value"].astype(float)
+    crowded = "r2" not in metric and len(groups) > 1 and rows["value"].astype(float).min() >= 1 - CROWDED_BAND
+    figure = new_figure((figsize[0], figsize[1] * 1.5) if crowded else figsize, dpi)
+    if crowded:
+        axis, gap_axis = figure.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    else:
+        axis, gap_axis = figure.subplots(), None
     drawn: set[str] = set()
+    baselines: set[str] = set()
     for (model, file, site, label), group in groups:
         group = group.sort_values("layer")
         name = model if models_per_name[model] == 1 else f"{model} ({Path(file).stem})"
@@ -98,6 +117,18 @@ def plot_probe_scores(
         if rows["label"].nunique() > 1:
             name += f", {label}"
         line, = axis.plot(group["layer"], group["value"], marker="o", label=name, zorder=3)
+        gap = group["value"].astype(float) - group["strongest_baseline_value"].astype(float)
+        trivial = gap < NEAR_TRIVIAL_GAP
+        if trivial.any():  # hollow: the score is (nearly) its baseline's
+            axis.plot(group["layer"][trivial], group["value"][trivial], linestyle="", marker="o", markersize=9,
+                      markerfacecolor="white", markeredgecolor=line.get_color(), zorder=4)
+            drawn.add("trivial")
+        if gap_axis is not None:  # the marker says which baseline is the strongest at that layer
+            gap_axis.plot(group["layer"], gap, color=line.get_color(), zorder=3)
+            for baseline, at in group.groupby(group["strongest_baseline"].astype(str), sort=False):
+                gap_axis.plot(at["layer"], gap[at.index], linestyle="", color=line.get_color(), zorder=4,
+                              marker=BASELINE_MARKERS.get(baseline, "D"))
+                baselines.add(baseline)
         shuffled = group["shuffled_labels"].astype(float)
         if shuffled.notna().any():
             axis.plot(group["layer"], shuffled, linestyle="--", color=line.get_color(), alpha=0.8)
@@ -116,20 +147,39 @@ def plot_probe_scores(
         *([Line2D([], [], color="grey", linestyle=":", label="strongest other baseline")] if "other" in drawn else []),
         *([Line2D([], [], color="0.45", linewidth=1.2,
                   label="chance (the fit split's mean)" if "r2" in metric else "chance (majority)")] if chance else []),
+        *([Line2D([], [], color="grey", linestyle="", marker="o", markersize=9, markerfacecolor="white",
+                  label=f"near-trivial: < {NEAR_TRIVIAL_GAP} above its strongest baseline")]
+          if "trivial" in drawn else []),
     ]
     axis.legend(handles=[*axis.get_legend_handles_labels()[0], *style_handles], fontsize="small")
     layers = sorted(rows["layer"].unique())
     axis.set_xticks(layers)
-    axis.set_xlabel("layer")
+    (gap_axis or axis).set_xlabel("layer")
     axis.set_ylabel(metric)
+    if gap_axis is not None:
+        # Zoomed to the gaps (0, the baseline itself, drawn only where in range): they are what differs.
+        margin = max(0.01, 0.15 * float(gaps.max() - gaps.min()))
+        gap_axis.set_ylim(float(gaps.min()) - margin, float(gaps.max()) + margin)
+        if gaps.min() - margin <= 0:
+            gap_axis.axhline(0, color="0.45", linewidth=1.2, zorder=1)
+        gap_axis.set_ylabel(f"{metric} −\nstrongest baseline", fontsize="small")
+        gap_axis.grid(alpha=0.3)
+        gap_axis.legend(handles=[Line2D([], [], color="grey", linestyle="", marker=BASELINE_MARKERS.get(name, "D"),
+                                        label=f"gap to {name.replace('_', ' ')}") for name in sorted(baselines)],
+                        fontsize="x-small", title="strongest baseline", title_fontsize="x-small")
     if "r2" not in metric:  # every decoding metric lies in [0, 1]
         axis.set_ylim(0, 1.02)
     axis.grid(alpha=0.3)
     labels = ", ".join(dict.fromkeys(rows["label"]))
     splits = rows[["fit_split", "test_split"]].drop_duplicates()
     fit, test = ("/".join(dict.fromkeys(splits[column].astype(str))) for column in ("fit_split", "test_split"))
+    crowding = (f"every score is within {CROWDED_BAND} of 1 ({rows['value'].min():.3f}–{rows['value'].max():.3f}): "
+                "the lower panel shows each one's gap to its strongest baseline" if crowded else "")
+    trivial_note = (f"{int((gaps < NEAR_TRIVIAL_GAP).sum())} of {len(gaps)} scores are near-trivial (hollow)"
+                    if "trivial" in drawn else "")
     axis.set_title(wrap_lines([f"decoding {labels}: fit on {fit}, scored on {test}",
-                               *([models_note] if models_note else [])], figsize[0], fontsize_points=10),
+                               *([models_note] if models_note else []), crowding, trivial_note], figsize[0],
+                              fontsize_points=11),
                    fontsize="medium")
     # The details a title would bury: the sites, the variant and what the splits hold.
     caption = "; ".join(part for part in (_table_context(rows), _split_caption(rows, fit, test)) if part)

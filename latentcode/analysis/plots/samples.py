@@ -82,7 +82,7 @@ def plot_code_samples(
         axis.set_ylabel("example")
         axis.set_yticks(range(len(block)))
         axis.tick_params(labelsize="x-small")
-        window.label_axis(axis, code_file.n_heads, separator)
+        window.label_axis(axis, code_file.n_heads, separator, code_file.position_names)
     for axis in axes[len(samples):]:
         axis.set_visible(False)
     scale = "signed: 0 is white" if signed else "non-negative"
@@ -118,18 +118,38 @@ class _SiteWindow:
         blocks = codes.reshape(len(codes), self.n_sites, n_heads)[:, self.n_sites - len(self.shown):]
         return (blocks.transpose(0, 2, 1) if self.by_head else blocks).reshape(len(codes), -1)
 
-    def label_axis(self, axis, n_heads: int, separator: str) -> None:
-        """Ticks and lines between the blocks: a block per head (by head) or per site."""
+    def label_axis(self, axis, n_heads: int, separator: str, position_names: Sequence[str] = ()) -> None:
+        """Ticks and lines between the blocks: a block per head (by head) or per site, each block
+        named under it (its key, by the task's name of the position where the file has one), so a
+        reader knows which side of a divider is which."""
         per_block = len(self.shown) if self.by_head else n_heads
         n_blocks = n_heads if self.by_head else len(self.shown)
         for boundary in range(1, n_blocks):
             axis.axvline(boundary * per_block - 0.5, color=separator, linewidth=1)
+        if not self.by_head and len(self.shown) == 1:
+            axis.set_xlabel("head")
+            return
         if not self.by_head:
-            axis.set_xlabel("head" if len(self.shown) == 1 else "site × head")
+            centres = [block * per_block + (per_block - 1) / 2 for block in range(n_blocks)]
+            axis.set_xticks(centres, [_site_name(site, position_names, short=n_blocks > 3) for site in self.shown],
+                            fontsize="x-small", rotation=0 if n_blocks <= 3 else 60)
+            axis.set_xticks(range(per_block * n_blocks), minor=True)
+            # the query is the title's (sites: query → keys); the panel names the blocks
+            axis.set_xlabel(f"key (heads 0–{n_heads - 1} in each block)", fontsize="small")
             return
         axis.set_xticks([block * per_block + (per_block - 1) / 2 for block in range(n_heads)],
                         [f"h{head}" for head in range(n_heads)])
         axis.set_xlabel(f"head; in each, {_positions_text(self.shown)}")
+
+
+def _site_name(site, position_names: Sequence[str], short: bool) -> str:
+    """A block's tick: its key by name on two lines (``"panel (3,1) slot 3\n(key 27)"``), or
+    ``"k27"`` where many blocks share the axis."""
+    if short:
+        return f"k{site.key}"
+    if site.key < len(position_names):
+        return f"{position_names[site.key]}\n(key {site.key})"
+    return f"key {site.key}"
 
 
 def _positions_text(sites) -> str:

@@ -24,6 +24,10 @@ DEFAULT_MAX_INSTANCES = 1000
 DECIMALS = 3
 # A label with more distinct values than this (a continuous target, say) is shown, not filtered by.
 MAX_FILTER_VALUES = 400
+# A per-example array wider than this (a window's input tokens, `token_ids` [N, T]) is no label to read in
+# a hover: left out (the tokens at the recorded positions are shown as `tokens` instead).
+MAX_LABEL_COLUMNS = 64
+TOKEN_IDS = "token_ids"  # the extra array of each example's input tokens [N, T], where a file keeps them
 
 
 def _number(value: float) -> str:
@@ -71,20 +75,36 @@ def _as_number(text: str) -> float | None:
         return None
 
 
-def _answers(code_file: CodeFile, rows: np.ndarray, split) -> tuple[list[str], list[str]]:
-    """The model's answer and the target of each sampled instance, as text ("" where absent)."""
+def _answers(code_file: CodeFile, rows: np.ndarray, split, token_names: Sequence[str] = ()
+             ) -> tuple[list[str], list[str]]:
+    """The model's answer and the target of each sampled instance, as text ("" where absent). Logits
+    answer their argmax, a token's text where `token_names` name the classes; the target is shown at
+    the positions the prediction was recorded at (the last P of its T: a language model's codes file
+    keeps the logits of the last position only)."""
     n = len(rows)
     answers, targets = [""] * n, [""] * n
+    classes, positions = None, None
     if code_file.has_prediction:
-        prediction = code_file.prediction(split)[rows]
-        if code_file.prediction_kind == "logits":
+        prediction = code_file.prediction(split)[rows]  # [n, P, C]
+        positions = prediction.shape[1] if prediction.ndim == 3 else None
+        if code_file.prediction_kind.startswith("logits"):  # e.g. "logits of the byte after the last token"
+            if len(token_names) and prediction.shape[-1] == len(token_names):
+                classes = token_names
             prediction = prediction.argmax(axis=-1)
-        answers = _label_texts(code_file, "prediction", prediction.reshape(n, -1).squeeze(1)
-                               if prediction.reshape(n, -1).shape[1] == 1 else prediction.reshape(n, -1))
+        answers = _texts(code_file, "prediction", prediction.reshape(n, -1), classes)
     if code_file.has_target:
         target = code_file.target(split)[rows].reshape(n, -1)
-        targets = _label_texts(code_file, "target", target.squeeze(1) if target.shape[1] == 1 else target)
+        if positions is not None and target.shape[1] > positions:
+            target = target[:, -positions:]
+        targets = _texts(code_file, "target", target, classes)
     return answers, targets
+
+
+def _texts(code_file: CodeFile, name: str, flat: np.ndarray, classes: Sequence[str] | None) -> list[str]:
+    """One text per row of `flat` `[n, m]`: the class names where given, else as labels are shown."""
+    if classes is not None:
+        return [" | ".join(classes[int(value)] for value in row) for row in flat]
+    return _label_texts(code_file, name, flat.squeeze(1) if flat.shape[1] == 1 else flat)
 
 
 def _pca(codes: np.ndarray) -> tuple[np.ndarray, list[float]]:
@@ -108,6 +128,21 @@ def _rounded(array: np.ndarray, decimals: int) -> list:
     return listed
 
 
+def _tokens(code_file: CodeFile, rows: np.ndarray, split, sites, token_names: Sequence[str] | None) -> dict | None:
+    """The text of each sampled instance's token at every recorded position (a query or key of a
+    site): `{positions, texts [n][positions]}`, where the file keeps the input tokens (`token_ids`)
+    and their names are known (the file's `token_names`, else `token_names` given); else None."""
+    names = list(token_names or code_file.token_names)
+    if TOKEN_IDS not in code_file.extra_names or not names:
+        return None
+    positions = sorted({site.query for site in sites} | {site.key for site in sites})
+    ids = code_file.extra(TOKEN_IDS, split)[rows][:, positions]  # [n, positions]
+    if ids.size and (ids.min() < 0 or ids.max() >= len(names)):
+        raise AnalysisError(f"{code_file.path}: token ids from {ids.min()} to {ids.max()}, but {len(names)} token "
+                            "names; expected a name for every id")
+    return {"positions": positions, "texts": [[names[token] for token in row] for row in ids.tolist()]}
+
+
 def viewer_data(
     code_file: CodeFile | str,
     split: str | None = None,
@@ -115,6 +150,7 @@ def viewer_data(
     seed: int = 0,
     embeddings: Sequence[Embedding] = (),
     decimals: int = DECIMALS,
+    token_names: Sequence[str] | None = None,
 ) -> dict:
     """The viewer's data for at most `max_instances` instances of `split` (None: every split), drawn
     uniformly with `seed` (`latentcode.analysis.embed.subsample`, as `embed` draws them, so an
@@ -125,7 +161,11 @@ def viewer_data(
     position, where the file names them), `heads` (the widest code), `instances`
     (`{row, split, answer, target}` lists), `labels` (`{name: {values, index, filter}}`), `codes`
     (`[n_shown][n_sites * heads]`, rounded; null where a site has fewer heads) and `embeddings`
-    (`{method: {layer: {x, y, axes}}}`, PCA first).
+    (`{method: {layer: {x, y, axes}}}`, PCA first), `tokens` (each instance's token text at every
+    recorded position, where the file keeps its input tokens: `_tokens`; else null).
+
+    token_names: the text of each token id where the file does not name them (a pretrained
+    model's tokenizer: `[tokenizer.decode([id]) for id in range(vocabulary)]`).
     """
     code_file = code_file if isinstance(code_file, CodeFile) else CodeFile(code_file)
     mask = code_file.split_mask(split)
@@ -153,10 +193,12 @@ def viewer_data(
         if name in ("prediction", "target"):
             continue
         values, _ = select_label(code_file, name, split)
+        if name == TOKEN_IDS or values[:1].size > MAX_LABEL_COLUMNS:
+            continue
         categories = _categories(_label_texts(code_file, name, values[rows]))
         categories["filter"] = len(categories["values"]) <= MAX_FILTER_VALUES
         labels[name] = categories
-    answers, targets = _answers(code_file, rows, split)
+    answers, targets = _answers(code_file, rows, split, list(token_names or code_file.token_names))
 
     projections: dict[str, dict] = {"PCA": {}}
     for layer in code_file.layers:
@@ -198,4 +240,5 @@ def viewer_data(
         "labels": labels,
         "codes": _rounded(codes.reshape(len(rows), -1), decimals),
         "embeddings": projections,
+        "tokens": _tokens(code_file, rows, split, sites, token_names),
     }

@@ -26,7 +26,17 @@
   function escapeHtml(text) {
     return String(text).replace(/[&<>"]/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}[c]));
   }
-  function positionName(position) {
+  // A position named the task's way: its token in the selected instance (language), else the task's
+  // name of the position (SRAVEN panels and features), else its number. Plain text: escape it for HTML.
+  const tokenColumn = data.tokens ? new Map(data.tokens.positions.map((p, column) => [p, column])) : null;
+  function positionName(position, i) {
+    if (tokenColumn && tokenColumn.has(position)) {
+      return "“" + data.tokens.texts[i === undefined ? state.selected : i][tokenColumn.get(position)] + "” (" + position + ")";
+    }
+    return instanceFreeName(position);
+  }
+  // Where tokens differ by instance (the site menu, the mean over instances): the position itself.
+  function instanceFreeName(position) {
     return data.positions[position] !== undefined ? data.positions[position] + " (" + position + ")" : "position " + position;
   }
   function labelText(name, i) {
@@ -108,8 +118,18 @@
     for (const name of Object.keys(data.labels)) {
       html += "<tr><th>" + escapeHtml(name) + "</th><td>" + escapeHtml(labelText(name, i)) + "</td></tr>";
     }
-    html += "<tr><th>model's answer</th><td>" + escapeHtml(data.instances.answer[i]) + "</td></tr>";
-    html += "<tr><th>target</th><td>" + escapeHtml(data.instances.target[i]) + "</td></tr></table>";
+    // a file without predictions or targets (a pretrained model's) has no rows for them
+    if (data.instances.answer[i] !== "") html += "<tr><th>model's answer</th><td>" + escapeHtml(data.instances.answer[i]) + "</td></tr>";
+    if (data.instances.target[i] !== "") html += "<tr><th>target</th><td>" + escapeHtml(data.instances.target[i]) + "</td></tr>";
+    if (data.tokens) {
+      const [query] = state.site.split(":").map(Number);
+      const keys = data.sites.filter((s) => s.query === query).map((s) => s.key);
+      const named = Array.from(new Set(keys)).sort((a, b) => a - b).map((key) =>
+        "<span class='token' data-position='" + key + "'>" + escapeHtml(positionName(key, i)) + "</span>");
+      html += "<tr><th>query</th><td class='token'>" + escapeHtml(positionName(query, i)) + "</td></tr>";
+      html += "<tr><th>keys</th><td id='key-tokens'>" + named.join(" ") + "</td></tr>";
+    }
+    html += "</table>";
     $("instance").innerHTML = html;
     $("instance").dataset.row = data.instances.row[i];
   }
@@ -143,7 +163,8 @@
       y: data.layers.map((l) => "layer " + l), hovertemplate: "%{y}, head %{x}: %{z:.3f}<extra></extra>",
       zmin: codeRange.zmin, zmax: codeRange.zmax, colorscale: codeRange.colorscale,
       colorbar: {title: {text: "code"}}}], {
-      title: {text: escapeHtml("codes, layer × head, " + positionName(query) + " → " + positionName(key)) + "<br>" +
+      title: {text: escapeHtml("codes, layer × head, " + (state.gridMode === "instance"
+                 ? positionName(query) + " → " + positionName(key) : instanceFreeName(query) + " → " + instanceFreeName(key))) + "<br>" +
                escapeHtml(what), font: {size: 12}},
       margin: {t: 50, r: 10, b: 40, l: 70}, yaxis: {autorange: "reversed"}, xaxis: {title: {text: "head"}, type: "category"},
     }, small);
@@ -156,7 +177,7 @@
     indices.sort((a, b) => data.sites[a].key - data.sites[b].key);
     const i = state.selected;
     const z = Array.from({length: H}, (_, head) => indices.map((index) => code(i, index, head)));
-    Plotly.react("attention", [{type: "heatmap", z: z, x: indices.map((index) => positionName(data.sites[index].key)),
+    Plotly.react("attention", [{type: "heatmap", z: z, x: indices.map((index) => escapeHtml(positionName(data.sites[index].key))),
       y: Array.from({length: H}, (_, h) => "head " + h), hovertemplate: "%{y} → key %{x}: %{z:.3f}<extra></extra>",
       zmin: codeRange.zmin, zmax: codeRange.zmax, colorscale: codeRange.colorscale,
       colorbar: {title: {text: "code"}}}], {
@@ -214,7 +235,7 @@
     data.sites.forEach((s) => {
       if (seen.has(siteKey(s))) return;
       seen.add(siteKey(s));
-      option($("site"), siteKey(s), positionName(s.query) + " → " + positionName(s.key));
+      option($("site"), siteKey(s), instanceFreeName(s.query) + " → " + instanceFreeName(s.key));
     });
     state.site = data.default_site || siteKey(data.sites[data.sites.length - 1]);
     $("site").value = state.site;
@@ -222,7 +243,7 @@
     $("layer").onchange = () => { state.layer = Number($("layer").value); drawEmbedding(); drawAttention(); };
     $("projection").onchange = () => { state.projection = $("projection").value; drawEmbedding(); };
     $("colour").onchange = () => { state.colour = $("colour").value; drawEmbedding(); };
-    $("site").onchange = () => { state.site = $("site").value; drawGrid(); drawAttention(); };
+    $("site").onchange = () => { state.site = $("site").value; drawInstance(); drawGrid(); drawAttention(); };
     $("grid-mode").onchange = () => { state.gridMode = $("grid-mode").value; drawGrid(); };
     $("filter-label").onchange = () => {
       state.filterLabel = $("filter-label").value;

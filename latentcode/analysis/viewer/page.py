@@ -110,18 +110,20 @@ def build_viewer(
     probe_tables: Sequence | Mapping = (),
     patching: Sequence | Mapping = (),
     label: str | None = None,
+    token_names: Sequence[str] | None = None,
 ) -> Viewer:
     """The viewer of one codes file (see `viewer_data` for the sample, `tables` for the tables).
 
     probe_tables / patching: paths of `latentcode probe` / `latentcode patch` CSV tables, pandas
     tables, or a mapping of title -> either. label: the label to colour by first (default: the
-    task's picture label where the file names one).
+    task's picture label where the file names one). token_names: the text of each token id, where
+    the file keeps its input tokens but not their names (see `viewer_data`).
     """
     import plotly
     from plotly.offline import get_plotlyjs
 
     code_file = code_file if isinstance(code_file, CodeFile) else CodeFile(code_file)
-    payload = viewer_data(code_file, split, max_instances, seed, embeddings)
+    payload = viewer_data(code_file, split, max_instances, seed, embeddings, token_names=token_names)
     payload["default_label"] = label or code_file.task_analysis.get("picture_label")
     payload["tables"] = [probe_table(table, title) for title, table in _titled(probe_tables)]
     payload["patching"] = [patching_map(table, title) for title, table in _titled(patching)]
