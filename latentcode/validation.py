@@ -125,11 +125,13 @@ def check_output(path: str | Path, flag: str | None = None, kind: str = "file") 
 def check_output_stem(out: str | Path, suffixes: tuple[str, ...], overwrite: bool) -> Path:
     """A stem whose files (stem + each suffix: a table, its figures) can be written: a place that can
     be written (`check_output`), none of them anything but a regular file, and none there already
-    unless `overwrite`: a result written earlier is never lost by running again."""
+    unless `overwrite`: a result written earlier is never lost by running again. A stem given with
+    one of the suffixes (`--out heat.png`) stands for the stem without it (not heat.png.png)."""
     from latentcode.errors import OutputExistsError
     from latentcode.files import check_replaceable
 
-    stem = check_output(out, kind="stem")
+    out = Path(out)
+    stem = check_output(out.with_suffix("") if out.suffix in suffixes else out, kind="stem")
     paths = [stem.with_name(stem.name + suffix) for suffix in suffixes]
     for path in paths:
         check_replaceable(path)

@@ -125,3 +125,12 @@ def test_check_output_leaves_the_place_it_tried_as_it_was(tmp_path):
     assert check_output(tmp_path / "new" / "out.h5", "--out") == tmp_path / "new" / "out.h5"
     assert check_output(tmp_path / "stem", "--out", kind="stem") == tmp_path / "stem"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["mine.txt"]
+
+
+def test_a_stem_given_with_its_figures_suffix_is_the_stem_without_it(tmp_path):
+    """`latentcode heatmap F --out heat.png` wrote heat.png.png."""
+    from latentcode.validation import check_output_stem
+
+    assert check_output_stem(tmp_path / "heat.png", (".png",), False) == tmp_path / "heat"
+    assert check_output_stem(tmp_path / "probe.csv", (".csv", ".json", ".png"), False) == tmp_path / "probe"
+    assert check_output_stem(tmp_path / "run.v2", (".png",), False) == tmp_path / "run.v2"  # not a suffix it writes
