@@ -237,7 +237,7 @@ def peer_line(result: dict, limit_gib: float, n_layers: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
     parser.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS)
     parser.add_argument("--peers-venv", type=Path, default=Path(os.environ.get(
         "LATENTCODE_PEERS_VENV", Path.home() / ".cache" / "latentcode" / "peers-venv")))
