@@ -144,7 +144,7 @@ def reference_missing(args) -> str | None:
 
 
 def summary(times: list[float]) -> str:
-    quartiles = statistics.quantiles(times, n=4)
+    quartiles = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
     return f"{statistics.median(times):8.1f} {quartiles[0]:6.1f}-{quartiles[2]:6.1f}"
 
 
