@@ -26,7 +26,11 @@ load hits both; medians over the rounds' steps. Settings:
     pinned    both on one core (`--core`, set with sched_setaffinity as `taskset -c N` does), torch
               with 1 thread, XLA with --xla_cpu_multi_thread_eigen=false
               intra_op_parallelism_threads=1 (these flags alone still use two cores: pin)
-    2 threads both on cores 0,1, torch with 2 threads, XLA with its defaults (with --two-threads)
+    2 threads both on cores 0,1, torch with 2 threads, XLA with its defaults (`--settings
+              two-threads`, or both settings with `--settings pinned two-threads`). On a busy
+              machine torch's OpenMP threads spin at every barrier while the other thread waits
+              for a core: run this setting with OMP_WAIT_POLICY=PASSIVE as well (it must be in the
+              environment before torch starts) and compare.
 
 ratio = reference median / latentcode median (above 1: latentcode faster; the goal is >= 2).
 Quote the load average it prints: only ratios within one run compare.
@@ -203,7 +207,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--core", type=int, default=0, help="the core of the pinned setting")
-    parser.add_argument("--two-threads", action="store_true", help="also run both on cores 0,1 with 2 threads")
+    parser.add_argument("--settings", nargs="+", default=["pinned"], choices=["pinned", "two-threads"],
+                        help="pinned: one core each; two-threads: cores 0,1 and 2 threads each")
     parser.add_argument("--attention", nargs="+", default=list(REFERENCE_MIXER), choices=list(REFERENCE_MIXER))
     parser.add_argument("--task", nargs="+", default=["fuzzy_logic", "sraven"], choices=["fuzzy_logic", "sraven"])
     args = parser.parse_args()
@@ -214,8 +219,9 @@ def main() -> None:
     import torch
     print(f"torch {torch.__version__}, batch {BATCH}, {args.rounds} interleaved rounds x {args.steps} steps "
           f"per implementation (after {args.warmup} warm-up steps); ratio = reference / latentcode median")
-    measure(args, {args.core}, 1, "pinned", reference_skip)
-    if args.two_threads:
+    if "pinned" in args.settings:
+        measure(args, {args.core}, 1, "pinned", reference_skip)
+    if "two-threads" in args.settings:
         measure(args, {0, 1}, 2, "2 threads", reference_skip)
 
 
