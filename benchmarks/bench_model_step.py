@@ -16,9 +16,9 @@ median to each mode's median (above 1: faster than eager):
 The modes of one configuration run in interleaved rounds (each round times every mode for
 `--steps / --rounds` steps), so that a change of machine load hits them alike. Only ratios within
 one run compare: an earlier version printed reference times of the paper's JAX implementation
-measured on another day, which is no comparison (run both side by side instead). Two torch jobs
-with default threads on the same 2 cores slow each other down (up to 6x, OpenMP threads spinning):
-on a shared machine give `--threads 1`.
+measured on another day, which is no comparison: `bench_train_step_reference.py` runs both side
+by side. Two torch jobs with default threads on the same 2 cores slow each other down (up to 6x,
+OpenMP threads spinning): on a shared machine give `--threads 1`.
 """
 
 from __future__ import annotations
