@@ -108,7 +108,8 @@ def block_value_network(value_network: ValueNetwork, codes: Tensor, values: Tens
     tile by tile over keys (without gradients: the tiles' z are added in place)."""
     forward = value_network.forward_tile if value_network.has_tile_kernels else value_network
     n_keys = codes.shape[-1]
-    key_tile = key_tile if value_network.sums_over_keys else n_keys
+    if not value_network.sums_over_keys or value_network.fuses(codes, values):
+        key_tile = n_keys
     z = forward(codes[..., :key_tile], values[:, :key_tile])
     for key_start in range(key_tile, n_keys, key_tile):
         key_end = key_start + key_tile
@@ -208,33 +209,35 @@ class BlockwiseAttention(torch.autograd.Function):
                 codes = block_codes(step, q_block, keys, query_start, n_keys)
                 codes = drop_out(codes, None if keep is None else keep[..., query_start:query_end, :n_keys])
             codes_detached = codes.detach()
-            grad_codes = torch.empty_like(codes_detached) if codes.requires_grad else None
-            key_tile = plan.key_tile if value_network.sums_over_keys else n_keys
+            whole_block = not value_network.sums_over_keys or value_network.fuses(codes_detached, v[:, :n_keys])
+            key_tile = n_keys if whole_block else plan.key_tile
+            # d codes: the one tile's gradient where the block is one tile, else filled tile by tile
+            grad_codes = torch.empty_like(codes_detached) if codes.requires_grad and key_tile < n_keys else None
             for key_start in range(0, n_keys, key_tile):
                 key_end = min(key_start + key_tile, n_keys)
-                if value_network.has_tile_kernels:  # written-out backward, no graph
+                if value_network.has_tile_kernels:  # written-out backward, no graph; adds to grad_v
                     with recompute()[1]:
-                        tile_codes_grad, tile_values_grad = value_network.backward_tile(
-                            codes_detached[..., key_start:key_end], v[:, key_start:key_end], grad_z_block
+                        tile_codes_grad, _ = value_network.backward_tile(
+                            codes_detached[..., key_start:key_end], v[:, key_start:key_end], grad_z_block,
+                            grad_v[:, key_start:key_end] if need_v else None,
                         )
-                    if grad_codes is not None:
-                        grad_codes[..., key_start:key_end] = tile_codes_grad
-                    if need_v:
+                else:
+                    grad_mode, autocast = recompute()
+                    with grad_mode, autocast:
+                        tile_codes = codes_detached[..., key_start:key_end].detach().requires_grad_(codes.requires_grad)
+                        tile_values = v[:, key_start:key_end].detach().requires_grad_(need_v)
+                        z_tile = value_network(tile_codes, tile_values)
+                    tile_codes_grad, tile_values_grad, *parameters_grad = _gradients(
+                        z_tile, [tile_codes, tile_values, *value_parameters], grad_z_block
+                    )
+                    if tile_values_grad is not None:
                         grad_v[:, key_start:key_end] += tile_values_grad
-                    continue
-                grad_mode, autocast = recompute()
-                with grad_mode, autocast:
-                    tile_codes = codes_detached[..., key_start:key_end].detach().requires_grad_(grad_codes is not None)
-                    tile_values = v[:, key_start:key_end].detach().requires_grad_(need_v)
-                    z_tile = value_network(tile_codes, tile_values)
-                tile_codes_grad, tile_values_grad, *parameters_grad = _gradients(
-                    z_tile, [tile_codes, tile_values, *value_parameters], grad_z_block
-                )
-                if grad_codes is not None:
-                    grad_codes[..., key_start:key_end] = tile_codes_grad
-                if tile_values_grad is not None:
-                    grad_v[:, key_start:key_end] += tile_values_grad
-                _accumulate(grad_value_parameters, parameters_grad)
+                    _accumulate(grad_value_parameters, parameters_grad)
+                if codes.requires_grad:
+                    if grad_codes is None:
+                        grad_codes = tile_codes_grad
+                    else:
+                        grad_codes[..., key_start:key_end] = tile_codes_grad
             if grad_codes is not None:
                 q_grad, keys_grad, *parameters_grad = _gradients(
                     codes, [q_block, keys, *score_parameters], grad_codes
