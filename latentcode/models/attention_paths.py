@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from latentcode.models.scores import ScoresToCodes, drop_out, score_scale
+from latentcode.models.scores import ScoresToCodes, by_head, drop_out, score_scale
 
 if TYPE_CHECKING:
     from latentcode.models.value_network import ValueNetwork
@@ -92,12 +92,15 @@ def plan_blocks(
 
 
 def block_codes(
-    step: ScoresToCodes, q_block: Tensor, keys: Tensor, query_start: int, n_keys: int,
-    score_readers: Sequence[Reader] = (),
+    step: ScoresToCodes, queries_by_head: Tensor, keys_by_head: Tensor, batch: int, query_start: int,
+    query_end: int, n_keys: int, score_readers: Sequence[Reader] = (),
 ) -> Tensor:
-    """Latent codes `[batch, head, block queries, n_keys]` of the queries `q_block` (the first at
-    `query_start`) against `keys[:, :n_keys]`; the score readers see the scores of all of `keys`."""
-    scores = step.scores(q_block, keys, query_start)
+    """Latent codes `[batch, head, block queries, n_keys]` of the queries `query_start:query_end`
+    against keys `:n_keys`, from `queries_by_head` / `keys_by_head` (`by_head` of the scaled queries
+    and of the keys); the score readers see the scores of every key of `keys_by_head`."""
+    n_score_keys = keys_by_head.shape[1] if score_readers else n_keys
+    product = step.product_block(queries_by_head, keys_by_head, batch, query_start, query_end, n_score_keys)
+    scores = step.with_position_bias(product, query_start)
     for read in score_readers:
         read(scores, query_start)
     return step.codes(scores[..., :n_keys], query_start)
@@ -127,16 +130,16 @@ def query_blocks(n_positions: int, plan: BlockPlan, causal: bool) -> list[tuple[
 
 
 def blockwise_forward(
-    step: ScoresToCodes, value_network: ValueNetwork, plan: BlockPlan, q: Tensor, k: Tensor, v: Tensor,
-    keep: Tensor | None,
+    step: ScoresToCodes, value_network: ValueNetwork, plan: BlockPlan, queries_by_head: Tensor,
+    keys_by_head: Tensor, v: Tensor, keep: Tensor | None,
 ) -> Tensor:
-    """z without a graph, block by block; `keep` `[1, 1, query, key]`: the dropout mask or None."""
-    n_positions = q.shape[1]
+    """z without a graph, block by block; `queries_by_head`, `keys_by_head` `[batch * head, pos, d_head]`
+    (`by_head` of the scaled queries and of the keys), `keep` `[1, 1, query, key]`: the dropout mask or None."""
+    batch, n_positions = v.shape[:2]
     z_blocks = []
     for query_start, query_end, n_keys in query_blocks(n_positions, plan, step.allowed is not None):
-        score_keys = n_positions if plan.score_readers else n_keys  # readers see every key's score
         codes = block_codes(
-            step, q[:, query_start:query_end], k[:, :score_keys], query_start, n_keys, plan.score_readers
+            step, queries_by_head, keys_by_head, batch, query_start, query_end, n_keys, plan.score_readers
         )
         if plan.pattern_readers:
             # Masked keys after the block's last query have the code 0 exactly, as in the full path.
@@ -180,19 +183,22 @@ class BlockwiseAttention(torch.autograd.Function):
         ctx.step, ctx.value_network, ctx.plan = step, value_network, plan
         device_type = q.device.type
         ctx.autocast = (device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
-        ctx.save_for_backward(q, k, v, keep)
-        return blockwise_forward(step, value_network, plan, q, k, v, keep)
+        queries_by_head, keys_by_head = by_head(q, score_scale(step.d_head)), by_head(k)
+        ctx.save_for_backward(queries_by_head, keys_by_head, v, keep)
+        return blockwise_forward(step, value_network, plan, queries_by_head, keys_by_head, v, keep)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_z):
         step, value_network, plan = ctx.step, ctx.value_network, ctx.plan
-        q, k, v, keep = ctx.saved_tensors
+        queries_by_head, keys_by_head, v, keep = ctx.saved_tensors
+        batch, n_positions, n_heads = v.shape[:3]
         device_type, autocast_enabled, autocast_dtype = ctx.autocast
         score_parameters, value_parameters = block_parameters(step, value_network)
         need_q, need_k, need_v = ctx.needs_input_grad[3:6]
-        grad_q = torch.zeros_like(q) if need_q else None
-        grad_k = torch.zeros_like(k) if need_k else None
+        # d (q / sqrt(d_head)) and d k, [batch * head, pos, d_head] like queries_by_head / keys_by_head
+        grad_queries = torch.zeros_like(queries_by_head) if need_q else None
+        grad_keys = torch.zeros_like(keys_by_head) if need_k else None
         grad_v = torch.zeros_like(v) if need_v else None
         grad_score_parameters: list[Tensor | None] = [None] * len(score_parameters)
         grad_value_parameters: list[Tensor | None] = [None] * len(value_parameters)
@@ -200,13 +206,15 @@ class BlockwiseAttention(torch.autograd.Function):
         def recompute():
             return torch.enable_grad(), torch.autocast(device_type, autocast_dtype, enabled=autocast_enabled)
 
-        for query_start, query_end, n_keys in query_blocks(q.shape[1], plan, step.allowed is not None):
+        for query_start, query_end, n_keys in query_blocks(n_positions, plan, step.allowed is not None):
             grad_z_block = grad_z[:, query_start:query_end]
+            with recompute()[1]:
+                product = step.product_block(queries_by_head, keys_by_head, batch, query_start, query_end, n_keys)
             grad_mode, autocast = recompute()
             with grad_mode, autocast:
-                q_block = q[:, query_start:query_end].detach().requires_grad_(need_q)
-                keys = k[:, :n_keys].detach().requires_grad_(need_k)
-                codes = block_codes(step, q_block, keys, query_start, n_keys)
+                # q . k differentiated by hand below (batched products that add into grad_keys in place)
+                product = product.detach().requires_grad_(need_q or need_k)
+                codes = step.codes(step.with_position_bias(product, query_start), query_start)
                 codes = drop_out(codes, None if keep is None else keep[..., query_start:query_end, :n_keys])
             codes_detached = codes.detach()
             whole_block = not value_network.sums_over_keys or value_network.fuses(codes_detached, v[:, :n_keys])
@@ -239,14 +247,19 @@ class BlockwiseAttention(torch.autograd.Function):
                     else:
                         grad_codes[..., key_start:key_end] = tile_codes_grad
             if grad_codes is not None:
-                q_grad, keys_grad, *parameters_grad = _gradients(
-                    codes, [q_block, keys, *score_parameters], grad_codes
-                )
-                if q_grad is not None:
-                    grad_q[:, query_start:query_end] = q_grad
-                if keys_grad is not None:
-                    grad_k[:, :n_keys] += keys_grad
+                product_grad, *parameters_grad = _gradients(codes, [product, *score_parameters], grad_codes)
                 _accumulate(grad_score_parameters, parameters_grad)
+                if product_grad is not None:
+                    product_grad = product_grad.reshape(-1, query_end - query_start, n_keys).to(queries_by_head.dtype)
+                    if need_q:  # d (q / sqrt(d_head)) = d product . k
+                        torch.bmm(product_grad, keys_by_head[:, :n_keys], out=grad_queries[:, query_start:query_end])
+                    if need_k:  # d k += d product^T . q / sqrt(d_head)
+                        grad_keys[:, :n_keys].baddbmm_(product_grad.transpose(1, 2), queries_by_head[:, query_start:query_end])
+        grad_q = grad_k = None
+        if need_q:
+            grad_q = grad_queries.view(batch, n_heads, n_positions, -1).transpose(1, 2) * score_scale(step.d_head)
+        if need_k:
+            grad_k = grad_keys.view(batch, n_heads, n_positions, -1).transpose(1, 2)
         return (None, None, None, grad_q, grad_k, grad_v, None, *grad_score_parameters, *grad_value_parameters)
 
 
@@ -270,7 +283,7 @@ def blockwise_z(
     if torch.is_grad_enabled() and any(tensor.requires_grad for tensor in (q, k, v, *parameters)):
         return BlockwiseAttention.apply(step, value_network, plan, q, k, v, keep, *parameters)
     with torch.no_grad():
-        return blockwise_forward(step, value_network, plan, q, k, v, keep)
+        return blockwise_forward(step, value_network, plan, by_head(q, score_scale(step.d_head)), by_head(k), v, keep)
 
 
 # -- softmax through scaled_dot_product_attention ---------------------------------------------------
