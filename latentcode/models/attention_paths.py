@@ -42,6 +42,11 @@ if TYPE_CHECKING:
 BLOCK_BYTES = 2 * 2**20
 """Target size of a block's largest tensor: about a core's L2 cache on the machines we measured
 (benchmarks/bench_long_sequences.py); blocks much larger spill to memory and run slower."""
+FUSED_BLOCK_BYTES, FUSED_QUERY_BLOCK = 8 * 2**20, 64
+"""With the fused kernels (`latentcode.models.fused_hyper`: nothing held per pair) a block holds up to
+64 queries, its codes up to 8 MiB: every block passes over the keys and values before it, and blocks of
+16 queries (the 2 MiB rule at T = 4096) made those passes dominate (bench_long_sequences.py: 12.5 s
+against 8.7 s a step at T = 4096)."""
 MIN_QUERY_BLOCK, MAX_QUERY_BLOCK, MIN_KEY_TILE = 8, 512, 16
 LINEAR_CHUNK = 64  # queries per chunk of causal linear attention
 
@@ -71,15 +76,20 @@ def plan_blocks(
     query_block: int | None = None,
     score_readers: Sequence[Reader] = (),
     pattern_readers: Sequence[Reader] = (),
+    fused: bool = False,
 ) -> BlockPlan:
     """Query blocks whose latent codes `[batch, n_heads, block, n_positions]`, and key tiles whose
     per-pair activations in `value_network`, take about `BLOCK_BYTES` each (tiles about square);
-    `query_block` (where given) fixes the queries per block."""
-    held = value_network.floats_held_per_pair() if value_network.sums_over_keys else 0
+    `fused`: the value network's fused kernels compute the blocks (no tiles; blocks of up to
+    `FUSED_QUERY_BLOCK` queries whose codes take up to `FUSED_BLOCK_BYTES`); `query_block` (where
+    given) fixes the queries per block."""
+    held = value_network.floats_held_per_pair() if value_network.sums_over_keys and not fused else 0
     pairs_per_tile = max(BLOCK_BYTES // (4 * batch * held), 1) if held else 0
     if query_block is None:
         row_bytes = 4 * batch * n_heads * n_positions  # one query row of the codes
         query_block = BLOCK_BYTES // row_bytes
+        if fused:
+            query_block = min(FUSED_BLOCK_BYTES // row_bytes, FUSED_QUERY_BLOCK)
         if held:
             query_block = min(query_block, math.isqrt(pairs_per_tile))
         query_block = min(max(query_block, MIN_QUERY_BLOCK), MAX_QUERY_BLOCK)
@@ -111,7 +121,7 @@ def block_value_network(value_network: ValueNetwork, codes: Tensor, values: Tens
     tile by tile over keys (without gradients: the tiles' z are added in place)."""
     forward = value_network.forward_tile if value_network.has_tile_kernels else value_network
     n_keys = codes.shape[-1]
-    if not value_network.sums_over_keys or value_network.fuses(codes, values):
+    if not value_network.sums_over_keys or value_network.fuses(values):
         key_tile = n_keys
     z = forward(codes[..., :key_tile], values[:, :key_tile])
     for key_start in range(key_tile, n_keys, key_tile):
@@ -217,7 +227,8 @@ class BlockwiseAttention(torch.autograd.Function):
                 codes = step.codes(step.with_position_bias(product, query_start), query_start)
                 codes = drop_out(codes, None if keep is None else keep[..., query_start:query_end, :n_keys])
             codes_detached = codes.detach()
-            whole_block = not value_network.sums_over_keys or value_network.fuses(codes_detached, v[:, :n_keys])
+            with recompute()[1]:  # the fused kernels do not run under autocast
+                whole_block = not value_network.sums_over_keys or value_network.fuses(v)
             key_tile = n_keys if whole_block else plan.key_tile
             # d codes: the one tile's gradient where the block is one tile, else filled tile by tile
             grad_codes = torch.empty_like(codes_detached) if codes.requires_grad and key_tile < n_keys else None

@@ -237,12 +237,12 @@ def use_fused(enabled: bool):
         _enabled = previous
 
 
-def available(latent_codes: Tensor, values: Tensor) -> bool:
-    """Whether the fused kernels compute these tensors: float32 on the CPU, d_head_v a multiple of
-    `CHUNK`, at most `MAX_HEADS` heads, no autocast to another dtype, and the library built."""
+def available(values: Tensor) -> bool:
+    """Whether the fused kernels compute these values `[batch, key, head, d_head_v]` (and latent codes
+    of their dtype): float32 on the CPU, d_head_v a multiple of `CHUNK`, at most `MAX_HEADS` heads, no
+    autocast to another dtype, and the library built."""
     return (
-        _enabled and latent_codes.dtype == values.dtype == torch.float32
-        and latent_codes.device.type == values.device.type == "cpu"
+        _enabled and values.dtype == torch.float32 and values.device.type == "cpu"
         and values.shape[-1] % CHUNK == 0 and values.shape[-2] <= MAX_HEADS
         and not torch.is_autocast_enabled("cpu") and library() is not None
     )

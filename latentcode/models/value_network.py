@@ -106,9 +106,9 @@ class ValueNetwork(nn.Module):
         (0: none; the attention layer sizes its key tiles with it)."""
         return 0
 
-    def fuses(self, latent_codes: Tensor, values: Tensor) -> bool:
-        """Whether `forward_tile` / `backward_tile` compute these tensors without materializing any
-        per-pair activation (then a block needs no key tiles)."""
+    def fuses(self, values: Tensor) -> bool:
+        """Whether `forward_tile` / `backward_tile` compute tiles of these values (and latent codes of
+        their dtype) without materializing any per-pair activation (then a block needs no key tiles)."""
         return False
 
 
@@ -229,8 +229,8 @@ class HyperValueNetwork(ValueNetwork):
     # tests/models/test_fused_hyper.py).
     has_tile_kernels = True
 
-    def fuses(self, latent_codes: Tensor, values: Tensor) -> bool:
-        return fused_hyper.available(latent_codes, values)
+    def fuses(self, values: Tensor) -> bool:
+        return fused_hyper.available(values)
 
     def _tile_hidden(self, latent_codes: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """`(codes [batch, key, query, head], hidden [batch, key, query, d_head_v])` of a tile."""
@@ -242,7 +242,7 @@ class HyperValueNetwork(ValueNetwork):
 
     def forward_tile(self, latent_codes: Tensor, values: Tensor) -> Tensor:
         """forward(latent_codes, values) of a tile of keys, without hooks and without a graph."""
-        if self.fuses(latent_codes, values):
+        if self.fuses(values) and latent_codes.dtype == values.dtype:
             return fused_hyper.forward(latent_codes, values, relu=self.activation == "relu")
         _, hidden = self._tile_hidden(latent_codes, values)
         # z[b, q, h] = sum_k a[b, h, q, k] hidden[b, k, q], one batched product per batch element.
@@ -256,7 +256,7 @@ class HyperValueNetwork(ValueNetwork):
         """Gradients `(d latent_codes [batch, head, query, key], d values [batch, key, head, d_head_v])`
         of `sum(forward(latent_codes, values) * grad_z)` for a tile, recomputing its hidden activation;
         where `grad_values` is given, d values is added to it (and it is returned)."""
-        if self.fuses(latent_codes, values):
+        if self.fuses(values) and latent_codes.dtype == values.dtype:
             return fused_hyper.backward(latent_codes, values, grad_z, self.activation == "relu", grad_values)
         codes_by_key, hidden = self._tile_hidden(latent_codes, values)
         grad_codes = latent_codes.new_empty(latent_codes.shape)
