@@ -17,7 +17,8 @@ Here each (q, k) pair's u lives in registers, one chunk of 8 of its d_head_v flo
 (one AVX2 register; the compiler vectorizes the fixed-width loops).
 
 Built once per machine with the system C compiler (`cc -O3 -march=native`, under a second) into
-`$LATENTCODE_CACHE/kernels/` (default `~/.cache/latentcode`), named by the source's hash, and loaded
+`$LATENTCODE_CACHE/kernels/` (default `~/.cache/latentcode`), named by the hash of the source and the
+machine, and loaded
 with ctypes (which releases the GIL during a call). Where there is no compiler, the build fails,
 or the tensors are not float32 on the CPU with d_head_v a multiple of 8 and at most `MAX_HEADS` heads,
 `available` says no and the value network uses its batched-product kernels (the same numbers to
@@ -30,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 from contextlib import contextmanager
@@ -179,13 +181,15 @@ def kernel_directory() -> Path:
 
 def _build() -> ctypes.CDLL:
     """The compiled library: from the cache, else compiled now (to a temporary, then renamed)."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise OSError("no C compiler (cc or gcc) on PATH")
-    digest = hashlib.sha256((SOURCE + " ".join(COMPILE_FLAGS) + compiler).encode()).hexdigest()[:16]
+    # -march=native: a library per machine (a cache shared by several machines keeps one for each)
+    machine = f"{platform.node()} {platform.machine()}"
+    digest = hashlib.sha256((SOURCE + " ".join(COMPILE_FLAGS) + machine).encode()).hexdigest()[:16]
     directory = kernel_directory()
     library_path = directory / f"fused_hyper-{digest}.so"
     if not library_path.is_file():
+        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        if compiler is None:
+            raise OSError("no C compiler (cc or gcc) on PATH")
         directory.mkdir(parents=True, exist_ok=True)
         source_path = new_temporary_file(directory / f"fused_hyper-{digest}.c")
         temporary = new_temporary_file(library_path)
