@@ -11,11 +11,15 @@ value network, the head width, the position bias and the causal mask.
   -> value network -> z. Every score normalization acts within one query row (softmax over keys)
   or one (query, key) pair (rms over heads), so a block of query rows is computed exactly as in
   the full tensor; under a causal mask a block needs only the keys up to its last query (the
-  others are masked and contribute exactly zero). The value networks whose z is a sum over keys
-  (all but `relu_linear`) also split a block's keys into tiles, so that a tile's hidden
-  activations `[batch, query, key, d_head_v]` stay in cache. With gradients, `BlockwiseAttention`
-  (a custom autograd Function) stores only q, k, v and the dropout mask and recomputes each
-  block in the backward, so the forward+backward never holds more than one block's tensors.
+  others are masked and contribute exactly zero). q and k are laid out `[batch * head, pos, d]`
+  once (`scores.by_head`), so that a block's scores are one batched product of slices and its
+  backward adds into the keys' gradient in place. The hyper value networks run fused C kernels
+  where they can (`latentcode.models.fused_hyper`: no per-pair tensor, one call per block); the
+  other value networks whose z is a sum over keys (all but `relu_linear`) split a block's keys
+  into tiles, so that a tile's hidden activations `[batch, query, key, d_head_v]` stay in cache.
+  With gradients, `BlockwiseAttention` (a custom autograd Function) stores only q, k, v (by head)
+  and the dropout mask and recomputes each block in the backward, so the forward+backward never
+  holds more than one block's tensors.
 - `sdpa_z`: softmax scores with the linear value network, through
   `F.scaled_dot_product_attention` (no `[batch, head, query, key]` tensor on fused kernels).
 - `associative_z`: linear attention (identity sigma, linear value network, no position bias):
