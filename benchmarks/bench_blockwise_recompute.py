@@ -23,14 +23,14 @@ from torch.utils.checkpoint import checkpoint
 from latentcode import ModelConfig, build_model
 from latentcode.models import attention as attention_module
 from latentcode.models.attention import attention_path
-from latentcode.models.attention_paths import block_codes, query_blocks
+from latentcode.models.attention_paths import query_blocks
 
 
 def checkpointed_z(step, value_network, plan, q, k, v, keep):
     """blockwise_z with torch.utils.checkpoint around each query block instead of the Function."""
 
     def block(q_block, keys, values, keep_block, query_start, n_keys):
-        codes = block_codes(step, q_block, keys, query_start, n_keys)
+        codes = step.codes(step.scores(q_block, keys, query_start), query_start)
         if keep_block is not None:
             codes = codes * keep_block
         z = None

@@ -4,7 +4,7 @@ path `Attention.path = "auto"` chooses (sdpa for softmax, the associative form f
 blockwise for HYLA; see `latentcode.models.attention`), printed as ratios to softmax.
 
     python benchmarks/bench_long_sequences.py [--lengths 256 512 1024 2048] [--repeats 3]
-                                              [--compile-length 1024]
+                                              [--compile-length 1024] [--hyla-kernel fused|bmm]
 
 Model: 2 layers, d_model 256, 4 heads of width 64, d_mlp 1024, byte tokens (d_vocab 256), causal,
 rotary positions, batch 2, training mode, attn_dropout 0 (the language-modelling setting; with
@@ -26,6 +26,8 @@ How it is measured, and why:
 - The full path's HYLA holds several [batch, query, key, d_head_v] tensors: where its peak,
   extrapolated from the previous length (x4 per doubling), would exceed `--max-full-gb` it is
   skipped, and the reason printed.
+- `--hyla-kernel bmm`: HYLA's blockwise path without the fused C kernels (`latentcode.models.fused_hyper`),
+  through the batched-product kernels they fall back to, for a before / after in one run.
 - `--compile-length T`: also times the auto path of each attention under `torch.compile` at that
   length (compile time, without inductor's caches, reported separately; 0 skips). The blockwise
   path itself runs eagerly under torch.compile (`torch.compiler.disable`): compiled, its unrolled
@@ -53,11 +55,12 @@ def resident_bytes(field: str) -> int:
         return int(re.search(rf"^{field}:\s+(\d+) kB", status.read(), re.MULTILINE).group(1)) * 1024
 
 
-def measure(attention: str, path: str, length: int, repeats: int, compile_model: bool) -> dict:
+def measure(attention: str, path: str, length: int, repeats: int, compile_model: bool, fused: bool = True) -> dict:
     """One configuration, in this (fresh) process: peak MB of one step, median s of `repeats` more."""
     import torch
 
     from latentcode import ModelConfig, build_model
+    from latentcode.models import fused_hyper
     from latentcode.models.attention import attention_path
 
     torch.set_num_threads(1)
@@ -74,7 +77,7 @@ def measure(attention: str, path: str, length: int, repeats: int, compile_model:
         model.zero_grad(set_to_none=True)
 
     result: dict = {}
-    with attention_path(model, path):
+    with attention_path(model, path), fused_hyper.use_fused(fused):
         if compile_model:
             start = time.perf_counter()
             step()
@@ -96,11 +99,13 @@ def measure(attention: str, path: str, length: int, repeats: int, compile_model:
     return result
 
 
-def run_child(attention: str, path: str, length: int, repeats: int, compile_model: bool = False) -> dict:
+def run_child(attention: str, path: str, length: int, repeats: int, compile_model: bool = False,
+              kernel: str = "fused") -> dict:
     """Peak MB (from a process whose allocator returns freed blocks) and median s (from another)."""
     result: dict = {}
     for what, child_repeats in (("memory", 0), ("time", repeats)):
-        command = [sys.executable, __file__, "--child", attention, path, str(length), str(child_repeats)]
+        command = [sys.executable, __file__, "--child", attention, path, str(length), str(child_repeats),
+                   "--hyla-kernel", kernel]
         if compile_model:
             command.append("--child-compile")
         # No inductor caches: the compile time is that of a first compilation.
@@ -124,16 +129,22 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-full-gb", type=float, default=8.0)
     parser.add_argument("--compile-length", type=int, default=1024)
+    parser.add_argument("--hyla-kernel", choices=("fused", "bmm"), default="fused")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--child-compile", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         attention, path, length, repeats = args.child
-        print(json.dumps(measure(attention, path, int(length), int(repeats), args.child_compile)))
+        print(json.dumps(measure(attention, path, int(length), int(repeats), args.child_compile,
+                                 args.hyla_kernel == "fused")))
         return
 
     import torch
 
+    from latentcode.models import fused_hyper
+
+    kernel = args.hyla_kernel if args.hyla_kernel == "bmm" or fused_hyper.library() else f"bmm ({fused_hyper.build_failure()})"
+    print(f"HYLA blockwise kernels: {kernel}; load average {open('/proc/loadavg').read().split()[:3]}")
     print(f"torch {torch.__version__}, 1 thread, batch 2, 2 layers, d_model 256, 4 heads x 64, causal, rotary; "
           f"peak MB of one forward+backward after a warm-up, median CPU s of {args.repeats} more")
     header = (f"{'T':>5s} {'attention':9s} {'path':5s} {'runs as':11s} {'peak MB':>8s} {'s':>7s} "
@@ -150,7 +161,7 @@ def main() -> None:
                     results[attention, path] = {"skipped": f"skipped: its peak would be about "
                                                            f"{extrapolated / 1e3:.0f} GB (> {args.max_full_gb:g} GB)"}
                     continue
-                results[attention, path] = run_child(attention, path, length, args.repeats)
+                results[attention, path] = run_child(attention, path, length, args.repeats, kernel=args.hyla_kernel)
                 if "peak_mb" in results[attention, path]:
                     previous_peak[attention, path] = (length, results[attention, path]["peak_mb"])
         for attention in ATTENTIONS:

@@ -209,7 +209,7 @@ class Attention(nn.Module):
         if choice.path == "associative":
             return associative_z(q, k, v, self.d_head, allowed)
         plan = plan_blocks(self.value_network, self.n_heads, batch, n_positions, self.query_block_size,
-                           choice.score_readers, choice.pattern_readers)
+                           choice.score_readers, choice.pattern_readers, fused=self.value_network.fuses(v))
         return blockwise_z(self.scores_to_codes(), self.value_network, plan, q, k, v,
                            self.dropout_mask(n_positions, q))
 

@@ -11,11 +11,15 @@ value network, the head width, the position bias and the causal mask.
   -> value network -> z. Every score normalization acts within one query row (softmax over keys)
   or one (query, key) pair (rms over heads), so a block of query rows is computed exactly as in
   the full tensor; under a causal mask a block needs only the keys up to its last query (the
-  others are masked and contribute exactly zero). The value networks whose z is a sum over keys
-  (all but `relu_linear`) also split a block's keys into tiles, so that a tile's hidden
-  activations `[batch, query, key, d_head_v]` stay in cache. With gradients, `BlockwiseAttention`
-  (a custom autograd Function) stores only q, k, v and the dropout mask and recomputes each
-  block in the backward, so the forward+backward never holds more than one block's tensors.
+  others are masked and contribute exactly zero). q and k are laid out `[batch * head, pos, d]`
+  once (`scores.by_head`), so that a block's scores are one batched product of slices and its
+  backward adds into the keys' gradient in place. The hyper value networks run fused C kernels
+  where they can (`latentcode.models.fused_hyper`: no per-pair tensor, one call per block); the
+  other value networks whose z is a sum over keys (all but `relu_linear`) split a block's keys
+  into tiles, so that a tile's hidden activations `[batch, query, key, d_head_v]` stay in cache.
+  With gradients, `BlockwiseAttention` (a custom autograd Function) stores only q, k, v (by head)
+  and the dropout mask and recomputes each block in the backward, so the forward+backward never
+  holds more than one block's tensors.
 - `sdpa_z`: softmax scores with the linear value network, through
   `F.scaled_dot_product_attention` (no `[batch, head, query, key]` tensor on fused kernels).
 - `associative_z`: linear attention (identity sigma, linear value network, no position bias):
@@ -34,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from latentcode.models.scores import ScoresToCodes, drop_out, score_scale
+from latentcode.models.scores import ScoresToCodes, by_head, drop_out, score_scale
 
 if TYPE_CHECKING:
     from latentcode.models.value_network import ValueNetwork
@@ -42,6 +46,11 @@ if TYPE_CHECKING:
 BLOCK_BYTES = 2 * 2**20
 """Target size of a block's largest tensor: about a core's L2 cache on the machines we measured
 (benchmarks/bench_long_sequences.py); blocks much larger spill to memory and run slower."""
+FUSED_BLOCK_BYTES, FUSED_QUERY_BLOCK = 8 * 2**20, 64
+"""With the fused kernels (`latentcode.models.fused_hyper`: nothing held per pair) a block holds up to
+64 queries, its codes up to 8 MiB: every block passes over the keys and values before it, and blocks of
+16 queries (the 2 MiB rule at T = 4096) made those passes dominate (bench_long_sequences.py: 12.5 s
+against 8.7 s a step at T = 4096)."""
 MIN_QUERY_BLOCK, MAX_QUERY_BLOCK, MIN_KEY_TILE = 8, 512, 16
 LINEAR_CHUNK = 64  # queries per chunk of causal linear attention
 
@@ -71,15 +80,20 @@ def plan_blocks(
     query_block: int | None = None,
     score_readers: Sequence[Reader] = (),
     pattern_readers: Sequence[Reader] = (),
+    fused: bool = False,
 ) -> BlockPlan:
     """Query blocks whose latent codes `[batch, n_heads, block, n_positions]`, and key tiles whose
     per-pair activations in `value_network`, take about `BLOCK_BYTES` each (tiles about square);
-    `query_block` (where given) fixes the queries per block."""
-    held = value_network.floats_held_per_pair() if value_network.sums_over_keys else 0
+    `fused`: the value network's fused kernels compute the blocks (no tiles; blocks of up to
+    `FUSED_QUERY_BLOCK` queries whose codes take up to `FUSED_BLOCK_BYTES`); `query_block` (where
+    given) fixes the queries per block."""
+    held = value_network.floats_held_per_pair() if value_network.sums_over_keys and not fused else 0
     pairs_per_tile = max(BLOCK_BYTES // (4 * batch * held), 1) if held else 0
     if query_block is None:
         row_bytes = 4 * batch * n_heads * n_positions  # one query row of the codes
         query_block = BLOCK_BYTES // row_bytes
+        if fused:
+            query_block = min(FUSED_BLOCK_BYTES // row_bytes, FUSED_QUERY_BLOCK)
         if held:
             query_block = min(query_block, math.isqrt(pairs_per_tile))
         query_block = min(max(query_block, MIN_QUERY_BLOCK), MAX_QUERY_BLOCK)
@@ -92,12 +106,15 @@ def plan_blocks(
 
 
 def block_codes(
-    step: ScoresToCodes, q_block: Tensor, keys: Tensor, query_start: int, n_keys: int,
-    score_readers: Sequence[Reader] = (),
+    step: ScoresToCodes, queries_by_head: Tensor, keys_by_head: Tensor, batch: int, query_start: int,
+    query_end: int, n_keys: int, score_readers: Sequence[Reader] = (),
 ) -> Tensor:
-    """Latent codes `[batch, head, block queries, n_keys]` of the queries `q_block` (the first at
-    `query_start`) against `keys[:, :n_keys]`; the score readers see the scores of all of `keys`."""
-    scores = step.scores(q_block, keys, query_start)
+    """Latent codes `[batch, head, block queries, n_keys]` of the queries `query_start:query_end`
+    against keys `:n_keys`, from `queries_by_head` / `keys_by_head` (`by_head` of the scaled queries
+    and of the keys); the score readers see the scores of every key of `keys_by_head`."""
+    n_score_keys = keys_by_head.shape[1] if score_readers else n_keys
+    product = step.product_block(queries_by_head, keys_by_head, batch, query_start, query_end, n_score_keys)
+    scores = step.with_position_bias(product, query_start)
     for read in score_readers:
         read(scores, query_start)
     return step.codes(scores[..., :n_keys], query_start)
@@ -108,7 +125,8 @@ def block_value_network(value_network: ValueNetwork, codes: Tensor, values: Tens
     tile by tile over keys (without gradients: the tiles' z are added in place)."""
     forward = value_network.forward_tile if value_network.has_tile_kernels else value_network
     n_keys = codes.shape[-1]
-    key_tile = key_tile if value_network.sums_over_keys else n_keys
+    if not value_network.sums_over_keys or value_network.fuses(values):
+        key_tile = n_keys
     z = forward(codes[..., :key_tile], values[:, :key_tile])
     for key_start in range(key_tile, n_keys, key_tile):
         key_end = key_start + key_tile
@@ -126,16 +144,16 @@ def query_blocks(n_positions: int, plan: BlockPlan, causal: bool) -> list[tuple[
 
 
 def blockwise_forward(
-    step: ScoresToCodes, value_network: ValueNetwork, plan: BlockPlan, q: Tensor, k: Tensor, v: Tensor,
-    keep: Tensor | None,
+    step: ScoresToCodes, value_network: ValueNetwork, plan: BlockPlan, queries_by_head: Tensor,
+    keys_by_head: Tensor, v: Tensor, keep: Tensor | None,
 ) -> Tensor:
-    """z without a graph, block by block; `keep` `[1, 1, query, key]`: the dropout mask or None."""
-    n_positions = q.shape[1]
+    """z without a graph, block by block; `queries_by_head`, `keys_by_head` `[batch * head, pos, d_head]`
+    (`by_head` of the scaled queries and of the keys), `keep` `[1, 1, query, key]`: the dropout mask or None."""
+    batch, n_positions = v.shape[:2]
     z_blocks = []
     for query_start, query_end, n_keys in query_blocks(n_positions, plan, step.allowed is not None):
-        score_keys = n_positions if plan.score_readers else n_keys  # readers see every key's score
         codes = block_codes(
-            step, q[:, query_start:query_end], k[:, :score_keys], query_start, n_keys, plan.score_readers
+            step, queries_by_head, keys_by_head, batch, query_start, query_end, n_keys, plan.score_readers
         )
         if plan.pattern_readers:
             # Masked keys after the block's last query have the code 0 exactly, as in the full path.
@@ -179,19 +197,22 @@ class BlockwiseAttention(torch.autograd.Function):
         ctx.step, ctx.value_network, ctx.plan = step, value_network, plan
         device_type = q.device.type
         ctx.autocast = (device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
-        ctx.save_for_backward(q, k, v, keep)
-        return blockwise_forward(step, value_network, plan, q, k, v, keep)
+        queries_by_head, keys_by_head = by_head(q, score_scale(step.d_head)), by_head(k)
+        ctx.save_for_backward(queries_by_head, keys_by_head, v, keep)
+        return blockwise_forward(step, value_network, plan, queries_by_head, keys_by_head, v, keep)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_z):
         step, value_network, plan = ctx.step, ctx.value_network, ctx.plan
-        q, k, v, keep = ctx.saved_tensors
+        queries_by_head, keys_by_head, v, keep = ctx.saved_tensors
+        batch, n_positions, n_heads = v.shape[:3]
         device_type, autocast_enabled, autocast_dtype = ctx.autocast
         score_parameters, value_parameters = block_parameters(step, value_network)
         need_q, need_k, need_v = ctx.needs_input_grad[3:6]
-        grad_q = torch.zeros_like(q) if need_q else None
-        grad_k = torch.zeros_like(k) if need_k else None
+        # d (q / sqrt(d_head)) and d k, [batch * head, pos, d_head] like queries_by_head / keys_by_head
+        grad_queries = torch.zeros_like(queries_by_head) if need_q else None
+        grad_keys = torch.zeros_like(keys_by_head) if need_k else None
         grad_v = torch.zeros_like(v) if need_v else None
         grad_score_parameters: list[Tensor | None] = [None] * len(score_parameters)
         grad_value_parameters: list[Tensor | None] = [None] * len(value_parameters)
@@ -199,51 +220,61 @@ class BlockwiseAttention(torch.autograd.Function):
         def recompute():
             return torch.enable_grad(), torch.autocast(device_type, autocast_dtype, enabled=autocast_enabled)
 
-        for query_start, query_end, n_keys in query_blocks(q.shape[1], plan, step.allowed is not None):
+        for query_start, query_end, n_keys in query_blocks(n_positions, plan, step.allowed is not None):
             grad_z_block = grad_z[:, query_start:query_end]
+            with recompute()[1]:
+                product = step.product_block(queries_by_head, keys_by_head, batch, query_start, query_end, n_keys)
             grad_mode, autocast = recompute()
             with grad_mode, autocast:
-                q_block = q[:, query_start:query_end].detach().requires_grad_(need_q)
-                keys = k[:, :n_keys].detach().requires_grad_(need_k)
-                codes = block_codes(step, q_block, keys, query_start, n_keys)
+                # q . k differentiated by hand below (batched products that add into grad_keys in place)
+                product = product.detach().requires_grad_(need_q or need_k)
+                codes = step.codes(step.with_position_bias(product, query_start), query_start)
                 codes = drop_out(codes, None if keep is None else keep[..., query_start:query_end, :n_keys])
             codes_detached = codes.detach()
-            grad_codes = torch.empty_like(codes_detached) if codes.requires_grad else None
-            key_tile = plan.key_tile if value_network.sums_over_keys else n_keys
+            with recompute()[1]:  # the fused kernels do not run under autocast
+                whole_block = not value_network.sums_over_keys or value_network.fuses(v)
+            key_tile = n_keys if whole_block else plan.key_tile
+            # d codes: the one tile's gradient where the block is one tile, else filled tile by tile
+            grad_codes = torch.empty_like(codes_detached) if codes.requires_grad and key_tile < n_keys else None
             for key_start in range(0, n_keys, key_tile):
                 key_end = min(key_start + key_tile, n_keys)
-                if value_network.has_tile_kernels:  # written-out backward, no graph
+                if value_network.has_tile_kernels:  # written-out backward, no graph; adds to grad_v
                     with recompute()[1]:
-                        tile_codes_grad, tile_values_grad = value_network.backward_tile(
-                            codes_detached[..., key_start:key_end], v[:, key_start:key_end], grad_z_block
+                        tile_codes_grad, _ = value_network.backward_tile(
+                            codes_detached[..., key_start:key_end], v[:, key_start:key_end], grad_z_block,
+                            grad_v[:, key_start:key_end] if need_v else None,
                         )
-                    if grad_codes is not None:
-                        grad_codes[..., key_start:key_end] = tile_codes_grad
-                    if need_v:
+                else:
+                    grad_mode, autocast = recompute()
+                    with grad_mode, autocast:
+                        tile_codes = codes_detached[..., key_start:key_end].detach().requires_grad_(codes.requires_grad)
+                        tile_values = v[:, key_start:key_end].detach().requires_grad_(need_v)
+                        z_tile = value_network(tile_codes, tile_values)
+                    tile_codes_grad, tile_values_grad, *parameters_grad = _gradients(
+                        z_tile, [tile_codes, tile_values, *value_parameters], grad_z_block
+                    )
+                    if tile_values_grad is not None:
                         grad_v[:, key_start:key_end] += tile_values_grad
-                    continue
-                grad_mode, autocast = recompute()
-                with grad_mode, autocast:
-                    tile_codes = codes_detached[..., key_start:key_end].detach().requires_grad_(grad_codes is not None)
-                    tile_values = v[:, key_start:key_end].detach().requires_grad_(need_v)
-                    z_tile = value_network(tile_codes, tile_values)
-                tile_codes_grad, tile_values_grad, *parameters_grad = _gradients(
-                    z_tile, [tile_codes, tile_values, *value_parameters], grad_z_block
-                )
-                if grad_codes is not None:
-                    grad_codes[..., key_start:key_end] = tile_codes_grad
-                if tile_values_grad is not None:
-                    grad_v[:, key_start:key_end] += tile_values_grad
-                _accumulate(grad_value_parameters, parameters_grad)
+                    _accumulate(grad_value_parameters, parameters_grad)
+                if codes.requires_grad:
+                    if grad_codes is None:
+                        grad_codes = tile_codes_grad
+                    else:
+                        grad_codes[..., key_start:key_end] = tile_codes_grad
             if grad_codes is not None:
-                q_grad, keys_grad, *parameters_grad = _gradients(
-                    codes, [q_block, keys, *score_parameters], grad_codes
-                )
-                if q_grad is not None:
-                    grad_q[:, query_start:query_end] = q_grad
-                if keys_grad is not None:
-                    grad_k[:, :n_keys] += keys_grad
+                product_grad, *parameters_grad = _gradients(codes, [product, *score_parameters], grad_codes)
                 _accumulate(grad_score_parameters, parameters_grad)
+                if product_grad is not None:
+                    product_grad = product_grad.reshape(-1, query_end - query_start, n_keys).to(queries_by_head.dtype)
+                    if need_q:  # d (q / sqrt(d_head)) = d product . k
+                        torch.bmm(product_grad, keys_by_head[:, :n_keys], out=grad_queries[:, query_start:query_end])
+                    if need_k:  # d k += d product^T . q / sqrt(d_head)
+                        grad_keys[:, :n_keys].baddbmm_(product_grad.transpose(1, 2), queries_by_head[:, query_start:query_end])
+        grad_q = grad_k = None
+        if need_q:
+            grad_q = grad_queries.view(batch, n_heads, n_positions, -1).transpose(1, 2) * score_scale(step.d_head)
+        if need_k:
+            grad_k = grad_keys.view(batch, n_heads, n_positions, -1).transpose(1, 2)
         return (None, None, None, grad_q, grad_k, grad_v, None, *grad_score_parameters, *grad_value_parameters)
 
 
@@ -267,7 +298,7 @@ def blockwise_z(
     if torch.is_grad_enabled() and any(tensor.requires_grad for tensor in (q, k, v, *parameters)):
         return BlockwiseAttention.apply(step, value_network, plan, q, k, v, keep, *parameters)
     with torch.no_grad():
-        return blockwise_forward(step, value_network, plan, q, k, v, keep)
+        return blockwise_forward(step, value_network, plan, by_head(q, score_scale(step.d_head)), by_head(k), v, keep)
 
 
 # -- softmax through scaled_dot_product_attention ---------------------------------------------------

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, einsum
 
@@ -37,6 +38,14 @@ def scores(queries: Tensor, keys: Tensor, d_head: int, position_bias: Tensor | N
     if position_bias is not None:
         attention_scores = attention_scores + position_bias
     return attention_scores
+
+
+def by_head(x: Tensor, scale: float = 1.0) -> Tensor:
+    """`x` `[batch, pos, head, d]` times `scale`, as one contiguous `[batch * head, pos, d]`: the layout in
+    which a block's scores are one batched matrix product of slices, without copies."""
+    batch, n_positions, n_heads, width = x.shape
+    x = x.transpose(1, 2) * scale if scale != 1.0 else x.transpose(1, 2)
+    return x.reshape(batch * n_heads, n_positions, width).contiguous()
 
 
 def dropout_mask(n_queries: int, n_keys: int, p: float, like: Tensor) -> Tensor:
@@ -78,6 +87,22 @@ class ScoresToCodes:
         if self.position_bias is not None:
             bias = self.position_bias.block(query_start, query_start + queries.shape[1], keys.shape[1])
         return scores(queries, keys, self.d_head, bias)
+
+    def product_block(
+        self, queries_by_head: Tensor, keys_by_head: Tensor, batch: int, query_start: int, query_end: int,
+        n_keys: int,
+    ) -> Tensor:
+        """q . k / sqrt(d_head) `[batch, head, query, key]` of queries `query_start:query_end` against keys
+        `:n_keys`, from `by_head(q, score_scale(d_head))` and `by_head(k)` (the scores without position bias)."""
+        product = torch.bmm(queries_by_head[:, query_start:query_end], keys_by_head[:, :n_keys].transpose(1, 2))
+        return product.view(batch, -1, query_end - query_start, n_keys)
+
+    def with_position_bias(self, product: Tensor, query_start: int = 0) -> Tensor:
+        """The scores: `product_block`'s (queries from `query_start`, keys from 0) plus the position bias."""
+        if self.position_bias is None:
+            return product
+        n_queries, n_keys = product.shape[-2:]
+        return product + self.position_bias.block(query_start, query_start + n_queries, n_keys)
 
     def codes(self, scores: Tensor, query_start: int = 0) -> Tensor:
         """The latent codes sigma(scores) `[batch, head, query, key]` of scores of queries

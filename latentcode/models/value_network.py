@@ -39,6 +39,7 @@ from einops import einsum, rearrange
 from torch import Tensor, nn
 
 from latentcode.errors import LatentcodeError
+from latentcode.models import fused_hyper
 from latentcode.models.hooks import HookPoint
 from latentcode.models.initializers import truncated_normal_std_
 
@@ -104,6 +105,11 @@ class ValueNetwork(nn.Module):
         """Floats the forward materializes per (batch, query, key) pair besides the latent code
         (0: none; the attention layer sizes its key tiles with it)."""
         return 0
+
+    def fuses(self, values: Tensor) -> bool:
+        """Whether `forward_tile` / `backward_tile` compute tiles of these values (and latent codes of
+        their dtype) without materializing any per-pair activation (then a block needs no key tiles)."""
+        return False
 
 
 class LinearValueNetwork(ValueNetwork):
@@ -214,11 +220,17 @@ class HyperValueNetwork(ValueNetwork):
         return self.d_head_v  # the hidden activation (its gradient takes its place in the backward)
 
     # -- the blockwise path's kernels for one tile of keys ------------------------------------------
-    # forward() through einsum is slow for these shapes (the head axis it sums over is short); these
-    # keep the hidden activation in the layout [batch, key, query, d_head_v], where every product is
-    # a plain batched matrix product, and skip autograd: the backward is written out. Both equal
-    # forward() and its autograd gradients to float tolerance (tests/models/test_attention_paths.py).
+    # forward() through einsum is slow for these shapes (the head axis it sums over is short). The
+    # fused C kernels (`latentcode.models.fused_hyper`) never form the hidden activation; where they
+    # cannot run (no C compiler, float64, autocast, d_head_v not a multiple of 8) the batched products
+    # below keep it in the layout [batch, key, query, d_head_v], where every product is a plain
+    # batched matrix product, and skip autograd: the backward is written out. All equal forward()
+    # and its autograd gradients to float tolerance (tests/models/test_attention_paths.py,
+    # tests/models/test_fused_hyper.py).
     has_tile_kernels = True
+
+    def fuses(self, values: Tensor) -> bool:
+        return fused_hyper.available(values)
 
     def _tile_hidden(self, latent_codes: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """`(codes [batch, key, query, head], hidden [batch, key, query, d_head_v])` of a tile."""
@@ -230,6 +242,8 @@ class HyperValueNetwork(ValueNetwork):
 
     def forward_tile(self, latent_codes: Tensor, values: Tensor) -> Tensor:
         """forward(latent_codes, values) of a tile of keys, without hooks and without a graph."""
+        if self.fuses(values) and latent_codes.dtype == values.dtype:
+            return fused_hyper.forward(latent_codes, values, relu=self.activation == "relu")
         _, hidden = self._tile_hidden(latent_codes, values)
         # z[b, q, h] = sum_k a[b, h, q, k] hidden[b, k, q], one batched product per batch element.
         return torch.stack([
@@ -237,12 +251,16 @@ class HyperValueNetwork(ValueNetwork):
             for codes, element_hidden in zip(latent_codes, hidden, strict=True)
         ])
 
-    def backward_tile(self, latent_codes: Tensor, values: Tensor, grad_z: Tensor) -> tuple[Tensor, Tensor]:
+    def backward_tile(self, latent_codes: Tensor, values: Tensor, grad_z: Tensor,
+                      grad_values: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Gradients `(d latent_codes [batch, head, query, key], d values [batch, key, head, d_head_v])`
-        of `sum(forward(latent_codes, values) * grad_z)` for a tile, recomputing its hidden activation."""
+        of `sum(forward(latent_codes, values) * grad_z)` for a tile, recomputing its hidden activation;
+        where `grad_values` is given, d values is added to it (and it is returned)."""
+        if self.fuses(values) and latent_codes.dtype == values.dtype:
+            return fused_hyper.backward(latent_codes, values, grad_z, self.activation == "relu", grad_values)
         codes_by_key, hidden = self._tile_hidden(latent_codes, values)
         grad_codes = latent_codes.new_empty(latent_codes.shape)
-        grad_values = values.new_empty(values.shape)
+        tile_grad_values = values.new_empty(values.shape)
         for index in range(latent_codes.shape[0]):
             codes, element_hidden, element_grad_z = latent_codes[index], hidden[index], grad_z[index]
             # d hidden[k, q] = sum_h a[h, q, k] dz[q, h]: [key, query, d_head_v]
@@ -254,7 +272,10 @@ class HyperValueNetwork(ValueNetwork):
             through_first = torch.bmm(grad_hidden, values[index].transpose(1, 2))  # [key, query, head]
             grad_codes[index] = through_last.permute(1, 0, 2) + through_first.permute(2, 1, 0)
             # d v[k, h] = sum_q a[h, q, k] d hidden[k, q]
-            grad_values[index] = torch.bmm(codes_by_key[index].transpose(1, 2), grad_hidden)
+            tile_grad_values[index] = torch.bmm(codes_by_key[index].transpose(1, 2), grad_hidden)
+        if grad_values is None:
+            return grad_codes, tile_grad_values
+        grad_values += tile_grad_values
         return grad_codes, grad_values
 
 

@@ -150,7 +150,8 @@ def assert_all_close(got, expected, relative=2e-5, rtol=1e-4):
 def small_blocks(monkeypatch):
     """Blocks of 4 queries and tiles of 3 keys, so that 11 positions need several of both."""
 
-    def plan(value_network, n_heads, batch, n_positions, query_block=None, score_readers=(), pattern_readers=()):
+    def plan(value_network, n_heads, batch, n_positions, query_block=None, score_readers=(), pattern_readers=(),
+             fused=False):
         return BlockPlan(4, 3, tuple(score_readers), tuple(pattern_readers))
 
     monkeypatch.setattr(attention_module, "plan_blocks", plan)
