@@ -179,10 +179,20 @@ def kernel_directory() -> Path:
     return Path(os.environ.get("LATENTCODE_CACHE") or Path.home() / ".cache" / "latentcode") / "kernels"
 
 
+def _cpu_flags() -> str:
+    """The CPU's model and instruction-set flags (Linux), so that a cache shared by machines of one name
+    but other CPUs (containers) never loads a library built for instructions this CPU lacks."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    return " ".join(dict.fromkeys(line for line in lines if line.startswith(("model name", "flags"))))
+
+
 def _build() -> ctypes.CDLL:
     """The compiled library: from the cache, else compiled now (to a temporary, then renamed)."""
     # -march=native: a library per machine (a cache shared by several machines keeps one for each)
-    machine = f"{platform.node()} {platform.machine()}"
+    machine = f"{platform.node()} {platform.machine()} {_cpu_flags()}"
     digest = hashlib.sha256((SOURCE + " ".join(COMPILE_FLAGS) + machine).encode()).hexdigest()[:16]
     directory = kernel_directory()
     library_path = directory / f"fused_hyper-{digest}.so"
