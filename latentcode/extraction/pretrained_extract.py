@@ -17,6 +17,7 @@ Labels, per window: `last_token_class`, the class of the last token's text (`TOK
 from __future__ import annotations
 
 import hashlib
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -137,11 +138,15 @@ def extract_pretrained(
             bar.update(len(call.query))
 
     source = CompactAttentionSource(pretrained.model, on_layer)
+    # Only the attention calls are read: the LM head's logits for the last position alone (at T = 8,192
+    # every position's logits are 1.5 GiB, the bare forward's whole peak). Causal LMs of transformers take
+    # `logits_to_keep`; a model that does not computes them all.
+    logits = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(pretrained.model.forward).parameters else {}
     try:
         with Recorder(pretrained.model, sites, score=score, source=source) as recorder, torch.no_grad():
             for start in range(0, n, batch_size):
                 batch = torch.from_numpy(ids[start : start + batch_size])
-                pretrained.model(input_ids=batch, use_cache=False)
+                pretrained.model(input_ids=batch, use_cache=False, **logits)
                 writer.append(codes=recorder.pop(), labels={k: v[start : start + len(batch)] for k, v in labels.items()},
                               split=split, extra={"token_ids": ids[start : start + len(batch)]})
     except BaseException:
