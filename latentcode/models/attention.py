@@ -49,8 +49,10 @@ What each hook costs (hook points of this layer):
 
 What the full path costs where a faster one exists (benchmarks/bench_long_sequences.py; 2 layers,
 d_model 256, 4 heads of width 64, batch 2, T=1024, causal, one forward+backward on one CPU
-thread): HYLA 3.0 GB and 5.7x the time of the blockwise path (0.09 GB); softmax 2.1x the memory
-and 1.6x the time of sdpa; linear 1.8x the memory and 1.8x the time of the associative form.
+thread): HYLA 3.0 GB and 5.7x the time of the blockwise path (0.09 GB; measured before the fused
+kernels of `fused_hyper`, which brought blockwise HYLA from 3.2x to 1.2x softmax's sdpa time);
+softmax 2.1x the memory and 1.6x the time of sdpa; linear 1.8x the memory and 1.8x the time of the
+associative form.
 
 Global module hooks (`torch.nn.modules.module.register_module_forward_hook` and friends) also
 select the full path: they would see blocks.
