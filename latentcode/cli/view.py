@@ -89,7 +89,7 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError(f"--out {args.out} does not end in .html; expected the name of the HTML page to write")
     check_output(args.out, "--out", kind="file")
     if Path(args.out).exists() and not args.overwrite:
-        raise FileExistsError(f"--out {args.out} already exists; add --overwrite to replace it, or choose another --out")
+        raise FileExistsError(f"--out {args.out} already exists; pass overwrite=True (--overwrite) to replace it, or choose another --out")
 
 
 def _check_run(args: argparse.Namespace) -> None:
