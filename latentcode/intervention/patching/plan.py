@@ -19,13 +19,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from latentcode.errors import OutputExistsError, UsageError, about
+from latentcode.errors import UsageError, about
 from latentcode.extraction.plan import checked_model_config
 from latentcode.rundir import ModelSource, locate_model
 from latentcode.sources.sites import SiteError, parse_positions, parse_selector, resolve_positions
 from latentcode.tasks import Task, get_task, task_class, task_names
 from latentcode.tasks.partitions import grid_size, parse_grid, task_partitions
-from latentcode.validation import check_fits_in_memory, check_output, check_split, check_variant
+from latentcode.validation import (
+    check_fits_in_memory,
+    check_output_stem,
+    check_split,
+    check_variant,
+)
 
 GRIDS = ("rows", "heads")
 MAX_GROUPS = 256
@@ -168,7 +173,7 @@ def plan_patch(
         cost = {"groups": count, "examples": len(DONORS) * n * (count + 2)}
     if out is not None:
         with about("out"):
-            out = _checked_stem(out, SEARCH_SUFFIXES if search else SUFFIXES, overwrite)
+            out = check_output_stem(out, SEARCH_SUFFIXES if search else SUFFIXES, overwrite)
     return PatchPlan(source, task, split, variant, n, seed, prediction, n_layers, n_heads, search, grid, partition_grid,
                      tuple(groups), None if layers is None else tuple(layers),
                      None if query_positions is None else tuple(query_positions), key_blocks, sites, per_head,
@@ -248,20 +253,4 @@ def _search_cost(n_layers: int, n_selection: int, n_confirmation: int, per_step:
     confirmed = 3
     return {"groups": selected + confirmed,
             "examples": 2 * n_selection * selected + 3 * n_confirmation * confirmed + 6 * n_selection}
-
-
-def _checked_stem(out: str | Path, suffixes: Sequence[str], overwrite: bool) -> Path:
-    """A stem whose files (stem + each suffix) can be written: a place that can be written, none of
-    them anything but a regular file, and none there already unless `overwrite`."""
-    from latentcode.files import check_replaceable
-
-    stem = check_output(out, kind="stem")
-    for suffix in suffixes:
-        check_replaceable(stem.with_name(stem.name + suffix))
-    existing = [str(stem.with_name(stem.name + suffix)) for suffix in suffixes
-                if stem.with_name(stem.name + suffix).exists()]
-    if existing and not overwrite:
-        raise OutputExistsError(f"{stem}: {', '.join(existing)} already exist; pass overwrite=True (--overwrite) to "
-                                "replace them, or choose another path")
-    return stem
 
