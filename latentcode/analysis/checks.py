@@ -44,6 +44,22 @@ def open_codes_files(paths: Sequence[str | Path], what: str = "codes file") -> l
     return [CodeFile(path) for path in paths]
 
 
+def code_files_to_read(code_files, max_rows: int | None, seed: int, expected: str) -> list:
+    """One codes file or several (paths or `CodeFile`s) opened and checked, each subsampled to at most
+    `max_rows` examples per split with `seed` (None: all); none given is refused, saying `expected`."""
+    from latentcode.store import CodeFile
+    from latentcode.validation import check_integer
+
+    files = [code_files] if isinstance(code_files, (str, Path, CodeFile)) else list(code_files)
+    if not files:
+        raise UsageError(f"no codes files given; expected {expected}")
+    opened = open_codes_files([file for file in files if not isinstance(file, CodeFile)])
+    files = [file if isinstance(file, CodeFile) else opened.pop(0) for file in files]
+    if max_rows is not None:
+        files = [file.subsample(check_integer("max_rows", max_rows, 1), seed) for file in files]
+    return files
+
+
 def available_label_names(code_file) -> list[str]:
     """Every label name a spec may start with: labels, prediction and target, extra arrays; each once."""
     present = [name for name, has in (("prediction", code_file.has_prediction), ("target", code_file.has_target))

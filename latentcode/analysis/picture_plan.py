@@ -22,13 +22,13 @@ from latentcode.analysis.checks import (
     check_label,
     check_one_column,
     check_splits,
+    code_files_to_read,
     default_label,
     label_name,
-    open_codes_files,
 )
 from latentcode.errors import UsageError, about
 from latentcode.store import CodeFile
-from latentcode.validation import check_integer, check_output_stem
+from latentcode.validation import check_output_stem
 
 KINDS = ("tsne", "umap", "similarity", "samples")
 
@@ -75,13 +75,7 @@ def plan_picture(
     command line's default; the plotting functions always replace theirs)."""
     if kind not in KINDS:
         raise UsageError(f"kind={kind!r}; expected one of {list(KINDS)}")
-    files = [code_files] if isinstance(code_files, (str, Path, CodeFile)) else list(code_files)
-    if not files:
-        raise UsageError("no codes files given; expected one or several")
-    opened = open_codes_files([file for file in files if not isinstance(file, CodeFile)])
-    files = [file if isinstance(file, CodeFile) else opened.pop(0) for file in files]
-    if max_rows is not None:
-        files = [file.subsample(check_integer("max_rows", max_rows, 1), seed) for file in files]
+    files = code_files_to_read(code_files, max_rows, seed, "one or several")
     label = default_label(files, label, f"a label (label=, or {'--color' if kind in ('tsne', 'umap') else '--label'})",
                           kind="picture_label")
     for code_file in files:

@@ -22,13 +22,13 @@ from latentcode.analysis.checks import (
     check_decodable,
     check_label,
     check_splits,
+    code_files_to_read,
     default_label,
-    open_codes_files,
 )
-from latentcode.errors import UsageError, about
+from latentcode.errors import about
 from latentcode.provenance import check_one_task
 from latentcode.store import CodeFile
-from latentcode.validation import check_integer, check_output_stem
+from latentcode.validation import check_output_stem
 
 
 @dataclass(frozen=True)
@@ -66,13 +66,7 @@ def plan_probe(
     label: a label spec (None: the one the files' task decodes, `probe_label`). max_rows: read at most
     this many examples of each split of each file, drawn with `seed` (None: all). out: the stem of the
     table and plot to write (None: nothing is written), in `formats`."""
-    files = [code_files] if isinstance(code_files, (str, Path, CodeFile)) else list(code_files)
-    if not files:
-        raise UsageError("no codes files given; expected one or several (models side by side)")
-    opened = open_codes_files([file for file in files if not isinstance(file, CodeFile)])
-    files = [file if isinstance(file, CodeFile) else opened.pop(0) for file in files]
-    if max_rows is not None:
-        files = [file.subsample(check_integer("max_rows", max_rows, 1), seed) for file in files]
+    files = code_files_to_read(code_files, max_rows, seed, "one or several (models side by side)")
     check_one_task(files)  # one label decoded in files of different tasks means different things
     label = default_label(files, label, "a label (label=, or --label)")
     for code_file in files:
