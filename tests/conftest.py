@@ -9,13 +9,17 @@ for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 # Dequantised GGUF models (latentcode.pretrained_cache) are cached in a directory of this test session
 # only, never in the user's ~/.cache nor a cache the environment names: the slow SmolLM2 tests
-# dequantise once (the `smollm2` fixture) and read the cache after that.
+# dequantise once (the `smollm2` fixture) and read the cache after that. Under pytest-xdist (`-n 2`)
+# the controlling process makes the directory and its workers inherit it through the environment,
+# so that they share one dequantisation (the cache fills an entry under a lock, atomically).
 import atexit  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
-os.environ["LATENTCODE_CACHE"] = tempfile.mkdtemp(prefix="latentcode-test-cache-")
-atexit.register(shutil.rmtree, os.environ["LATENTCODE_CACHE"], True)
+if "LATENTCODE_TEST_CACHE" not in os.environ:
+    os.environ["LATENTCODE_TEST_CACHE"] = tempfile.mkdtemp(prefix="latentcode-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["LATENTCODE_TEST_CACHE"], True)
+os.environ["LATENTCODE_CACHE"] = os.environ["LATENTCODE_TEST_CACHE"]
 
 import torch  # noqa: E402
 
