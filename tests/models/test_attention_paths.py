@@ -439,3 +439,27 @@ def test_long_sequence_of_a_wider_model_through_auto_equals_the_full_path(attent
         if path == "auto":
             assert model.blocks[0].attn.last_path != "full"
     assert_all_close(results["auto"], results["full"], relative=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["causal block", "random", "none masked", "all masked"])
+def test_masked_fills_what_masked_fill_fills_and_passes_the_same_gradient(kind):
+    """`normalization.masked` passes over only the keys from the first masked one; values and gradients
+    must be those of `masked_fill` through the whole mask, whatever the mask's shape."""
+    from latentcode.models.normalization import masked
+
+    generator = torch.Generator().manual_seed(0)
+    queries, keys = 8, 40
+    allowed = {"causal block": torch.ones(queries, keys, dtype=torch.bool).tril(keys - queries),
+               "random": torch.rand(queries, keys, generator=generator) > 0.3,
+               "none masked": torch.ones(queries, keys, dtype=torch.bool),
+               "all masked": torch.zeros(queries, keys, dtype=torch.bool)}[kind]
+    scores = torch.randn(2, 3, queries, keys, generator=generator, requires_grad=True)
+    weights = torch.randn(2, 3, queries, keys, generator=generator)
+    for value in (0.0, float("-inf")):
+        expected = scores.masked_fill(~allowed, value)
+        got = masked(scores, allowed, value)
+        assert torch.equal(got, expected)
+        assert got.data_ptr() != scores.data_ptr()  # a new tensor, as masked_fill's
+        expected_grad, = torch.autograd.grad((expected.nan_to_num(neginf=0.0) * weights).sum(), scores)
+        got_grad, = torch.autograd.grad((got.nan_to_num(neginf=0.0) * weights).sum(), scores)
+        assert torch.equal(got_grad, expected_grad)
