@@ -215,23 +215,27 @@ def load_pretrained(path_or_name: str | Path, name: str | None = None, cache: st
 
     path = resolve(path_or_name)
     options: dict[str, Any] = {"local_files_only": True}
-    entry = sha256 = None
+
+    def load(directory: Path) -> tuple[Any, Any]:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **options)
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            directory, attn_implementation="sdpa", dtype=torch.float32, **options
+        ).eval(), tokenizer
+
     if path.suffix == ".gguf":
         check_gguf(path)
         entry, sha256 = pretrained_cache.entry_of(path, cache)
-        if pretrained_cache.usable(entry, sha256):
-            directory = entry
-        else:
-            directory, options["gguf_file"] = path.parent, path.name
+        # One process dequantises and fills the entry; others loading it at once wait and read the entry.
+        with pretrained_cache.filling(entry, sha256) as cached:
+            if cached:
+                model, tokenizer = load(entry)
+            else:
+                options["gguf_file"] = path.name
+                model, tokenizer = load(path.parent)
+                pretrained_cache.write_entry(entry, sha256, path, model, tokenizer)
     else:
         check_causal_directory(path)
-        directory = path
-    tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **options)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        directory, attn_implementation="sdpa", dtype=torch.float32, **options
-    ).eval()
-    if "gguf_file" in options:
-        pretrained_cache.write_entry(entry, sha256, path, model, tokenizer)
+        model, tokenizer = load(path)
     config = model.config
     n_heads = config.num_attention_heads
     return Pretrained(
