@@ -157,7 +157,7 @@ def extract(
     *,
     variant: str | None = None,
     score: str = "pattern",
-    batch_size: int = 256,
+    batch_size: int | None = None,
     seed: int | None = None,
     append: bool = False,
     overwrite: bool = False,
@@ -174,6 +174,7 @@ def extract(
     sites: see `latentcode.sources.sites` (`last-self`, `sraven-rule`, `all-pairs:L`, lists).
     variant: the task variant (default: the sites', e.g. `unpermuted` for `sraven-rule`, else
         the task's default).
+    batch_size: instances per forward pass (None: 256; 1 window for a pretrained model).
     extra: further per-example arrays of length n to store beside the codes.
     compression: of a new file: "gzip" (default; any HDF5 tool reads it), "lzf" or "none".
     wait_for_lock: seconds to wait while another process writes `out` (default: refuse at once).
