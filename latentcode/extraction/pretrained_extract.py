@@ -24,7 +24,6 @@ Labels, per window: `last_token_class`, the class of the last token's text (`TOK
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import math
 from pathlib import Path
@@ -56,16 +55,6 @@ def token_class(text: str) -> int:
     return 2
 
 
-def file_sha256(path: Path) -> str:
-    if not path.is_file():
-        return ""
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(2**22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def extract_pretrained(
     model: Any,
     split: str = "validation",
@@ -93,6 +82,7 @@ def extract_pretrained(
     from latentcode.pretrained import (
         Pretrained,
         check_seq_len,
+        checkpoint_sha256,
         corpus_token_windows,
         load_pretrained,
     )
@@ -116,7 +106,8 @@ def extract_pretrained(
     metadata = {
         "model_name": pretrained.name,
         "model_config": {key: value for key, value in config.items() if key != "quantization_config"},
-        "checkpoint_sha256": file_sha256(pretrained.path),
+        "checkpoint_sha256": checkpoint_sha256(pretrained.path),
+        "model_path": str(pretrained.path.resolve()),
         "task_config": {},
         "selector": {"spec": selector, "sites": [[s.layer, s.query, s.key] for s in sites]},
         "score": score,

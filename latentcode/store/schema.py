@@ -179,6 +179,8 @@ ROOT_ATTRIBUTES: tuple[Attribute, ...] = (
     Attribute("model_name", TEXT, False, 'short name for titles and tables, e.g. "hyla"'),
     Attribute("model_config", JSON_OBJECT, True, "the model's configuration (ModelConfig.to_dict() for our models)"),
     Attribute("checkpoint_sha256", TEXT, False, 'SHA-256 of the weights file the codes came from ("" if none)'),
+    Attribute("model_path", TEXT, False, "a pretrained model's file or directory, as the extraction found it (where "
+              "`latentcode view` looks for its tokenizer, checked against checkpoint_sha256); \"\" for other models"),
     Attribute("task_config", JSON_OBJECT, True, "the task's configuration (Task.config()), {} if none"),
     Attribute("selector", JSON_OBJECT, True, '{"name": ..., "sites": [[layer, query, key], ...]}'),
     Attribute("score", TEXT, False, f"{SCORE_KINDS[0]!r} (normalized latent codes, default) or {SCORE_KINDS[1]!r} "
