@@ -28,7 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="Write one self-contained HTML page (plotly.js inline, no network request) that links: the "
         "PCA (or tSNE/UMAP) embedding of each layer's codes, hovered for an instance's labels and the model's "
         "answer, filtered by any label; the selected instance's codes as a layer x head grid and its attention from "
-        "the query to every recorded key, per head; probe tables and patching maps when given. At most "
+        "the query to every recorded key, per head (keys named by their tokens where the file names them, or for a "
+        "pretrained model's file, by its tokenizer: the model it names, here with the same SHA-256); probe tables "
+        "and patching maps when given. At most "
         "--max-instances instances, drawn with --seed; codes rounded for display.",
         epilog="examples:\n  latentcode view codes.h5 --probes results/rule.csv --patching results/patch.csv --out codes.html\n"
         "  latentcode view models/fuzzy_logic-hyla --sites '*:-1:*' --codes fuzzy-hyla.h5   # a run: extracted first",
