@@ -32,7 +32,7 @@ def torchrun(model, out, processes=2):
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.slow  # 19.5 s on the 2 shared cores (load 1.75): two processes each import torch and transformers
+@pytest.mark.slow  # two launches of two processes, each importing torch and transformers: 19.5 s for one (load 1.75)
 def test_two_processes_write_the_compact_file_one_process_writes(tiny_llama, tmp_path):
     result = torchrun(tiny_llama, tmp_path / "sharded.h5")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -73,6 +73,13 @@ def test_two_processes_write_the_compact_file_one_process_writes(tiny_llama, tmp
     with pytest.raises(CodeFileError, match=r"has /compact/key_l1 of shape \[4, 2, 16, 8\]; the file expects "
                                             r"\[4, 2, 32, 8\]"):
         CodeFile(tmp_path / "sharded.h5")
+
+    # A process that fails (its shard's name is taken) fails the launch in every process; no file is written.
+    (tmp_path / "again.shard-1-of-2.h5").write_text("taken")
+    result = torchrun(tiny_llama, tmp_path / "again.h5")
+    assert result.returncode != 0 and not (tmp_path / "again.h5").exists()
+    assert "process 1 of 2 failed recording its shard: FileExistsError" in result.stderr
+    assert (tmp_path / "again.shard-1-of-2.h5").read_text() == "taken"
 
 
 def test_a_sharded_pretrained_extraction_refuses_before_the_model_loads(monkeypatch, tmp_path, capsys):
