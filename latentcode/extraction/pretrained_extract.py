@@ -105,7 +105,10 @@ def extract_pretrained(
     config = pretrained.model.config.to_dict()
     metadata = {
         "model_name": pretrained.name,
-        "model_config": {key: value for key, value in config.items() if key != "quantization_config"},
+        # Not where this process loaded it from (`_name_or_path`: the GGUF's directory, or its cache entry
+        # once cached; `model_path` says where the model is): ranks of one launch, and appends, agree.
+        "model_config": {key: value for key, value in config.items()
+                         if key not in ("quantization_config", "_name_or_path")},
         "checkpoint_sha256": checkpoint_sha256(pretrained.path),
         "model_path": str(pretrained.path.resolve()),
         "task_config": {},

@@ -2,6 +2,7 @@
 contiguous share of the windows, compact store included, and one file over the shards reads as the
 one-process file (issue 35, item 3)."""
 
+import shutil
 import subprocess
 import sys
 
@@ -108,3 +109,18 @@ def test_the_command_line_refuses_a_sharded_append_or_an_existing_file_in_one_li
         error = capsys.readouterr().err.strip()
         assert says in error and "\n" not in error and "Traceback" not in error
     assert out.read_bytes() == before
+
+
+def test_where_a_process_loaded_the_model_from_is_not_part_of_its_config(tiny_llama, tmp_path):
+    # The ranks of one launch load a GGUF from the file or from its cache entry (whichever filled it):
+    # transformers' `_name_or_path` differs, and the shards must still agree on model_config.
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_llama, copy)
+    files = []
+    for model in (tiny_llama, copy):
+        files.append(tmp_path / f"{model.name}.h5")
+        assert main(["extract", str(model), *ARGUMENTS, "--n", "1", "--out", str(files[-1])]) == 0
+    first, second = (CodeFile(path) for path in files)
+    assert first.model_config == second.model_config and "_name_or_path" not in first.model_config
+    assert first.attrs["checkpoint_sha256"] == second.attrs["checkpoint_sha256"]  # the same weights
+    assert first.attrs["model_path"] != second.attrs["model_path"]
