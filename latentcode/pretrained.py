@@ -24,6 +24,7 @@ torch and transformers are imported inside the functions, so importing this modu
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 from dataclasses import dataclass
@@ -143,6 +144,69 @@ def resolve(path_or_name: str | Path) -> Path:
     return Path(path_or_name)
 
 
+def checkpoint_sha256(path: Path) -> str:
+    """SHA-256 of what a pretrained model's weights come from: a file's bytes (a `.gguf`); for a
+    directory, of the names and SHA-256s of its weights files (`*.safetensors`, `*.bin`, `*.gguf`, by
+    name); "" where there is none. A codes file records it (`checkpoint_sha256`) to tell its model."""
+    from latentcode.pretrained_cache import file_sha256
+
+    path = Path(path)
+    if path.is_file():
+        return file_sha256(path)
+    if not path.is_dir():
+        return ""
+    weights = sorted(item for item in path.iterdir() if item.is_file() and item.suffix in (".safetensors", ".bin", ".gguf"))
+    if not weights:
+        return ""
+    digest = hashlib.sha256()
+    for item in weights:
+        digest.update(f"{item.name}\0{file_sha256(item)}\n".encode())
+    return digest.hexdigest()
+
+
+def load_tokenizer(path_or_name: str | Path, cache: str | Path | None = None) -> Any:
+    """The tokenizer alone of a pretrained model, no weights read: a directory's; a `.gguf` file's from
+    its cache entry when there is one (SmolLM2: 1 s, after the 11 s transformers spends on its first
+    tokenizer of a process, load 7 on 2 cores), else parsed from the file (16-23 s)."""
+    import transformers
+
+    from latentcode import pretrained_cache
+
+    path = resolve(path_or_name)
+    if path.suffix == ".gguf":
+        entry, sha256 = pretrained_cache.entry_of(path, cache)
+        if pretrained_cache.usable(entry, sha256):
+            return transformers.AutoTokenizer.from_pretrained(entry, local_files_only=True)
+        return transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def token_texts_of(model_path: str, model_name: str, sha256: str, cache: str | Path | None = None) -> list[str]:
+    """The text of each token id of the model a codes file names (its root attributes `model_path`,
+    else a known `model_name` such as "smollm2"), after checking the model there is the one whose
+    `checkpoint_sha256` the file records; a PretrainedError says why not (one line)."""
+    if model_path:
+        path = Path(model_path)
+    elif model_name in NAMES:
+        path = resolve(model_name)
+    else:
+        raise PretrainedError(f"it names no model file or directory (model {model_name!r}; written before codes "
+                              "files kept the model's path)")
+    if not path.exists():
+        raise PretrainedError(f"its model {path} is not here")
+    if not sha256:
+        raise PretrainedError(f"it records no checkpoint SHA-256 to check {path} against")
+    found = checkpoint_sha256(path)
+    if found != sha256:
+        raise PretrainedError(f"{path} has SHA-256 {found[:12] or 'none'}, not the {sha256[:12]} of the model the "
+                              "codes came from")
+    try:
+        tokenizer = load_tokenizer(path, cache)
+    except (OSError, ValueError, KeyError) as error:
+        raise PretrainedError(f"the tokenizer of {path} is not readable ({' '.join(str(error).split())[:160]})") from None
+    return [tokenizer.decode([token]) for token in range(len(tokenizer))]
+
+
 def gguf_architecture(path: Path) -> str:
     """The `general.architecture` of a GGUF file, or a PretrainedError if it is not one."""
     try:
@@ -215,23 +279,27 @@ def load_pretrained(path_or_name: str | Path, name: str | None = None, cache: st
 
     path = resolve(path_or_name)
     options: dict[str, Any] = {"local_files_only": True}
-    entry = sha256 = None
+
+    def load(directory: Path) -> tuple[Any, Any]:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **options)
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            directory, attn_implementation="sdpa", dtype=torch.float32, **options
+        ).eval(), tokenizer
+
     if path.suffix == ".gguf":
         check_gguf(path)
         entry, sha256 = pretrained_cache.entry_of(path, cache)
-        if pretrained_cache.usable(entry, sha256):
-            directory = entry
-        else:
-            directory, options["gguf_file"] = path.parent, path.name
+        # One process dequantises and fills the entry; others loading it at once wait and read the entry.
+        with pretrained_cache.filling(entry, sha256) as cached:
+            if cached:
+                model, tokenizer = load(entry)
+            else:
+                options["gguf_file"] = path.name
+                model, tokenizer = load(path.parent)
+                pretrained_cache.write_entry(entry, sha256, path, model, tokenizer)
     else:
         check_causal_directory(path)
-        directory = path
-    tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **options)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        directory, attn_implementation="sdpa", dtype=torch.float32, **options
-    ).eval()
-    if "gguf_file" in options:
-        pretrained_cache.write_entry(entry, sha256, path, model, tokenizer)
+        model, tokenizer = load(path)
     config = model.config
     n_heads = config.num_attention_heads
     return Pretrained(

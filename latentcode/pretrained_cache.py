@@ -11,18 +11,22 @@ files and `entry.json`, written last, naming the source file, its SHA-256 and th
 An entry is used only when `entry.json` is there and every file has its recorded size; anything else
 (a half-copied or damaged entry) is ignored and written anew. Every file goes through
 `latentcode.files.AtomicOutputs` under the entry's lock, so two processes filling the same entry do
-not mix their files. A cache that cannot be written (read-only home, full disk) is not an error: the
+not mix their files; and `filling` holds that lock while one process dequantises, so that processes
+loading the same GGUF at once (the ranks of a torchrun launch) dequantise it once: the others wait,
+then read the entry it wrote. A cache that cannot be written (read-only home, full disk) is not an error: the
 model loads from the GGUF file as before and a warning says why it was not kept.
 A SmolLM2-135M entry takes about 540 MB.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,8 @@ from latentcode.errors import LatentcodeError
 CACHE_VARIABLE = "LATENTCODE_CACHE"
 ENTRY_FILE = "entry.json"
 ENTRY_FORMAT = "latentcode-gguf-cache/1"
+#: how long a process waits for another to fill the entry it needs (dequantising takes minutes when busy)
+FILL_WAIT_SECONDS = 900
 
 
 def cache_root() -> Path:
@@ -62,9 +68,41 @@ def usable(entry: Path, sha256: str) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def filling(entry: Path, sha256: str) -> Iterator[bool]:
+    """Hold `entry`'s lock while this process fills it: yields True where the entry is usable (now, or
+    once another process holding the lock has written it: read it), False where this process is to
+    dequantise and `write_entry` (which then joins this lock; its files are renamed on leaving).
+    A lock that cannot be taken (a read-only cache, or another process filling it for longer than
+    FILL_WAIT_SECONDS) yields False with a warning: the model loads without the cache's help."""
+    from latentcode.files import AtomicOutputs
+
+    if usable(entry, sha256):
+        yield True
+        return
+    outputs = AtomicOutputs(lock=entry, wait=FILL_WAIT_SECONDS, purpose="caching a dequantised model")
+    try:
+        outputs.__enter__()
+    except (OSError, LatentcodeError) as error:
+        warnings.warn(f"cannot lock the cache entry {entry} ({error}); dequantising without it", stacklevel=3)
+        yield False
+        return
+    try:
+        yield usable(entry, sha256)
+    except BaseException as error:
+        outputs.__exit__(type(error), error, error.__traceback__)
+        raise
+    try:
+        outputs.__exit__(None, None, None)
+    except (OSError, LatentcodeError) as error:
+        warnings.warn(f"the dequantised model was not cached in {entry} ({error}); the next load dequantises it "
+                      f"again (set {CACHE_VARIABLE} to a writable directory to keep it)", stacklevel=3)
+
+
 def write_entry(entry: Path, sha256: str, source: Path, model: Any, tokenizer: Any) -> None:
     """Write `model`'s float32 weights, config and `tokenizer` as the entry `entry`, all or none;
-    a warning (not an error) where the cache cannot be written."""
+    a warning (not an error) where the cache cannot be written. Inside `filling(entry, ...)` the files
+    join its set and are renamed when it is left."""
     from latentcode.files import AtomicOutputs
     from latentcode.models.persistence import save_safetensors
 

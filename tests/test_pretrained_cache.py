@@ -5,6 +5,8 @@ in test_pretrained.py.)"""
 
 import json
 import os
+import threading
+import time
 
 import pytest
 import torch
@@ -99,3 +101,28 @@ def test_the_cache_root_is_the_environment_variable_or_the_home_cache(monkeypatc
 def test_a_cache_given_as_text_is_a_directory(source, tmp_path):
     entry, sha256 = pretrained_cache.entry_of(source, str(tmp_path))
     assert entry == tmp_path / "gguf" / f"model-{sha256[:16]}"
+
+
+
+def test_two_loaders_at_once_fill_the_entry_once(tiny, source, tmp_path):
+    # What the ranks of a torchrun launch do: both find no entry; one fills it, the other waits and
+    # reads it. Two threads: the entry's lock excludes two holders in one process as across processes.
+    model, tokenizer = tiny
+    entry, sha256 = pretrained_cache.entry_of(source, tmp_path / "cache")
+    both_started, results = threading.Barrier(2), []
+
+    def load() -> None:
+        both_started.wait()
+        with pretrained_cache.filling(entry, sha256) as cached:
+            if not cached:  # dequantising, slowly: the other must wait for it, not fill the entry too
+                time.sleep(1)
+                pretrained_cache.write_entry(entry, sha256, source, model, tokenizer)
+        results.append(("cached" if cached else "filled", pretrained_cache.usable(entry, sha256)))
+
+    threads = [threading.Thread(target=load) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(results) == [("cached", True), ("filled", True)]
+    assert not [name for name in os.listdir(entry) if name.startswith(".")]  # no temporaries left

@@ -71,11 +71,14 @@ POSITIVE_NUMBER, NON_NEGATIVE_NUMBER = number(positive=True), number(positive=Fa
 FIGURE_FORMATS = ("png", "svg", "pdf")
 
 
-def add_instance_arguments(parser: argparse.ArgumentParser) -> None:
+def add_instance_arguments(parser: argparse.ArgumentParser, batch_size: int | None = 256,
+                           batch_help: str = "default 256") -> None:
     """The flags of commands that run a model on task instances (extract, intervene): the task's
-    variant, the batch size, the sample seed and the task config of a saved model directory."""
+    variant, the batch size (default `batch_size`; None: the command decides, as `batch_help` says),
+    the sample seed and the task config of a saved model directory."""
     parser.add_argument("--variant", help="task variant (default: the selector's, else the task's default)")
-    parser.add_argument("--batch-size", type=POSITIVE_INTEGER, default=256, help="instances per forward pass (default 256)")
+    parser.add_argument("--batch-size", type=POSITIVE_INTEGER, default=batch_size,
+                        help=f"instances per forward pass ({batch_help})")
     parser.add_argument("--seed", type=SEED, help="sample seed (default: the split's evaluation seed)")
     parser.add_argument("--task", metavar="KEY=VALUE", action="append",
                         help="task config for a model directory, e.g. --task name=sraven --task n_features=4")

@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, help="the HDF5 file to write")
     parser.add_argument("--score", choices=("pattern", "scores"), default="pattern",
                         help="pattern: normalized latent codes (default); scores: raw scores before normalization")
-    add_instance_arguments(parser)
+    add_instance_arguments(parser, None, "default 256; 1 window for a pretrained model")
     parser.add_argument("--append", action="store_true", help="add examples to an existing file with the same schema")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing file")
     parser.add_argument("--compression", choices=("gzip", "lzf", "none"), default=None,

@@ -28,7 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="Write one self-contained HTML page (plotly.js inline, no network request) that links: the "
         "PCA (or tSNE/UMAP) embedding of each layer's codes, hovered for an instance's labels and the model's "
         "answer, filtered by any label; the selected instance's codes as a layer x head grid and its attention from "
-        "the query to every recorded key, per head; probe tables and patching maps when given. At most "
+        "the query to every recorded key, per head (keys named by their tokens where the file names them, or for a "
+        "pretrained model's file, by its tokenizer: the model it names, here with the same SHA-256); probe tables "
+        "and patching maps when given. At most "
         "--max-instances instances, drawn with --seed; codes rounded for display.",
         epilog="examples:\n  latentcode view codes.h5 --probes results/rule.csv --patching results/patch.csv --out codes.html\n"
         "  latentcode view models/fuzzy_logic-hyla --sites '*:-1:*' --codes fuzzy-hyla.h5   # a run: extracted first",
@@ -149,9 +151,37 @@ def _view(args: argparse.Namespace, codes: str) -> None:
                   for method in args.embedding]
     viewer = build_viewer(args.file, split=args.split, max_instances=args.max_instances, seed=args.seed,
                           embeddings=embeddings, probe_tables=args.probes, patching=args.patching,
-                          label=args.label and label_name(args.label))
+                          label=args.label and label_name(args.label), token_names=pretrained_token_names(args.file))
     path = viewer.save(args.out, overwrite=args.overwrite)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB; {viewer.title})")
+
+
+def pretrained_token_names(path: str) -> list[str] | None:
+    """The text of each token id of a pretrained model's codes file, so that the page names keys by
+    their tokens: read from the tokenizer of the model the file names (root attribute `model_path`, or
+    a known name such as smollm2) when it is here and its SHA-256 is the file's `checkpoint_sha256`;
+    else None (keys named by position), and one line saying why. None, silently, for a file that names
+    its tokens itself or records none."""
+    from latentcode.pretrained import PretrainedError, token_texts_of
+    from latentcode.rundir import PRETRAINED_NAMES
+    from latentcode.store import CodeFile
+
+    code_file = CodeFile(path)
+    model_path = str(code_file.attrs.get("model_path") or "")
+    if code_file.token_names or "token_ids" not in code_file.extra_names or not (
+            model_path or code_file.compact is not None or code_file.model_name in PRETRAINED_NAMES):
+        return None
+    try:
+        names = token_texts_of(model_path, code_file.model_name, str(code_file.attrs.get("checkpoint_sha256") or ""))
+    except PretrainedError as error:
+        print(f"keys named by position, not by token: {path}: {error}", flush=True)
+        return None
+    largest = int(code_file.extra("token_ids").max())
+    if largest >= len(names):
+        print(f"keys named by position, not by token: {path} holds token id {largest}, beyond the {len(names)} "
+              "tokens of its model's tokenizer", flush=True)
+        return None
+    return names
 
 
 COMMAND = Command(register, check, run, order=95, parameters={"run_or_model": "file", "out": "codes"})

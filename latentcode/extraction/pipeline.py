@@ -16,7 +16,8 @@ process records a contiguous share of the batches, rank by rank, into its own sh
 `OUT.shard-RANK-of-WORLD.h5` beside `out`; after all have finished, rank 0 writes `out` as one codes
 file of virtual datasets over the shards (`latentcode.store.write_sharded_file`). Batch `i` is drawn
 from `(seed, i)` whichever process records it, so the file equals a one-process extraction row for
-row. A failure in any process is raised in every process.
+row. A failure in any process is raised in every process. A pretrained model's extraction
+(`latentcode.extraction.pretrained_extract`) is sharded the same way (`record_in_shards`).
 
     torchrun --standalone --nproc_per_node 2 -m latentcode.cli -- extract RUN --n 8192 --out codes.h5
 
@@ -30,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +157,7 @@ def extract(
     *,
     variant: str | None = None,
     score: str = "pattern",
-    batch_size: int = 256,
+    batch_size: int | None = None,
     seed: int | None = None,
     append: bool = False,
     overwrite: bool = False,
@@ -173,6 +174,7 @@ def extract(
     sites: see `latentcode.sources.sites` (`last-self`, `sraven-rule`, `all-pairs:L`, lists).
     variant: the task variant (default: the sites', e.g. `unpermuted` for `sraven-rule`, else
         the task's default).
+    batch_size: instances per forward pass (None: 256; 1 window for a pretrained model).
     extra: further per-example arrays of length n to store beside the codes.
     compression: of a new file: "gzip" (default; any HDF5 tool reads it), "lzf" or "none".
     wait_for_lock: seconds to wait while another process writes `out` (default: refuse at once).
@@ -201,9 +203,6 @@ def run_extraction(plan: ExtractPlan, model: nn.Module | None = None, *, progres
     if plan.source.kind == "pretrained":
         from latentcode.extraction.pretrained_extract import extract_pretrained
 
-        if distributed_position()[1] > 1:
-            raise UsageError(f"{plan.source.path} is a pretrained model: its extraction is not sharded yet; run it in "
-                             f"one process (found WORLD_SIZE={distributed_position()[1]})")
         return extract_pretrained(
             plan.source.path, plan.split, plan.n, plan.seq_len, plan.out, selector=plan.sites_given,
             batch_size=plan.batch_size, seed=0 if plan.seed is None else plan.seed, score=plan.score,
@@ -255,19 +254,37 @@ def run_extraction(plan: ExtractPlan, model: nn.Module | None = None, *, progres
                     record_batch(model, task, batch, recorder, writer, sites, {
                         name: np.asarray(values)[start : start + size] for name, values in (extra or {}).items()})
 
-    n_batches = math.ceil(n / batch_size)
-    rank, world_size = distributed_position()
-    if world_size == 1:
-        record(out, range(n_batches), append, progress)
-        return Path(out)
+    return record_in_shards(out, math.ceil(n / batch_size), record, append=append, overwrite=overwrite,
+                            wait_for_lock=wait_for_lock, progress=progress)
 
-    out = Path(out)
+
+def check_sharded_output(out: str | Path, append: bool, overwrite: bool) -> None:
+    """Refuse, in a launch of several processes, what a sharded file cannot do: append to `out`, or
+    replace it without `overwrite`. Every process refuses alike, before any of them waits for another
+    (call it before loading anything slow)."""
+    world_size = distributed_position()[1]
+    if world_size == 1:
+        return
     if append:
         raise UsageError(f"append=True (--append) with {world_size} processes: a sharded file cannot be appended to; "
                          "extract into a new file")
-    if out.exists() and not overwrite:  # every process refuses alike, before any of them waits for another
+    if Path(out).exists() and not overwrite:
         raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it, or choose "
                               "another path")
+
+
+def record_in_shards(out: str | Path, n_batches: int, record: Callable[[Path, range, bool, bool], None], *,
+                     append: bool, overwrite: bool, wait_for_lock: float | None, progress: bool) -> Path:
+    """Record batches `0 .. n_batches - 1` into `out` with `record(path, batches, append, progress)`:
+    in one process, all of them into `out`; in a launch of several, each process a contiguous share
+    (rank by rank) into its shard `shard_path(out, rank, world)` (rank 0 alone shows progress), then
+    rank 0 writes `out` over the shards. A failure in any process is raised in every process."""
+    out = Path(out)
+    rank, world_size = distributed_position()
+    if world_size == 1:
+        record(out, range(n_batches), append, progress)
+        return out
+    check_sharded_output(out, append, overwrite)
 
     def share(of_rank: int) -> range:  # contiguous batches; a rank left without any writes no shard
         return range(of_rank * n_batches // world_size, (of_rank + 1) * n_batches // world_size)

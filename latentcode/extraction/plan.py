@@ -34,6 +34,8 @@ from latentcode.validation import (
     forward_pass_bytes,
 )
 
+BATCH_SIZE = 256  # instances per forward pass, unless given
+PRETRAINED_BATCH_SIZE = 1  # windows (of thousands of tokens) per forward pass of a pretrained model, unless given
 PRETRAINED_SEQ_LEN = 512  # tokens per window of a pretrained model, unless the task says
 
 
@@ -74,7 +76,7 @@ def plan_extract(
     *,
     variant: str | None = None,
     score: str = "pattern",
-    batch_size: int = 256,
+    batch_size: int | None = None,
     seed: int | None = None,
     append: bool = False,
     overwrite: bool = False,
@@ -84,12 +86,15 @@ def plan_extract(
 ) -> ExtractPlan:
     """The plan of `latentcode.extract` with these arguments (see there), or the first mistake in
     them. `run_or_model`: a path or name (`rundir.locate_model`), or a `ModelSource` already located
-    (a model object's). compression None: gzip, or none for a pretrained model's compact store."""
+    (a model object's). compression None: gzip, or none for a pretrained model's compact store;
+    batch_size None: 256, or 1 window for a pretrained model."""
     with about("run_or_model"):
         source = run_or_model if isinstance(run_or_model, ModelSource) else locate_model(run_or_model)
     with about("n"):
         n = check_integer("n", n, minimum=1)
     with about("batch_size"):
+        if batch_size is None:  # a pretrained model's windows one at a time: memory, and a shard per process
+            batch_size = PRETRAINED_BATCH_SIZE if source.kind == "pretrained" else BATCH_SIZE
         batch_size = check_integer("batch_size", batch_size, minimum=1)
     if append and overwrite:
         raise UsageError("append=True (--append) adds to the output and overwrite=True (--overwrite) replaces it: "

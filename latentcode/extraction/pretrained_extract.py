@@ -10,20 +10,29 @@ and the report read it unchanged; `/compact` holds the post-RoPE queries and key
 from which `CodeFile.codes` rebuilds any other pair. Each layer's queries and keys go to disk as the
 layer's attention call returns, so memory holds one layer of them, never `[H, T, T]`.
 
+Sharded like a trained model's extraction (`latentcode.extraction.pipeline`): launched as several
+processes, every process draws the same windows and records a contiguous share of the batches, compact
+store included, into `OUT.shard-RANK-of-WORLD.h5`; rank 0 then writes `out` as virtual datasets over
+the shards (`/compact` too), which `CodeFile` reads as the one-process file. Every process loads the
+model (a GGUF's cache entry is filled by one of them; `latentcode.pretrained_cache`).
+
+    torchrun --standalone --nproc_per_node 2 -m latentcode.cli -- extract smollm2 --task seq_len=2048 --n 4
+
 Labels, per window: `last_token_class`, the class of the last token's text (`TOKEN_CLASSES`), and
 `last_token_starts_word` (1 where that class is "word start"), a binary label small files can probe.
 """
 
 from __future__ import annotations
 
-import hashlib
 import inspect
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from latentcode.extraction.pipeline import check_sharded_output, record_in_shards
 from latentcode.extraction.recorder import Recorder
 from latentcode.sources.compact_capture import CompactAttentionSource, CompactError, CompactLayer
 from latentcode.sources.sites import MAX_ALL_PAIRS, SiteError, parse_selector
@@ -44,16 +53,6 @@ def token_class(text: str) -> int:
     if stripped[0].isalpha():
         return 0 if text[0].isspace() else 1
     return 2
-
-
-def file_sha256(path: Path) -> str:
-    if not path.is_file():
-        return ""
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(2**22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def extract_pretrained(
@@ -83,11 +82,13 @@ def extract_pretrained(
     from latentcode.pretrained import (
         Pretrained,
         check_seq_len,
+        checkpoint_sha256,
         corpus_token_windows,
         load_pretrained,
     )
 
     n, batch_size = check_integer("n", n, minimum=1), check_integer("batch_size", batch_size, minimum=1)
+    check_sharded_output(out, append, overwrite)  # before the model loads: refused in every process alike
     pretrained = model if isinstance(model, Pretrained) else load_pretrained(model)
     check_seq_len(seq_len, pretrained.n_ctx, pretrained.name)
     parsed = parse_selector(selector)
@@ -104,8 +105,12 @@ def extract_pretrained(
     config = pretrained.model.config.to_dict()
     metadata = {
         "model_name": pretrained.name,
-        "model_config": {key: value for key, value in config.items() if key != "quantization_config"},
-        "checkpoint_sha256": file_sha256(pretrained.path),
+        # Not where this process loaded it from (`_name_or_path`: the GGUF's directory, or its cache entry
+        # once cached; `model_path` says where the model is): ranks of one launch, and appends, agree.
+        "model_config": {key: value for key, value in config.items()
+                         if key not in ("quantization_config", "_name_or_path")},
+        "checkpoint_sha256": checkpoint_sha256(pretrained.path),
+        "model_path": str(pretrained.path.resolve()),
         "task_config": {},
         "selector": {"spec": selector, "sites": [[s.layer, s.query, s.key] for s in sites]},
         "score": score,
@@ -115,44 +120,53 @@ def extract_pretrained(
         "split_descriptions": {split: f"windows of {seq_len} tokens of the language corpus's {split} split"},
         "compact": info if compact else {},
     }
-    writer = CodeWriter(out, sites, pretrained.n_heads, metadata, append=append, overwrite=overwrite,
-                        compression=compression, wait_for_lock=wait_for_lock)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=n * pretrained.n_layers, desc=f"extract {pretrained.name} T={seq_len}", unit="layer")
-
-    def on_layer(layer: int, call: CompactLayer) -> None:
-        if compact:
-            if call.query.shape[1:] != (info["n_heads"], seq_len, info["head_dim"]) or \
-                    call.key.shape[1] != info["n_kv_heads"]:
-                raise CompactError(f"attention call {layer}: queries {list(call.query.shape)}, keys "
-                                   f"{list(call.key.shape)}; expected {info['n_heads']} query and "
-                                   f"{info['n_kv_heads']} key/value heads of {info['head_dim']} over {seq_len}")
-            writer.write_compact(query_name(layer), call.query, call.mask.attributes())
-            writer.write_compact(key_name(layer), call.key)
-            if layer == 0:
-                writer.write_compact(KEY_VALID, call.key_valid)
-        if bar is not None:
-            bar.update(len(call.query))
-
-    source = CompactAttentionSource(pretrained.model, on_layer)
     # Only the attention calls are read: the LM head's logits for the last position alone (at T = 8,192
     # every position's logits are 1.5 GiB, the bare forward's whole peak). Causal LMs of transformers take
     # `logits_to_keep`; a model that does not computes them all.
     logits = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(pretrained.model.forward).parameters else {}
-    try:
-        with Recorder(pretrained.model, sites, score=score, source=source) as recorder, torch.no_grad():
-            for start in range(0, n, batch_size):
-                batch = torch.from_numpy(ids[start : start + batch_size])
-                pretrained.model(input_ids=batch, use_cache=False, **logits)
-                writer.append(codes=recorder.pop(), labels={k: v[start : start + len(batch)] for k, v in labels.items()},
-                              split=split, extra={"token_ids": ids[start : start + len(batch)]})
-    except BaseException:
-        writer.abort()
-        raise
-    finally:
-        if bar is not None:
-            bar.close()
-    return writer.close()
+
+    def record(path: Path, batches: range, append: bool, progress: bool) -> None:
+        """Windows `batches.start * batch_size` up to `batches.stop * batch_size` (at most n) into `path`."""
+        writer = CodeWriter(path, sites, pretrained.n_heads, metadata, append=append, overwrite=overwrite,
+                            compression=compression, wait_for_lock=wait_for_lock)
+        first, stop = batches.start * batch_size, min(n, batches.stop * batch_size)
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=(stop - first) * pretrained.n_layers, desc=f"extract {pretrained.name} T={seq_len}",
+                       unit="layer")
+
+        def on_layer(layer: int, call: CompactLayer) -> None:
+            if compact:
+                if call.query.shape[1:] != (info["n_heads"], seq_len, info["head_dim"]) or \
+                        call.key.shape[1] != info["n_kv_heads"]:
+                    raise CompactError(f"attention call {layer}: queries {list(call.query.shape)}, keys "
+                                       f"{list(call.key.shape)}; expected {info['n_heads']} query and "
+                                       f"{info['n_kv_heads']} key/value heads of {info['head_dim']} over {seq_len}")
+                writer.write_compact(query_name(layer), call.query, call.mask.attributes())
+                writer.write_compact(key_name(layer), call.key)
+                if layer == 0:
+                    writer.write_compact(KEY_VALID, call.key_valid)
+            if bar is not None:
+                bar.update(len(call.query))
+
+        source = CompactAttentionSource(pretrained.model, on_layer)
+        try:
+            with Recorder(pretrained.model, sites, score=score, source=source) as recorder, torch.no_grad():
+                for start in range(first, stop, batch_size):
+                    batch = torch.from_numpy(ids[start : start + batch_size])
+                    pretrained.model(input_ids=batch, use_cache=False, **logits)
+                    rows = slice(start, start + len(batch))
+                    writer.append(codes=recorder.pop(), labels={k: v[rows] for k, v in labels.items()}, split=split,
+                                  extra={"token_ids": ids[rows]})
+        except BaseException:
+            writer.abort()
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        writer.close()
+
+    return record_in_shards(out, math.ceil(n / batch_size), record, append=append, overwrite=overwrite,
+                            wait_for_lock=wait_for_lock, progress=progress)

@@ -184,13 +184,12 @@ def mean_ablate_from_compact(path: str | Path, plan: LanguageInterventionPlan, h
     """A `MeanAblate` whose means are the codes of the plan's pairs averaged over the windows of a
     codes file of this model with a compact store of the same window length (`latentcode extract
     MODEL --task seq_len=T`; of `split`, all windows if None), rebuilt one window at a time."""
-    from latentcode.extraction.pretrained_extract import file_sha256
     from latentcode.intervention.checkpoints import check_codes_file_matches
-    from latentcode.pretrained import resolve
+    from latentcode.pretrained import checkpoint_sha256, resolve
     from latentcode.store import CodeFile
 
     codes_file = CodeFile(path)
-    check_codes_file_matches(codes_file, checkpoint_sha256=file_sha256(resolve(plan.source.path)) or None)
+    check_codes_file_matches(codes_file, checkpoint_sha256=checkpoint_sha256(resolve(plan.source.path)) or None)
     compact = codes_file.compact
     if compact is None or compact.seq_len != plan.seq_len or codes_file.attrs.get("score", "pattern") != "pattern":
         have = "no compact store" if compact is None else f"windows of {compact.seq_len} tokens"

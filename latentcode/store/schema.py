@@ -178,7 +178,11 @@ ROOT_ATTRIBUTES: tuple[Attribute, ...] = (
     Attribute("created", TEXT, False, "ISO 8601 UTC time of the first write"),
     Attribute("model_name", TEXT, False, 'short name for titles and tables, e.g. "hyla"'),
     Attribute("model_config", JSON_OBJECT, True, "the model's configuration (ModelConfig.to_dict() for our models)"),
-    Attribute("checkpoint_sha256", TEXT, False, 'SHA-256 of the weights file the codes came from ("" if none)'),
+    Attribute("checkpoint_sha256", TEXT, False, 'SHA-256 of the weights file the codes came from (of a pretrained '
+              "model's directory: of its weights files' names and SHA-256s, latentcode.pretrained.checkpoint_sha256; "
+              '"" if none)'),
+    Attribute("model_path", TEXT, False, "a pretrained model's file or directory, as the extraction found it (where "
+              "`latentcode view` looks for its tokenizer, checked against checkpoint_sha256); \"\" for other models"),
     Attribute("task_config", JSON_OBJECT, True, "the task's configuration (Task.config()), {} if none"),
     Attribute("selector", JSON_OBJECT, True, '{"name": ..., "sites": [[layer, query, key], ...]}'),
     Attribute("score", TEXT, False, f"{SCORE_KINDS[0]!r} (normalized latent codes, default) or {SCORE_KINDS[1]!r} "

@@ -1,6 +1,7 @@
 """Writing a sharded codes file: one file over the codes files of a sharded extraction's processes.
 
-Its per-example datasets and /split are virtual datasets over the shards' rows; everything else
+Its per-example datasets, /split and the datasets of a compact store (/compact: queries, keys,
+key_valid, with their attributes) are virtual datasets over the shards' rows; everything else
 (groups, attributes, /provenance) is its own, as in any codes file (see `latentcode.store.shards`).
 """
 
@@ -29,6 +30,8 @@ from latentcode.files import (
 from latentcode.store.reader import CodeFile
 from latentcode.store.schema import (
     CODES,
+    COMPACT,
+    COMPACT_GROUP,
     EXTRA,
     GROUPS,
     LABELS,
@@ -43,8 +46,8 @@ from latentcode.store.schema import (
 
 def write_sharded_file(path: str | Path, shards: Sequence[str | Path], *, overwrite: bool = False,
                        wait_for_lock: float | None = 0.0) -> Path:
-    """Write `path` as one codes file over the codes files `shards` (beside it, in row order): /split
-    and every per-example dataset a virtual dataset over the shards' rows, the root attributes and
+    """Write `path` as one codes file over the codes files `shards` (beside it, in row order): /split,
+    every per-example dataset and every /compact dataset a virtual dataset over the shards' rows, the root attributes and
     /provenance those of one write, plus `shards`. `CodeFile` reads it as any codes file; the data
     stays in the shards. Written like `CodeWriter` writes: under the lock, atomically."""
     path = Path(path)
@@ -59,7 +62,8 @@ def write_sharded_file(path: str | Path, shards: Sequence[str | Path], *, overwr
         if not reader.attrs.get("file_id"):
             raise CodeFileError(f"shard {reader.path} has no root attribute 'file_id' (written by a latentcode before "
                                 "shard identities); extract the shards again")
-    same = ("n_heads", "model_config", "checkpoint_sha256", "task_config", "selector", "score", "source", "seed")
+    same = ("n_heads", "model_config", "checkpoint_sha256", "task_config", "selector", "score", "source", "seed",
+            "compact")
     for reader in readers[1:]:
         differ = [key for key in same if reader.attrs.get(key) != readers[0].attrs.get(key)]
         if reader.heads_of != readers[0].heads_of:
@@ -67,6 +71,8 @@ def write_sharded_file(path: str | Path, shards: Sequence[str | Path], *, overwr
         if (reader.label_names, reader.extra_names, reader.has_prediction, reader.has_target) != (
                 readers[0].label_names, readers[0].extra_names, readers[0].has_prediction, readers[0].has_target):
             differ.append("per-example arrays")
+        if _compact_names(reader) != _compact_names(readers[0]):
+            differ.append("/compact datasets")
         if differ:
             raise CodeFileError(f"shards {shards[0]} and {reader.path} differ in {differ}; the shards of one file "
                                 "come from one extraction")
@@ -109,12 +115,13 @@ def _write_virtual(out: h5py.File, shards: list[Path], sources: list[h5py.File],
         out.attrs[key] = value
     out.attrs["file_id"] = secrets.token_hex(16)  # a file of its own, not its first shard
     out.attrs["splits"] = json.dumps(list(dict.fromkeys(name for reader in readers for name in reader.splits)))
-    for group in GROUPS:
+    for group in (*GROUPS, *([COMPACT_GROUP] if COMPACT.group in first else [])):
         out.create_group(group.path)
     names = [SPLIT.name, *(f"{CODES.group}/{site.name}" for site in readers[0].sites),
              *(f"{LABELS.group}/{label}" for label in readers[0].label_names),
              *(f"{EXTRA.group}/{extra}" for extra in readers[0].extra_names),
-             *(name for name in (PREDICTION.name, TARGET.name) if name in first)]
+             *(name for name in (PREDICTION.name, TARGET.name) if name in first),
+             *(f"{COMPACT.group}/{name}" for name in _compact_names(readers[0]))]
     # Each shard's identity: its file_id and the shape of every dataset read from it, checked at open.
     out.attrs["shards"] = json.dumps([{"file": shard.name, "rows": [bounds[i], bounds[i + 1]],
                                        "id": str(sources[i].attrs["file_id"]),
@@ -140,3 +147,11 @@ def _write_virtual(out: h5py.File, shards: list[Path], sources: list[h5py.File],
              "shards": [shard.name for shard in shards]}
     out.create_dataset(PROVENANCE.name, data=np.asarray([to_json(entry)], dtype=object), dtype=PROVENANCE.dtype.written,
                        maxshape=(None,), chunks=(64,))
+
+
+def _compact_names(reader: CodeFile) -> list[str]:
+    """The datasets of a codes file's compact store (`latentcode.store.compact`), [] for none."""
+    if reader.compact is None:
+        return []
+    with h5py.File(reader.path, "r") as file:
+        return sorted(file[COMPACT.group])

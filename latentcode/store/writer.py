@@ -179,8 +179,7 @@ class CodeWriter:
         # not per batch (with many sites, per-call overhead otherwise dominates).
         self._pending: dict[str, list[np.ndarray]] = {}
         self._open_datasets: dict[str, h5py.Dataset] = {}
-        self._pending_rows = 0
-        self._pending_bytes = 0
+        self._pending_rows = self._pending_bytes = 0
         self._n_rows = self._first_row
 
     # -- setup ---------------------------------------------------------------------------------
@@ -196,6 +195,7 @@ class CodeWriter:
             "model_name": self.metadata.get("model_name", ""),
             "model_config": self.metadata.get("model_config", {}),
             "checkpoint_sha256": self.metadata.get("checkpoint_sha256", ""),
+            "model_path": str(self.metadata.get("model_path", "")),
             "task_config": self.metadata.get("task_config", {}),
             "selector": self.metadata.get("selector", {"name": "explicit", "sites": sites}),
             "score": self.metadata["score"],
