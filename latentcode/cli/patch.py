@@ -128,8 +128,8 @@ def _finite(value: Any) -> Any:
 
 def run(args: argparse.Namespace) -> None:
     from latentcode.files import AtomicOutputs
-    from latentcode.intervention.patching.language_plan import LanguagePatchPlan
     from latentcode.intervention.patching import patch
+    from latentcode.intervention.patching.language_plan import LanguagePatchPlan
 
     started = time.time()
     say = (lambda text: None) if args.quiet else (lambda text: print(text, flush=True))
@@ -322,7 +322,7 @@ def _draw_language(table, plan, summary):
     axis.set_yticks(range(len(layers)), [f"layer {layer}" for layer in layers], fontsize=7)
     axis.set_xticks(range(plan.shape.n_heads), [str(head) for head in range(plan.shape.n_heads)], fontsize=7)
     axis.set_xlabel("head", fontsize=8)
-    figure.colorbar(image, ax=axis, label="next-token loss change (nats)\n(0 = white; > 0: the head's codes matter)")
+    figure.colorbar(image, ax=axis, label="loss change (nats), 0 = white")
     figure.suptitle(f"{summary['model']}: resample ablation, one (layer, head) at a time\nnext-token loss change, "
                     f"T = {plan.seq_len}, {plan.split} split, n = {plan.n} windows (positions {summary['positions']})",
                     fontsize=8)

@@ -89,7 +89,7 @@ def plan_language_patch(
     name = str(source.path)
     if run_only.get("search"):
         with about("search"):
-            raise UsageError(f"--search finds a group by the transfer of a sub-task between counterfactual pairs of a "
+            raise UsageError(f"it finds a group by the transfer of a sub-task between counterfactual pairs of a "
                              f"run's task; {name} reads windows of text, which have none: sweep its heads with --grid "
                              "heads (resample ablation)")
     for option, default in (("groups", None), ("variant", None), ("prediction", -1), ("per_head", False)):
@@ -104,7 +104,9 @@ def plan_language_patch(
     with about("run_or_model"):
         shape = attention_shape(source.path)
     with about("n"):
-        n = check_integer("n", n, minimum=2)  # every window needs another window as its donor
+        n = check_integer("n", n, minimum=1)
+        if n < 2:
+            raise UsageError(f"n={n}: resample ablation needs at least 2 windows (each takes the codes of another)")
     with about("seed"):
         seed = check_integer("seed", seed, minimum=0)
     split = "validation" if split is None else split
