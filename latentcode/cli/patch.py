@@ -311,19 +311,26 @@ def _draw_language(table, plan, summary):
     import numpy as np
     from matplotlib.figure import Figure
 
+    from latentcode.intervention.patching.language_plan import BANDS
+
     layers = sorted(table["layer"].unique())
-    grid = np.full((len(layers), plan.shape.n_heads), np.nan)
+    columns = list(range(plan.shape.n_heads)) if plan.grid == "heads" else list(BANDS)
+    grid = np.full((len(layers), len(columns)), np.nan)
     for _, row in table.iterrows():
-        grid[layers.index(row["layer"]), int(row["head"])] = row["change"]
+        grid[layers.index(row["layer"]), columns.index(row["head"] if plan.grid == "heads" else row["band"])] = \
+            row["change"]
     limit = float(np.nanmax(np.abs(grid))) or 1.0
-    figure = Figure(figsize=(0.45 * plan.shape.n_heads + 3.2, 0.4 * len(layers) + 1.9), layout="constrained")
+    width = 0.45 * len(columns) + 3.2 if plan.grid == "heads" else 0.9 * len(columns) + 3.2
+    figure = Figure(figsize=(width, 0.4 * len(layers) + 2.3), layout="constrained")
     axis = figure.subplots()
     image = axis.imshow(grid, cmap=transfer_colormap(), vmin=-limit, vmax=limit, aspect="auto")
     axis.set_yticks(range(len(layers)), [f"layer {layer}" for layer in layers], fontsize=7)
-    axis.set_xticks(range(plan.shape.n_heads), [str(head) for head in range(plan.shape.n_heads)], fontsize=7)
-    axis.set_xlabel("head", fontsize=8)
+    axis.set_xticks(range(len(columns)), [str(column) for column in columns], fontsize=7,
+                    rotation=0 if plan.grid == "heads" else 30)
+    axis.set_xlabel("head" if plan.grid == "heads" else "relative-offset band (every head)", fontsize=8)
     figure.colorbar(image, ax=axis, label="loss change (nats), 0 = white")
-    figure.suptitle(f"{summary['model']}: resample ablation, one (layer, head) at a time\nnext-token loss change, "
+    what = "one (layer, head)" if plan.grid == "heads" else "one (layer, offset band)"
+    figure.suptitle(f"{summary['model']}: resample ablation, {what} at a time\nnext-token loss change, "
                     f"T = {plan.seq_len}, {plan.split} split, n = {plan.n} windows (positions {summary['positions']})",
                     fontsize=8)
     return figure

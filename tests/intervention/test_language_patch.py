@@ -13,8 +13,8 @@ import transformers
 from latentcode.cli import main
 from latentcode.errors import LatentcodeError
 from latentcode.intervention.patching import patch, plan_patch
-from latentcode.intervention.patching.language_patch import control_heads, donors
-from latentcode.intervention.patching.language_plan import LanguagePatchPlan
+from latentcode.intervention.patching.language_patch import control_heads, donors, swept_groups
+from latentcode.intervention.patching.language_plan import BANDS, LanguagePatchPlan, band_pairs
 from latentcode.pretrained import corpus_token_windows, load_pretrained
 from tests.pretrained_models import save_tiny_llama, tiny_llama_config, tiny_tokenizer
 
@@ -47,29 +47,34 @@ def loss_per_window(logits, ids):
     return -torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None])[..., 0].mean(1)
 
 
-def by_hand(directory, base_ids, donor_ids, layer, head):
-    """Logits of the base windows with eager attention, the output of (layer, head) rebuilt by hand
-    as (the donor window's attention probabilities at that head, from `output_attentions`) @ (the base's
-    values of its key/value head), where it enters the output projection."""
+def by_hand(directory, base_ids, donor_ids, layer, heads, pairs=None):
+    """Logits of the base windows with eager attention, the output of each head of `heads` in `layer`
+    rebuilt by hand as P @ (the base's values of its key/value head) where it enters the output
+    projection, P the base's attention probabilities (`output_attentions`) with the donor window's at
+    `pairs` (a `[T, T]` bool mask; None: every pair)."""
     model = transformers.LlamaForCausalLM.from_pretrained(directory, attn_implementation="eager").eval()
     config = model.config
     head_dim, group = config.head_dim, config.num_attention_heads // config.num_key_value_heads
     with torch.no_grad():
-        donor_probabilities = model(input_ids=donor_ids, output_attentions=True).attentions[layer][:, head]
+        donor_probabilities = model(input_ids=donor_ids, output_attentions=True).attentions[layer]
+        base_probabilities = model(input_ids=base_ids, output_attentions=True).attentions[layer]
+    pairs = torch.ones(base_ids.shape[1], base_ids.shape[1], dtype=torch.bool) if pairs is None else pairs
+    probabilities = torch.where(pairs, donor_probabilities, base_probabilities)  # [batch, head, T, T]
     attention = model.model.layers[layer].self_attn
     values = {}
 
     def keep_values(module, args, output):
         batch, seq_len, _ = output.shape
-        values["v"] = output.view(batch, seq_len, -1, head_dim)[:, :, head // group]  # [batch, T, head_dim]
+        values["v"] = output.view(batch, seq_len, -1, head_dim)  # [batch, T, kv head, head_dim]
 
-    def replace_head(module, args):
-        heads = args[0].clone()  # [batch, T, heads * head_dim]
-        heads[..., head * head_dim : (head + 1) * head_dim] = donor_probabilities @ values["v"]
-        return (heads,)
+    def replace_heads(module, args):
+        rebuilt = args[0].clone()  # [batch, T, heads * head_dim]
+        for head in heads:
+            rebuilt[..., head * head_dim : (head + 1) * head_dim] = probabilities[:, head] @ values["v"][:, :, head // group]
+        return (rebuilt,)
 
     handles = [attention.v_proj.register_forward_hook(keep_values),
-               attention.o_proj.register_forward_pre_hook(replace_head)]
+               attention.o_proj.register_forward_pre_hook(replace_heads)]
     try:
         with torch.no_grad():
             return model(input_ids=base_ids).logits
@@ -99,7 +104,7 @@ def test_patching_one_head_with_the_donors_codes_is_the_loss_computed_by_hand(ti
     with torch.no_grad():
         before = loss_per_window(eager(input_ids=ids[:, :-1]).logits, ids)
     for head in range(4):
-        after = loss_per_window(by_hand(tiny_llama, ids[:, :-1], ids[donor, :-1], 1, head), ids)
+        after = loss_per_window(by_hand(tiny_llama, ids[:, :-1], ids[donor, :-1], 1, [head]), ids)
         row = table.loc[f"l1.h{head}"]
         np.testing.assert_allclose([row["before"], row["after"], row["change"]],
                                    [before.mean().item(), after.mean().item(), (after - before).mean().item()],
@@ -121,6 +126,40 @@ def test_a_layer_whose_codes_are_the_same_in_every_window_changes_nothing(unifor
     assert len(layer_0) == len(layer_1) == 4
     assert (layer_0["change"].abs() < 1e-6).all() and (layer_0["control change"].abs() < 1e-6).all()
     assert layer_1["change"].abs().max() > 1e-2  # the windows differ where the codes do
+
+
+def test_the_offset_bands_split_the_causal_pairs_by_query_minus_key():
+    for seq_len in (1, 2, 6, 16):
+        pairs = [pair for band in BANDS for pair in band_pairs(band, seq_len)]
+        assert sorted(pairs) == [(q, k) for q in range(seq_len) for k in range(q + 1)]  # each causal pair once
+    offsets = {band: {(q - k, k == 0) for q, k in band_pairs(band, 16)} for band in BANDS}
+    assert offsets["sink k=0"] == {(q, True) for q in range(1, 16)}
+    assert offsets["self k=q"] == {(0, False), (0, True)} and offsets["previous k=q-1"] == {(1, False)}
+    assert {d for d, _ in offsets["k=q-4..q-2"]} == {2, 3, 4} and {d for d, _ in offsets["further 0<k<q-4"]} == set(range(5, 15))
+
+
+def test_patching_an_offset_band_of_every_head_is_the_loss_computed_by_hand(tiny_llama):
+    result = patch(str(tiny_llama), task={"seq_len": SEQ_LEN}, n=N, grid="offsets", layers=[1])
+    table = result.table.set_index("group")
+    assert list(table.index) == [f"l1 {band}" for band in BANDS]
+    pretrained = load_pretrained(tiny_llama)
+    ids = torch.from_numpy(corpus_token_windows(pretrained, "validation", SEQ_LEN, N, seed=0, extra=1))
+    donor = torch.from_numpy(donors(N, 0))
+    for band in ("previous k=q-1", "further 0<k<q-4"):
+        mask = torch.zeros(SEQ_LEN, SEQ_LEN, dtype=torch.bool)
+        for query, key in band_pairs(band, SEQ_LEN):
+            mask[query, key] = True
+        after = loss_per_window(by_hand(tiny_llama, ids[:, :-1], ids[donor, :-1], 1, range(4), mask), ids)
+        np.testing.assert_allclose(table.loc[f"l1 {band}", "after"], after.mean().item(), rtol=0, atol=1e-5)
+    assert table["change"].abs().max() > 1e-2
+    # beside each band a control of as many random pairs of the layer outside it, where enough are left
+    assert table.loc["l1 previous k=q-1", "control"] == "l1 random 14 pairs"
+    assert table.loc["l1 further 0<k<q-4", "control"] == "l1 random 55 pairs"  # 81 of the 136 causal pairs left
+    groups, controls = swept_groups(plan_patch(str(tiny_llama), task={"seq_len": 32}, grid="offsets", layers=[1]))
+    assert controls[-1] is None and len(groups) == 2 * len(BANDS) - 1  # at T = 32 "further" has 351 of 528 pairs
+    for band, control in zip(groups, controls[:-1], strict=False):
+        band_set, drawn = set(band.selector.requests), set(groups[control].selector.requests)
+        assert len(drawn) == len(band_set) and not drawn & band_set and all(q >= k for _, q, k in drawn)
 
 
 def test_attribution_estimates_the_exact_loss_changes_where_they_are_small(tmp_path):

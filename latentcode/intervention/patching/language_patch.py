@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from latentcode.errors import UsageError
-from latentcode.intervention.patching.language_plan import LanguagePatchPlan
+from latentcode.intervention.patching.language_plan import BANDS, LanguagePatchPlan, band_pairs
 
 METRICS = ("next-token loss", "next-token probability", "next-token accuracy")
 ATTRIBUTION_SHARE = 4  # attribution's passes hold a quarter of the sweep's windows
@@ -53,6 +53,53 @@ def control_heads(layers_and_heads: list[tuple[int, int]], n_heads: int, seed: i
     """For each (layer, head), another head of the same layer drawn at random (seed `seed`)."""
     rng = np.random.default_rng(seed)
     return [int(rng.choice([other for other in range(n_heads) if other != head])) for _, head in layers_and_heads]
+
+
+CONTROLS = {
+    "heads": "another head of the same layer drawn at random (seeded), patched from the same donor windows",
+    "offsets": "as many pairs of the same layer (all heads) drawn at random (seeded) among its causal pairs outside "
+               "the band, patched from the same donor windows; none where fewer are left",
+}
+def swept_groups(plan: LanguagePatchPlan) -> tuple[list, list[int | None]]:
+    """The groups a sweep patches, those reported first (one per (layer, head), or per (layer, offset
+    band) with `grid="offsets"`), then the control groups; and for each reported group the index of its
+    control among them (None: none)."""
+    from latentcode.intervention.patching.site_groups import SiteGroup, head_grid
+    from latentcode.sources.sites import Selector
+
+    if plan.grid == "heads":
+        groups = head_grid(plan.shape.n_layers, plan.shape.n_heads, sites=plan.sites, layers=plan.layers)
+        units = [(group.coordinates["layer"], group.coordinates["head"]) for group in groups]
+        row_of = {unit: index for index, unit in enumerate(units)}
+        heads = control_heads(units, plan.shape.n_heads, plan.seed)
+        return groups, [row_of[(layer, head)] for (layer, _), head in zip(units, heads, strict=True)]
+    rng = np.random.default_rng(plan.seed)
+    causal = [(query, key) for query in range(plan.seq_len) for key in range(query + 1)]
+    groups, control_groups, controls = [], [], []
+    for layer in plan.layers:
+        for band in BANDS:
+            pairs = band_pairs(band, plan.seq_len)
+            groups.append(SiteGroup(Selector("explicit", requests=tuple((layer, q, k) for q, k in pairs)),
+                                    coordinates={"layer": layer, "band": band, "pairs": len(pairs)}))
+            outside = sorted(set(causal) - set(pairs))
+            if len(outside) < len(pairs):
+                controls.append(None)
+                continue
+            drawn = [outside[i] for i in sorted(rng.choice(len(outside), size=len(pairs), replace=False))]
+            controls.append(len(control_groups))
+            control_groups.append(SiteGroup(Selector("explicit", requests=tuple((layer, q, k) for q, k in drawn)),
+                                            coordinates={"layer": layer, "band": f"random {len(pairs)} pairs"}))
+    return groups + control_groups, [None if c is None else len(groups) + c for c in controls]
+
+
+def group_name(group) -> str:
+    if "head" in group.coordinates:
+        return f"l{group.coordinates['layer']}.h{group.coordinates['head']}"
+    return f"l{group.coordinates['layer']} {group.coordinates['band']}"
+
+
+def _per_layer(plan: LanguagePatchPlan) -> str:
+    return f"{plan.shape.n_heads} heads" if plan.grid == "heads" else f"{len(BANDS)} offset bands and their controls"
 
 
 def window_metrics(logits: Tensor, targets: Tensor) -> Tensor:
@@ -112,7 +159,6 @@ def language_patch(plan: LanguagePatchPlan, *, progress: bool = False, say: Call
     import pandas as pd
 
     from latentcode.intervention.patching.run import PatchResult, _correlations
-    from latentcode.intervention.patching.site_groups import head_grid
     from latentcode.intervention.patching.sweep import patching_sweep
     from latentcode.pretrained import corpus_token_windows, load_pretrained
     from latentcode.progress import Progress
@@ -125,17 +171,17 @@ def language_patch(plan: LanguagePatchPlan, *, progress: bool = False, say: Call
     ids = torch.from_numpy(corpus_token_windows(pretrained, plan.split, plan.seq_len, plan.n, plan.seed, extra=1))
     donor = donors(plan.n, plan.seed)
     inputs, targets = ids[:, :-1], ids[:, 1 + plan.first_query :]
-    groups = head_grid(plan.shape.n_layers, plan.shape.n_heads, sites=plan.sites, layers=plan.layers)
-    units = [(group.coordinates["layer"], group.coordinates["head"]) for group in groups]
+    groups, controls = swept_groups(plan)  # the groups reported, then any control groups
+    reported = len(controls)
     batches = [slice(start, start + plan.batch_size) for start in range(0, plan.n, plan.batch_size)]
     if say is not None:
-        say(f"cost: {len(groups)} groups ({len(plan.layers)} layers x {plan.shape.n_heads} heads) x {plan.n} windows "
+        say(f"cost: {len(groups)} groups ({len(plan.layers)} layers x {_per_layer(plan)}) x {plan.n} windows "
             f"of {plan.seq_len} tokens of the {plan.split} split = about {plan.cost['window_passes']:,} window forward "
             f"passes in {plan.cost['passes']} passes of up to {plan.batch_size} windows"
             + ("; then one forward and backward pass per batch (attribution)" if plan.attribution else ""))
     bar = Progress(plan.cost["window_passes"], "patch", unit="window", enabled=progress)
     bar.announce(f"resample ablation of {plan.name}: each of {plan.n} windows patched with the codes of another "
-                 f"window (seed {plan.seed}) at one (layer, head) at a time")
+                 f"window (seed {plan.seed}) at one group ({_per_layer(plan)} of a layer) at a time")
     bar.start()
     patched = {name: [] for name in METRICS}
     base = {name: [] for name in METRICS}
@@ -161,20 +207,23 @@ def language_patch(plan: LanguagePatchPlan, *, progress: bool = False, say: Call
     patched = {name: np.concatenate(values, axis=1) for name, values in patched.items()}  # [groups, n]
     base = {name: np.concatenate(values) for name, values in base.items()}  # [n]
     change = {name: patched[name] - base[name][None] for name in METRICS}
-    controls = control_heads(units, plan.shape.n_heads, plan.seed)
-    row_of = {unit: index for index, unit in enumerate(units)}
     loss_change = change[METRICS[0]]
     rows = []
-    for index, ((layer, head), control) in enumerate(zip(units, controls, strict=True)):
-        against = loss_change[row_of[(layer, control)]]
-        row = {"model": pretrained.name, "split": plan.split, "T": plan.seq_len, "n": plan.n, "layer": layer,
-               "head": head, "group": f"l{layer}.h{head}", "sites": groups[index].selector.spec(),
+    for index, control in enumerate(controls):
+        group = groups[index]
+        row = {"model": pretrained.name, "split": plan.split, "T": plan.seq_len, "n": plan.n, **group.coordinates,
+               "group": group_name(group), "sites": group.selector.spec() if plan.grid == "heads" else "",
                "positions": f"{plan.first_query}..{plan.seq_len - 1}", "metric": "next-token loss (nats)",
                "before": float(base[METRICS[0]].mean()), "after": float(patched[METRICS[0]][index].mean())}
         row["change"], row["change se"] = _mean_and_se(loss_change[index])
-        row["control"] = f"l{layer}.h{control}"
-        row["control change"], row["control change se"] = _mean_and_se(against)
-        row["change - control"], row["change - control se"] = _mean_and_se(loss_change[index] - against)
+        if control is None:  # too few pairs left to draw as many
+            row.update({"control": "", "control change": np.nan, "control change se": np.nan,
+                        "change - control": np.nan, "change - control se": np.nan})
+        else:
+            against = loss_change[control]
+            row["control"] = group_name(groups[control])
+            row["control change"], row["control change se"] = _mean_and_se(against)
+            row["change - control"], row["change - control se"] = _mean_and_se(loss_change[index] - against)
         for name, short in zip(METRICS[1:], ("probability", "accuracy"), strict=True):
             row[f"{short} change"], row[f"{short} change se"] = _mean_and_se(change[name][index])
         rows.append(row)
@@ -184,12 +233,12 @@ def language_patch(plan: LanguagePatchPlan, *, progress: bool = False, say: Call
         "seq_len": plan.seq_len, "n": plan.n, "seed": plan.seed, "layers": list(plan.layers), "sites": plan.sites,
         "positions": f"{plan.first_query}..{plan.seq_len - 1}", "groups": len(groups),
         "donors": donor.tolist(), "forward_passes": plan.cost["passes"],
-        "control": "another head of the same layer drawn at random (seeded), patched from the same donor windows",
+        "control": CONTROLS[plan.grid],
         "loss_before": float(base[METRICS[0]].mean()),
         "largest": table.nlargest(min(5, len(table)), "change")[["group", "change", "change se"]].to_dict("records"),
     }
     if plan.attribution:
-        estimate = np.concatenate(estimates, axis=1).mean(1)
+        estimate = np.concatenate(estimates, axis=1).mean(1)[:reported]
         table["attribution estimate"] = estimate
-        summary["attribution_vs_exact"] = _correlations(loss_change.mean(1), estimate)
+        summary["attribution_vs_exact"] = _correlations(loss_change[:reported].mean(1), estimate)
     return PatchResult((table,), summary)

@@ -6,8 +6,9 @@
 A text corpus has no counterfactual pairs, so a pretrained model is patched by *resample ablation*:
 each base window gets a donor window of the same split and length (a seeded derangement: never
 itself), and group g takes the donor's codes a[h, q, k] at its sites in place of the base's. The
-groups are the heads grid: each (layer, head) of `layers` at the pairs of `sites` (default every
-pair). Checked here, with one message from Python and the command line: the model (metadata only),
+groups are the heads grid (each (layer, head) of `layers` at the pairs of `sites`, default every
+pair) or the offsets grid (per layer each relative-offset band of BANDS, every head: not a product of
+a query set and a key set, so each is its list of (query, key) pairs). Checked here, with one message from Python and the command line: the model (metadata only),
 the split, the window length against the model's context, n >= 2 (a derangement), the layers and
 sites against the model and the window, the number of groups against `max_groups`, the memory of a
 pass's logits, the output stem; and the options that only a run's task can give (--search, rows or
@@ -29,10 +30,32 @@ from latentcode.sources.sites import parse_selector
 from latentcode.validation import check_fits_in_memory, check_integer, check_output_stem
 
 SPLITS = ("train", "validation")
+GRIDS = ("heads", "offsets")
 DEFAULT_SEQ_LEN = 128
 SUFFIXES = (".csv", ".json", ".png")
 MAX_TOKENS_PER_PASS = 4096  # windows x tokens of one patched pass (its logits: 4096 x vocabulary floats)
 LOGIT_BYTES_PER_TOKEN = 3 * 4 * 65_536  # logits, their log-softmax and a copy, float32, a vocabulary up to 64k
+
+# Relative-offset bands of the causal pairs (k <= q), disjoint and covering them all.
+BANDS = ("sink k=0", "self k=q", "previous k=q-1", "k=q-4..q-2", "further 0<k<q-4")
+
+
+def band_pairs(band: str, seq_len: int) -> list[tuple[int, int]]:
+    """The (query, key) pairs of an offset band (BANDS) in a window of `seq_len` tokens."""
+    def keys(query: int) -> range:
+        return {"sink k=0": range(0, 1 if query > 0 else 0), "self k=q": range(query, query + 1),
+                "previous k=q-1": range(query - 1, query) if query >= 2 else range(0),
+                "k=q-4..q-2": range(max(1, query - 4), max(1, query - 1)),
+                "further 0<k<q-4": range(1, max(1, query - 4))}[band]
+    return [(query, key) for query in range(seq_len) for key in keys(query)]
+
+
+def offset_groups(seq_len: int) -> int:
+    """Groups of one layer of the offsets grid: each band, and a control for each band that leaves at
+    least as many causal pairs outside it."""
+    causal = seq_len * (seq_len + 1) // 2
+    sizes = [len(band_pairs(band, seq_len)) for band in BANDS]
+    return len(BANDS) + sum(causal - size >= size for size in sizes)
 
 
 @dataclass(frozen=True)
@@ -97,10 +120,15 @@ def plan_language_patch(
             with about(option):
                 raise UsageError(f"{option} {run_only[option]!r} needs a run's task; {name} is a pretrained model, "
                                  "patched by resample ablation over --grid heads (--layers, --sites, --task seq_len=T)")
-    if grid not in (None, "heads"):
+    if grid not in (None, *GRIDS):
         with about("grid"):
-            raise UsageError(f"grid {grid!r}: a pretrained model is patched by (layer, head) (--grid heads); rows and "
-                             "the task's partitions need a run's task")
+            raise UsageError(f"grid {grid!r}: a pretrained model is patched by (layer, head) (--grid heads) or by "
+                             "relative-offset band (--grid offsets); rows and the task's partitions need a run's task")
+    grid = grid or "heads"
+    if grid == "offsets" and sites != "*:*:*":
+        with about("sites"):
+            raise UsageError(f"sites {sites!r}: the offsets grid makes its own pairs (each band of every query); "
+                             "leave --sites out")
     with about("run_or_model"):
         shape = attention_shape(source.path)
     with about("n"):
@@ -125,10 +153,10 @@ def plan_language_patch(
         if not layers:
             raise UsageError(f"sites {sites!r} name none of the layers swept; give sites such as *:*:* (every pair of "
                              "each layer) or LAYER:*:* with --layers LAYER")
-    groups = len(layers) * shape.n_heads
+    groups = len(layers) * (shape.n_heads if grid == "heads" else offset_groups(seq_len))
     if groups > max_groups:
         with about("layers"):
-            raise UsageError(f"{len(layers)} layers x {shape.n_heads} heads make {groups} groups, more than "
+            raise UsageError(f"{len(layers)} layers make {groups} groups, more than "
                              f"--max-groups {max_groups}; give --max-groups {groups} to run them all, or fewer layers")
     batch_size = min(n, max(1, MAX_TOKENS_PER_PASS // seq_len))
     with about("n"):
@@ -140,4 +168,4 @@ def plan_language_patch(
         with about("out"):
             out = check_output_stem(out, SUFFIXES, overwrite)
     return LanguagePatchPlan(source, name, shape, split, seq_len, n, seed, tuple(layers), sites, first_query,
-                             batch_size, attribution, cost, out, overwrite)
+                             batch_size, attribution, cost, out, overwrite, grid)
