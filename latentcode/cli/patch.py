@@ -52,8 +52,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "a pretrained causal LM has no counterfactual pairs; it is patched by resample ablation: each window takes "
         "another window's codes (a seeded derangement) at one (layer, head) at a time, and the change of its "
         "next-token loss is read beside a control (another head of the same layer, drawn at random):\n"
-        "  latentcode patch smollm2 --task seq_len=128 --n 32 --layers 0,5,10,15,20,25,29 --grid heads "
-        "--out results/smollm2-heads",
+        "  latentcode patch smollm2 --task seq_len=128 --n 16 --layers 0 5 10 15 20 25 29 --grid heads "
+        "--out results/smollm2-heads\n"
+        "  latentcode patch smollm2 --task seq_len=64 --n 8 --layers 0 5 10 --grid offsets --out results/smollm2-offsets"
+        "\n(--grid offsets: each band's control is as many random pairs of the layer outside it)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("run", metavar="RUN_DIR", help="a finished run directory (its task gives the pairs), or a "
@@ -62,7 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--search", action="store_true", help="find the group without being told (coarse to fine; "
                         "see below)")
     parser.add_argument("--grid", help="a grid of groups: rows, heads, or the task's partitions PARTITION or "
-                        "QUERY_PARTITION/KEY_PARTITION (default rows unless --group or --search is given)")
+                        "QUERY_PARTITION/KEY_PARTITION (default rows unless --group or --search is given); a "
+                        "pretrained model: heads (default) or offsets (per layer, each relative-offset band of every "
+                        "head: sink k=0, self k=q, previous k=q-1, k=q-4..q-2, further)")
     parser.add_argument("--per-head", action="store_true", help="partition grids: one group per head as well")
     parser.add_argument("--group", action="append", metavar="SPEC", help="one group of sites (repeatable)")
     parser.add_argument("--layers", nargs="+", help="layers of the rows grid (and of a pretrained model's heads grid), "
