@@ -158,8 +158,11 @@ def run(args: argparse.Namespace) -> None:
         outputs.write_figure(stem, figure, ("png",), dpi=130)
     if language:
         best = table.loc[table["change"].idxmax()]
-        say(f"largest loss change: {best['group']}: {best['change']:+.4f} ± {best['change se']:.4f} nats (control "
-            f"{best['control']}: {best['control change']:+.4f} ± {best['control change se']:.4f}; loss unpatched "
+        control = ("no control: too few pairs left outside it" if not isinstance(best["control"], str) or
+                   not best["control"] else f"control {best['control']}: {best['control change']:+.4f} ± "
+                   f"{best['control change se']:.4f}")
+        say(f"largest loss change: {best['group']}: {best['change']:+.4f} ± {best['change se']:.4f} nats ({control}"
+            f"; loss unpatched "
             f"{best['before']:.3f}, n={summary['n']} windows of {summary['seq_len']} tokens)")
     elif args.search:
         found = table.iloc[-1]
