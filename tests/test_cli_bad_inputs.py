@@ -834,7 +834,7 @@ def _plan_mistake(command: str, args) -> Exception | None:
 def _patch_options(args) -> dict:
     """`latentcode patch`'s parsed flags as the keyword arguments of `plan_patch` and `patch`."""
     return {"search": args.search, "grid": args.grid, "groups": args.group, "per_head": args.per_head,
-            "layers": args.layers, "queries": args.queries, "key_blocks": args.key_blocks, "sites": args.sites,
+            "layers": None if args.layers is None else ",".join(args.layers), "queries": args.queries, "key_blocks": args.key_blocks, "sites": args.sites,
             "n": args.n, "confirm_n": args.confirm_n, "tolerance": args.tolerance, "max_groups": args.max_groups,
             "split": args.split, "variant": args.variant, "prediction": args.prediction, "seed": args.seed,
             "attribution": args.attribution, "out": args.out, "overwrite": args.overwrite}

@@ -8,10 +8,13 @@ patching's estimate.
     latentcode patch runs/sraven-hyla --grid rows --layers 2 --key-blocks 9 --n 256 --out results/patch-l2
     latentcode patch runs/sraven-hyla --grid heads --sites "2:3|7|11|15|19|23|27|31|35:3|7|11|15|19|23|27|31" --out results/heads
     latentcode patch runs/sraven-hyla --group "2:*:*" --group "*:35:*" --attribution --out results/two
+    latentcode patch smollm2 --task seq_len=128 --n 32 --layers 0 5 10 --out results/smollm2   # resample ablation
 
 The arguments are checked with the standard library, JSON and numpy only (the run's config, the
 task, the sites, the number of groups against --max-groups), so a mistake is answered before torch is
 imported; the cost (groups x donors x pairs, in forward passes) is printed before the work starts.
+A pretrained causal LM has no pairs: it is patched by resample ablation per (layer, head)
+(`latentcode.intervention.patching.language_patch`), its map the loss change per layer x head.
 """
 
 from __future__ import annotations
@@ -45,24 +48,38 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "block; --layers, --queries, --key-blocks), --grid heads (per layer x head, over --sites), or --group SPEC "
         "repeated (each a selector such as 2:*:* or *:35:0..8).\n\nexamples:\n"
         "  latentcode patch models/sraven-hyla --search --out results/search\n"
-        "  latentcode patch models/sraven-hyla --grid slot --layers 2 --out results/slots",
+        "  latentcode patch models/sraven-hyla --grid slot --layers 2 --out results/slots\n\n"
+        "a pretrained causal LM has no counterfactual pairs; it is patched by resample ablation: each window takes "
+        "another window's codes (a seeded derangement) at one (layer, head) at a time, and the change of its "
+        "next-token loss is read beside a control (another head of the same layer, drawn at random):\n"
+        "  latentcode patch smollm2 --task seq_len=128 --n 16 --layers 0 5 10 15 20 25 29 --grid heads "
+        "--out results/smollm2-heads\n"
+        "  latentcode patch smollm2 --task seq_len=64 --n 8 --layers 0 5 10 --grid offsets --out results/smollm2-offsets"
+        "\n(--grid offsets: each band's control is as many random pairs of the layer outside it)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("run", metavar="RUN_DIR", help="a finished run directory (its task gives the pairs)")
+    parser.add_argument("run", metavar="RUN_DIR", help="a finished run directory (its task gives the pairs), or a "
+                        "pretrained causal LM (a Hugging Face directory, a .gguf file or smollm2: resample ablation "
+                        "per (layer, head) on windows of the language corpus, read on the next-token loss)")
     parser.add_argument("--search", action="store_true", help="find the group without being told (coarse to fine; "
                         "see below)")
     parser.add_argument("--grid", help="a grid of groups: rows, heads, or the task's partitions PARTITION or "
-                        "QUERY_PARTITION/KEY_PARTITION (default rows unless --group or --search is given)")
+                        "QUERY_PARTITION/KEY_PARTITION (default rows unless --group or --search is given); a "
+                        "pretrained model: heads (default) or offsets (per layer, each relative-offset band of every "
+                        "head: sink k=0, self k=q, previous k=q-1, k=q-4..q-2, further)")
     parser.add_argument("--per-head", action="store_true", help="partition grids: one group per head as well")
     parser.add_argument("--group", action="append", metavar="SPEC", help="one group of sites (repeatable)")
-    parser.add_argument("--layers", help="layers of the rows grid, e.g. 0,2 (default all)")
+    parser.add_argument("--layers", nargs="+", help="layers of the rows grid (and of a pretrained model's heads grid), "
+                        "e.g. 0,2 or 0 2 (default all)")
     parser.add_argument("--queries", default="*", help="query positions of the rows grid: *, an integer, A..B or "
                         "A|B|C (default *)")
     parser.add_argument("--key-blocks", type=integer(1), default=1, help="contiguous key blocks per query row "
                         "(default 1: the whole row)")
     parser.add_argument("--sites", default="*:*:*", help="sites of each head in the heads grid (default *:*:*)")
-    parser.add_argument("--n", type=integer(2), default=256, help="base/donor pairs (default 256; with --search, the "
-                        "selection pairs that choose the groups)")
+    parser.add_argument("--n", type=integer(2), help="base/donor pairs (default 256; with --search, the selection pairs "
+                        "that choose the groups; a pretrained model: base windows, default 32, each with a donor)")
+    parser.add_argument("--task", action="append", metavar="seq_len=T", help="a pretrained model: the window length "
+                        "(default 128 tokens)")
     parser.add_argument("--confirm-n", type=integer(2), default=512, help="--search: fresh pairs (seed + 1) on which "
                         "the groups found are measured (default 512)")
     parser.add_argument("--tolerance", type=number(positive=True), default=1.0, help="--search: a cut holds the effect "
@@ -86,13 +103,17 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def check(args: argparse.Namespace) -> None:
     """Everything that can be checked before torch: the plan `latentcode.intervention.patching.patch`
     makes too (`args.plan`: output, run, task, split, variant, groups and their cost)."""
+    from latentcode.cli.arguments import parse_assignments
+    from latentcode.intervention.patching.language_plan import LanguagePatchPlan
     from latentcode.intervention.patching.plan import plan_patch
 
-    args.plan = plan_patch(args.run, search=args.search, grid=args.grid, groups=args.group, per_head=args.per_head,
-                           layers=args.layers, queries=args.queries, key_blocks=args.key_blocks, sites=args.sites,
+    args.plan = plan_patch(args.run, task=parse_assignments(args.task, "--task") or None, search=args.search, grid=args.grid, groups=args.group, per_head=args.per_head,
+                           layers=None if args.layers is None else ",".join(args.layers), queries=args.queries, key_blocks=args.key_blocks, sites=args.sites,
                            n=args.n, confirm_n=args.confirm_n, tolerance=args.tolerance, max_groups=args.max_groups,
                            split=args.split, variant=args.variant, prediction=args.prediction, seed=args.seed,
                            attribution=args.attribution, out=args.out, overwrite=args.overwrite)
+    if isinstance(args.plan, LanguagePatchPlan):
+        return
     # what the map's title and layout read
     args.grid, args.partition_grid = args.plan.grid, args.plan.partition_grid
     args.split, args.variant = args.plan.split, args.plan.variant
@@ -112,6 +133,7 @@ def _finite(value: Any) -> Any:
 def run(args: argparse.Namespace) -> None:
     from latentcode.files import AtomicOutputs
     from latentcode.intervention.patching import patch
+    from latentcode.intervention.patching.language_plan import LanguagePatchPlan
 
     started = time.time()
     say = (lambda text: None) if args.quiet else (lambda text: print(text, flush=True))
@@ -120,7 +142,11 @@ def run(args: argparse.Namespace) -> None:
     summary["run"] = str(args.run)
     summary["seconds"] = time.time() - started
     table = tables[0]
-    figure = _draw_search(table, args, summary) if args.search else _draw(table, args, args.plan.task, summary)
+    language = isinstance(args.plan, LanguagePatchPlan)
+    if language:
+        figure = _draw_language(table, args.plan, summary)
+    else:
+        figure = _draw_search(table, args, summary) if args.search else _draw(table, args, args.plan.task, summary)
     stem = Path(args.out)
     paths = [stem.with_name(stem.name + suffix) for suffix in args.plan.suffixes if suffix != ".png"]
     with AtomicOutputs(lock=stem, purpose="latentcode patch") as outputs:
@@ -130,7 +156,15 @@ def run(args: argparse.Namespace) -> None:
             outputs.write_text(path, each.to_csv(index=False))
         outputs.write_text(paths[-1], json.dumps(_finite(summary), indent=2, default=str, allow_nan=False) + "\n")
         outputs.write_figure(stem, figure, ("png",), dpi=130)
-    if args.search:
+    if language:
+        best = table.loc[table["change"].idxmax()]
+        control = ("no control: too few pairs left outside it" if not isinstance(best["control"], str) or
+                   not best["control"] else f"control {best['control']}: {best['control change']:+.4f} ± "
+                   f"{best['control change se']:.4f}")
+        say(f"largest loss change: {best['group']}: {best['change']:+.4f} ± {best['change se']:.4f} nats ({control}"
+            f"; loss unpatched "
+            f"{best['before']:.3f}, n={summary['n']} windows of {summary['seq_len']} tokens)")
+    elif args.search:
         found = table.iloc[-1]
         say(f"found: {found['group']} ({found['step']}): transfer {found['transfer']:.3f} ± {found['transfer se']:.3f}, "
             f"damage {found['damage']:.3f} ± {found['damage se']:.3f} on {int(found['n'])} fresh pairs"
@@ -275,6 +309,37 @@ def _draw_search(table, args, summary):
     figure.suptitle(f"{Path(args.run).name}: patch --search route, coarse to fine; {args.split} ({args.variant}), "
                     f"prediction {summary['prediction']}\nchosen on {summary['n']} selection pairs (seed {args.seed}), "
                     f"measured on {int(table['n'].iloc[0])} fresh pairs (seed {args.seed + 1})", fontsize=8)
+    return figure
+
+
+def _draw_language(table, plan, summary):
+    """The map of a resample ablation: layer x head of the loss change, one signed scale symmetric
+    about 0 (white), the largest |change| its end."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    from latentcode.intervention.patching.language_plan import BANDS
+
+    layers = sorted(table["layer"].unique())
+    columns = list(range(plan.shape.n_heads)) if plan.grid == "heads" else list(BANDS)
+    grid = np.full((len(layers), len(columns)), np.nan)
+    for _, row in table.iterrows():
+        grid[layers.index(row["layer"]), columns.index(row["head"] if plan.grid == "heads" else row["band"])] = \
+            row["change"]
+    limit = float(np.nanmax(np.abs(grid))) or 1.0
+    width = 0.45 * len(columns) + 3.2 if plan.grid == "heads" else 0.9 * len(columns) + 3.2
+    figure = Figure(figsize=(width, 0.4 * len(layers) + 2.3), layout="constrained")
+    axis = figure.subplots()
+    image = axis.imshow(grid, cmap=transfer_colormap(), vmin=-limit, vmax=limit, aspect="auto")
+    axis.set_yticks(range(len(layers)), [f"layer {layer}" for layer in layers], fontsize=7)
+    axis.set_xticks(range(len(columns)), [str(column) for column in columns], fontsize=7,
+                    rotation=0 if plan.grid == "heads" else 30)
+    axis.set_xlabel("head" if plan.grid == "heads" else "relative-offset band (every head)", fontsize=8)
+    figure.colorbar(image, ax=axis, label="loss change (nats), 0 = white")
+    what = "one (layer, head)" if plan.grid == "heads" else "one (layer, offset band)"
+    figure.suptitle(f"{summary['model']}: resample ablation, {what} at a time\nnext-token loss change, "
+                    f"T = {plan.seq_len}, {plan.split} split, n = {plan.n} windows (positions {summary['positions']})",
+                    fontsize=8)
     return figure
 
 

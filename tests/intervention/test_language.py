@@ -141,17 +141,6 @@ def test_smollm2_one_head_zero_ablated_on_short_windows(smollm2, tmp_path, capsy
     assert 0 < loss["before"].iloc[0] < 10  # nats per token of English text: a language model, not noise
 
 
-def test_patch_refuses_a_pretrained_model_in_one_line_saying_why(tiny_llama, tmp_path, capsys):
-    from latentcode.intervention.patching import plan_patch
-
-    with pytest.raises(LatentcodeError) as raised:
-        plan_patch(str(tiny_llama))
-    assert "is a pretrained language model: patch reads counterfactual pairs" in str(raised.value)
-    assert main(["patch", str(tiny_llama), "--out", str(tmp_path / "p")]) == 2
-    error = capsys.readouterr().err
-    assert str(raised.value) in error and len(error.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
-
-
 def test_mean_ablation_takes_the_mean_pattern_of_a_compact_store_of_training_windows(tiny_llama, tmp_path):
     from latentcode.extraction.pretrained_extract import extract_pretrained
     from latentcode.intervention.language import mean_ablate_from_compact

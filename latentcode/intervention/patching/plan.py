@@ -21,6 +21,7 @@ from pathlib import Path
 
 from latentcode.errors import UsageError, about
 from latentcode.extraction.plan import checked_model_config
+from latentcode.intervention.patching.language_plan import LanguagePatchPlan, plan_language_patch
 from latentcode.rundir import ModelSource, locate_model
 from latentcode.sources.sites import SiteError, parse_positions, parse_selector, resolve_positions
 from latentcode.tasks import Task, get_task, task_class, task_names
@@ -34,6 +35,8 @@ from latentcode.validation import (
 
 GRIDS = ("rows", "heads")
 MAX_GROUPS = 256
+DEFAULT_PAIRS = 256  # base/donor pairs of a run's task
+DEFAULT_WINDOWS = 32  # base windows of a pretrained model (each with a donor window)
 SUFFIXES = (".csv", ".json", ".png")
 SEARCH_SUFFIXES = (".csv", ".candidates.csv", ".json", ".png")
 DONORS = ("different", "third", "same")  # r', a third sub-task (the baseline), the base's own (damage)
@@ -89,7 +92,7 @@ def plan_patch(
     queries: str = "*",
     key_blocks: int = 1,
     sites: str = "*:*:*",
-    n: int = 256,
+    n: int | None = None,
     confirm_n: int = 512,
     tolerance: float = 1.0,
     max_groups: int = MAX_GROUPS,
@@ -100,8 +103,23 @@ def plan_patch(
     attribution: bool = False,
     out: str | Path | None = None,
     overwrite: bool = False,
-) -> PatchPlan:
-    """The plan of `patch` with these arguments (see there), or the first mistake in them."""
+    task: Mapping | None = None,
+) -> PatchPlan | LanguagePatchPlan:
+    """The plan of `patch` with these arguments (see there), or the first mistake in them; for a
+    pretrained causal LM, `language_plan.plan_language_patch`'s (resample ablation; `task` may give its
+    window length, {"seq_len": T}, and is for it alone)."""
+    with about("run_or_model"):
+        source = _run_of(run)
+    if source.kind == "pretrained":
+        return plan_language_patch(source, task=task, grid=grid, layers=layers, sites=sites,
+                                   n=DEFAULT_WINDOWS if n is None else n, split=split, seed=seed, max_groups=max_groups,
+                                   attribution=attribution, out=out, overwrite=overwrite, search=search,
+                                   groups=groups, variant=variant, prediction=prediction, per_head=per_head)
+    if task is not None:
+        with about("task"):
+            raise UsageError(f"task {task!r}: a run's task is its own (config.json); task goes with a pretrained "
+                             "model (its window length, e.g. seq_len=128)")
+    n = DEFAULT_PAIRS if n is None else n
     groups = list(groups or [])
     if sum(bool(choice) for choice in (grid, groups, search)) > 1:
         raise UsageError("give one of --search, --grid or --group")
@@ -110,7 +128,6 @@ def plan_patch(
                          "(the estimates are in <out>.candidates.csv)")
     grid = grid or (None if groups or search else "rows")
     with about("run_or_model"):
-        source = _run_of(run)
         model = checked_model_config(source)
     n_layers, n_heads = int(model["n_layers"]), int(model["n_heads"])
     task = get_task(**source.task_config)
@@ -181,9 +198,8 @@ def plan_patch(
 
 
 def _run_of(run: str | Path | ModelSource) -> ModelSource:
-    """The finished run directory `run` (its task draws the pairs): a pretrained model is refused with
-    the reason (no counterfactual pairs), a model directory without its run or anything else with one
-    message."""
+    """The finished run directory `run` (its task draws the pairs) or a pretrained causal LM (patched by
+    resample ablation); a model directory without its run or anything else is refused in one line."""
     from latentcode.rundir import RunDirectoryError
 
     try:
@@ -191,10 +207,7 @@ def _run_of(run: str | Path | ModelSource) -> ModelSource:
     except RunDirectoryError:
         source = None
     if source is not None and source.kind == "pretrained":
-        raise UsageError(f"{run} is a pretrained language model: patch reads counterfactual pairs of a run's task (a "
-                         "donor whose answer differs from the base's in a known way), and windows of a text corpus "
-                         "have none; measure what a head's codes do to its next-token loss with latentcode "
-                         f"intervene {run} --sites 'LAYER:*:*' --zero-ablate HEADS --task seq_len=T")
+        return source
     if source is None or source.kind != "run":
         raise UsageError(f"{run} is not a finished run directory (config.json and model/model.safetensors); "
                          "patch reads the task of the run to draw its pairs")

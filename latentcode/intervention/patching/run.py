@@ -7,7 +7,8 @@
 Everything is checked first by `plan_patch` (torch-free; the command line's check builds the same
 plan and hands it here), so the Python API and the command line answer a mistake with one message.
 The pairs are the run's task's counterfactual pairs (`Task.counterfactual_pairs`), each group read
-against the third-sub-task donor baseline (`latentcode.intervention.transfer`).
+against the third-sub-task donor baseline (`latentcode.intervention.transfer`). A pretrained causal LM
+is patched by resample ablation instead (`language_patch`: each window with another window's codes).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from latentcode.intervention.patching.language_plan import LanguagePatchPlan
 from latentcode.intervention.patching.plan import DONORS, PatchPlan, plan_patch
 
 
@@ -33,7 +35,7 @@ class PatchResult:
         return self.tables[0]
 
 
-def patch(run_or_plan: str | Path | PatchPlan, *, progress: bool = False,
+def patch(run_or_plan: str | Path | PatchPlan | LanguagePatchPlan, *, progress: bool = False,
           say: Callable[[str], None] | None = None, **options: Any) -> PatchResult:
     """The sweep `plan_patch(run_or_plan, **options)` describes (see there), or that of the plan
     given. `say`: called with the cost line before the work; `progress`: a bar (or lines) on stderr."""
@@ -43,7 +45,11 @@ def patch(run_or_plan: str | Path | PatchPlan, *, progress: bool = False,
     from latentcode.provenance import sha256_of_file
     from latentcode.training.run import Run
 
-    plan = run_or_plan if isinstance(run_or_plan, PatchPlan) else plan_patch(run_or_plan, **options)
+    plan = run_or_plan if isinstance(run_or_plan, (PatchPlan, LanguagePatchPlan)) else plan_patch(run_or_plan, **options)
+    if isinstance(plan, LanguagePatchPlan):
+        from latentcode.intervention.patching.language_patch import language_patch
+
+        return language_patch(plan, progress=progress, say=say)
     record = Run(plan.source.path)
     model = record.load_model().eval()
     task = record.task()
