@@ -30,7 +30,7 @@ from latentcode.analysis.patch_outputs import PatchOutput, check_patch_provenanc
 from latentcode.errors import LatentcodeError, OutputExistsError, about
 from latentcode.files import check_replaceable
 from latentcode.provenance import check_codes_from_runs, check_one_task, codes_of_runs
-from latentcode.rundir import RunRecord
+from latentcode.rundir import PRETRAINED_NAMES, RunRecord, is_pretrained
 from latentcode.store import DEFAULT_MAX_ROWS, CodeFile
 from latentcode.validation import check_integer, check_output
 
@@ -124,6 +124,12 @@ def plan_report(
     max_points = check_integer("max_points", max_points, 1, error=ReportError)
     max_rows = check_integer("max_rows", max_rows, 1, error=ReportError)
     with about("run_dirs"):
+        models = [str(run_dir) for run_dir in run_dirs if is_pretrained(run_dir)]
+        run_dirs = [run_dir for run_dir in run_dirs if not is_pretrained(run_dir)]
+        if models and not codes_files:
+            raise ReportError(f"{models[0]} is a pretrained model: it has no training run, so its report shows its codes; "
+                              f"extract them (latentcode extract {models[0]} --task seq_len=T --n N --out CODES.h5) and "
+                              "give them with --codes CODES.h5 (in Python: codes_files)")
         for run_dir in run_dirs:
             if not Path(run_dir).exists():
                 raise MissingInput(f"{run_dir} does not exist")
@@ -142,6 +148,11 @@ def plan_report(
     # Numbers side by side must be comparable: one task, and codes of the runs they are shown with.
     check_one_task(code_files, runs)
     check_codes_from_runs(runs, code_files)
+    with about("run_dirs"):
+        for model in models:
+            check_codes_from_pretrained(model, code_files)
+    notes = (*notes, *(f"The codes come from the pretrained model {model}: it has no training run, hence no training "
+                       "curves or metrics." for model in models))
     with about("patches"):  # damaged, or of another task or model: refused before any work
         outputs = [read_patch_output(stem, "") for stem in patches]
         for output in outputs:
@@ -161,6 +172,22 @@ def plan_report(
     return ReportPlan(tuple(runs), tuple(map(Path, run_dirs)), tuple(code_files), tuple(outputs), out,
                       files_dir_of(out), label, fit_split, test_split, embedding_split, tuple(methods), max_points,
                       title, overwrite, tuple(notes))
+
+
+def check_codes_from_pretrained(model: str, code_files: Sequence[CodeFile]) -> None:
+    """Each codes file shown beside the pretrained model `model` (a known name, a .gguf file or a
+    Hugging Face directory, as `latentcode extract` takes it) was extracted from it: the name the
+    extraction recorded, and where it recorded the model's path, that path."""
+    path = Path(model)
+    name = model if model in PRETRAINED_NAMES else path.stem if path.suffix == ".gguf" else path.name
+    for code_file in code_files:
+        recorded_path = str(code_file.attrs.get("model_path") or "")
+        same_path = not recorded_path or model in PRETRAINED_NAMES or Path(recorded_path) == path.resolve()
+        if code_file.model_name != name or not same_path:
+            raise ReportError(f"{code_file.path} holds codes of {code_file.model_name!r}"
+                              + (f" ({recorded_path})" if recorded_path else "")
+                              + f", not of the pretrained model {model}; give codes files extracted from it "
+                              f"(latentcode extract {model} ... --out CODES.h5)")
 
 
 def _as_list(value) -> list:

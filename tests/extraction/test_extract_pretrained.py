@@ -51,3 +51,27 @@ def test_bad_input_for_a_pretrained_model_is_one_line(tiny_llama, tmp_path, caps
     error = capsys.readouterr().err.strip()
     assert says in error and "\n" not in error and "Traceback" not in error
     assert not out.exists()
+
+
+def test_report_takes_the_pretrained_model_beside_its_codes_and_refuses_other_codes(tiny_llama, tmp_path, capsys):
+    """`latentcode report MODEL --codes FILE` as for a run directory: the page says where the codes come
+    from; the model alone, or codes of another model, is one line naming what to give."""
+    out = tmp_path / "codes.h5"
+    for split in ("train", "validation"):
+        assert main(["extract", str(tiny_llama), "--n", "24", "--task", "seq_len=16", "--split", split, "--out",
+                     str(out), "--quiet", *(["--append"] if split == "validation" else [])]) == 0
+    label = ["--label", "last_token_starts_word", "--fit-split", "train", "--test-split", "validation"]
+    page = tmp_path / "report.html"
+    assert main(["report", str(tiny_llama), "--codes", str(out), *label, "--out", str(page), "--quiet"]) == 0
+    assert f"pretrained model {tiny_llama}" in page.read_text()
+    capsys.readouterr()  # transformers' own loading bars
+
+    assert main(["report", str(tiny_llama), "--out", str(tmp_path / "alone.html")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "is a pretrained model" in error and "--codes CODES.h5" in error and "\n" not in error
+    other = save_tiny_llama(tmp_path / "other")
+    capsys.readouterr()
+    assert main(["report", str(other), "--codes", str(out), *label, "--out", str(tmp_path / "other.html")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert f"not of the pretrained model {other}" in error and "\n" not in error
+    assert not (tmp_path / "alone.html").exists() and not (tmp_path / "other.html").exists()
