@@ -266,12 +266,14 @@ def check_causal_directory(path: Path) -> None:
         )
 
 
-def load_pretrained(path_or_name: str | Path, name: str | None = None, cache: str | Path | None = None) -> Pretrained:
+def load_pretrained(path_or_name: str | Path, name: str | None = None, cache: str | Path | None = None, *,
+                    progress: bool = True) -> Pretrained:
     """Load a causal LM offline: a Hugging Face directory, a `.gguf` file, or "smollm2".
 
     float32, eval mode, `attn_implementation="sdpa"`, `local_files_only`. A `.gguf` file is dequantised
     once and kept in the cache (`latentcode.pretrained_cache`: `cache`, default `$LATENTCODE_CACHE` or
-    ~/.cache/latentcode); later loads read the kept float32 weights, identical to the dequantised ones."""
+    ~/.cache/latentcode); later loads read the kept float32 weights, identical to the dequantised ones.
+    progress: False keeps transformers' own loading bars off for this load (a command's --quiet)."""
     import torch
     import transformers
 
@@ -281,10 +283,18 @@ def load_pretrained(path_or_name: str | Path, name: str | None = None, cache: st
     options: dict[str, Any] = {"local_files_only": True}
 
     def load(directory: Path) -> tuple[Any, Any]:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **options)
-        return transformers.AutoModelForCausalLM.from_pretrained(
-            directory, attn_implementation="sdpa", dtype=torch.float32, **options
-        ).eval(), tokenizer
+        bars = transformers.utils.logging
+        was_enabled = bars.is_progress_bar_enabled()
+        if not progress:
+            bars.disable_progress_bar()
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **options)
+            return transformers.AutoModelForCausalLM.from_pretrained(
+                directory, attn_implementation="sdpa", dtype=torch.float32, **options
+            ).eval(), tokenizer
+        finally:
+            if was_enabled:
+                bars.enable_progress_bar()
 
     if path.suffix == ".gguf":
         check_gguf(path)

@@ -89,7 +89,7 @@ def extract_pretrained(
 
     n, batch_size = check_integer("n", n, minimum=1), check_integer("batch_size", batch_size, minimum=1)
     check_sharded_output(out, append, overwrite)  # before the model loads: refused in every process alike
-    pretrained = model if isinstance(model, Pretrained) else load_pretrained(model)
+    pretrained = model if isinstance(model, Pretrained) else load_pretrained(model, progress=progress)
     check_seq_len(seq_len, pretrained.n_ctx, pretrained.name)
     parsed = parse_selector(selector)
     sites = parsed.resolve(pretrained.n_layers, seq_len)

@@ -108,7 +108,7 @@ def language_model_effects(plan: LanguageInterventionPlan, edits: Edit | Sequenc
     if not edits:
         raise UsageError("give at least one edit")
     units = sorted({unit for edit in edits for unit in head_units(plan, edit.heads)})
-    pretrained = load_pretrained(plan.source.path)
+    pretrained = load_pretrained(plan.source.path, progress=progress)
     if (pretrained.n_layers, pretrained.n_heads) != (plan.shape.n_layers, plan.shape.n_heads):
         raise UsageError(f"{plan.name} loaded with {pretrained.n_layers} layers of {pretrained.n_heads} heads, but its "
                          f"metadata says {plan.shape.n_layers} of {plan.shape.n_heads}; the model files disagree")

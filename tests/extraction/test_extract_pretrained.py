@@ -64,7 +64,7 @@ def test_report_takes_the_pretrained_model_beside_its_codes_and_refuses_other_co
     page = tmp_path / "report.html"
     assert main(["report", str(tiny_llama), "--codes", str(out), *label, "--out", str(page), "--quiet"]) == 0
     assert f"pretrained model {tiny_llama}" in page.read_text()
-    capsys.readouterr()  # transformers' own loading bars
+    assert capsys.readouterr().err == ""  # --quiet: transformers' own loading bars too
 
     assert main(["report", str(tiny_llama), "--out", str(tmp_path / "alone.html")]) == 2
     error = capsys.readouterr().err.strip()

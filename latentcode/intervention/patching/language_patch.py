@@ -163,7 +163,7 @@ def language_patch(plan: LanguagePatchPlan, *, progress: bool = False, say: Call
     from latentcode.pretrained import corpus_token_windows, load_pretrained
     from latentcode.progress import Progress
 
-    pretrained = load_pretrained(plan.source.path)
+    pretrained = load_pretrained(plan.source.path, progress=progress)
     if (pretrained.n_layers, pretrained.n_heads) != (plan.shape.n_layers, plan.shape.n_heads):
         raise UsageError(f"{plan.name} loaded with {pretrained.n_layers} layers of {pretrained.n_heads} heads, but its "
                          f"metadata says {plan.shape.n_layers} of {plan.shape.n_heads}; the model files disagree")
