@@ -463,3 +463,28 @@ def test_masked_fills_what_masked_fill_fills_and_passes_the_same_gradient(kind):
         expected_grad, = torch.autograd.grad((expected.nan_to_num(neginf=0.0) * weights).sum(), scores)
         got_grad, = torch.autograd.grad((got.nan_to_num(neginf=0.0) * weights).sum(), scores)
         assert torch.equal(got_grad, expected_grad)
+
+
+def test_rms_over_heads_gradient_is_autograds_of_the_written_formula_and_refuses_a_second():
+    """HYLA's sigma has its gradient written out (normalization._RmsOverHeads): equal to autograd's chain
+    through the formula it replaces (float64, a causal mask), gradcheck passes, and a second derivative
+    is refused rather than computed without the rms's dependence on the scores."""
+    from latentcode.models.normalization import rms_over_heads
+
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randn(3, 5, 7, 9, generator=generator, dtype=torch.float64, requires_grad=True)
+    allowed = torch.ones(7, 9, dtype=torch.bool).tril(2)
+    weights = torch.randn(3, 5, 7, 9, generator=generator, dtype=torch.float64)
+
+    def written(x):
+        x = x.masked_fill(~allowed, 0.0)
+        return x * torch.rsqrt(x.square().mean(dim=1, keepdim=True) + 1e-6)
+
+    assert torch.equal(rms_over_heads(scores, allowed, 1e-6), written(scores))
+    ours, = torch.autograd.grad((rms_over_heads(scores, allowed, 1e-6) * weights).sum(), scores)
+    chain, = torch.autograd.grad((written(scores) * weights).sum(), scores)
+    assert torch.allclose(ours, chain, rtol=0, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda x: rms_over_heads(x, allowed, 1e-6), (scores,))
+    first, = torch.autograd.grad((rms_over_heads(scores, None, 1e-6) * weights).sum(), scores, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
+        torch.autograd.grad(first.sum(), scores)
