@@ -103,8 +103,10 @@ def test_patching_one_head_with_the_donors_codes_is_the_loss_computed_by_hand(ti
     eager = transformers.LlamaForCausalLM.from_pretrained(tiny_llama, attn_implementation="eager").eval()
     with torch.no_grad():
         before = loss_per_window(eager(input_ids=ids[:, :-1]).logits, ids)
+    changes = {}
     for head in range(4):
         after = loss_per_window(by_hand(tiny_llama, ids[:, :-1], ids[donor, :-1], 1, [head]), ids)
+        changes[head] = (after - before).numpy()
         row = table.loc[f"l1.h{head}"]
         np.testing.assert_allclose([row["before"], row["after"], row["change"]],
                                    [before.mean().item(), after.mean().item(), (after - before).mean().item()],
@@ -117,6 +119,12 @@ def test_patching_one_head_with_the_donors_codes_is_the_loss_computed_by_hand(ti
         assert row["control change"] == pytest.approx(table.loc[row["control"], "change"], abs=1e-7)
         assert row["change - control"] == pytest.approx(row["change"] - row["control change"], abs=1e-6)
     assert list(table["control"]) == [f"l1.h{h}" for h in control_heads([(1, h) for h in range(4)], 4, 0)]
+    # and beside the layer's typical head: the per-window median change of its three other heads, by hand
+    for head in range(4):
+        typical = np.median([changes[other] for other in range(4) if other != head], axis=0)
+        row = table.loc[f"l1.h{head}"]
+        np.testing.assert_allclose([row["others' median change"], row["change - others' median"]],
+                                   [typical.mean(), (changes[head] - typical).mean()], rtol=0, atol=1e-5)
     assert stem.with_suffix(".png").stat().st_size > 0 and stem.with_suffix(".json").is_file()
 
 

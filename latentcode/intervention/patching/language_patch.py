@@ -19,8 +19,10 @@ and each group's change = patched - unpatched, mean ± paired s.e. over windows 
 Beside every group its control: another head of the same layer drawn at random (seeded), patched
 from the same donors on the same windows (it is one of the sweep's own groups, so it costs
 nothing); "change - control" ± its paired s.e. says whether the head matters more than a head
-picked blindly. With `attribution`, gradient x (donor - base codes) summed over the group's pairs
-(`attribution_patching`, one backward pass per batch of windows) estimates each group's loss change.
+picked blindly; for the heads grid also "change - others' median" ± its paired s.e., against the
+per-window median change of the layer's other swept heads (steadier than one drawn head). With
+`attribution`, gradient x (donor - base codes) summed over the group's pairs (`attribution_patching`,
+one backward pass per batch of windows) estimates each group's loss change.
 """
 
 from __future__ import annotations
@@ -224,6 +226,13 @@ def language_patch(plan: LanguagePatchPlan, *, progress: bool = False, say: Call
             row["control"] = group_name(groups[control])
             row["control change"], row["control change se"] = _mean_and_se(against)
             row["change - control"], row["change - control se"] = _mean_and_se(loss_change[index] - against)
+        if plan.grid == "heads":  # beside one random head, the typical head of the layer: steadier
+            layer = group.coordinates["layer"]
+            others = [other for other in range(reported)
+                      if other != index and groups[other].coordinates["layer"] == layer]
+            typical = np.median(loss_change[others], axis=0) if others else np.full(plan.n, np.nan)
+            row["others' median change"] = float(typical.mean())
+            row["change - others' median"], row["change - others' median se"] = _mean_and_se(loss_change[index] - typical)
         for name, short in zip(METRICS[1:], ("probability", "accuracy"), strict=True):
             row[f"{short} change"], row[f"{short} change se"] = _mean_and_se(change[name][index])
         rows.append(row)
