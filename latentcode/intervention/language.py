@@ -102,19 +102,13 @@ def language_model_effects(plan: LanguageInterventionPlan, edits: Edit | Sequenc
     """The tidy table of the module docstring for `edits` on the plan's windows."""
     import pandas as pd
 
-    from latentcode.pretrained import corpus_token_windows, load_pretrained
 
     edits = (edits,) if isinstance(edits, Edit) else tuple(edits)
     if not edits:
         raise UsageError("give at least one edit")
     units = sorted({unit for edit in edits for unit in head_units(plan, edit.heads)})
-    pretrained = load_pretrained(plan.source.path, progress=progress)
-    if (pretrained.n_layers, pretrained.n_heads) != (plan.shape.n_layers, plan.shape.n_heads):
-        raise UsageError(f"{plan.name} loaded with {pretrained.n_layers} layers of {pretrained.n_heads} heads, but its "
-                         f"metadata says {plan.shape.n_layers} of {plan.shape.n_heads}; the model files disagree")
-    model = pretrained.model.eval()
-    ids = torch.from_numpy(corpus_token_windows(pretrained, plan.split, plan.seq_len, plan.n, plan.seed, extra=1))
-    inputs, targets = ids[:, :-1], ids[:, 1 + plan.first_query :]
+    pretrained, inputs, targets = model_and_windows(plan, progress)
+    model = pretrained.model
     batches = [slice(start, start + plan.batch_size) for start in range(0, plan.n, plan.batch_size)]
 
     scopes = [(ALL_SITES, units)]
@@ -208,3 +202,18 @@ def mean_ablate_from_compact(path: str | Path, plan: LanguageInterventionPlan, h
         mean = total / len(examples)
         means.update({site: mean[:, row_of[site.query], site.key] for site in pairs})
     return MeanAblate(means, heads=heads)
+
+
+def model_and_windows(plan, progress: bool = False):
+    """The pretrained model of a language plan (`plan_language_intervention`'s or `plan_language_patch`'s),
+    checked against the shape its metadata gave, in eval mode, and its `n` corpus windows: inputs
+    `[n, seq_len]` and the next tokens from the plan's first query on, `[n, seq_len - first_query]`."""
+    from latentcode.pretrained import corpus_token_windows, load_pretrained
+
+    pretrained = load_pretrained(plan.source.path, progress=progress)
+    if (pretrained.n_layers, pretrained.n_heads) != (plan.shape.n_layers, plan.shape.n_heads):
+        raise UsageError(f"{plan.name} loaded with {pretrained.n_layers} layers of {pretrained.n_heads} heads, but its "
+                         f"metadata says {plan.shape.n_layers} of {plan.shape.n_heads}; the model files disagree")
+    pretrained.model.eval()
+    ids = torch.from_numpy(corpus_token_windows(pretrained, plan.split, plan.seq_len, plan.n, plan.seed, extra=1))
+    return pretrained, ids[:, :-1], ids[:, 1 + plan.first_query :]

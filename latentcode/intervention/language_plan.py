@@ -76,7 +76,6 @@ def plan_language_intervention(
 ) -> LanguageInterventionPlan:
     """The plan of editing the pretrained model at `source` (see the module docstring), or the first
     mistake. `task` may give only the window length (`{"seq_len": 64}`, `--task seq_len=64`)."""
-    from latentcode.extraction.plan import pretrained_seq_len
 
     name = str(source.path)
     with about("run_or_model"):
@@ -89,14 +88,7 @@ def plan_language_intervention(
         if variant is not None:
             raise UsageError(f"a pretrained model reads windows of the language corpus, which have no variant; got "
                              f"variant {variant!r}")
-    split = "validation" if split is None else split
-    if split not in SPLITS:
-        with about("split"):
-            raise UsageError(f"unknown split {split!r} for a pretrained model: it reads the language corpus's "
-                             f"{' or '.join(SPLITS)} split")
-    with about("task"):
-        seq_len = pretrained_seq_len(task, DEFAULT_SEQ_LEN)
-        check_seq_len(seq_len, shape.n_ctx, name)
+    split, seq_len = corpus_windows(split, task, DEFAULT_SEQ_LEN, shape.n_ctx, name)
     with about("sites"):
         selector = parse_selector(sites)
         layers, first_query = _layers_and_first_query(selector, shape.n_layers, seq_len)
@@ -150,3 +142,19 @@ def head_units(plan: LanguageInterventionPlan, heads: Sequence[int] | None) -> l
                          f"(more than {MAX_PER_SITE_SCOPES}); edit them together with per_site=False (--no-per-site), "
                          "or name fewer layers or heads")
     return units
+
+
+def corpus_windows(split: str | None, task, default_seq_len: int, n_ctx: int, name: str) -> tuple[str, int]:
+    """The split (default validation) and window length (`task`'s seq_len, else `default_seq_len`) of a
+    pretrained model's corpus windows, or the one-line error naming what was wrong."""
+    from latentcode.extraction.plan import pretrained_seq_len
+
+    split = "validation" if split is None else split
+    if split not in SPLITS:
+        with about("split"):
+            raise UsageError(f"unknown split {split!r} for a pretrained model: it reads the language corpus's "
+                             f"{' or '.join(SPLITS)} split")
+    with about("task"):
+        seq_len = pretrained_seq_len(task, default_seq_len)
+        check_seq_len(seq_len, n_ctx, name)
+    return split, seq_len

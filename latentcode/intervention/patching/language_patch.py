@@ -35,7 +35,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from latentcode.errors import UsageError
 from latentcode.intervention.patching.language_plan import BANDS, LanguagePatchPlan, band_pairs
 
 METRICS = ("next-token loss", "next-token probability", "next-token accuracy")
@@ -160,19 +159,14 @@ def language_patch(plan: LanguagePatchPlan, *, progress: bool = False, say: Call
     per (layer, head) and whose summary is JSON-ready."""
     import pandas as pd
 
+    from latentcode.intervention.language import model_and_windows
     from latentcode.intervention.patching.run import PatchResult, _correlations
     from latentcode.intervention.patching.sweep import patching_sweep
-    from latentcode.pretrained import corpus_token_windows, load_pretrained
     from latentcode.progress import Progress
 
-    pretrained = load_pretrained(plan.source.path, progress=progress)
-    if (pretrained.n_layers, pretrained.n_heads) != (plan.shape.n_layers, plan.shape.n_heads):
-        raise UsageError(f"{plan.name} loaded with {pretrained.n_layers} layers of {pretrained.n_heads} heads, but its "
-                         f"metadata says {plan.shape.n_layers} of {plan.shape.n_heads}; the model files disagree")
-    model = pretrained.model.eval()
-    ids = torch.from_numpy(corpus_token_windows(pretrained, plan.split, plan.seq_len, plan.n, plan.seed, extra=1))
+    pretrained, inputs, targets = model_and_windows(plan, progress)
+    model = pretrained.model
     donor = donors(plan.n, plan.seed)
-    inputs, targets = ids[:, :-1], ids[:, 1 + plan.first_query :]
     groups, controls = swept_groups(plan)  # the groups reported, then any control groups
     reported = len(controls)
     batches = [slice(start, start + plan.batch_size) for start in range(0, plan.n, plan.batch_size)]

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from latentcode.errors import UsageError, about
-from latentcode.pretrained import AttentionShape, attention_shape, check_seq_len
+from latentcode.intervention.language_plan import corpus_windows
+from latentcode.pretrained import AttentionShape, attention_shape
 from latentcode.rundir import ModelSource
 from latentcode.sources.sites import parse_selector
 from latentcode.validation import check_fits_in_memory, check_integer, check_output_stem
@@ -105,7 +106,6 @@ def plan_language_patch(
 ) -> LanguagePatchPlan:
     """The plan (see the module docstring) or the first mistake. `run_only`: `plan_patch`'s options
     that need a run's task, refused here unless left at their defaults."""
-    from latentcode.extraction.plan import pretrained_seq_len
     from latentcode.intervention.language_plan import _layers_and_first_query
     from latentcode.intervention.patching.plan import _layers
 
@@ -137,14 +137,7 @@ def plan_language_patch(
             raise UsageError(f"n={n}: resample ablation needs at least 2 windows (each takes the codes of another)")
     with about("seed"):
         seed = check_integer("seed", seed, minimum=0)
-    split = "validation" if split is None else split
-    if split not in SPLITS:
-        with about("split"):
-            raise UsageError(f"unknown split {split!r} for a pretrained model: it reads the language corpus's "
-                             f"{' or '.join(SPLITS)} split")
-    with about("task"):
-        seq_len = pretrained_seq_len(task, DEFAULT_SEQ_LEN)
-        check_seq_len(seq_len, shape.n_ctx, name)
+    split, seq_len = corpus_windows(split, task, DEFAULT_SEQ_LEN, shape.n_ctx, name)
     with about("layers"):
         layers = _layers(layers, shape.n_layers)
     with about("sites"):
