@@ -16,10 +16,8 @@ floats per layer; a product with 4 heads as its inner dimension also runs far be
 Here each (q, k) pair's u lives in registers, one chunk of 8 of its d_head_v floats at a time
 (one AVX2 register; the compiler vectorizes the fixed-width loops).
 
-Built once per machine with the system C compiler (`cc -O3 -march=native`, under a second) into
-`$LATENTCODE_CACHE/kernels/` (default `~/.cache/latentcode`), named by the hash of the source and the
-machine, and loaded
-with ctypes (which releases the GIL during a call). Where there is no compiler, the build fails,
+Built once per machine with the system C compiler (`latentcode.models.c_kernels`: `cc -O3
+-march=native` into the kernel cache, loaded with ctypes). Where there is no compiler, the build fails,
 or the tensors are not float32 on the CPU with d_head_v a multiple of 8 and at most `MAX_HEADS` heads,
 `available` says no and the value network uses its batched-product kernels (the same numbers to
 float tolerance: tests/models/test_fused_hyper.py). `use_fused(False)` turns it off (for before /
@@ -29,18 +27,12 @@ after measurements: benchmarks/bench_long_sequences.py --hyla-kernel bmm).
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from latentcode.files import new_temporary_file
+from latentcode.models.c_kernels import CompiledLibrary
 
 MAX_HEADS = 16
 CHUNK = 8  # floats of d_head_v per inner step: one AVX2 register
@@ -169,74 +161,28 @@ void hyper_backward(const float *codes, const float *values, long vb, long vk, c
 
 COMPILE_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC")
 
-_library: ctypes.CDLL | None = None
-_build_failure: str | None = None
 _enabled = True
 
 
-def kernel_directory() -> Path:
-    """`$LATENTCODE_CACHE/kernels` (default `~/.cache/latentcode/kernels`)."""
-    return Path(os.environ.get("LATENTCODE_CACHE") or Path.home() / ".cache" / "latentcode") / "kernels"
-
-
-def _cpu_flags() -> str:
-    """The CPU's model and instruction-set flags (Linux), so that a cache shared by machines of one name
-    but other CPUs (containers) never loads a library built for instructions this CPU lacks."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor()
-    return " ".join(dict.fromkeys(line for line in lines if line.startswith(("model name", "flags"))))
-
-
-def _build() -> ctypes.CDLL:
-    """The compiled library: from the cache, else compiled now (to a temporary, then renamed)."""
-    # -march=native: a library per machine (a cache shared by several machines keeps one for each)
-    machine = f"{platform.node()} {platform.machine()} {_cpu_flags()}"
-    digest = hashlib.sha256((SOURCE + " ".join(COMPILE_FLAGS) + machine).encode()).hexdigest()[:16]
-    directory = kernel_directory()
-    library_path = directory / f"fused_hyper-{digest}.so"
-    if not library_path.is_file():
-        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-        if compiler is None:
-            raise OSError("no C compiler (cc or gcc) on PATH")
-        directory.mkdir(parents=True, exist_ok=True)
-        source_path = new_temporary_file(directory / f"fused_hyper-{digest}.c")
-        temporary = new_temporary_file(library_path)
-        try:
-            source_path.write_text(SOURCE)
-            subprocess.run([compiler, *COMPILE_FLAGS, "-x", "c", str(source_path), "-o", str(temporary)],
-                           check=True, capture_output=True, text=True)
-            os.replace(temporary, library_path)
-        except subprocess.CalledProcessError as error:
-            raise OSError(f"{compiler} failed: {error.stderr.strip()[-300:]}") from None
-        finally:
-            source_path.unlink(missing_ok=True)
-            temporary.unlink(missing_ok=True)
-    library = ctypes.CDLL(str(library_path))
+def _declare(library: ctypes.CDLL) -> None:
     long, pointer = ctypes.c_long, ctypes.c_void_p
     library.hyper_forward.argtypes = [pointer, pointer, long, long, pointer, *[long] * 6, ctypes.c_int]
     library.hyper_backward.argtypes = [pointer, pointer, long, long, pointer, pointer, pointer, long, long,
                                        *[long] * 6, ctypes.c_int]
     library.hyper_forward.restype = library.hyper_backward.restype = None
-    return library
+
+
+KERNELS = CompiledLibrary("fused_hyper", SOURCE, COMPILE_FLAGS, _declare)
 
 
 def library() -> ctypes.CDLL | None:
     """The loaded kernels, or None where they cannot be built (`build_failure()` says why)."""
-    global _library, _build_failure
-    if _library is None and _build_failure is None:
-        try:
-            _library = _build()
-        except OSError as error:
-            _build_failure = str(error)
-    return _library
+    return KERNELS.load()
 
 
 def build_failure() -> str | None:
     """Why the kernels could not be built, or None."""
-    library()
-    return _build_failure
+    return KERNELS.failure()
 
 
 @contextmanager

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from latentcode.models import fused_hyper
+from latentcode.models.c_kernels import CompiledLibrary
 from latentcode.models.attention import attention_path
 from latentcode.models.value_network import HyperLinearValueNetwork, HyperReluValueNetwork
 from tests.models.test_attention_paths import (
@@ -95,8 +96,8 @@ def test_blockwise_path_equals_the_formulas_whether_or_not_the_kernels_are_fused
 
 
 def test_without_a_compiler_the_layer_uses_the_batched_product_kernels(tmp_path, monkeypatch):
-    monkeypatch.setattr(fused_hyper, "_library", None)
-    monkeypatch.setattr(fused_hyper, "_build_failure", None)
+    monkeypatch.setattr(fused_hyper, "KERNELS", CompiledLibrary("fused_hyper", fused_hyper.SOURCE,
+                                                             fused_hyper.COMPILE_FLAGS, fused_hyper._declare))
     monkeypatch.setenv("LATENTCODE_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     assert fused_hyper.library() is None
@@ -111,12 +112,12 @@ def test_without_a_compiler_the_layer_uses_the_batched_product_kernels(tmp_path,
 def test_the_kernels_are_built_once_into_the_cache(tmp_path, monkeypatch):
     if fused_hyper.library() is None:
         pytest.skip(f"the fused kernels could not be built here: {fused_hyper.build_failure()}")
-    monkeypatch.setattr(fused_hyper, "_library", None)
-    monkeypatch.setattr(fused_hyper, "_build_failure", None)
+    monkeypatch.setattr(fused_hyper, "KERNELS", CompiledLibrary("fused_hyper", fused_hyper.SOURCE,
+                                                             fused_hyper.COMPILE_FLAGS, fused_hyper._declare))
     monkeypatch.setenv("LATENTCODE_CACHE", str(tmp_path))
     assert fused_hyper.library() is not None
     built = list((tmp_path / "kernels").iterdir())
     assert len(built) == 1 and built[0].suffix == ".so", f"only the library, no temporaries: {built}"
-    monkeypatch.setattr(fused_hyper, "_library", None)
+    fused_hyper.KERNELS.forget()
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))  # a rebuild would fail
     assert fused_hyper.library() is not None, "the second load reads the cached library"

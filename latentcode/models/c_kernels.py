@@ -1,0 +1,98 @@
+"""C kernels compiled once per machine with the system C compiler and loaded with ctypes.
+
+A `CompiledLibrary` holds one C source. Its first `load()` compiles it (`cc` with the source's
+flags, `-march=native` among them, in under a second) into `$LATENTCODE_CACHE/kernels/` (default
+`~/.cache/latentcode/kernels`), named by the hash of the source, the flags and the machine, so that a
+cache shared by machines of other CPUs never loads a library built for instructions this CPU lacks;
+later loads read the cached library. ctypes releases the GIL during a call. Where there is no
+compiler or the build fails, `load()` returns None and `failure()` says why: every user of a kernel
+keeps a torch computation of the same numbers (to float tolerance) for that case.
+
+Used by `latentcode.models.fused_hyper` (the hyper value networks' blockwise kernels) and
+`latentcode.models.fused_short` (the attention of short sequences in training).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from latentcode.files import new_temporary_file
+
+
+def kernel_directory() -> Path:
+    """`$LATENTCODE_CACHE/kernels` (default `~/.cache/latentcode/kernels`)."""
+    return Path(os.environ.get("LATENTCODE_CACHE") or Path.home() / ".cache" / "latentcode") / "kernels"
+
+
+def _cpu_flags() -> str:
+    """The CPU's model and instruction-set flags (Linux), so that a cache shared by machines of one name
+    but other CPUs (containers) never loads a library built for instructions this CPU lacks."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    return " ".join(dict.fromkeys(line for line in lines if line.startswith(("model name", "flags"))))
+
+
+class CompiledLibrary:
+    """One C source, compiled on first use: `load()` -> the `ctypes.CDLL` (its functions declared by
+    `declare`), or None where it cannot be built (`failure()` says why)."""
+
+    def __init__(self, name: str, source: str, flags: tuple[str, ...], declare: Callable[[ctypes.CDLL], None]):
+        self.name, self.source, self.flags, self.declare = name, source, flags, declare
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop the loaded library and any failure: the next `load()` looks at the cache (and the
+        compiler) again. For tests."""
+        self._library: ctypes.CDLL | None = None
+        self._failure: str | None = None
+
+    def load(self) -> ctypes.CDLL | None:
+        if self._library is None and self._failure is None:
+            try:
+                self._library = self._build()
+            except OSError as error:
+                self._failure = str(error)
+        return self._library
+
+    def failure(self) -> str | None:
+        """Why the library could not be built, or None."""
+        self.load()
+        return self._failure
+
+    def _build(self) -> ctypes.CDLL:
+        """The compiled library: from the cache, else compiled now (to a temporary, then renamed)."""
+        machine = f"{platform.node()} {platform.machine()} {_cpu_flags()}"
+        digest = hashlib.sha256((self.source + " ".join(self.flags) + machine).encode()).hexdigest()[:16]
+        directory = kernel_directory()
+        library_path = directory / f"{self.name}-{digest}.so"
+        if not library_path.is_file():
+            compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+            if compiler is None:
+                raise OSError("no C compiler (cc or gcc) on PATH")
+            directory.mkdir(parents=True, exist_ok=True)
+            source_path = new_temporary_file(directory / f"{self.name}-{digest}.c")
+            temporary = new_temporary_file(library_path)
+            try:
+                source_path.write_text(self.source)
+                subprocess.run([compiler, *self.flags, "-x", "c", str(source_path), "-o", str(temporary)],
+                               check=True, capture_output=True, text=True)
+                os.replace(temporary, library_path)
+            except FileNotFoundError:
+                raise OSError(f"the C compiler {compiler!r} does not exist") from None
+            except subprocess.CalledProcessError as error:
+                raise OSError(f"{compiler} failed: {error.stderr.strip()[-300:]}") from None
+            finally:
+                source_path.unlink(missing_ok=True)
+                temporary.unlink(missing_ok=True)
+        library = ctypes.CDLL(str(library_path))
+        self.declare(library)
+        return library
