@@ -7,11 +7,18 @@ batch 128, attention dropout 0.1, training mode. For each attention preset it pr
 and interquartile range of the step time in milliseconds of each mode, and the ratio of the eager
 median to each mode's median (above 1: faster than eager):
 
-    eager       the default: sequences this short take the full attention path
+    eager       what `latentcode train` runs: the "auto" attention path, which in training takes the
+                fused kernel of `latentcode.models.fused_short` where it can
+    full        the full attention path forced (`Attention.path = "full"`): what training ran before
+                the fused kernel, and what evaluation runs
     blockwise   the blockwise attention path forced (`Attention.path = "blockwise"`)
     compiled    torch.compile'd model (with --compile)
 
-    python benchmarks/bench_model_step.py [--steps 30] [--compile] [--threads 1]
+    python benchmarks/bench_model_step.py [--steps 30] [--compile] [--threads 1] [--allocator glibc]
+
+As `latentcode train` does, the process keeps freed memory in glibc's heap
+(`latentcode.allocator.keep_freed_memory`); `--allocator glibc` leaves glibc's thresholds as they are
+(before), to compare in a second run (it is set once per process).
 
 The modes of one configuration run in interleaved rounds (each round times every mode for
 `--steps / --rounds` steps), so that a change of machine load hits them alike. Only ratios within
@@ -30,7 +37,9 @@ import time
 import torch
 
 from latentcode import ModelConfig, build_model
+from latentcode.allocator import keep_freed_memory
 from latentcode.models.attention import Attention
+from latentcode.training.optimizer import build_optimizer
 
 SIZES = {
     "sraven": dict(n_layers=4, d_model=128, n_heads=16, kqv_dim=64, d_mlp=256, n_ctx=36, d_in=8, d_out=8),
@@ -44,12 +53,12 @@ class Stepper:
     def __init__(self, task: str, attention: str, mode: str):
         config = ModelConfig(attention=attention, attn_dropout=0.1, **SIZES[task])
         self.model = build_model(config, seed=0).train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3, weight_decay=0.1)
+        self.optimizer = build_optimizer(self.model, learning_rate=1e-3, weight_decay=0.1)
         self.forward = torch.compile(self.model) if mode == "compiled" else self.model
-        if mode == "blockwise":
+        if mode in ("full", "blockwise"):
             for layer in self.model.modules():
                 if isinstance(layer, Attention):
-                    layer.path = "blockwise"
+                    layer.path = mode
         generator = torch.Generator().manual_seed(0)
         self.inputs = torch.rand(128, config.n_ctx, config.d_in, generator=generator)
         self.targets = torch.randn(128, config.n_ctx, config.d_out, generator=generator)
@@ -75,12 +84,18 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also time torch.compile'd models")
     parser.add_argument("--attention", nargs="+", default=["softmax", "linear", "hyla"])
     parser.add_argument("--task", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--modes", nargs="+", default=["eager", "full", "blockwise"],
+                        choices=["eager", "full", "blockwise", "compiled"])
+    parser.add_argument("--allocator", choices=("kept", "glibc"), default="kept",
+                        help="kept: keep_freed_memory as `latentcode train` does (default); glibc: glibc's thresholds")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    modes = ["eager", "blockwise"] + (["compiled"] if args.compile else [])
+    kept = args.allocator == "kept" and keep_freed_memory()
+    modes = list(dict.fromkeys(["eager", *args.modes] + (["compiled"] if args.compile else [])))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch 128, {args.steps} timed steps "
-          f"per mode in {args.rounds} interleaved rounds")
+          f"per mode in {args.rounds} interleaved rounds; freed memory {'kept' if kept else 'as glibc does'}; "
+          f"load {open('/proc/loadavg').read().split()[:3]}")
     print(f"{'task':12s} {'attention':10s} {'mode':10s} {'median ms':>10s} {'IQR ms':>14s} {'eager / mode':>13s}")
     for task in args.task:
         for attention in args.attention:

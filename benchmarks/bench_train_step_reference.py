@@ -32,6 +32,10 @@ load hits both; medians over the rounds' steps. Settings:
               for a core: run this setting with OMP_WAIT_POLICY=PASSIVE as well (it must be in the
               environment before torch starts) and compare.
 
+latentcode's side is `bench_model_step.Stepper` in its "eager" mode: what `latentcode train` runs (the
+fused short-sequence attention of `latentcode.models.fused_short`, the project's AdamW parameter groups,
+freed memory kept in the heap).
+
 ratio = reference median / latentcode median (above 1: latentcode faster; the goal is >= 2).
 Quote the load average it prints: only ratios within one run compare.
 """
@@ -156,6 +160,9 @@ def measure(args, cores: set[int], threads: int, label: str, reference_skip: str
     import torch
     from bench_model_step import SIZES, Stepper
 
+    from latentcode.allocator import keep_freed_memory
+
+    keep_freed_memory()  # as `latentcode train` does
     os.sched_setaffinity(0, cores)
     torch.set_num_threads(threads)
     print(f"\n[{label}] cores {sorted(cores)}, torch {threads} thread(s), load before: {loadavg()}")

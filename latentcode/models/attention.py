@@ -69,12 +69,13 @@ from torch import Tensor, nn
 from latentcode.errors import LatentcodeError
 from latentcode.models.attention_paths import associative_z, blockwise_z, plan_blocks, sdpa_z
 from latentcode.models.config import ModelConfig
+from latentcode.models.fused_short import FusedShortAttention
 from latentcode.models.hooks import HookPoint
 from latentcode.models.initializers import lecun_normal_
 from latentcode.models.normalization import SCORE_NORMALIZATIONS
 from latentcode.models.path_policy import PATHS, AttentionPathError, PathChoice, choose_path
 from latentcode.models.positions import RelativePositionBias, Rotary
-from latentcode.models.scores import ScoresToCodes, drop_out, dropout_mask
+from latentcode.models.scores import ScoresToCodes, drop_out, dropout_mask, score_scale
 from latentcode.models.value_network import VALUE_NETWORKS
 
 
@@ -202,7 +203,8 @@ class Attention(nn.Module):
 
     def z_by_faster_path(self, choice: PathChoice, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """z `[batch, query, head, d_head_v]` through the blockwise, sdpa or associative path
-        (`latentcode.models.attention_paths`), whichever `choice` names."""
+        (`latentcode.models.attention_paths`) or the fused one (`latentcode.models.fused_short`),
+        whichever `choice` names."""
         batch, n_positions = q.shape[:2]
         allowed = None if self.allowed is None else self.allowed[:n_positions, :n_positions]
         if choice.path == "sdpa":
@@ -210,6 +212,11 @@ class Attention(nn.Module):
             return sdpa_z(q, k, v, self.d_head, bias, allowed)
         if choice.path == "associative":
             return associative_z(q, k, v, self.d_head, allowed)
+        if choice.path == "fused":
+            bias = None if self.relative_position_bias is None else self.relative_position_bias(n_positions)
+            return FusedShortAttention.apply(
+                q * score_scale(self.d_head), k, v, bias, allowed, self.dropout_mask(n_positions, q),
+                self.normalization.fused_code, self.value_network.fused_code, self.rms_head_eps)
         plan = plan_blocks(self.value_network, self.n_heads, batch, n_positions, self.query_block_size,
                            choice.score_readers, choice.pattern_readers, fused=self.value_network.fuses(v))
         return blockwise_z(self.scores_to_codes(), self.value_network, plan, q, k, v,

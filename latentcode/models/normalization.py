@@ -28,6 +28,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from latentcode.models.fused_short import RMS, SOFTMAX
+
 
 @dataclass(frozen=True)
 class ScoreNormalization:
@@ -37,12 +39,14 @@ class ScoreNormalization:
     is_identity: sigma(scores) = scores, masked pairs 0, and nothing more.
     acts_per_query: each query row's codes depend on that row's scores alone (true of every sigma
         here: softmax normalizes over the keys of one query, rms over the heads of one pair).
+    fused_code: how `latentcode.models.fused_short`'s kernel computes it (bits SOFTMAX and RMS), or None.
     """
 
     function: Callable[[Tensor, Tensor | None, float], Tensor]
     is_softmax_over_keys: bool = False
     is_identity: bool = False
     acts_per_query: bool = True
+    fused_code: int | None = None
 
     def __call__(self, scores: Tensor, allowed: Tensor | None, eps: float) -> Tensor:
         return self.function(scores, allowed, eps)
@@ -110,9 +114,9 @@ def softmax_then_rms_over_heads(scores: Tensor, allowed: Tensor | None, eps: flo
 
 
 SCORE_NORMALIZATIONS: dict[str, ScoreNormalization] = {
-    "softmax": ScoreNormalization(softmax_over_keys, is_softmax_over_keys=True),
-    "identity": ScoreNormalization(identity, is_identity=True),
-    "rms_head": ScoreNormalization(rms_over_heads),
-    "softmax_rms_head": ScoreNormalization(softmax_then_rms_over_heads),
+    "softmax": ScoreNormalization(softmax_over_keys, is_softmax_over_keys=True, fused_code=SOFTMAX),
+    "identity": ScoreNormalization(identity, is_identity=True, fused_code=0),
+    "rms_head": ScoreNormalization(rms_over_heads, fused_code=RMS),
+    "softmax_rms_head": ScoreNormalization(softmax_then_rms_over_heads, fused_code=SOFTMAX | RMS),
 }
 """Score normalization name -> sigma: the one place the names live (`ModelConfig` validates with it)."""

@@ -12,12 +12,18 @@ and gradients, tests/models/test_attention_paths.py):
                  (`ValueNetwork.is_weighted_sum_of_values`)
     associative  q (k^T v): sigma is the identity (`is_identity`), the value network the weighted
                  sum of values, and no relative position bias (it is not a product of q and k)
+    fused        one C kernel per batch element from queries to z (`latentcode.models.fused_short`):
+                 sigma and the value network declare a kernel code (`fused_code`), float32 on the
+                 CPU, at most `fused_short.MAX_POSITIONS` positions, the kernels built
 
 sdpa and associative have no attention dropout of ours (one `[query, key]` mask): they need eval
 mode or attn_dropout 0.
 
-"auto" takes the full path below `AUTO_MIN_POSITIONS` positions (bit for bit the computation that
-trained the shipped checkpoints) and whenever a hook needs a whole tensor (any hook on
+"auto" takes the full path below `AUTO_MIN_POSITIONS` positions in evaluation (bit for bit the
+computation that trained the shipped checkpoints and computed their results); in training mode there it
+takes the fused path where it can and no hook reads scores, codes or the value network (a training step
+of the paper's models at a fraction of the time, the same numbers to float tolerance), else the full
+path. It takes the full path whenever a hook needs a whole tensor (any hook on
 hook_attn_scores / hook_pattern but a `QueryBlockHook`, any hook in the value network, a global
 module hook); otherwise sdpa or associative where they apply and no QueryBlockHook reads the
 pattern, else blockwise where sigma allows, else full. So attaching a hook to a long sequence can
@@ -32,6 +38,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from torch import nn
 
 from latentcode.errors import LatentcodeError
+from latentcode.models import fused_short
 from latentcode.models.attention_paths import Reader
 from latentcode.models.hook_state import any_hooks, attached_hooks, global_hooks_attached
 from latentcode.models.query_block_hook import QueryBlockHook
@@ -39,7 +46,7 @@ from latentcode.models.query_block_hook import QueryBlockHook
 if TYPE_CHECKING:
     from latentcode.models.attention import Attention
 
-PATHS = ("auto", "full", "blockwise", "sdpa", "associative")
+PATHS = ("auto", "full", "blockwise", "sdpa", "associative", "fused")
 AUTO_MIN_POSITIONS = 128
 """Below this many positions "auto" takes the full path (its T^2 tensors are small there)."""
 
@@ -69,6 +76,8 @@ def choose_path(layer: Attention, n_positions: int) -> PathChoice:
     path = layer.path
     if path == "auto":
         if needs_whole or n_positions < AUTO_MIN_POSITIONS:
+            if layer.training and not (needs_whole or needs_pattern) and why_not(layer, "fused", n_positions) is None:
+                return PathChoice("fused")
             return PathChoice("full")
         for fast_path in ("sdpa", "associative"):
             if not needs_pattern and why_not(layer, fast_path) is None:
@@ -87,16 +96,21 @@ def choose_path(layer: Attention, n_positions: int) -> PathChoice:
     if path != "blockwise" and needs_pattern:
         reason = "a QueryBlockHook reads the pattern, which it never computes"
     else:
-        reason = why_not(layer, path)
+        reason = why_not(layer, path, n_positions)
     if reason is not None:
         raise AttentionPathError(f"attention path {path!r} cannot compute this layer: {reason}")
     return PathChoice(path, score_readers, pattern_readers)
 
 
-def why_not(layer: Attention, path: str) -> str | None:
-    """Why `path` ("blockwise", "sdpa" or "associative") cannot compute `layer` now, or None if it can."""
+def why_not(layer: Attention, path: str, n_positions: int = 0) -> str | None:
+    """Why `path` ("blockwise", "sdpa", "associative" or "fused") cannot compute `layer` over `n_positions`
+    positions now, or None if it can."""
     sigma, value_network = layer.normalization, layer.value_network
     pair = f"{layer.score_normalization} + {value_network.config_name}"
+    if path == "fused":
+        if sigma.fused_code is None or value_network.fused_code is None:
+            return f"its kernel computes softmax/identity/rms_head scores with a linear or hyper value network, this layer has {pair}"
+        return fused_short.why_not(layer.W_Q, n_positions)
     if path == "blockwise":
         if not sigma.acts_per_query:
             return f"its score normalization does not act on each query row alone, this layer has {pair}"

@@ -39,7 +39,7 @@ from einops import einsum, rearrange
 from torch import Tensor, nn
 
 from latentcode.errors import LatentcodeError
-from latentcode.models import fused_hyper
+from latentcode.models import fused_hyper, fused_short
 from latentcode.models.hooks import HookPoint
 from latentcode.models.initializers import truncated_normal_std_
 
@@ -81,6 +81,8 @@ class ValueNetwork(nn.Module):
     sums_over_keys: ClassVar[bool] = True
     # forward_tile / backward_tile exist: the blockwise path's hand-written kernels (no autograd).
     has_tile_kernels: ClassVar[bool] = False
+    # How `latentcode.models.fused_short`'s kernel computes it (training on short sequences), or None.
+    fused_code: ClassVar[int | None] = None
 
     def __init__(self, n_heads: int, d_head_v: int):
         super().__init__()
@@ -121,6 +123,7 @@ class LinearValueNetwork(ValueNetwork):
 
     config_name = "linear"
     is_weighted_sum_of_values = True
+    fused_code = fused_short.LINEAR
 
     def forward(self, latent_codes: Tensor, values: Tensor) -> Tensor:
         return torch.einsum("bhqk,bkhd->bqhd", latent_codes, values)
@@ -282,6 +285,7 @@ class HyperValueNetwork(ValueNetwork):
 class HyperLinearValueNetwork(HyperValueNetwork):
     config_name = "hyper_linear"
     activation = "identity"
+    fused_code = fused_short.HYPER_LINEAR
 
 
 class HyperReluValueNetwork(HyperValueNetwork):
@@ -289,6 +293,7 @@ class HyperReluValueNetwork(HyperValueNetwork):
 
     config_name = "hyper_relu"
     activation = "relu"
+    fused_code = fused_short.HYPER_RELU
 
 
 class HyperDeepValueNetwork(HyperValueNetwork):

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from latentcode.allocator import keep_freed_memory
 from latentcode.errors import UsageError, about
 from latentcode.files import give_umask_mode, write_error
 from latentcode.models import build_model
@@ -198,6 +199,7 @@ def _train(config, out, *, resume, progress, stop_after_step, on_step) -> Run:
     accelerator.wait_for_everyone()
     started_with = directory.read_raw_config()["train"]  # recorded in every checkpoint
 
+    keep_freed_memory()  # every step reuses the last one's pages (latentcode.allocator)
     model = build_model(config.model_config(), seed=config.seed)
     optimizer = build_optimizer(model, config.learning_rate, config.weight_decay)
     scheduler = build_scheduler(optimizer, config.warmup_steps, config.steps, config.lr_final_fraction)

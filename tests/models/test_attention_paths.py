@@ -226,6 +226,11 @@ def model_of(attention, n_ctx=AUTO_MIN_POSITIONS + 8, **overrides):
     [
         ("hyla", {}, False, AUTO_MIN_POSITIONS - 1, "full"),
         ("softmax", {}, False, AUTO_MIN_POSITIONS - 1, "full"),
+        ("hyla", {}, True, AUTO_MIN_POSITIONS - 1, "fused"),
+        ("softmax", {}, True, AUTO_MIN_POSITIONS - 1, "fused"),
+        ("linear", {"positions": "relative"}, True, AUTO_MIN_POSITIONS - 1, "fused"),
+        ("linear_rmshead_relu", {}, True, AUTO_MIN_POSITIONS - 1, "full"),  # relu_linear: no kernel
+        ("hyla_deep", {}, True, AUTO_MIN_POSITIONS - 1, "full"),  # hyper_deep: no kernel
         ("hyla", {}, True, AUTO_MIN_POSITIONS, "blockwise"),
         ("softmax", {}, False, AUTO_MIN_POSITIONS, "sdpa"),
         ("softmax", {"attn_dropout": 0.0}, True, AUTO_MIN_POSITIONS, "sdpa"),
@@ -242,9 +247,10 @@ def test_auto_chooses_the_path_the_docstring_says(attention, overrides, train, n
     assert [block.attn.last_path for block in model.blocks] == [path, path]
 
 
-def test_auto_gives_the_full_paths_bits_on_short_sequences():
-    """The shipped checkpoints' sequences are short: "auto" must compute them exactly as before."""
-    model = model_of("hyla").train()
+def test_auto_gives_the_full_paths_bits_on_short_sequences_in_evaluation():
+    """The shipped checkpoints' sequences are short: "auto" must evaluate them exactly as before (in
+    training it takes the fused kernel, tests/models/test_fused_short.py)."""
+    model = model_of("hyla").eval()
     x = torch.randn(3, AUTO_MIN_POSITIONS - 1, 5)
     outputs = {}
     for path in ("auto", "full"):

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from latentcode.allocator import keep_freed_memory
 from latentcode.errors import UsageError
 from latentcode.intervention.patching.inputs import (
     Metric,
@@ -20,7 +21,6 @@ from latentcode.intervention.patching.inputs import (
     call_model,
     check_eval,
     check_same_shapes,
-    keep_freed_memory,
     per_example,
 )
 from latentcode.intervention.patching.layer_codes import LayerCodes, record_codes
@@ -119,7 +119,7 @@ def attribution_patching(
     `donor_codes`: the donor's codes at the same `sites`, `{layer: [batch, head, n]}` as the first
     element `record_codes(model, donor_inputs, sites)` returns, where they are at hand already (one
     donor batch read by several metrics): the donor pass is skipped, and `donor_inputs` may be None."""
-    keep_freed_memory()  # passes reuse the heap (inputs.py)
+    keep_freed_memory()  # passes reuse the heap (latentcode.allocator)
     check_eval(model)
     if donor_codes is None:
         if donor_inputs is None:

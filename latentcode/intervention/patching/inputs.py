@@ -3,8 +3,6 @@ tensor, or a dict of tensors passed as keyword arguments), and a metric of the m
 
 from __future__ import annotations
 
-import ctypes
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -70,27 +68,3 @@ def slice_output(output: Any, start: int, stop: int) -> Any:
     raise UsageError(f"cannot split the model's output of type {type(output).__name__} into examples; return a tensor")
 
 
-# glibc returns a freed block above its mmap threshold (at most 32 MB) to the kernel at once, and trims
-# the heap's free top beyond its trim threshold; the next pass faults those pages in again. A sweep's
-# passes of [1024, 16, 36, 36] codes (85 MB) spent as much time in the kernel as in user code (issue 37;
-# benchmarks/bench_patching_allocator.py). Measured fallback: keep freed memory in the heap (blocks
-# under 32 MB from the heap, trim only beyond 1 GiB free), so a pass reuses the last pass's pages; the
-# process keeps its peak heap until it exits. glibc only; elsewhere nothing changes.
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-KEPT_MMAP_THRESHOLD, KEPT_TRIM_THRESHOLD = 32 * 2**20, 2**30
-_memory_kept: bool | None = None
-
-
-def keep_freed_memory() -> bool:
-    """Set glibc's mmap and trim thresholds as above, once per process; whether it did."""
-    global _memory_kept
-    if _memory_kept is None:
-        _memory_kept = False
-        if sys.platform.startswith("linux"):
-            try:
-                mallopt = ctypes.CDLL(None).mallopt
-            except (OSError, AttributeError):  # not glibc (musl has no mallopt)
-                return False
-            _memory_kept = bool(mallopt(M_MMAP_THRESHOLD, KEPT_MMAP_THRESHOLD)) and bool(
-                mallopt(M_TRIM_THRESHOLD, KEPT_TRIM_THRESHOLD))
-    return _memory_kept

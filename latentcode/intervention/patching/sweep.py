@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from latentcode.allocator import keep_freed_memory
 from latentcode.errors import UsageError
 from latentcode.intervention.patching.inputs import (
     Metric,
@@ -20,7 +21,6 @@ from latentcode.intervention.patching.inputs import (
     call_model,
     check_eval,
     check_same_shapes,
-    keep_freed_memory,
     per_example,
     repeat_batch,
     slice_output,
