@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from latentcode.models import fused_hyper
-from latentcode.models.c_kernels import CompiledLibrary
 from latentcode.models.attention import attention_path
+from latentcode.models.c_kernels import CompiledLibrary
 from latentcode.models.value_network import HyperLinearValueNetwork, HyperReluValueNetwork
 from tests.models.test_attention_paths import (
     assert_all_close,
