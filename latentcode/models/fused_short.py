@@ -11,8 +11,9 @@ full path of `latentcode.models.attention` computes, one query row at a time:
     z[q, h]   = sum_k ad[h, k] r[k],  r[k] = relu(sum_h ad[h, k] v[k, h])   hyper_relu (HYLA;
                                                                       hyper_linear without the relu)
 
-It writes z and the codes a `[batch, head, query, key]` (and for rms the inverse rms `[batch, query,
-key]`), which the backward reads instead of recomputing the exponentials; the backward applies the
+It writes z and the codes a `[batch, head, query, keys padded to a multiple of 8]` (and for rms the
+inverse rms `[batch, query, padded keys]`), which the backward reads instead of recomputing the
+exponentials (they are saved for the backward only: hooks that read codes take the full path); the backward applies the
 chain rule of the same formulas row by row and adds into the keys', values' and position bias's
 gradients. Nothing `[batch, head, query, key]` but the codes is written: the full path writes and
 reads about fifteen such tensors per layer and step (scores, bias sum, softmax, dropout, the batched
@@ -26,6 +27,10 @@ in training mode, below `AUTO_MIN_POSITIONS` positions, with no hook that reads 
 value network's activations, float32 on the CPU, a sigma and a value network that declare a kernel
 code (`ScoreNormalization.fused_code`, `ValueNetwork.fused_code`), and the library built
 (`latentcode.models.c_kernels`; without a compiler the full path runs).
+
+Every loop over keys runs over whole 8-float vectors (GCC/Clang vector extensions: AVX2 with
+`-march=native`) of rows padded with masked keys. Passes of a training batch's size use a library
+compiled for their shape (`library_for`), whose loops the compiler unrolls.
 
 Threads: the batch is split over `torch.get_num_threads()` threads (ctypes releases the GIL), each
 with its own position-bias gradient, added in a fixed order: the same numbers for the same number of
@@ -62,153 +67,190 @@ SOURCE = r"""
 #define HYPER_LINEAR 1
 #define HYPER_RELU 2
 
-/* exp for x <= 0 (softmax after subtracting the row's maximum): Cephes' expf polynomial, branch-free so
-   that the loops calling it vectorize; relative error about 1e-7. */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float n = __builtin_rintf(x * 1.44269504088896341f);
-    float r = x - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    int bits = ((int)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
+/* A library built for one shape defines FIXED_T, FIXED_H, FIXED_D and FIXED_E: the compiler then unrolls the
+   loops over head widths and keys (about a third faster); the generic library takes them as arguments. */
+#ifdef FIXED_T
+#define SHAPE const long T = FIXED_T, H = FIXED_H, D = FIXED_D, E = FIXED_E; (void)T_; (void)H_; (void)D_; (void)E_;
+#else
+#define SHAPE const long T = T_, H = H_, D = D_, E = E_;
+#endif
+
+/* GCC / Clang vector extensions: one AVX2 register (two SSE or NEON ones elsewhere). Every row of keys
+   is padded to Tp, a multiple of 8, and 32-byte aligned, so that each loop over keys is whole vectors. */
+typedef float v8 __attribute__((vector_size(32)));
+typedef int v8i __attribute__((vector_size(32)));
+#define V(p) (*(v8 *)(p))
+
+static inline v8 splat(float x) { return (v8){x, x, x, x, x, x, x, x}; }
+static inline v8 select8(v8i m, v8 a, v8 b) { return (v8)((m & (v8i)a) | (~m & (v8i)b)); }
+static inline float hsum(v8 x) { return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7])); }
+static inline float hmax(v8 x) {
+    float m = x[0];
+    for (int i = 1; i < 8; i++) m = x[i] > m ? x[i] : m;
+    return m;
 }
 
-static float *scratch(long n) { return (float *)calloc((size_t)n, sizeof(float)); }
+/* exp(x) for x in [-87, 0] (softmax after subtracting the row's maximum; clamped there): Cephes' expf
+   polynomial, relative error about 1e-7. n = round(x log2 e) by adding and subtracting 1.5 * 2^23. */
+static inline v8 exp8(v8 x) {
+    x = select8(x < splat(-87.0f), splat(-87.0f), x);
+    x = select8(x > splat(0.0f), splat(0.0f), x);
+    v8 n = (x * splat(1.44269504088896341f) + splat(12582912.0f)) - splat(12582912.0f);
+    v8 r = (x - n * splat(0.693359375f)) + n * splat(2.12194440e-4f);
+    v8 p = splat(1.9875691500e-4f);
+    p = p * r + splat(1.3981999507e-3f);
+    p = p * r + splat(8.3334519073e-3f);
+    p = p * r + splat(4.1665795894e-2f);
+    p = p * r + splat(1.6666665459e-1f);
+    p = p * r + splat(5.0000001201e-1f);
+    p = p * r * r + r + splat(1.0f);
+    v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
+    return p * (v8)bits;
+}
 
-/* x [B, T, H, W] of batch element b -> xT [H][W][Tp] (keys along the last axis, zero padded). */
-static void by_head(const float *x, long b, long T, long H, long W, long Tp, float *xT) {
+static float *scratch(long n) {
+    size_t bytes = ((size_t)n * sizeof(float) + 31) / 32 * 32;
+    float *p = (float *)aligned_alloc(32, bytes ? bytes : 32);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
+/* x [B, T, H, W] of batch element b -> xT [H][W][Tp] (positions along the last axis, zero padded). */
+static inline __attribute__((always_inline)) void by_head(const float *x, long b, long T, long H, long W, long Tp, float *xT) {
     const float *xb = x + b * T * H * W;
     for (long t = 0; t < T; t++)
         for (long h = 0; h < H; h++)
             for (long w = 0; w < W; w++) xT[(h * W + w) * Tp + t] = xb[(t * H + h) * W + w];
 }
 
-static void add_back(const float *xT, long b, long T, long H, long W, long Tp, float *x) {
+static inline __attribute__((always_inline)) void write_back(const float *xT, long b, long T, long H, long W, long Tp, float *x) {
     float *xb = x + b * T * H * W;
     for (long t = 0; t < T; t++)
         for (long h = 0; h < H; h++)
             for (long w = 0; w < W; w++) xb[(t * H + h) * W + w] = xT[(h * W + w) * Tp + t];
 }
 
-/* ok[k] = 1 for a key query t may see, 0 for a masked or padding key. */
-static void valid_keys(const unsigned char *allowed, long t, long T, long Tp, float *ok) {
-    for (long k = 0; k < Tp; k++) ok[k] = (k < T && (!allowed || allowed[t * T + k])) ? 1.0f : 0.0f;
+/* keep_padded [T][Tp]: the dropout mask (1 without one) where query t may see key k, 0 for a masked or
+   padding key; ok [T][Tp]: 1 where it may see it, else 0. */
+static void masks(const unsigned char *allowed, const float *keep, long T, long Tp, float *keep_padded, float *ok) {
+    for (long t = 0; t < T; t++)
+        for (long k = 0; k < T; k++) {
+            const int seen = !allowed || allowed[t * T + k];
+            ok[t * Tp + k] = seen ? 1.0f : 0.0f;
+            keep_padded[t * Tp + k] = seen ? (keep ? keep[t * T + k] : 1.0f) : 0.0f;
+        }
 }
 
-/* s [H][Tp] <- sigma(q . k + bias) of query t; inverse rms [Tp] where sigma has RMS. */
-static void codes_of_row(const float *qt, const float *kT, const float *bias, const float *ok, long t,
-                         long T, long H, long D, long Tp, int sigma, float eps, float *s, float *inverse_rms) {
+/* codes rows h = 0..H-1 of query t (row h at row0 + h * head_stride) <- sigma(q . k + bias). */
+static inline __attribute__((always_inline)) void codes_of_row(const float *qt, const float *kT, const float *bias_padded, const float *ok, long t, long T,
+                         long H, long D, long Tp, int sigma, float eps, float *row0, long head_stride,
+                         float *inverse_rms) {
+    const long nv = Tp / 8;
     for (long h = 0; h < H; h++) {
-        float *sh = s + h * Tp;
-        for (long k = 0; k < Tp; k++) sh[k] = 0.0f;
-        for (long d = 0; d < D; d++) {
-            const float qd = qt[h * D + d], *kd = kT + (h * D + d) * Tp;
-            for (long k = 0; k < Tp; k++) sh[k] += qd * kd[k];
-        }
-        if (bias) {
-            const float *bh = bias + (h * T + t) * T;
-            for (long k = 0; k < T; k++) sh[k] += bh[k];
+        float *sh = row0 + h * head_stride;
+        for (long j = 0; j < nv; j++) {
+            v8 acc = bias_padded ? V(bias_padded + (h * T + t) * Tp + 8 * j) : splat(0.0f);
+            for (long d = 0; d < D; d++) acc += splat(qt[h * D + d]) * V(kT + (h * D + d) * Tp + 8 * j);
+            V(sh + 8 * j) = acc;
         }
         if (sigma & SOFTMAX) {
-            float m = -3.0e38f, total = 0.0f;
-            for (long k = 0; k < Tp; k++) m = (ok[k] != 0.0f && sh[k] > m) ? sh[k] : m;
-            for (long k = 0; k < Tp; k++) {
-                float e = exp_nonpositive(sh[k] - m);
-                sh[k] = ok[k] != 0.0f ? e : 0.0f;
-                total += sh[k];
+            v8 top = splat(-3.0e38f), total = splat(0.0f);
+            for (long j = 0; j < nv; j++) {
+                v8 candidate = select8(V(ok + 8 * j) != splat(0.0f), V(sh + 8 * j), splat(-3.0e38f));
+                top = select8(candidate > top, candidate, top);
             }
-            const float inverse = 1.0f / total;
-            for (long k = 0; k < Tp; k++) sh[k] *= inverse;
+            const v8 m = splat(hmax(top));
+            for (long j = 0; j < nv; j++) {
+                v8 e = exp8(V(sh + 8 * j) - m) * V(ok + 8 * j);
+                V(sh + 8 * j) = e;
+                total += e;
+            }
+            const v8 inverse = splat(1.0f / hsum(total));
+            for (long j = 0; j < nv; j++) V(sh + 8 * j) *= inverse;
         } else {
-            for (long k = 0; k < Tp; k++) sh[k] = ok[k] != 0.0f ? sh[k] : 0.0f;
+            for (long j = 0; j < nv; j++) V(sh + 8 * j) *= V(ok + 8 * j);
         }
     }
     if (sigma & RMS) {
-        for (long k = 0; k < Tp; k++) inverse_rms[k] = 0.0f;
-        for (long h = 0; h < H; h++)
-            for (long k = 0; k < Tp; k++) inverse_rms[k] += s[h * Tp + k] * s[h * Tp + k];
-        for (long k = 0; k < Tp; k++) inverse_rms[k] = 1.0f / sqrtf(inverse_rms[k] / (float)H + eps);
-        for (long h = 0; h < H; h++)
-            for (long k = 0; k < Tp; k++) s[h * Tp + k] *= inverse_rms[k];
-    }
-}
-
-/* u [E][Tp] <- sum_h ad[h][k] vT[h][e][k]; r = relu(u) where asked (in place). */
-static void hidden_of_row(const float *ad, const float *vT, long H, long E, long Tp, float *u) {
-    for (long e = 0; e < E; e++) {
-        float *ue = u + e * Tp;
-        for (long k = 0; k < Tp; k++) ue[k] = 0.0f;
-        for (long h = 0; h < H; h++) {
-            const float *a = ad + h * Tp, *ve = vT + (h * E + e) * Tp;
-            for (long k = 0; k < Tp; k++) ue[k] += a[k] * ve[k];
+        for (long j = 0; j < nv; j++) {
+            v8 squares = splat(0.0f);
+            for (long h = 0; h < H; h++) {
+                v8 x = V(row0 + h * head_stride + 8 * j);
+                squares += x * x;
+            }
+            V(inverse_rms + 8 * j) = squares / splat((float)H) + splat(eps);
         }
+        for (long k = 0; k < Tp; k++) inverse_rms[k] = 1.0f / sqrtf(inverse_rms[k]);
+        for (long h = 0; h < H; h++)
+            for (long j = 0; j < nv; j++) V(row0 + h * head_stride + 8 * j) *= V(inverse_rms + 8 * j);
     }
 }
 
-void short_forward(const float *q, const float *kk, const float *v, const float *bias,
-                   const unsigned char *allowed, const float *keep, float *z, float *codes, float *inverse_rms,
-                   long b0, long b1, long T, long H, long D, long E, int sigma, int network, float eps) {
-    const long Tp = (T + 7) / 8 * 8;
-    float *kT = scratch(H * D * Tp), *vT = scratch(H * E * Tp), *s = scratch(H * Tp), *ad = scratch(H * Tp);
-    float *u = scratch(E * Tp), *r = scratch(E * Tp), *ok = scratch(Tp), *irms = scratch(Tp);
+/* hidden [E][Tp] <- sum_h ad[h][k] vT[h][e][k], through the relu for HYPER_RELU. */
+static inline __attribute__((always_inline)) void hidden_of_row(const float *ad, const float *vT, long H, long E, long Tp, int network, float *hidden) {
+    for (long e = 0; e < E; e++)
+        for (long j = 0; j < Tp / 8; j++) {
+            v8 acc = splat(0.0f);
+            for (long h = 0; h < H; h++) acc += V(ad + h * Tp + 8 * j) * V(vT + (h * E + e) * Tp + 8 * j);
+            if (network == HYPER_RELU) acc = select8(acc > splat(0.0f), acc, splat(0.0f));
+            V(hidden + e * Tp + 8 * j) = acc;
+        }
+}
+
+/* Layouts: q (scaled), k [B, T, H, D], v [B, T, H, E], z [B, T, H, E] contiguous; bias [H, T, T], allowed
+   [T, T] (bytes), keep [T, T] or NULL; codes [B, H, T, Tp] and inverse_rms [B, T, Tp] written here (Tp = T
+   rounded up to 8, 32-byte aligned rows) for the backward. Batch elements b0 .. b1 - 1. */
+void short_forward(const float *q, const float *kk, const float *v, const float *bias, const unsigned char *allowed,
+                   const float *keep, float *z, float *codes, float *inverse_rms,
+                   long b0, long b1, long T_, long H_, long D_, long E_, int sigma, int network, float eps) {
+    SHAPE
+    const long Tp = (T + 7) / 8 * 8, nv = Tp / 8;
+    float *kT = scratch(H * D * Tp), *vT = scratch(H * E * Tp), *ad = scratch(H * Tp), *hidden = scratch(E * Tp);
+    float *keep_padded = scratch(T * Tp), *ok = scratch(T * Tp), *irms = scratch(Tp);
+    float *bias_padded = bias ? scratch(H * T * Tp) : 0;
+    masks(allowed, keep, T, Tp, keep_padded, ok);
+    if (bias)
+        for (long i = 0; i < H * T; i++)
+            for (long k = 0; k < T; k++) bias_padded[i * Tp + k] = bias[i * T + k];
     for (long b = b0; b < b1; b++) {
         by_head(kk, b, T, H, D, Tp, kT);
         by_head(v, b, T, H, E, Tp, vT);
         for (long t = 0; t < T; t++) {
-            const float *qt = q + (b * T + t) * H * D;
-            valid_keys(allowed, t, T, Tp, ok);
-            codes_of_row(qt, kT, bias, ok, t, T, H, D, Tp, sigma, eps, s, irms);
-            if (sigma & RMS)
-                for (long k = 0; k < T; k++) inverse_rms[(b * T + t) * T + k] = irms[k];
-            for (long h = 0; h < H; h++) {
-                float *out = codes + ((b * H + h) * T + t) * T;
-                const float *sh = s + h * Tp, *keep_row = keep ? keep + t * T : 0;
-                for (long k = 0; k < T; k++) out[k] = sh[k];
-                for (long k = 0; k < T; k++) ad[h * Tp + k] = keep_row ? sh[k] * keep_row[k] : sh[k];
-            }
+            float *row0 = codes + (b * H * T + t) * Tp;
+            const float *kp = keep_padded + t * Tp;
+            float *row_rms = (sigma & RMS) ? inverse_rms + (b * T + t) * Tp : irms;
+            codes_of_row(q + (b * T + t) * H * D, kT, bias_padded, ok + t * Tp, t, T, H, D, Tp, sigma, eps,
+                         row0, T * Tp, row_rms);
+            for (long h = 0; h < H; h++)
+                for (long j = 0; j < nv; j++) V(ad + h * Tp + 8 * j) = V(row0 + h * T * Tp + 8 * j) * V(kp + 8 * j);
             float *zt = z + (b * T + t) * H * E;
-            if (network == LINEAR) {
-                for (long h = 0; h < H; h++)
-                    for (long e = 0; e < E; e++) {
-                        const float *a = ad + h * Tp, *ve = vT + (h * E + e) * Tp;
-                        float total = 0.0f;
-                        for (long k = 0; k < Tp; k++) total += a[k] * ve[k];
-                        zt[h * E + e] = total;
-                    }
-            } else {
-                hidden_of_row(ad, vT, H, E, Tp, u);
-                for (long i = 0; i < E * Tp; i++) r[i] = (network == HYPER_RELU && u[i] < 0.0f) ? 0.0f : u[i];
-                for (long h = 0; h < H; h++)
-                    for (long e = 0; e < E; e++) {
-                        const float *a = ad + h * Tp, *re = r + e * Tp;
-                        float total = 0.0f;
-                        for (long k = 0; k < Tp; k++) total += a[k] * re[k];
-                        zt[h * E + e] = total;
-                    }
-            }
+            const float *by_key = vT;
+            if (network != LINEAR) hidden_of_row(ad, vT, H, E, Tp, network, hidden);
+            for (long h = 0; h < H; h++)
+                for (long e = 0; e < E; e++) {
+                    const float *x = network == LINEAR ? by_key + (h * E + e) * Tp : hidden + e * Tp;
+                    v8 acc = splat(0.0f);
+                    for (long j = 0; j < nv; j++) acc += V(ad + h * Tp + 8 * j) * V(x + 8 * j);
+                    zt[h * E + e] = hsum(acc);
+                }
         }
     }
-    free(kT); free(vT); free(s); free(ad); free(u); free(r); free(ok); free(irms);
+    free(kT); free(vT); free(ad); free(hidden); free(keep_padded); free(ok); free(irms); free(bias_padded);
 }
 
-void short_backward(const float *q, const float *kk, const float *v, const unsigned char *allowed,
-                    const float *keep, const float *codes, const float *inverse_rms, const float *grad_z,
-                    float *grad_q, float *grad_k, float *grad_v, float *grad_bias,
-                    long b0, long b1, long T, long H, long D, long E, int sigma, int network) {
-    const long Tp = (T + 7) / 8 * 8;
-    float *kT = scratch(H * D * Tp), *vT = scratch(H * E * Tp), *dkT = scratch(H * D * Tp);
-    float *dvT = scratch(H * E * Tp), *a = scratch(H * Tp), *ad = scratch(H * Tp), *g = scratch(H * Tp);
-    float *u = scratch(E * Tp), *r = scratch(E * Tp), *gr = scratch(E * Tp), *ok = scratch(Tp);
-    float *along = scratch(Tp), *irms = scratch(Tp);
+/* The chain rule of short_forward from grad_z [B, T, H, E]: grad_q, grad_k [B, T, H, D], grad_v [B, T, H, E]
+   written; grad_bias [H, T, T] (or NULL) added to. */
+void short_backward(const float *q, const float *kk, const float *v, const unsigned char *allowed, const float *keep,
+                    const float *codes, const float *inverse_rms, const float *grad_z, float *grad_q, float *grad_k,
+                    float *grad_v, float *grad_bias, long b0, long b1, long T_, long H_, long D_, long E_, int sigma,
+                    int network) {
+    SHAPE
+    const long Tp = (T + 7) / 8 * 8, nv = Tp / 8;
+    float *kT = scratch(H * D * Tp), *vT = scratch(H * E * Tp), *dkT = scratch(H * D * Tp), *dvT = scratch(H * E * Tp);
+    float *ad = scratch(H * Tp), *g = scratch(H * Tp), *p = scratch(H * Tp), *hidden = scratch(E * Tp);
+    float *grad_hidden = scratch(E * Tp), *keep_padded = scratch(T * Tp), *ok = scratch(T * Tp);
+    float *bias_padded = grad_bias ? scratch(H * T * Tp) : 0;
+    masks(allowed, keep, T, Tp, keep_padded, ok);
     for (long b = b0; b < b1; b++) {
         by_head(kk, b, T, H, D, Tp, kT);
         by_head(v, b, T, H, E, Tp, vT);
@@ -216,105 +258,114 @@ void short_backward(const float *q, const float *kk, const float *v, const unsig
         memset(dvT, 0, sizeof(float) * H * E * Tp);
         for (long t = 0; t < T; t++) {
             const float *qt = q + (b * T + t) * H * D, *dzt = grad_z + (b * T + t) * H * E;
-            const float *keep_row = keep ? keep + t * T : 0;
-            valid_keys(allowed, t, T, Tp, ok);
-            for (long h = 0; h < H; h++) {
-                const float *row = codes + ((b * H + h) * T + t) * T;
-                for (long k = 0; k < T; k++) a[h * Tp + k] = row[k];
-                for (long k = 0; k < T; k++) ad[h * Tp + k] = keep_row ? row[k] * keep_row[k] : row[k];
-            }
-            /* g = d loss / d ad */
+            const float *row0 = codes + (b * H * T + t) * Tp, *kp = keep_padded + t * Tp;
+            for (long h = 0; h < H; h++)
+                for (long j = 0; j < nv; j++) V(ad + h * Tp + 8 * j) = V(row0 + h * T * Tp + 8 * j) * V(kp + 8 * j);
+            /* g = d loss / d ad, and the values' gradient */
             if (network == LINEAR) {
                 for (long h = 0; h < H; h++) {
-                    float *gh = g + h * Tp;
-                    const float *ah = ad + h * Tp;
-                    for (long k = 0; k < Tp; k++) gh[k] = 0.0f;
+                    for (long j = 0; j < nv; j++) V(g + h * Tp + 8 * j) = splat(0.0f);
                     for (long e = 0; e < E; e++) {
-                        const float dz = dzt[h * E + e], *ve = vT + (h * E + e) * Tp;
-                        float *dve = dvT + (h * E + e) * Tp;
-                        for (long k = 0; k < Tp; k++) { gh[k] += dz * ve[k]; dve[k] += ah[k] * dz; }
-                    }
-                }
-            } else {
-                hidden_of_row(ad, vT, H, E, Tp, u);
-                for (long i = 0; i < E * Tp; i++) r[i] = (network == HYPER_RELU && u[i] < 0.0f) ? 0.0f : u[i];
-                for (long i = 0; i < E * Tp; i++) gr[i] = 0.0f;
-                for (long h = 0; h < H; h++)
-                    for (long e = 0; e < E; e++) {
-                        const float dz = dzt[h * E + e], *ah = ad + h * Tp;
-                        float *gre = gr + e * Tp;
-                        for (long k = 0; k < Tp; k++) gre[k] += ah[k] * dz;
-                    }
-                if (network == HYPER_RELU)
-                    for (long i = 0; i < E * Tp; i++) gr[i] = u[i] > 0.0f ? gr[i] : 0.0f;
-                for (long h = 0; h < H; h++) {
-                    float *gh = g + h * Tp;
-                    const float *ah = ad + h * Tp;
-                    for (long k = 0; k < Tp; k++) gh[k] = 0.0f;
-                    for (long e = 0; e < E; e++) {
-                        const float dz = dzt[h * E + e], *re = r + e * Tp, *gre = gr + e * Tp;
+                        const v8 dz = splat(dzt[h * E + e]);
                         const float *ve = vT + (h * E + e) * Tp;
                         float *dve = dvT + (h * E + e) * Tp;
-                        for (long k = 0; k < Tp; k++) { gh[k] += dz * re[k] + gre[k] * ve[k]; dve[k] += ah[k] * gre[k]; }
+                        for (long j = 0; j < nv; j++) {
+                            V(g + h * Tp + 8 * j) += dz * V(ve + 8 * j);
+                            V(dve + 8 * j) += V(ad + h * Tp + 8 * j) * dz;
+                        }
+                    }
+                }
+            } else {
+                for (long e = 0; e < E; e++)
+                    for (long j = 0; j < nv; j++) {
+                        v8 u = splat(0.0f), gu = splat(0.0f);
+                        for (long h = 0; h < H; h++) {
+                            const v8 a = V(ad + h * Tp + 8 * j);
+                            u += a * V(vT + (h * E + e) * Tp + 8 * j);
+                            gu += a * splat(dzt[h * E + e]);
+                        }
+                        if (network == HYPER_RELU) {
+                            const v8i positive = u > splat(0.0f);
+                            u = select8(positive, u, splat(0.0f));
+                            gu = select8(positive, gu, splat(0.0f));
+                        }
+                        V(hidden + e * Tp + 8 * j) = u;
+                        V(grad_hidden + e * Tp + 8 * j) = gu;
+                    }
+                for (long h = 0; h < H; h++) {
+                    for (long j = 0; j < nv; j++) V(g + h * Tp + 8 * j) = splat(0.0f);
+                    for (long e = 0; e < E; e++) {
+                        const v8 dz = splat(dzt[h * E + e]);
+                        const float *ve = vT + (h * E + e) * Tp, *re = hidden + e * Tp, *ge = grad_hidden + e * Tp;
+                        float *dve = dvT + (h * E + e) * Tp;
+                        for (long j = 0; j < nv; j++) {
+                            V(g + h * Tp + 8 * j) += dz * V(re + 8 * j) + V(ge + 8 * j) * V(ve + 8 * j);
+                            V(dve + 8 * j) += V(ad + h * Tp + 8 * j) * V(ge + 8 * j);
+                        }
                     }
                 }
             }
-            /* through the dropout mask: g = d loss / d a */
-            if (keep_row)
-                for (long h = 0; h < H; h++)
-                    for (long k = 0; k < T; k++) g[h * Tp + k] *= keep_row[k];
+            /* through the dropout mask (0 at masked keys): g = d loss / d a */
+            for (long h = 0; h < H; h++)
+                for (long j = 0; j < nv; j++) V(g + h * Tp + 8 * j) *= V(kp + 8 * j);
+            const float *probabilities = row0;
+            long probability_stride = T * Tp;
             if (sigma & RMS) {
-                for (long k = 0; k < T; k++) irms[k] = inverse_rms[(b * T + t) * T + k];
-                for (long k = 0; k < Tp; k++) along[k] = 0.0f;
-                for (long h = 0; h < H; h++)
-                    for (long k = 0; k < Tp; k++) along[k] += g[h * Tp + k] * a[h * Tp + k];
-                for (long k = 0; k < Tp; k++) along[k] /= (float)H;
-                for (long h = 0; h < H; h++)
-                    for (long k = 0; k < Tp; k++) g[h * Tp + k] = irms[k] * (g[h * Tp + k] - a[h * Tp + k] * along[k]);
-                if (sigma & SOFTMAX) /* the softmax's output p = a / inverse rms */
-                    for (long h = 0; h < H; h++)
-                        for (long k = 0; k < T; k++) a[h * Tp + k] /= irms[k];
-            }
-            if (sigma & SOFTMAX) {
-                for (long h = 0; h < H; h++) {
-                    float *gh = g + h * Tp;
-                    const float *ph = a + h * Tp;
-                    float total = 0.0f;
-                    for (long k = 0; k < Tp; k++) total += ph[k] * gh[k];
-                    for (long k = 0; k < Tp; k++) gh[k] = ph[k] * (gh[k] - total);
+                const float *ir = inverse_rms + (b * T + t) * Tp;
+                for (long j = 0; j < nv; j++) {
+                    v8 along = splat(0.0f);
+                    for (long h = 0; h < H; h++) along += V(g + h * Tp + 8 * j) * V(row0 + h * T * Tp + 8 * j);
+                    along = along / splat((float)H);
+                    for (long h = 0; h < H; h++) {
+                        const v8 a = V(row0 + h * T * Tp + 8 * j);
+                        V(g + h * Tp + 8 * j) = V(ir + 8 * j) * (V(g + h * Tp + 8 * j) - a * along);
+                        if (sigma & SOFTMAX) V(p + h * Tp + 8 * j) = a / V(ir + 8 * j); /* softmax's output */
+                    }
                 }
-            } else {
-                for (long h = 0; h < H; h++)
-                    for (long k = 0; k < Tp; k++) g[h * Tp + k] = ok[k] != 0.0f ? g[h * Tp + k] : 0.0f;
+                probabilities = p;
+                probability_stride = Tp;
             }
-            /* g = d loss / d s: into the position bias, the queries and the keys */
+            if (sigma & SOFTMAX)
+                for (long h = 0; h < H; h++) {
+                    const float *ph = probabilities + h * probability_stride;
+                    v8 total = splat(0.0f);
+                    for (long j = 0; j < nv; j++) total += V(ph + 8 * j) * V(g + h * Tp + 8 * j);
+                    const v8 dot = splat(hsum(total));
+                    for (long j = 0; j < nv; j++) V(g + h * Tp + 8 * j) = V(ph + 8 * j) * (V(g + h * Tp + 8 * j) - dot);
+                }
+            /* g = d loss / d scores: into the position bias, the queries and the keys */
             float *dqt = grad_q + (b * T + t) * H * D;
             for (long h = 0; h < H; h++) {
                 const float *gh = g + h * Tp;
-                if (grad_bias) {
-                    float *dbh = grad_bias + (h * T + t) * T;
-                    for (long k = 0; k < T; k++) dbh[k] += gh[k];
-                }
+                if (bias_padded)
+                    for (long j = 0; j < nv; j++) V(bias_padded + (h * T + t) * Tp + 8 * j) += V(gh + 8 * j);
                 for (long d = 0; d < D; d++) {
-                    const float qd = qt[h * D + d], *kd = kT + (h * D + d) * Tp;
-                    float *dkd = dkT + (h * D + d) * Tp, total = 0.0f;
-                    for (long k = 0; k < Tp; k++) { total += gh[k] * kd[k]; dkd[k] += gh[k] * qd; }
-                    dqt[h * D + d] = total;
+                    const v8 qd = splat(qt[h * D + d]);
+                    const float *kd = kT + (h * D + d) * Tp;
+                    float *dkd = dkT + (h * D + d) * Tp;
+                    v8 total = splat(0.0f);
+                    for (long j = 0; j < nv; j++) {
+                        total += V(gh + 8 * j) * V(kd + 8 * j);
+                        V(dkd + 8 * j) += V(gh + 8 * j) * qd;
+                    }
+                    dqt[h * D + d] = hsum(total);
                 }
             }
         }
-        add_back(dkT, b, T, H, D, Tp, grad_k);
-        add_back(dvT, b, T, H, E, Tp, grad_v);
+        write_back(dkT, b, T, H, D, Tp, grad_k);
+        write_back(dvT, b, T, H, E, Tp, grad_v);
     }
-    free(kT); free(vT); free(dkT); free(dvT); free(a); free(ad); free(g); free(u); free(r); free(gr);
-    free(ok); free(along); free(irms);
+    if (bias_padded)
+        for (long i = 0; i < H * T; i++)
+            for (long k = 0; k < T; k++) grad_bias[i * T + k] += bias_padded[i * Tp + k];
+    free(kT); free(vT); free(dkT); free(dvT); free(ad); free(g); free(p); free(hidden); free(grad_hidden);
+    free(keep_padded); free(ok); free(bias_padded);
 }
 """
 
-COMPILE_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-fno-trapping-math",
-                 "-fassociative-math", "-fno-signed-zeros", "-shared", "-fPIC")
-"""`-fassociative-math` lets the compiler vectorize the sums over keys (in an order of its choosing,
-fixed at compile time: the same numbers on every run)."""
+COMPILE_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-shared", "-fPIC")
+"""No `-ffast-math` or `-fassociative-math`: the exponential's rounding step (adding and subtracting
+1.5 * 2^23) must stay as written; the sums over keys are written as vectors already."""
 
 
 def _declare(library: ctypes.CDLL) -> None:
@@ -325,6 +376,12 @@ def _declare(library: ctypes.CDLL) -> None:
 
 
 KERNELS = CompiledLibrary("fused_short", SOURCE, COMPILE_FLAGS, _declare)
+"""The generic library: any shape, its sizes as arguments."""
+SHAPED_MIN_ENTRIES = 2**19
+"""Passes with at least this many (batch, head, query, key) entries (a training batch of the paper's models:
+SRAVEN 2.7M, fuzzy logic 1.0M) use a library built for their shape (`FIXED_*` in the source: about a second
+to build, once per machine and shape, then read from the cache); smaller ones take the generic library."""
+_shaped: dict[tuple[int, int, int, int], CompiledLibrary] = {}
 _enabled = True
 _pool: ThreadPoolExecutor | None = None
 
@@ -375,6 +432,21 @@ def _in_threads(kernel, batch: int, before: list, after: list) -> None:
         future.result()
 
 
+def library_for(batch: int, n_positions: int, n_heads: int, d_head: int, d_head_v: int) -> ctypes.CDLL:
+    """The library for a pass of this shape (`SHAPED_MIN_ENTRIES`); the generic one where a shaped one
+    cannot be built. Both compute the same sums in the same order; the compiler may contract them into
+    multiply-adds differently, so they agree to float32 rounding."""
+    generic = KERNELS.load()
+    if batch * n_heads * n_positions**2 < SHAPED_MIN_ENTRIES:
+        return generic
+    shape = (n_positions, n_heads, d_head, d_head_v)
+    if shape not in _shaped:
+        defines = "".join(f"#define FIXED_{name} {size}\n" for name, size in zip("THDE", shape, strict=True))
+        name = "fused_short-" + "-".join(f"{axis}{size}" for axis, size in zip("THDE", shape, strict=True))
+        _shaped[shape] = CompiledLibrary(name, defines + SOURCE, COMPILE_FLAGS, _declare)
+    return _shaped[shape].load() or generic
+
+
 def _pointer(tensor: Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
 
@@ -394,9 +466,11 @@ class FusedShortAttention(torch.autograd.Function):
         allowed = None if allowed is None else allowed.contiguous().view(torch.uint8)
         keep = None if keep is None else keep.reshape(n_positions, n_positions).contiguous()
         z = queries.new_empty(batch, n_positions, n_heads, d_head_v)
-        codes = queries.new_empty(batch, n_heads, n_positions, n_positions)
-        inverse_rms = queries.new_empty(batch, n_positions, n_positions) if sigma & RMS else None
-        _in_threads(KERNELS.load().short_forward, batch,
+        padded = (n_positions + 7) // 8 * 8  # rows of whole vectors (the kernel's Tp)
+        codes = queries.new_empty(batch, n_heads, n_positions, padded)
+        inverse_rms = queries.new_empty(batch, n_positions, padded) if sigma & RMS else None
+        library = library_for(batch, n_positions, n_heads, d_head, d_head_v)
+        _in_threads(library.short_forward, batch,
                     [queries.data_ptr(), keys.data_ptr(), values.data_ptr(), _pointer(bias), _pointer(allowed),
                      _pointer(keep), z.data_ptr(), codes.data_ptr(), _pointer(inverse_rms)],
                     [n_positions, n_heads, d_head, d_head_v, sigma, network, eps])
@@ -415,7 +489,8 @@ class FusedShortAttention(torch.autograd.Function):
         grad_bias = None
         if ctx.bias_shape is not None and ctx.needs_input_grad[3]:
             grad_bias = queries.new_zeros(parts, *ctx.bias_shape)
-        _in_threads(KERNELS.load().short_backward, batch,
+        library = library_for(batch, n_positions, n_heads, d_head, values.shape[-1])
+        _in_threads(library.short_backward, batch,
                     [queries.data_ptr(), keys.data_ptr(), values.data_ptr(), _pointer(allowed), _pointer(keep),
                      codes.data_ptr(), _pointer(inverse_rms), grad_z.data_ptr(), grad_q.data_ptr(),
                      grad_k.data_ptr(), grad_v.data_ptr(),

@@ -137,3 +137,28 @@ def test_without_a_compiler_training_takes_the_full_path(tmp_path, monkeypatch):
     assert [block.attn.last_path for block in model.blocks] == ["full", "full"]
     assert "no-such-compiler" in fused_short.KERNELS.failure()
     assert not list((tmp_path / "kernels").glob("*.so")), "nothing half-built is left to load"
+
+
+def test_a_library_built_for_the_shape_computes_the_generic_ones_numbers(monkeypatch):
+    """Training batches of the paper's sizes take a library compiled for their shape (loops unrolled): the
+    same sums in the same order, which the compiler may contract into multiply-adds differently, so the same
+    numbers to float32 rounding (and not another formula: the tolerance is a few units in the last place)."""
+    kernels_or_skip()
+    generator = torch.Generator().manual_seed(1)
+    batch, n_positions, n_heads, d_head = 3, 10, 4, 2
+    inputs = [torch.randn(batch, n_positions, n_heads, d_head, generator=generator) for _ in range(3)]
+    inputs.append(torch.randn(n_heads, n_positions, n_positions, generator=generator))
+    keep = (torch.rand(n_positions, n_positions, generator=generator) > 0.2).float() / 0.8
+    allowed = torch.ones(n_positions, n_positions, dtype=torch.bool).tril()
+    grad_z = torch.randn(batch, n_positions, n_heads, d_head, generator=generator)
+    results = {}
+    for threshold in (10**9, 0):  # generic, then shaped
+        monkeypatch.setattr(fused_short, "SHAPED_MIN_ENTRIES", threshold)
+        for sigma, network in ((fused_short.SOFTMAX, fused_short.LINEAR), (fused_short.RMS, fused_short.HYPER_RELU)):
+            leaves = [tensor.clone().requires_grad_() for tensor in inputs]
+            z = fused_short.FusedShortAttention.apply(*leaves, allowed, keep, sigma, network, 1e-6)
+            results[threshold, sigma] = [z, *torch.autograd.grad(z, leaves, grad_z)]
+    assert (n_positions, n_heads, d_head, d_head) in fused_short._shaped
+    for sigma in (fused_short.SOFTMAX, fused_short.RMS):
+        for generic, shaped in zip(results[10**9, sigma], results[0, sigma], strict=True):
+            torch.testing.assert_close(shaped, generic, rtol=1e-5, atol=1e-6 * generic.abs().max().item())
