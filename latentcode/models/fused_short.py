@@ -97,22 +97,17 @@ static inline v8 exp8(v8 x) {
     x = select8(x > splat(0.0f), splat(0.0f), x);
     v8 n = (x * splat(1.44269504088896341f) + splat(12582912.0f)) - splat(12582912.0f);
     v8 r = (x - n * splat(0.693359375f)) + n * splat(2.12194440e-4f);
-    v8 p = splat(1.9875691500e-4f);
-    p = p * r + splat(1.3981999507e-3f);
-    p = p * r + splat(8.3334519073e-3f);
-    p = p * r + splat(4.1665795894e-2f);
-    p = p * r + splat(1.6666665459e-1f);
-    p = p * r + splat(5.0000001201e-1f);
+    v8 p = ((splat(1.9875691500e-4f) * r + splat(1.3981999507e-3f)) * r + splat(8.3334519073e-3f)) * r;
+    p = ((p + splat(4.1665795894e-2f)) * r + splat(1.6666665459e-1f)) * r + splat(5.0000001201e-1f);
     p = p * r * r + r + splat(1.0f);
     v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
     return p * (v8)bits;
 }
 
-static float *scratch(long n) {
+static float *scratch(long n) { /* zeroed, 32-byte aligned */
     size_t bytes = ((size_t)n * sizeof(float) + 31) / 32 * 32;
     float *p = (float *)aligned_alloc(32, bytes ? bytes : 32);
-    if (p) memset(p, 0, bytes);
-    return p;
+    return p ? memset(p, 0, bytes) : p;
 }
 
 /* x [B, T, H, W] of batch element b -> xT [H][W][Tp] (positions along the last axis, zero padded). */
