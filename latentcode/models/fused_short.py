@@ -400,6 +400,8 @@ def why_not(like: Tensor, n_positions: int) -> str | None:
         return "turned off (fused_short.use_fused(False))"
     if like.dtype != torch.float32 or like.device.type != "cpu":
         return f"its kernel computes float32 on the CPU, this layer is {like.dtype} on {like.device.type}"
+    if torch.compiler.is_compiling():
+        return "torch.compile is tracing the model (the C kernel is opaque to it)"
     if torch.is_autocast_enabled("cpu"):
         return "CPU autocast is on (its kernel computes float32)"
     if n_positions > MAX_POSITIONS:
