@@ -37,7 +37,6 @@ from contextlib import contextmanager
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from latentcode.models.c_kernels import CompiledLibrary
 
@@ -231,7 +230,9 @@ def backward(x: Tensor, grad_y: Tensor) -> Tensor:
 
 
 class FusedGelu(torch.autograd.Function):
-    """gelu(x) with its gradient from `backward` (once differentiable: a second derivative is refused)."""
+    """gelu(x) with its gradient from `backward`. Differentiable once: a backward that would build a
+    graph (`create_graph=True`) is refused, never computed as if gelu' did not depend on x (what
+    torch's `once_differentiable` does where the incoming gradient needs no graph of its own)."""
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
@@ -239,8 +240,10 @@ class FusedGelu(torch.autograd.Function):
         return forward(x)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_y: Tensor) -> Tensor:
+        if torch.is_grad_enabled():
+            raise RuntimeError("the fused GELU of training is differentiable once: for a second derivative "
+                               "(create_graph=True) turn it off with fused_gelu.use_fused(False)")
         (x,) = ctx.saved_tensors
         return backward(x, grad_y)
 
