@@ -1,8 +1,11 @@
 """Feed-forward layers: a one-hidden-layer GELU MLP (default) or a top-k mixture of such MLPs.
 
-GELU uses the tanh approximation, Flax's default and so the authors'. Parameter names follow
-TransformerLens: `W_in` `[d_model, d_mlp]`, `b_in`, `W_out` `[d_mlp, d_model]`, `b_out`, and for
-the mixture the router `W_gate` `[d_model, n_experts]`.
+GELU uses the tanh approximation, Flax's default and so the authors'. In training mode (float32 on
+the CPU) it runs as fused C kernels (`latentcode.models.fused_gelu`: the same function to float32
+tolerance, faster forward and backward); in evaluation mode always as `F.gelu`, the computation
+that produced the shipped results. Parameter names follow TransformerLens: `W_in` `[d_model,
+d_mlp]`, `b_in`, `W_out` `[d_mlp, d_model]`, `b_out`, and for the mixture the router `W_gate`
+`[d_model, n_experts]`.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from latentcode.models import fused_gelu
 from latentcode.models.hooks import HookPoint
 from latentcode.models.initializers import lecun_normal_
 
@@ -29,7 +33,9 @@ class MLP(nn.Module):
         """x: `[..., d_model]` -> `[..., d_model]`."""
         leading = x.shape[:-1]
         pre = torch.addmm(self.b_in, x.reshape(-1, x.shape[-1]), self.W_in).view(*leading, -1)
-        post = self.hook_post(F.gelu(self.hook_pre(pre), approximate="tanh"))
+        pre = self.hook_pre(pre)
+        fused = self.training and fused_gelu.available(pre)
+        post = self.hook_post(fused_gelu.gelu(pre) if fused else F.gelu(pre, approximate="tanh"))
         return torch.addmm(self.b_out, post.reshape(-1, post.shape[-1]), self.W_out).view(x.shape)
 
 
