@@ -8,8 +8,9 @@ later loads read the cached library. ctypes releases the GIL during a call. Wher
 compiler or the build fails, `load()` returns None and `failure()` says why: every user of a kernel
 keeps a torch computation of the same numbers (to float tolerance) for that case.
 
-Used by `latentcode.models.fused_hyper` (the hyper value networks' blockwise kernels) and
-`latentcode.models.fused_short` (the attention of short sequences in training).
+Used by `latentcode.models.fused_hyper` (the hyper value networks' blockwise kernels),
+`latentcode.models.fused_short` (the attention of short sequences in training) and
+`latentcode.models.fused_gelu` (the MLP's GELU in training).
 """
 
 from __future__ import annotations
