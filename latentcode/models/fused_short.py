@@ -45,7 +45,6 @@ from contextlib import contextmanager
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from latentcode.models.c_kernels import CompiledLibrary
 
@@ -452,7 +451,10 @@ class FusedShortAttention(torch.autograd.Function):
     """z `[batch, query, head, d_head_v]` from scaled queries and keys `[batch, pos, head, d_head]`, values
     `[batch, pos, head, d_head_v]`, the position bias `[head, query, key]` (or None), the allowed pairs
     (bool `[query, key]` or None) and the dropout mask (`[query, key]` or None); `sigma` and `network`
-    are kernel codes (module docstring). Differentiable once, in the queries, keys, values and bias."""
+    are kernel codes (module docstring). Differentiable once, in the queries, keys, values and bias: a
+    backward that would build a graph (`create_graph=True`) is refused, never computed as if the
+    gradient did not depend on the inputs (what torch's `once_differentiable` does where the incoming
+    gradient needs no graph of its own)."""
 
     @staticmethod
     def forward(ctx, queries, keys, values, bias, allowed, keep, sigma: int, network: int, eps: float):
@@ -476,8 +478,10 @@ class FusedShortAttention(torch.autograd.Function):
         return z
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_z):
+        if torch.is_grad_enabled():
+            raise RuntimeError("the fused attention of training is differentiable once: for a second derivative "
+                               "(create_graph=True) turn it off with fused_short.use_fused(False)")
         queries, keys, values, allowed, keep, codes, inverse_rms = ctx.saved_tensors
         batch, n_positions, n_heads, d_head = queries.shape
         grad_z = grad_z.contiguous()

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from latentcode.models.fused_short import RMS, SOFTMAX
 
@@ -91,8 +90,9 @@ class _RmsOverHeads(torch.autograd.Function):
     formula, d loss / d s = r (g - a mean_h(g a)) for g = d loss / d a, instead of autograd's chain
     through square, mean, rsqrt and the product (three fewer passes over `[batch, head, query, key]`
     in the backward; the forward's operations are the ones written out before). Differentiable once:
-    a second derivative (`create_graph=True`) is refused with torch's error rather than computed
-    without r's dependence on s."""
+    a backward that would build a graph (`create_graph=True`) is refused rather than computed without
+    r's dependence on s (torch's `once_differentiable` refuses only where the incoming gradient has a
+    graph of its own)."""
 
     @staticmethod
     def forward(ctx, scores: Tensor, eps: float) -> Tensor:
@@ -102,8 +102,10 @@ class _RmsOverHeads(torch.autograd.Function):
         return codes
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_codes: Tensor) -> tuple[Tensor, None]:
+        if torch.is_grad_enabled():
+            raise RuntimeError("rms over heads is differentiable once (its gradient is written out): a second "
+                               "derivative (create_graph=True) is not computed")
         codes, inverse_rms = ctx.saved_tensors
         along_codes = (grad_codes * codes).mean(dim=1, keepdim=True)
         return inverse_rms * (grad_codes - codes * along_codes), None

@@ -162,3 +162,13 @@ def test_a_library_built_for_the_shape_computes_the_generic_ones_numbers(monkeyp
     for sigma in (fused_short.SOFTMAX, fused_short.RMS):
         for generic, shaped in zip(results[10**9, sigma], results[0, sigma], strict=True):
             torch.testing.assert_close(shaped, generic, rtol=1e-5, atol=1e-6 * generic.abs().max().item())
+
+
+def test_a_second_derivative_is_refused_not_computed_as_if_the_gradient_were_constant():
+    kernels_or_skip()
+    layer = make_layer("hyla", train=True)
+    x = torch.randn(2, N_POSITIONS, 8, requires_grad=True)
+    with attention_path(layer, "fused"):
+        loss = layer(x).square().sum() + x.pow(3).sum()  # another term with a graph of its own
+        with pytest.raises(RuntimeError, match="differentiable once"):
+            torch.autograd.grad(loss, x, create_graph=True)
