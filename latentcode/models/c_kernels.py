@@ -21,10 +21,34 @@ import os
 import platform
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from latentcode.files import new_temporary_file
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def _forget_pool() -> None:
+    global _pool
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_forget_pool)  # a forked child has none of the parent's threads
+
+
+def run_in_threads(calls: Sequence[Callable[[], None]]) -> None:
+    """Run `calls` (kernel calls through ctypes, which release the GIL) side by side: the first in this
+    thread, the others in one process-wide pool of a thread per core but one (made on first use), and
+    return when all have; a call's exception is raised here."""
+    global _pool
+    if len(calls) > 1 and _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 2) - 1), thread_name_prefix="latentcode-kernels")
+    pending = [_pool.submit(call) for call in calls[1:]]
+    calls[0]()
+    for future in pending:
+        future.result()
 
 
 def kernel_directory() -> Path:

@@ -31,14 +31,13 @@ evaluation of the formulas within float32 tolerance (tests/models/test_fused_gel
 from __future__ import annotations
 
 import ctypes
-import os
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 
 import torch
 from torch import Tensor
 
-from latentcode.models.c_kernels import CompiledLibrary
+from latentcode.models.c_kernels import CompiledLibrary, run_in_threads
 
 FLOATS_PER_THREAD = 1 << 16
 """A tensor is split over threads only where each gets at least this many floats (256 KiB): below,
@@ -137,7 +136,6 @@ void gelu_backward(const float *restrict x, const float *restrict grad_y, float 
 COMPILE_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC")
 
 _enabled = True
-_pool: ThreadPoolExecutor | None = None
 
 
 def _declare(library: ctypes.CDLL) -> None:
@@ -181,18 +179,9 @@ def available(x: Tensor) -> bool:
     )
 
 
-def _forget_pool() -> None:
-    global _pool
-    _pool = None
-
-
-os.register_at_fork(after_in_child=_forget_pool)  # a forked child has none of the parent's threads
-
-
 def _run(kernel, tensors: list[Tensor], count: int) -> None:
     """`kernel(*pointers, count)` over float32 `tensors` (contiguous, `count` floats each), split into
     contiguous ranges over up to `torch.get_num_threads()` threads; the calling thread runs the first."""
-    global _pool
     threads = max(1, min(torch.get_num_threads(), count // FLOATS_PER_THREAD))
     addresses = [tensor.data_ptr() for tensor in tensors]
     if threads == 1:
@@ -200,14 +189,8 @@ def _run(kernel, tensors: list[Tensor], count: int) -> None:
         return
     per_thread = -(-count // (threads * SPLIT_ALIGNMENT)) * SPLIT_ALIGNMENT
     starts = range(0, count, per_thread)
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 2) - 1),
-                                   thread_name_prefix="latentcode-gelu")
-    pending = [_pool.submit(kernel, *[address + 4 * start for address in addresses],
-                            min(per_thread, count - start)) for start in starts[1:]]
-    kernel(*addresses, min(per_thread, count))
-    for future in pending:
-        future.result()
+    run_in_threads([partial(kernel, *[address + 4 * start for address in addresses], min(per_thread, count - start))
+                    for start in starts])
 
 
 def forward(x: Tensor) -> Tensor:

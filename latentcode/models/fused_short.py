@@ -40,13 +40,13 @@ threads.
 from __future__ import annotations
 
 import ctypes
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 
 import torch
 from torch import Tensor
 
-from latentcode.models.c_kernels import CompiledLibrary
+from latentcode.models.c_kernels import CompiledLibrary, run_in_threads
 
 SOFTMAX, RMS = 1, 2
 """Bits of a sigma's kernel code: softmax over keys, then rms over heads (identity: 0)."""
@@ -377,7 +377,6 @@ SRAVEN 2.7M, fuzzy logic 1.0M) use a library built for their shape (`FIXED_*` in
 to build, once per machine and shape, then read from the cache); smaller ones take the generic library."""
 _shaped: dict[tuple[int, int, int, int], CompiledLibrary] = {}
 _enabled = True
-_pool: ThreadPoolExecutor | None = None
 
 
 @contextmanager
@@ -413,19 +412,10 @@ def why_not(like: Tensor, n_positions: int) -> str | None:
 def _in_threads(kernel, batch: int, before: list, after: list) -> None:
     """`kernel(*before, b0, b1, *after)` for the batch elements b0:b1 of each of `torch.get_num_threads()`
     parts, in parallel; an entry of `before` may be a function of the part's index (its own buffer)."""
-    global _pool
     parts = max(1, min(torch.get_num_threads(), batch))
     bounds = [batch * i // parts for i in range(parts + 1)]
-    calls = [([entry(i) if callable(entry) else entry for entry in before], bounds[i], bounds[i + 1])
-             for i in range(parts)]
-    if parts == 1:
-        kernel(*calls[0][0], 0, batch, *after)
-        return
-    if _pool is None or _pool._max_workers < parts:
-        _pool = ThreadPoolExecutor(max_workers=parts, thread_name_prefix="latentcode-fused-short")
-    futures = [_pool.submit(kernel, *entries, start, end, *after) for entries, start, end in calls]
-    for future in futures:
-        future.result()
+    run_in_threads([partial(kernel, *[entry(i) if callable(entry) else entry for entry in before], bounds[i],
+                            bounds[i + 1], *after) for i in range(parts)])
 
 
 def library_for(batch: int, n_positions: int, n_heads: int, d_head: int, d_head_v: int) -> ctypes.CDLL:
