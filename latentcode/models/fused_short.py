@@ -11,14 +11,13 @@ full path of `latentcode.models.attention` computes, one query row at a time:
     z[q, h]   = sum_k ad[h, k] r[k],  r[k] = relu(sum_h ad[h, k] v[k, h])   hyper_relu (HYLA;
                                                                       hyper_linear without the relu)
 
-It writes z and the codes a `[batch, head, query, keys padded to a multiple of 8]` (and for rms the
-inverse rms `[batch, query, padded keys]`), which the backward reads instead of recomputing the
-exponentials (they are saved for the backward only: hooks that read codes take the full path); the backward applies the
-chain rule of the same formulas row by row and adds into the keys', values' and position bias's
-gradients. Nothing `[batch, head, query, key]` but the codes is written: the full path writes and
-reads about fifteen such tensors per layer and step (scores, bias sum, softmax, dropout, the batched
-products that run far below a core's speed with 2 or 4 as their inner dimension, and their
-gradients), which took about half of a SRAVEN training step (benchmarks/bench_model_step.py).
+It writes z and nothing else: the backward computes each row's codes again (cheaper than writing a
+`[batch, head, query, key]` tensor out and reading it back, and nothing of that size is held between
+forward and backward), then applies the chain rule of the same formulas row by row and adds into the
+keys', values' and position bias's gradients. The full path writes and reads about fifteen such
+tensors per layer and step (scores, bias sum, softmax, dropout, the batched products that run far
+below a core's speed with 2 or 4 as their inner dimension, and their gradients), which took about
+half of a SRAVEN training step (benchmarks/bench_model_step.py, modes eager and full).
 
 Why training only: the shipped checkpoints were trained through the full path, and evaluation keeps
 it, so the shipped results are reproduced bit for bit; this path gives the same numbers to float
@@ -124,6 +123,15 @@ static inline __attribute__((always_inline)) void write_back(const float *xT, lo
             for (long w = 0; w < W; w++) xb[(t * H + h) * W + w] = xT[(h * W + w) * Tp + t];
 }
 
+/* bias [H, T, T] -> [H][T][Tp] (zero padded), or NULL without one. */
+static float *pad_bias(const float *bias, long H, long T, long Tp) {
+    if (!bias) return 0;
+    float *padded = scratch(H * T * Tp);
+    for (long i = 0; i < H * T; i++)
+        for (long k = 0; k < T; k++) padded[i * Tp + k] = bias[i * T + k];
+    return padded;
+}
+
 /* keep_padded [T][Tp]: the dropout mask (1 without one) where query t may see key k, 0 for a masked or
    padding key; ok [T][Tp]: 1 where it may see it, else 0. */
 static void masks(const unsigned char *allowed, const float *keep, long T, long Tp, float *keep_padded, float *ok) {
@@ -195,28 +203,22 @@ static inline __attribute__((always_inline)) void hidden_of_row(const float *ad,
    [T, T] (bytes), keep [T, T] or NULL; codes [B, H, T, Tp] and inverse_rms [B, T, Tp] written here (Tp = T
    rounded up to 8, 32-byte aligned rows) for the backward. Batch elements b0 .. b1 - 1. */
 void short_forward(const float *q, const float *kk, const float *v, const float *bias, const unsigned char *allowed,
-                   const float *keep, float *z, float *codes, float *inverse_rms,
+                   const float *keep, float *z,
                    long b0, long b1, long T_, long H_, long D_, long E_, int sigma, int network, float eps) {
     SHAPE
     const long Tp = (T + 7) / 8 * 8, nv = Tp / 8;
-    float *kT = scratch(H * D * Tp), *vT = scratch(H * E * Tp), *ad = scratch(H * Tp), *hidden = scratch(E * Tp);
-    float *keep_padded = scratch(T * Tp), *ok = scratch(T * Tp), *irms = scratch(Tp);
-    float *bias_padded = bias ? scratch(H * T * Tp) : 0;
+    float *kT = scratch(H * D * Tp), *vT = scratch(H * E * Tp), *a = scratch(H * Tp), *ad = scratch(H * Tp);
+    float *hidden = scratch(E * Tp), *keep_padded = scratch(T * Tp), *ok = scratch(T * Tp), *irms = scratch(Tp);
+    float *bias_padded = pad_bias(bias, H, T, Tp);
     masks(allowed, keep, T, Tp, keep_padded, ok);
-    if (bias)
-        for (long i = 0; i < H * T; i++)
-            for (long k = 0; k < T; k++) bias_padded[i * Tp + k] = bias[i * T + k];
     for (long b = b0; b < b1; b++) {
         by_head(kk, b, T, H, D, Tp, kT);
         by_head(v, b, T, H, E, Tp, vT);
         for (long t = 0; t < T; t++) {
-            float *row0 = codes + (b * H * T + t) * Tp;
             const float *kp = keep_padded + t * Tp;
-            float *row_rms = (sigma & RMS) ? inverse_rms + (b * T + t) * Tp : irms;
-            codes_of_row(q + (b * T + t) * H * D, kT, bias_padded, ok + t * Tp, t, T, H, D, Tp, sigma, eps,
-                         row0, T * Tp, row_rms);
+            codes_of_row(q + (b * T + t) * H * D, kT, bias_padded, ok + t * Tp, t, T, H, D, Tp, sigma, eps, a, Tp, irms);
             for (long h = 0; h < H; h++)
-                for (long j = 0; j < nv; j++) V(ad + h * Tp + 8 * j) = V(row0 + h * T * Tp + 8 * j) * V(kp + 8 * j);
+                for (long j = 0; j < nv; j++) V(ad + h * Tp + 8 * j) = V(a + h * Tp + 8 * j) * V(kp + 8 * j);
             float *zt = z + (b * T + t) * H * E;
             const float *by_key = vT;
             if (network != LINEAR) hidden_of_row(ad, vT, H, E, Tp, network, hidden);
@@ -229,21 +231,22 @@ void short_forward(const float *q, const float *kk, const float *v, const float 
                 }
         }
     }
-    free(kT); free(vT); free(ad); free(hidden); free(keep_padded); free(ok); free(irms); free(bias_padded);
+    free(kT); free(vT); free(a); free(ad); free(hidden); free(keep_padded); free(ok); free(irms); free(bias_padded);
 }
 
 /* The chain rule of short_forward from grad_z [B, T, H, E]: grad_q, grad_k [B, T, H, D], grad_v [B, T, H, E]
    written; grad_bias [H, T, T] (or NULL) added to. */
-void short_backward(const float *q, const float *kk, const float *v, const unsigned char *allowed, const float *keep,
-                    const float *codes, const float *inverse_rms, const float *grad_z, float *grad_q, float *grad_k,
-                    float *grad_v, float *grad_bias, long b0, long b1, long T_, long H_, long D_, long E_, int sigma,
-                    int network) {
+void short_backward(const float *q, const float *kk, const float *v, const float *bias, const unsigned char *allowed,
+                    const float *keep, const float *grad_z, float *grad_q, float *grad_k, float *grad_v,
+                    float *grad_bias, long b0, long b1, long T_, long H_, long D_, long E_, int sigma, int network,
+                    float eps) {
     SHAPE
     const long Tp = (T + 7) / 8 * 8, nv = Tp / 8;
     float *kT = scratch(H * D * Tp), *vT = scratch(H * E * Tp), *dkT = scratch(H * D * Tp), *dvT = scratch(H * E * Tp);
     float *ad = scratch(H * Tp), *g = scratch(H * Tp), *p = scratch(H * Tp), *hidden = scratch(E * Tp);
     float *grad_hidden = scratch(E * Tp), *keep_padded = scratch(T * Tp), *ok = scratch(T * Tp);
-    float *bias_padded = grad_bias ? scratch(H * T * Tp) : 0;
+    float *a = scratch(H * Tp), *irms = scratch(Tp), *bias_padded = pad_bias(bias, H, T, Tp);
+    float *grad_bias_padded = grad_bias ? scratch(H * T * Tp) : 0;
     masks(allowed, keep, T, Tp, keep_padded, ok);
     for (long b = b0; b < b1; b++) {
         by_head(kk, b, T, H, D, Tp, kT);
@@ -252,9 +255,10 @@ void short_backward(const float *q, const float *kk, const float *v, const unsig
         memset(dvT, 0, sizeof(float) * H * E * Tp);
         for (long t = 0; t < T; t++) {
             const float *qt = q + (b * T + t) * H * D, *dzt = grad_z + (b * T + t) * H * E;
-            const float *row0 = codes + (b * H * T + t) * Tp, *kp = keep_padded + t * Tp;
+            const float *kp = keep_padded + t * Tp;
+            codes_of_row(qt, kT, bias_padded, ok + t * Tp, t, T, H, D, Tp, sigma, eps, a, Tp, irms); /* again */
             for (long h = 0; h < H; h++)
-                for (long j = 0; j < nv; j++) V(ad + h * Tp + 8 * j) = V(row0 + h * T * Tp + 8 * j) * V(kp + 8 * j);
+                for (long j = 0; j < nv; j++) V(ad + h * Tp + 8 * j) = V(a + h * Tp + 8 * j) * V(kp + 8 * j);
             /* g = d loss / d ad, and the values' gradient */
             if (network == LINEAR) {
                 for (long h = 0; h < H; h++) {
@@ -302,26 +306,24 @@ void short_backward(const float *q, const float *kk, const float *v, const unsig
             /* through the dropout mask (0 at masked keys): g = d loss / d a */
             for (long h = 0; h < H; h++)
                 for (long j = 0; j < nv; j++) V(g + h * Tp + 8 * j) *= V(kp + 8 * j);
-            const float *probabilities = row0;
-            long probability_stride = T * Tp;
+            const float *probabilities = a;
             if (sigma & RMS) {
-                const float *ir = inverse_rms + (b * T + t) * Tp;
+                const float *ir = irms;
                 for (long j = 0; j < nv; j++) {
                     v8 along = splat(0.0f);
-                    for (long h = 0; h < H; h++) along += V(g + h * Tp + 8 * j) * V(row0 + h * T * Tp + 8 * j);
+                    for (long h = 0; h < H; h++) along += V(g + h * Tp + 8 * j) * V(a + h * Tp + 8 * j);
                     along = along / splat((float)H);
                     for (long h = 0; h < H; h++) {
-                        const v8 a = V(row0 + h * T * Tp + 8 * j);
-                        V(g + h * Tp + 8 * j) = V(ir + 8 * j) * (V(g + h * Tp + 8 * j) - a * along);
-                        if (sigma & SOFTMAX) V(p + h * Tp + 8 * j) = a / V(ir + 8 * j); /* softmax's output */
+                        const v8 code = V(a + h * Tp + 8 * j);
+                        V(g + h * Tp + 8 * j) = V(ir + 8 * j) * (V(g + h * Tp + 8 * j) - code * along);
+                        if (sigma & SOFTMAX) V(p + h * Tp + 8 * j) = code / V(ir + 8 * j); /* softmax's output */
                     }
                 }
                 probabilities = p;
-                probability_stride = Tp;
             }
             if (sigma & SOFTMAX)
                 for (long h = 0; h < H; h++) {
-                    const float *ph = probabilities + h * probability_stride;
+                    const float *ph = probabilities + h * Tp;
                     v8 total = splat(0.0f);
                     for (long j = 0; j < nv; j++) total += V(ph + 8 * j) * V(g + h * Tp + 8 * j);
                     const v8 dot = splat(hsum(total));
@@ -331,8 +333,8 @@ void short_backward(const float *q, const float *kk, const float *v, const unsig
             float *dqt = grad_q + (b * T + t) * H * D;
             for (long h = 0; h < H; h++) {
                 const float *gh = g + h * Tp;
-                if (bias_padded)
-                    for (long j = 0; j < nv; j++) V(bias_padded + (h * T + t) * Tp + 8 * j) += V(gh + 8 * j);
+                if (grad_bias_padded)
+                    for (long j = 0; j < nv; j++) V(grad_bias_padded + (h * T + t) * Tp + 8 * j) += V(gh + 8 * j);
                 for (long d = 0; d < D; d++) {
                     const v8 qd = splat(qt[h * D + d]);
                     const float *kd = kT + (h * D + d) * Tp;
@@ -349,11 +351,11 @@ void short_backward(const float *q, const float *kk, const float *v, const unsig
         write_back(dkT, b, T, H, D, Tp, grad_k);
         write_back(dvT, b, T, H, E, Tp, grad_v);
     }
-    if (bias_padded)
+    if (grad_bias_padded)
         for (long i = 0; i < H * T; i++)
-            for (long k = 0; k < T; k++) grad_bias[i * T + k] += bias_padded[i * Tp + k];
+            for (long k = 0; k < T; k++) grad_bias[i * T + k] += grad_bias_padded[i * Tp + k];
     free(kT); free(vT); free(dkT); free(dvT); free(ad); free(g); free(p); free(hidden); free(grad_hidden);
-    free(keep_padded); free(ok); free(bias_padded);
+    free(keep_padded); free(ok); free(a); free(irms); free(bias_padded); free(grad_bias_padded);
 }
 """
 
@@ -364,8 +366,8 @@ COMPILE_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno"
 
 def _declare(library: ctypes.CDLL) -> None:
     pointer, long, integer, single = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
-    library.short_forward.argtypes = [*[pointer] * 9, *[long] * 6, integer, integer, single]
-    library.short_backward.argtypes = [*[pointer] * 12, *[long] * 6, integer, integer]
+    library.short_forward.argtypes = [*[pointer] * 7, *[long] * 6, integer, integer, single]
+    library.short_backward.argtypes = [*[pointer] * 11, *[long] * 6, integer, integer, single]
     library.short_forward.restype = library.short_backward.restype = None
 
 
@@ -455,16 +457,13 @@ class FusedShortAttention(torch.autograd.Function):
         allowed = None if allowed is None else allowed.contiguous().view(torch.uint8)
         keep = None if keep is None else keep.reshape(n_positions, n_positions).contiguous()
         z = queries.new_empty(batch, n_positions, n_heads, d_head_v)
-        padded = (n_positions + 7) // 8 * 8  # rows of whole vectors (the kernel's Tp)
-        codes = queries.new_empty(batch, n_heads, n_positions, padded)
-        inverse_rms = queries.new_empty(batch, n_positions, padded) if sigma & RMS else None
         library = library_for(batch, n_positions, n_heads, d_head, d_head_v)
         _in_threads(library.short_forward, batch,
                     [queries.data_ptr(), keys.data_ptr(), values.data_ptr(), _pointer(bias), _pointer(allowed),
-                     _pointer(keep), z.data_ptr(), codes.data_ptr(), _pointer(inverse_rms)],
+                     _pointer(keep), z.data_ptr()],
                     [n_positions, n_heads, d_head, d_head_v, sigma, network, eps])
-        ctx.save_for_backward(queries, keys, values, allowed, keep, codes, inverse_rms)
-        ctx.sigma, ctx.network, ctx.bias_shape = sigma, network, None if bias is None else bias.shape
+        ctx.save_for_backward(queries, keys, values, bias, allowed, keep)
+        ctx.sigma, ctx.network, ctx.eps = sigma, network, eps
         return z
 
     @staticmethod
@@ -472,21 +471,20 @@ class FusedShortAttention(torch.autograd.Function):
         if torch.is_grad_enabled():
             raise RuntimeError("the fused attention of training is differentiable once: for a second derivative "
                                "(create_graph=True) turn it off with fused_short.use_fused(False)")
-        queries, keys, values, allowed, keep, codes, inverse_rms = ctx.saved_tensors
+        queries, keys, values, bias, allowed, keep = ctx.saved_tensors
         batch, n_positions, n_heads, d_head = queries.shape
         grad_z = grad_z.contiguous()
         grad_q, grad_k, grad_v = (torch.empty_like(x) for x in (queries, keys, values))
         parts = max(1, min(torch.get_num_threads(), batch))
         grad_bias = None
-        if ctx.bias_shape is not None and ctx.needs_input_grad[3]:
-            grad_bias = queries.new_zeros(parts, *ctx.bias_shape)
+        if bias is not None and ctx.needs_input_grad[3]:
+            grad_bias = queries.new_zeros(parts, *bias.shape)
         library = library_for(batch, n_positions, n_heads, d_head, values.shape[-1])
         _in_threads(library.short_backward, batch,
-                    [queries.data_ptr(), keys.data_ptr(), values.data_ptr(), _pointer(allowed), _pointer(keep),
-                     codes.data_ptr(), _pointer(inverse_rms), grad_z.data_ptr(), grad_q.data_ptr(),
-                     grad_k.data_ptr(), grad_v.data_ptr(),
+                    [queries.data_ptr(), keys.data_ptr(), values.data_ptr(), _pointer(bias), _pointer(allowed),
+                     _pointer(keep), grad_z.data_ptr(), grad_q.data_ptr(), grad_k.data_ptr(), grad_v.data_ptr(),
                      (lambda i: None) if grad_bias is None else (lambda i: grad_bias[i].data_ptr())],
-                    [n_positions, n_heads, d_head, values.shape[-1], ctx.sigma, ctx.network])
+                    [n_positions, n_heads, d_head, values.shape[-1], ctx.sigma, ctx.network, ctx.eps])
         if grad_bias is not None:
             grad_bias = grad_bias.sum(dim=0)
         return grad_q, grad_k, grad_v, grad_bias, None, None, None, None, None
