@@ -23,6 +23,7 @@ import shutil
 import subprocess
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 from latentcode.files import new_temporary_file
@@ -72,7 +73,18 @@ class CompiledLibrary:
 
     def __init__(self, name: str, source: str, flags: tuple[str, ...], declare: Callable[[ctypes.CDLL], None]):
         self.name, self.source, self.flags, self.declare = name, source, flags, declare
+        self.enabled = True  # its users take their torch computation while False
         self.forget()
+
+    @contextmanager
+    def switched(self, enabled: bool):
+        """Within the block, the library's users take its kernels where they can (True) or their torch
+        computation (False): for before / after measurements and tests."""
+        previous, self.enabled = self.enabled, enabled
+        try:
+            yield
+        finally:
+            self.enabled = previous
 
     def forget(self) -> None:
         """Drop the loaded library and any failure: the next `load()` looks at the cache (and the

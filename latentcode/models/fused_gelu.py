@@ -31,7 +31,6 @@ evaluation of the formulas within float32 tolerance (tests/models/test_fused_gel
 from __future__ import annotations
 
 import ctypes
-from contextlib import contextmanager
 from functools import partial
 
 import torch
@@ -135,7 +134,6 @@ void gelu_backward(const float *restrict x, const float *restrict grad_y, float 
 
 COMPILE_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC")
 
-_enabled = True
 
 
 def _declare(library: ctypes.CDLL) -> None:
@@ -148,34 +146,18 @@ def _declare(library: ctypes.CDLL) -> None:
 KERNELS = CompiledLibrary("fused_gelu", SOURCE, COMPILE_FLAGS, _declare)
 
 
-def library() -> ctypes.CDLL | None:
-    """The loaded kernels, or None where they cannot be built (`build_failure()` says why)."""
-    return KERNELS.load()
-
-
-def build_failure() -> str | None:
-    """Why the kernels could not be built, or None."""
-    return KERNELS.failure()
-
-
-@contextmanager
 def use_fused(enabled: bool):
     """Within the block, the MLP in training uses the fused kernels (True) or `F.gelu` (False)."""
-    global _enabled
-    previous, _enabled = _enabled, enabled
-    try:
-        yield
-    finally:
-        _enabled = previous
+    return KERNELS.switched(enabled)
 
 
 def available(x: Tensor) -> bool:
     """Whether the fused kernels compute gelu of `x`: float32 on the CPU, no autocast, not being traced
     by torch.compile (which cannot see into a C call), and the library built."""
     return (
-        _enabled and x.dtype == torch.float32 and x.device.type == "cpu"
+        KERNELS.enabled and x.dtype == torch.float32 and x.device.type == "cpu"
         and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()
-        and library() is not None
+        and KERNELS.load() is not None
     )
 
 
@@ -197,7 +179,7 @@ def forward(x: Tensor) -> Tensor:
     """gelu(x), tanh approximation, of float32 `x` (any shape); no autograd."""
     x = x.contiguous()
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    _run(library().gelu_forward, [x, y], x.numel())
+    _run(KERNELS.load().gelu_forward, [x, y], x.numel())
     return y
 
 
@@ -205,7 +187,7 @@ def backward(x: Tensor, grad_y: Tensor) -> Tensor:
     """grad_y * gelu'(x), of float32 `x` and `grad_y` of one shape."""
     x, grad_y = x.contiguous(), grad_y.contiguous()
     grad_x = torch.empty_like(x, memory_format=torch.contiguous_format)
-    _run(library().gelu_backward, [x, grad_y, grad_x], x.numel())
+    _run(KERNELS.load().gelu_backward, [x, grad_y, grad_x], x.numel())
     return grad_x
 
 

@@ -27,7 +27,6 @@ after measurements: benchmarks/bench_long_sequences.py --hyla-kernel bmm).
 from __future__ import annotations
 
 import ctypes
-from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -161,7 +160,6 @@ void hyper_backward(const float *codes, const float *values, long vb, long vk, c
 
 COMPILE_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC")
 
-_enabled = True
 
 
 def _declare(library: ctypes.CDLL) -> None:
@@ -185,16 +183,10 @@ def build_failure() -> str | None:
     return KERNELS.failure()
 
 
-@contextmanager
 def use_fused(enabled: bool):
     """Within the block, the hyper value networks use the fused kernels (True) or the batched-product
     ones (False)."""
-    global _enabled
-    previous, _enabled = _enabled, enabled
-    try:
-        yield
-    finally:
-        _enabled = previous
+    return KERNELS.switched(enabled)
 
 
 def available(values: Tensor) -> bool:
@@ -202,7 +194,7 @@ def available(values: Tensor) -> bool:
     of their dtype): float32 on the CPU, d_head_v a multiple of `CHUNK`, at most `MAX_HEADS` heads, no
     autocast to another dtype, and the library built."""
     return (
-        _enabled and values.dtype == torch.float32 and values.device.type == "cpu"
+        KERNELS.enabled and values.dtype == torch.float32 and values.device.type == "cpu"
         and values.shape[-1] % CHUNK == 0 and values.shape[-2] <= MAX_HEADS
         and not torch.is_autocast_enabled("cpu") and library() is not None
     )

@@ -39,7 +39,6 @@ threads.
 from __future__ import annotations
 
 import ctypes
-from contextlib import contextmanager
 from functools import partial
 
 import torch
@@ -378,25 +377,18 @@ SHAPED_MIN_ENTRIES = 2**19
 SRAVEN 2.7M, fuzzy logic 1.0M) use a library built for their shape (`FIXED_*` in the source: about a second
 to build, once per machine and shape, then read from the cache); smaller ones take the generic library."""
 _shaped: dict[tuple[int, int, int, int], CompiledLibrary] = {}
-_enabled = True
 
 
-@contextmanager
 def use_fused(enabled: bool):
     """Within the block, training takes this path where it can (True) or the full path (False): for
     before / after measurements (benchmarks/bench_model_step.py --modes)."""
-    global _enabled
-    previous, _enabled = _enabled, enabled
-    try:
-        yield
-    finally:
-        _enabled = previous
+    return KERNELS.switched(enabled)
 
 
 def why_not(like: Tensor, n_positions: int) -> str | None:
     """Why the kernel cannot compute a layer whose parameters are like `like` over `n_positions`
     positions now, or None if it can."""
-    if not _enabled:
+    if not KERNELS.enabled:
         return "turned off (fused_short.use_fused(False))"
     if like.dtype != torch.float32 or like.device.type != "cpu":
         return f"its kernel computes float32 on the CPU, this layer is {like.dtype} on {like.device.type}"

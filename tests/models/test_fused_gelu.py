@@ -20,8 +20,8 @@ C, K = math.sqrt(2 / math.pi), 0.044715
 
 @pytest.fixture
 def compiled():
-    if fused_gelu.library() is None:
-        pytest.skip(f"the fused kernels could not be built here: {fused_gelu.build_failure()}")
+    if fused_gelu.KERNELS.load() is None:
+        pytest.skip(f"the fused kernels could not be built here: {fused_gelu.KERNELS.failure()}")
 
 
 def float64_reference(x: torch.Tensor):
@@ -97,7 +97,7 @@ def test_any_split_over_threads_gives_the_numbers_of_one_thread(compiled, monkey
     grad_y = torch.randn(1_001, generator=torch.Generator().manual_seed(2))
     one_thread = fused_gelu.forward(x), fused_gelu.backward(x, grad_y)
 
-    kernels, calls = fused_gelu.library(), []
+    kernels, calls = fused_gelu.KERNELS.load(), []
 
     class Recorded:
         def gelu_forward(self, *args):
@@ -108,7 +108,7 @@ def test_any_split_over_threads_gives_the_numbers_of_one_thread(compiled, monkey
             calls.append(("backward", args[-1], threading.get_ident()))
             kernels.gelu_backward(*args)
 
-    monkeypatch.setattr(fused_gelu, "library", Recorded)
+    monkeypatch.setattr(fused_gelu.KERNELS, "load", Recorded)
     monkeypatch.setattr(fused_gelu, "FLOATS_PER_THREAD", 100)
     previous = torch.get_num_threads()
     torch.set_num_threads(3)
@@ -209,8 +209,8 @@ def test_without_a_compiler_training_falls_back_to_f_gelu(tmp_path, monkeypatch)
                                                              fused_gelu.COMPILE_FLAGS, fused_gelu._declare))
     monkeypatch.setenv("LATENTCODE_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    assert fused_gelu.library() is None
-    assert "no-such-compiler" in fused_gelu.build_failure()
+    assert fused_gelu.KERNELS.load() is None
+    assert "no-such-compiler" in fused_gelu.KERNELS.failure()
     torch.manual_seed(0)
     mlp = MLP(16, 40).train()
     x = wide_input()
