@@ -14,11 +14,13 @@ median to each mode's median (above 1: faster than eager):
     blockwise   the blockwise attention path forced (`Attention.path = "blockwise"`)
     compiled    torch.compile'd model (with --compile)
 
-    python benchmarks/bench_model_step.py [--steps 30] [--compile] [--threads 1] [--allocator glibc]
+    python benchmarks/bench_model_step.py [--steps 30] [--compile] [--threads 1] [--allocator glibc] [--mkl own]
 
 As `latentcode train` does, the process keeps freed memory in glibc's heap
 (`latentcode.allocator.keep_freed_memory`); `--allocator glibc` leaves glibc's thresholds as they are
-(before), to compare in a second run (it is set once per process).
+(before), to compare in a second run (it is set once per process). Likewise it answers MKL's CPU check
+on AMD CPUs (`latentcode.models.mkl_on_amd`); `--mkl own` leaves it (MKL keeps its first choice of code
+path for the process, so the two compare only between processes: benchmarks/bench_mkl_on_amd.py).
 
 The modes of one configuration run in interleaved rounds (each round times every mode for
 `--steps / --rounds` steps), so that a change of machine load hits them alike. Only ratios within
@@ -39,6 +41,7 @@ import torch
 from latentcode import ModelConfig, build_model
 from latentcode.allocator import keep_freed_memory
 from latentcode.models.attention import Attention
+from latentcode.models.mkl_on_amd import use_mkl_fast_paths
 from latentcode.training.optimizer import build_optimizer
 
 SIZES = {
@@ -88,10 +91,14 @@ def main() -> None:
                         choices=["eager", "full", "blockwise", "compiled"])
     parser.add_argument("--allocator", choices=("kept", "glibc"), default="kept",
                         help="kept: keep_freed_memory as `latentcode train` does (default); glibc: glibc's thresholds")
+    parser.add_argument("--mkl", choices=("answered", "own"), default="answered",
+                        help="answered: MKL's CPU check answered on AMD CPUs as `latentcode train` does (default); "
+                             "own: MKL's own answer (before). Per process: benchmarks/bench_mkl_on_amd.py compares")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     kept = args.allocator == "kept" and keep_freed_memory()
+    print(use_mkl_fast_paths() if args.mkl == "answered" else "MKL's CPU check left as it is (--mkl own)")
     modes = list(dict.fromkeys(["eager", *args.modes] + (["compiled"] if args.compile else [])))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch 128, {args.steps} timed steps "
           f"per mode in {args.rounds} interleaved rounds; freed memory {'kept' if kept else 'as glibc does'}; "

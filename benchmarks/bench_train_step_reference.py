@@ -34,7 +34,7 @@ load hits both; medians over the rounds' steps. Settings:
 
 latentcode's side is `bench_model_step.Stepper` in its "eager" mode: what `latentcode train` runs (the
 fused short-sequence attention of `latentcode.models.fused_short`, the project's AdamW parameter groups,
-freed memory kept in the heap).
+freed memory kept in the heap, MKL's CPU check answered on AMD CPUs: `latentcode.models.mkl_on_amd`).
 
 ratio = reference median / latentcode median (above 1: latentcode faster; the goal is >= 2).
 Quote the load average it prints: only ratios within one run compare.
@@ -161,11 +161,13 @@ def measure(args, cores: set[int], threads: int, label: str, reference_skip: str
     from bench_model_step import SIZES, Stepper
 
     from latentcode.allocator import keep_freed_memory
+    from latentcode.models.mkl_on_amd import use_mkl_fast_paths
 
     keep_freed_memory()  # as `latentcode train` does
+    mkl = use_mkl_fast_paths()  # as `latentcode train` does
     os.sched_setaffinity(0, cores)
     torch.set_num_threads(threads)
-    print(f"\n[{label}] cores {sorted(cores)}, torch {threads} thread(s), load before: {loadavg()}")
+    print(f"\n[{label}] cores {sorted(cores)}, torch {threads} thread(s), load before: {loadavg()}\n{mkl}")
     print(f"{'task':12s} {'attention':10s} {'params ours/ref':>17s} {'ours ms':>8s} {'IQR':>13s} "
           f"{'ref ms':>8s} {'IQR':>13s} {'ratio':>6s} {'compile s':>9s}")
     for task in args.task:

@@ -7,6 +7,12 @@ import os
 for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(variable, "1")
 
+# MKL keeps, for the whole process, the code path it chose first; training answers its CPU check on AMD
+# CPUs (latentcode.models.mkl_on_amd). The session keeps MKL's own answer, so that no test's numbers
+# depend on whether a training test ran before it; tests/models/test_mkl_on_amd.py runs the answered
+# path in subprocesses (which drop the variable).
+os.environ["LATENTCODE_MKL_CPU_CHECK"] = "keep"
+
 # Dequantised GGUF models (latentcode.pretrained_cache) are cached in a directory of this test session
 # only, never in the user's ~/.cache nor a cache the environment names: the slow SmolLM2 tests
 # dequantise once (the `smollm2` fixture) and read the cache after that. Under pytest-xdist (`-n 2`)

@@ -37,6 +37,7 @@ from latentcode.errors import UsageError, about
 from latentcode.files import give_umask_mode, write_error
 from latentcode.models import build_model
 from latentcode.models.config import ConfigError
+from latentcode.models.mkl_on_amd import use_mkl_fast_paths
 from latentcode.rundir import RunDirectory, RunDirectoryError
 from latentcode.tasks import get_task
 from latentcode.training.checkpoint import (
@@ -200,6 +201,7 @@ def _train(config, out, *, resume, progress, stop_after_step, on_step) -> Run:
     started_with = directory.read_raw_config()["train"]  # recorded in every checkpoint
 
     keep_freed_memory()  # every step reuses the last one's pages (latentcode.allocator)
+    use_mkl_fast_paths()  # MKL's fast matrix products on AMD CPUs too (latentcode.models.mkl_on_amd)
     model = build_model(config.model_config(), seed=config.seed)
     optimizer = build_optimizer(model, config.learning_rate, config.weight_decay)
     scheduler = build_scheduler(optimizer, config.warmup_steps, config.steps, config.lr_final_fraction)

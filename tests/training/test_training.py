@@ -189,3 +189,16 @@ def test_bf16_autocast_trains_on_cpu(tmp_path, small_config):
     float32 = train(config.replace(mixed_precision="no"), tmp_path / "float32", progress=False)
     assert math.isfinite(bf16.final_metrics["train"]["loss"])
     assert 0 < max_parameter_difference(bf16, float32) < 0.05, "bf16 autocast was not applied, or broke training"
+
+
+def test_training_answers_mkls_cpu_check_before_its_first_product(tmp_path, small_config, monkeypatch):
+    """MKL keeps the code path of its first product for the process: train answers the check
+    (latentcode.models.mkl_on_amd) before it builds the model."""
+    from latentcode.training import trainer
+
+    calls = []
+    monkeypatch.setattr(trainer, "use_mkl_fast_paths", lambda: calls.append("answer") or "recorded")
+    real_build = trainer.build_model
+    monkeypatch.setattr(trainer, "build_model", lambda *a, **k: calls.append("build") or real_build(*a, **k))
+    train(small_config(n_train_instances=2 * 128), tmp_path / "run", progress=False)
+    assert calls[:2] == ["answer", "build"] and calls.count("answer") == 1

@@ -1,0 +1,205 @@
+"""MKL's fast matrix products on AMD CPUs: its Intel-only CPU check answered by the CPU's features.
+
+torch's CPU build does its float32 matrix products (every `Linear`, `addmm`, `bmm`) in Intel's MKL,
+linked into `libtorch_cpu.so`. MKL picks its code path by asking `mkl_serv_intel_cpu_true()` whether
+the CPU is Intel's; on an AMD CPU the answer is no and it takes a slower path than the CPU's
+instructions allow. On the AMD EPYC (AVX-512) of our 2-core machines a `[4608, 128] x [128, 256]`
+product (the paper's SRAVEN MLP) took 5.9 ms before and 3.3 ms after the change below, and a SRAVEN
+training step about 15% less time (benchmarks/bench_model_step.py --mkl, interleaved rounds).
+
+`use_mkl_fast_paths()` points the one place `libtorch_cpu.so` calls that check through (its entry in
+the library's global offset table, the slot the dynamic linker filled in at load) at a function that
+answers yes, so that MKL chooses its path by the instruction sets the CPU reports, as it does on Intel
+CPUs. The products compute the same sums in another order: results agree with the old path to float32
+rounding, not bit for bit. It is what `LD_PRELOAD` of such a function does, for the running process
+only, without restarting it. Once per process, and only where all of these hold (otherwise nothing
+changes and the returned line says why):
+
+- Linux on x86-64, torch built with MKL, `libtorch_cpu.so` loaded and calling the check through its
+  offset table;
+- the CPU's vendor is AuthenticAMD and it has AVX2 and FMA (MKL's paths for older CPUs gain little);
+- a C compiler builds the one-line answering function (`latentcode.models.c_kernels`);
+- `LATENTCODE_MKL_CPU_CHECK` is not `keep` (set it to keep MKL's own answer).
+
+Called by `latentcode train` (and the training benchmarks, as train does); evaluation and extraction in a
+process that never trained keep MKL's own choice.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import platform
+import struct
+from pathlib import Path
+
+import torch
+
+from latentcode.models.c_kernels import CompiledLibrary
+
+CHECK_SYMBOL = b"mkl_serv_intel_cpu_true"
+TORCH_LIBRARY = "libtorch_cpu.so"
+SWITCH_VARIABLE = "LATENTCODE_MKL_CPU_CHECK"
+REQUIRED_CPU_FLAGS = ("avx2", "fma")
+
+SOURCE = "int latentcode_cpu_is_intel(void) { return 1; }\n"
+ANSWER = CompiledLibrary("mkl_on_amd", SOURCE, ("-O2", "-shared", "-fPIC"), lambda library: None)
+
+_ELF_X86_64, _SHT_RELA, _SHT_DYNSYM = 62, 4, 11
+_R_X86_64_GLOB_DAT, _R_X86_64_JUMP_SLOT = 6, 7
+_PROT_READ, _PROT_WRITE, _PROT_EXEC = 1, 2, 4
+
+_outcome: str | None = None
+_replaced: dict[int, int] = {}  # slot address -> the pointer it held before
+
+
+def use_mkl_fast_paths() -> str:
+    """Answer MKL's CPU check as above, once per process; a line that says what was done or why not."""
+    global _outcome
+    if _outcome is None:
+        try:
+            _outcome = _answer_check()
+        except (OSError, ValueError, struct.error, StopIteration) as error:
+            _outcome = f"MKL's CPU check left as it is: {error}"
+    return _outcome
+
+
+def mkl_fast_paths_in_use() -> bool:
+    """Whether this process answers MKL's CPU check (see `use_mkl_fast_paths`)."""
+    return _outcome is not None and _outcome.startswith("MKL's CPU check answered")
+
+
+def restore_mkl_cpu_check() -> None:
+    """Give the check back to MKL (the slots their old pointers); a later `use_mkl_fast_paths()` answers
+    it again. For before / after measurements in one process and for tests."""
+    global _outcome
+    for address, value in _replaced.items():
+        _write_pointer(address, value)
+    _replaced.clear()
+    _outcome = None
+
+
+def _answer_check() -> str:
+    reason = _why_not()
+    if reason:
+        return f"MKL's CPU check left as it is: {reason}"
+    library_path, base = _loaded(TORCH_LIBRARY)
+    slots = _offset_table_slots(library_path, CHECK_SYMBOL)
+    if not slots:
+        return f"MKL's CPU check left as it is: {library_path} does not call {CHECK_SYMBOL.decode()} through its offset table"
+    library = ANSWER.load()
+    if library is None:
+        return f"MKL's CPU check left as it is: {ANSWER.failure()}"
+    answer = ctypes.cast(library.latentcode_cpu_is_intel, ctypes.c_void_p).value
+    for slot in slots:
+        _replaced.setdefault(base + slot, ctypes.c_void_p.from_address(base + slot).value)
+        _write_pointer(base + slot, answer)
+    return f"MKL's CPU check answered yes for this AMD CPU ({len(slots)} slot of {Path(library_path).name})"
+
+
+def _why_not() -> str | None:
+    """Why the check is left as it is here, or None."""
+    if os.environ.get(SWITCH_VARIABLE, "").strip().lower() == "keep":
+        return f"{SWITCH_VARIABLE}=keep"
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return f"not Linux on x86-64 ({platform.system()} {platform.machine()})"
+    if not torch.backends.mkl.is_available():
+        return "torch is built without MKL"
+    vendor, flags = _cpu()
+    if vendor != "AuthenticAMD":
+        return f"the CPU's vendor is {vendor or 'unknown'}, not AuthenticAMD"
+    missing = [flag for flag in REQUIRED_CPU_FLAGS if flag not in flags]
+    if missing:
+        return f"the CPU lacks {', '.join(missing)}"
+    return None
+
+
+def _cpu() -> tuple[str, set[str]]:
+    """The CPU's vendor and instruction-set flags from /proc/cpuinfo."""
+    vendor, flags = "", set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "vendor_id" and not vendor:
+            vendor = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = set(value.split())
+    return vendor, flags
+
+
+def _loaded(name: str) -> tuple[str, int]:
+    """The path of the loaded library whose file is `name`, and its load address (that of its first
+    mapping, at file offset 0: a shared library's addresses are relative to it)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and Path(fields[5]).name == name and int(fields[2], 16) == 0:
+            return fields[5], int(fields[0].split("-")[0], 16)
+    raise ValueError(f"{name} is not loaded in this process")
+
+
+def _offset_table_slots(library_path: str, symbol: bytes) -> list[int]:
+    """Offsets (from the load address) of the offset-table slots through which the ELF64 x86-64 library
+    calls `symbol` (its GLOB_DAT and JUMP_SLOT relocations), read from its section headers."""
+    with open(library_path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as elf:
+        if elf[:4] != b"\x7fELF" or elf[4] != 2 or elf[5] != 1 or struct.unpack_from("<H", elf, 0x12)[0] != _ELF_X86_64:
+            raise ValueError(f"{library_path} is not a little-endian ELF64 x86-64 file")
+        (section_offset,) = struct.unpack_from("<Q", elf, 0x28)
+        entry_size, count = struct.unpack_from("<HH", elf, 0x3A)
+        # (name, type, flags, address, offset, size, link, info, alignment, entry size) per section
+        sections = [struct.unpack_from("<IIQQQQIIQQ", elf, section_offset + i * entry_size) for i in range(count)]
+        symbols_index = next(i for i, section in enumerate(sections) if section[1] == _SHT_DYNSYM)
+        symbols, names = sections[symbols_index], sections[sections[symbols_index][6]]
+        wanted = None
+        for index in range(symbols[5] // 24):
+            (name_offset,) = struct.unpack_from("<I", elf, symbols[4] + index * 24)
+            start = names[4] + name_offset
+            if elf[start:start + len(symbol) + 1] == symbol + b"\0":
+                wanted = index
+                break
+        if wanted is None:
+            return []
+        slots = []
+        for section in sections:
+            if section[1] == _SHT_RELA and section[6] == symbols_index:
+                for index in range(section[5] // 24):
+                    offset, info = struct.unpack_from("<QQ", elf, section[4] + index * 24)
+                    if info >> 32 == wanted and info & 0xFFFFFFFF in (_R_X86_64_GLOB_DAT, _R_X86_64_JUMP_SLOT):
+                        slots.append(offset)
+        return slots
+
+
+def _write_pointer(address: int, value: int) -> None:
+    """Store the pointer `value` at `address`, making its page writable for the store and giving it its
+    protection back afterwards (read-only where the loader made the table so)."""
+    protection = _protection(address)
+    page = address & ~(mmap.PAGESIZE - 1)
+    mprotect = ctypes.CDLL(None, use_errno=True).mprotect
+    mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    if mprotect(page, mmap.PAGESIZE, protection | _PROT_WRITE) != 0:
+        raise OSError(ctypes.get_errno(), "mprotect refused to make the offset table writable")
+    ctypes.c_void_p.from_address(address).value = value
+    if not protection & _PROT_WRITE and mprotect(page, mmap.PAGESIZE, protection) != 0:
+        raise OSError(ctypes.get_errno(), "mprotect refused to restore the offset table's protection")
+
+
+def _protection(address: int) -> int:
+    """The protection of the mapping holding `address`, from /proc/self/maps."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, permissions = line.split()[:2]
+        start, end = (int(bound, 16) for bound in span.split("-"))
+        if start <= address < end:
+            return ((_PROT_READ if permissions[0] == "r" else 0) | (_PROT_WRITE if permissions[1] == "w" else 0)
+                    | (_PROT_EXEC if permissions[2] == "x" else 0))
+    raise ValueError(f"address {address:#x} is not mapped")
+
+
+def answered_slot_values() -> list[int]:
+    """The pointers now held by the offset-table slots of the check (for tests)."""
+    library_path, base = _loaded(TORCH_LIBRARY)
+    return [ctypes.c_void_p.from_address(base + slot).value for slot in _offset_table_slots(library_path, CHECK_SYMBOL)]
+
+
+def answer_address() -> int | None:
+    """The address of the answering function, or None where it cannot be built (for tests)."""
+    library = ANSWER.load()
+    return None if library is None else ctypes.cast(library.latentcode_cpu_is_intel, ctypes.c_void_p).value
