@@ -81,10 +81,11 @@ typedef int v8i __attribute__((vector_size(32)));
 static inline v8 splat(float x) { return (v8){x, x, x, x, x, x, x, x}; }
 static inline v8 select8(v8i m, v8 a, v8 b) { return (v8)((m & (v8i)a) | (~m & (v8i)b)); }
 static inline float hsum(v8 x) { return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7])); }
-static inline float hmax(v8 x) {
-    float m = x[0];
-    for (int i = 1; i < 8; i++) m = x[i] > m ? x[i] : m;
-    return m;
+static inline float hmax(v8 x) { /* in three steps: halves, quarters, pairs */
+    float m[4];
+    for (int i = 0; i < 4; i++) m[i] = x[i] > x[i + 4] ? x[i] : x[i + 4];
+    const float a = m[0] > m[2] ? m[0] : m[2], b = m[1] > m[3] ? m[1] : m[3];
+    return a > b ? a : b;
 }
 
 /* exp(x) for x in [-87, 0] (softmax after subtracting the row's maximum; clamped there): Cephes' expf
@@ -152,24 +153,37 @@ static inline __attribute__((always_inline)) void codes_of_row(const float *qt, 
         for (long j = 0; j < nv; j++) {
             v8 acc = bias_padded ? V(bias_padded + (h * T + t) * Tp + 8 * j) : splat(0.0f);
             for (long d = 0; d < D; d++) acc += splat(qt[h * D + d]) * V(kT + (h * D + d) * Tp + 8 * j);
-            V(sh + 8 * j) = acc;
+            V(sh + 8 * j) = (sigma & SOFTMAX) ? acc : acc * V(ok + 8 * j);
         }
-        if (sigma & SOFTMAX) {
-            v8 top = splat(-3.0e38f), total = splat(0.0f);
+    }
+    if (sigma & SOFTMAX) {
+        /* Each step for every head before the next: the heads' rows are independent, so the CPU overlaps
+           their exps and reductions instead of waiting on one row's chain max -> exp -> sum -> divide. */
+        float top[H], inverse_total[H];
+        for (long h = 0; h < H; h++) {
+            const float *sh = row0 + h * head_stride;
+            v8 most = splat(-3.0e38f);
             for (long j = 0; j < nv; j++) {
                 v8 candidate = select8(V(ok + 8 * j) != splat(0.0f), V(sh + 8 * j), splat(-3.0e38f));
-                top = select8(candidate > top, candidate, top);
+                most = select8(candidate > most, candidate, most);
             }
-            const v8 m = splat(hmax(top));
+            top[h] = hmax(most);
+        }
+        for (long h = 0; h < H; h++) {
+            float *sh = row0 + h * head_stride;
+            const v8 m = splat(top[h]);
+            v8 total = splat(0.0f);
             for (long j = 0; j < nv; j++) {
                 v8 e = exp8(V(sh + 8 * j) - m) * V(ok + 8 * j);
                 V(sh + 8 * j) = e;
                 total += e;
             }
-            const v8 inverse = splat(1.0f / hsum(total));
+            inverse_total[h] = 1.0f / hsum(total);
+        }
+        for (long h = 0; h < H; h++) {
+            float *sh = row0 + h * head_stride;
+            const v8 inverse = splat(inverse_total[h]);
             for (long j = 0; j < nv; j++) V(sh + 8 * j) *= inverse;
-        } else {
-            for (long j = 0; j < nv; j++) V(sh + 8 * j) *= V(ok + 8 * j);
         }
     }
     if (sigma & RMS) {
