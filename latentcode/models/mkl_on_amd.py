@@ -3,9 +3,10 @@
 torch's CPU build does its float32 matrix products (every `Linear`, `addmm`, `bmm`) in Intel's MKL,
 linked into `libtorch_cpu.so`. MKL picks its code path by asking `mkl_serv_intel_cpu_true()` whether
 the CPU is Intel's; on an AMD CPU the answer is no and it takes a slower path than the CPU's
-instructions allow. On the AMD EPYC (AVX-512) of our 2-core machines a `[4608, 128] x [128, 256]`
-product (the paper's SRAVEN MLP) took 5.9 ms before and 3.3 ms after the change below, and a SRAVEN
-training step about 15% less time (benchmarks/bench_model_step.py --mkl, interleaved rounds).
+instructions allow. On the AMD EPYC (AVX-512) of our 2-core machines the products of a SRAVEN layer
+(`[4608, 128] x [128, 256]` and the like) ran 1.34-1.55x faster after the change below, and the
+training steps of the paper's six models 1.14-1.30x (benchmarks/bench_mkl_on_amd.py: one core,
+processes of either setting alternating).
 
 `use_mkl_fast_paths()` points the one place `libtorch_cpu.so` calls that check through (its entry in
 the library's global offset table, the slot the dynamic linker filled in at load) at a function that
@@ -21,8 +22,10 @@ changes and the returned line says why):
 - a C compiler builds the one-line answering function (`latentcode.models.c_kernels`);
 - `LATENTCODE_MKL_CPU_CHECK` is not `keep` (set it to keep MKL's own answer).
 
-Called by `latentcode train` (and the training benchmarks, as train does); evaluation and extraction in a
-process that never trained keep MKL's own choice.
+MKL keeps the path it chose at its first product for the rest of the process (answering later, or
+restoring the slot, need not change it): `latentcode train` answers before it builds the model; so do
+the training benchmarks. Evaluation and extraction in a process that never trained keep MKL's own
+choice.
 """
 
 from __future__ import annotations
