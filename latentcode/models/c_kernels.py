@@ -8,6 +8,12 @@ later loads read the cached library. ctypes releases the GIL during a call. Wher
 compiler or the build fails, `load()` returns None and `failure()` says why: every user of a kernel
 keeps a torch computation of the same numbers (to float tolerance) for that case.
 
+A library may ask for OpenMP (`openmp=True`): it is built with `-fopenmp` where the compiler has it
+(else without, its `#pragma omp` lines ignored) and `uses_openmp(library)` says which. Loaded after
+torch, its NEEDED `libgomp.so.1` is the copy torch's own build already loaded (the loader matches the
+name), so a kernel's `#pragma omp parallel` runs on torch's threads: no second pool spinning against
+torch's on the same cores. Without OpenMP, `run_in_threads` splits the work over a Python pool.
+
 Used by `latentcode.models.fused_hyper` (the hyper value networks' blockwise kernels),
 `latentcode.models.fused_short` (the attention of short sequences in training) and
 `latentcode.models.fused_gelu` (the MLP's GELU in training).
@@ -52,6 +58,22 @@ def run_in_threads(calls: Sequence[Callable[[], None]]) -> None:
         future.result()
 
 
+OPENMP_PROBE = """
+int latentcode_uses_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+"""
+
+
+def uses_openmp(library: ctypes.CDLL) -> bool:
+    """Whether `library` (of a CompiledLibrary with openmp=True) was built with OpenMP."""
+    return bool(library.latentcode_uses_openmp())
+
+
 def kernel_directory() -> Path:
     """`$LATENTCODE_CACHE/kernels` (default `~/.cache/latentcode/kernels`)."""
     return Path(os.environ.get("LATENTCODE_CACHE") or Path.home() / ".cache" / "latentcode") / "kernels"
@@ -71,8 +93,12 @@ class CompiledLibrary:
     """One C source, compiled on first use: `load()` -> the `ctypes.CDLL` (its functions declared by
     `declare`), or None where it cannot be built (`failure()` says why)."""
 
-    def __init__(self, name: str, source: str, flags: tuple[str, ...], declare: Callable[[ctypes.CDLL], None]):
+    def __init__(self, name: str, source: str, flags: tuple[str, ...], declare: Callable[[ctypes.CDLL], None],
+                 openmp: bool = False):
         self.name, self.source, self.flags, self.declare = name, source, flags, declare
+        if openmp:
+            self.source += OPENMP_PROBE
+        self.flag_choices = ((*flags, "-fopenmp"), flags) if openmp else (flags,)
         self.enabled = True  # its users take their torch computation while False
         self.forget()
 
@@ -94,10 +120,12 @@ class CompiledLibrary:
 
     def load(self) -> ctypes.CDLL | None:
         if self._library is None and self._failure is None:
-            try:
-                self._library = self._build()
-            except OSError as error:
-                self._failure = str(error)
+            for flags in self.flag_choices:  # with OpenMP first where asked
+                try:
+                    self._library, self._failure = self._build(flags), None
+                    break
+                except OSError as error:
+                    self._failure = str(error)
         return self._library
 
     def failure(self) -> str | None:
@@ -105,10 +133,10 @@ class CompiledLibrary:
         self.load()
         return self._failure
 
-    def _build(self) -> ctypes.CDLL:
+    def _build(self, flags: tuple[str, ...]) -> ctypes.CDLL:
         """The compiled library: from the cache, else compiled now (to a temporary, then renamed)."""
         machine = f"{platform.node()} {platform.machine()} {_cpu_flags()}"
-        digest = hashlib.sha256((self.source + " ".join(self.flags) + machine).encode()).hexdigest()[:16]
+        digest = hashlib.sha256((self.source + " ".join(flags) + machine).encode()).hexdigest()[:16]
         directory = kernel_directory()
         library_path = directory / f"{self.name}-{digest}.so"
         if not library_path.is_file():
@@ -120,7 +148,7 @@ class CompiledLibrary:
             temporary = new_temporary_file(library_path)
             try:
                 source_path.write_text(self.source)
-                subprocess.run([compiler, *self.flags, "-x", "c", str(source_path), "-o", str(temporary)],
+                subprocess.run([compiler, *flags, "-x", "c", str(source_path), "-o", str(temporary)],
                                check=True, capture_output=True, text=True)
                 os.replace(temporary, library_path)
             except FileNotFoundError:

@@ -18,8 +18,10 @@ Large |x| gives the limits (gelu(20) = 20, gelu(-20) = -0, gelu'(20) = 1, gelu'(
 taken as 0: no denormals, no slow microcode. The sigmoid form has no cancellation: where torch's
 `1 + tanh` rounds to 0 (x < ~-5.2) it still gives gelu's tiny negative values.
 
-Big tensors are split over `torch.get_num_threads()` threads (ctypes releases the GIL); every float
-is computed the same way wherever a split falls, so the numbers do not depend on the thread count.
+Big tensors are split over `torch.get_num_threads()` threads: torch's own OpenMP threads where the
+library is built with OpenMP (`latentcode.models.c_kernels`), else a Python pool (ctypes releases the
+GIL). Every float is computed the same way wherever a split falls, so the numbers do not depend on
+the thread count.
 
 Used by `MLP.forward` only in training mode, float32 on the CPU, no autocast, not under
 torch.compile, and where the library is built (`latentcode.models.c_kernels`); elsewhere, and under
@@ -36,7 +38,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from latentcode.models.c_kernels import CompiledLibrary, run_in_threads
+from latentcode.models.c_kernels import CompiledLibrary, run_in_threads, uses_openmp
 
 FLOATS_PER_THREAD = 1 << 16
 """A tensor is split over threads only where each gets at least this many floats (256 KiB): below,
@@ -130,6 +132,24 @@ void gelu_backward(const float *restrict x, const float *restrict grad_y, float 
         for (long j = 0; j < n - i; j++) grad_x[i + j] = out[j];
     }
 }
+
+/* The same over `parts` OpenMP threads (torch's: latentcode.models.c_kernels), each a range of whole
+   `alignment` floats; one thread where built without OpenMP. */
+#define IN_PARTS(call) \
+    const long per = (n + parts * alignment - 1) / (parts * alignment) * alignment; \
+    _Pragma("omp parallel for num_threads(parts) schedule(static, 1)") \
+    for (long i = 0; i < parts; i++) { \
+        const long start = i * per, length = n - start < per ? n - start : per; \
+        if (length > 0) call; \
+    }
+
+void gelu_forward_parts(const float *x, float *y, long n, long parts, long alignment) {
+    IN_PARTS(gelu_forward(x + start, y + start, length))
+}
+
+void gelu_backward_parts(const float *x, const float *grad_y, float *grad_x, long n, long parts, long alignment) {
+    IN_PARTS(gelu_backward(x + start, grad_y + start, grad_x + start, length))
+}
 """
 
 COMPILE_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC")
@@ -141,9 +161,12 @@ def _declare(library: ctypes.CDLL) -> None:
     library.gelu_forward.argtypes = [pointer, pointer, ctypes.c_long]
     library.gelu_backward.argtypes = [pointer, pointer, pointer, ctypes.c_long]
     library.gelu_forward.restype = library.gelu_backward.restype = None
+    library.gelu_forward_parts.argtypes = [pointer, pointer, *[ctypes.c_long] * 3]
+    library.gelu_backward_parts.argtypes = [pointer, pointer, pointer, *[ctypes.c_long] * 3]
+    library.gelu_forward_parts.restype = library.gelu_backward_parts.restype = None
 
 
-KERNELS = CompiledLibrary("fused_gelu", SOURCE, COMPILE_FLAGS, _declare)
+KERNELS = CompiledLibrary("fused_gelu", SOURCE, COMPILE_FLAGS, _declare, openmp=True)
 
 
 def use_fused(enabled: bool):
@@ -168,6 +191,10 @@ def _run(kernel, tensors: list[Tensor], count: int) -> None:
     addresses = [tensor.data_ptr() for tensor in tensors]
     if threads == 1:
         kernel(*addresses, count)
+        return
+    library = KERNELS.load()
+    if uses_openmp(library):  # on torch's OpenMP threads
+        getattr(library, kernel.__name__ + "_parts")(*addresses, count, threads, SPLIT_ALIGNMENT)
         return
     per_thread = -(-count // (threads * SPLIT_ALIGNMENT)) * SPLIT_ALIGNMENT
     starts = range(0, count, per_thread)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from latentcode.models import fused_gelu
-from latentcode.models.c_kernels import CompiledLibrary
+from latentcode.models.c_kernels import CompiledLibrary, uses_openmp
 from latentcode.models.feedforward import MLP
 
 C, K = math.sqrt(2 / math.pi), 0.044715
@@ -92,7 +92,8 @@ def test_large_inputs_give_the_limits_and_nan_stays_nan(compiled):
 
 
 def test_any_split_over_threads_gives_the_numbers_of_one_thread(compiled, monkeypatch):
-    """1,001 floats (not a multiple of the 16-float split alignment) over 3 threads, at least 100 each."""
+    """1,001 floats (not a multiple of the 16-float split alignment) over 3 threads of the Python pool
+    (a library built without OpenMP), at least 100 each."""
     x = torch.randn(1_001, generator=torch.Generator().manual_seed(1)) * 4
     grad_y = torch.randn(1_001, generator=torch.Generator().manual_seed(2))
     one_thread = fused_gelu.forward(x), fused_gelu.backward(x, grad_y)
@@ -100,6 +101,9 @@ def test_any_split_over_threads_gives_the_numbers_of_one_thread(compiled, monkey
     kernels, calls = fused_gelu.KERNELS.load(), []
 
     class Recorded:
+        def latentcode_uses_openmp(self):
+            return 0
+
         def gelu_forward(self, *args):
             calls.append(("forward", args[-1], threading.get_ident()))
             kernels.gelu_forward(*args)
@@ -222,3 +226,62 @@ def test_without_a_compiler_training_falls_back_to_f_gelu(tmp_path, monkeypatch)
         for got, expected in zip(fallback, mlp_outputs_and_gradients(mlp, x), strict=True):
             assert torch.equal(got, expected)
     assert not list((tmp_path / "kernels").glob("*.so")), "nothing half-built is left to load"
+
+
+def test_openmp_split_over_threads_gives_the_numbers_of_one_thread(compiled, monkeypatch):
+    """Built with OpenMP, 1,001 floats go to the `_parts` kernels in one call with 3 parts of whole
+    16-float lines (torch's threads run them), and give the numbers of one thread."""
+    if not uses_openmp(fused_gelu.KERNELS.load()):
+        pytest.skip("the compiler here builds the kernels without OpenMP")
+    x = torch.randn(1_001, generator=torch.Generator().manual_seed(1)) * 4
+    grad_y = torch.randn(1_001, generator=torch.Generator().manual_seed(2))
+    one_thread = fused_gelu.forward(x), fused_gelu.backward(x, grad_y)
+    kernels, calls = fused_gelu.KERNELS.load(), []
+
+    class Recorded:
+        def latentcode_uses_openmp(self):
+            return kernels.latentcode_uses_openmp()
+
+        def gelu_forward_parts(self, *args):
+            calls.append(("forward", args[-3:]))
+            kernels.gelu_forward_parts(*args)
+
+        def gelu_backward_parts(self, *args):
+            calls.append(("backward", args[-3:]))
+            kernels.gelu_backward_parts(*args)
+
+        gelu_forward, gelu_backward = kernels.gelu_forward, kernels.gelu_backward
+
+    monkeypatch.setattr(fused_gelu.KERNELS, "load", Recorded)
+    monkeypatch.setattr(fused_gelu, "FLOATS_PER_THREAD", 100)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        split = fused_gelu.forward(x), fused_gelu.backward(x, grad_y)
+    finally:
+        torch.set_num_threads(previous)
+    assert calls == [("forward", (1_001, 3, 16)), ("backward", (1_001, 3, 16))]
+    assert torch.equal(split[0], one_thread[0]) and torch.equal(split[1], one_thread[1])
+
+
+def test_a_compiler_without_openmp_builds_the_kernels_without_it(tmp_path, monkeypatch, compiled):
+    """A compiler that refuses -fopenmp: the library is built without it (its pragmas ignored), says so,
+    and its `_parts` kernels still compute every float (in one thread)."""
+    import shutil
+
+    real = shutil.which("cc") or shutil.which("gcc")
+    wrapper = tmp_path / "cc-without-openmp"
+    wrapper.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && {{ echo "no OpenMP here" >&2; exit 1; }}; done\n'
+                       f'exec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CC", str(wrapper))
+    monkeypatch.setenv("LATENTCODE_CACHE", str(tmp_path / "cache"))
+    library = CompiledLibrary("fused_gelu", fused_gelu.SOURCE, fused_gelu.COMPILE_FLAGS, fused_gelu._declare,
+                              openmp=True)
+    loaded = library.load()
+    assert loaded is not None and library.failure() is None
+    assert not uses_openmp(loaded)
+    x = torch.randn(1_001, generator=torch.Generator().manual_seed(1)) * 4
+    y = torch.empty_like(x)
+    loaded.gelu_forward_parts(x.data_ptr(), y.data_ptr(), 1_001, 3, 16)
+    assert torch.equal(y, fused_gelu.forward(x))

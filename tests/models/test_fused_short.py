@@ -102,10 +102,16 @@ def test_forcing_the_fused_path_where_it_cannot_run_says_why():
         layer(torch.randn(1, fused_short.MAX_POSITIONS + 1, 8))
 
 
-def test_threads_give_the_same_numbers_as_one():
+@pytest.mark.parametrize("runner", ["openmp", "python pool"])
+def test_threads_give_the_same_numbers_as_one(runner, monkeypatch):
     """Each thread computes its own batch elements (z and the q, k, v gradients bit for bit); the position
-    bias's gradient adds the threads' parts (to float tolerance)."""
+    bias's gradient adds the threads' parts (to float tolerance). On torch's OpenMP threads (a library
+    built with OpenMP) and on the Python pool (one built without)."""
     kernels_or_skip()
+    if runner == "python pool":
+        monkeypatch.setattr(fused_short, "uses_openmp", lambda library: False)
+    elif not fused_short.uses_openmp(fused_short.KERNELS.load()):
+        pytest.skip("the compiler here builds the kernels without OpenMP")
     generator = torch.Generator().manual_seed(0)
     batch, n_positions, n_heads, d_head = 7, 13, 4, 3
     inputs = [torch.randn(batch, n_positions, n_heads, d_head, generator=generator) for _ in range(3)]
