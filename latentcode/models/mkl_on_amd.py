@@ -134,8 +134,8 @@ def _loaded(name: str) -> tuple[str, int]:
     """The path of the loaded library whose file is `name`, and its load address (that of its first
     mapping, at file offset 0: a shared library's addresses are relative to it)."""
     for line in Path("/proc/self/maps").read_text().splitlines():
-        fields = line.split()
-        if len(fields) >= 6 and Path(fields[5]).name == name and int(fields[2], 16) == 0:
+        fields = line.split(maxsplit=5)  # the path, the sixth field, may hold spaces
+        if len(fields) == 6 and Path(fields[5]).name == name and int(fields[2], 16) == 0:
             return fields[5], int(fields[0].split("-")[0], 16)
     raise ValueError(f"{name} is not loaded in this process")
 

@@ -172,3 +172,27 @@ def test_training_steps_give_the_losses_of_mkls_own_path():
     assert answered["answered"] and not own["answered"]
     assert answered["losses"] == pytest.approx(own["losses"], rel=1e-4)
     assert answered["losses"][-1] < answered["losses"][0]  # it trains
+
+
+@pytest.mark.skipif(shutil.which("readelf") is None or platform.system() != "Linux", reason="needs readelf and /proc")
+def test_a_loaded_library_is_found_with_its_load_address_even_under_a_path_with_spaces(tmp_path):
+    import ctypes
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    directory = tmp_path / "a folder with spaces"
+    directory.mkdir()
+    source, library = directory / "probe.c", directory / "libprobe_for_maps.so"
+    source.write_text("int probe_for_maps(void) { return 7; }\n")
+    subprocess.run([compiler, "-shared", "-fPIC", str(source), "-o", str(library)], check=True)
+    loaded = ctypes.CDLL(str(library))
+    path, base = mkl_on_amd._loaded("libprobe_for_maps.so")
+    assert path == str(library)
+    function = ctypes.cast(loaded.probe_for_maps, ctypes.c_void_p).value
+    symbol_offset = int(re.search(r"([0-9a-f]+)\s+\d+\s+FUNC\s+GLOBAL\s+DEFAULT\s+\d+\s+probe_for_maps\b",
+                                  subprocess.run(["readelf", "-sW", str(library)], capture_output=True, text=True,
+                                                 check=True).stdout).group(1), 16)
+    assert function == base + symbol_offset  # the load address plus the symbol's address in the file
+    with pytest.raises(ValueError, match="libnot_loaded_anywhere.so is not loaded"):
+        mkl_on_amd._loaded("libnot_loaded_anywhere.so")
