@@ -105,6 +105,11 @@ def _why_not() -> str | None:
     """Why the check is left as it is here, or None."""
     if os.environ.get(SWITCH_VARIABLE, "").strip().lower() == "keep":
         return f"{SWITCH_VARIABLE}=keep"
+    return _why_not_on_this_machine()
+
+
+def _why_not_on_this_machine() -> str | None:
+    """Why this machine and torch build cannot have the check answered, or None."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"not Linux on x86-64 ({platform.system()} {platform.machine()})"
     if not torch.backends.mkl.is_available():

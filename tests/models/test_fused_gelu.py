@@ -91,13 +91,28 @@ def test_large_inputs_give_the_limits_and_nan_stays_nan(compiled):
     torch.testing.assert_close(derivative, torch.tensor([0.0, 0, 0, nan, 0, 1, 1, 1, 1, nan]), **exact)
 
 
-def test_any_split_over_threads_gives_the_numbers_of_one_thread(compiled, monkeypatch):
-    """1,001 floats (not a multiple of the 16-float split alignment) over 3 threads of the Python pool
-    (a library built without OpenMP), at least 100 each."""
-    x = torch.randn(1_001, generator=torch.Generator().manual_seed(1)) * 4
-    grad_y = torch.randn(1_001, generator=torch.Generator().manual_seed(2))
-    one_thread = fused_gelu.forward(x), fused_gelu.backward(x, grad_y)
+SPLIT_INPUTS = 1_001
+"""Floats of the thread-split tests: not a multiple of the 16-float split alignment."""
 
+
+def split_over_three_threads(monkeypatch, recorded_library) -> tuple[tuple, tuple]:
+    """gelu forward and backward of SPLIT_INPUTS floats with one thread (the real library), then with
+    `recorded_library` as the loaded library, 3 torch threads and at least 100 floats a thread."""
+    x = torch.randn(SPLIT_INPUTS, generator=torch.Generator().manual_seed(1)) * 4
+    grad_y = torch.randn(SPLIT_INPUTS, generator=torch.Generator().manual_seed(2))
+    one_thread = fused_gelu.forward(x), fused_gelu.backward(x, grad_y)
+    monkeypatch.setattr(fused_gelu.KERNELS, "load", recorded_library)
+    monkeypatch.setattr(fused_gelu, "FLOATS_PER_THREAD", 100)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        return one_thread, (fused_gelu.forward(x), fused_gelu.backward(x, grad_y))
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_any_split_over_threads_gives_the_numbers_of_one_thread(compiled, monkeypatch):
+    """1,001 floats over 3 threads of the Python pool (a library built without OpenMP), at least 100 each."""
     kernels, calls = fused_gelu.KERNELS.load(), []
 
     class Recorded:
@@ -112,14 +127,7 @@ def test_any_split_over_threads_gives_the_numbers_of_one_thread(compiled, monkey
             calls.append(("backward", args[-1], threading.get_ident()))
             kernels.gelu_backward(*args)
 
-    monkeypatch.setattr(fused_gelu.KERNELS, "load", Recorded)
-    monkeypatch.setattr(fused_gelu, "FLOATS_PER_THREAD", 100)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(3)
-    try:
-        split = fused_gelu.forward(x), fused_gelu.backward(x, grad_y)
-    finally:
-        torch.set_num_threads(previous)
+    one_thread, split = split_over_three_threads(monkeypatch, Recorded)
     for name in ["forward", "backward"]:
         assert sorted(count for called, count, _ in calls if called == name) == [329, 336, 336]
     assert {thread for *_, thread in calls} - {threading.get_ident()}, "the pool's threads took some"
@@ -233,9 +241,6 @@ def test_openmp_split_over_threads_gives_the_numbers_of_one_thread(compiled, mon
     16-float lines (torch's threads run them), and give the numbers of one thread."""
     if not uses_openmp(fused_gelu.KERNELS.load()):
         pytest.skip("the compiler here builds the kernels without OpenMP")
-    x = torch.randn(1_001, generator=torch.Generator().manual_seed(1)) * 4
-    grad_y = torch.randn(1_001, generator=torch.Generator().manual_seed(2))
-    one_thread = fused_gelu.forward(x), fused_gelu.backward(x, grad_y)
     kernels, calls = fused_gelu.KERNELS.load(), []
 
     class Recorded:
@@ -252,14 +257,7 @@ def test_openmp_split_over_threads_gives_the_numbers_of_one_thread(compiled, mon
 
         gelu_forward, gelu_backward = kernels.gelu_forward, kernels.gelu_backward
 
-    monkeypatch.setattr(fused_gelu.KERNELS, "load", Recorded)
-    monkeypatch.setattr(fused_gelu, "FLOATS_PER_THREAD", 100)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(3)
-    try:
-        split = fused_gelu.forward(x), fused_gelu.backward(x, grad_y)
-    finally:
-        torch.set_num_threads(previous)
+    one_thread, split = split_over_three_threads(monkeypatch, Recorded)
     assert calls == [("forward", (1_001, 3, 16)), ("backward", (1_001, 3, 16))]
     assert torch.equal(split[0], one_thread[0]) and torch.equal(split[1], one_thread[1])
 
