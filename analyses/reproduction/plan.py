@@ -53,11 +53,14 @@ def fuzzy(group: str, attention: str, seed: int, frac_test: float) -> PlannedRun
                       (("frac_test", frac_test),))
 
 
-def sraven(group: str, attention: str, seed: int, n_heads: int = 16, hold_out: str = "greedy") -> PlannedRun:
+def sraven(group: str, attention: str, seed: int, n_heads: int = 16, hold_out: str = "greedy",
+           tag: str = "") -> PlannedRun:
+    """`tag` only names the run: the same command trained by a later version of the code (`corrected`:
+    after the `lecun_normal_` fix, e45163f, where the older runs of that name were trained before it)."""
     heads = (("n_heads", n_heads),) if n_heads != 16 else ()
     split = (("hold_out", hold_out),) if hold_out != "greedy" else ()
-    return PlannedRun(f"sraven-M2-{attention}{f'-h{n_heads}' if heads else ''}{f'-{hold_out}' if split else ''}-s{seed}",
-                      group, "sraven", attention, seed, SRAVEN_SETTING + heads + split)
+    name = f"sraven-M2-{attention}{f'-h{n_heads}' if heads else ''}{f'-{hold_out}' if split else ''}{f'-{tag}' if tag else ''}-s{seed}"
+    return PlannedRun(name, group, "sraven", attention, seed, SRAVEN_SETTING + heads + split)
 
 
 def plan() -> list[PlannedRun]:
@@ -71,6 +74,12 @@ def plan() -> list[PlannedRun]:
     # Issue 26: the permuted trio again with held-out multisets as hard as the training ones (the
     # default split holds out mostly progression pairs), seed 0 first. Not trained yet.
     runs += [sraven("sraven_stratified", a, s, hold_out="stratified") for s in (0, 1, 2) for a in ATTENTIONS]
+    # Issue 50: the permuted trio with one initialisation (the corrected `lecun_normal_`), 5 seeds each.
+    # HYLA's seeds 0-2 with this init are the issue 36 reruns at the default lr and warm-up
+    # (results/hyla_seed/sraven-M2-hyla-sS-lr1e-3-w800-corrected-init, the same command); the rest
+    # train here, seeds in order so that an interrupted plan leaves whole seeds.
+    runs += [sraven("sraven_init", a, s, tag="corrected") for s in (0, 1, 2) for a in ("softmax", "linear")]
+    runs += [sraven("sraven_init", a, s, tag="corrected") for s in (3, 4) for a in ATTENTIONS]
     runs += [PlannedRun(f"language-{a}-s0", "language", "language", a, 0, ()) for a in ATTENTIONS]
     # The same bytes per step in windows of 128, the authors' sequence length: does the comparison
     # depend on the window?
