@@ -74,12 +74,13 @@ def plan() -> list[PlannedRun]:
     # Issue 26: the permuted trio again with held-out multisets as hard as the training ones (the
     # default split holds out mostly progression pairs), seed 0 first. Not trained yet.
     runs += [sraven("sraven_stratified", a, s, hold_out="stratified") for s in (0, 1, 2) for a in ATTENTIONS]
-    # Issue 50: the permuted trio with one initialisation (the corrected `lecun_normal_`), 5 seeds each.
-    # HYLA's seeds 0-2 with this init are the issue 36 reruns at the default lr and warm-up
-    # (results/hyla_seed/sraven-M2-hyla-sS-lr1e-3-w800-corrected-init, the same command); the rest
-    # train here, seeds in order so that an interrupted plan leaves whole seeds.
+    # Issue 50: the permuted trio with one initialisation (the corrected `lecun_normal_`), 5 seeds each,
+    # all trained by the same code. HYLA's seeds 0-2 with this init also exist as the issue 36 reruns
+    # (results/hyla_seed/...-lr1e-3-w800-corrected-init, the same command on older kernels); they train
+    # last, after the runs that had no corrected-init counterpart at all.
     runs += [sraven("sraven_init", a, s, tag="corrected") for s in (0, 1, 2) for a in ("softmax", "linear")]
     runs += [sraven("sraven_init", a, s, tag="corrected") for s in (3, 4) for a in ATTENTIONS]
+    runs += [sraven("sraven_init", "hyla", s, tag="corrected") for s in (0, 1, 2)]
     runs += [PlannedRun(f"language-{a}-s0", "language", "language", a, 0, ()) for a in ATTENTIONS]
     # The same bytes per step in windows of 128, the authors' sequence length: does the comparison
     # depend on the window?
