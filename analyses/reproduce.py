@@ -37,6 +37,7 @@ from reproduction.page import page
 from reproduction.plan import RUNS, commands, train
 from reproduction.recording import record_shipped_weights, record_sweep
 from reproduction.sraven import per_rule
+from reproduction.sraven_init import per_rule as sraven_init_per_rule
 
 
 def main() -> None:
@@ -63,6 +64,8 @@ def main() -> None:
                                           "per query rule and per rule multiset, test vs ood; record the tables")
     per_rule_parser.add_argument("--models", default=str(ROOT.parent / "models"),
                                  help="finished runs sraven-permuted-ATTENTION")
+    subcommands.add_parser("sraven-init-per-rule", help="issue 50: the one-init permuted SRAVEN runs' accuracy per "
+                           "query rule and per rule multiset, test vs ood; record the table")
     add_code_figures_arguments(subcommands.add_parser(
         "code-figures", help="Fig. 3 and 4: tSNE of the shipped models' OOD codes and the similarity of each SRAVEN "
         "rule's mean code (analyses/latent_tsne.py, sraven_rule_heatmap.py); record the figures"))
@@ -86,6 +89,8 @@ def main() -> None:
         language_codes(args)
     elif args.command == "per-rule":
         per_rule(args)
+    elif args.command == "sraven-init-per-rule":
+        sraven_init_per_rule(args)
     elif args.command == "code-figures":
         code_figures(args)
     elif args.command == "interventions":

@@ -15,6 +15,9 @@ from .paper_index import code_figures_section, paper_index
 from .plan import commands
 from .recording import weights_note
 from .sraven import ambiguity_table, fig5c_table, per_rule_section, sraven_curves, sraven_table
+from .sraven_init import FIGURE as SRAVEN_INIT_FIGURE
+from .sraven_init import ood_figure as sraven_init_figure
+from .sraven_init import section as sraven_init_section
 from .verdicts import verdicts
 
 
@@ -32,7 +35,7 @@ def page(args: argparse.Namespace) -> None:
         localisation=localisation_section(), search=search_section(), table_a1=table_a1(), fig2c=fuzzy_fractions, ambiguity=ambiguity_table(),
         fuzzy_decoding=decoding_table("fuzzy_logic"), sraven_decoding=decoding_table("sraven"),
         sraven_permuted_decoding=decoding_table("sraven_permuted"),
-        sraven=sraven_table(), per_rule=per_rule_section(), fig5c=fig5c_table(), verdicts=verdicts(),
+        sraven=sraven_table(), sraven_init=sraven_init_section(), per_rule=per_rule_section(), fig5c=fig5c_table(), verdicts=verdicts(),
         plan="\n".join(f"    {command}" for command in commands()), weights=weights_note(),
         code_reuse=code_reuse_table(), code_reuse_correlations=correlations_table(),
         code_reuse_findings=code_reuse_findings(), hyla_seed=hyla_seed_table(), hyla_seed_runs=hyla_seed_runs_table(),
@@ -40,7 +43,7 @@ def page(args: argparse.Namespace) -> None:
     )
     drawn = {"sraven_permuted_accuracy_vs_step": sraven_curves(), "language_bits_per_byte": language_figure,
              "language_bits_per_byte_4k": language_budget_figure, "fig2c_ood_r2_vs_held_out": fig2c_figure,
-             "sraven_hyla_seed_train_accuracy": hyla_seed_figure()}
+             "sraven_hyla_seed_train_accuracy": hyla_seed_figure(), SRAVEN_INIT_FIGURE: sraven_init_figure()}
     with AtomicOutputs(lock=page_path, purpose="writing the results page") as outputs:
         for name, figure in drawn.items():
             outputs.write_figure(figures / name, figure)
@@ -107,6 +110,10 @@ same column, hence the same permutation) or to the left.
 {sraven}
 
 ![SRAVEN permuted accuracy against training steps](results/figures/sraven_permuted_accuracy_vs_step.png)
+
+### One initialisation for all three attentions, five seeds (issue 50)
+
+{sraven_init}
 
 ### HYLA's seed 2 (issue 36)
 

@@ -18,13 +18,13 @@ if TYPE_CHECKING:
 PAPER_SRAVEN = {"softmax": "56.56 ± 1.05", "linear": "56.30 ± 1.11", "hyla": "69.13 ± 1.90"}
 
 
-def sraven_baselines(n: int = 4096) -> dict[str, tuple[float, float]]:
-    """Trivial baselines on the OOD evaluation set of the permuted M = 2 task, as (accuracy, feature
-    accuracy) in %: a uniform guess, and copying the value at the same position of the panel above
-    (same column, so the same permutation) or of the panel to the left."""
+def sraven_baselines(n: int = 4096, seed: int = 0) -> dict[str, tuple[float, float]]:
+    """Trivial baselines on the OOD evaluation set of the permuted M = 2 task with task seed `seed`, as
+    (accuracy, feature accuracy) in %: a uniform guess, and copying the value at the same position of the
+    panel above (same column, so the same permutation) or of the panel to the left."""
     from latentcode.tasks import get_task
 
-    task = get_task("sraven", n_features=2, n_values=8, frac_ood=0.25, seed=0)
+    task = get_task("sraven", n_features=2, n_values=8, frac_ood=0.25, seed=seed)
     batch = task.eval_set("ood", n, variant="permuted")
     M, K = task.n_features, task.n_values
     panels = batch.x[:, : 8 * M].reshape(n, 8, M, K).argmax(-1)  # the 8 context panels, row by row
@@ -96,39 +96,46 @@ PER_RULE_N = 4096  # instances per split: the size of the fixed evaluation sets 
 STEPLESS_RULES = ("sum", "difference", "distribute_three")
 
 
+def score_per_rule(task, model, attention: str) -> list[dict]:
+    """`model`'s accuracy on the task's fixed test and OOD evaluation sets (`task.eval_set`), per query
+    rule (feature accuracy) and per rule multiset (all features right): one row each."""
+    import numpy as np
+    import torch
+
+    rule_names = task.value_names()["query_rule"]
+    rows = []
+    for split in ("test", "ood"):
+        batch = task.eval_set(split, PER_RULE_N, variant="permuted")
+        with torch.no_grad():
+            outputs = [model(torch.from_numpy(batch.x[start : start + 512])) for start in range(0, len(batch.x), 512)]
+        predicted = torch.cat(outputs)[:, -task.n_features :, :].argmax(-1).numpy()
+        correct = predicted == batch.y  # [n, M]: each query position, as presented
+        query_rule = batch.labels["query_rule"]
+        for rule, name in enumerate(rule_names):
+            chosen = query_rule == rule
+            rows.append({"model": attention, "split": split, "level": "rule", "group": name, "stepless_rules": "",
+                         "n": int(chosen.sum()), "accuracy": float(correct[chosen].mean()) if chosen.any() else ""})
+        for index in np.unique(batch.labels["task_index"]):
+            chosen = batch.labels["task_index"] == index
+            multiset = [rule_names[rule] for rule in task.all_combinations[index]]
+            rows.append({"model": attention, "split": split, "level": "multiset", "group": " + ".join(multiset),
+                         "stepless_rules": sum(rule in STEPLESS_RULES for rule in multiset),
+                         "n": int(chosen.sum()), "accuracy": float(correct[chosen].all(axis=1).mean())})
+    return rows
+
+
 def per_rule(args: argparse.Namespace) -> None:
     """Score the shipped permuted SRAVEN models on the fixed evaluation sets of test and ood
     (`task.eval_set`), per query rule (feature accuracy) and per rule multiset (all features right),
     and record one CSV per model under analyses/results/per_rule/."""
-    import numpy as np
     import pandas as pd
-    import torch
 
     import latentcode
     from latentcode.files import AtomicOutputs
 
     for attention in ATTENTIONS:
         run = latentcode.Run(Path(args.models) / f"sraven-permuted-{attention}")
-        task, model = run.task(), run.load_model()
-        rule_names = task.value_names()["query_rule"]
-        rows = []
-        for split in ("test", "ood"):
-            batch = task.eval_set(split, PER_RULE_N, variant="permuted")
-            with torch.no_grad():
-                outputs = [model(torch.from_numpy(batch.x[start : start + 512])) for start in range(0, len(batch.x), 512)]
-            predicted = torch.cat(outputs)[:, -task.n_features :, :].argmax(-1).numpy()
-            correct = predicted == batch.y  # [n, M]: each query position, as presented
-            query_rule = batch.labels["query_rule"]
-            for rule, name in enumerate(rule_names):
-                chosen = query_rule == rule
-                rows.append({"model": attention, "split": split, "level": "rule", "group": name, "stepless_rules": "",
-                             "n": int(chosen.sum()), "accuracy": float(correct[chosen].mean()) if chosen.any() else ""})
-            for index in np.unique(batch.labels["task_index"]):
-                chosen = batch.labels["task_index"] == index
-                multiset = [rule_names[rule] for rule in task.all_combinations[index]]
-                rows.append({"model": attention, "split": split, "level": "multiset", "group": " + ".join(multiset),
-                             "stepless_rules": sum(rule in STEPLESS_RULES for rule in multiset),
-                             "n": int(chosen.sum()), "accuracy": float(correct[chosen].all(axis=1).mean())})
+        rows = score_per_rule(run.task(), run.load_model(), attention)
         path = PER_RULE / f"sraven-permuted-{attention}.csv"
         with AtomicOutputs(lock=path, purpose="recording per-rule accuracy") as outputs:
             pd.DataFrame(rows).to_csv(outputs.temporary(path), index=False, float_format="%.6f")
