@@ -34,7 +34,7 @@ from reproduction.interventions import add_arguments as add_interventions_argume
 from reproduction.interventions import interventions
 from reproduction.language import language_codes
 from reproduction.page import page
-from reproduction.plan import RUNS, commands, train
+from reproduction.plan import RUNS, commands, park, train
 from reproduction.recording import record_shipped_weights, record_sweep
 from reproduction.sraven import per_rule
 from reproduction.sraven_init import per_rule as sraven_init_per_rule
@@ -48,6 +48,10 @@ def main() -> None:
     train_parser.add_argument("--jobs", type=int, default=2, help="runs side by side, one thread each")
     train_parser.add_argument("--only", nargs="+", default=["table_a1", "fig2c", "ablations", "sraven", "fig5c", "language"],
                               help="groups of the plan to train (default all)")
+    park_parser = subcommands.add_parser("park", help="keep the unfinished runs' latest checkpoints under "
+                                         "analyses/results/unfinished/ (commit them), for `train` to resume")
+    park_parser.add_argument("--runs", default=str(RUNS), help="where the runs train")
+    park_parser.add_argument("--only", nargs="+", default=["sraven_init"], help="groups of the plan to park")
     page_parser = subcommands.add_parser("page", help="regenerate analyses/RESULTS.md from the recorded runs")
     page_parser.add_argument("--page", default=str(PAGE), help="where the page goes (its figures beside it)")
     decoding_parser = subcommands.add_parser("decoding", help="Fig. 2B/5F: decode the sub-task from the shipped "
@@ -81,6 +85,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.command == "train":
         train(args)
+    elif args.command == "park":
+        park(args)
     elif args.command == "page":
         page(args)
     elif args.command == "decoding":

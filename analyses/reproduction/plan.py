@@ -29,6 +29,9 @@ ABLATIONS = ("linear_rmshead", "linear_rmshead_relu", "hyla_no_rmshead", "hyla_n
 SRAVEN_SETTING = (("n_features", 2), ("n_layers", 2))
 # Where `train` trains (not committed) and the page's list of commands says runs go.
 RUNS = Path("analyses/output/runs")
+# Runs a session could not finish, parked by `park` (committed): config, metrics and the latest
+# checkpoint, from which `train` resumes them on any machine.
+UNFINISHED = RECORDED.parent / "unfinished"
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,9 @@ def train(args: argparse.Namespace) -> None:
                 record(directory.path, run.name)
                 print(f"{now()} done {run.name}", flush=True)
                 continue
+            if not directory.path.exists() and (UNFINISHED / run.name).is_dir():
+                shutil.copytree(UNFINISHED / run.name, directory.path)
+                print(f"{now()} restored {run.name} from {UNFINISHED / run.name}", flush=True)
             resumable = directory.checkpoints_path.is_dir()
             if not resumable and directory.path.exists():
                 shutil.rmtree(directory.path)  # started but never checkpointed: nothing to keep
@@ -159,9 +165,33 @@ def train(args: argparse.Namespace) -> None:
         directory = RunDirectory(Path(args.runs) / job.name)
         if directory.is_finished:
             record(directory.path, job.name)
+            shutil.rmtree(UNFINISHED / job.name, ignore_errors=True)  # parked by an earlier session
             print(f"{now()} done {job.name}", flush=True)
         else:
             print(f"{now()} FAILED {job.name} (exit {returncode})", flush=True)
 
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     run_jobs(jobs(), args.jobs, environment, on_start=started, on_finish=finished, poll_seconds=5)
+
+
+def park(args: argparse.Namespace) -> None:
+    """Keep each unfinished run of the groups `args.only` in `args.runs` for the next session: its
+    config.json, metrics.jsonl and latest checkpoint into results/unfinished/NAME/ (to commit), from which
+    `train` resumes it exactly (resuming drops the metrics logged after that checkpoint)."""
+    from latentcode.files import AtomicOutputs
+    from latentcode.rundir import RunDirectory
+
+    for run in plan():
+        directory = RunDirectory(Path(args.runs) / run.name)
+        if run.group not in args.only or directory.is_finished or not directory.checkpoints_path.is_dir():
+            continue
+        checkpoints = sorted(path for path in directory.checkpoints_path.iterdir() if path.is_dir())
+        if not checkpoints:
+            continue
+        parked = UNFINISHED / run.name
+        with AtomicOutputs(lock=parked, purpose="parking an unfinished run") as outputs:
+            for source in (directory.config_path, directory.metrics_path):
+                outputs.write_bytes(parked / source.name, source.read_bytes())
+            for file in checkpoints[-1].iterdir():
+                outputs.write_bytes(parked / "checkpoints" / checkpoints[-1].name / file.name, file.read_bytes())
+        print(f"{now()} parked {run.name} at {checkpoints[-1].name} in {parked}", flush=True)
