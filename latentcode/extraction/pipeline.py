@@ -46,7 +46,14 @@ from latentcode.progress import Progress
 from latentcode.provenance import sha256_of_file, sha256_of_state
 from latentcode.rundir import ModelSource, locate_model
 from latentcode.sources.sites import Selector
-from latentcode.store import DEFAULT_COMPRESSION, CodeWriter, Site, shard_path, write_sharded_file
+from latentcode.store import (
+    DEFAULT_COMPRESSION,
+    CodeWriter,
+    InMemoryCodes,
+    Site,
+    shard_path,
+    write_sharded_file,
+)
 from latentcode.tasks import Batch, Task, eval_seed
 from latentcode.validation import check_split
 
@@ -153,7 +160,7 @@ def extract(
     sites: str | Selector | list = "last-self",
     split: str | None = None,
     n: int = 8192,
-    out: str | Path = "codes.h5",
+    out: str | Path | InMemoryCodes | None = None,
     *,
     variant: str | None = None,
     score: str = "pattern",
@@ -165,8 +172,8 @@ def extract(
     progress: bool = True,
     compression: str | None = DEFAULT_COMPRESSION,
     wait_for_lock: float | None = 0.0,
-) -> Path:
-    """Record the latent codes of `n` instances of `split` at `sites` into `out`.
+) -> Path | InMemoryCodes:
+    """Record the latent codes of `n` instances of `split` at `sites` into `out`, or in memory.
 
     run_or_model: a run directory, a saved model directory, or a model object.
     task: a Task, a task config dict, or None to use the run's task.
@@ -178,7 +185,10 @@ def extract(
     extra: further per-example arrays of length n to store beside the codes.
     compression: of a new file: "gzip" (default; any HDF5 tool reads it), "lzf" or "none".
     wait_for_lock: seconds to wait while another process writes `out` (default: refuse at once).
-    Returns the path of the written file.
+    out: the codes file to write; None (default): nothing is written, and the codes come back in
+        memory as an `InMemoryCodes` (read like a `CodeFile`; `.save(path)` writes the file); codes
+        in memory with append=True: a new `InMemoryCodes`, them and the new examples.
+    Returns the path of the written file, or the `InMemoryCodes`.
 
     Everything is checked first by `plan_extract` (the command line's check builds the same plan),
     then `run_extraction` records it.
@@ -198,7 +208,8 @@ def extract(
     return run_extraction(plan, model, progress=progress)
 
 
-def run_extraction(plan: ExtractPlan, model: nn.Module | None = None, *, progress: bool = True) -> Path:
+def run_extraction(plan: ExtractPlan, model: nn.Module | None = None, *, progress: bool = True
+                   ) -> Path | InMemoryCodes:
     """Record what `plan` (from `plan_extract`) says; `model`: the model object of a plan made for one."""
     if plan.source.kind == "pretrained":
         from latentcode.extraction.pretrained_extract import extract_pretrained
@@ -237,15 +248,16 @@ def run_extraction(plan: ExtractPlan, model: nn.Module | None = None, *, progres
     }
     model.eval()
 
-    def record(path: Path | str, batches: range, append: bool, progress: bool) -> None:
-        with CodeWriter(path, sites, n_heads, metadata, append=append, overwrite=overwrite, compression=compression,
-                        wait_for_lock=wait_for_lock) as writer:
+    def record(path: Path | bytes | None, batches: range, append: bool, progress: bool) -> bytes | None:
+        writer = CodeWriter(path, sites, n_heads, metadata, append=append, overwrite=overwrite,
+                            compression=compression, wait_for_lock=wait_for_lock)
+        with writer:
             # Only once the writer has accepted `path`, so that a refusal prints nothing.
             tracker = Progress(len(batches), f"extract {split}", unit="batch", enabled=progress)
             instances = min(n, batches.stop * batch_size) - batches.start * batch_size
             tracker.announce(f"{instances} instances ({variant}) in {len(batches)} batches of up to {batch_size} "
                              f"sequences of {task.seq_len}, {len(sites)} sites x {n_heads} heads of float32 codes "
-                             f"({_size(4 * instances * len(sites) * n_heads)}) -> {path}")
+                             f"({_size(4 * instances * len(sites) * n_heads)}) -> {'memory' if path is None or isinstance(path, bytes) else path}")
             with recorder, torch.no_grad():
                 for index in tracker.track(batches):
                     start = index * batch_size
@@ -253,18 +265,22 @@ def run_extraction(plan: ExtractPlan, model: nn.Module | None = None, *, progres
                     batch = task.sample(size, split, seed=(seed, index), variant=variant)
                     record_batch(model, task, batch, recorder, writer, sites, {
                         name: np.asarray(values)[start : start + size] for name, values in (extra or {}).items()})
+        return writer.image
 
     return record_in_shards(out, math.ceil(n / batch_size), record, append=append, overwrite=overwrite,
                             wait_for_lock=wait_for_lock, progress=progress)
 
 
-def check_sharded_output(out: str | Path, append: bool, overwrite: bool) -> None:
+def check_sharded_output(out: str | Path | InMemoryCodes | None, append: bool, overwrite: bool) -> None:
     """Refuse, in a launch of several processes, what a sharded file cannot do: append to `out`, or
     replace it without `overwrite`. Every process refuses alike, before any of them waits for another
     (call it before loading anything slow)."""
     world_size = distributed_position()[1]
     if world_size == 1:
         return
+    if out is None or isinstance(out, InMemoryCodes):
+        raise UsageError(f"out={out!r} keeps the codes in memory, but this launch has {world_size} processes, each of "
+                         "which writes a shard file; give out, the file to write")
     if append:
         raise UsageError(f"append=True (--append) with {world_size} processes: a sharded file cannot be appended to; "
                          "extract into a new file")
@@ -273,14 +289,21 @@ def check_sharded_output(out: str | Path, append: bool, overwrite: bool) -> None
                               "another path")
 
 
-def record_in_shards(out: str | Path, n_batches: int, record: Callable[[Path, range, bool, bool], None], *,
-                     append: bool, overwrite: bool, wait_for_lock: float | None, progress: bool) -> Path:
+def record_in_shards(out: str | Path | InMemoryCodes | None, n_batches: int,
+                     record: Callable[[Path | bytes | None, range, bool, bool], bytes | None], *,
+                     append: bool, overwrite: bool, wait_for_lock: float | None, progress: bool
+                     ) -> Path | InMemoryCodes:
     """Record batches `0 .. n_batches - 1` into `out` with `record(path, batches, append, progress)`:
     in one process, all of them into `out`; in a launch of several, each process a contiguous share
     (rank by rank) into its shard `shard_path(out, rank, world)` (rank 0 alone shows progress), then
     rank 0 writes `out` over the shards. A failure in any process is raised in every process."""
-    out = Path(out)
     rank, world_size = distributed_position()
+    if out is None or isinstance(out, InMemoryCodes):  # codes in memory: the writer's image, read back
+        check_sharded_output(out, append, overwrite)
+        image = record(None if out is None else out.image, range(n_batches), append, progress)
+        assert image is not None, "a writer in memory leaves its image"
+        return InMemoryCodes(image)
+    out = Path(out)
     if world_size == 1:
         record(out, range(n_batches), append, progress)
         return out

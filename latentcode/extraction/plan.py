@@ -22,7 +22,7 @@ from typing import Any
 from latentcode.errors import OutputExistsError, UsageError, about
 from latentcode.rundir import ModelSource, locate_model
 from latentcode.sources.sites import MAX_ALL_PAIRS, Selector, SiteError, parse_selector
-from latentcode.store import DEFAULT_COMPRESSION, Site, check_compression
+from latentcode.store import DEFAULT_COMPRESSION, InMemoryCodes, Site, check_compression
 from latentcode.tasks import Task, get_task
 from latentcode.validation import (
     check_fits_in_memory,
@@ -54,7 +54,7 @@ class ExtractPlan:
     selector: Selector
     sites: tuple[Site, ...]
     n: int
-    out: Path
+    out: Path | InMemoryCodes | None  # None: new codes in memory; codes in memory: appended to
     score: str = "pattern"
     batch_size: int = 256
     seed: int | None = None
@@ -72,7 +72,7 @@ def plan_extract(
     sites: str | Selector | list = "last-self",
     split: str | None = None,
     n: int = 8192,
-    out: str | Path = "codes.h5",
+    out: str | Path | InMemoryCodes | None = None,
     *,
     variant: str | None = None,
     score: str = "pattern",
@@ -135,9 +135,12 @@ def plan_extract(
     check_fits_in_memory(forward_pass_bytes(batch, task.seq_len, model_config) + 4 * batch * len(resolved) * n_heads,
                          f"a forward pass of {batch} sequences of {task.seq_len} (the smaller of n and batch size)")
     out = _checked_out(out, append, overwrite)
+    size = f"{n} instances x {len(resolved)} sites x {n_heads} heads of float32 codes"
     with about("n"):
-        check_fits_on_disk(4 * n * len(resolved) * n_heads, out, compression,
-                           f"{n} instances x {len(resolved)} sites x {n_heads} heads of float32 codes")
+        if out is None or isinstance(out, InMemoryCodes):
+            check_fits_in_memory(4 * n * len(resolved) * n_heads, size + " in memory")
+        else:
+            check_fits_on_disk(4 * n * len(resolved) * n_heads, out, compression, size)
     return ExtractPlan(source, task, split, variant, sites, selector, tuple(resolved), n, out, score=score,
                        batch_size=batch_size, seed=seed, append=append, overwrite=overwrite, compression=compression,
                        wait_for_lock=wait_for_lock, extra=extra)
@@ -178,10 +181,22 @@ def checked_model_config(source: ModelSource) -> dict[str, Any]:
     return config
 
 
-def _checked_out(out: str | Path, append: bool, overwrite: bool) -> Path:
+def _checked_out(out: str | Path | InMemoryCodes | None, append: bool, overwrite: bool
+                 ) -> Path | InMemoryCodes | None:
     """A codes file that can be written at `out`: not there, or there and appended to (then it must
-    be a codes file) or replaced."""
+    be a codes file) or replaced; None: new codes in memory; codes in memory: appended to (into a new
+    object: they stay as they are)."""
     with about("out"):
+        if out is None:
+            if append:
+                raise UsageError("append=True adds to codes, but out=None starts new codes in memory; give the "
+                                 "codes file, or the codes in memory, to add to as out")
+            return None
+        if isinstance(out, InMemoryCodes):
+            if not append:
+                raise UsageError(f"out is {out!r}; pass append=True to add to them (a new object comes back), or "
+                                 "out=None for new codes in memory")
+            return out
         out = check_output(out)
         if out.exists() and not (append or overwrite):
             raise OutputExistsError(f"{out} already exists; pass append=True (--append) to add examples to it, "

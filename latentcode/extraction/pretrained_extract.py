@@ -36,7 +36,7 @@ from latentcode.extraction.pipeline import check_sharded_output, record_in_shard
 from latentcode.extraction.recorder import Recorder
 from latentcode.sources.compact_capture import CompactAttentionSource, CompactError, CompactLayer
 from latentcode.sources.sites import MAX_ALL_PAIRS, SiteError, parse_selector
-from latentcode.store import CodeWriter
+from latentcode.store import CodeWriter, InMemoryCodes
 from latentcode.store.compact import COMPACT_VERSION, KEY_VALID, key_name, query_name
 from latentcode.validation import check_integer
 
@@ -60,7 +60,7 @@ def extract_pretrained(
     split: str = "validation",
     n: int = 1,
     seq_len: int = 512,
-    out: str | Path = "codes.h5",
+    out: str | Path | InMemoryCodes | None = None,
     *,
     selector: str = "*:-1:-1",
     batch_size: int = 1,
@@ -72,7 +72,7 @@ def extract_pretrained(
     compression: str | None = "none",
     progress: bool = True,
     wait_for_lock: float | None = 0.0,
-) -> Path:
+) -> Path | InMemoryCodes:
     """Record codes of `n` windows of `seq_len` tokens of the corpus's `split` into `out`.
 
     model: a `Pretrained`, or what `load_pretrained` takes (a directory, a .gguf file, "smollm2").
@@ -125,7 +125,7 @@ def extract_pretrained(
     # `logits_to_keep`; a model that does not computes them all.
     logits = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(pretrained.model.forward).parameters else {}
 
-    def record(path: Path, batches: range, append: bool, progress: bool) -> None:
+    def record(path: Path | bytes | None, batches: range, append: bool, progress: bool) -> bytes | None:
         """Windows `batches.start * batch_size` up to `batches.stop * batch_size` (at most n) into `path`."""
         writer = CodeWriter(path, sites, pretrained.n_heads, metadata, append=append, overwrite=overwrite,
                             compression=compression, wait_for_lock=wait_for_lock)
@@ -167,6 +167,7 @@ def extract_pretrained(
             if bar is not None:
                 bar.close()
         writer.close()
+        return writer.image
 
     return record_in_shards(out, math.ceil(n / batch_size), record, append=append, overwrite=overwrite,
                             wait_for_lock=wait_for_lock, progress=progress)
