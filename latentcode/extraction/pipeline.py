@@ -55,7 +55,7 @@ from latentcode.store import (
     write_sharded_file,
 )
 from latentcode.tasks import Batch, Task, eval_seed
-from latentcode.validation import check_split
+from latentcode.validation import available_device, check_split
 
 
 class ShardFailed(LatentcodeError):
@@ -172,6 +172,8 @@ def extract(
     progress: bool = True,
     compression: str | None = DEFAULT_COMPRESSION,
     wait_for_lock: float | None = 0.0,
+    device: str | Any | None = None,
+    dtype: str | Any | None = None,
 ) -> Path | InMemoryCodes:
     """Record the latent codes of `n` instances of `split` at `sites` into `out`, or in memory.
 
@@ -188,6 +190,10 @@ def extract(
     out: the codes file to write; None (default): nothing is written, and the codes come back in
         memory as an `InMemoryCodes` (read like a `CodeFile`; `.save(path)` writes the file); codes
         in memory with append=True: a new `InMemoryCodes`, them and the new examples.
+    device, dtype: where and in what the model runs ("cpu", "cuda", "cuda:1"; "float32", "bfloat16",
+        "float16"); None: a model loaded here on the CPU in float32, a model object where and as it is
+        (given, the object is moved and cast, as `nn.Module.to` does). Codes are float32 whatever the
+        dtype; the file's root attribute `model_dtype` says which the model ran in.
     Returns the path of the written file, or the `InMemoryCodes`.
 
     Everything is checked first by `plan_extract` (the command line's check builds the same plan),
@@ -204,7 +210,7 @@ def extract(
         run_or_model = ModelSource("object", None, model_config=info["model_config"])
     plan = plan_extract(run_or_model, task, sites, split, n, out, variant=variant, score=score, batch_size=batch_size,
                         seed=seed, append=append, overwrite=overwrite, extra=extra, compression=compression,
-                        wait_for_lock=wait_for_lock)
+                        wait_for_lock=wait_for_lock, device=device, dtype=dtype)
     return run_extraction(plan, model, progress=progress)
 
 
@@ -218,11 +224,14 @@ def run_extraction(plan: ExtractPlan, model: nn.Module | None = None, *, progres
             plan.source.path, plan.split, plan.n, plan.seq_len, plan.out, selector=plan.sites_given,
             batch_size=plan.batch_size, seed=0 if plan.seed is None else plan.seed, score=plan.score,
             append=plan.append, overwrite=plan.overwrite, compression=plan.compression, progress=progress,
-            wait_for_lock=plan.wait_for_lock)
+            wait_for_lock=plan.wait_for_lock, device=plan.device, dtype=plan.dtype)
     if model is None:
         model, info = resolve_model(plan.source)
     else:
         info = resolve_model(model)[1]
+    if plan.device is not None or plan.dtype is not None:
+        model.to(device=available_device(plan.device) if plan.device else None,
+                 dtype=getattr(torch, plan.dtype) if plan.dtype else None)
     task, split, variant, parsed, sites = plan.task, plan.split, plan.variant, plan.selector, list(plan.sites)
     n, batch_size, out, extra = plan.n, plan.batch_size, plan.out, plan.extra
     append, overwrite, compression, wait_for_lock = plan.append, plan.overwrite, plan.compression, plan.wait_for_lock
@@ -232,6 +241,7 @@ def run_extraction(plan: ExtractPlan, model: nn.Module | None = None, *, progres
 
     metadata = {
         **info,
+        "model_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "task_config": task.config(),
         "selector": {"spec": plan.sites_given if isinstance(plan.sites_given, str) else parsed.name,
                      **parsed.to_dict(), "sites": [[s.layer, s.query, s.key] for s in sites], "variant": variant},

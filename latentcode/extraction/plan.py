@@ -25,6 +25,8 @@ from latentcode.sources.sites import MAX_ALL_PAIRS, Selector, SiteError, parse_s
 from latentcode.store import DEFAULT_COMPRESSION, InMemoryCodes, Site, check_compression
 from latentcode.tasks import Task, get_task
 from latentcode.validation import (
+    check_device,
+    check_dtype,
     check_fits_in_memory,
     check_fits_on_disk,
     check_integer,
@@ -64,6 +66,8 @@ class ExtractPlan:
     wait_for_lock: float | None = 0.0
     extra: Mapping[str, Any] | None = None
     seq_len: int | None = None
+    device: str | None = None  # None: cpu for a model loaded here, where it is for a model object
+    dtype: str | None = None  # None: float32 for a model loaded here, its own for a model object
 
 
 def plan_extract(
@@ -83,6 +87,8 @@ def plan_extract(
     extra: Mapping[str, Any] | None = None,
     compression: str | None = None,
     wait_for_lock: float | None = 0.0,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> ExtractPlan:
     """The plan of `latentcode.extract` with these arguments (see there), or the first mistake in
     them. `run_or_model`: a path or name (`rundir.locate_model`), or a `ModelSource` already located
@@ -92,6 +98,10 @@ def plan_extract(
         source = run_or_model if isinstance(run_or_model, ModelSource) else locate_model(run_or_model)
     with about("n"):
         n = check_integer("n", n, minimum=1)
+    with about("device"):
+        device = None if device is None else check_device(device)
+    with about("dtype"):
+        dtype = None if dtype is None else check_dtype(dtype)
     with about("batch_size"):
         if batch_size is None:  # a pretrained model's windows one at a time: memory, and a shard per process
             batch_size = PRETRAINED_BATCH_SIZE if source.kind == "pretrained" else BATCH_SIZE
@@ -102,7 +112,7 @@ def plan_extract(
     if source.kind == "pretrained":
         return _plan_pretrained(source, task, sites, split, n, out, score=score, batch_size=batch_size, seed=seed,
                                 append=append, overwrite=overwrite, extra=extra, compression=compression,
-                                wait_for_lock=wait_for_lock)
+                                wait_for_lock=wait_for_lock, device=device, dtype=dtype)
     with about("compression"):
         compression = DEFAULT_COMPRESSION if compression is None else compression
         check_compression(compression)
@@ -143,7 +153,7 @@ def plan_extract(
             check_fits_on_disk(4 * n * len(resolved) * n_heads, out, compression, size)
     return ExtractPlan(source, task, split, variant, sites, selector, tuple(resolved), n, out, score=score,
                        batch_size=batch_size, seed=seed, append=append, overwrite=overwrite, compression=compression,
-                       wait_for_lock=wait_for_lock, extra=extra)
+                       wait_for_lock=wait_for_lock, extra=extra, device=device, dtype=dtype)
 
 
 def task_of(source: ModelSource, task: Task | Mapping[str, Any] | None) -> Task:

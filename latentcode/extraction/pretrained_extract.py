@@ -72,11 +72,14 @@ def extract_pretrained(
     compression: str | None = "none",
     progress: bool = True,
     wait_for_lock: float | None = 0.0,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> Path | InMemoryCodes:
     """Record codes of `n` windows of `seq_len` tokens of the corpus's `split` into `out`.
 
     model: a `Pretrained`, or what `load_pretrained` takes (a directory, a .gguf file, "smollm2").
     compact: keep every pair of every layer in /compact (queries and keys); False: the sites only.
+    device, dtype: where and in what a model loaded here runs (`load_pretrained`); codes are float32.
     compression: of a new file; "none" by default (queries and keys barely compress, and reading a
     row back is faster without)."""
     from latentcode.pretrained import (
@@ -89,8 +92,14 @@ def extract_pretrained(
 
     n, batch_size = check_integer("n", n, minimum=1), check_integer("batch_size", batch_size, minimum=1)
     check_sharded_output(out, append, overwrite)  # before the model loads: refused in every process alike
-    pretrained = model if isinstance(model, Pretrained) else load_pretrained(model, progress=progress)
+    pretrained = model if isinstance(model, Pretrained) else load_pretrained(model, device=device, dtype=dtype,
+                                                                                  progress=progress)
     check_seq_len(seq_len, pretrained.n_ctx, pretrained.name)
+    implementation = getattr(pretrained.model.config, "_attn_implementation", "sdpa")
+    if implementation != "sdpa":  # e.g. Gemma 2 (soft-capped scores), gpt-oss (sinks): no SDPA call to read
+        raise CompactError(f"{pretrained.name} runs only with {implementation!r} attention, not through "
+                           "scaled_dot_product_attention, whose calls latentcode reads exactly; reading its "
+                           "attention is not supported yet (issue 47)")
     parsed = parse_selector(selector)
     sites = parsed.resolve(pretrained.n_layers, seq_len)
     if len(sites) > MAX_ALL_PAIRS:
@@ -111,6 +120,7 @@ def extract_pretrained(
                          if key not in ("quantization_config", "_name_or_path")},
         "checkpoint_sha256": checkpoint_sha256(pretrained.path),
         "model_path": str(pretrained.path.resolve()),
+        "model_dtype": str(pretrained.dtype).removeprefix("torch."),
         "task_config": {},
         "selector": {"spec": selector, "sites": [[s.layer, s.query, s.key] for s in sites]},
         "score": score,
@@ -155,7 +165,7 @@ def extract_pretrained(
         try:
             with Recorder(pretrained.model, sites, score=score, source=source) as recorder, torch.no_grad():
                 for start in range(first, stop, batch_size):
-                    batch = torch.from_numpy(ids[start : start + batch_size])
+                    batch = torch.from_numpy(ids[start : start + batch_size]).to(pretrained.device)
                     pretrained.model(input_ids=batch, use_cache=False, **logits)
                     rows = slice(start, start + len(batch))
                     writer.append(codes=recorder.pop(), labels={k: v[rows] for k, v in labels.items()}, split=split,

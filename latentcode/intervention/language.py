@@ -95,7 +95,7 @@ def next_token_metrics(logits: torch.Tensor, targets: torch.Tensor) -> np.ndarra
     log_probabilities = torch.log_softmax(logits.float(), dim=-1)
     loss = -log_probabilities.gather(-1, targets[..., None])[..., 0]
     accuracy = (logits.argmax(-1) == targets).float()
-    return torch.stack([loss.mean(1), torch.exp(-loss).mean(1), accuracy.mean(1)], dim=1).numpy()
+    return torch.stack([loss.mean(1), torch.exp(-loss).mean(1), accuracy.mean(1)], dim=1).float().cpu().numpy()
 
 
 def language_model_effects(plan: LanguageInterventionPlan, edits: Edit | Sequence[Edit], progress: bool = False):

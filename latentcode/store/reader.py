@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
@@ -14,6 +14,9 @@ from latentcode.store.compact import CompactCodes
 from latentcode.store.schema import CODES, EXTRA, LABELS, PREDICTION, TARGET, CodeFileError
 from latentcode.store.site import Site
 from latentcode.store.validation import ROWS_PER_READ, Contents, validate
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: examples of each split that analysis (probes, pictures, reports) reads by default: memory is
 #: bounded by this cap, not by the file (about 20 MB for 128 floats a row); `subsample` draws them
@@ -198,7 +201,8 @@ class CodeFile:
             raise CodeFileError(f"{self.path} holds no targets")
         return self._read(TARGET.name, split)
 
-    def to_dataframe(self, sites: Sequence[Site | str] | None = None, split: str | Iterable[str] | None = None):
+    def to_dataframe(self, sites: Sequence[Site | str] | None = None, split: str | Iterable[str] | None = None
+                     ) -> pd.DataFrame:
         """A pandas DataFrame, one row per example: `split`, one column per label (multi-column
         labels flattened as `name[i]` / `name[i,j]`), and one column per code entry `<site>.h<head>`."""
         import pandas as pd

@@ -218,6 +218,7 @@ class CodeWriter:
             "model_config": self.metadata.get("model_config", {}),
             "checkpoint_sha256": self.metadata.get("checkpoint_sha256", ""),
             "model_path": str(self.metadata.get("model_path", "")),
+            "model_dtype": str(self.metadata.get("model_dtype", "float32")),
             "task_config": self.metadata.get("task_config", {}),
             "selector": self.metadata.get("selector", {"name": "explicit", "sites": sites}),
             "score": self.metadata["score"],

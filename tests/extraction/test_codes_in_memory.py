@@ -60,7 +60,7 @@ def test_probe_tables_embeddings_and_viewer_data_are_identical(both):
     np.testing.assert_array_equal(embeddings[0].indices, embeddings[1].indices)
     for layer in file.layers:
         np.testing.assert_array_equal(embeddings[0].coordinates[layer], embeddings[1].coordinates[layer])
-    views = [viewer_data(codes, "ood", 64, 0, [embedding]) for codes, embedding in zip((memory, file), embeddings)]
+    views = [viewer_data(codes, "ood", 64, 0, [embedding]) for codes, embedding in zip((memory, file), embeddings, strict=True)]
     assert views[0].pop("file") == "<codes in memory>" and views[1].pop("file") == "codes.h5"
     assert views[0] == views[1]
 
