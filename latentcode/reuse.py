@@ -25,10 +25,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from latentcode.errors import LatentcodeError, about
 from latentcode.validation import SEED_LIMIT, check_integer, check_output, check_output_stem
+
+if TYPE_CHECKING:
+    from latentcode.store import CodeFile
 
 __all__ = ["ReusePlan", "code_reuse", "plan_reuse", "reuse_task_problem"]
 
@@ -46,7 +49,7 @@ class ReusePlan:
 
     run: Path
     task: Any
-    codes: Path
+    codes: Path | CodeFile  # a path (read, or extracted into), or codes read already (a file's or in memory)
     n_codes: int = 2048
     n_pairs: int = 256
     seed: int = 0
@@ -55,7 +58,7 @@ class ReusePlan:
     overwrite: bool = False
 
 
-def plan_reuse(run: str | Path, *, codes: str | Path, n_codes: int = 2048, n_pairs: int = 256, seed: int = 0,
+def plan_reuse(run: str | Path, *, codes: str | Path | CodeFile, n_codes: int = 2048, n_pairs: int = 256, seed: int = 0,
                batch_size: int = 256, out: str | Path | None = None, overwrite: bool = False) -> ReusePlan:
     """The plan of `code_reuse` (and of `latentcode reuse`) with these arguments, or the first mistake in
     them, without torch: a finished run with weights, of a task the score applies to; sizes; a codes
@@ -81,9 +84,13 @@ def plan_reuse(run: str | Path, *, codes: str | Path, n_codes: int = 2048, n_pai
              for name, value in (("n_codes", n_codes), ("n_pairs", n_pairs), ("batch_size", batch_size))]
     seed = check_integer("seed", seed, 0, SEED_LIMIT - 1, error=CodeReuseError)
     with about("codes"):
-        codes = check_output(codes)
-        if codes.exists():  # codes of this run only (its weights' checksum, its task, its sites)
-            existing, analysis = CodeFile(codes), task.analysis
+        given = codes if isinstance(codes, CodeFile) else None  # a codes file read, or codes in memory
+        if given is not None and not {"train", "ood"} <= set(given.splits):
+            raise CodeReuseError(f"{given.path} holds splits {given.splits}; the score reads train and ood codes: "
+                                 "extract both into it, or give a path to extract them into")
+        codes = given if given is not None else check_output(codes)
+        if given is not None or codes.exists():  # codes of this run only (its weights' checksum, task, sites)
+            existing, analysis = given or CodeFile(codes), task.analysis
             check_codes_from_runs([record], [existing])
             if existing.selector.get("name") not in (None, analysis.selector) or existing.selector.get(
                     "variant") not in (None, analysis.variant):
@@ -117,7 +124,7 @@ def _arrays(code_file, label: str, split: str):
     return codes.astype(np.float64), code_file.labels(label, split)
 
 
-def code_reuse(run: str | Path, *, codes: str | Path, n_codes: int = 2048, n_pairs: int = 256, seed: int = 0,
+def code_reuse(run: str | Path, *, codes: str | Path | CodeFile, n_codes: int = 2048, n_pairs: int = 256, seed: int = 0,
                batch_size: int = 256, progress: bool = False):
     """The three parts and the combined score of the run `run` (module docstring), after the checks of
     `plan_reuse` (the command line's, too), as a pandas table
@@ -142,13 +149,16 @@ def code_reuse(run: str | Path, *, codes: str | Path, n_codes: int = 2048, n_pai
     plan = plan_reuse(run, codes=codes, n_codes=n_codes, n_pairs=n_pairs, seed=seed, batch_size=batch_size)
     record, task, codes = latentcode.Run(run), plan.task, plan.codes
     analysis = task.analysis
-    splits_there = set(CodeFile(codes).splits) if codes.exists() else set()
-    for split in ("train", "ood"):
-        if split not in splits_there:
-            latentcode.extract(run, sites=analysis.selector, split=split, n=n_codes, out=codes,
-                               variant=analysis.variant, append=codes.exists(), batch_size=batch_size,
-                               progress=progress)
-    code_file = CodeFile(codes)
+    if isinstance(codes, CodeFile):  # both splits are there (plan_reuse)
+        code_file = codes
+    else:
+        splits_there = set(CodeFile(codes).splits) if codes.exists() else set()
+        for split in ("train", "ood"):
+            if split not in splits_there:
+                latentcode.extract(run, sites=analysis.selector, split=split, n=n_codes, out=codes,
+                                   variant=analysis.variant, append=codes.exists(), batch_size=batch_size,
+                                   progress=progress)
+        code_file = CodeFile(codes)
     codes_fit, constituents_fit = _arrays(code_file, analysis.probe_label, "train")
     codes_test, constituents_test = _arrays(code_file, analysis.probe_label, "ood")
     parts = [decodability_part(codes_fit, constituents_fit, codes_test, constituents_test, seed=seed),
@@ -168,6 +178,6 @@ def code_reuse(run: str | Path, *, codes: str | Path, n_codes: int = 2048, n_pai
         f"{row['follow (unpatched)']:.3f}; sites {group.name}"))
     result = pd.DataFrame([part.row() for part in parts])
     result.insert(0, "model", Path(run).name)
-    result.attrs.update(score=combined_score(parts), codes=str(codes), pairs=dict(pairs.counts),
+    result.attrs.update(score=combined_score(parts), codes=str(code_file.path), pairs=dict(pairs.counts),
                         ood_r2=(record.summary or {}).get("final_metrics", {}).get("ood", {}).get("r2"))
     return result

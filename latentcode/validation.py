@@ -184,3 +184,48 @@ def check_fits_on_disk(n_bytes: int, out: Path, compression: str, what: str) -> 
         compressed = "" if compression == "none" else f" (more than ten times that, so even {compression} will not fit)"
         raise UsageError(f"{what} need {describe_bytes(n_bytes)} on disk; {out.parent} has {describe_bytes(free)} free{compressed}: "
                          "extract fewer instances or sites")
+
+
+#: the floating-point types a model may be loaded and run in (`dtype=`, `--dtype`); codes are float32 always
+DTYPES = ("float32", "bfloat16", "float16")
+_DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")
+
+
+def check_dtype(dtype: Any) -> str:
+    """The name of `dtype` (a name, or a torch dtype such as torch.bfloat16), one of `DTYPES`."""
+    name = str(dtype).removeprefix("torch.") if dtype is not None else "float32"
+    if name not in DTYPES:
+        raise UsageError(f"dtype {dtype!r} is not one the models run in; expected one of {', '.join(DTYPES)}")
+    return name
+
+
+def check_device(device: Any) -> str:
+    """The name of `device` ("cpu", "cuda", "cuda:1", a torch.device; None: "cpu"), its form checked
+    without torch; whether this machine has it is checked where torch is loaded (`available_device`)."""
+    name = "cpu" if device is None else str(device)
+    kind, _, index = name.partition(":")
+    if kind not in _DEVICE_KINDS or (index and not index.isdigit()) or (kind == "cpu" and index):
+        raise UsageError(f"device {device!r} is not a device name; expected cpu, cuda, cuda:N (N a GPU's number), "
+                         "mps or xpu")
+    return name
+
+
+def available_device(device: Any) -> str:
+    """`check_device(device)`, and refused in one line where this machine lacks it (imports torch)."""
+    name = check_device(device)
+    kind, _, index = name.partition(":")
+    if kind == "cpu":
+        return name
+    import torch
+
+    backend = getattr(torch, kind, None)
+    count = backend.device_count() if backend is not None and backend.is_available() else 0
+    if kind == "mps":
+        count = int(torch.backends.mps.is_available())
+    if count == 0:
+        raise UsageError(f"device {device!r}: this machine has no {kind.upper()} device "
+                         f"(torch.{kind}.is_available() is False); expected cpu")
+    if index and int(index) >= count:
+        raise UsageError(f"device {device!r}: this machine has {count} {kind.upper()} device(s); expected "
+                         f"{kind}:0 to {kind}:{count - 1}")
+    return name

@@ -344,6 +344,10 @@ BAD_INPUTS = [
     ("extract-task-without-value", ["extract", "{model_only}", "--task", "sraven", "--out", "{a_dir}/c.h5"],
      "--task expects KEY=VALUE, got 'sraven'"),
     ("extract-n-0", ["extract", "{run}", "--n", "0", "--out", "{a_dir}/c.h5"], "argument --n: expected a positive integer"),
+    ("extract-dtype-float8", [*EXTRACT, "--dtype", "float8", "--out", "{a_dir}/c.h5"],
+     "argument --dtype: invalid choice: 'float8' (choose from 'float32', 'bfloat16', 'float16')"),
+    ("extract-device-not-a-device", [*EXTRACT, "--device", "gpu", "--out", "{a_dir}/c.h5"],
+     "device 'gpu' is not a device name; expected cpu, cuda, cuda:N (N a GPU's number), mps or xpu"),
     ("extract-batch-size-0", [*EXTRACT, "--batch-size", "0", "--out", "{a_dir}/c.h5"],
      "argument --batch-size: expected a positive integer, got '0'"),
     ("extract-seed-negative", [*EXTRACT, "--seed", "-1", "--out", "{a_dir}/c.h5"],
@@ -864,7 +868,8 @@ def _public_api_error(command: str, args) -> Exception:
             options = {} if args.compression is None else {"compression": args.compression}
             latentcode.extract(args.run, task, sites=args.sites, split=args.split, n=args.n, out=args.out,
                                variant=args.variant, batch_size=args.batch_size, seed=args.seed, append=args.append,
-                               overwrite=args.overwrite, progress=False, **options)
+                               overwrite=args.overwrite, progress=False, device=args.device, dtype=args.dtype,
+                               **options)
         else:
             intervention_effects(args.run, ZeroAblate(), task=task, sites=args.sites, split=args.split, n=args.n,
                                  variant=args.variant, batch_size=args.batch_size, seed=args.seed,

@@ -95,9 +95,7 @@ def check_one_column(code_file, spec: str, what: str) -> None:
     name = label_name(spec)
     if spec.strip() != name or name not in code_file.label_names:
         return  # one column of a label, or a prediction: checked when read
-    import h5py
-
-    with h5py.File(code_file.path, "r") as file:
+    with code_file.open_hdf5() as file:  # a file, or codes in memory
         shape = file[f"labels/{name}"].shape[1:]
     if shape:
         raise UsageError(f"{prefixed(what, spec)}: label {name!r} has shape [N, {', '.join(map(str, shape))}]: colour by one "

@@ -96,6 +96,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit status (2: a user error, printed as one line; argparse's
     own errors exit with 2 as well)."""
     parser = build_parser()
+    if argv is not None:
+        try:  # a command line is text: a path-like argument as its path (codes in memory: one line, no path)
+            argv = [argument if isinstance(argument, str) else os.fspath(argument) for argument in argv]
+        except USER_ERRORS as error:
+            print(f"error: {one_line(str(error))}", file=sys.stderr)
+            return 2
     args = parser.parse_args(argv)
     command = parser.commands[args.command]
     try:

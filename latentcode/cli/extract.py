@@ -12,6 +12,7 @@ from latentcode.cli.arguments import (
     parse_assignments,
 )
 from latentcode.cli.command import Command
+from latentcode.validation import DTYPES
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -48,6 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "(the default for a pretrained model's compact store: queries and keys barely compress)")
     parser.add_argument("--wait-for-lock", type=NON_NEGATIVE_NUMBER, default=0.0, metavar="SECONDS",
                         help="wait this long while another process writes --out (default: refuse at once)")
+    parser.add_argument("--device", default=None, help="where the model runs: cpu (default), cuda, cuda:N, mps")
+    parser.add_argument("--dtype", choices=DTYPES, default=None, help="what the model computes in (default float32); "
+                        "codes are stored as float32 whatever it, the file's attribute model_dtype says which")
     parser.add_argument("--quiet", action="store_true", help="no progress (default: the work, then a bar on a "
                         "terminal, a line every few seconds in a log)")
     return parser
@@ -61,7 +65,8 @@ def check(args: argparse.Namespace) -> None:
     args.plan = plan_extract(args.run, parse_assignments(args.task, "--task") or None, args.sites, args.split, args.n,
                              args.out, variant=args.variant, score=args.score, batch_size=args.batch_size,
                              seed=args.seed, append=args.append, overwrite=args.overwrite,
-                             compression=args.compression, wait_for_lock=args.wait_for_lock)
+                             compression=args.compression, wait_for_lock=args.wait_for_lock, device=args.device,
+                             dtype=args.dtype)
 
 
 def run(args: argparse.Namespace) -> None:

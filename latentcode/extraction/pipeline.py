@@ -46,9 +46,16 @@ from latentcode.progress import Progress
 from latentcode.provenance import sha256_of_file, sha256_of_state
 from latentcode.rundir import ModelSource, locate_model
 from latentcode.sources.sites import Selector
-from latentcode.store import DEFAULT_COMPRESSION, CodeWriter, Site, shard_path, write_sharded_file
+from latentcode.store import (
+    DEFAULT_COMPRESSION,
+    CodeWriter,
+    InMemoryCodes,
+    Site,
+    shard_path,
+    write_sharded_file,
+)
 from latentcode.tasks import Batch, Task, eval_seed
-from latentcode.validation import check_split
+from latentcode.validation import available_device, check_split
 
 
 class ShardFailed(LatentcodeError):
@@ -153,7 +160,7 @@ def extract(
     sites: str | Selector | list = "last-self",
     split: str | None = None,
     n: int = 8192,
-    out: str | Path = "codes.h5",
+    out: str | Path | InMemoryCodes | None = None,
     *,
     variant: str | None = None,
     score: str = "pattern",
@@ -165,8 +172,10 @@ def extract(
     progress: bool = True,
     compression: str | None = DEFAULT_COMPRESSION,
     wait_for_lock: float | None = 0.0,
-) -> Path:
-    """Record the latent codes of `n` instances of `split` at `sites` into `out`.
+    device: str | Any | None = None,
+    dtype: str | Any | None = None,
+) -> Path | InMemoryCodes:
+    """Record the latent codes of `n` instances of `split` at `sites` into `out`, or in memory.
 
     run_or_model: a run directory, a saved model directory, or a model object.
     task: a Task, a task config dict, or None to use the run's task.
@@ -178,7 +187,14 @@ def extract(
     extra: further per-example arrays of length n to store beside the codes.
     compression: of a new file: "gzip" (default; any HDF5 tool reads it), "lzf" or "none".
     wait_for_lock: seconds to wait while another process writes `out` (default: refuse at once).
-    Returns the path of the written file.
+    out: the codes file to write; None (default): nothing is written, and the codes come back in
+        memory as an `InMemoryCodes` (read like a `CodeFile`; `.save(path)` writes the file); codes
+        in memory with append=True: a new `InMemoryCodes`, them and the new examples.
+    device, dtype: where and in what the model runs ("cpu", "cuda", "cuda:1"; "float32", "bfloat16",
+        "float16"); None: a model loaded here on the CPU in float32, a model object where and as it is
+        (given, the object is moved and cast, as `nn.Module.to` does). Codes are float32 whatever the
+        dtype; the file's root attribute `model_dtype` says which the model ran in.
+    Returns the path of the written file, or the `InMemoryCodes`.
 
     Everything is checked first by `plan_extract` (the command line's check builds the same plan),
     then `run_extraction` records it.
@@ -194,11 +210,12 @@ def extract(
         run_or_model = ModelSource("object", None, model_config=info["model_config"])
     plan = plan_extract(run_or_model, task, sites, split, n, out, variant=variant, score=score, batch_size=batch_size,
                         seed=seed, append=append, overwrite=overwrite, extra=extra, compression=compression,
-                        wait_for_lock=wait_for_lock)
+                        wait_for_lock=wait_for_lock, device=device, dtype=dtype)
     return run_extraction(plan, model, progress=progress)
 
 
-def run_extraction(plan: ExtractPlan, model: nn.Module | None = None, *, progress: bool = True) -> Path:
+def run_extraction(plan: ExtractPlan, model: nn.Module | None = None, *, progress: bool = True
+                   ) -> Path | InMemoryCodes:
     """Record what `plan` (from `plan_extract`) says; `model`: the model object of a plan made for one."""
     if plan.source.kind == "pretrained":
         from latentcode.extraction.pretrained_extract import extract_pretrained
@@ -207,11 +224,14 @@ def run_extraction(plan: ExtractPlan, model: nn.Module | None = None, *, progres
             plan.source.path, plan.split, plan.n, plan.seq_len, plan.out, selector=plan.sites_given,
             batch_size=plan.batch_size, seed=0 if plan.seed is None else plan.seed, score=plan.score,
             append=plan.append, overwrite=plan.overwrite, compression=plan.compression, progress=progress,
-            wait_for_lock=plan.wait_for_lock)
+            wait_for_lock=plan.wait_for_lock, device=plan.device, dtype=plan.dtype)
     if model is None:
         model, info = resolve_model(plan.source)
     else:
         info = resolve_model(model)[1]
+    if plan.device is not None or plan.dtype is not None:
+        model.to(device=available_device(plan.device) if plan.device else None,
+                 dtype=getattr(torch, plan.dtype) if plan.dtype else None)
     task, split, variant, parsed, sites = plan.task, plan.split, plan.variant, plan.selector, list(plan.sites)
     n, batch_size, out, extra = plan.n, plan.batch_size, plan.out, plan.extra
     append, overwrite, compression, wait_for_lock = plan.append, plan.overwrite, plan.compression, plan.wait_for_lock
@@ -221,6 +241,7 @@ def run_extraction(plan: ExtractPlan, model: nn.Module | None = None, *, progres
 
     metadata = {
         **info,
+        "model_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "task_config": task.config(),
         "selector": {"spec": plan.sites_given if isinstance(plan.sites_given, str) else parsed.name,
                      **parsed.to_dict(), "sites": [[s.layer, s.query, s.key] for s in sites], "variant": variant},
@@ -237,15 +258,16 @@ def run_extraction(plan: ExtractPlan, model: nn.Module | None = None, *, progres
     }
     model.eval()
 
-    def record(path: Path | str, batches: range, append: bool, progress: bool) -> None:
-        with CodeWriter(path, sites, n_heads, metadata, append=append, overwrite=overwrite, compression=compression,
-                        wait_for_lock=wait_for_lock) as writer:
+    def record(path: Path | bytes | None, batches: range, append: bool, progress: bool) -> bytes | None:
+        writer = CodeWriter(path, sites, n_heads, metadata, append=append, overwrite=overwrite,
+                            compression=compression, wait_for_lock=wait_for_lock)
+        with writer:
             # Only once the writer has accepted `path`, so that a refusal prints nothing.
             tracker = Progress(len(batches), f"extract {split}", unit="batch", enabled=progress)
             instances = min(n, batches.stop * batch_size) - batches.start * batch_size
             tracker.announce(f"{instances} instances ({variant}) in {len(batches)} batches of up to {batch_size} "
                              f"sequences of {task.seq_len}, {len(sites)} sites x {n_heads} heads of float32 codes "
-                             f"({_size(4 * instances * len(sites) * n_heads)}) -> {path}")
+                             f"({_size(4 * instances * len(sites) * n_heads)}) -> {'memory' if path is None or isinstance(path, bytes) else path}")
             with recorder, torch.no_grad():
                 for index in tracker.track(batches):
                     start = index * batch_size
@@ -253,18 +275,22 @@ def run_extraction(plan: ExtractPlan, model: nn.Module | None = None, *, progres
                     batch = task.sample(size, split, seed=(seed, index), variant=variant)
                     record_batch(model, task, batch, recorder, writer, sites, {
                         name: np.asarray(values)[start : start + size] for name, values in (extra or {}).items()})
+        return writer.image
 
     return record_in_shards(out, math.ceil(n / batch_size), record, append=append, overwrite=overwrite,
                             wait_for_lock=wait_for_lock, progress=progress)
 
 
-def check_sharded_output(out: str | Path, append: bool, overwrite: bool) -> None:
+def check_sharded_output(out: str | Path | InMemoryCodes | None, append: bool, overwrite: bool) -> None:
     """Refuse, in a launch of several processes, what a sharded file cannot do: append to `out`, or
     replace it without `overwrite`. Every process refuses alike, before any of them waits for another
     (call it before loading anything slow)."""
     world_size = distributed_position()[1]
     if world_size == 1:
         return
+    if out is None or isinstance(out, InMemoryCodes):
+        raise UsageError(f"out={out!r} keeps the codes in memory, but this launch has {world_size} processes, each of "
+                         "which writes a shard file; give out, the file to write")
     if append:
         raise UsageError(f"append=True (--append) with {world_size} processes: a sharded file cannot be appended to; "
                          "extract into a new file")
@@ -273,14 +299,21 @@ def check_sharded_output(out: str | Path, append: bool, overwrite: bool) -> None
                               "another path")
 
 
-def record_in_shards(out: str | Path, n_batches: int, record: Callable[[Path, range, bool, bool], None], *,
-                     append: bool, overwrite: bool, wait_for_lock: float | None, progress: bool) -> Path:
+def record_in_shards(out: str | Path | InMemoryCodes | None, n_batches: int,
+                     record: Callable[[Path | bytes | None, range, bool, bool], bytes | None], *,
+                     append: bool, overwrite: bool, wait_for_lock: float | None, progress: bool
+                     ) -> Path | InMemoryCodes:
     """Record batches `0 .. n_batches - 1` into `out` with `record(path, batches, append, progress)`:
     in one process, all of them into `out`; in a launch of several, each process a contiguous share
     (rank by rank) into its shard `shard_path(out, rank, world)` (rank 0 alone shows progress), then
     rank 0 writes `out` over the shards. A failure in any process is raised in every process."""
-    out = Path(out)
     rank, world_size = distributed_position()
+    if out is None or isinstance(out, InMemoryCodes):  # codes in memory: the writer's image, read back
+        check_sharded_output(out, append, overwrite)
+        image = record(None if out is None else out.image, range(n_batches), append, progress)
+        assert image is not None, "a writer in memory leaves its image"
+        return InMemoryCodes(image)
+    out = Path(out)
     if world_size == 1:
         record(out, range(n_batches), append, progress)
         return out

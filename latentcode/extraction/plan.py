@@ -22,9 +22,11 @@ from typing import Any
 from latentcode.errors import OutputExistsError, UsageError, about
 from latentcode.rundir import ModelSource, locate_model
 from latentcode.sources.sites import MAX_ALL_PAIRS, Selector, SiteError, parse_selector
-from latentcode.store import DEFAULT_COMPRESSION, Site, check_compression
+from latentcode.store import DEFAULT_COMPRESSION, InMemoryCodes, Site, check_compression
 from latentcode.tasks import Task, get_task
 from latentcode.validation import (
+    check_device,
+    check_dtype,
     check_fits_in_memory,
     check_fits_on_disk,
     check_integer,
@@ -54,7 +56,7 @@ class ExtractPlan:
     selector: Selector
     sites: tuple[Site, ...]
     n: int
-    out: Path
+    out: Path | InMemoryCodes | None  # None: new codes in memory; codes in memory: appended to
     score: str = "pattern"
     batch_size: int = 256
     seed: int | None = None
@@ -64,6 +66,8 @@ class ExtractPlan:
     wait_for_lock: float | None = 0.0
     extra: Mapping[str, Any] | None = None
     seq_len: int | None = None
+    device: str | None = None  # None: cpu for a model loaded here, where it is for a model object
+    dtype: str | None = None  # None: float32 for a model loaded here, its own for a model object
 
 
 def plan_extract(
@@ -72,7 +76,7 @@ def plan_extract(
     sites: str | Selector | list = "last-self",
     split: str | None = None,
     n: int = 8192,
-    out: str | Path = "codes.h5",
+    out: str | Path | InMemoryCodes | None = None,
     *,
     variant: str | None = None,
     score: str = "pattern",
@@ -83,6 +87,8 @@ def plan_extract(
     extra: Mapping[str, Any] | None = None,
     compression: str | None = None,
     wait_for_lock: float | None = 0.0,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> ExtractPlan:
     """The plan of `latentcode.extract` with these arguments (see there), or the first mistake in
     them. `run_or_model`: a path or name (`rundir.locate_model`), or a `ModelSource` already located
@@ -92,6 +98,10 @@ def plan_extract(
         source = run_or_model if isinstance(run_or_model, ModelSource) else locate_model(run_or_model)
     with about("n"):
         n = check_integer("n", n, minimum=1)
+    with about("device"):
+        device = None if device is None else check_device(device)
+    with about("dtype"):
+        dtype = None if dtype is None else check_dtype(dtype)
     with about("batch_size"):
         if batch_size is None:  # a pretrained model's windows one at a time: memory, and a shard per process
             batch_size = PRETRAINED_BATCH_SIZE if source.kind == "pretrained" else BATCH_SIZE
@@ -102,7 +112,7 @@ def plan_extract(
     if source.kind == "pretrained":
         return _plan_pretrained(source, task, sites, split, n, out, score=score, batch_size=batch_size, seed=seed,
                                 append=append, overwrite=overwrite, extra=extra, compression=compression,
-                                wait_for_lock=wait_for_lock)
+                                wait_for_lock=wait_for_lock, device=device, dtype=dtype)
     with about("compression"):
         compression = DEFAULT_COMPRESSION if compression is None else compression
         check_compression(compression)
@@ -135,12 +145,15 @@ def plan_extract(
     check_fits_in_memory(forward_pass_bytes(batch, task.seq_len, model_config) + 4 * batch * len(resolved) * n_heads,
                          f"a forward pass of {batch} sequences of {task.seq_len} (the smaller of n and batch size)")
     out = _checked_out(out, append, overwrite)
+    size = f"{n} instances x {len(resolved)} sites x {n_heads} heads of float32 codes"
     with about("n"):
-        check_fits_on_disk(4 * n * len(resolved) * n_heads, out, compression,
-                           f"{n} instances x {len(resolved)} sites x {n_heads} heads of float32 codes")
+        if out is None or isinstance(out, InMemoryCodes):
+            check_fits_in_memory(4 * n * len(resolved) * n_heads, size + " in memory")
+        else:
+            check_fits_on_disk(4 * n * len(resolved) * n_heads, out, compression, size)
     return ExtractPlan(source, task, split, variant, sites, selector, tuple(resolved), n, out, score=score,
                        batch_size=batch_size, seed=seed, append=append, overwrite=overwrite, compression=compression,
-                       wait_for_lock=wait_for_lock, extra=extra)
+                       wait_for_lock=wait_for_lock, extra=extra, device=device, dtype=dtype)
 
 
 def task_of(source: ModelSource, task: Task | Mapping[str, Any] | None) -> Task:
@@ -178,10 +191,22 @@ def checked_model_config(source: ModelSource) -> dict[str, Any]:
     return config
 
 
-def _checked_out(out: str | Path, append: bool, overwrite: bool) -> Path:
+def _checked_out(out: str | Path | InMemoryCodes | None, append: bool, overwrite: bool
+                 ) -> Path | InMemoryCodes | None:
     """A codes file that can be written at `out`: not there, or there and appended to (then it must
-    be a codes file) or replaced."""
+    be a codes file) or replaced; None: new codes in memory; codes in memory: appended to (into a new
+    object: they stay as they are)."""
     with about("out"):
+        if out is None:
+            if append:
+                raise UsageError("append=True adds to codes, but out=None starts new codes in memory; give the "
+                                 "codes file, or the codes in memory, to add to as out")
+            return None
+        if isinstance(out, InMemoryCodes):
+            if not append:
+                raise UsageError(f"out is {out!r}; pass append=True to add to them (a new object comes back), or "
+                                 "out=None for new codes in memory")
+            return out
         out = check_output(out)
         if out.exists() and not (append or overwrite):
             raise OutputExistsError(f"{out} already exists; pass append=True (--append) to add examples to it, "

@@ -36,7 +36,7 @@ from latentcode.extraction.pipeline import check_sharded_output, record_in_shard
 from latentcode.extraction.recorder import Recorder
 from latentcode.sources.compact_capture import CompactAttentionSource, CompactError, CompactLayer
 from latentcode.sources.sites import MAX_ALL_PAIRS, SiteError, parse_selector
-from latentcode.store import CodeWriter
+from latentcode.store import CodeWriter, InMemoryCodes
 from latentcode.store.compact import COMPACT_VERSION, KEY_VALID, key_name, query_name
 from latentcode.validation import check_integer
 
@@ -60,7 +60,7 @@ def extract_pretrained(
     split: str = "validation",
     n: int = 1,
     seq_len: int = 512,
-    out: str | Path = "codes.h5",
+    out: str | Path | InMemoryCodes | None = None,
     *,
     selector: str = "*:-1:-1",
     batch_size: int = 1,
@@ -72,11 +72,14 @@ def extract_pretrained(
     compression: str | None = "none",
     progress: bool = True,
     wait_for_lock: float | None = 0.0,
-) -> Path:
+    device: str | None = None,
+    dtype: str | None = None,
+) -> Path | InMemoryCodes:
     """Record codes of `n` windows of `seq_len` tokens of the corpus's `split` into `out`.
 
     model: a `Pretrained`, or what `load_pretrained` takes (a directory, a .gguf file, "smollm2").
     compact: keep every pair of every layer in /compact (queries and keys); False: the sites only.
+    device, dtype: where and in what a model loaded here runs (`load_pretrained`); codes are float32.
     compression: of a new file; "none" by default (queries and keys barely compress, and reading a
     row back is faster without)."""
     from latentcode.pretrained import (
@@ -89,8 +92,14 @@ def extract_pretrained(
 
     n, batch_size = check_integer("n", n, minimum=1), check_integer("batch_size", batch_size, minimum=1)
     check_sharded_output(out, append, overwrite)  # before the model loads: refused in every process alike
-    pretrained = model if isinstance(model, Pretrained) else load_pretrained(model, progress=progress)
+    pretrained = model if isinstance(model, Pretrained) else load_pretrained(model, device=device, dtype=dtype,
+                                                                                  progress=progress)
     check_seq_len(seq_len, pretrained.n_ctx, pretrained.name)
+    implementation = getattr(pretrained.model.config, "_attn_implementation", "sdpa")
+    if implementation != "sdpa":  # e.g. Gemma 2 (soft-capped scores), gpt-oss (sinks): no SDPA call to read
+        raise CompactError(f"{pretrained.name} runs only with {implementation!r} attention, not through "
+                           "scaled_dot_product_attention, whose calls latentcode reads exactly; reading its "
+                           "attention is not supported yet (issue 47)")
     parsed = parse_selector(selector)
     sites = parsed.resolve(pretrained.n_layers, seq_len)
     if len(sites) > MAX_ALL_PAIRS:
@@ -111,6 +120,7 @@ def extract_pretrained(
                          if key not in ("quantization_config", "_name_or_path")},
         "checkpoint_sha256": checkpoint_sha256(pretrained.path),
         "model_path": str(pretrained.path.resolve()),
+        "model_dtype": str(pretrained.dtype).removeprefix("torch."),
         "task_config": {},
         "selector": {"spec": selector, "sites": [[s.layer, s.query, s.key] for s in sites]},
         "score": score,
@@ -125,7 +135,7 @@ def extract_pretrained(
     # `logits_to_keep`; a model that does not computes them all.
     logits = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(pretrained.model.forward).parameters else {}
 
-    def record(path: Path, batches: range, append: bool, progress: bool) -> None:
+    def record(path: Path | bytes | None, batches: range, append: bool, progress: bool) -> bytes | None:
         """Windows `batches.start * batch_size` up to `batches.stop * batch_size` (at most n) into `path`."""
         writer = CodeWriter(path, sites, pretrained.n_heads, metadata, append=append, overwrite=overwrite,
                             compression=compression, wait_for_lock=wait_for_lock)
@@ -155,7 +165,7 @@ def extract_pretrained(
         try:
             with Recorder(pretrained.model, sites, score=score, source=source) as recorder, torch.no_grad():
                 for start in range(first, stop, batch_size):
-                    batch = torch.from_numpy(ids[start : start + batch_size])
+                    batch = torch.from_numpy(ids[start : start + batch_size]).to(pretrained.device)
                     pretrained.model(input_ids=batch, use_cache=False, **logits)
                     rows = slice(start, start + len(batch))
                     writer.append(codes=recorder.pop(), labels={k: v[rows] for k, v in labels.items()}, split=split,
@@ -167,6 +177,7 @@ def extract_pretrained(
             if bar is not None:
                 bar.close()
         writer.close()
+        return writer.image
 
     return record_in_shards(out, math.ceil(n / batch_size), record, append=append, overwrite=overwrite,
                             wait_for_lock=wait_for_lock, progress=progress)

@@ -83,7 +83,7 @@ class Recorder:
         if self.n_heads is None:
             self.n_heads = codes.shape[1]
         self._layers_seen.add(layer)
-        codes = codes.cpu().numpy()
+        codes = codes.float().cpu().numpy()  # float32 whatever the model computes in
         for index, (query, key) in enumerate(zip(queries.tolist(), keys.tolist(), strict=True)):
             site = Site(layer, query, key)
             if self._pass > 0 and self._pass_of_last.get(site) == self._pass:

@@ -252,7 +252,7 @@ class MeanAblate(Edit):
         from latentcode.intervention.checkpoints import check_codes_file_matches
         from latentcode.store import CodeFile
 
-        codes_file = CodeFile(path)
+        codes_file = path if isinstance(path, CodeFile) else CodeFile(path)  # a file, or codes in memory
         check_codes_file_matches(codes_file, model=model, checkpoint_sha256=checkpoint_sha256)
         if codes_file.attrs.get("score", "pattern") != "pattern":
             raise EditError(

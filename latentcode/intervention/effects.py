@@ -20,7 +20,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -33,6 +33,9 @@ from latentcode.intervention.intervener import Intervention
 from latentcode.intervention.language_plan import LanguageInterventionPlan
 from latentcode.intervention.plan import InterventionPlan, plan_intervention
 from latentcode.progress import Progress
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ALL_SITES = "all sites"
 BOOTSTRAP_RESAMPLES = 200
@@ -52,7 +55,7 @@ def intervention_effects(
     per_site: bool = True,
     control: bool = True,
     progress: bool = False,
-):
+) -> pd.DataFrame:
     """The task metrics of `n` instances of `split` (None: the task's held-out split, `ood` or
     language's `validation`) without and with `edits` at `sites` (all at once,
     and with `per_site` each site alone); returns the tidy pandas table described in the module
@@ -110,7 +113,7 @@ def intervention_effects(
                     scoped = [dataclasses.replace(edit, sites=scope_sites).for_batch(labels) for edit in edits]
                     with Intervention(model, scoped, sites=scope_sites):
                         output = model(torch.from_numpy(batch.x))
-            predictions.append(output[:, -task.n_predictions :, :].float().numpy())
+            predictions.append(output[:, -task.n_predictions :, :].float().cpu().numpy())
             tracker.advance(note=scope)
         return np.concatenate(predictions)
 

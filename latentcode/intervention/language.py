@@ -95,7 +95,7 @@ def next_token_metrics(logits: torch.Tensor, targets: torch.Tensor) -> np.ndarra
     log_probabilities = torch.log_softmax(logits.float(), dim=-1)
     loss = -log_probabilities.gather(-1, targets[..., None])[..., 0]
     accuracy = (logits.argmax(-1) == targets).float()
-    return torch.stack([loss.mean(1), torch.exp(-loss).mean(1), accuracy.mean(1)], dim=1).numpy()
+    return torch.stack([loss.mean(1), torch.exp(-loss).mean(1), accuracy.mean(1)], dim=1).float().cpu().numpy()
 
 
 def language_model_effects(plan: LanguageInterventionPlan, edits: Edit | Sequence[Edit], progress: bool = False):
@@ -182,7 +182,7 @@ def mean_ablate_from_compact(path: str | Path, plan: LanguageInterventionPlan, h
     from latentcode.pretrained import checkpoint_sha256, resolve
     from latentcode.store import CodeFile
 
-    codes_file = CodeFile(path)
+    codes_file = path if isinstance(path, CodeFile) else CodeFile(path)  # a file, or codes in memory
     check_codes_file_matches(codes_file, checkpoint_sha256=checkpoint_sha256(resolve(plan.source.path)) or None)
     compact = codes_file.compact
     if compact is None or compact.seq_len != plan.seq_len or codes_file.attrs.get("score", "pattern") != "pattern":

@@ -65,9 +65,9 @@ def relation_codes(model: nn.Module, tokens: np.ndarray, queries: Sequence[int],
             codes = []
             for layer in layers:
                 column = np.full((seq_len, seq_len), -1)
-                layer_queries, layer_keys = (p.numpy() for p in positions[layer])
+                layer_queries, layer_keys = (p.cpu().numpy() for p in positions[layer])
                 column[layer_queries, layer_keys] = np.arange(len(layer_queries))
-                codes.append(layer_codes[layer][row][:, column[query, key]].T.cpu().numpy())  # [pairs, head]
+                codes.append(layer_codes[layer][row][:, column[query, key]].T.float().cpu().numpy())  # [pairs, head]
             parts.append(RelationCodes(np.stack(codes, axis=1).astype(np.float32), labels.relation, labels.distance,
                                        labels.query_token, labels.key_token, np.full(len(query), start + row),
                                        query, key))

@@ -69,7 +69,7 @@ def second_copy_loss(tokens: Tensor, half: int):
 
 @torch.no_grad()
 def _loss(model: nn.Module, tokens: np.ndarray, half: int) -> np.ndarray:
-    return second_copy_loss(tokens, half)(model(**_inputs(tokens, half))).numpy()
+    return second_copy_loss(tokens, half)(model(**_inputs(tokens, half))).float().cpu().numpy()
 
 
 def _sites(pairs: Sequence[tuple[int, int]], layer: int | None) -> list[tuple]:
@@ -102,7 +102,7 @@ def induction_attribution(model: nn.Module, tokens: np.ndarray, half: int, n_lay
     zeros = {layer: torch.zeros(len(tokens), n_heads, len(pairs)) for layer in range(n_layers)}
     attribution = attribution_patching(model, _inputs(tokens, half), None, second_copy_loss(tokens, half),
                                        sites=_sites(pairs, None), donor_codes=zeros)
-    effects = np.stack([attribution.effects[layer].sum(dim=2).numpy() for layer in range(n_layers)], axis=1)
+    effects = np.stack([attribution.effects[layer].sum(dim=2).float().cpu().numpy() for layer in range(n_layers)], axis=1)
     return HeadEffects(effects, _loss(model, tokens, half))
 
 

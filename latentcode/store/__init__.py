@@ -5,7 +5,7 @@
 Modules: `schema` (the table above, declared once: the writer creates what it lists, validation
 checks it, this text is made from it), `writer` (`CodeWriter`), `reader` (`CodeFile`),
 `validation` (`validate`, the checks at open), `shards` and `sharded_writer` (sharded files),
-`site` (`Site`), `full_disk` (writes that fail late).
+`site` (`Site`), `memory` (`InMemoryCodes`: codes in memory, read like a file), `full_disk` (writes that fail late).
 
 All per-example datasets are chunked along N, compressed and resizable; examples are appended in
 batches, so a file of a million examples is never held in memory. Every per-example dataset has
@@ -43,6 +43,7 @@ and refuses a file that differs with one `CodeFileError` naming the dataset or a
 
 from __future__ import annotations
 
+from latentcode.store.memory import InMemoryCodes, InMemoryCodesError
 from latentcode.store.reader import DEFAULT_MAX_ROWS, CodeFile
 from latentcode.store.schema import (
     FORMAT,
@@ -68,6 +69,8 @@ __all__ = [
     "SCHEMA_VERSION",
     "SCORE_KINDS",
     "CodeFile",
+    "InMemoryCodes",
+    "InMemoryCodesError",
     "DEFAULT_MAX_ROWS",
     "CodeFileError",
     "CodeWriter",

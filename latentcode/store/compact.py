@@ -22,7 +22,7 @@ files give `s` (masked entries -inf) instead of `a`. numpy and h5py only; float3
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,8 +121,11 @@ class CompactCodes:
     """Rebuild codes from a file's /compact group (`CodeFile.compact`). Every method takes example
     indices (`examples`, None: all of the split mask given) and returns float32 arrays."""
 
-    def __init__(self, path: Path, info: dict[str, Any], score: str):
+    def __init__(self, path: Path, info: dict[str, Any], score: str,
+                 opener: Callable[[], h5py.File] | None = None):
         self.path, self.info, self.score = Path(path), info, score
+        # how to open the file (`CodeFile.open_hdf5`: a file on disk, or one held in memory)
+        self._opener = opener if opener is not None else lambda: h5py.File(self.path, "r")
         self.layers: list[int] = [int(layer) for layer in info["layers"]]
         self.n_heads, self.n_kv_heads = int(info["n_heads"]), int(info["n_kv_heads"])
         self.seq_len, self.head_dim = int(info["seq_len"]), int(info["head_dim"])
@@ -131,7 +134,7 @@ class CompactCodes:
     # opening the file and reading attributes cost more than rebuilding a row.
     def _dataset(self, name: str) -> h5py.Dataset:
         if getattr(self, "_open", None) is None:
-            self._open, self._datasets, self._masks = h5py.File(self.path, "r"), {}, {}
+            self._open, self._datasets, self._masks = self._opener(), {}, {}
         if name not in self._datasets:
             self._datasets[name] = self._open[COMPACT.group][name]
         return self._datasets[name]

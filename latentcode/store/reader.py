@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
@@ -13,7 +13,10 @@ import numpy as np
 from latentcode.store.compact import CompactCodes
 from latentcode.store.schema import CODES, EXTRA, LABELS, PREDICTION, TARGET, CodeFileError
 from latentcode.store.site import Site
-from latentcode.store.validation import ROWS_PER_READ, validate
+from latentcode.store.validation import ROWS_PER_READ, Contents, validate
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: examples of each split that analysis (probes, pictures, reports) reads by default: memory is
 #: bounded by this cap, not by the file (about 20 MB for 128 floats a row); `subsample` draws them
@@ -38,7 +41,14 @@ class CodeFile:
 
     def __init__(self, path: str | Path, *, allow_external: bool = False):
         self.path = Path(path)
-        contents = validate(self.path, allow_external=allow_external)
+        self._take(validate(self.path, allow_external=allow_external))
+
+    def open_hdf5(self) -> h5py.File:
+        """The codes as an open, read-only `h5py.File` (close it when done)."""
+        return h5py.File(self.path, "r")
+
+    def _take(self, contents: Contents) -> None:
+        """What `validate` found, as this reader's attributes."""
         self.attrs = contents.attrs
         self.shards = contents.shards
         self.sites = contents.sites
@@ -66,7 +76,7 @@ class CodeFile:
         self.position_names = values["position_names"]
         self.token_names = values["token_names"]  # text of each id of extra("token_ids"), where recorded
         # The compact store (latentcode.store.compact): codes of any pair of its layers, rebuilt on demand.
-        self.compact = CompactCodes(self.path, values["compact"], values["score"] or "pattern") \
+        self.compact = CompactCodes(self.path, values["compact"], values["score"] or "pattern", self.open_hdf5) \
             if values["compact"] else None
         self.model_name = values["model_name"] or self.model_config.get("attention", "model")
         if isinstance(self.model_name, list):
@@ -144,7 +154,7 @@ class CodeFile:
     def _read(self, name: str, split) -> np.ndarray:
         mask = self.split_mask(split)
         rows = np.flatnonzero(mask) if self._rows is None else self._rows[mask]
-        with h5py.File(self.path, "r") as file:
+        with self.open_hdf5() as file:
             dataset = file[name]
             if len(rows) == dataset.shape[0]:
                 return dataset[:]
@@ -191,7 +201,8 @@ class CodeFile:
             raise CodeFileError(f"{self.path} holds no targets")
         return self._read(TARGET.name, split)
 
-    def to_dataframe(self, sites: Sequence[Site | str] | None = None, split: str | Iterable[str] | None = None):
+    def to_dataframe(self, sites: Sequence[Site | str] | None = None, split: str | Iterable[str] | None = None
+                     ) -> pd.DataFrame:
         """A pandas DataFrame, one row per example: `split`, one column per label (multi-column
         labels flattened as `name[i]` / `name[i,j]`), and one column per code entry `<site>.h<head>`."""
         import pandas as pd

@@ -183,6 +183,8 @@ ROOT_ATTRIBUTES: tuple[Attribute, ...] = (
               '"" if none)'),
     Attribute("model_path", TEXT, False, "a pretrained model's file or directory, as the extraction found it (where "
               "`latentcode view` looks for its tokenizer, checked against checkpoint_sha256); \"\" for other models"),
+    Attribute("model_dtype", TEXT, False, 'the dtype the model computed in: "float32", "bfloat16" or "float16" ("" in '
+              "files from before it: float32); the codes are stored as float32 whatever it"),
     Attribute("task_config", JSON_OBJECT, True, "the task's configuration (Task.config()), {} if none"),
     Attribute("selector", JSON_OBJECT, True, '{"name": ..., "sites": [[layer, query, key], ...]}'),
     Attribute("score", TEXT, False, f"{SCORE_KINDS[0]!r} (normalized latent codes, default) or {SCORE_KINDS[1]!r} "

@@ -10,6 +10,7 @@ not "other files" (see `latentcode.store.shards`).
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,13 +62,15 @@ class Contents:
     split_index: np.ndarray  # [N] int16: each example's split, an index into `values["splits"]`
 
 
-def validate(path: str | Path, *, allow_external: bool = False) -> Contents:
-    """Check the codes file at `path` against the schema; what it holds, or one `CodeFileError`."""
+def validate(path: str | Path, *, allow_external: bool = False, image: bytes | None = None) -> Contents:
+    """Check the codes file at `path` against the schema; what it holds, or one `CodeFileError`.
+    `image`: the bytes of a codes file held in memory (`InMemoryCodes`); `path` then only names it."""
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no codes file at {path}")
-    check_readable_hdf5(path)
-    with h5py.File(path, "r") as file:
+    if image is None:
+        if not path.exists():
+            raise FileNotFoundError(f"no codes file at {path}")
+        check_readable_hdf5(path)
+    with (h5py.File(path, "r") if image is None else open_image(image)) as file:
         outside = [] if allow_external else references_outside(file)
         if outside:
             raise CodeFileError(
@@ -92,6 +95,11 @@ def validate(path: str | Path, *, allow_external: bool = False) -> Contents:
             split_index=split_indices(path, file[SPLIT.name], values["splits"]),
         )
     return contents
+
+
+def open_image(image: bytes) -> h5py.File:
+    """An HDF5 file held in memory as `image` (its bytes), opened read-only."""
+    return h5py.File(io.BytesIO(image), "r")
 
 
 #: rows read at a time where a whole per-example dataset would not fit in bounded memory

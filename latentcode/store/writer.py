@@ -4,6 +4,7 @@ creating what the schema (`latentcode.store.schema`) lists."""
 from __future__ import annotations
 
 import datetime
+import io
 import json
 import os
 import shutil
@@ -34,7 +35,6 @@ from latentcode.store.schema import (
     GROUPS,
     LABELS,
     PREDICTION,
-    PROVENANCE,
     ROOT_ATTRIBUTES,
     SCHEMA_VERSION,
     SCORE_KINDS,
@@ -43,17 +43,17 @@ from latentcode.store.schema import (
     TARGET,
     CodeFileError,
     from_json,
-    to_json,
 )
-from latentcode.store.shards import declared_shard_names
 from latentcode.store.site import Site
-from latentcode.store.validation import references_outside
+from latentcode.store.writer_history import check_appendable, record_provenance
 
 COMPRESSIONS = ("gzip", "lzf", "none")
 DEFAULT_COMPRESSION = "gzip"
 # Deflate level 1: writing the SRAVEN benchmark's 8192 examples took 0.43 s (lzf 0.38 s, level 4
 # 0.47 s) for 3.80 MiB (lzf 4.17, level 4 3.77); higher levels buy almost nothing on float codes.
 _GZIP_LEVEL = 1
+#: what a writer or reader of codes in memory calls its file in messages
+MEMORY_NAME = "<codes in memory>"
 _CHUNK_ROWS = 1024
 _FLUSH_ROWS = 4096
 _FLUSH_BYTES = 64 * 2**20
@@ -98,7 +98,7 @@ class CodeWriter:
 
     def __init__(
         self,
-        path: str | Path,
+        path: str | Path | bytes | None,
         sites: Sequence[Site],
         n_heads: int | Mapping[Site, int],
         metadata: Mapping[str, Any] | None = None,
@@ -108,7 +108,11 @@ class CodeWriter:
         compression: str | None = DEFAULT_COMPRESSION,
         wait_for_lock: float | None = 0.0,
     ):
-        self.path = Path(path)
+        # path None: the file is built in memory (`image` once closed; `InMemoryCodes` reads it);
+        # bytes: codes in memory (a codes file's image) to append to, left as they are
+        self.in_memory = path is None or isinstance(path, bytes)
+        self.path = Path(MEMORY_NAME) if self.in_memory else Path(path)  # type: ignore[arg-type]
+        self.image: bytes | None = None
         self.sites = sorted(dict.fromkeys(sites))
         if not self.sites:
             raise CodeFileError("no sites to record")
@@ -128,6 +132,21 @@ class CodeWriter:
         score = self.metadata.setdefault("score", "pattern")
         if score not in SCORE_KINDS:
             raise CodeFileError(f"score must be one of {SCORE_KINDS}, got {score!r}")
+        if self.in_memory:
+            if append and not isinstance(path, bytes):
+                raise CodeFileError("append=True needs codes to add to; give the file's path, or the codes in "
+                                    "memory")
+            self._lock, self._closed, self.temporary_path = None, False, None
+            self.mode = "append" if append else "new"
+            self._buffer = io.BytesIO(path if append else b"")  # a copy: the codes appended to stay as they are
+            self.file = h5py.File(self._buffer, "r+" if append else "w")
+            if append:
+                self._check_compatible()
+                self.compression = _compression_of(self.file[CODES.group][self.sites[0].name])
+            else:
+                self._initialize()
+            self._start_rows()
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -172,6 +191,9 @@ class CodeWriter:
         except BaseException:
             self._discard()
             raise
+        self._start_rows()
+
+    def _start_rows(self) -> None:
         self.n_appended = 0
         self._first_row = len(self.file[SPLIT.name])
         self._splits_written: list[str] = []
@@ -196,6 +218,7 @@ class CodeWriter:
             "model_config": self.metadata.get("model_config", {}),
             "checkpoint_sha256": self.metadata.get("checkpoint_sha256", ""),
             "model_path": str(self.metadata.get("model_path", "")),
+            "model_dtype": str(self.metadata.get("model_dtype", "float32")),
             "task_config": self.metadata.get("task_config", {}),
             "selector": self.metadata.get("selector", {"name": "explicit", "sites": sites}),
             "score": self.metadata["score"],
@@ -243,38 +266,7 @@ class CodeWriter:
         )
 
     def _check_compatible(self) -> None:
-        attrs = self.file.attrs
-        problems = []
-        if attrs.get("format") != FORMAT:
-            raise CodeFileError(f"cannot append to {self.path}: it is not a latentcode codes file")
-        outside = references_outside(self.file)
-        if outside:
-            raise CodeFileError(f"cannot append to {self.path}: it refers to other files ({'; '.join(outside)})")
-        if "shards" in attrs:
-            raise CodeFileError(f"cannot append to {self.path}: it is a sharded file (virtual datasets over "
-                                f"{len(declared_shard_names(self.file))} shard files); extract into a new file")
-        if int(attrs.get("schema_version", -1)) != SCHEMA_VERSION:
-            problems.append(f"schema version {attrs.get('schema_version')} (this writer: {SCHEMA_VERSION})")
-        existing_sites = sorted(Site.from_name(name) for name in self.file[CODES.group])
-        if existing_sites != self.sites:
-            problems.append(
-                f"sites differ: file has {[s.name for s in existing_sites]}, new data has {[s.name for s in self.sites]}"
-            )
-        codes = self.file[CODES.group]
-        existing_heads = {Site.from_name(name): codes[name].shape[1] for name in codes}
-        if existing_sites == self.sites and existing_heads != self.heads_of:
-            problems.append(f"n_heads: file {int(attrs['n_heads']) or existing_heads}, new data {self.n_heads or self.heads_of}")
-        for key in ("score", "checkpoint_sha256", "model_config", "task_config", "compact"):
-            if key not in self.metadata:
-                continue
-            new = self.metadata[key] if key in ("score", "checkpoint_sha256") else to_json(self.metadata[key])
-            old = attrs[key]
-            if key.endswith("config"):
-                old, new = json.loads(old or "{}"), json.loads(new or "{}")
-            if old != new:
-                problems.append(f"{key}: file {old!r}, new data {new!r}")
-        if problems:
-            raise CodeFileError(f"cannot append to {self.path}: incompatible schema: " + "; ".join(problems))
+        check_appendable(self.path, self.file, self.sites, self.heads_of, self.n_heads, self.metadata)
 
     # -- writing -------------------------------------------------------------------------------
     def append(
@@ -423,8 +415,11 @@ class CodeWriter:
             with failed_writes(self.path):
                 file.close()
             self._open_datasets = {}
-            check_replaceable(self.path)  # a link planted while we wrote is not replaced either
-            os.replace(self.temporary_path, self.path)
+            if self.in_memory:
+                self.image = self._buffer.getvalue()
+            else:
+                check_replaceable(self.path)  # a link planted while we wrote is not replaced either
+                os.replace(self.temporary_path, self.path)
         except OSError as error:
             self._discard()
             raise write_error(error, self.path) from None
@@ -432,7 +427,8 @@ class CodeWriter:
             self._discard()
             raise
         self._closed = True
-        self._lock.release()
+        if self._lock is not None:
+            self._lock.release()
         return self.path
 
     def abort(self) -> None:
@@ -442,34 +438,8 @@ class CodeWriter:
 
     def _record_provenance(self) -> None:
         """One /provenance entry for this write: which rows, which splits, from which seed."""
-        if PROVENANCE.name not in self.file:
-            self.file.create_dataset(PROVENANCE.name, shape=(0,), maxshape=(None,), dtype=PROVENANCE.dtype.written,
-                                     chunks=(64,))
-            if self._first_row:  # a file from before /provenance: its rows came from the root seed
-                attrs = self.file.attrs
-                self._extend(self.file[PROVENANCE.name], np.asarray([to_json({
-                    "rows": [0, self._first_row], "splits": json.loads(attrs["splits"]),
-                    "seed": from_json(attrs.get("seed", "")), "mode": "new", "written": attrs.get("created", ""),
-                    "latentcode_version": attrs.get("latentcode_version", ""), "reconstructed": True,
-                })], dtype=object))
-        selector = self.metadata.get("selector", {})
-        if isinstance(selector, str):
-            selector = json.loads(selector or "{}")
-        if not isinstance(selector, dict):
-            selector = {"spec": selector}
-        seed = self.metadata.get("seed", "")
-        entry = {
-            "rows": [self._first_row, self._n_rows],
-            "splits": self._splits_written,
-            "seed": seed.item() if isinstance(seed, np.generic) else seed,
-            "mode": self.mode,
-            "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "latentcode_version": _package_version(),
-            "source": str(self.metadata.get("source", "")),
-            "score": self.metadata["score"],
-            "selector": {key: value for key, value in selector.items() if key != "sites"},
-        }
-        self._extend(self.file[PROVENANCE.name], np.asarray([to_json(entry)], dtype=object))
+        record_provenance(self.file, self.metadata, self._first_row, self._n_rows, self._splits_written, self.mode,
+                          _package_version())
 
     def _discard(self) -> None:
         self._closed = True
@@ -488,7 +458,8 @@ class CodeWriter:
             if temporary is not None:
                 temporary.unlink(missing_ok=True)
         finally:
-            self._lock.release()
+            if getattr(self, "_lock", None) is not None:
+                self._lock.release()
 
     def __enter__(self) -> CodeWriter:
         return self

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from typing import Any
 
 from latentcode.tasks.base import AnalysisDefaults, Task, TaskError
 
@@ -70,7 +71,7 @@ def task_class(name: str) -> type[Task]:
     return _TASK_CLASSES[name]
 
 
-def get_task(name: str, **params) -> Task:
+def get_task(name: str, **params: Any) -> Task:
     """Build the task called ``name`` with keyword ``params`` (see each task's ``__init__``)."""
     cls = task_class(name)
     valid = cls.parameter_names()

@@ -5,11 +5,15 @@ from __future__ import annotations
 import platform
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from latentcode.rundir import SUMMARY_FILE, RunDirectory, RunDirectoryError
 from latentcode.tasks import get_task
 from latentcode.training.config import TrainConfig
+
+if TYPE_CHECKING:
+    from latentcode.models.transformer import Transformer
+    from latentcode.tasks import Task
 
 
 def run_record(config: TrainConfig) -> dict[str, Any]:
@@ -65,10 +69,10 @@ class Run:
         records = self.directory.read_metrics()
         return [record for record in records if event is None or record.get("event") == event]
 
-    def task(self):
+    def task(self) -> Task:
         return get_task(**self.config.task)
 
-    def load_model(self, device: str = "cpu"):
+    def load_model(self, device: str = "cpu") -> Transformer:
         from latentcode.models import load_model
 
         if not self.directory.model_path.is_dir():

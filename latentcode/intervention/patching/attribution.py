@@ -49,10 +49,10 @@ class Attribution:
         no pair was measured)."""
         n_keys = n_queries if n_keys is None else n_keys
         effect = self.effects[layer] if heads is None else self.effects[layer][:, list(heads)]
-        values = effect.sum(1).mean(0).numpy()
+        values = effect.sum(1).mean(0).float().cpu().numpy()
         grid = np.full((n_queries, n_keys), np.nan)
         queries, keys = self.positions[layer]
-        grid[queries.numpy(), keys.numpy()] = values
+        grid[queries.cpu().numpy(), keys.cpu().numpy()] = values
         return grid
 
     def for_groups(self, groups: Sequence[SiteGroup]) -> np.ndarray:
@@ -80,7 +80,7 @@ class Attribution:
             if total is None:
                 raise SiteError(f"group {group.name} has no site among the attributed layers {sorted(self.positions)}")
             rows.append(total)
-        return torch.stack(rows).numpy()
+        return torch.stack(rows).float().cpu().numpy()
 
     def table(self):
         """Tidy table: layer, head, query, key, effect (mean over examples), effect_se."""
@@ -90,11 +90,11 @@ class Attribution:
         for layer, effect in self.effects.items():
             queries, keys = self.positions[layer]
             batch, n_heads, n = effect.shape
-            mean = effect.mean(0).numpy()
-            se = (effect.std(0, unbiased=True) / math.sqrt(batch)).numpy() if batch > 1 else np.full_like(mean, np.nan)
+            mean = effect.mean(0).float().cpu().numpy()
+            se = (effect.std(0, unbiased=True) / math.sqrt(batch)).float().cpu().numpy() if batch > 1 else np.full_like(mean, np.nan)
             frames.append(pd.DataFrame({
                 "layer": layer, "head": np.repeat(np.arange(n_heads), n),
-                "query": np.tile(queries.numpy(), n_heads), "key": np.tile(keys.numpy(), n_heads),
+                "query": np.tile(queries.cpu().numpy(), n_heads), "key": np.tile(keys.cpu().numpy(), n_heads),
                 "effect": mean.reshape(-1), "effect_se": se.reshape(-1)}))
         return pd.concat(frames, ignore_index=True)
 

@@ -16,10 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from latentcode.intervention.patching.language_plan import LanguagePatchPlan
 from latentcode.intervention.patching.plan import DONORS, PatchPlan, plan_patch
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass
@@ -27,11 +30,11 @@ class PatchResult:
     """`tables`: the sweep's table (one row per group), or the search's route on the fresh pairs and
     the candidates it weighed; `summary`: the settings and counts (JSON-ready)."""
 
-    tables: tuple
+    tables: tuple[pd.DataFrame, ...]
     summary: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def table(self):
+    def table(self) -> pd.DataFrame:
         return self.tables[0]
 
 
