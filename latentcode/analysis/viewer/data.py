@@ -28,8 +28,8 @@ MAX_FILTER_VALUES = 400
 # a hover: left out (the tokens at the recorded positions are shown as `tokens` instead).
 MAX_LABEL_COLUMNS = 64
 TOKEN_IDS = "token_ids"
-# A layer whose codes vary by no more than this (standard deviation over the instances, every site and
-# head) has the same code for every instance, to float32 rounding.
+# A layer whose codes differ by no more than this between any two instances (at every site and head) has
+# the same code for every instance.
 CONSTANT_SPREAD = 1e-6  # the extra array of each example's input tokens [N, T], where a file keeps them
 
 
@@ -223,10 +223,13 @@ def viewer_data(
     # The page opens on the layer whose codes vary most over the instances, and at the (query, key) pair of
     # that layer that varies most: a layer or pair whose code is the same for every instance (a fixed
     # query attending to tokens that do not vary, at layer 0) shows nothing. Such layers are named on the page.
-    spread = np.nan_to_num(np.nanstd(codes, axis=0))  # [n_sites, heads]
+    spread = np.nan_to_num(np.nanstd(codes.astype(np.float64), axis=0))  # [n_sites, heads]; float32 sums are not exact
+    # Same code for every instance: no difference between the largest and smallest (a standard deviation of
+    # equal float32 values need not be 0).
+    code_range = np.nan_to_num(np.nanmax(codes, axis=0) - np.nanmin(codes, axis=0))  # [n_sites, heads]
     layer_of = np.array([site.layer for site in sites])
     layer_spread = {layer: float(spread[layer_of == layer].mean()) for layer in code_file.layers}
-    constant_layers = [layer for layer in code_file.layers if float(spread[layer_of == layer].max()) <= CONSTANT_SPREAD]
+    constant_layers = [layer for layer in code_file.layers if float(code_range[layer_of == layer].max()) <= CONSTANT_SPREAD]
     default_layer = max(code_file.layers, key=lambda layer: layer_spread[layer])  # the first of equals
     site_spread = spread.mean(axis=1)  # [n_sites]
     pairs = sorted({(site.query, site.key) for site in sites})
