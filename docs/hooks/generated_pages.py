@@ -4,6 +4,7 @@
   `latentcode.cli.build_parser` builds (usage, description, every argument with its help).
 - `reference/api/*.md`: one page per package, one mkdocstrings entry (`::: module.name`) per name of
   its `__all__` (`latentcode` first), so every public name has an entry.
+- the search shim of the offline plugin (`docs/assets/iframe-worker-shim.js`) in place of its CDN address;
 - `results.md`: `analyses/RESULTS.md` as it is in the repository, the figures and tables it links to
   copied beside it; links to what a page cannot show (folders, Markdown notes) become paths.
 
@@ -69,6 +70,22 @@ def on_files(files: Files, config) -> Files:
     for relative in linked:
         files.append(File.generated(config, f"results/{relative}", abs_src_path=str(ROOT / "analyses" / "results" / relative)))
     return files
+
+
+# The search shim that material's offline plugin loads from a CDN; the site serves its own copy.
+REMOTE_SHIM = "https://unpkg.com/iframe-worker/shim"
+LOCAL_SHIM = "assets/iframe-worker-shim.js"
+
+
+def on_post_page(output: str, page, config) -> str:
+    """No script from elsewhere: the offline plugin's CDN shim is replaced by the site's copy."""
+    depth = page.file.url.count("/")
+    return output.replace(REMOTE_SHIM, "../" * depth + LOCAL_SHIM)
+
+
+def on_post_template(output: str, template_name: str, config) -> str:
+    """The same for the pages made from templates alone (404.html, at the site's root)."""
+    return output.replace(REMOTE_SHIM, LOCAL_SHIM)
 
 
 # --- the command line ---------------------------------------------------------------------------------

@@ -88,8 +88,9 @@ def test_the_search_box_finds_the_compact_store(browser):
     from selenium.webdriver.common.by import By
 
     open_page(browser, "index.html")
-    browser.find_element(By.CSS_SELECTOR, "label.md-search__icon, label[for='__search']").click()
+    browser.execute_script("document.getElementById('__search').checked = true")  # open the search panel
     box = browser.find_element(By.CSS_SELECTOR, "input.md-search__input")
+    box.click()
     box.send_keys("compact store")
     titles: list[str] = []
     for _ in range(100):
