@@ -42,6 +42,11 @@ DEMO_MAX_SEQ_LEN_NOTE = {
     "and rotary positions they are exactly the models' codes at query 127 of 512-byte windows, the last "
     "token with 127 bytes of context.",
 }
+# What the demo's pictures colour by, where the task's own picture label would leave most points grey: fuzzy
+# logic's function (`task_index`) takes 46 values on the held-out split, so a legend of 9 left 75% of the points
+# grey; its first term (`terms[0]`, 10 values) colours every point with what the codes carry (the paper's Fig. 3
+# colours fuzzy logic by the terms; analyses/latent_tsne.py does the same).
+DEMO_PICTURE_LABEL = {"fuzzy_logic": "terms[0]"}
 __all__ = ["ATTENTIONS", "demo_tasks", "fresh_directory", "run_demo", "shipped_run"]
 
 
@@ -160,7 +165,8 @@ def run_demo(
     if task in DEMO_MAX_SEQ_LEN and first_run.task().seq_len > DEMO_MAX_SEQ_LEN[task]:
         notes.append(DEMO_MAX_SEQ_LEN_NOTE[task])
     report = build_report(run_dirs, out=out / "report.html", fit_split="train", test_split=held_out,
-                          max_points=max_points, title=title, progress=progress, notes=notes)
+                          max_points=max_points, title=title, progress=progress, notes=notes,
+                          picture_label=DEMO_PICTURE_LABEL.get(task))
     minutes = (time.perf_counter() - started) / 60
     print(f"\nreport: {report.path.resolve()}  ({minutes:.1f} min)")
     print(f"  {report.context}")

@@ -1,7 +1,7 @@
-"""The Python snippets of README.md run as written, one after the other in one namespace, as a
-reader pastes them into a session (issue 11: tasks return numpy, models need tensors), and run
-again in the same directory without an error and without losing what the first run wrote (issue
-24). The snippet marked ``<!-- transformer-lens 3.x -->`` needs transformer-lens 3.x: it runs
+"""The Python snippets of README.md and of the documentation pages in `PAGES` run as written, one
+after the other in one namespace, as a reader pastes them into a session (tasks return numpy, models
+need tensors), and run again in the same directory without an error and without losing what the first
+run wrote. The snippet marked ``<!-- transformer-lens 3.x -->`` needs transformer-lens 3.x: it runs
 where that is importable (`.ci/run` installs it beside the 4.x of the environment)."""
 
 import json
@@ -10,13 +10,19 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+# The pages whose snippets continue the README's, in the order a reader meets them (each uses names
+# the ones before define: `model`, `batch`, `task`).
+PAGES = [README] + [ROOT / "docs" / page for page in (
+    "concepts/latent-codes.md", "concepts/tasks.md", "concepts/sources.md", "how-to/intervene.md", "how-to/patch.md")]
 TRANSFORMER_LENS_3 = "<!-- transformer-lens 3.x -->"
 
 
 def marked_snippets() -> list[tuple[str, str]]:
     """``(marker, code)`` of every python block; the marker is the HTML comment on the line before it."""
-    return re.findall(r"(<!-- [^\n]* -->\n)?```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    return [snippet for page in PAGES
+            for snippet in re.findall(r"(<!-- [^\n]* -->\n)?```python\n(.*?)```", page.read_text(), flags=re.DOTALL)]
 
 
 def python_snippets() -> list[str]:
@@ -38,6 +44,21 @@ def run_in_order(snippets: list[str], folder: Path, monkeypatch) -> dict:
     for index, snippet in enumerate(snippets):
         exec(compile(snippet, f"README.md python snippet {index + 1}", "exec"), namespace)
     return namespace
+
+
+def test_the_readme_is_short_and_keeps_the_two_commands():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 150, "the README says what it is and points into docs/"
+    for marker in ("<!-- main-command -->\n```bash\n", "<!-- test-command -->\n```bash\n"):
+        assert marker in text, f".ci/run and the CI read the command after {marker.splitlines()[0]}"
+    assert 'pip install -e ".[docs]"' in text and "mkdocs build --strict" in text, "the docs build command"
+
+
+def test_the_readme_links_to_pages_that_exist():
+    text = README.read_text()
+    targets = re.findall(r"\]\(([^)#]+)\)", text)
+    assert targets, "the README links into docs/"
+    assert [target for target in targets if not (ROOT / target).exists()] == []
 
 
 def test_the_readme_has_the_snippets_this_test_expects():

@@ -181,6 +181,7 @@ def build_report(
     notes: Sequence[str] = (),
     patches: Sequence[str | Path] = (),
     max_rows: int = DEFAULT_MAX_ROWS,
+    picture_label: str | None = None,
 ) -> Report:
     """Write the report to `out` (figures and tables beside it in `<out stem>_files/`); a name
     without an .html (or .htm) suffix gets .html, so that a browser opens it. Every argument is
@@ -192,12 +193,16 @@ def build_report(
     max_rows: the examples of each split read from each codes file, drawn at random with seed 0
         (`CodeFile.subsample`): memory grows with it, not with the files.
 
+    picture_label: the label spec the embeddings and the heatmap colour by, where it is not `label`
+        (e.g. "terms[0]": one column of a label with many values; the demo gives one).
+
     notes: sentences for the 'Where the numbers come from' list, e.g. that the runs are shipped
         checkpoints whose training happened elsewhere (`latentcode demo` says so).
     """
     plan = plan_report(run_dirs, codes_files, out, label=label, fit_split=fit_split, test_split=test_split,
                        embedding_split=embedding_split, methods=methods, max_points=max_points, title=title,
-                       overwrite=overwrite, notes=notes, patches=patches, max_rows=max_rows)
+                       overwrite=overwrite, notes=notes, patches=patches, max_rows=max_rows,
+                       picture_label=picture_label)
     return run_report(plan, progress=progress)
 
 
@@ -213,7 +218,8 @@ def run_report(plan: ReportPlan, progress: bool = True) -> Report:
         try:
             return _write_report(list(plan.runs), list(plan.code_files), plan.run_dirs, out, files_dir, plan.label,
                                  plan.fit_split, plan.test_split, plan.embedding_split, plan.methods,
-                                 plan.max_points, plan.title, progress, plan.notes, plan.patches)
+                                 plan.max_points, plan.title, progress, plan.notes, plan.patches,
+                                 plan.picture_label)
         except BaseException:
             if made_files_dir:  # a failed report leaves nothing behind
                 shutil.rmtree(files_dir, ignore_errors=True)
@@ -224,6 +230,7 @@ def _write_report(
     runs: list[RunRecord], code_files: list[CodeFile], run_dirs: Sequence[str | Path], out: Path, files_dir: Path,
     label: str | None, fit_split: str, test_split: str, embedding_split: str | None, methods: Sequence[str],
     max_points: int, title: str, progress: bool, notes: Sequence[str], patches: Sequence[PatchOutput] = (),
+    picture_label: str | None = None,
 ) -> Report:
     """build_report's work, under the lock of `out`."""
     codes_paths = [code_file.path for code_file in code_files]
@@ -296,7 +303,7 @@ def _write_report(
                 f": it lacks {html.escape(repr(fit_split))} or {html.escape(repr(test_split))}.</p>")
         sections.append("<h2>Decoding the sub-task from latent codes</h2>" + probe_html)
 
-        picture_label = label or code_files[0].task_analysis.get("picture_label", probe_label)
+        picture_label = picture_label or label or code_files[0].task_analysis.get("picture_label", probe_label)
         picture_html = _pictures(code_files, picture_label, files_dir, embedding_split, test_split, methods,
                                  max_points, steps, figures)
         sections.append("<h2>Latent codes</h2>" + picture_html)

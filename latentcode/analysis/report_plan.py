@@ -46,7 +46,8 @@ class ReportError(LatentcodeError, ValueError):
 class ReportPlan:
     """One report, resolved: `runs` and `code_files` (views of at most `max_rows` rows a split) drawn
     into the page `out`, its figures and tables in `files_dir`. `label` as given (None: each task's
-    own label to decode and to colour by)."""
+    own label to decode and to colour by). `picture_label`: the label spec the pictures colour by, where
+    it is not `label` (None: `label`, else the task's `picture_label`)."""
 
     runs: tuple[RunRecord, ...]
     run_dirs: tuple[Path, ...]
@@ -63,6 +64,7 @@ class ReportPlan:
     title: str = "latentcode report"
     overwrite: bool = False
     notes: tuple[str, ...] = ()
+    picture_label: str | None = None
 
 
 def html_path(out: str | Path) -> Path:
@@ -108,6 +110,7 @@ def plan_report(
     notes: Sequence[str] = (),
     patches: Sequence[str | Path] = (),
     max_rows: int = DEFAULT_MAX_ROWS,
+    picture_label: str | None = None,
 ) -> ReportPlan:
     """The plan of `build_report` with these arguments, or the first mistake in them (arguments as
     `build_report` takes them)."""
@@ -162,6 +165,10 @@ def plan_report(
         with about("label"):
             for code_file in code_files:
                 check_label(code_file, probe_label, "label")
+        if picture_label is not None:
+            with about("picture_label"):
+                for code_file in code_files:
+                    check_label(code_file, picture_label, "picture_label")
     out = html_path(out)
     with about("out"):
         check_output(out)
@@ -171,7 +178,7 @@ def plan_report(
     check_report_outputs_free(out, overwrite)
     return ReportPlan(tuple(runs), tuple(map(Path, run_dirs)), tuple(code_files), tuple(outputs), out,
                       files_dir_of(out), label, fit_split, test_split, embedding_split, tuple(methods), max_points,
-                      title, overwrite, tuple(notes))
+                      title, overwrite, tuple(notes), picture_label)
 
 
 def check_codes_from_pretrained(model: str, code_files: Sequence[CodeFile]) -> None:

@@ -27,7 +27,10 @@ MAX_FILTER_VALUES = 400
 # A per-example array wider than this (a window's input tokens, `token_ids` [N, T]) is no label to read in
 # a hover: left out (the tokens at the recorded positions are shown as `tokens` instead).
 MAX_LABEL_COLUMNS = 64
-TOKEN_IDS = "token_ids"  # the extra array of each example's input tokens [N, T], where a file keeps them
+TOKEN_IDS = "token_ids"
+# A layer whose codes differ by no more than this between any two instances (at every site and head) has
+# the same code for every instance.
+CONSTANT_SPREAD = 1e-6  # the extra array of each example's input tokens [N, T], where a file keeps them
 
 
 def _number(value: float) -> str:
@@ -162,7 +165,10 @@ def viewer_data(
     (`{row, split, answer, target}` lists), `labels` (`{name: {values, index, filter}}`), `codes`
     (`[n_shown][n_sites * heads]`, rounded; null where a site has fewer heads) and `embeddings`
     (`{method: {layer: {x, y, axes}}}`, PCA first), `tokens` (each instance's token text at every
-    recorded position, where the file keeps its input tokens: `_tokens`; else null).
+    recorded position, where the file keeps its input tokens: `_tokens`; else null), `default_layer` and
+    `default_site` (where the page opens: the layer, and its (query, key) pair, whose codes vary most over
+    the instances), `layer_spread` (the mean standard deviation of each layer's codes) and
+    `constant_layers` (layers whose codes are the same for every instance).
 
     token_names: the text of each token id where the file does not name them (a pretrained
     model's tokenizer: `[tokenizer.decode([id]) for id in range(vocabulary)]`).
@@ -214,12 +220,25 @@ def viewer_data(
                              for layer, points in embedding.coordinates.items()}
 
     positions = code_file.position_names
-    # The grid opens at the (query, key) pair whose codes vary most over the instances: a pair whose
-    # code is the same for every instance (a fixed query attending to itself at layer 0) shows nothing.
-    spread = np.nan_to_num(np.nanstd(codes, axis=0).mean(axis=1))  # [n_sites]
+    # The page opens on the layer whose codes vary most over the instances, and at the (query, key) pair of
+    # that layer that varies most: a layer or pair whose code is the same for every instance (a fixed
+    # query attending to tokens that do not vary, at layer 0) shows nothing. Such layers are named on the page.
+    spread = np.nan_to_num(np.nanstd(codes.astype(np.float64), axis=0))  # [n_sites, heads]; float32 sums are not exact
+    # Same code for every instance: no difference between the largest and smallest (a standard deviation of
+    # equal float32 values need not be 0).
+    code_range = np.nan_to_num(np.nanmax(codes, axis=0) - np.nanmin(codes, axis=0))  # [n_sites, heads]
+    layer_of = np.array([site.layer for site in sites])
+    layer_spread = {layer: float(spread[layer_of == layer].mean()) for layer in code_file.layers}
+    constant_layers = [layer for layer in code_file.layers if float(code_range[layer_of == layer].max()) <= CONSTANT_SPREAD]
+    default_layer = max(code_file.layers, key=lambda layer: layer_spread[layer])  # the first of equals
+    site_spread = spread.mean(axis=1)  # [n_sites]
     pairs = sorted({(site.query, site.key) for site in sites})
-    pair_spread = [spread[[i for i, s in enumerate(sites) if (s.query, s.key) == pair]].mean() for pair in pairs]
-    default_pair = pairs[int(np.argmax(pair_spread))]
+
+    def pair_spread(pair, layer=None):
+        chosen = [i for i, s in enumerate(sites) if (s.query, s.key) == pair and (layer is None or s.layer == layer)]
+        return float(site_spread[chosen].mean()) if chosen else -1.0
+
+    default_pair = max(pairs, key=lambda pair: (pair_spread(pair, default_layer), pair_spread(pair)))
     return {
         "model": code_file.model_name,
         "file": code_file.path.name,
@@ -234,6 +253,10 @@ def viewer_data(
                   for site in sites],
         "positions": list(positions),
         "default_site": f"{default_pair[0]}:{default_pair[1]}",
+        "default_layer": default_layer,
+        "default_layer_reason": "the layer whose codes vary most across the shown instances",
+        "layer_spread": {str(layer): round(value, 6) for layer, value in layer_spread.items()},
+        "constant_layers": constant_layers,
         "heads": heads,
         "instances": {"row": np.flatnonzero(mask)[rows].tolist(), "split": [str(s) for s in split_of],
                       "answer": answers, "target": targets},

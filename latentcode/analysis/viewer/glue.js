@@ -7,7 +7,7 @@
   const $ = (id) => document.getElementById(id);
   const n = data.n_shown;
   const H = data.heads;
-  const state = {selected: 0, layer: data.layers[0], projection: "PCA", colour: null,
+  const state = {selected: 0, layer: data.default_layer !== undefined ? data.default_layer : data.layers[0], projection: "PCA", colour: null,
                  filterLabel: "", filterValue: "", site: null, gridMode: "instance"};
   const config = {displaylogo: false, responsive: true};
   // A legend of more values than this is a long list nobody reads (and slow to lay out): the hover
@@ -221,9 +221,30 @@
     }
   }
 
+  // -- what the page says about the layer shown --------------------------------------------------------
+  function noteLayer() {
+    const constant = data.constant_layers || [];
+    const parts = [];
+    if (state.layer === data.default_layer && data.default_layer_reason) {
+      parts.push("Opened on layer " + state.layer + ": " + data.default_layer_reason + ".");
+    }
+    if (constant.includes(state.layer)) {
+      parts.push("Layer " + state.layer + "'s codes are identical across the " + n + " shown instances: its embedding is " +
+                 "one point, and the codes carry nothing that tells the instances apart (e.g. a query that can only " +
+                 "attend to tokens that are the same in every instance).");
+    } else if (constant.length) {
+      parts.push("The codes of layer" + (constant.length > 1 ? "s " : " ") + constant.join(", ") +
+                 " are identical across the shown instances.");
+    }
+    $("layer-note").textContent = parts.join(" ");
+    $("layer-note").className = constant.includes(state.layer) ? "constant" : "";
+  }
+
   // -- controls --------------------------------------------------------------------------------------
   function setUp() {
-    data.layers.forEach((layer) => option($("layer"), layer, "layer " + layer));
+    const constant = new Set(data.constant_layers || []);
+    data.layers.forEach((layer) => option($("layer"), layer, "layer " + layer + (constant.has(layer) ? " (same code for every instance)" : "")));
+    $("layer").value = state.layer;
     Object.keys(data.embeddings).forEach((name) => option($("projection"), name, name));
     const names = Object.keys(data.labels);
     names.forEach((name) => option($("colour"), name, name));
@@ -240,7 +261,8 @@
     state.site = data.default_site || siteKey(data.sites[data.sites.length - 1]);
     $("site").value = state.site;
 
-    $("layer").onchange = () => { state.layer = Number($("layer").value); drawEmbedding(); drawAttention(); };
+    $("layer").onchange = () => { state.layer = Number($("layer").value); noteLayer(); drawEmbedding(); drawAttention(); };
+    noteLayer();
     $("projection").onchange = () => { state.projection = $("projection").value; drawEmbedding(); };
     $("colour").onchange = () => { state.colour = $("colour").value; drawEmbedding(); };
     $("site").onchange = () => { state.site = $("site").value; drawInstance(); drawGrid(); drawAttention(); };

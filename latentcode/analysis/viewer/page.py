@@ -41,6 +41,7 @@ h1 { font-size: 17px; margin: 4px 0 8px; } h3 { font-size: 14px; margin: 6px 0; 
 .plot { height: 360px; }
 table.data { border-collapse: collapse; font-size: 12px; margin-bottom: 10px; }
 table.data td, table.data th { border: 1px solid #ddd; padding: 2px 6px; text-align: right; }
+#layer-note { font-size: 13px; margin: 6px 2px 0; color: #444; } #layer-note.constant { color: #8a3b00; }
 footer { margin-top: 14px; font-size: 12px; color: #555; border-top: 1px solid #ddd; padding-top: 6px; }
 """
 
@@ -55,6 +56,7 @@ BODY = """<h1>{title}</h1>
  <label>grid <select id="grid-mode"><option value="instance">selected instance</option>
   <option value="mean">mean of the shown instances</option></select></label>
 </div>
+<p id="layer-note"></p>
 <div class="row"><div id="embedding"></div><div id="instance"></div></div>
 <div class="row"><div id="grid"></div><div id="attention"></div></div>
 <div id="tables"></div>
@@ -126,6 +128,9 @@ def build_viewer(
     payload = viewer_data(code_file, split, max_instances, seed, embeddings, token_names=token_names)
     payload["default_label"] = label or code_file.task_analysis.get("picture_label")
     payload["tables"] = [probe_table(table, title) for title, table in _titled(probe_tables)]
+    best = _best_probe_layer(_titled(probe_tables), payload["layers"])
+    if best is not None:
+        payload["default_layer"], payload["default_layer_reason"] = best
     payload["patching"] = [patching_map(table, title) for title, table in _titled(patching)]
     title = (f"{payload['model']} · {code_file.path.name} · {split or 'all splits'} · latent codes "
              f"of {len(payload['sites'])} sites in {len(payload['layers'])} layers, {payload['heads']} heads")
@@ -147,6 +152,22 @@ def build_viewer(
     size = len(document.encode("utf-8")) - len(SIZE_PLACEHOLDER)
     document = document.replace(SIZE_PLACEHOLDER, f"{size / 1e6:.1f} MB", 1)
     return Viewer(document, title)
+
+
+def _best_probe_layer(tables: list[tuple[str, object]], layers: Sequence[int]) -> tuple[int, str] | None:
+    """The layer where the first probe table given (`latentcode probe`'s: columns layer, metric, value)
+    decodes best on its first metric, with the reason shown on the page; None without such a table."""
+    from latentcode.analysis.viewer.tables import _read
+
+    for title, table in tables:
+        frame = _read(table, "probe table")
+        if not {"layer", "metric", "value"} <= set(frame.columns):
+            continue
+        rows = frame[(frame["metric"] == frame["metric"].iloc[0]) & frame["layer"].isin(list(layers))].dropna(subset=["value"])
+        if len(rows):
+            row = rows.loc[rows["value"].idxmax()]
+            return int(row["layer"]), f"the layer where the probe table {title} decodes best ({row['metric']} {row['value']:.3f})"
+    return None
 
 
 def _titled(tables: Sequence | Mapping) -> list[tuple[str, object]]:
