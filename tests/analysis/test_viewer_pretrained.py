@@ -31,7 +31,7 @@ def test_keys_are_named_by_the_tokens_of_the_model_the_file_names(extracted, tmp
     code_file = CodeFile(codes)
     assert code_file.attrs["model_path"] == str(model.resolve()) and len(code_file.attrs["checkpoint_sha256"]) == 64
     page = tmp_path / "page.html"
-    assert main(["view", str(codes), "--out", str(page)]) == 0
+    assert main(["view", str(codes), "--view", "codes", "--out", str(page)]) == 0
     assert "keys named by position" not in capsys.readouterr().out
     tokens = page_data(page)["tokens"]
     assert tokens is not None and tokens["positions"] == list(range(16))
