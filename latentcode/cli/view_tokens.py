@@ -33,7 +33,7 @@ def check_token_view(args: argparse.Namespace, code_file) -> None:
     has_tokens = TOKEN_IDS in code_file.extra_names
     args.view_by_default = args.view is None
     if args.view is None:
-        args.view = "tokens" if has_tokens and (code_file.compact is not None or args.serve) else "codes"
+        args.view = "tokens" if args.serve or (has_tokens and code_file.compact is not None) else "codes"
     if args.port is not None and not args.serve:
         raise UsageError(f"--port {args.port} applies to --serve; add --serve, or drop --port")
     if args.view == "codes":

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 from collections.abc import Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -49,8 +48,7 @@ class RowServer(ThreadingHTTPServer):
             raise AnalysisError(f"{code_file.path} has no compact store (/compact); --serve rebuilds rows from it: "
                                 "extract with a compact store (latentcode extract of a pretrained model keeps one) "
                                 "or drop --serve for a static page of the recorded sites")
-        self.rows = TokenRows(code_file, token_names)
-        self.lock = threading.Lock()  # one h5py read at a time (the file stays open between reads)
+        self.rows = TokenRows(code_file, token_names)  # one file read at a time, a lock per row
         try:
             super().__init__((HOST, port), RowHandler)
         except OSError as error:
@@ -109,21 +107,18 @@ class RowHandler(BaseHTTPRequestHandler):
             if url.path in ("/", "/index.html"):
                 return self._send(HTTPStatus.OK, self.server.page, "text/html; charset=utf-8")
             if url.path == "/rows":
-                with self.server.lock:
-                    row = self.server.rows.row(_int(query, "example"), _int(query, "layer"), _int(query, "query"))
+                row = self.server.rows.row(_int(query, "example"), _int(query, "layer"), _int(query, "query"))
                 return self._send(HTTPStatus.OK, np.ascontiguousarray(row, dtype="<f4").tobytes(),
                                   "application/octet-stream")
             if url.path == "/overview":
-                with self.server.lock:
-                    summary = self.server.rows.overview(_int(query, "example"), _int(query, "query"))
+                summary = self.server.rows.overview(_int(query, "example"), _int(query, "query"))
                 return self._send(HTTPStatus.OK, json.dumps(summary).encode(), "application/json")
             if url.path == "/block":
                 q0, q1, k0, k1 = (_int(query, name) for name in ("q0", "q1", "k0", "k1"))
                 if q1 - q0 > MAX_BLOCK_QUERIES:
                     raise AnalysisError(f"a block of {q1 - q0} queries; at most {MAX_BLOCK_QUERIES}")
-                with self.server.lock:
-                    block = self.server.rows.block(_int(query, "example"), _int(query, "layer"), _int(query, "head"),
-                                                   range(q0, q1), range(k0, k1))
+                block = self.server.rows.block(_int(query, "example"), _int(query, "layer"), _int(query, "head"),
+                                               range(q0, q1), range(k0, k1))
                 return self._send(HTTPStatus.OK, np.ascontiguousarray(block, dtype="<f4").tobytes(),
                                   "application/octet-stream")
             if url.path == "/tokens":

@@ -10,6 +10,7 @@ sites the file records (keys it does not record are NaN).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -45,6 +46,9 @@ class TokenRows:
         self.code_file = code_file
         self.token_names = check_token_file(code_file, token_names)
         self.compact = code_file.compact
+        # One read of the file at a time (a server's threads share it), taken per row: a row asked while
+        # an overview reads its 30 layers waits for one layer, not thirty.
+        self._lock = threading.Lock()
         self._token_ids = code_file.extra(TOKEN_IDS)  # [N, T]
         if self._token_ids.ndim != 2:
             raise AnalysisError(f"{code_file.path}: /extra/{TOKEN_IDS} has shape {list(self._token_ids.shape)}; "
@@ -95,8 +99,9 @@ class TokenRows:
         example = self._check_example(example)
         self._check(layer, queries)
         if self.has_compact:
-            return self.compact.rows(layer, queries, np.asarray([example]),
-                                     heads=None if head is None else [head])[0]
+            with self._lock:
+                return self.compact.rows(layer, queries, np.asarray([example]),
+                                         heads=None if head is None else [head])[0]
         out = np.full((self.n_heads, len(queries), self.seq_len), np.nan, dtype=np.float32)
         for column, query in enumerate(queries):
             for site in self._sites.get((layer, int(query)), ()):
