@@ -126,3 +126,22 @@ def test_serve_on_a_file_without_a_compact_store_is_refused_in_one_line(files, t
     assert "has no compact store" in one_line(capsys)
     # Without --serve the token view of its sites is a static page.
     assert main(["view", str(bare), "--view", "tokens", "--out", str(tmp_path / "bare.html")]) == 0
+
+
+def test_a_static_page_embeds_rows_at_display_rounding_within_its_bounds(files):
+    from latentcode.analysis.viewer.token_page import token_payload
+    from latentcode.analysis.viewer.token_rows import TokenRows
+
+    _, codes, _, _ = files
+    code_file = CodeFile(codes)
+    payload = token_payload(TokenRows(code_file), 1, "static", max_queries=6)
+    embedded = payload["embedded"]
+    assert embedded["queries"][:2] == [47, 46] and len(embedded["queries"]) == 6
+    for name, heads in embedded["rows"].items():
+        layer, query = map(int, name.split(":"))
+        expected = code_file.compact.rows(layer, [query], np.asarray([1]))[0, :, 0]  # [H, T]
+        decoded = np.zeros_like(expected)
+        for head, (keys, codes_times_1000) in enumerate(heads):
+            decoded[head, keys] = np.asarray(codes_times_1000) / 1000
+        np.testing.assert_allclose(decoded, expected, atol=5e-4 + 1e-7, rtol=0)
+    assert len(token_payload(TokenRows(code_file), 1, "static", max_bytes=1)["embedded"]["queries"]) == 1

@@ -46,7 +46,7 @@ h1 { font-size: 16px; margin: 4px 0 6px; } h3 { font-size: 13px; margin: 8px 0 4
   padding: 6px 8px; background: #f4f4f4; border-radius: 4px; }
 #note { font-size: 12px; color: #555; margin: 4px 0; }
 .row { display: flex; gap: 14px; margin-top: 8px; align-items: flex-start; }
-#tokens { flex: 3; min-width: 0; max-height: 330px; overflow: auto; border: 1px solid #ddd; padding: 6px;
+#tokens { position: relative; flex: 3; min-width: 0; max-height: 330px; overflow: auto; border: 1px solid #ddd; padding: 6px;
   font-family: ui-monospace, monospace; font-size: 12.5px; line-height: 1.55; white-space: pre-wrap;
   word-break: break-all; }
 #tokens span { cursor: pointer; border-radius: 2px; }
@@ -84,7 +84,10 @@ BODY = """<h1>{title}</h1>
 </div>
 <div id="note">{note}</div>
 <div class="row"><div id="tokens"></div>
- <div id="side"><h3>layer &times; head: the chosen query</h3><table id="overview"></table>
+ <div id="side"><h3>layer &times; head: the chosen query</h3>
+ <div style="font-size: 11px; color: #555">each cell: how many tokens before the query its top key is (s: the first
+ token); colour: that key's code, or 1 &minus; entropy / log(query + 1); click a cell for its layer and head</div>
+ <table id="overview"></table>
  <h3>the chosen pair</h3><div id="relations"></div></div></div>
 <h3>every head of the layer: the query's row over all keys</h3><table id="strips"></table>
 <div class="row"><div><h3 id="matrix-title">pattern</h3><canvas id="matrix" width="440" height="440"></canvas></div>

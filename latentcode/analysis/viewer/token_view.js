@@ -302,7 +302,7 @@
         const value = state.overviewMode === "top" ? code : 1 - entropy / Math.log(Math.max(2, state.query + 1));
         td.style.backgroundColor = key < 0 ? "#eee" : heat(value);
         td.style.color = value > 0.6 ? "#fff" : "#222";
-        td.textContent = key < 0 ? "" : (key === 0 ? "0" : "-" + (state.query - key));
+        td.textContent = key < 0 ? "" : (key === 0 ? "s" : String(state.query - key));
         td.title = key < 0 ? "not recorded" : "layer " + layer + " h" + h + ": top key " + quoted(key) + " " +
           code.toFixed(3) + "; entropy " + entropy.toFixed(2) + " nats; " + (relations(state.query, key).join(", ") || "-");
         if (layer === state.layer && h === state.head) td.classList.add("chosen");
@@ -465,5 +465,9 @@
   $("layer").value = state.layer;
   $("scale").value = state.scale;
   $("window").value = state.window;
-  drawQuery().then(() => { document.body.dataset.ready = "true"; });
+  drawQuery().then(() => {
+    const box = $("tokens"), span = spans[state.query];  // the query in view, the page itself unmoved
+    if (span) box.scrollTop = Math.max(0, span.offsetTop - box.clientHeight / 2);
+    document.body.dataset.ready = "true";
+  });
 })();
