@@ -19,7 +19,8 @@ compact store (e.g. `latentcode extract smollm2 --task seq_len=8192 --n 1 --out 
 file: the static page's size and build time; `latentcode view FILE --serve` started as its own
 process, one headless Chromium clicking `--clicks` tokens drawn at random (seed 0) in layer 15, and
 the page's own figure for each, from the click event to the frame after every head's row is drawn
-(median, 90th percentile, max; the first click, before any row was read, apart); the server's peak
+(median, 90th percentile, max; the first click, before any row was read, apart; each click once
+the page is idle: the previous click's overview drawn); the server's peak
 resident memory (VmHWM) after them; the same clicks on the static page (embedded tokens only).
 
     PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/bench_viewer.py --tokens smol2048.h5 smol8192.h5
@@ -86,6 +87,8 @@ def click_times(driver, url: str, positions, layer: int) -> list[float]:
                               "document.querySelector(`#tokens span[data-pos='${arguments[0]}']`).click()", position)
         wait_for(driver, f"return document.body.dataset.drawnQuery === '{position}'")
         times.append(float(driver.execute_script("return document.body.dataset.drawnMs")))
+        # The next click once the page is idle (its overview drawn), as a reader's next click would be.
+        wait_for(driver, f"return document.body.dataset.overviewQuery === '{position}'")
     return times
 
 
@@ -151,7 +154,11 @@ def token_view(files: list[str], clicks: int, layer: int) -> None:
                 print(f"T={length}: server peak resident memory {peak_memory_mb(server.pid):.0f} MB")
             finally:
                 server.send_signal(signal.SIGINT)
-                server.wait(timeout=30)
+                try:
+                    server.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    print("the server did not stop within 120 s of SIGINT; killed")
+                    server.kill()
     finally:
         driver.quit()
 

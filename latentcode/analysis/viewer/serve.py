@@ -18,8 +18,11 @@ Origin is another site, is refused (403): a web page elsewhere cannot read the f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import threading
+import time
 from collections.abc import Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -49,6 +52,7 @@ class RowServer(ThreadingHTTPServer):
                                 "extract with a compact store (latentcode extract of a pretrained model keeps one) "
                                 "or drop --serve for a static page of the recorded sites")
         self.rows = TokenRows(code_file, token_names)  # one file read at a time, a lock per row
+        self.rows_waiting, self.rows_waiting_lock = 0, threading.Lock()
         try:
             super().__init__((HOST, port), RowHandler)
         except OSError as error:
@@ -62,6 +66,24 @@ class RowServer(ThreadingHTTPServer):
         self.page = token_page(payload, page_title(self.rows, 0).replace("example 0 of", "examples: "),
                                f"Served from {self.address} (this machine only); rows rebuilt from "
                                f"{code_file.path.name}'s compact store on request.").encode("utf-8")
+
+    # A clicked row goes before the overviews (30 rows each) asked earlier: an overview waits, between
+    # its layers, while any row is asked.
+    @contextlib.contextmanager
+    def row_asked(self):
+        with self.rows_waiting_lock:
+            self.rows_waiting += 1
+        try:
+            yield
+        finally:
+            with self.rows_waiting_lock:
+                self.rows_waiting -= 1
+
+    def rows_first(self) -> None:
+        for _ in range(2000):  # at most 2 s
+            if not self.rows_waiting:
+                return
+            time.sleep(0.001)
 
     def server_bind(self) -> None:
         # No SO_REUSEADDR: a port another process listens on is refused, not shared.
@@ -107,11 +129,13 @@ class RowHandler(BaseHTTPRequestHandler):
             if url.path in ("/", "/index.html"):
                 return self._send(HTTPStatus.OK, self.server.page, "text/html; charset=utf-8")
             if url.path == "/rows":
-                row = self.server.rows.row(_int(query, "example"), _int(query, "layer"), _int(query, "query"))
+                with self.server.row_asked():
+                    row = self.server.rows.row(_int(query, "example"), _int(query, "layer"), _int(query, "query"))
                 return self._send(HTTPStatus.OK, np.ascontiguousarray(row, dtype="<f4").tobytes(),
                                   "application/octet-stream")
             if url.path == "/overview":
-                summary = self.server.rows.overview(_int(query, "example"), _int(query, "query"))
+                summary = self.server.rows.overview(_int(query, "example"), _int(query, "query"),
+                                                    before_layer=self.server.rows_first)
                 return self._send(HTTPStatus.OK, json.dumps(summary).encode(), "application/json")
             if url.path == "/block":
                 q0, q1, k0, k1 = (_int(query, name) for name in ("q0", "q1", "k0", "k1"))

@@ -147,24 +147,31 @@ def token_payload(rows: TokenRows, example: int, mode: str, max_queries: int = D
     }
     if mode == "served":
         return payload
+    # Each layer's rows of every candidate query in one read (its keys read once), kept sparse; then
+    # queries are taken in order while their rows fit in max_bytes.
+    candidates = embedded_queries(rows, query, max_queries)
+    sparse: dict[int, dict[str, list]] = {q: {} for q in candidates}
+    overviews: dict[int, list] = {q: [] for q in candidates}
+    for layer in rows.layers:
+        recorded = [q for q in candidates if rows.has_compact or q in rows.queries(layer)]
+        layer_rows = rows.rows(example, layer, recorded) if recorded else None  # [H, Q, T]
+        for q in candidates:
+            if q not in recorded:
+                overviews[q].append([[-1, 0.0, 0.0]] * rows.n_heads)
+                continue
+            row = layer_rows[:, recorded.index(q)]
+            sparse[q][f"{layer}:{q}"] = [_sparse(head) for head in row]
+            overviews[q].append(row_summary(row))
     embedded = {"queries": [], "rows": {}, "overview": {}}
     used = 0
-    for q in embedded_queries(rows, query, max_queries):
-        per_layer, overview = {}, []
-        for layer in rows.layers:
-            if not rows.has_compact and q not in rows.queries(layer):
-                overview.append([[-1, 0.0, 0.0]] * rows.n_heads)
-                continue
-            row = rows.row(example, layer, q)  # [H, T]
-            per_layer[f"{layer}:{q}"] = [_sparse(head) for head in row]
-            overview.append(row_summary(row))
-        size = len(json.dumps(per_layer, separators=(",", ":"))) + len(json.dumps(overview))
+    for q in candidates:
+        size = len(json.dumps(sparse[q], separators=(",", ":"))) + len(json.dumps(overviews[q]))
         if embedded["queries"] and used + size > max_bytes:
             break
         used += size
         embedded["queries"].append(q)
-        embedded["rows"].update(per_layer)
-        embedded["overview"][str(q)] = overview
+        embedded["rows"].update(sparse[q])
+        embedded["overview"][str(q)] = overviews[q]
     payload["embedded"] = embedded
     return payload
 

@@ -111,11 +111,14 @@ class TokenRows:
                 out[: len(codes), column, site.key] = codes
         return out if head is None else out[head : head + 1]
 
-    def overview(self, example: int, query: int) -> list[list[list[float]]]:
+    def overview(self, example: int, query: int, before_layer=None) -> list[list[list[float]]]:
         """Per layer, per head: `[top key, its code, entropy of the row in nats]` of row `query`
-        (NaN-free: unrecorded keys are left out; a layer without the row gives [-1, 0, 0])."""
+        (NaN-free: unrecorded keys are left out; a layer without the row gives [-1, 0, 0]).
+        `before_layer()`, where given, is called before each layer's read (a server lets waiting rows go first)."""
         summary = []
         for layer in self.layers:
+            if before_layer is not None:
+                before_layer()
             if not self.has_compact and (layer, int(query)) not in self._sites:
                 summary.append([[-1, 0.0, 0.0]] * self.n_heads)
                 continue

@@ -16,7 +16,7 @@
   let ids = data.ids, texts = data.texts;
   let currentRows = null;  // Float32Array [H * T] of the drawn row
   let spans = [], shownAlpha = new Float32Array(T);
-  let drawCount = 0, matrixCount = 0;  // the latest request of each: an older answer is dropped
+  let drawCount = 0, matrixCount = 0, followUp = null;  // the latest request of each: an older answer is dropped
   window.tokenView = {state: state, timings: []};
 
   // -- whitespace shown, text as text --------------------------------------------------------------
@@ -375,8 +375,18 @@
         document.body.dataset.drawnLayer = layer;
         document.body.dataset.drawnMs = ms.toFixed(1);
       });
-      drawMatrix();
-      getOverview(query).then((summary) => { if (state.query === query) drawOverview(summary); }).catch(reportError);
+      // The pattern and the overview (30 rows at once when served) follow once no other token is being
+      // clicked: a quick run of clicks asks for the rows of each, the rest only for the last.
+      clearTimeout(followUp);
+      followUp = setTimeout(() => {
+        if (state.query !== query) return;
+        drawMatrix();
+        getOverview(query).then((summary) => {
+          if (state.query !== query) return;
+          drawOverview(summary);
+          document.body.dataset.overviewQuery = query;
+        }).catch(reportError);
+      }, served ? 150 : 0);
     }).catch(reportError);
   }
   function chooseQuery(query, startedAt) {
