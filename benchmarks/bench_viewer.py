@@ -145,7 +145,10 @@ def token_view(files: list[str], clicks: int, layer: int) -> None:
                 print(f"T={length}: static, click to rows drawn: {summary(static)}")
             environment = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
             server = subprocess.Popen([sys.executable, "-m", "latentcode.cli", "view", path, "--serve"],
-                                      stdout=subprocess.PIPE, text=True, env=environment)
+                                      stdout=subprocess.PIPE, text=True, env=environment,
+                                      # SIGINT as a terminal's Ctrl-C, even where this script runs in the
+                                      # background (a shell's background job ignores SIGINT, and its children)
+                                      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
             try:
                 url = server.stdout.readline().strip()
                 positions = np.random.default_rng(0).integers(0, length, clicks + 1).tolist()

@@ -42,9 +42,12 @@ class Served:
     """`latentcode view FILE --serve ARGS` in a subprocess; `url` from its first line."""
 
     def __init__(self, codes: Path, *args: str):
+        # SIGINT restored to its default in the child: under a background shell job it is ignored, and
+        # Python would then never turn it into KeyboardInterrupt.
         environment = {**os.environ, "PYTHONPATH": str(REPOSITORY), "OMP_NUM_THREADS": "1"}
         self.process = subprocess.Popen([sys.executable, "-m", "latentcode.cli", "view", str(codes), "--serve", *args],
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment,
+                                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.first_line = self.process.stdout.readline().strip()
         if not self.first_line.startswith("http://127.0.0.1:"):
             self.process.kill()
