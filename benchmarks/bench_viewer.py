@@ -12,6 +12,18 @@ median over the repeats. Beside them, plotly.py's own offline page of one 1000-p
 the floor of what plotly.js costs on the same machine.
 
     PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/bench_viewer.py [--n 2048] [--repeats 3]
+
+The token view (issue 51; goals: a clicked token's rows drawn within 200 ms at T = 2,048 and 8,192,
+a static page of T = 2,048 at most 10 MB): `--tokens FILE ...`, codes files of a language model with a
+compact store (e.g. `latentcode extract smollm2 --task seq_len=8192 --n 1 --out smol8192.h5`). Per
+file: the static page's size and build time; `latentcode view FILE --serve` started as its own
+process, one headless Chromium clicking `--clicks` tokens drawn at random (seed 0) in layer 15, and
+the page's own figure for each, from the click event to the frame after every head's row is drawn
+(median, 90th percentile, max; the first click, before any row was read, apart; each click once
+the page is idle: the previous click's overview drawn); the server's peak
+resident memory (VmHWM) after them; the same clicks on the static page (embedded tokens only).
+
+    PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/bench_viewer.py --tokens smol2048.h5 smol8192.h5
 """
 
 from __future__ import annotations
@@ -61,11 +73,117 @@ def paint_times(driver, url: str) -> tuple[float, float]:
     return (paint or float("nan")) / 1000, float(ready) / 1000
 
 
+def click_times(driver, url: str, positions, layer: int) -> list[float]:
+    """ms from each click to its rows drawn, as the page measures it (`dataset.drawnMs`)."""
+    from selenium.webdriver.support.ui import Select
+
+    driver.get("about:blank")
+    driver.get(url)
+    wait_for(driver, "return document.body && document.body.dataset.ready === 'true'")
+    Select(driver.find_element("id", "layer")).select_by_value(str(layer))
+    times = []
+    for position in positions:
+        driver.execute_script("document.body.dataset.drawnQuery = '';"
+                              "document.querySelector(`#tokens span[data-pos='${arguments[0]}']`).click()", position)
+        wait_for(driver, f"return document.body.dataset.drawnQuery === '{position}'")
+        times.append(float(driver.execute_script("return document.body.dataset.drawnMs")))
+        # The next click once the page is idle (its overview drawn), as a reader's next click would be.
+        wait_for(driver, f"return document.body.dataset.overviewQuery === '{position}'")
+    return times
+
+
+def wait_for(driver, script: str, seconds: float = 60) -> None:
+    for _ in range(int(seconds / 0.01)):
+        if driver.execute_script(script):
+            return
+        time.sleep(0.01)
+    raise RuntimeError(f"waited {seconds} s for {script}")
+
+
+def peak_memory_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def summary(times: list[float]) -> str:
+    import numpy as np
+
+    return (f"first {times[0]:7.1f}  then median {np.median(times[1:]):7.1f}  p90 {np.percentile(times[1:], 90):7.1f}"
+            f"  max {max(times[1:]):7.1f} ms (n={len(times) - 1})")
+
+
+def token_view(files: list[str], clicks: int, layer: int) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from latentcode.analysis.viewer.token_page import build_token_viewer
+    from latentcode.store import CodeFile
+
+    print(f"{platform.node()}: {os.cpu_count()} cores, load {os.getloadavg()}, token view, layer {layer}, "
+          f"{clicks} clicks at random tokens (seed 0); goals: <= 200 ms click to rows drawn, <= 10 MB static page")
+    driver = browser()
+    try:
+        for path in files:
+            code_file = CodeFile(path)
+            length = code_file.compact.seq_len
+            started = time.perf_counter()
+            viewer = build_token_viewer(code_file)
+            built = time.perf_counter() - started
+            with tempfile.TemporaryDirectory() as directory:
+                page = viewer.save(Path(directory) / "page.html")
+                embedded = sorted(int(q) for q in _embedded(page))
+                print(f"T={length}: static page {page.stat().st_size / 1e6:.2f} MB, {len(embedded)} queries embedded, "
+                      f"built in {built:.1f} s")
+                rng = np.random.default_rng(0)
+                static = click_times(driver, page.as_uri(), rng.choice(embedded, min(clicks, len(embedded)),
+                                                                       replace=False).tolist(), layer)
+                print(f"T={length}: static, click to rows drawn: {summary(static)}")
+            environment = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+            server = subprocess.Popen([sys.executable, "-m", "latentcode.cli", "view", path, "--serve"],
+                                      stdout=subprocess.PIPE, text=True, env=environment,
+                                      # SIGINT as a terminal's Ctrl-C, even where this script runs in the
+                                      # background (a shell's background job ignores SIGINT, and its children)
+                                      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            try:
+                url = server.stdout.readline().strip()
+                positions = np.random.default_rng(0).integers(0, length, clicks + 1).tolist()
+                served = click_times(driver, url, positions, layer)
+                print(f"T={length}: served, click to rows drawn: {summary(served)}")
+                print(f"T={length}: server peak resident memory {peak_memory_mb(server.pid):.0f} MB")
+            finally:
+                server.send_signal(signal.SIGINT)
+                try:
+                    server.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    print("the server did not stop within 120 s of SIGINT; killed")
+                    server.kill()
+    finally:
+        driver.quit()
+
+
+def _embedded(page: Path) -> list[int]:
+    import json
+
+    text = page.read_text()
+    start = text.index('id="token-data">') + len('id="token-data">')
+    return json.loads(text[start : text.index("</script>", start)].replace("<\\/", "</"))["embedded"]["queries"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=2048, help="instances per split extracted (default 2048)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tokens", nargs="+", metavar="CODES.h5", help="measure the token view of these files instead")
+    parser.add_argument("--clicks", type=int, default=20)
+    parser.add_argument("--layer", type=int, default=15)
     args = parser.parse_args()
+    if args.tokens:
+        return token_view(args.tokens, args.clicks, args.layer)
     print(f"{platform.node()}: {os.cpu_count()} cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}; "
           f"sites {SITES}, {args.n} instances per split (train, ood), cap {DEFAULT_MAX_INSTANCES}")
     with tempfile.TemporaryDirectory() as directory:

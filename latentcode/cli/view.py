@@ -19,6 +19,8 @@ from latentcode.cli.checks import (
     open_codes_files,
 )
 from latentcode.cli.command import Command
+from latentcode.cli.view_tokens import add_arguments as add_token_arguments
+from latentcode.cli.view_tokens import check_token_view, run_token_view
 from latentcode.errors import UsageError
 
 
@@ -58,6 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--out", help="the HTML file (default: beside the codes file, CODES.html; of a RUN_DIR: "
                         "NAME.html in the current directory, NAME the directory's name)")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    add_token_arguments(parser)
     return parser
 
 
@@ -67,6 +70,10 @@ RUN_ONLY_FLAGS = ("--sites", "--n", "--codes")
 def check(args: argparse.Namespace) -> None:
     args.extraction = None
     if Path(args.file).is_dir():
+        if args.serve or args.view == "tokens":
+            raise UsageError(f"{args.file} is a directory; the token view (--view tokens, --serve) reads a codes "
+                             "file of a language model: give that file")
+        args.view = "codes"
         _check_run(args)
         args.out = args.out or f"{Path(args.file).resolve().name}.html"
     else:
@@ -78,6 +85,9 @@ def check(args: argparse.Namespace) -> None:
         check_splits(code_file, {"--split": args.split})
         if args.label is not None:
             check_label(code_file, args.label, "--color")
+        check_token_view(args, code_file)
+        if args.serve:
+            return
     for flag, paths in (("--probes", args.probes), ("--patching", args.patching)):
         for path in paths:
             if Path(path).suffix.lower() != ".csv":
@@ -142,7 +152,14 @@ def run(args: argparse.Namespace) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _view(args: argparse.Namespace, codes: str) -> None:
+def _view(args: argparse.Namespace, codes: str) -> int | None:
+    from latentcode.store import CodeFile
+
+    names = pretrained_token_names(codes)
+    if args.view == "tokens":
+        if names is not None or CodeFile(codes).token_names or not args.view_by_default:
+            return run_token_view(args, names)
+        print("the token view needs the text of the tokens: the codes view instead", flush=True)
     from latentcode.analysis import embed
     from latentcode.analysis.viewer import build_viewer
 
@@ -151,7 +168,7 @@ def _view(args: argparse.Namespace, codes: str) -> None:
                   for method in args.embedding]
     viewer = build_viewer(args.file, split=args.split, max_instances=args.max_instances, seed=args.seed,
                           embeddings=embeddings, probe_tables=args.probes, patching=args.patching,
-                          label=args.label and label_name(args.label), token_names=pretrained_token_names(args.file))
+                          label=args.label and label_name(args.label), token_names=names)
     path = viewer.save(args.out, overwrite=args.overwrite)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB; {viewer.title})")
 

@@ -205,8 +205,9 @@ ROOT_ATTRIBUTES: tuple[Attribute, ...] = (
     Attribute("position_names", JSON_STRINGS, False, "the task's name of each input position, as the viewer labels "
               'keys (Task.position_names), e.g. "panel (3,1) slot 2"; [] if the task names none'),
     Attribute("token_names", JSON_STRINGS, False, "the text of each token id of /extra/token_ids (the input tokens "
-              "of each example, [N, T]), as the viewer names keys (Task.token_names); [] where the file records no "
-              "tokens or their vocabulary is too large to keep here (a pretrained model's: its tokenizer names them)"),
+              "of each example, [N, T]), as the viewer names keys (Task.token_names, or a pretrained model's "
+              "tokenizer.decode([id]) of every id); [] where the file records no tokens (or was written before "
+              "pretrained extractions kept them: the viewer then asks the model's tokenizer)"),
     Attribute("compact", JSON_OBJECT, False, "only in a file with a compact store (/compact): "
               '{"version", "layers", "n_heads", "n_kv_heads", "head_dim", "seq_len"}, what rebuilds a[h, q, k] of '
               "every pair of those layers from the queries and keys (latentcode.store.compact); {} if none"),
