@@ -29,6 +29,7 @@ from tests.models.reference import (
     reference_attention,
     reference_attention_with_pattern,
     reference_mlp,
+    reference_position_bias,
 )
 
 TINY = dict(n_layers=2, d_model=6, n_heads=3, kqv_dim=6, v_dim=6, d_mlp=8, n_ctx=5, d_in=3, d_out=2)
@@ -77,7 +78,7 @@ def reference_model(model, x, edit_pattern):
     for layer, block in enumerate(model.blocks):
         ln1 = torch.nn.functional.layer_norm(residual, (6,), block.ln1.w, block.ln1.b, 1e-6)
         _, a = reference_attention(block.attn, ln1, config.score_normalization, config.value_network,
-                                   position_bias=block.attn.relative_position_bias(LENGTH))
+                                   position_bias=reference_position_bias(block.attn.relative_position_bias.bias_table, LENGTH))
         a = edit_pattern(layer, a.clone())
         patterns.append(a)
         residual = residual + reference_attention_with_pattern(block.attn, ln1, a, config.value_network)

@@ -21,6 +21,7 @@ from latentcode.models.normalization import SCORE_NORMALIZATIONS
 from latentcode.models.path_policy import AUTO_MIN_POSITIONS, AttentionPathError
 from latentcode.models.query_block_hook import QueryBlockHook
 from latentcode.models.value_network import VALUE_NETWORKS
+from tests.models.reference import reference_position_bias, reference_rotary
 
 PAIRS = [(normalization, network) for normalization in SCORE_NORMALIZATIONS for network in VALUE_NETWORKS]
 N_POSITIONS = 11  # not a multiple of the block (4) or the tile (3)
@@ -40,17 +41,17 @@ def make_layer(attention, causal=True, positions="rotary", train=False, attn_dro
 
 
 def formulas(layer: Attention, x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """The layer from its formulas (the module docstrings), with the dropout mask `keep` or None."""
+    """The layer from its formulas (the module docstrings; the positions from tests/models/reference.py), with the dropout mask `keep` or None."""
     config = layer.config
     q = torch.einsum("bpm,hmd->bphd", x, layer.W_Q) + layer.b_Q
     k = torch.einsum("bpm,hmd->bphd", x, layer.W_K) + layer.b_K
     v = torch.einsum("bpm,hmd->bphd", x, layer.W_V) + layer.b_V
-    if layer.rotary is not None:
-        q, k = layer.rotary(q), layer.rotary(k)
+    if config.positions == "rotary":
+        q, k = reference_rotary(q, config.rotary_base), reference_rotary(k, config.rotary_base)
     n_positions = x.shape[1]
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
-    if layer.relative_position_bias is not None:
-        scores = scores + layer.relative_position_bias(n_positions)
+    if config.positions == "relative":  # only the learned table is read from the layer
+        scores = scores + reference_position_bias(layer.relative_position_bias.bias_table, n_positions)
     allowed = torch.ones(n_positions, n_positions, dtype=torch.bool)
     if config.causal:
         allowed = allowed.tril()
