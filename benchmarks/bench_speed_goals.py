@@ -70,6 +70,15 @@ def train_ratios(lines: list[str]) -> dict[tuple[str, str, str], float]:
     return ratios
 
 
+HEADER_PREFIXES = ("versions:", "cpu:", "allocator:", "thread settings", "[pinned] cores", "[2 threads] cores")
+
+
+def header_lines(lines: list[str]) -> list[str]:
+    """The header lines of bench_train_step_reference.py's output (versions, CPU, allocator, thread
+    settings, each setting's cores and XLA flags), in their order."""
+    return [line.strip() for line in lines if line.strip().startswith(HEADER_PREFIXES)]
+
+
 def verdict(value: float | None, goal: float, at_least: bool) -> str:
     if value is None:
         return "not measured"
@@ -94,6 +103,8 @@ def main() -> None:
                     *(["--groups", "108"] if args.quick else [])])
 
     print(f"\nsummary (issue 37's goals; load at the end {loadavg()}):")
+    for line in header_lines(train):  # versions, CPU, allocator and thread settings of the training step
+        print(f"  {line}")
     ratios = train_ratios(train)
     for setting in ("pinned", "2 threads"):
         for task in ("fuzzy_logic", "sraven"):

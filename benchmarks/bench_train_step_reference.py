@@ -13,8 +13,9 @@ To run it, clone it and give it a Python of its own with JAX on the CPU:
 
 Only its model files are used (`hyla/models/{transformer,attention,feedforward,position}.py`,
 unchanged): `CausalTransformer` with `sequence_mixer` softmax_attention / linear_attention /
-linear_hypatt, no causal mask, relative position biases, `optax.adamw(1e-3, weight_decay=0.1)`,
-the whole step `jax.jit`-compiled (compile time excluded from the step times, printed apart). Its
+linear_hypatt, no causal mask, relative position biases, `optax.adamw(1e-3, weight_decay=0.1)` with
+the authors' weight-decay mask (their `run.py` with `mask_weight_decay=True`, as in their configs:
+every parameter but the one-dimensional ones, biases and layer-norm scales, is decayed), the whole step `jax.jit`-compiled (compile time excluded from the step times, printed apart). Its
 configs give the fuzzy-logic model 128 relative-position buckets; here both sides use `n_ctx`
 buckets (32), so that the parameter counts match (both are printed). Without `--reference` and
 `--reference-python` (or when the reference cannot start) it says why and prints latentcode alone.
@@ -24,8 +25,8 @@ Each configuration runs in interleaved rounds: a round times `--steps` steps of 
 load hits both; medians over the rounds' steps. Settings:
 
     pinned    both on one core (`--core`, set with sched_setaffinity as `taskset -c N` does), torch
-              with 1 thread, XLA with --xla_cpu_multi_thread_eigen=false
-              intra_op_parallelism_threads=1 (these flags alone still use two cores: pin)
+              with 1 thread, XLA with --xla_cpu_multi_thread_eigen=false (this flag alone still
+              uses two cores: pin)
     2 threads both on cores 0,1, torch with 2 threads, XLA with its defaults (`--settings
               two-threads`, or both settings with `--settings pinned two-threads`). On a busy
               machine torch's OpenMP threads spin at every barrier while the other thread waits
@@ -34,7 +35,15 @@ load hits both; medians over the rounds' steps. Settings:
 
 latentcode's side is `bench_model_step.Stepper` in its "eager" mode: what `latentcode train` runs (the
 fused short-sequence attention of `latentcode.models.fused_short`, the project's AdamW parameter groups,
-freed memory kept in the heap, MKL's CPU check answered on AMD CPUs: `latentcode.models.mkl_on_amd`).
+MKL's CPU check answered on AMD CPUs: `latentcode.models.mkl_on_amd`).
+
+The allocator is the same on both sides (`--allocator`): "kept" (the default, what `latentcode train`
+does) keeps freed memory in glibc's heap, in latentcode's process by `latentcode.allocator.keep_freed_memory`
+(mallopt) and in the reference's by the same two thresholds in its environment (glibc reads
+MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ at start); "glibc" leaves both at glibc's defaults.
+The header of every run prints the versions (torch, JAX, jaxlib, flax, optax), the CPU model, the
+allocator of each side and the thread settings (OMP_NUM_THREADS, OMP_WAIT_POLICY, MKL_NUM_THREADS,
+XLA_FLAGS as given to the reference); each setting's line adds its cores, threads and XLA flags.
 
 ratio = reference median / latentcode median (above 1: latentcode faster; the goal is >= 2).
 Quote the load average it prints: only ratios within one run compare.
@@ -53,7 +62,9 @@ from pathlib import Path
 
 REFERENCE_MIXER = {"softmax": "softmax_attention", "linear": "linear_attention", "hyla": "linear_hypatt"}
 REFERENCE_MODEL_FILE = Path("hyla") / "models" / "transformer.py"
-SINGLE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+SINGLE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false"  # a real XLA flag; the core is pinned as well
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "XLA_FLAGS")
+ALLOCATORS = ("kept", "glibc")
 BATCH = 128
 
 
@@ -79,7 +90,9 @@ def serve_reference(reference: str) -> None:
     inputs = jax.random.uniform(key_inputs, (BATCH, size["n_ctx"], size["d_in"]))
     targets = jax.random.normal(key_targets, (BATCH, size["n_ctx"], size["d_out"]))
     params = model.init(key_params, inputs, deterministic=True)["params"]
-    optimizer = optax.adamw(1e-3, weight_decay=0.1)
+    # The authors' mask (run.py, mask_weight_decay=True in their configs): no decay of biases and norms.
+    optimizer = optax.adamw(1e-3, weight_decay=0.1,
+                            mask=lambda params: jax.tree_util.tree_map(lambda leaf: leaf.ndim != 1, params))
     state = optimizer.init(params)
 
     @jax.jit
@@ -99,7 +112,8 @@ def serve_reference(reference: str) -> None:
     loss.block_until_ready()
     compile_s = time.perf_counter() - start
     parameters = sum(leaf.size for leaf in jax.tree_util.tree_leaves(params))
-    print(json.dumps({"parameters": int(parameters), "compile_s": compile_s, "jax": jax.__version__}), flush=True)
+    decayed = sum(leaf.size for leaf in jax.tree_util.tree_leaves(params) if leaf.ndim != 1)
+    print(json.dumps({"parameters": int(parameters), "decayed": int(decayed), "compile_s": compile_s}), flush=True)
     for line in sys.stdin:
         times = []
         for _ in range(int(line)):
@@ -113,10 +127,8 @@ def serve_reference(reference: str) -> None:
 class ReferenceStepper:
     """The reference's step in a subprocess of `python`, pinned to `cores`; `run(n)` as Stepper's."""
 
-    def __init__(self, python: str, reference: str, size: dict, attention: str, cores: set[int]):
-        environment = dict(os.environ, JAX_PLATFORMS="cpu")
-        if len(cores) == 1:
-            environment["XLA_FLAGS"] = SINGLE_THREAD_XLA
+    def __init__(self, python: str, reference: str, size: dict, attention: str, cores: set[int], allocator: str):
+        environment = reference_environment(os.environ, allocator, len(cores))
         self.process = subprocess.Popen(
             [python, __file__, "--serve-reference", reference], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment,
@@ -140,6 +152,70 @@ class ReferenceStepper:
         self.process.wait(timeout=60)
 
 
+def reference_environment(environment, allocator: str, n_cores: int) -> dict[str, str]:
+    """The reference's environment: JAX on the CPU, the allocator of `allocator` (glibc's variables
+    for the thresholds `keep_freed_memory` sets with mallopt, or none of them), and on one core
+    the single-thread XLA flag."""
+    from latentcode.allocator import KEPT_MMAP_THRESHOLD, KEPT_TRIM_THRESHOLD
+
+    environment = {name: value for name, value in environment.items()
+                   if name not in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")}
+    environment["JAX_PLATFORMS"] = "cpu"
+    if allocator == "kept":
+        environment["MALLOC_MMAP_THRESHOLD_"] = str(KEPT_MMAP_THRESHOLD)
+        environment["MALLOC_TRIM_THRESHOLD_"] = str(KEPT_TRIM_THRESHOLD)
+    if n_cores == 1:
+        environment["XLA_FLAGS"] = SINGLE_THREAD_XLA
+    return environment
+
+
+def reference_versions(python: str) -> dict[str, str]:
+    """The versions of JAX, jaxlib, flax and optax in the reference's Python (or why they are unknown)."""
+    code = ("import json, importlib.metadata as m; print(json.dumps({name: m.version(name) "
+            "for name in ('jax', 'jaxlib', 'flax', 'optax')}))")
+    try:
+        result = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+        return json.loads(result.stdout)
+    except (OSError, ValueError, subprocess.TimeoutExpired) as error:
+        return {"jax": f"unknown ({type(error).__name__})"}
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model name from /proc/cpuinfo (the first "model name" line), or "unknown"."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return "unknown"
+    for line in cpuinfo.splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def header(torch_version: str, versions: dict[str, str] | None, cpu: str, allocator: str, memory_kept: bool,
+           environment: dict[str, str]) -> list[str]:
+    """The header's lines: versions, CPU, each side's allocator and the thread variables as set in
+    this process's environment (the reference's own XLA_FLAGS are printed per setting)."""
+    if versions is None:
+        reference = "reference not run"
+    else:
+        reference = ", ".join(f"{name} {versions.get(name, '?')}" for name in ("jax", "jaxlib", "flax", "optax"))
+    if allocator == "kept":
+        from latentcode.allocator import KEPT_MMAP_THRESHOLD, KEPT_TRIM_THRESHOLD
+
+        ours = "freed memory kept (mallopt: mmap threshold {}, trim threshold {}){}".format(
+            KEPT_MMAP_THRESHOLD, KEPT_TRIM_THRESHOLD, "" if memory_kept else " -- mallopt FAILED: glibc defaults")
+        theirs = f"MALLOC_MMAP_THRESHOLD_={KEPT_MMAP_THRESHOLD} MALLOC_TRIM_THRESHOLD_={KEPT_TRIM_THRESHOLD}"
+    else:
+        ours, theirs = "glibc defaults", "glibc defaults (no MALLOC_* variables)"
+    threads = " ".join(f"{name}={environment.get(name, '(unset)')}" for name in THREAD_VARIABLES)
+    return [f"versions: torch {torch_version}; {reference}",
+            f"cpu: {cpu}",
+            f"allocator: latentcode {ours}; reference {theirs}",
+            f"thread settings in the environment: {threads}"]
+
+
 def reference_missing(args) -> str | None:
     """Why the reference cannot run, or None."""
     if not args.reference or not args.reference_python:
@@ -160,14 +236,14 @@ def measure(args, cores: set[int], threads: int, label: str, reference_skip: str
     import torch
     from bench_model_step import SIZES, Stepper
 
-    from latentcode.allocator import keep_freed_memory
     from latentcode.models.mkl_on_amd import use_mkl_fast_paths
 
-    keep_freed_memory()  # as `latentcode train` does
     mkl = use_mkl_fast_paths()  # as `latentcode train` does
     os.sched_setaffinity(0, cores)
     torch.set_num_threads(threads)
-    print(f"\n[{label}] cores {sorted(cores)}, torch {threads} thread(s), load before: {loadavg()}\n{mkl}")
+    xla = reference_environment({}, args.allocator, len(cores)).get("XLA_FLAGS", "(its defaults)")
+    print(f"\n[{label}] cores {sorted(cores)}, torch {threads} thread(s), reference XLA_FLAGS {xla}, "
+          f"load before: {loadavg()}\n{mkl}")
     print(f"{'task':12s} {'attention':10s} {'params ours/ref':>17s} {'ours ms':>8s} {'IQR':>13s} "
           f"{'ref ms':>8s} {'IQR':>13s} {'ratio':>6s} {'compile s':>9s}")
     for task in args.task:
@@ -178,7 +254,7 @@ def measure(args, cores: set[int], threads: int, label: str, reference_skip: str
             if reference_skip is None:
                 try:
                     reference = ReferenceStepper(args.reference_python, args.reference, SIZES[task],
-                                                 attention, cores)
+                                                 attention, cores, args.allocator)
                 except (RuntimeError, OSError, ValueError) as error:
                     reference_skip = f"the reference did not start: {error}"
                     print(f"reference skipped: {reference_skip}")
@@ -220,13 +296,24 @@ def main() -> None:
                         help="pinned: one core each; two-threads: cores 0,1 and 2 threads each")
     parser.add_argument("--attention", nargs="+", default=list(REFERENCE_MIXER), choices=list(REFERENCE_MIXER))
     parser.add_argument("--task", nargs="+", default=["fuzzy_logic", "sraven"], choices=["fuzzy_logic", "sraven"])
+    parser.add_argument("--allocator", choices=ALLOCATORS, default="kept",
+                        help="kept: freed memory kept in the heap on both sides (as `latentcode train`); "
+                             "glibc: glibc's defaults on both sides")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     reference_skip = reference_missing(args)
     if reference_skip:
         print(f"reference skipped: {reference_skip}; latentcode alone")
     import torch
-    print(f"torch {torch.__version__}, batch {BATCH}, {args.rounds} interleaved rounds x {args.steps} steps "
+
+    from latentcode.allocator import keep_freed_memory
+
+    memory_kept = keep_freed_memory() if args.allocator == "kept" else False  # as `latentcode train` does
+    has_python = bool(args.reference_python) and os.access(args.reference_python, os.X_OK)
+    versions = reference_versions(args.reference_python) if has_python else None
+    for line in header(torch.__version__, versions, cpu_model(), args.allocator, memory_kept, dict(os.environ)):
+        print(line)
+    print(f"batch {BATCH}, {args.rounds} interleaved rounds x {args.steps} steps "
           f"per implementation (after {args.warmup} warm-up steps); ratio = reference / latentcode median")
     if "pinned" in args.settings:
         measure(args, {args.core}, 1, "pinned", reference_skip)

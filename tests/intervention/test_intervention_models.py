@@ -29,6 +29,7 @@ from tests.models.reference import (
     reference_attention,
     reference_attention_with_pattern,
     reference_mlp,
+    reference_position_bias,
 )
 
 TINY = dict(n_layers=2, d_model=6, n_heads=3, kqv_dim=6, v_dim=6, d_mlp=8, n_ctx=5, d_in=3, d_out=2)
@@ -55,8 +56,11 @@ def all_hooks(model):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("attention", list(ATTENTION_PRESETS))
 def test_setting_every_code_to_its_own_value_changes_no_bit(attention, causal):
+    """The identity edit leaves every bit alone; the same edits built from another input do act:
+    they give the formulas' output with every code replaced by that input's codes (so an
+    intervention that did nothing would fail here)."""
     model = tiny_model(attention, causal=causal)
-    x = inputs()
+    x, other = inputs(), inputs(seed=2)
     with torch.no_grad():
         expected = model(x)
         identity = [Interchange.from_inputs(model, x, sites=f"all-pairs:{layer}") for layer in range(2)]
@@ -65,7 +69,14 @@ def test_setting_every_code_to_its_own_value_changes_no_bit(attention, causal):
         own = recorder.pop()[Site(1, LENGTH - 1, LENGTH - 1)]  # one vector per example
         with Intervention(model, [*identity, SetCode(own, sites="1:-1:-1")]):
             edited = model(x)
+        donors = [Interchange.from_inputs(model, other, sites=f"all-pairs:{layer}") for layer in range(2)]
+        with Intervention(model, donors):
+            interchanged = model(x)
+        _, other_codes = reference_model(model, other, lambda layer, a: a)
+        expected_interchanged, _ = reference_model(model, x, lambda layer, a: other_codes[layer])
     assert torch.equal(edited, expected)
+    assert (expected_interchanged - expected).abs().max() > 1e-3  # the other input's codes matter
+    torch.testing.assert_close(interchanged, expected_interchanged, atol=1e-5, rtol=1e-5)
 
 
 def reference_model(model, x, edit_pattern):
@@ -74,10 +85,12 @@ def reference_model(model, x, edit_pattern):
     config = model.config
     residual = x @ model.embed.W_E + model.embed.b_E
     patterns = []
+    allowed = torch.ones(LENGTH, LENGTH, dtype=torch.bool).tril() if config.causal else None
     for layer, block in enumerate(model.blocks):
         ln1 = torch.nn.functional.layer_norm(residual, (6,), block.ln1.w, block.ln1.b, 1e-6)
         _, a = reference_attention(block.attn, ln1, config.score_normalization, config.value_network,
-                                   position_bias=block.attn.relative_position_bias(LENGTH))
+                                   position_bias=reference_position_bias(block.attn.relative_position_bias.bias_table, LENGTH),
+                                   allowed=allowed, eps=config.rms_head_eps)
         a = edit_pattern(layer, a.clone())
         patterns.append(a)
         residual = residual + reference_attention_with_pattern(block.attn, ln1, a, config.value_network)

@@ -1,7 +1,8 @@
 """Patching sweeps and attribution patching (issue 22).
 
 - A gradient reaches the tensors of AddVector / SetCode / ScaleHeads and equals finite differences.
-- The sweep, which patches many groups in one forward pass, equals one Interchange per group.
+- The sweep, which patches many groups in one forward pass, equals one Interchange per group and
+  the replacement of the group's codes done by hand with hooks.
 - On a model whose metric is linear in the codes (one SDPA layer, a linear read-out), attribution
   patching equals exact patching for every group and example: the first-order estimate is exact.
 - Bad calls are refused with what was wrong.
@@ -62,8 +63,32 @@ def test_a_gradient_reaches_the_edit_tensor_and_equals_finite_differences(make_e
         assert vector.grad[head].item() == pytest.approx(((up - down) / 2e-6).item(), rel=1e-5, abs=1e-8)
 
 
+def patched_by_hand(model, base, donor, group):
+    """The model's output on `base` with the group's codes replaced by `donor`'s, through plain
+    hooks on `blocks.L.attn.hook_pattern` (TransformerLens's way), none of the intervention code."""
+    _, donor_cache = model.run_with_cache(donor)
+    heads = list(range(model.config.n_heads)) if group.heads is None else list(group.heads)
+    sites = group.selector.resolve(model.config.n_layers, base.shape[1])
+
+    def replace(layer):
+        def hook(codes, hook):
+            codes = codes.clone()
+            donor_codes = donor_cache[f"blocks.{layer}.attn.hook_pattern"]
+            for site in sites:
+                if site.layer == layer:
+                    codes[:, heads, site.query, site.key] = donor_codes[:, heads, site.query, site.key]
+            return codes
+        return hook
+
+    layers = sorted({site.layer for site in sites})
+    return model.run_with_hooks(base, fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", replace(layer))
+                                                 for layer in layers])
+
+
 @pytest.mark.parametrize("attention", ["softmax", "hyla"])
 def test_the_sweep_equals_one_interchange_per_group(attention):
+    """The sweep's patched metric per group equals one Interchange per group and the same
+    replacement done by hand with hooks on the codes."""
     model, base, donor = tiny(attention), inputs(1), inputs(2)
     groups = site_grid(2, 5, queries=[2, 4], key_blocks=2) + head_grid(2, 2, sites="*:-1:*")
     sweep = patching_sweep(model, base, donor, groups, metric, groups_per_pass=3)
@@ -75,6 +100,8 @@ def test_the_sweep_equals_one_interchange_per_group(attention):
             with Intervention(model, edit, sites=group.selector):
                 expected = metric(model(base))
             torch.testing.assert_close(torch.as_tensor(patched).double(), expected, rtol=1e-5, atol=1e-6)
+            by_hand = metric(patched_by_hand(model, base, donor, group))
+            torch.testing.assert_close(torch.as_tensor(patched).double(), by_hand, rtol=1e-5, atol=1e-6)
     table = sweep.table
     assert len(table) == len(groups) and set(table.columns) >= {"layer", "effect", "effect_se", "n", "metric", "metric_se", "metric_base"}
     assert table["metric_base"].iloc[0] == pytest.approx(unpatched.mean().item(), rel=1e-5)

@@ -50,23 +50,56 @@ def reference_normalize(normalization, scores, allowed, eps):
     return out
 
 
-def reference_attention(attn, x, normalization, value_network, position_bias=None, allowed=None, eps=1e-6, rotary=None):
-    """Output [batch, pos, d_model] of one attention layer, from the formulas, for input x.
+def t5_bucket(distance, n_buckets, max_distance):
+    """T5's unidirectional bucket of a distance `query - key` clipped at 0 (keys after the query are at
+    distance 0), from the formula: distances below n_buckets // 2 have a bucket each; larger ones
+    share logarithmically spaced buckets, max_exact + floor(log(d / max_exact) / log(max_distance /
+    max_exact) * (n_buckets - max_exact)), the last bucket taking every distance beyond."""
+    max_exact = n_buckets // 2
+    if distance < max_exact:
+        return distance
+    spaced = math.log(distance / max_exact) / math.log(max_distance / max_exact) * (n_buckets - max_exact)
+    return min(max_exact + math.floor(spaced), n_buckets - 1)
 
-    attn: an object with W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O (and value_network.W_value2 for hyper_deep).
-    position_bias: [head, query, key] or None. rotary: a function applied to q and k, or None.
-    """
+
+def reference_position_bias(bias_table, n_positions):
+    """The relative position bias `[head, query, key]`: bias_table[h, bucket(max(query - key, 0))],
+    with n_buckets = max_distance = the table's width (the paper's setting, n_ctx)."""
+    n_buckets = bias_table.shape[1]
+    bucket = torch.tensor([[t5_bucket(max(query - key, 0), n_buckets, n_buckets) for key in range(n_positions)]
+                           for query in range(n_positions)])
+    return bias_table[:, bucket]
+
+
+def reference_rotary(x, base=10000.0):
+    """Rotary position embedding of queries or keys `x [batch, pos, head, d_head]`, from the formula
+    (GPT-NeoX layout): component i and component i + d_head / 2 form a pair, rotated at position p by
+    the angle p * base ** (-2 i / d_head): (a, b) -> (a cos - b sin, a sin + b cos)."""
+    n_positions, d_head = x.shape[1], x.shape[-1]
+    half = d_head // 2
+    first, second = [], []
+    for i in range(half):
+        angle = torch.tensor([position * base ** (-2 * i / d_head) for position in range(n_positions)],
+                             dtype=torch.float64)
+        cos, sin = angle.cos().to(x.dtype)[None, :, None], angle.sin().to(x.dtype)[None, :, None]
+        a, b = x[..., i], x[..., i + half]
+        first.append(a * cos - b * sin)
+        second.append(a * sin + b * cos)
+    return torch.stack(first + second, dim=-1)
+
+
+def reference_scores(attn, x, position_bias=None, rotary=None):
+    """Scores `[batch, head, query, key]` of one attention layer, from the formulas, for input x:
+    q . k / sqrt(d_head) (+ position_bias[h, q, k]), q and k rotated by `rotary` where given."""
     batch, n_pos, d_model = x.shape
     n_heads, _, d_head = attn.W_Q.shape
     q = torch.zeros(batch, n_pos, n_heads, d_head)
     k = torch.zeros(batch, n_pos, n_heads, d_head)
-    v = torch.zeros(batch, n_pos, n_heads, attn.W_V.shape[-1])
     for b in range(batch):
         for t in range(n_pos):
             for h in range(n_heads):
                 q[b, t, h] = x[b, t] @ attn.W_Q[h] + attn.b_Q[h]
                 k[b, t, h] = x[b, t] @ attn.W_K[h] + attn.b_K[h]
-                v[b, t, h] = x[b, t] @ attn.W_V[h] + attn.b_V[h]
     if rotary is not None:
         q, k = rotary(q), rotary(k)
     scores = torch.zeros(batch, n_heads, n_pos, n_pos)
@@ -77,6 +110,17 @@ def reference_attention(attn, x, normalization, value_network, position_bias=Non
                     scores[b, h, i, j] = torch.dot(q[b, i, h], k[b, j, h]) / math.sqrt(d_head)
                     if position_bias is not None:
                         scores[b, h, i, j] += position_bias[h, i, j]
+    return scores
+
+
+def reference_attention(attn, x, normalization, value_network, position_bias=None, allowed=None, eps=1e-6, rotary=None):
+    """Output [batch, pos, d_model] of one attention layer, from the formulas, for input x, and its
+    latent codes [batch, head, query, key].
+
+    attn: an object with W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O (and value_network.W_value2 for hyper_deep).
+    position_bias: [head, query, key] or None. rotary: a function applied to q and k, or None.
+    """
+    scores = reference_scores(attn, x, position_bias, rotary)
     a = reference_normalize(normalization, scores, allowed, eps)
     return reference_attention_with_pattern(attn, x, a, value_network), a
 

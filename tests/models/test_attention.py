@@ -13,14 +13,27 @@ from tests.models.reference import (
     reference_attention_with_pattern,
     reference_mlp,
     reference_normalize,
+    reference_position_bias,
+    reference_rotary,
 )
 from tests.models.tiny import TINY, tiny_model
 
 
+def reference_positions(model, attn, n_positions=5):
+    """The position bias and the rotary function of the reference (written from their formulas in
+    tests/models/reference.py; only the learned bias table is read from the layer)."""
+    if model.config.positions == "relative":
+        return dict(position_bias=reference_position_bias(attn.relative_position_bias.bias_table, n_positions))
+    if model.config.positions == "rotary":
+        return dict(rotary=lambda t: reference_rotary(t, model.config.rotary_base))
+    return {}
+
+
+@pytest.mark.parametrize("positions", ["relative", "rotary"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("attention", list(ATTENTION_PRESETS))
-def test_attention_layer_equals_reference(attention, causal):
-    model = tiny_model(attention, causal=causal)
+def test_attention_layer_equals_reference(attention, causal, positions):
+    model = tiny_model(attention, causal=causal, positions=positions)
     x = torch.randn(2, 5, TINY["d_in"])
     _, cache = model.run_with_cache(x)
     for layer, block in enumerate(model.blocks):
@@ -29,7 +42,7 @@ def test_attention_layer_equals_reference(attention, causal):
         allowed = torch.ones(5, 5, dtype=torch.bool).tril() if causal else None
         expected, expected_codes = reference_attention(
             attn, attention_input, model.config.score_normalization, model.config.value_network,
-            position_bias=attn.relative_position_bias(5), allowed=allowed,
+            allowed=allowed, **reference_positions(model, attn),
         )
         torch.testing.assert_close(cache[f"blocks.{layer}.hook_attn_out"], expected, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(cache[f"blocks.{layer}.attn.hook_pattern"], expected_codes, atol=1e-5, rtol=1e-5)
@@ -45,7 +58,7 @@ def test_whole_model_equals_reference_composition(attention):
         ln1 = torch.nn.functional.layer_norm(residual, (6,), block.ln1.w, block.ln1.b, 1e-6)
         attended, _ = reference_attention(
             block.attn, ln1, model.config.score_normalization, model.config.value_network,
-            position_bias=block.attn.relative_position_bias(5),
+            **reference_positions(model, block.attn),
         )
         residual = residual + attended
         ln2 = torch.nn.functional.layer_norm(residual, (6,), block.ln2.w, block.ln2.b, 1e-6)

@@ -21,6 +21,7 @@ from latentcode.models.normalization import SCORE_NORMALIZATIONS
 from latentcode.models.path_policy import AUTO_MIN_POSITIONS, AttentionPathError
 from latentcode.models.query_block_hook import QueryBlockHook
 from latentcode.models.value_network import VALUE_NETWORKS
+from tests.models.reference import reference_position_bias, reference_rotary
 
 PAIRS = [(normalization, network) for normalization in SCORE_NORMALIZATIONS for network in VALUE_NETWORKS]
 N_POSITIONS = 11  # not a multiple of the block (4) or the tile (3)
@@ -40,17 +41,17 @@ def make_layer(attention, causal=True, positions="rotary", train=False, attn_dro
 
 
 def formulas(layer: Attention, x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """The layer from its formulas (the module docstrings), with the dropout mask `keep` or None."""
+    """The layer from its formulas (the module docstrings; the positions from tests/models/reference.py), with the dropout mask `keep` or None."""
     config = layer.config
     q = torch.einsum("bpm,hmd->bphd", x, layer.W_Q) + layer.b_Q
     k = torch.einsum("bpm,hmd->bphd", x, layer.W_K) + layer.b_K
     v = torch.einsum("bpm,hmd->bphd", x, layer.W_V) + layer.b_V
-    if layer.rotary is not None:
-        q, k = layer.rotary(q), layer.rotary(k)
+    if config.positions == "rotary":
+        q, k = reference_rotary(q, config.rotary_base), reference_rotary(k, config.rotary_base)
     n_positions = x.shape[1]
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
-    if layer.relative_position_bias is not None:
-        scores = scores + layer.relative_position_bias(n_positions)
+    if config.positions == "relative":  # only the learned table is read from the layer
+        scores = scores + reference_position_bias(layer.relative_position_bias.bias_table, n_positions)
     allowed = torch.ones(n_positions, n_positions, dtype=torch.bool)
     if config.causal:
         allowed = allowed.tril()
@@ -199,17 +200,22 @@ def test_associative_path_equals_the_formulas(causal, positions, monkeypatch):
     assert_all_close(through_path(layer, x, "associative"), expected_by_formulas(layer, x))
 
 
-@pytest.mark.parametrize("path", ["sdpa", "associative", "blockwise"])
+@pytest.mark.parametrize("path", ["full", "sdpa", "associative", "blockwise"])
 def test_paths_keep_working_under_autocast(path):
-    attention = {"sdpa": "softmax", "associative": "linear", "blockwise": "hyla"}[path]
+    """Under bfloat16 autocast each path's output and gradients equal the formulas computed in
+    float32 without autocast (not another path under autocast), to bfloat16's precision (8 bits of
+    mantissa: 2^-8 = 0.4% per rounding; a few roundings in a row, so 5% of each tensor's largest
+    entry). Rotary positions, as make_layer's default."""
+    attention = {"full": "hyla", "sdpa": "softmax", "associative": "linear", "blockwise": "hyla"}[path]
     layer = make_layer(attention, attn_dropout=0.0)
     x = torch.randn(2, N_POSITIONS, 8)
-    results = {}
-    for chosen in ("full", path):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            results[chosen] = through_path(layer, x, chosen)
-    for got, expected in zip(results[path], results["full"], strict=True):
-        torch.testing.assert_close(got.float(), expected.float(), atol=0.05 * expected.abs().max().item(), rtol=0.05)
+    expected = expected_by_formulas(layer, x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = through_path(layer, x, path)
+    assert got[0].dtype == torch.bfloat16, "the output is computed under autocast"
+    for index, (got_tensor, expected_tensor) in enumerate(zip(got, expected, strict=True)):
+        torch.testing.assert_close(got_tensor.float(), expected_tensor, atol=0.05 * expected_tensor.abs().max().item(),
+                                   rtol=0.05, msg=lambda message, index=index: f"tensor {index}: {message}")
 
 
 # -- choosing a path ------------------------------------------------------------------------------

@@ -54,19 +54,80 @@ def test_induction_pairs_are_labelled_induction_and_random_pairs_are_not():
     assert ((random_keys != keys) & (random_keys <= random_queries) & (random_keys >= 0)).all()
 
 
-def test_attribution_and_exact_ablation_of_the_strongest_head_agree_in_sign():
+def second_copy_loss_with_scaled_codes(model, tokens, half, layer, head, scale, monkeypatch):
+    """Per sequence, the mean next-token cross-entropy at the queries half + 1 .. 2 half - 1 with the
+    codes of (layer, head) at the induction pairs (q, q - half + 1) multiplied by `scale`: Llama's
+    eager attention written out here (softmax(q k^T * scaling + mask) v), none of latentcode's code."""
+    from transformers.models.llama import modeling_llama
+
+    queries = list(range(half + 1, 2 * half))
+    keys = [query - half + 1 for query in queries]
+
+    def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        key = key.repeat_interleave(module.num_key_value_groups, dim=1)  # grouped-query heads
+        value = value.repeat_interleave(module.num_key_value_groups, dim=1)
+        scores = query @ key.transpose(2, 3) * scaling
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        weights = torch.softmax(scores, dim=-1)
+        if module.layer_idx == layer:
+            weights = weights.clone()
+            weights[:, head, queries, keys] *= scale
+        return (weights @ value).transpose(1, 2).contiguous(), weights
+
+    with monkeypatch.context() as patch, torch.no_grad():
+        patch.setattr(modeling_llama, "eager_attention_forward", attention)
+        logits = model(torch.as_tensor(tokens)).logits[:, half + 1:2 * half]
+    targets = torch.as_tensor(tokens)[:, half + 2:]
+    return torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none").mean(dim=1).numpy()
+
+
+def test_the_exact_ablation_of_every_head_equals_a_hand_written_attention(monkeypatch):
+    """ablation_effect's exact loss change of zeroing (layer, head)'s codes at the induction pairs
+    equals the change computed through a hand-written eager attention (scale 0), for every head;
+    attribution's estimate agrees in sign for the strongest head."""
     half = 6
     tokens = repeated_random_tokens(2, half, vocab_size=64, seed=1, bos=1, low=2)
     model = tiny_llama("sdpa")
+    reference = tiny_llama("eager").double()  # the same seed: the same weights
+    base = second_copy_loss_with_scaled_codes(reference, tokens, half, 0, 0, 1.0, monkeypatch)
     attribution = induction_attribution(model, tokens, half, n_layers=2, n_heads=4)
-    assert attribution.effects.shape == (2, 2, 4) and np.isfinite(attribution.effects).all()
+    assert attribution.effects.shape == (2, 2, 4)
+    np.testing.assert_allclose(attribution.base_loss, base, rtol=1e-5)
+    changes = np.zeros((2, 4))
+    for layer in range(2):
+        for head in range(4):
+            exact = ablation_effect(model, tokens, half, [(layer, head)], induction_pairs(half), attribution.base_loss)
+            ablated = second_copy_loss_with_scaled_codes(reference, tokens, half, layer, head, 0.0, monkeypatch)
+            changes[layer, head] = (ablated - base).mean()
+            assert exact["n"] == 2 and exact["base_loss"] == pytest.approx(base.mean(), rel=1e-5)
+            assert exact["effect"] == pytest.approx(changes[layer, head], rel=1e-3, abs=1e-6), (layer, head)
+    assert np.abs(changes).max() > 1e-3  # the heads matter
     layer, head = attribution.top(1)[0]
-    exact = ablation_effect(model, tokens, half, [(layer, head)], induction_pairs(half), attribution.base_loss)
-    assert exact["n"] == 2 and exact["base_loss"] == pytest.approx(float(attribution.base_loss.mean()))
-    # The first-order estimate and the exact change agree in sign for the strongest head of a random model.
-    assert np.sign(exact["effect"]) == np.sign(attribution.mean()[layer, head])
+    assert np.sign(changes[layer, head]) == np.sign(attribution.mean()[layer, head])
     with pytest.raises(UsageError, match="at least one head"):
         ablation_effect(model, tokens, half, [], induction_pairs(half))
+
+
+@pytest.mark.xfail(strict=True, reason="issue 52 finding, not yet explained: attribution differs from the float64 "
+                   "central-difference derivative by up to 7% (layer 1 head 0, sequence 0: 0.0011394 against "
+                   "0.0011131), while the base losses agree to 1e-7")
+def test_attribution_is_the_derivative_of_the_ablation_for_every_head(monkeypatch):
+    """Attribution's first-order estimate of zeroing (layer, head)'s codes at the induction pairs is
+    d/dt loss(codes * (1 - t)) at t = 0: here by central differences (float64, t = +-1e-4) through the
+    hand-written eager attention, for every head and sequence."""
+    half = 6
+    tokens = repeated_random_tokens(2, half, vocab_size=64, seed=1, bos=1, low=2)
+    attribution = induction_attribution(tiny_llama("sdpa"), tokens, half, n_layers=2, n_heads=4)
+    reference = tiny_llama("eager").double()
+    step = 1e-4
+    by_differences = np.zeros((2, 2, 4))
+    for layer in range(2):
+        for head in range(4):
+            down = second_copy_loss_with_scaled_codes(reference, tokens, half, layer, head, 1 - step, monkeypatch)
+            up = second_copy_loss_with_scaled_codes(reference, tokens, half, layer, head, 1 + step, monkeypatch)
+            by_differences[:, layer, head] = (down - up) / (2 * step)
+    np.testing.assert_allclose(attribution.effects, by_differences, rtol=1e-3, atol=1e-5)
 
 
 @pytest.mark.slow
