@@ -301,6 +301,21 @@ def seeds_to_tell(comparison: dict) -> int | None:
 FIGURE = "sraven_init_ood_per_seed"
 
 
+def issue_36_comparison() -> str:
+    """The plan's HYLA seeds 0-2 beside issue 36's runs of the same command (other kernels)."""
+    pairs = [(seed, metric_of(f"sraven-M2-hyla-corrected-s{seed}", "ood", "accuracy"), metric_of(name, "ood", "accuracy"))
+             for seed, name in ISSUE_36.items()]
+    pairs = [(seed, ours, theirs) for seed, ours, theirs in pairs if ours is not None and theirs is not None]
+    if not pairs:
+        return ""
+    return ("**The same command, other kernels.** HYLA OOD accuracy here against issue 36's runs of the same "
+            "command (corrected init, kernels of that day): "
+            + ", ".join(f"seed {seed} {ours:.1f} vs {theirs:.1f}" for seed, ours, theirs in pairs)
+            + ". Training is deterministic for a given code, but not across kernel versions: float rounding "
+            "changes the trajectory, and where a run leaves the plateau late (seed 2) its OOD accuracy moves by "
+            "tens of points. A single run per seed is one draw of that spread.")
+
+
 def section() -> str:
     """The page's section: runs, tables, the figure, the verdict and what it would take to tell."""
     comparisons = [comparison for comparison in (paired("hyla", other) for other in ("softmax", "linear")) if comparison]
@@ -325,6 +340,8 @@ recorded yet ({sum(1 for seed in ISSUE_36 if run_name("hyla", seed) in ISSUE_36.
 {paired_table()}
 
 **Verdict at this scale (M = 2, 8,000 steps):** {verdict()}{' To tell: ' + '; '.join(needed) + ' (or M = 3, where the paper-scale gap may be larger).' if needed else ''}
+
+{issue_36_comparison()}
 
 **Leaving the plateau.** Every run first sits at 10-20% training accuracy; the step where training
 accuracy first exceeds 25% (evaluations every 800 steps):
