@@ -34,7 +34,7 @@ load hits both; medians over the rounds' steps. Settings:
 
 latentcode's side is `bench_model_step.Stepper` in its "eager" mode: what `latentcode train` runs (the
 fused short-sequence attention of `latentcode.models.fused_short`, the project's AdamW parameter groups,
-freed memory kept in the heap, MKL's CPU check answered on AMD CPUs: `latentcode.models.mkl_on_amd`).
+freed memory kept in the heap; MKL's CPU check as MKL answers it unless `--mkl-on-amd`: `latentcode.models.mkl_on_amd`).
 
 ratio = reference median / latentcode median (above 1: latentcode faster; the goal is >= 2).
 Quote the load average it prints: only ratios within one run compare.
@@ -161,10 +161,10 @@ def measure(args, cores: set[int], threads: int, label: str, reference_skip: str
     from bench_model_step import SIZES, Stepper
 
     from latentcode.allocator import keep_freed_memory
-    from latentcode.models.mkl_on_amd import use_mkl_fast_paths
+    from latentcode.models.mkl_on_amd import mkl_setting, use_mkl_fast_paths
 
     keep_freed_memory()  # as `latentcode train` does
-    mkl = use_mkl_fast_paths()  # as `latentcode train` does
+    mkl = use_mkl_fast_paths() if args.mkl_on_amd else mkl_setting()  # off unless asked, as in `latentcode train`
     os.sched_setaffinity(0, cores)
     torch.set_num_threads(threads)
     print(f"\n[{label}] cores {sorted(cores)}, torch {threads} thread(s), load before: {loadavg()}\n{mkl}")
@@ -220,6 +220,8 @@ def main() -> None:
                         help="pinned: one core each; two-threads: cores 0,1 and 2 threads each")
     parser.add_argument("--attention", nargs="+", default=list(REFERENCE_MIXER), choices=list(REFERENCE_MIXER))
     parser.add_argument("--task", nargs="+", default=["fuzzy_logic", "sraven"], choices=["fuzzy_logic", "sraven"])
+    parser.add_argument("--mkl-on-amd", action="store_true",
+                        help="answer MKL's CPU check on AMD CPUs, as `latentcode train --mkl-on-amd` (default: off)")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     reference_skip = reference_missing(args)

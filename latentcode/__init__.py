@@ -30,6 +30,7 @@ _WHERE = {
     "Site": "latentcode.store",
     "LatentcodeError": "latentcode.errors",
     "load_pretrained": "latentcode.pretrained",
+    "keep_freed_memory": "latentcode.allocator",
 }
 __all__ = ["__version__", *_WHERE]
 __getattr__, __dir__ = lazy_exports(__name__, _WHERE)
