@@ -164,14 +164,19 @@ class CompiledLibrary:
     def _switched_off(self) -> bool:
         return self.kernel and switch(KERNELS_SWITCH) == "formula"
 
+    def file_name(self, flags: tuple[str, ...]) -> str:
+        """The library's name in the cache, built with `flags`: by the hash of the source, the flags and the
+        machine."""
+        machine = f"{platform.node()} {platform.machine()} {_cpu_flags()}"
+        digest = hashlib.sha256((CACHE_FORMAT + self.source + " ".join(flags) + machine).encode()).hexdigest()[:16]
+        return f"{self.name}-{digest}.so"
+
     def _build(self, flags: tuple[str, ...]) -> ctypes.CDLL:
         """The compiled library: from the cache, else compiled now (to a temporary, its digest recorded,
         then renamed), one builder at a time (a lock beside it). Loaded only after the checks of
         `latentcode.models.kernel_cache`: a refused cache or library raises UntrustedKernel."""
-        machine = f"{platform.node()} {platform.machine()} {_cpu_flags()}"
-        digest = hashlib.sha256((CACHE_FORMAT + self.source + " ".join(flags) + machine).encode()).hexdigest()[:16]
         directory = kernel_directory()
-        name = f"{self.name}-{digest}.so"
+        name = self.file_name(flags)
         library_path = directory / name
         directory_fd = open_trusted_directory(directory)
         try:
