@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from latentcode.files import ExclusiveLock, new_temporary_file
+from latentcode.files import ExclusiveLock, LockHeld, new_temporary_file
 from latentcode.models.kernel_cache import (
     DIGEST_SUFFIX,
     UntrustedKernel,
@@ -182,11 +182,14 @@ class CompiledLibrary:
         try:
             descriptor = open_verified(directory_fd, name, directory)
             if descriptor is None:
-                with ExclusiveLock(library_path, wait=300, purpose="building a kernel"):
-                    descriptor = open_verified(directory_fd, name, directory)  # built meanwhile by another process
-                    if descriptor is None:
-                        self._compile(flags, library_path)
-                        descriptor = open_verified(directory_fd, name, directory)
+                try:
+                    with ExclusiveLock(library_path, wait=300, purpose="building a kernel"):
+                        descriptor = open_verified(directory_fd, name, directory)  # built meanwhile by another
+                        if descriptor is None:
+                            self._compile(flags, library_path)
+                            descriptor = open_verified(directory_fd, name, directory)
+                except LockHeld as error:  # another build held it for minutes: the formula, not a failed run
+                    raise OSError(str(error)) from None
             if descriptor is None:
                 raise OSError(f"{library_path} vanished after it was built")
         finally:
