@@ -21,9 +21,10 @@ median to each mode's median (above 1: faster than eager):
 
 As `latentcode train` does, the process keeps freed memory in glibc's heap
 (`latentcode.allocator.keep_freed_memory`); `--allocator glibc` leaves glibc's thresholds as they are
-(before), to compare in a second run (it is set once per process). Likewise it answers MKL's CPU check
-on AMD CPUs (`latentcode.models.mkl_on_amd`); `--mkl own` leaves it (MKL keeps its first choice of code
-path for the process, so the two compare only between processes: benchmarks/bench_mkl_on_amd.py).
+(before), to compare in a second run (it is set once per process). MKL's CPU check is left as MKL
+answers it, as `latentcode train` does unless asked (`--mkl-on-amd`); `--mkl answered` answers it on AMD
+CPUs (`latentcode.models.mkl_on_amd`; MKL keeps its first choice of code path for the process, so the two
+compare only between processes: benchmarks/bench_mkl_on_amd.py).
 
 The modes of one configuration run in interleaved rounds (each round times every mode for
 `--steps / --rounds` steps), so that a change of machine load hits them alike. Only ratios within
@@ -104,9 +105,9 @@ def main() -> None:
                         choices=["eager", "full", "blockwise", "compiled", "pool"])
     parser.add_argument("--allocator", choices=("kept", "glibc"), default="kept",
                         help="kept: keep_freed_memory as `latentcode train` does (default); glibc: glibc's thresholds")
-    parser.add_argument("--mkl", choices=("answered", "own"), default="answered",
-                        help="answered: MKL's CPU check answered on AMD CPUs as `latentcode train` does (default); "
-                             "own: MKL's own answer (before). Per process: benchmarks/bench_mkl_on_amd.py compares")
+    parser.add_argument("--mkl", choices=("answered", "own"), default="own",
+                        help="own: MKL's own answer, as `latentcode train` without --mkl-on-amd (default); answered: "
+                             "MKL's CPU check answered on AMD CPUs. Per process: benchmarks/bench_mkl_on_amd.py compares")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -39,12 +39,13 @@ def main() -> None:
                         help="max_examples_per_pass settings, comma-separated ('default': the sweep's own)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--allocator", choices=("kept", "glibc"), default="kept",
-                        help="kept: the sweep's keep_freed_memory (default); glibc: glibc's own thresholds (before)")
+                        help="kept: keep_freed_memory, as `latentcode patch` calls it (default); glibc: glibc's own "
+                        "thresholds, as a Python caller of patching_sweep has unless it calls keep_freed_memory")
     args = parser.parse_args()
-    if args.allocator == "glibc":
-        from latentcode.intervention.patching import attribution, sweep
+    if args.allocator == "kept":
+        from latentcode import keep_freed_memory
 
-        attribution.keep_freed_memory = sweep.keep_freed_memory = lambda: False
+        keep_freed_memory()
     torch.set_num_threads(args.threads)
 
     model, base, donor, metric, groups = sraven_patching_setup(args.batch_size, args.groups)

@@ -35,7 +35,7 @@ load hits both; medians over the rounds' steps. Settings:
 
 latentcode's side is `bench_model_step.Stepper` in its "eager" mode: what `latentcode train` runs (the
 fused short-sequence attention of `latentcode.models.fused_short`, the project's AdamW parameter groups,
-MKL's CPU check answered on AMD CPUs: `latentcode.models.mkl_on_amd`).
+MKL's CPU check as MKL answers it unless `--mkl-on-amd`: `latentcode.models.mkl_on_amd`).
 
 The allocator is the same on both sides (`--allocator`): "kept" (the default, what `latentcode train`
 does) keeps freed memory in glibc's heap, in latentcode's process by `latentcode.allocator.keep_freed_memory`
@@ -236,9 +236,9 @@ def measure(args, cores: set[int], threads: int, label: str, reference_skip: str
     import torch
     from bench_model_step import SIZES, Stepper
 
-    from latentcode.models.mkl_on_amd import use_mkl_fast_paths
+    from latentcode.models.mkl_on_amd import mkl_setting, use_mkl_fast_paths
 
-    mkl = use_mkl_fast_paths()  # as `latentcode train` does
+    mkl = use_mkl_fast_paths() if args.mkl_on_amd else mkl_setting()  # off unless asked, as in `latentcode train`
     os.sched_setaffinity(0, cores)
     torch.set_num_threads(threads)
     xla = reference_environment({}, args.allocator, len(cores)).get("XLA_FLAGS", "(its defaults)")
@@ -299,6 +299,8 @@ def main() -> None:
     parser.add_argument("--allocator", choices=ALLOCATORS, default="kept",
                         help="kept: freed memory kept in the heap on both sides (as `latentcode train`); "
                              "glibc: glibc's defaults on both sides")
+    parser.add_argument("--mkl-on-amd", action="store_true",
+                        help="answer MKL's CPU check on AMD CPUs, as `latentcode train --mkl-on-amd` (default: off)")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     reference_skip = reference_missing(args)

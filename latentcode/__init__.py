@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from latentcode.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from latentcode.allocator import keep_freed_memory
     from latentcode.analysis.embed import Embedding, embed
     from latentcode.analysis.probes.decoding import decode
     from latentcode.analysis.viewer.page import Viewer, build_viewer
@@ -78,6 +79,7 @@ _WHERE = {
     "LatentcodeError": "latentcode.errors",
     "load_pretrained": "latentcode.pretrained",
     "Pretrained": "latentcode.pretrained",
+    "keep_freed_memory": "latentcode.allocator",
 }
 __all__ = [
     "ATTENTION_PRESETS",
@@ -104,6 +106,7 @@ __all__ = [
     "extract",
     "get_task",
     "intervention_effects",
+    "keep_freed_memory",
     "load_model",
     "load_pretrained",
     "patch",

@@ -12,8 +12,12 @@ mapped. Every training step and every patching pass allocates such tensors afres
 
 `keep_freed_memory()` sets the mmap threshold to its maximum (blocks under 32 MB come from the heap)
 and trims the heap only beyond 1 GiB free, so a pass or step reuses the last one's pages; the process
-keeps its peak heap until it exits. glibc only; elsewhere nothing changes. Called by `latentcode
-train` and by the patching sweep and attribution.
+keeps its peak heap until it exits. glibc only; elsewhere nothing changes.
+
+It changes malloc for the whole process, so no library function calls it: the command-line entry points
+do (`latentcode train`, `latentcode patch`), and a Python user who wants the same speed calls
+`latentcode.keep_freed_memory()` once. A run's record says which setting it ran with
+(`freed_memory_setting()`).
 """
 
 from __future__ import annotations
@@ -32,10 +36,25 @@ def keep_freed_memory() -> bool:
     if _memory_kept is None:
         _memory_kept = False
         if sys.platform.startswith("linux"):
-            try:
-                mallopt = ctypes.CDLL(None).mallopt
-            except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+            mallopt = _mallopt()
+            if mallopt is None:
                 return False
             _memory_kept = bool(mallopt(M_MMAP_THRESHOLD, KEPT_MMAP_THRESHOLD)) and bool(
                 mallopt(M_TRIM_THRESHOLD, KEPT_TRIM_THRESHOLD))
     return _memory_kept
+
+
+def _mallopt():
+    """glibc's `mallopt`, or None (not glibc: musl has none)."""
+    try:
+        return ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return None
+
+
+def freed_memory_setting() -> str:
+    """The allocator setting of this process, for a run's record."""
+    if _memory_kept:
+        return (f"freed memory kept (glibc mallopt: mmap threshold {KEPT_MMAP_THRESHOLD // 2**20} MiB, "
+                f"trim at {KEPT_TRIM_THRESHOLD // 2**30} GiB)")
+    return "the C library's own thresholds (keep_freed_memory not called)"

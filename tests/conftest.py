@@ -8,10 +8,11 @@ for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(variable, "1")
 
 # MKL keeps, for the whole process, the code path it chose first; training answers its CPU check on AMD
-# CPUs (latentcode.models.mkl_on_amd). The session keeps MKL's own answer, so that no test's numbers
-# depend on whether a training test ran before it; tests/models/test_mkl_on_amd.py runs the answered
-# path in subprocesses (which drop the variable).
-os.environ["LATENTCODE_MKL_CPU_CHECK"] = "keep"
+# CPUs only where asked (latentcode.models.mkl_on_amd). The session never asks, whatever the caller's
+# environment says, so that no test's numbers depend on it; tests/models/test_mkl_on_amd.py runs the
+# answered path in subprocesses that ask. The switches (latentcode.switches) start unset.
+for variable in ("LATENTCODE_MKL_ON_AMD", "LATENTCODE_MKL_CPU_CHECK", "LATENTCODE_KERNELS"):
+    os.environ.pop(variable, None)
 
 # Dequantised GGUF models (latentcode.pretrained_cache) are cached in a directory of this test session
 # only, never in the user's ~/.cache nor a cache the environment names: the slow SmolLM2 tests

@@ -32,7 +32,7 @@ def test_no_module_is_over_500_lines(path):
 # at module level or inside a function (a lazy import defers the cost, not the dependency). The
 # shared helpers serve every stage and import only each other; `latentcode/__init__.py` is the
 # public API and may name every stage.
-SHARED = {"allocator", "errors", "files", "lazy", "progress", "safe_reads", "validation"}
+SHARED = {"allocator", "errors", "files", "lazy", "progress", "safe_reads", "switches", "validation"}
 ALLOWED = {
     "tasks": set(),
     "models": set(),

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from latentcode.cli.arguments import parse_assignments
 from latentcode.cli.command import Registry, command_modules
 from latentcode.errors import LatentcodeError
+from latentcode.switches import check_switches
 
 # `parse_assignments`: scripts that take `--set KEY=VALUE` (analyses/) read it as the commands do.
 __all__ = ["main", "parse_assignments"]
@@ -105,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = parser.commands[args.command]
     try:
+        check_switches()  # LATENTCODE_MKL_ON_AMD=yes and the like: refused before anything runs
         command.check(args)
         status = command.run(args)
     except USER_ERRORS as error:

@@ -131,10 +131,12 @@ def _finite(value: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> None:
+    from latentcode.allocator import keep_freed_memory
     from latentcode.files import AtomicOutputs
     from latentcode.intervention.patching import patch
     from latentcode.intervention.patching.language_plan import LanguagePatchPlan
 
+    keep_freed_memory()  # the passes reuse the heap: this process's choice, made here, never by patching_sweep
     started = time.time()
     say = (lambda text: None) if args.quiet else (lambda text: print(text, flush=True))
     result = patch(args.plan, progress=not args.quiet, say=say)

@@ -77,6 +77,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="CPU threads of this process (default: one per core, or the cores left free when other "
                         "processes keep some busy; give each of several jobs side by side its own, e.g. --threads 1 for "
                         "two jobs on 2 cores)")
+    parser.add_argument("--mkl-on-amd", action="store_true",
+                        help="on an AMD CPU, answer MKL's Intel-only CPU check so that its fast matrix products run "
+                        "(rewrites one offset-table slot of libtorch in this process; results change by float "
+                        "rounding; the run records it). Same as LATENTCODE_MKL_ON_AMD=1. Off by default")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
     return parser
 
@@ -104,9 +108,14 @@ def check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    from latentcode.allocator import keep_freed_memory
+    from latentcode.models import mkl_on_amd
     from latentcode.training.threads import choose_threads
     from latentcode.training.trainer import run_training
 
+    keep_freed_memory()  # every step reuses the last one's pages: this process's choice, made here, not in train()
+    if args.mkl_on_amd:  # before the first product (MKL keeps the path it chose then)
+        mkl_on_amd.use_mkl_fast_paths()
     on_step = choose_threads(args.plan.threads)
     run_record = run_training(args.plan, progress=not args.quiet, on_step=on_step)
     if int(os.environ.get("RANK", "0")) != 0:

@@ -4,7 +4,10 @@ A `CompiledLibrary` holds one C source. Its first `load()` compiles it (`cc` wit
 flags, `-march=native` among them, in under a second) into `$LATENTCODE_CACHE/kernels/` (default
 `~/.cache/latentcode/kernels`), named by the hash of the source, the flags and the machine, so that a
 cache shared by machines of other CPUs never loads a library built for instructions this CPU lacks;
-later loads read the cached library. ctypes releases the GIL during a call. Where there is no
+later loads read the cached library, only from a directory of the user's own and only a file whose
+digest matches the one recorded when it was built (`latentcode.models.kernel_cache`: a refused cache
+or library is said in one warning line and the torch formula runs). `LATENTCODE_KERNELS=formula`
+(`latentcode.switches`) builds and loads nothing. ctypes releases the GIL during a call. Where there is no
 compiler or the build fails, `load()` returns None and `failure()` says why: every user of a kernel
 keeps a torch computation of the same numbers (to float tolerance) for that case.
 
@@ -32,7 +35,22 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from latentcode.files import new_temporary_file
+from latentcode.files import ExclusiveLock, LockHeld, new_temporary_file
+from latentcode.models.kernel_cache import (
+    DIGEST_SUFFIX,
+    UntrustedKernel,
+    loadable_path,
+    open_trusted_directory,
+    open_verified,
+    record_digest,
+    warn_once,
+)
+from latentcode.switches import switch
+
+KERNELS_SWITCH = "LATENTCODE_KERNELS"
+CACHE_FORMAT = "digest-recorded "
+"""In the hash of a library's name: libraries built before digests were recorded get other names, never
+looked at (a library under a current name without its digest is refused)."""
 
 _pool: ThreadPoolExecutor | None = None
 
@@ -94,8 +112,10 @@ class CompiledLibrary:
     `declare`), or None where it cannot be built (`failure()` says why)."""
 
     def __init__(self, name: str, source: str, flags: tuple[str, ...], declare: Callable[[ctypes.CDLL], None],
-                 openmp: bool = False):
+                 openmp: bool = False, kernel: bool = True):
         self.name, self.source, self.flags, self.declare = name, source, flags, declare
+        self.kernel = kernel  # a kernel with a torch formula beside it: LATENTCODE_KERNELS=formula turns it off
+        self.calls = 0  # forward passes through its kernels (its users count them), for a run's record
         if openmp:
             self.source += OPENMP_PROBE
         self.flag_choices = ((*flags, "-fopenmp"), flags) if openmp else (flags,)
@@ -119,10 +139,16 @@ class CompiledLibrary:
         self._failure: str | None = None
 
     def load(self) -> ctypes.CDLL | None:
+        if self._switched_off():
+            return None
         if self._library is None and self._failure is None:
             for flags in self.flag_choices:  # with OpenMP first where asked
                 try:
                     self._library, self._failure = self._build(flags), None
+                    break
+                except UntrustedKernel as error:  # said once; never built again over it
+                    self._failure = str(error)
+                    warn_once(self._failure)
                     break
                 except OSError as error:
                     self._failure = str(error)
@@ -130,34 +156,65 @@ class CompiledLibrary:
 
     def failure(self) -> str | None:
         """Why the library could not be built, or None."""
+        if self._switched_off():
+            return f"{KERNELS_SWITCH}=formula"
         self.load()
         return self._failure
 
-    def _build(self, flags: tuple[str, ...]) -> ctypes.CDLL:
-        """The compiled library: from the cache, else compiled now (to a temporary, then renamed)."""
+    def _switched_off(self) -> bool:
+        return self.kernel and switch(KERNELS_SWITCH) == "formula"
+
+    def file_name(self, flags: tuple[str, ...]) -> str:
+        """The library's name in the cache, built with `flags`: by the hash of the source, the flags and the
+        machine."""
         machine = f"{platform.node()} {platform.machine()} {_cpu_flags()}"
-        digest = hashlib.sha256((self.source + " ".join(flags) + machine).encode()).hexdigest()[:16]
+        digest = hashlib.sha256((CACHE_FORMAT + self.source + " ".join(flags) + machine).encode()).hexdigest()[:16]
+        return f"{self.name}-{digest}.so"
+
+    def _build(self, flags: tuple[str, ...]) -> ctypes.CDLL:
+        """The compiled library: from the cache, else compiled now (to a temporary, its digest recorded,
+        then renamed), one builder at a time (a lock beside it). Loaded only after the checks of
+        `latentcode.models.kernel_cache`: a refused cache or library raises UntrustedKernel."""
         directory = kernel_directory()
-        library_path = directory / f"{self.name}-{digest}.so"
-        if not library_path.is_file():
-            compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-            if compiler is None:
-                raise OSError("no C compiler (cc or gcc) on PATH")
-            directory.mkdir(parents=True, exist_ok=True)
-            source_path = new_temporary_file(directory / f"{self.name}-{digest}.c")
-            temporary = new_temporary_file(library_path)
-            try:
-                source_path.write_text(self.source)
-                subprocess.run([compiler, *flags, "-x", "c", str(source_path), "-o", str(temporary)],
-                               check=True, capture_output=True, text=True)
-                os.replace(temporary, library_path)
-            except FileNotFoundError:
-                raise OSError(f"the C compiler {compiler!r} does not exist") from None
-            except subprocess.CalledProcessError as error:
-                raise OSError(f"{compiler} failed: {error.stderr.strip()[-300:]}") from None
-            finally:
-                source_path.unlink(missing_ok=True)
-                temporary.unlink(missing_ok=True)
-        library = ctypes.CDLL(str(library_path))
+        name = self.file_name(flags)
+        library_path = directory / name
+        directory_fd = open_trusted_directory(directory)
+        try:
+            descriptor = open_verified(directory_fd, name, directory)
+            if descriptor is None:
+                try:
+                    with ExclusiveLock(library_path, wait=300, purpose="building a kernel"):
+                        descriptor = open_verified(directory_fd, name, directory)  # built meanwhile by another
+                        if descriptor is None:
+                            self._compile(flags, library_path)
+                            descriptor = open_verified(directory_fd, name, directory)
+                except LockHeld as error:  # another build held it for minutes: the formula, not a failed run
+                    raise OSError(str(error)) from None
+            if descriptor is None:
+                raise OSError(f"{library_path} vanished after it was built")
+        finally:
+            os.close(directory_fd)
+        # the descriptor stays open: the loader knows the library by its /proc/self/fd name
+        library = ctypes.CDLL(loadable_path(descriptor, library_path))
         self.declare(library)
         return library
+
+    def _compile(self, flags: tuple[str, ...], library_path: Path) -> None:
+        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        if compiler is None:
+            raise OSError("no C compiler (cc or gcc) on PATH")
+        source_path = new_temporary_file(library_path.with_suffix(".c"))
+        temporary = new_temporary_file(library_path)
+        try:
+            source_path.write_text(self.source)
+            subprocess.run([compiler, *flags, "-x", "c", str(source_path), "-o", str(temporary)],
+                           check=True, capture_output=True, text=True)
+            record_digest(temporary, library_path.with_name(library_path.name + DIGEST_SUFFIX))
+            os.replace(temporary, library_path)
+        except FileNotFoundError:
+            raise OSError(f"the C compiler {compiler!r} does not exist") from None
+        except subprocess.CalledProcessError as error:
+            raise OSError(f"{compiler} failed: {error.stderr.strip()[-300:]}") from None
+        finally:
+            source_path.unlink(missing_ok=True)
+            temporary.unlink(missing_ok=True)

@@ -23,8 +23,8 @@ library is built with OpenMP (`latentcode.models.c_kernels`), else a Python pool
 GIL). Every float is computed the same way wherever a split falls, so the numbers do not depend on
 the thread count.
 
-Used by `MLP.forward` only in training mode, float32 on the CPU, no autocast, not under
-torch.compile, and where the library is built (`latentcode.models.c_kernels`); elsewhere, and under
+Used by `MLP.forward` only in training mode, float32 on the CPU, no autocast (torch.compile included:
+`latentcode::gelu_tanh` and its backward are registered operators), and where the library is built (`latentcode.models.c_kernels`); elsewhere, and under
 `use_fused(False)` (before / after measurements), `F.gelu(..., approximate="tanh")`. Evaluation thus
 stays bit for bit the computation of the shipped results. Values and gradients equal a float64
 evaluation of the formulas within float32 tolerance (tests/models/test_fused_gelu.py).
@@ -175,13 +175,19 @@ def use_fused(enabled: bool):
 
 
 def available(x: Tensor) -> bool:
-    """Whether the fused kernels compute gelu of `x`: float32 on the CPU, no autocast, not being traced
-    by torch.compile (which cannot see into a C call), and the library built."""
+    """Whether the fused kernels compute gelu of `x`: float32 on the CPU, no autocast, and the library built
+    (also under torch.compile: the kernels are operators it keeps in its graph)."""
     return (
         KERNELS.enabled and x.dtype == torch.float32 and x.device.type == "cpu"
-        and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()
-        and KERNELS.load() is not None
+        and not torch.is_autocast_enabled("cpu") and _library_built()
     )
+
+
+@torch.compiler.assume_constant_result
+def _library_built() -> bool:
+    """Whether the library is loaded (built first where needed); torch.compile takes the answer as a constant
+    of the graph instead of tracing into the build."""
+    return KERNELS.load() is not None
 
 
 def _run(kernel, tensors: list[Tensor], count: int) -> None:
@@ -206,6 +212,7 @@ def forward(x: Tensor) -> Tensor:
     """gelu(x), tanh approximation, of float32 `x` (any shape); no autograd."""
     x = x.contiguous()
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    KERNELS.calls += 1
     _run(KERNELS.load().gelu_forward, [x, y], x.numel())
     return y
 
@@ -218,25 +225,59 @@ def backward(x: Tensor, grad_y: Tensor) -> Tensor:
     return grad_x
 
 
-class FusedGelu(torch.autograd.Function):
-    """gelu(x) with its gradient from `backward`. Differentiable once: a backward that would build a
-    graph (`create_graph=True`) is refused, never computed as if gelu' did not depend on x (what
-    torch's `once_differentiable` does where the incoming gradient needs no graph of its own)."""
+# The kernels as PyTorch operators (`torch.library.custom_op`): a fake implementation gives torch.compile,
+# fake tensors and opcheck the output's shape without running C; the gradient is registered, so autograd
+# and AOT autograd see one operator each way. The operators check dtype and device themselves: anything but
+# float32 on the CPU with the library built computes the torch formula, so they are right for any input.
 
-    @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:
-        ctx.save_for_backward(x)
-        return forward(x)
+def _kernel_applies(x: Tensor) -> bool:
+    return x.dtype == torch.float32 and x.device.type == "cpu" and KERNELS.load() is not None
 
-    @staticmethod
-    def backward(ctx, grad_y: Tensor) -> Tensor:
-        if torch.is_grad_enabled():
-            raise RuntimeError("the fused GELU of training is differentiable once: for a second derivative "
-                               "(create_graph=True) turn it off with fused_gelu.use_fused(False)")
-        (x,) = ctx.saved_tensors
-        return backward(x, grad_y)
+
+@torch.library.custom_op("latentcode::gelu_tanh", mutates_args=())
+def gelu_operator(x: Tensor) -> Tensor:
+    """gelu(x), tanh approximation: the fused kernel for float32 CPU tensors, F.gelu elsewhere."""
+    if not _kernel_applies(x):
+        return torch.nn.functional.gelu(x, approximate="tanh")
+    return forward(x)
+
+
+@gelu_operator.register_fake
+def _(x: Tensor) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("latentcode::gelu_tanh_backward", mutates_args=())
+def gelu_backward_operator(x: Tensor, grad_y: Tensor) -> Tensor:
+    """grad_y * gelu'(x): the fused kernel for float32 CPU tensors, the formula's gradient elsewhere."""
+    if not _kernel_applies(x) or grad_y.dtype != x.dtype:
+        return torch.ops.aten.gelu_backward(grad_y, x, approximate="tanh")
+    return backward(x, grad_y)
+
+
+@gelu_backward_operator.register_fake
+def _(x: Tensor, grad_y: Tensor) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _save_input(ctx, inputs, output) -> None:
+    ctx.save_for_backward(inputs[0])
+
+
+def _gelu_gradient(ctx, grad_y: Tensor) -> Tensor:
+    """Differentiable once: a backward that would build a graph (`create_graph=True`) is refused, never
+    computed as if gelu' did not depend on x."""
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        raise RuntimeError("the fused GELU of training is differentiable once: for a second derivative "
+                           "(create_graph=True) turn it off with fused_gelu.use_fused(False)")
+    (x,) = ctx.saved_tensors
+    return gelu_backward_operator(x, grad_y)
+
+
+gelu_operator.register_autograd(_gelu_gradient, setup_context=_save_input)
 
 
 def gelu(x: Tensor) -> Tensor:
-    """`F.gelu(x, approximate="tanh")` through the fused kernels (`available(x)` must hold)."""
-    return FusedGelu.apply(x)
+    """`F.gelu(x, approximate="tanh")` through the fused kernels (`available(x)` should hold, else the
+    operator computes the formula)."""
+    return gelu_operator(x)

@@ -213,6 +213,7 @@ def forward(latent_codes: Tensor, values: Tensor, relu: bool) -> Tensor:
     codes = latent_codes.contiguous()
     values, value_batch_stride, value_key_stride = _value_strides(values)
     z = codes.new_empty(batch, queries, heads, values.shape[3])
+    KERNELS.calls += 1
     library().hyper_forward(codes.data_ptr(), values.data_ptr(), value_batch_stride, value_key_stride, z.data_ptr(),
                             batch, heads, queries, keys, values.shape[3], KEY_TILE, int(relu))
     return z

@@ -159,6 +159,7 @@ class FusedShortAttention(torch.autograd.Function):
         allowed = None if allowed is None else allowed.contiguous().view(torch.uint8)
         keep = None if keep is None else keep.reshape(n_positions, n_positions).contiguous()
         z = queries.new_empty(batch, n_positions, n_heads, d_head_v)
+        KERNELS.calls += 1
         library = library_for(batch, n_positions, n_heads, d_head, d_head_v)
         _in_threads(library, "short_forward", batch,
                     [queries.data_ptr(), keys.data_ptr(), values.data_ptr(), _pointer(bias), _pointer(allowed),

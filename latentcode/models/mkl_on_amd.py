@@ -8,6 +8,11 @@ instructions allow. On the AMD EPYC (AVX-512) of our 2-core machines the product
 training steps of the paper's six models 1.14-1.30x (benchmarks/bench_mkl_on_amd.py: one core,
 processes of either setting alternating).
 
+Off unless asked: this rewrites a table of libtorch's memory for the whole process, and changes its
+results by float rounding, so nothing in latentcode does it by default. `latentcode train --mkl-on-amd`
+or `LATENTCODE_MKL_ON_AMD=1` (`latentcode.switches`) asks for it; the run's record says which
+(`compute` in config.json, `mkl_setting()`). A Python user may call `use_mkl_fast_paths()` themselves.
+
 `use_mkl_fast_paths()` points the one place `libtorch_cpu.so` calls that check through (its entry in
 the library's global offset table, the slot the dynamic linker filled in at load) at a function that
 answers yes, so that MKL chooses its path by the instruction sets the CPU reports, as it does on Intel
@@ -19,20 +24,18 @@ changes and the returned line says why):
 - Linux on x86-64, torch built with MKL, `libtorch_cpu.so` loaded and calling the check through its
   offset table;
 - the CPU's vendor is AuthenticAMD and it has AVX2 and FMA (MKL's paths for older CPUs gain little);
-- a C compiler builds the one-line answering function (`latentcode.models.c_kernels`);
-- `LATENTCODE_MKL_CPU_CHECK` is not `keep` (set it to keep MKL's own answer).
+- a C compiler builds the one-line answering function (`latentcode.models.c_kernels`, in the trusted
+  kernel cache).
 
 MKL keeps the path it chose at its first product for the rest of the process (answering later, or
-restoring the slot, need not change it): `latentcode train` answers before it builds the model; so do
-the training benchmarks. Evaluation and extraction in a process that never trained keep MKL's own
-choice.
+restoring the slot, need not change it): `latentcode train --mkl-on-amd` answers before it builds the
+model; so do the training benchmarks that ask for it. Evaluation and extraction keep MKL's own choice.
 """
 
 from __future__ import annotations
 
 import ctypes
 import mmap
-import os
 import platform
 import struct
 from pathlib import Path
@@ -40,14 +43,16 @@ from pathlib import Path
 import torch
 
 from latentcode.models.c_kernels import CompiledLibrary
+from latentcode.switches import switch
 
 CHECK_SYMBOL = b"mkl_serv_intel_cpu_true"
 TORCH_LIBRARY = "libtorch_cpu.so"
-SWITCH_VARIABLE = "LATENTCODE_MKL_CPU_CHECK"
+SWITCH_VARIABLE = "LATENTCODE_MKL_ON_AMD"
+OLD_SWITCH_VARIABLE = "LATENTCODE_MKL_CPU_CHECK"  # `keep` only: the default now
 REQUIRED_CPU_FLAGS = ("avx2", "fma")
 
 SOURCE = "int latentcode_cpu_is_intel(void) { return 1; }\n"
-ANSWER = CompiledLibrary("mkl_on_amd", SOURCE, ("-O2", "-shared", "-fPIC"), lambda library: None)
+ANSWER = CompiledLibrary("mkl_on_amd", SOURCE, ("-O2", "-shared", "-fPIC"), lambda library: None, kernel=False)
 
 _ELF_X86_64, _SHT_RELA, _SHT_DYNSYM = 62, 4, 11
 _R_X86_64_GLOB_DAT, _R_X86_64_JUMP_SLOT = 6, 7
@@ -57,8 +62,22 @@ _outcome: str | None = None
 _replaced: dict[int, int] = {}  # slot address -> the pointer it held before
 
 
+def requested() -> bool:
+    """Whether the environment asks for the answer (`LATENTCODE_MKL_ON_AMD=1`); a value either switch
+    does not take is refused in one line (`latentcode.switches.SwitchError`)."""
+    switch(OLD_SWITCH_VARIABLE)
+    return switch(SWITCH_VARIABLE) == "1"
+
+
+def mkl_setting() -> str:
+    """What this process does with MKL's CPU check, for a run's record: MKL's own answer unless
+    `use_mkl_fast_paths()` was called, else the line it returned."""
+    return _outcome if _outcome is not None else "MKL's own CPU check (the answer on AMD CPUs not asked for)"
+
+
 def use_mkl_fast_paths() -> str:
-    """Answer MKL's CPU check as above, once per process; a line that says what was done or why not."""
+    """Answer MKL's CPU check as above, once per process; a line that says what was done or why not.
+    Called only where the user asked (module docstring)."""
     global _outcome
     if _outcome is None:
         try:
@@ -84,7 +103,7 @@ def restore_mkl_cpu_check() -> None:
 
 
 def _answer_check() -> str:
-    reason = _why_not()
+    reason = _why_not_on_this_machine()
     if reason:
         return f"MKL's CPU check left as it is: {reason}"
     library_path, base = _loaded(TORCH_LIBRARY)
@@ -99,13 +118,6 @@ def _answer_check() -> str:
         _replaced.setdefault(base + slot, ctypes.c_void_p.from_address(base + slot).value)
         _write_pointer(base + slot, answer)
     return f"MKL's CPU check answered yes for this AMD CPU ({len(slots)} slot of {Path(library_path).name})"
-
-
-def _why_not() -> str | None:
-    """Why the check is left as it is here, or None."""
-    if os.environ.get(SWITCH_VARIABLE, "").strip().lower() == "keep":
-        return f"{SWITCH_VARIABLE}=keep"
-    return _why_not_on_this_machine()
 
 
 def _why_not_on_this_machine() -> str | None:

@@ -32,12 +32,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from latentcode.allocator import keep_freed_memory
 from latentcode.errors import UsageError, about
 from latentcode.files import give_umask_mode, write_error
-from latentcode.models import build_model
+from latentcode.models import build_model, mkl_on_amd
 from latentcode.models.config import ConfigError
-from latentcode.models.mkl_on_amd import use_mkl_fast_paths
 from latentcode.rundir import RunDirectory, RunDirectoryError
 from latentcode.tasks import get_task
 from latentcode.training.checkpoint import (
@@ -48,6 +46,7 @@ from latentcode.training.checkpoint import (
     refuse_pickles,
     save_checkpoint,
 )
+from latentcode.training.compute import compute_settings, kernel_passes
 from latentcode.training.config import TrainConfig
 from latentcode.training.evaluate import eval_sets_of, evaluate
 from latentcode.training.objective import prediction_positions, task_loss, to_tensors
@@ -195,13 +194,16 @@ def _train(config, out, *, resume, progress, stop_after_step, on_step) -> Run:
 
     task = get_task(**config.task)
     accelerator = _make_accelerator(config)
+    if mkl_on_amd.requested():  # asked for (LATENTCODE_MKL_ON_AMD=1): before the first product, which MKL keeps
+        mkl_on_amd.use_mkl_fast_paths()
+    # the allocator is the caller's: `latentcode train` keeps freed memory, a library call never changes it
+    compute = compute_settings(accelerator.device, torch.get_default_dtype(), accelerator.mixed_precision)
+    passes_before = kernel_passes()
     if resume is None and accelerator.is_main_process:
-        directory.create(run_record(config))
+        directory.create(run_record(config) | {"compute": compute})
     accelerator.wait_for_everyone()
     started_with = directory.read_raw_config()["train"]  # recorded in every checkpoint
 
-    keep_freed_memory()  # every step reuses the last one's pages (latentcode.allocator)
-    use_mkl_fast_paths()  # MKL's fast matrix products on AMD CPUs too (latentcode.models.mkl_on_amd)
     model = build_model(config.model_config(), seed=config.seed)
     optimizer = build_optimizer(model, config.learning_rate, config.weight_decay)
     scheduler = build_scheduler(optimizer, config.warmup_steps, config.steps, config.lr_final_fraction)
@@ -215,6 +217,8 @@ def _train(config, out, *, resume, progress, stop_after_step, on_step) -> Run:
             _check_checkpoints_writable(directory)  # before hours of training, not at the next checkpoint
             directory.truncate_metrics(loop.step)
     start_step = loop.step
+    if accelerator.is_main_process:  # every session's settings, a resumed one's too
+        directory.append_metrics({"event": "compute", "step": start_step, **compute})
 
     n_processes = accelerator.num_processes
     micro_batch = config.batch_size // (n_processes * config.gradient_accumulation_steps)
@@ -310,6 +314,8 @@ def _train(config, out, *, resume, progress, stop_after_step, on_step) -> Run:
             "resumed_from_step": start_step,
             "final_metrics": last_metrics,
             "processes": n_processes,
+            "compute": compute | {"kernel_passes": {name: count - passes_before[name]
+                                                    for name, count in kernel_passes().items()}},
         })
     accelerator.wait_for_everyone()
     return Run(directory.path)

@@ -267,3 +267,24 @@ def test_attribution_equals_exact_patching_on_hand_written_softmax_attention():
     torch.testing.assert_close(torch.as_tensor(attribution.for_groups(groups)), torch.as_tensor(sweep.effects),
                                rtol=1e-6, atol=1e-9)
     assert abs(sweep.effects).max() > 1e-3
+
+
+def test_the_sweep_and_attribution_leave_the_processs_allocator_alone(monkeypatch):
+    """`mallopt` changes malloc for the whole process: a library function never calls it (issue 46); only
+    the command line or the user (`latentcode.keep_freed_memory()`) does. The spy stands where glibc's
+    mallopt is looked up (`allocator._mallopt`), with the once-per-process memo cleared so a call would reach it."""
+    import latentcode
+    from latentcode import allocator
+
+    monkeypatch.setattr(allocator, "_memory_kept", None)
+    monkeypatch.setattr(allocator, "_mallopt", lambda: pytest.fail("a library function called mallopt"))
+    model = tiny()
+    base, donor = inputs(3, batch=2), inputs(4, batch=2)
+    patching_sweep(model, base, donor, site_grid(2, 5, queries=[4]), metric)
+    attribution_patching(model, base, donor, metric, sites="0:*:*")
+    assert allocator._memory_kept is None
+
+    calls = []
+    monkeypatch.setattr(allocator, "_mallopt", lambda: lambda option, value: calls.append((option, value)) or 1)
+    assert latentcode.keep_freed_memory()
+    assert calls == [(-3, 32 * 2**20), (-1, 2**30)]  # glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD

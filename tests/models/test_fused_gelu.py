@@ -283,3 +283,43 @@ def test_a_compiler_without_openmp_builds_the_kernels_without_it(tmp_path, monke
     y = torch.empty_like(x)
     loaded.gelu_forward_parts(x.data_ptr(), y.data_ptr(), 1_001, 3, 16)
     assert torch.equal(y, fused_gelu.forward(x))
+
+
+def test_the_kernels_are_operators_that_pass_opcheck_and_gradcheck(compiled):
+    """`latentcode::gelu_tanh` and its backward are registered operators (fake implementation, autograd
+    formula): opcheck on the float32 kernel and on float64 (where the operator computes the formula), and
+    gradcheck of the float64 path; the float32 kernel's gradient is compared with float64 above."""
+    x = torch.randn(37, 41, generator=torch.Generator().manual_seed(2)) * 3
+    grad = torch.randn(37, 41, generator=torch.Generator().manual_seed(3))
+    torch.library.opcheck(torch.ops.latentcode.gelu_tanh.default, (x,))
+    torch.library.opcheck(torch.ops.latentcode.gelu_tanh.default, (x.clone().requires_grad_(),))
+    torch.library.opcheck(torch.ops.latentcode.gelu_tanh_backward.default, (x, grad))
+    in_float64 = (x[:5, :7].double()).requires_grad_()
+    torch.library.opcheck(torch.ops.latentcode.gelu_tanh.default, (in_float64,))
+    assert torch.autograd.gradcheck(fused_gelu.gelu, (in_float64,))
+    assert torch.equal(fused_gelu.gelu(in_float64), F.gelu(in_float64, approximate="tanh"))
+
+
+def test_torch_compile_traces_the_mlp_through_the_operators_without_a_graph_break(compiled, monkeypatch):
+    """fullgraph=True fails on any graph break; the AOT-eager backend runs the traced graph (no C++
+    compilation), whose forward and backward call the kernels: the counted calls and F.gelu's numbers."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    mlp = MLP(16, 40).train()
+    x = wide_input()
+    calls = counting_kernel_calls(monkeypatch)
+    compiled_mlp = torch.compile(mlp, backend="aot_eager", fullgraph=True)
+    output = compiled_mlp(x)
+    output.square().sum().backward()
+    assert calls == {"forward": 1, "backward": 1}
+    gradient = mlp.W_in.grad.clone()
+    mlp.zero_grad()
+    with fused_gelu.use_fused(False):
+        expected = mlp(x)
+        expected.square().sum().backward()
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(output, expected, rtol=0, atol=1e-6 * scale)
+    torch.testing.assert_close(gradient, mlp.W_in.grad, rtol=0, atol=1e-5 * mlp.W_in.grad.abs().max().item())
+    torch._dynamo.reset()

@@ -116,8 +116,9 @@ def test_the_kernels_are_built_once_into_the_cache(tmp_path, monkeypatch):
                                                              fused_hyper.COMPILE_FLAGS, fused_hyper._declare))
     monkeypatch.setenv("LATENTCODE_CACHE", str(tmp_path))
     assert fused_hyper.library() is not None
-    built = list((tmp_path / "kernels").iterdir())
-    assert len(built) == 1 and built[0].suffix == ".so", f"only the library, no temporaries: {built}"
+    built = sorted(path.name for path in (tmp_path / "kernels").iterdir())
+    assert len(built) == 2 and built[0].endswith(".so") and built[1] == built[0] + ".sha256", \
+        f"only the library and its digest, no temporaries: {built}"
     fused_hyper.KERNELS.forget()
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))  # a rebuild would fail
     assert fused_hyper.library() is not None, "the second load reads the cached library"

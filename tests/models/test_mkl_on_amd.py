@@ -2,10 +2,11 @@
 are the ones `readelf` lists for the symbol; on an AMD CPU with torch's MKL the slot afterwards holds
 the answering function, products still equal float64 ones to float32 rounding and a training step
 of the paper's model gives the losses of MKL's own path; restoring gives the slot back; it is left
-alone with LATENTCODE_MKL_CPU_CHECK=keep, on other vendors, on CPUs without AVX2/FMA, and says why.
+alone unless asked (`latentcode train` without --mkl-on-amd leaves libtorch's slot as it was), on other
+vendors, on CPUs without AVX2/FMA, and says why; a switch value it does not take is refused in one line.
 
-The test session keeps MKL's own answer (tests/conftest.py sets LATENTCODE_MKL_CPU_CHECK=keep, so
-that no test's numbers depend on which test trained first); the answered path runs in subprocesses."""
+The test session never asks (tests/conftest.py drops the switches, so that no test's numbers depend on
+which test trained first); the answered path runs in subprocesses."""
 
 import json
 import os
@@ -22,7 +23,8 @@ from latentcode.models import mkl_on_amd
 
 
 def run_python(code: str, **environment: str) -> dict:
-    env = {key: value for key, value in os.environ.items() if key != mkl_on_amd.SWITCH_VARIABLE}
+    env = {key: value for key, value in os.environ.items()
+           if key not in (mkl_on_amd.SWITCH_VARIABLE, mkl_on_amd.OLD_SWITCH_VARIABLE)}
     env.update(environment)
     answer = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                             env=env, timeout=300)
@@ -35,10 +37,43 @@ def amd_with_mkl() -> str | None:
     return mkl_on_amd._why_not_on_this_machine()
 
 
-def test_session_keeps_mkls_own_answer():
-    assert os.environ.get(mkl_on_amd.SWITCH_VARIABLE) == "keep"
-    assert mkl_on_amd.use_mkl_fast_paths() == "MKL's CPU check left as it is: LATENTCODE_MKL_CPU_CHECK=keep"
+def test_the_answer_is_off_unless_asked(monkeypatch):
+    assert mkl_on_amd.SWITCH_VARIABLE not in os.environ
+    assert not mkl_on_amd.requested()
+    assert mkl_on_amd.mkl_setting() == "MKL's own CPU check (the answer on AMD CPUs not asked for)"
     assert not mkl_on_amd.mkl_fast_paths_in_use()
+    monkeypatch.setenv(mkl_on_amd.OLD_SWITCH_VARIABLE, "keep")  # the old switch's one value: what is done anyway
+    monkeypatch.setenv(mkl_on_amd.SWITCH_VARIABLE, "0")
+    assert not mkl_on_amd.requested()
+    monkeypatch.setenv(mkl_on_amd.SWITCH_VARIABLE, " 1 ")
+    assert mkl_on_amd.requested()
+
+
+@pytest.mark.parametrize("variable, value, expected", [
+    ("LATENTCODE_MKL_ON_AMD", "yes", "LATENTCODE_MKL_ON_AMD='yes' is not a value it takes; expected 0 or 1 (or unset)"),
+    ("LATENTCODE_MKL_ON_AMD", "true", "expected 0 or 1"),
+    ("LATENTCODE_MKL_CPU_CHECK", "off", "LATENTCODE_MKL_CPU_CHECK='off' is not a value it takes; expected keep (or "
+     "unset); MKL's own check is kept unless asked: to answer it on AMD CPUs set LATENTCODE_MKL_ON_AMD=1 or pass "
+     "latentcode train --mkl-on-amd"),
+    ("LATENTCODE_MKL_CPU_CHECK", "answer", "expected keep"),
+])
+def test_a_switch_value_it_does_not_take_is_refused_in_one_line(monkeypatch, variable, value, expected):
+    from latentcode.switches import SwitchError
+
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SwitchError) as refused:
+        mkl_on_amd.requested()
+    assert expected in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_the_command_line_refuses_a_bad_switch_before_it_runs(tmp_path):
+    env = {**os.environ, "LATENTCODE_MKL_ON_AMD": "on"}
+    answer = subprocess.run([sys.executable, "-m", "latentcode.cli", "train", "--preset", "fuzzy_logic", "--scale",
+                             "tiny", "--out", str(tmp_path / "run")], capture_output=True, text=True, env=env,
+                            timeout=300)
+    assert answer.returncode == 2
+    assert answer.stderr == ("error: LATENTCODE_MKL_ON_AMD='on' is not a value it takes; expected 0 or 1 (or unset)\n")
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.skipif(shutil.which("readelf") is None or platform.machine() != "x86_64", reason="needs readelf on x86-64")
@@ -77,7 +112,6 @@ def test_a_file_that_is_not_elf_is_refused_by_name(tmp_path):
     ("AuthenticAMD", {"avx2"}, "the CPU lacks fma"),
 ])
 def test_left_alone_off_amd_cpus_with_avx2_and_fma(monkeypatch, vendor, flags, expected):
-    monkeypatch.delenv(mkl_on_amd.SWITCH_VARIABLE, raising=False)
     monkeypatch.setattr(mkl_on_amd, "_cpu", lambda: (vendor, flags))
     monkeypatch.setattr(mkl_on_amd.platform, "system", lambda: "Linux")
     monkeypatch.setattr(mkl_on_amd.platform, "machine", lambda: "x86_64")
@@ -89,7 +123,6 @@ def test_left_alone_off_amd_cpus_with_avx2_and_fma(monkeypatch, vendor, flags, e
 
 
 def test_left_alone_without_mkl(monkeypatch):
-    monkeypatch.delenv(mkl_on_amd.SWITCH_VARIABLE, raising=False)
     monkeypatch.setattr(mkl_on_amd.platform, "system", lambda: "Linux")
     monkeypatch.setattr(mkl_on_amd.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(mkl_on_amd.torch.backends.mkl, "is_available", lambda: False)
@@ -120,16 +153,45 @@ def test_answered_slot_holds_the_answer_products_agree_and_restore_gives_it_back
     assert result["error"] < 1e-3  # sums of 128 products of unit normals: float32 rounding is ~1e-5
 
 
-@pytest.mark.skipif(amd_with_mkl() is not None, reason=f"not an AMD CPU with torch's MKL: {amd_with_mkl()}")
-def test_keep_leaves_the_slot_as_it_is():
-    result = run_python("""
-        import json
-        from latentcode.models import mkl_on_amd as m
-        before = m.answered_slot_values()
-        print(json.dumps(dict(outcome=m.use_mkl_fast_paths(), before=before, after=m.answered_slot_values())))
-    """, LATENTCODE_MKL_CPU_CHECK="keep")
-    assert result["outcome"] == "MKL's CPU check left as it is: LATENTCODE_MKL_CPU_CHECK=keep"
-    assert result["after"] == result["before"]
+TRAIN_AND_READ_THE_SLOT = """
+    import json, sys
+    from latentcode.cli import main
+    from latentcode.models import mkl_on_amd as m
+    before = m.answered_slot_values()
+    status = main(["train", "--preset", "fuzzy_logic", "--scale", "tiny", "--quiet", "--out", sys.argv[1],
+                   *sys.argv[2:]])
+    print(json.dumps(dict(status=status, before=before, after=m.answered_slot_values(), answer=m.answer_address(),
+                          setting=m.mkl_setting())))
+"""
+
+
+def train_and_read_the_slot(out, *flags: str, **environment: str) -> dict:
+    env = {key: value for key, value in os.environ.items()
+           if key not in (mkl_on_amd.SWITCH_VARIABLE, mkl_on_amd.OLD_SWITCH_VARIABLE)} | environment
+    answer = subprocess.run([sys.executable, "-c", textwrap.dedent(TRAIN_AND_READ_THE_SLOT), str(out), *flags],
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert answer.returncode == 0, answer.stderr[-2000:]
+    result = json.loads(answer.stdout.strip().splitlines()[-1])
+    assert result["status"] == 0
+    return result
+
+
+@pytest.mark.skipif(amd_with_mkl() is not None, reason=f"only an AMD CPU with torch's MKL has the slot rewritten "
+                    f"when asked, so only there does 'untouched' say anything: {amd_with_mkl()}")
+def test_latentcode_train_leaves_libtorch_untouched_unless_asked(tmp_path):
+    """The slot of libtorch_cpu.so read before and after `latentcode train` in one process: the same pointer
+    without the opt-in (and the run records MKL's own check); with --mkl-on-amd or LATENTCODE_MKL_ON_AMD=1
+    it holds the answer."""
+    plain = train_and_read_the_slot(tmp_path / "plain")
+    assert plain["after"] == plain["before"]
+    assert plain["setting"].startswith("MKL's own CPU check")
+    record = json.loads((tmp_path / "plain" / "config.json").read_text())
+    assert record["compute"]["mkl"] == plain["setting"]
+    for name, flags, environment in (("flag", ("--mkl-on-amd",), {}), ("variable", (), {"LATENTCODE_MKL_ON_AMD": "1"})):
+        asked = train_and_read_the_slot(tmp_path / name, *flags, **environment)
+        assert asked["after"] == [asked["answer"]] and asked["before"] != asked["after"]
+        assert json.loads((tmp_path / name / "config.json").read_text())["compute"]["mkl"].startswith(
+            "MKL's CPU check answered yes")
 
 
 TRAINING_LOSSES = """
@@ -137,9 +199,10 @@ TRAINING_LOSSES = """
     torch.set_num_threads(1)
     from latentcode.models import build_model
     from latentcode.models.config import ModelConfig
-    from latentcode.models.mkl_on_amd import mkl_fast_paths_in_use, use_mkl_fast_paths
+    from latentcode.models.mkl_on_amd import mkl_fast_paths_in_use, requested, use_mkl_fast_paths
     from latentcode.training.optimizer import build_optimizer
-    use_mkl_fast_paths()  # before any product, as `latentcode train` does
+    if requested():
+        use_mkl_fast_paths()  # before any product, as `latentcode train --mkl-on-amd` does
     config = ModelConfig(attention="softmax", attn_dropout=0.0, n_layers=2, d_model=64, n_heads=4, kqv_dim=32,
                          d_mlp=128, n_ctx=12, d_in=8, d_out=8)
     model = build_model(config, seed=0).train()
@@ -159,8 +222,8 @@ TRAINING_LOSSES = """
 
 @pytest.mark.skipif(amd_with_mkl() is not None, reason=f"not an AMD CPU with torch's MKL: {amd_with_mkl()}")
 def test_training_steps_give_the_losses_of_mkls_own_path():
-    answered = run_python(TRAINING_LOSSES)
-    own = run_python(TRAINING_LOSSES, LATENTCODE_MKL_CPU_CHECK="keep")
+    answered = run_python(TRAINING_LOSSES, LATENTCODE_MKL_ON_AMD="1")
+    own = run_python(TRAINING_LOSSES)
     assert answered["answered"] and not own["answered"]
     assert answered["losses"] == pytest.approx(own["losses"], rel=1e-4)
     assert answered["losses"][-1] < answered["losses"][0]  # it trains

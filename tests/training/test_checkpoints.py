@@ -198,7 +198,8 @@ def test_a_torn_last_metrics_line_is_dropped_on_resume_and_named_by_readers(tmp_
     metrics = tmp_path / "run" / "metrics.jsonl"
     with metrics.open("a") as file:
         file.write('{"event": "train", "loss": 0.1')  # killed while appending
-    with pytest.raises(RunDirectoryError, match=rf"{metrics} line 4 is not valid JSON"):
+    # line 1: the session's compute settings, lines 2-4: steps 1-3, line 5: torn
+    with pytest.raises(RunDirectoryError, match=rf"{metrics} line 5 is not valid JSON"):
         Run(tmp_path / "run").metrics()
     run = train(resume=tmp_path / "run", progress=False)
     assert [r["step"] for r in run.metrics("train")] == [1, 2, 3, 4, 5, 6]

@@ -196,14 +196,19 @@ def test_bf16_autocast_trains_on_cpu(tmp_path, small_config):
     assert 0 < max_parameter_difference(bf16, float32) < 0.05, "bf16 autocast was not applied, or broke training"
 
 
-def test_training_answers_mkls_cpu_check_before_its_first_product(tmp_path, small_config, monkeypatch):
+@pytest.mark.parametrize("asked", [False, True])
+def test_training_answers_mkls_cpu_check_only_where_asked_and_before_its_first_product(tmp_path, small_config,
+                                                                                    monkeypatch, asked):
     """MKL keeps the code path of its first product for the process: train answers the check
-    (latentcode.models.mkl_on_amd) before it builds the model."""
+    (latentcode.models.mkl_on_amd) before it builds the model, and only with LATENTCODE_MKL_ON_AMD=1."""
+    from latentcode.models import mkl_on_amd
     from latentcode.training import trainer
 
     calls = []
-    monkeypatch.setattr(trainer, "use_mkl_fast_paths", lambda: calls.append("answer") or "recorded")
+    if asked:
+        monkeypatch.setenv("LATENTCODE_MKL_ON_AMD", "1")
+    monkeypatch.setattr(mkl_on_amd, "use_mkl_fast_paths", lambda: calls.append("answer") or "recorded")
     real_build = trainer.build_model
     monkeypatch.setattr(trainer, "build_model", lambda *a, **k: calls.append("build") or real_build(*a, **k))
     train(small_config(n_train_instances=2 * 128), tmp_path / "run", progress=False)
-    assert calls[:2] == ["answer", "build"] and calls.count("answer") == 1
+    assert calls[:2] == (["answer", "build"] if asked else ["build"]) and calls.count("answer") == int(asked)

@@ -13,7 +13,6 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from latentcode.allocator import keep_freed_memory
 from latentcode.errors import UsageError
 from latentcode.intervention.patching.inputs import (
     Metric,
@@ -119,7 +118,6 @@ def attribution_patching(
     `donor_codes`: the donor's codes at the same `sites`, `{layer: [batch, head, n]}` as the first
     element `record_codes(model, donor_inputs, sites)` returns, where they are at hand already (one
     donor batch read by several metrics): the donor pass is skipped, and `donor_inputs` may be None."""
-    keep_freed_memory()  # passes reuse the heap (latentcode.allocator)
     check_eval(model)
     if donor_codes is None:
         if donor_inputs is None:

@@ -13,7 +13,6 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from latentcode.allocator import keep_freed_memory
 from latentcode.errors import UsageError
 from latentcode.intervention.patching.inputs import (
     Metric,
@@ -146,10 +145,10 @@ def patching_sweep(
     name, all read from the same passes) of the patched output; one row per group (see
     `PatchingSweep`). Several groups share one forward pass (`groups_per_pass`, by default as many
     as fit in `max_examples_per_pass` examples: passes of 256 SRAVEN examples keep their largest
-    tensors under glibc's 32 MB mmap limit and, with `keep_freed_memory`, reuse the last pass's
-    memory; passes of 1024 were no faster per example and spent as long in the kernel, issue 37).
+    tensors under glibc's 32 MB mmap limit and, where the caller ran `latentcode.keep_freed_memory()`
+    (`latentcode patch` does; this function never changes the process's allocator), reuse the last
+    pass's memory; passes of 1024 were no faster per example and spent as long in the kernel, issue 37).
     `on_pass(examples)` is called after each patched pass with its number of examples (progress)."""
-    keep_freed_memory()
     metrics = _metrics(metric)
     check_eval(model)
     if not groups:
