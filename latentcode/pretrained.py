@@ -205,7 +205,7 @@ def load_tokenizer(path_or_name: str | Path, cache: str | Path | None = None) ->
     path = resolve(path_or_name)
     if path.suffix == ".gguf":
         entry, sha256 = pretrained_cache.entry_of(path, cache)
-        if pretrained_cache.usable(entry, sha256):
+        if pretrained_cache.usable(entry, sha256, names=pretrained_cache.TOKENIZER_FILES):
             refuse_remote_code(entry)
             return transformers.AutoTokenizer.from_pretrained(entry, **SAFE_OPTIONS)
         refuse_remote_code(path.parent)  # transformers reads a tokenizer_config.json beside the file
