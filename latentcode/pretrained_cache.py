@@ -40,8 +40,10 @@ from latentcode.errors import LatentcodeError
 
 CACHE_VARIABLE = "LATENTCODE_CACHE"
 ENTRY_FILE = "entry.json"
-# /2 records each file's SHA-256; an entry of /1 (sizes only) is written anew.
-ENTRY_FORMAT = "latentcode-gguf-cache/2"
+# Entries now record each file's SHA-256 too ("sha256"); one without them (written by an earlier
+# latentcode) is written anew. The format name is unchanged so that an earlier latentcode sharing the
+# cache still reads the entries this one writes.
+ENTRY_FORMAT = "latentcode-gguf-cache/1"
 #: the files of an entry that a tokenizer alone reads (`load_tokenizer`), besides entry.json
 TOKENIZER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "chat_template.jinja")
@@ -115,6 +117,8 @@ def entry_problem(entry: Path, sha256: str, names: tuple[str, ...] | None = None
             return f"{entry} is of format {record.get('format')!r}, not {ENTRY_FORMAT} (written anew)"
         if record.get("source_sha256") != sha256:
             return f"{entry} is of a file of SHA-256 {str(record.get('source_sha256'))[:12]}, not {sha256[:12]} (written anew)"
+        if "sha256" not in record:
+            return f"{entry} records no SHA-256 of its files (an earlier latentcode wrote it) (written anew)"
         sizes, digests = dict(record["files"]), dict(record["sha256"])
         present = {name for name in os.listdir(entry) if not name.startswith(".")} - {ENTRY_FILE}
         if present != set(sizes) or set(digests) != set(sizes):

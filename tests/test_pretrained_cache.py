@@ -149,7 +149,7 @@ def test_an_entry_edited_at_the_same_size_is_not_used_and_is_written_anew(tiny, 
     assert not pretrained_cache.usable(entry, sha256, names=pretrained_cache.TOKENIZER_FILES)
 
 
-def test_an_entry_with_a_file_beyond_its_record_or_an_old_format_is_written_anew(tiny, source, tmp_path):
+def test_an_entry_with_a_file_beyond_its_record_or_without_digests_is_written_anew(tiny, source, tmp_path):
     model, tokenizer = tiny
     entry, sha256 = pretrained_cache.entry_of(source, tmp_path / "cache")
     pretrained_cache.write_entry(entry, sha256, source, model, tokenizer)
@@ -158,8 +158,10 @@ def test_an_entry_with_a_file_beyond_its_record_or_an_old_format_is_written_anew
     (entry / "model.safetensors.index.json").unlink()
     record = json.loads((entry / "entry.json").read_text())
     del record["sha256"]
-    (entry / "entry.json").write_text(json.dumps({**record, "format": "latentcode-gguf-cache/1"}))
-    assert "is of format 'latentcode-gguf-cache/1'" in pretrained_cache.entry_problem(entry, sha256)
+    (entry / "entry.json").write_text(json.dumps(record))
+    assert "records no SHA-256 of its files" in pretrained_cache.entry_problem(entry, sha256)
+    (entry / "entry.json").write_text(json.dumps({**record, "format": "latentcode-gguf-cache/0"}))
+    assert "is of format 'latentcode-gguf-cache/0'" in pretrained_cache.entry_problem(entry, sha256)
 
 
 def test_another_users_entry_or_a_link_is_not_used_nor_written(tiny, source, tmp_path, monkeypatch):
