@@ -145,6 +145,8 @@ def resolve(path_or_name: str | Path) -> Path:
     return Path(path_or_name)
 
 
+#: the largest model (weights files) whose SHA-256 a codes file's reader checks to show token texts (view)
+MAX_NAMED_MODEL_BYTES = 4 << 30
 #: passed to every transformers `from_pretrained`: offline, and no code of the model's own
 SAFE_OPTIONS: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
 
@@ -204,6 +206,11 @@ def token_texts_of(model_path: str, model_name: str, sha256: str, cache: str | P
         raise PretrainedError(f"its model {path} is not here")
     if not sha256:
         raise PretrainedError(f"it records no checkpoint SHA-256 to check {path} against")
+    size = path.stat().st_size if path.is_file() else sum(
+        item.stat().st_size for item in path.iterdir() if item.is_file() and item.suffix in (".safetensors", ".bin", ".gguf"))
+    if size > MAX_NAMED_MODEL_BYTES:  # a file a codes file merely names is not read whole beyond this
+        raise PretrainedError(f"its model {path} is {size / 2**30:.1f} GiB; token texts are read only from a model of "
+                              f"at most {MAX_NAMED_MODEL_BYTES >> 30} GiB (its SHA-256 is checked first)")
     found = checkpoint_sha256(path)
     if found != sha256:
         raise PretrainedError(f"{path} has SHA-256 {found[:12] or 'none'}, not the {sha256[:12]} of the model the "
