@@ -689,6 +689,8 @@ BAD_INPUTS = [
      "{truncated.gguf} is truncated or damaged: tensor token_embd.weight ends at byte"),
     ("extract-gguf-absurd-counts", ["extract", "{absurd_counts.gguf}", "--out", "{a_dir}/c.h5"],
      "{absurd_counts.gguf} declares 1152921504606846976 tensors, more than its"),
+    ("patch-pretrained-beyond-its-budget", ["patch", "smollm2", "--layers", "0", "--n", "1000000", "--out", "{a_dir}/p"],
+     "--n: n=1000000 windows x (9 groups + 2) passes x 128 tokens is 1,408,000,000 tokens through the model, beyond"),
     # issue 45: runs asking for too much, refused as training refuses them
     ("extract-run-seq-len-huge", ["extract", "{run_seq_len_huge}", "--out", "{a_dir}/c.h5"],
      "seq_len=1000000000 for task 'fuzzy_logic' is beyond 65,536 tokens"),
