@@ -693,7 +693,7 @@ BAD_INPUTS = [
      "--n: n=1000000 windows x (9 groups + 2) passes x 128 tokens is 1,408,000,000 tokens through the model, beyond"),
     # issue 45: runs asking for too much, refused as training refuses them
     ("extract-run-seq-len-huge", ["extract", "{run_seq_len_huge}", "--out", "{a_dir}/c.h5"],
-     "seq_len=1000000000 for task 'fuzzy_logic' is beyond 65,536 tokens"),
+     "seq_len=1000000000 for task 'fuzzy_logic' is beyond 1,048,576 tokens"),
     ("extract-run-model-config-list", ["extract", "{run_model_list}", "--out", "{a_dir}/c.h5"],
      "'resolved_model_config' is a JSON list; expected an object"),
     ("extract-run-model-16-tib", ["extract", "{run_model_16_tib}", "--out", "{a_dir}/c.h5"],

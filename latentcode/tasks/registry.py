@@ -70,8 +70,8 @@ def task_class(name: str) -> type[Task]:
     return _TASK_CLASSES[name]
 
 
-#: the longest sequence a task may ask for (a [T, T] float32 attention map per head is 16 GiB at 2^16)
-MAX_SEQ_LEN = 2**16
+#: the longest sequence a task may ask for (a [T, T] float32 attention map per head is 4 TiB at 2^20)
+MAX_SEQ_LEN = 2**20
 
 
 def get_task(name: str, **params) -> Task:
@@ -88,5 +88,5 @@ def get_task(name: str, **params) -> Task:
         # Checked before the task is built: a task makes arrays of seq_len rows as it starts (fuzzy_logic's
         # fixed inputs), so 10^9 would allocate and fill gigabytes before any memory check could refuse it.
         raise TaskError(f"seq_len={seq_len} for task {name!r} is beyond {MAX_SEQ_LEN:,} tokens; expected at most "
-                        f"{MAX_SEQ_LEN:,} (attention keeps [heads, T, T] scores: 16 GiB per head at that length)")
+                        f"{MAX_SEQ_LEN:,} (attention keeps [heads, T, T] scores: 4 TiB per head at that length)")
     return cls(**params)
