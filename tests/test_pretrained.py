@@ -148,3 +148,18 @@ def test_the_attention_shape_is_read_from_metadata_alone(tiny_llama, tmp_path):
     writer.close()
     assert attention_shape(path) == AttentionShape(n_layers=5, n_heads=6, n_kv_heads=2, n_ctx=256)
 
+
+
+def test_a_model_a_codes_file_names_is_not_hashed_beyond_the_bound(tmp_path, monkeypatch):
+    # view reads token texts from the model a codes file names: a huge (sparse) file is refused by its
+    # size, never read whole. The file is 5 GiB of holes; hashing it would read them all.
+    from latentcode import pretrained
+
+    huge = tmp_path / "huge.gguf"
+    with open(huge, "wb") as file:
+        file.truncate(5 << 30)
+    read = []
+    monkeypatch.setattr(pretrained, "checkpoint_sha256", lambda path: read.append(path) or "")
+    with pytest.raises(PretrainedError, match=r"is 5.0 GiB; token texts are read only from a model of at most 4 GiB"):
+        pretrained.token_texts_of(str(huge), "", "0" * 64)
+    assert read == []

@@ -126,3 +126,71 @@ def test_two_loaders_at_once_fill_the_entry_once(tiny, source, tmp_path):
         thread.join(timeout=60)
     assert sorted(results) == [("cached", True), ("filled", True)]
     assert not [name for name in os.listdir(entry) if name.startswith(".")]  # no temporaries left
+
+
+def test_an_entry_edited_at_the_same_size_is_not_used_and_is_written_anew(tiny, source, tmp_path):
+    model, tokenizer = tiny
+    entry, sha256 = pretrained_cache.entry_of(source, tmp_path / "cache")
+    pretrained_cache.write_entry(entry, sha256, source, model, tokenizer)
+    weights = entry / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-64:] = bytes(64)  # the last weights zeroed: same size, same header
+    weights.write_bytes(bytes(data))
+    assert not pretrained_cache.usable(entry, sha256)
+    assert pretrained_cache.usable(entry, sha256, names=pretrained_cache.TOKENIZER_FILES)  # the tokenizer is intact
+    with pytest.warns(UserWarning, match=r"model.safetensors has changed since it was written.*\(written anew\)"):
+        with pretrained_cache.filling(entry, sha256) as cached:
+            assert not cached
+            pretrained_cache.write_entry(entry, sha256, source, model, tokenizer)
+    assert pretrained_cache.usable(entry, sha256)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(entry, local_files_only=True)
+    assert all(torch.equal(tensor, reloaded.state_dict()[name]) for name, tensor in model.state_dict().items())
+    (entry / "tokenizer.json").write_text((entry / "tokenizer.json").read_text().replace('"', "'", 1))
+    assert not pretrained_cache.usable(entry, sha256, names=pretrained_cache.TOKENIZER_FILES)
+
+
+def test_an_entry_with_a_file_beyond_its_record_or_without_digests_is_written_anew(tiny, source, tmp_path):
+    model, tokenizer = tiny
+    entry, sha256 = pretrained_cache.entry_of(source, tmp_path / "cache")
+    pretrained_cache.write_entry(entry, sha256, source, model, tokenizer)
+    (entry / "model.safetensors.index.json").write_text("{}")  # transformers would read it
+    assert "beyond its record" in pretrained_cache.entry_problem(entry, sha256)
+    (entry / "model.safetensors.index.json").unlink()
+    record = json.loads((entry / "entry.json").read_text())
+    del record["sha256"]
+    (entry / "entry.json").write_text(json.dumps(record))
+    assert "records no SHA-256 of its files" in pretrained_cache.entry_problem(entry, sha256)
+    (entry / "entry.json").write_text(json.dumps({**record, "format": "latentcode-gguf-cache/0"}))
+    assert "is of format 'latentcode-gguf-cache/0'" in pretrained_cache.entry_problem(entry, sha256)
+
+
+def test_another_users_entry_or_a_link_is_not_used_nor_written(tiny, source, tmp_path, monkeypatch):
+    model, tokenizer = tiny
+    entry, sha256 = pretrained_cache.entry_of(source, tmp_path / "cache")
+    pretrained_cache.write_entry(entry, sha256, source, model, tokenizer)
+    before = {name: (entry / name).read_bytes() for name in os.listdir(entry)}
+
+    def refused(path, reason: str) -> None:
+        assert not pretrained_cache.usable(path, sha256)
+        with pytest.warns(UserWarning, match=reason + r".*\(not used\)"):
+            with pretrained_cache.filling(path, sha256) as cached:
+                assert not cached
+
+    # An entry of another user (the owner seen as another uid), or writable by others.
+    real_uid = os.getuid()
+    monkeypatch.setattr(pretrained_cache.os, "getuid", lambda: real_uid + 1)
+    refused(entry, f"belongs to user {real_uid}, not to this user")
+    monkeypatch.undo()
+    entry.chmod(0o777)
+    refused(entry, "is writable by other users")
+    entry.chmod(0o755)
+    # The entry reached through a link, or one file of it a link to a file elsewhere.
+    link = entry.with_name(entry.name + "-link")
+    link.symlink_to(entry, target_is_directory=True)
+    refused(link, "is a symbolic link")
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_bytes(before["config.json"])
+    (entry / "config.json").unlink()
+    (entry / "config.json").symlink_to(elsewhere)
+    refused(entry, "config.json is a symbolic link")
+    assert elsewhere.read_bytes() == before["config.json"]

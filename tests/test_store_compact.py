@@ -175,3 +175,56 @@ def test_smollm2_codes_rebuilt_from_the_compact_store_equal_eager_attention(smol
                 for layer in range(30))
     print(f"SmolLM2, T=128: largest |rebuilt - eager output_attentions| over 30 layers x 9 heads: {worst:.2e}")
     assert worst <= TOLERANCE
+
+
+def _damage(name: str, file: h5py.File) -> None:
+    """One of the damaged stores issue 45 found used silently."""
+    group = file["compact"]
+    if name == "nan key":
+        group["key_l1"][1, 0, 3, 2] = np.nan
+    elif name == "infinite query":
+        group["query_l0"][2, 1, 0, 0] = np.inf
+    elif name in ("nan scale", "negative scale", "zero scale"):
+        group["query_l1"].attrs["scale"] = {"nan scale": "NaN", "negative scale": "-1000.0", "zero scale": "0.0"}[name]
+    elif name == "keys of 1e30":
+        group["key_l0"][...] = np.float32(1e30)
+    elif name == "key_valid all false":
+        group["key_valid"][...] = False
+    elif name == "one example without a real token":
+        rows = group["key_valid"][...]
+        rows[2] = False
+        group["key_valid"][...] = rows
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("nan key", r"/compact/key_l1 holds a NaN or infinite key \(example 1\)"),
+    ("infinite query", r"/compact/query_l0 holds a NaN or infinite query \(example 2\)"),
+    ("nan scale", r"/compact/query_l1 has scale nan; expected a positive finite number"),
+    ("negative scale", r"/compact/query_l1 has scale -1000.0; expected a positive finite number"),
+    ("zero scale", r"/compact/query_l1 has scale 0.0; expected a positive finite number"),
+    ("keys of 1e30", r"/compact/key_l0 and /compact/query_l0 hold keys up to norm 2.83e\+30 .* expected under 2\^23"),
+    ("key_valid all false", r"/compact/key_valid marks no key of example 0 as real"),
+    ("one example without a real token", r"/compact/key_valid marks no key of example 2 as real"),
+])
+def test_a_damaged_compact_store_is_refused_at_open_in_one_line(compact_file, tmp_path, damage, message):
+    broken = tmp_path / "broken.h5"
+    broken.write_bytes(compact_file.read_bytes())
+    with h5py.File(broken, "r+") as file:
+        _damage(damage, file)
+    with pytest.raises(CodeFileError, match=message) as refused:
+        CodeFile(broken)
+    assert "\n" not in str(refused.value) and str(broken) in str(refused.value)
+    assert CodeFile(compact_file).compact is not None  # the original is untouched
+
+
+def test_real_scores_are_far_below_the_bound(compact_file):
+    # The bound refuses only what no model gives: the tiny model's largest score bound (Cauchy-Schwarz,
+    # computed here in float64 from the stored tensors) is orders of magnitude under 2^23.
+    from latentcode.store.compact import SCORE_BOUND
+
+    with h5py.File(compact_file) as file:
+        for layer in (0, 1):
+            scale = float(file[f"compact/query_l{layer}"].attrs["scale"])
+            queries, keys = (np.linalg.norm(file[f"compact/{kind}_l{layer}"][...].astype(np.float64), axis=-1).max()
+                             for kind in ("query", "key"))
+            assert scale * queries * keys < SCORE_BOUND / 1e4

@@ -36,12 +36,18 @@ def check_input_file(path: str | Path, what: str) -> Path:
 
 
 def open_codes_files(paths: Sequence[str | Path], what: str = "codes file") -> list:
-    """The `CodeFile`s of `paths` (h5py only), each checked to exist and to be a readable codes file."""
+    """The `CodeFile`s of `paths` (h5py only), each checked to exist, to be a readable codes file and
+    to hold at least one example (a probe, picture or report of none has nothing to show)."""
     for path in paths:
         check_input_file(path, what)
     from latentcode.store import CodeFile
 
-    return [CodeFile(path) for path in paths]
+    files = [CodeFile(path) for path in paths]
+    for file in files:
+        if len(file) == 0:
+            raise UsageError(f"{file.path} holds no examples (0 rows); expected a codes file with at least one "
+                             "example (extract some, or --append them)")
+    return files
 
 
 def code_files_to_read(code_files, max_rows: int | None, seed: int, expected: str) -> list:

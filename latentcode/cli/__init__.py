@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
+from latentcode import _interrupted_while_starting
 from latentcode.cli.arguments import parse_assignments
 from latentcode.cli.command import Registry, command_modules
 from latentcode.errors import LatentcodeError
@@ -106,6 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = parser.commands[args.command]
     try:
+        if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:  # set by latentcode/__init__.py
+            # From here Ctrl-C is a KeyboardInterrupt again: the outputs a command holds are discarded
+            # as it unwinds (latentcode.files.AtomicOutputs), then one line and 130 below.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         check_switches()  # LATENTCODE_MKL_ON_AMD=yes and the like: refused before anything runs
         command.check(args)
         status = command.run(args)

@@ -226,17 +226,20 @@ def pretrained_seq_len(task: Task | Mapping[str, Any] | None, default: int = PRE
     if not isinstance(task, Mapping) or set(task) - {"seq_len", "name"} or task.get("name", "language") != "language":
         raise UsageError(f"a pretrained model reads windows of the language corpus: the task may give only seq_len "
                          f"(e.g. {{'seq_len': 2048}}, --task seq_len=2048), got {task!r}")
-    return int(task.get("seq_len", default))
+    return check_integer("seq_len", task.get("seq_len", default), minimum=1)  # "long", 64.5: refused, not cut
 
 
 def _plan_pretrained(source: ModelSource, task, sites, split, n, out, **options) -> ExtractPlan:
     """A pretrained causal LM: its file or package, the split, the window length, the sites, the output."""
-    from latentcode.pretrained import SMOLLM2_PACKAGE, resolve
+    from latentcode.pretrained import attention_shape, check_model_directory, resolve
 
     with about("run_or_model"):
         path = resolve(source.path)  # a missing SmolLM2 package is one line here
         if not path.exists():
             raise UsageError(f"{path} does not exist; expected a run directory, a model directory or a .gguf file")
+        if path.is_dir():
+            check_model_directory(path)  # weights, heads, no auto_map: one line before torch
+        n_ctx = attention_shape(source.path).n_ctx  # a damaged .gguf header is one line here
     split = "validation" if split is None else split
     if split not in ("train", "validation"):
         with about("split"):
@@ -244,14 +247,6 @@ def _plan_pretrained(source: ModelSource, task, sites, split, n, out, **options)
                              "or validation split")
     with about("task"):
         seq_len = pretrained_seq_len(task)
-        if seq_len < 1:
-            raise UsageError(f"seq_len={seq_len}: expected a positive number of tokens")
-        config_file = path / "config.json" if path.is_dir() else None
-        n_ctx = 8192 if SMOLLM2_PACKAGE.replace("-", "_") in str(path) else None
-        if config_file is not None and config_file.is_file():
-            import json
-
-            n_ctx = json.loads(config_file.read_text()).get("max_position_embeddings")
         if n_ctx and seq_len > n_ctx:
             raise UsageError(f"seq_len={seq_len} is beyond the context of {source.path} ({n_ctx} positions); "
                              f"expected <= {n_ctx}")

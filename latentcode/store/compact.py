@@ -272,6 +272,71 @@ def check_compact(path: Path, file: h5py.File, info: dict[str, Any], n_rows: int
             raise CodeFileError(f"{path}: /compact/{query_name(layer)} has {len(mask.sinks)} sinks; expected {heads}")
 
 
+# The largest score a layer may reach, |scale q.k| <= scale |q| |k|: from 2^23 on a float32 score has no
+# fraction left (its spacing is 1), so its rounding alone moves a code by up to e^0.5 and the rebuilt
+# codes are rounding noise, not the attention call's (whose scores a real model keeps in the tens).
+SCORE_BOUND = float(2**23)
+#: bytes of a compact dataset read at a time by the check at open
+CHECK_BLOCK_BYTES = 16 << 20
+
+
+def _largest_norm(path: Path, dataset: h5py.Dataset, what: str) -> float:
+    """The largest norm of a query or key vector of `dataset` [N, heads, T, d], read in blocks of
+    examples; a CodeFileError naming the dataset where a value is NaN or infinite."""
+    per_example = max(1, int(np.prod(dataset.shape[1:])) * dataset.dtype.itemsize)
+    step, largest = max(1, CHECK_BLOCK_BYTES // per_example), 0.0
+    for start in range(0, dataset.shape[0], step):
+        block = np.asarray(dataset[start:start + step], dtype=np.float32)
+        # Squared norms (summed in float64): a NaN or infinity shows in them, at 1/d of the cost of
+        # testing every value.
+        squares = np.einsum("...d,...d->...", block, block, dtype=np.float64)
+        if not np.isfinite(squares).all() and not np.isfinite(block).all():
+            example = start + int(np.flatnonzero(~np.isfinite(block).reshape(len(block), -1).all(axis=1))[0])
+            raise CodeFileError(f"{path}: /compact/{dataset.name.rsplit('/', 1)[-1]} holds a NaN or infinite {what} "
+                                f"(example {example}); expected finite {what}s as an attention call receives them "
+                                "(a damaged or hand-edited file)")
+        if squares.size:
+            largest = max(largest, float(np.sqrt(squares.max(), dtype=np.float64)))
+    return largest
+
+
+def check_compact_values(path: Path, file: h5py.File, info: dict[str, Any]) -> None:
+    """Refuse, in one line naming the dataset, a /compact group whose values no attention call gives:
+    a scale that is not positive and finite, a softcap, window or sink that is not finite and
+    non-negative, NaN or infinite queries or keys, queries and keys whose scores could reach
+    SCORE_BOUND, or a key mask that leaves an example no real token (every row of it zeros).
+    Reads every query and key once (in blocks of CHECK_BLOCK_BYTES); after `check_compact`."""
+    if not info:
+        return
+    group = file[COMPACT.group]
+    for layer in info["layers"]:
+        where = f"{path}: /compact/{query_name(layer)}"
+        mask = LayerMask.from_attributes(group[query_name(layer)].attrs, where)
+        if not (np.isfinite(mask.scale) and mask.scale > 0):
+            raise CodeFileError(f"{where} has scale {mask.scale}; expected a positive finite number (1/sqrt(d) or "
+                                "the model's own)")
+        if not (np.isfinite(mask.softcap) and mask.softcap >= 0) or mask.window < 0:
+            raise CodeFileError(f"{where} has softcap {mask.softcap} and window {mask.window}; expected finite "
+                                "numbers >= 0 (0: none)")
+        if mask.sinks is not None and not np.isfinite(mask.sinks).all():
+            raise CodeFileError(f"{where} has sinks {list(mask.sinks)}; expected finite logits")
+        queries = _largest_norm(path, group[query_name(layer)], "query")
+        keys = _largest_norm(path, group[key_name(layer)], "key")
+        if mask.scale * queries * keys >= SCORE_BOUND:
+            raise CodeFileError(
+                f"{path}: /compact/{key_name(layer)} and /compact/{query_name(layer)} hold keys up to norm {keys:.3g} "
+                f"and queries up to {queries:.3g}: with scale {mask.scale:.3g} scores could reach "
+                f"{mask.scale * queries * keys:.3g}; expected under 2^23 = {SCORE_BOUND:.0f}, beyond which float32 "
+                "scores are rounding noise (a damaged or hand-edited file)")
+    key_valid = group[KEY_VALID]
+    step = max(1, CHECK_BLOCK_BYTES // max(1, key_valid.shape[1]))
+    for start in range(0, key_valid.shape[0], step):
+        empty = np.flatnonzero(~np.asarray(key_valid[start:start + step], dtype=bool).any(axis=1))
+        if len(empty):
+            raise CodeFileError(f"{path}: /compact/{KEY_VALID} marks no key of example {start + int(empty[0])} as "
+                                "real; expected at least one real token per example (else its rows are all zeros)")
+
+
 def write_compact_rows(file: h5py.File, name: str, first_row: int, rows: np.ndarray, filters: dict[str, Any],
                        attributes: dict[str, Any] | None = None) -> None:
     """Write `rows` `[B, ...]` at rows `[first_row, first_row + B)` of /compact/`name`, creating it

@@ -19,7 +19,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from latentcode.store.compact import check_compact
+from latentcode.store.compact import check_compact, check_compact_values
 from latentcode.store.schema import (
     CODES,
     CODES_GROUP,
@@ -84,6 +84,7 @@ def validate(path: str | Path, *, allow_external: bool = False, image: bytes | N
         values = parsed_attributes(attrs)
         heads_of = checked_datasets(path, file, values["n_heads"])
         check_compact(path, file, values["compact"], file[SPLIT.name].shape[0])
+        check_compact_values(path, file, values["compact"])
         labels = file[LABELS.group]
         contents = Contents(
             attrs=attrs, values=values, shards=shards, sites=list(heads_of), heads_of=heads_of,

@@ -71,6 +71,10 @@ def task_class(name: str) -> type[Task]:
     return _TASK_CLASSES[name]
 
 
+#: the longest sequence a task may ask for (a [T, T] float32 attention map per head is 4 TiB at 2^20)
+MAX_SEQ_LEN = 2**20
+
+
 def get_task(name: str, **params: Any) -> Task:
     """Build the task called ``name`` with keyword ``params`` (see each task's ``__init__``)."""
     cls = task_class(name)
@@ -80,4 +84,10 @@ def get_task(name: str, **params: Any) -> Task:
         raise TaskError(
             f"unknown parameter(s) {unknown} for task {name!r}; valid parameters: {list(valid)}"
         )
+    seq_len = params.get("seq_len")
+    if isinstance(seq_len, int) and not isinstance(seq_len, bool) and seq_len > MAX_SEQ_LEN:
+        # Checked before the task is built: a task makes arrays of seq_len rows as it starts (fuzzy_logic's
+        # fixed inputs), so 10^9 would allocate and fill gigabytes before any memory check could refuse it.
+        raise TaskError(f"seq_len={seq_len} for task {name!r} is beyond {MAX_SEQ_LEN:,} tokens; expected at most "
+                        f"{MAX_SEQ_LEN:,} (attention keeps [heads, T, T] scores: 4 TiB per head at that length)")
     return cls(**params)

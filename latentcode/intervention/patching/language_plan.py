@@ -34,6 +34,9 @@ SPLITS = ("train", "validation")
 GRIDS = ("heads", "offsets")
 DEFAULT_SEQ_LEN = 128
 SUFFIXES = (".csv", ".json", ".png")
+# Tokens a whole sweep may run through the model (window passes x seq_len), refused up front as the trained
+# path refuses groups beyond --max-groups: 2^28 tokens are about 7 hours of SmolLM2-135M at 10^4 tokens a second.
+MAX_PATCH_TOKENS = 2**28
 MAX_TOKENS_PER_PASS = 4096  # windows x tokens of one patched pass (its logits: 4096 x vocabulary floats)
 LOGIT_BYTES_PER_TOKEN = 3 * 4 * 65_536  # logits, their log-softmax and a copy, float32, a vocabulary up to 64k
 
@@ -157,6 +160,12 @@ def plan_language_patch(
                              f"passes of {batch_size} windows of {seq_len} tokens (their logits)")
     batches = -(-n // batch_size)
     cost = {"groups": groups, "window_passes": n * (groups + 2), "passes": batches * (groups + 2)}
+    if cost["window_passes"] * seq_len > MAX_PATCH_TOKENS:
+        with about("n"):
+            raise UsageError(f"n={n} windows x ({groups} groups + 2) passes x {seq_len} tokens is "
+                             f"{cost['window_passes'] * seq_len:,} tokens through the model, beyond the budget of "
+                             f"{MAX_PATCH_TOKENS:,} (hours of a CPU); give a smaller --n, fewer --layers "
+                             "or a shorter --task seq_len")
     if out is not None:
         with about("out"):
             out = check_output_stem(out, SUFFIXES, overwrite)
