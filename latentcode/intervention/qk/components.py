@@ -49,12 +49,20 @@ class LayerWrites:
 @dataclass
 class FrozenNorm:
     """The normalisation in front of the layer with its scale frozen: `centred` (LayerNorm) or not
-    (RMSNorm), `inverse_scale` `[pos]` (1 / sigma, 1 / rms), `gain` `[d_model]`, `offset` `[d_model]` or None."""
+    (RMSNorm), `inverse_scale` `[pos]` (1 / sigma, 1 / rms), `gain` `[d_model]`, `offset` `[d_model]` or None;
+    `eps`, the epsilon under the root, to recompute the scale of another stream (path patching)."""
 
     centred: bool
     inverse_scale: Tensor
     gain: Tensor
     offset: Tensor | None
+    eps: float = 0.0
+
+    def recomputed_inverse_scale(self, stream: Tensor) -> Tensor:
+        """1 / sigma (or 1 / rms) `[pos]` of another `stream` `[pos, d_model]`, as the model computes it."""
+        if self.centred:
+            return torch.rsqrt(stream.var(-1, unbiased=False) + self.eps)
+        return torch.rsqrt(stream.pow(2).mean(-1) + self.eps)
 
     def linear(self, vectors: Tensor, positions: Tensor) -> Tensor:
         """The linear part of the normalisation applied to `vectors` `[..., len(positions), d_model]`."""

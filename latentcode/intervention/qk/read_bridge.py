@@ -70,7 +70,7 @@ def read(bridge: nn.Module, tokens: Tensor, layer: int, head: int) -> tuple[Head
     centred = cfg.normalization_type == "LN"
     offset = getattr(norm, "bias", None)
     frozen = FrozenNorm(centred, 1.0 / cache[f"blocks.{layer}.ln1.hook_scale"][0, :, 0], norm.weight.detach(),
-                        None if offset is None else offset.detach())
+                        None if offset is None else offset.detach(), cfg.eps)
     maps = HeadMaps(frozen, attention.W_Q[head].detach(), attention.b_Q[head].detach(),
                     attention.W_K[kv_head].detach(), attention.b_K[kv_head].detach(), score_scale(cfg))
     writes = [LayerWrites(cache[f"blocks.{earlier}.attn.hook_z"][0], bridge.blocks[earlier].attn.W_O.detach(),
@@ -102,14 +102,15 @@ def rerun(bridge: nn.Module, tokens: Tensor, reading: HeadReading, side: str, re
         tensor[0, :, reading.head] = replaced.to(tensor.dtype)
         return tensor
 
-    def keep(tensor, hook):
-        captured[hook.name] = tensor.detach()[0]
+    def keep(key):
+        def hook(tensor, hook):  # hook.name may be an alias's; the key is ours
+            captured[key] = tensor.detach()[0]
+        return hook
 
+    prefix = f"blocks.{reading.layer}.attn"
     with torch.no_grad():
         logits = bridge.run_with_hooks(tokens, fwd_hooks=[
-            (name, replace), (f"blocks.{reading.layer}.attn.hook_q", keep), (f"blocks.{reading.layer}.attn.hook_k", keep),
-            (f"blocks.{reading.layer}.attn.hook_pattern", keep)])
-    queries = captured[f"blocks.{reading.layer}.attn.hook_q"][:, reading.head]
-    keys = captured[f"blocks.{reading.layer}.attn.hook_k"][:, reading.head]
-    scores = queries @ keys.T * reading.maps.score_scale
-    return scores, captured[f"blocks.{reading.layer}.attn.hook_pattern"][reading.head], logits
+            (name, replace), (f"{prefix}.hook_q", keep("q")), (f"{prefix}.hook_k", keep("k")),
+            (f"{prefix}.hook_pattern", keep("pattern"))])
+    scores = captured["q"][:, reading.head] @ captured["k"][:, reading.head].T * reading.maps.score_scale
+    return scores, captured["pattern"][reading.head], logits

@@ -17,7 +17,6 @@ rotary, a sliding window shorter than the sequence, any other architecture.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from latentcode.intervention.qk.components import CannotDecompose, FrozenNorm, HeadMaps, HeadReading, LayerWrites
@@ -98,7 +97,7 @@ def read(model: nn.Module, tokens: Tensor, layer: int, head: int) -> tuple[HeadR
     residual = captured["residual"][0].float()
     norm = layers[layer].input_layernorm
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
-    frozen = FrozenNorm(False, torch.rsqrt(residual.pow(2).mean(-1) + eps), norm.weight.detach().float(), None)
+    frozen = FrozenNorm(False, torch.rsqrt(residual.pow(2).mean(-1) + eps), norm.weight.detach().float(), None, eps)
     maps = HeadMaps(frozen, head_columns(attention.q_proj.weight, head, d_head), head_bias(attention.q_proj, head, d_head),
                     head_columns(attention.k_proj.weight, kv_head, d_head), head_bias(attention.k_proj, kv_head, d_head),
                     float(attention.scaling), captured["cos"][0].float(), captured["sin"][0].float())
@@ -160,8 +159,3 @@ def rerun(model: nn.Module, tokens: Tensor, reading: HeadReading, side: str, rep
             handle.remove()
     return scores, codes, logits
 
-
-def next_token_loss(logits: Tensor, tokens: Tensor) -> Tensor:
-    """Mean next-token cross-entropy of `logits` `[1, pos, vocab]` on `tokens` `[pos]` or `[1, pos]`."""
-    tokens = torch.as_tensor(tokens).reshape(-1)
-    return F.cross_entropy(logits[0, :-1].float(), tokens[1:])

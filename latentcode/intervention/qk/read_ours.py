@@ -63,7 +63,7 @@ def read(model: nn.Module, tokens: Tensor, layer: int, head: int) -> tuple[HeadR
     n_positions = residual.shape[0]
     norm = blocks[layer].ln1
     variance = residual.var(-1, unbiased=False)
-    frozen = FrozenNorm(True, torch.rsqrt(variance + norm.eps), norm.w.detach(), norm.b.detach())
+    frozen = FrozenNorm(True, torch.rsqrt(variance + norm.eps), norm.w.detach(), norm.b.detach(), norm.eps)
     position_bias = None
     if attention.relative_position_bias is not None:
         position_bias = attention.relative_position_bias(n_positions)[head].detach()

@@ -69,3 +69,21 @@ def rerun_head(model: Any, tokens: Tensor, reading: HeadReading, side: str, repl
     """The model run again with the head's `side` ("query" or "key") replaced: (scores, codes, output)."""
     model = unwrap(model)
     return reader_of(model).rerun(model, tokens, reading, side, replaced)
+
+
+def next_token_loss(model: Any, tokens: Tensor):
+    """The mean next-token cross-entropy on `tokens` as a function of the model's output, where the model
+    is a language model (Hugging Face, bridge, or ours with a vocabulary and no other output); else None."""
+    import torch
+    import torch.nn.functional as F
+
+    model = unwrap(model)
+    if isinstance(model, Transformer) and (model.config.d_vocab is None or model.config.d_out is not None):
+        return None
+    targets = torch.as_tensor(tokens).reshape(-1)[1:]
+
+    def loss(output: Tensor) -> Tensor:
+        logits = getattr(output, "logits", output)
+        return F.cross_entropy(logits[0, :-1].float(), targets)
+
+    return loss
