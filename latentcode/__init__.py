@@ -25,6 +25,7 @@ _WHERE = {
     "extract": "latentcode.extraction.pipeline",
     "Recorder": "latentcode.extraction.recorder",
     "Intervention": "latentcode.intervention.intervener",
+    "qk_attribution": "latentcode.intervention.qk.report",
     "CodeFile": "latentcode.store",
     "CodeWriter": "latentcode.store",
     "Site": "latentcode.store",

@@ -15,6 +15,10 @@ _WHERE = {
     "HeadReading": "latentcode.intervention.qk.components",
     "QKTerms": "latentcode.intervention.qk.decomposition",
     "decompose": "latentcode.intervention.qk.decomposition",
+    "PathPatch": "latentcode.intervention.qk.path_patching",
+    "path_patch": "latentcode.intervention.qk.path_patching",
+    "select_pairs": "latentcode.intervention.qk.pairs",
+    "qk_attribution": "latentcode.intervention.qk.report",
     "read_head": "latentcode.intervention.qk.reading",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _WHERE)

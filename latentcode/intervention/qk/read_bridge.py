@@ -18,7 +18,13 @@ import math
 import torch
 from torch import Tensor, nn
 
-from latentcode.intervention.qk.components import CannotDecompose, FrozenNorm, HeadMaps, HeadReading, LayerWrites
+from latentcode.intervention.qk.components import (
+    CannotDecompose,
+    FrozenNorm,
+    HeadMaps,
+    HeadReading,
+    LayerWrites,
+)
 
 
 def refusal(cfg) -> str | None:

@@ -2,7 +2,7 @@
 optional q/k/v/o biases; SmolLM2 is one) read for the decomposition, and rerun with the head's
 queries or keys replaced (path patching).
 
-Read by forward hooks, whatever attention implementation the model uses: the components from
+Read by forward hooks, whatever attention implementation the model uses, in float32 whatever the model's dtype: the components from
 `embed_tokens`, each earlier layer's `o_proj` input (split per head, times its columns of the
 o_proj weight) and `mlp` output; the frozen RMS scale from the input of the layer's
 `input_layernorm`; cos and sin of RoPE from the model's `rotary_emb`; the reference queries and keys
@@ -19,7 +19,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from latentcode.intervention.qk.components import CannotDecompose, FrozenNorm, HeadMaps, HeadReading, LayerWrites
+from latentcode.intervention.qk.components import (
+    CannotDecompose,
+    FrozenNorm,
+    HeadMaps,
+    HeadReading,
+    LayerWrites,
+)
 
 DECOMPOSED_TYPES = ("llama", "mistral", "qwen2")
 
@@ -46,11 +52,11 @@ def refusal(config, n_positions: int) -> str | None:
 
 def head_columns(weight: Tensor, head: int, width: int) -> Tensor:
     """Rows `head * width:(head + 1) * width` of a projection weight `[out, d_model]`, transposed: `[d_model, width]`."""
-    return weight[head * width:(head + 1) * width].T.detach()
+    return weight[head * width:(head + 1) * width].T.detach().float()
 
 
 def head_bias(linear: nn.Linear, head: int, width: int) -> Tensor | None:
-    return None if linear.bias is None else linear.bias[head * width:(head + 1) * width].detach()
+    return None if linear.bias is None else linear.bias[head * width:(head + 1) * width].detach().float()
 
 
 def read(model: nn.Module, tokens: Tensor, layer: int, head: int) -> tuple[HeadReading, Tensor]:
@@ -71,12 +77,12 @@ def read(model: nn.Module, tokens: Tensor, layer: int, head: int) -> tuple[HeadR
 
     def keep(name):
         def hook(module, inputs, output):
-            captured[name] = (output[0] if isinstance(output, tuple) else output).detach()
+            captured[name] = (output[0] if isinstance(output, tuple) else output).detach().float()
         return hook
 
     def keep_input(name):
         def hook(module, inputs):
-            captured[name] = inputs[0].detach()
+            captured[name] = inputs[0].detach().float()
         return hook
 
     handles = [base.embed_tokens.register_forward_hook(keep("embed")),
@@ -105,8 +111,8 @@ def read(model: nn.Module, tokens: Tensor, layer: int, head: int) -> tuple[HeadR
     for earlier in range(layer):
         o_proj = layers[earlier].self_attn.o_proj
         z = captured[f"z{earlier}"][0]
-        W_O = o_proj.weight.detach().T.reshape(n_heads, -1, o_proj.weight.shape[0])  # [head, d_head, d_model]
-        b_O = None if o_proj.bias is None else o_proj.bias.detach()
+        W_O = o_proj.weight.detach().float().T.reshape(n_heads, -1, o_proj.weight.shape[0])  # [head, d_head, d_model]
+        b_O = None if o_proj.bias is None else o_proj.bias.detach().float()
         writes.append(LayerWrites(z.view(z.shape[0], n_heads, -1), W_O, b_O, captured[f"mlp{earlier}"][0]))
     everywhere = torch.arange(tokens.shape[1])
     queries = maps.rotate(captured["queries"][0].view(tokens.shape[1], n_heads, d_head)[:, head], everywhere)
@@ -128,7 +134,7 @@ def rerun(model: nn.Module, tokens: Tensor, reading: HeadReading, side: str, rep
     n_positions = tokens.shape[1]
     config = model.config
     attention = model.model.layers[reading.layer].self_attn
-    n_heads, d_head = config.num_attention_heads, attention.head_dim
+    n_heads = config.num_attention_heads
     n_kv_heads = getattr(config, "num_key_value_heads", None) or n_heads
     kv_head = reading.head // (n_heads // n_kv_heads)
     everywhere = torch.arange(n_positions)
