@@ -22,8 +22,8 @@ induction pairs (`L{l}.H{h}/qk.csv`, `qk.png`).
 
     python analyses/qk_findings.py --n 8 --half 64 --out analyses/output/qk_findings
 
-Not yet run to the end (issue 48's helper ran out of time on a busy machine): no numbers from it are on the
-results page yet.
+Run once at the end of issue 48's session (--n 4 --half 64, 78 s on one core): its numbers are not on the
+results page yet, the outputs of that run are in analyses/results/qk_findings/ (summary, and the table and figure of 18.6).
 """
 
 from __future__ import annotations
@@ -80,7 +80,9 @@ def smollm2(args) -> tuple[pd.DataFrame, list]:
     model = pretrained.model
     heads = [tuple(int(x) for x in spec.split(".")) for spec in args.heads]
     rng = random.Random(args.seed)
-    control = (rng.choice(sorted({layer for layer, _ in heads})), rng.randrange(pretrained.n_heads))
+    others = [(layer, head) for layer in sorted({layer for layer, _ in heads}) for head in range(pretrained.n_heads)
+              if (layer, head) not in heads]
+    control = rng.choice(others)  # a head of the same layers that is none of the induction heads
     windows = corpus_token_windows(pretrained, "validation", args.half, args.n, seed=args.seed)
     rows, first_tokens, first_induction = [], None, None
     for sequence_index, window in enumerate(windows):
