@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from latentcode.intervention.effects import intervention_effects
     from latentcode.intervention.intervener import Intervention
     from latentcode.intervention.patching.run import PatchResult, patch
+    from latentcode.intervention.qk.report import qk_attribution
     from latentcode.models import (
         ATTENTION_PRESETS,
         ModelConfig,
@@ -95,6 +96,7 @@ _WHERE = {
     "intervention_effects": "latentcode.intervention.effects",
     "patch": "latentcode.intervention.patching.run",
     "PatchResult": "latentcode.intervention.patching.run",
+    "qk_attribution": "latentcode.intervention.qk.report",
     "CodeFile": "latentcode.store",
     "CodeWriter": "latentcode.store",
     "InMemoryCodes": "latentcode.store",
@@ -138,6 +140,7 @@ __all__ = [
     "load_model",
     "load_pretrained",
     "patch",
+    "qk_attribution",
     "train",
     "value_network_view",
 ]

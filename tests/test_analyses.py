@@ -106,7 +106,7 @@ def run_in_process(monkeypatch, name, *args):
 
 
 # Scripts of a pretrained model (no runs to train or reuse): their option is the model, not --runs-from.
-PRETRAINED_MODEL_SCRIPTS = {"smollm2_relations.py"}
+PRETRAINED_MODEL_SCRIPTS = {"smollm2_relations.py", "qk_findings.py"}
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

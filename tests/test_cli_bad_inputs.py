@@ -721,6 +721,13 @@ BAD_INPUTS = [
     ("reuse-n-pairs-0", ["reuse", "{run}", "--n-pairs", "0", "--out", "{a_dir}/r"],
      "argument --n-pairs: expected a positive integer, got '0'"),
     ("reuse-out-under-a-file", ["reuse", "{run}", "--out", "{a_file}/r"], "is a file, not a directory"),
+    # qk (issue 48)
+    ("qk-layer-out-of-range", ["qk", str(MODELS / "sraven-hyla"), "--layer", "4", "--head", "0", "--pairs", "previous",
+                               "--out", "{a_dir}/q"], "--layer 4 is outside the model's 4 layers; expected 0..3"),
+    ("qk-head-out-of-range", ["qk", str(MODELS / "sraven-hyla"), "--layer", "2", "--head", "16", "--pairs", "previous",
+                              "--out", "{a_dir}/q"], "--head 16 is outside the model's 16 heads; expected 0..15"),
+    ("qk-unknown-pairs", ["qk", str(MODELS / "sraven-hyla"), "--layer", "2", "--head", "0", "--pairs", "successor",
+                          "--out", "{a_dir}/q"], "--pairs: unknown pair selector 'successor'"),
     # view
     ("view-no-file", ["view", "{none}"], "codes file {none} does not exist"),
     ("view-unknown-split", ["view", "{fuzzy.h5}", "--split", "nope", "--out", "{a_dir}/v.html"],

@@ -1,0 +1,137 @@
+"""`latentcode qk`: why does a head put its score on a key? One head's score before sigma, at selected
+(query, key) pairs of one sequence, as exact query-side x key-side terms over the residual stream's
+components (`latentcode.intervention.qk.qk_attribution`).
+
+    latentcode qk smollm2 --layer 18 --head 6 --pairs induction --repeat --seq-len 256 --out results/qk-18.6
+    latentcode qk models/sraven-hyla --layer 2 --head 3 --pairs 35:* --out results/qk-sraven
+
+The arguments are checked with the standard library and JSON alone (the model's layers and heads from
+its config, the pair selector's syntax, the outputs) before torch is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from latentcode.cli.arguments import SEED, integer
+from latentcode.cli.command import Command
+from latentcode.errors import UsageError
+
+DEFAULT_SEQ_LEN = 256
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "qk",
+        help="exact query-key attribution: which components write one head's score, query side x key side",
+        description="Decompose one head's score before sigma (the softmax logit; HYLA's and linear attention's "
+        "score before their normalisation) at selected (query, key) pairs of one sequence into terms T_ij, one per "
+        "query-side component i and key-side component j of the residual stream (embed, position, L{l}.H{h}, "
+        "L{l}.mlp, bias), with the normalisation's scale frozen per position: the terms sum to the score. Writes "
+        "DIR/qk.csv (means and standard errors over the pairs) and DIR/qk.png (query x key heatmap with marginals).",
+        epilog="pairs: previous (q, q-1), induction (keys after an earlier occurrence of the query's token; with "
+        "--repeat the window's first half is repeated, so every second-half token has one), or Q:K pairs separated "
+        "by commas, each side an integer, A..B or *.\n\nexamples:\n"
+        "  latentcode qk smollm2 --layer 18 --head 6 --pairs induction --repeat --out results/qk-18.6\n"
+        "  latentcode qk models/sraven-hyla --layer 2 --head 3 --pairs '35:*' --out results/qk-sraven",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("model", metavar="MODEL", help="a run or model directory, a Hugging Face directory, a .gguf "
+                        "file or 'smollm2'")
+    parser.add_argument("--layer", type=integer(0), required=True, help="the layer of the head")
+    parser.add_argument("--head", type=integer(0), required=True, help="the (query) head")
+    parser.add_argument("--pairs", required=True, help="induction, previous, or Q:K[,Q:K...] (see below)")
+    parser.add_argument("--top", type=integer(1), default=12, help="components shown per side; the rest as 'other' "
+                        "(default 12)")
+    parser.add_argument("--seq-len", type=integer(2), default=None, help=f"a language model's window length "
+                        f"(default {DEFAULT_SEQ_LEN}); our models' sequences are their task's")
+    parser.add_argument("--repeat", action="store_true", help="a language model: its window's first half, twice")
+    parser.add_argument("--split", default=None, help="the split the sequence comes from (default: validation for a "
+                        "language model, the task's held-out split otherwise)")
+    parser.add_argument("--seed", type=SEED, default=0, help="which sequence (default 0)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="directory of qk.csv and qk.png")
+    parser.add_argument("--overwrite", action="store_true", help="replace qk.csv and qk.png if DIR has them")
+    return parser
+
+
+def shape_of(source) -> tuple[int, int, int | None]:
+    """(layers, heads, context) of a located model, from its config alone."""
+    if source.kind == "pretrained":
+        from latentcode.pretrained import attention_shape
+
+        shape = attention_shape(source.path)
+        return shape.n_layers, shape.n_heads, shape.n_ctx
+    config = source.model_config
+    return int(config.get("n_layers", 2)), int(config.get("n_heads", 8)) * int(config.get("width_factor", 1)), None
+
+
+def check(args: argparse.Namespace) -> None:
+    from latentcode.intervention.qk.pairs import check_selector
+    from latentcode.intervention.qk.plan import check_outputs
+    from latentcode.rundir import locate_model
+
+    source = locate_model(args.model)
+    n_layers, n_heads, n_ctx = shape_of(source)
+    if args.layer >= n_layers:
+        raise UsageError(f"--layer {args.layer} is outside the model's {n_layers} layers; expected 0..{n_layers - 1}")
+    if args.head >= n_heads:
+        raise UsageError(f"--head {args.head} is outside the model's {n_heads} heads; expected 0..{n_heads - 1}")
+    try:
+        check_selector(args.pairs)
+    except UsageError as error:
+        raise UsageError(f"--pairs: {error}") from None
+    if source.kind == "pretrained":
+        args.seq_len = args.seq_len or DEFAULT_SEQ_LEN
+        if n_ctx and args.seq_len > n_ctx:
+            raise UsageError(f"--seq-len {args.seq_len} is beyond the model's context of {n_ctx} positions")
+    else:
+        if args.seq_len is not None or args.repeat:
+            raise UsageError("--seq-len and --repeat are for a language model; our models read their task's sequences")
+        if not source.task_config:
+            raise UsageError(f"{args.model} is a model directory without its run: its task is unknown; give the run "
+                             "directory")
+    check_outputs(args.out, args.overwrite)
+    args.source = source
+
+
+def sequence(args: argparse.Namespace):
+    """(model, tokens `[1, pos]` or `[1, pos, d_in]`, its name) for the command's arguments."""
+    import torch
+
+    source = args.source
+    if source.kind == "pretrained":
+        from latentcode.pretrained import corpus_token_windows, load_pretrained
+
+        pretrained = load_pretrained(args.model)
+        length = args.seq_len // 2 if args.repeat else args.seq_len
+        window = corpus_token_windows(pretrained, args.split or "validation", length, 1, seed=args.seed)
+        tokens = torch.as_tensor(window)
+        if args.repeat:
+            tokens = torch.cat([tokens, tokens], dim=1)
+        return pretrained.model, tokens, pretrained.name
+    from latentcode.models import load_model
+    from latentcode.tasks import get_task
+
+    task = get_task(**source.task_config)
+    batch = task.sample(1, args.split or task.analysis.held_out_split, seed=args.seed)
+    return load_model(source.model_path), torch.as_tensor(batch.x[:1]), Path(args.model).name
+
+
+def run(args: argparse.Namespace) -> None:
+    from latentcode.intervention.qk import qk_attribution
+
+    model, tokens, name = sequence(args)
+    terms = qk_attribution(model, tokens, args.layer, args.head, args.pairs, top=args.top, out=args.out,
+                           overwrite=args.overwrite, name=name)
+    key_side = terms.key_marginal.double().mean(0)
+    query_side = terms.query_marginal.double().mean(0)
+    strongest_key = terms.names[int(key_side.abs().argmax())]
+    strongest_query = terms.names[int(query_side.abs().argmax())]
+    print(f"{name} L{args.layer}.H{args.head}, {len(terms.pairs)} pairs ({args.pairs}): mean score "
+          f"{float(terms.scores.double().mean()):.4f}, terms sum to it within {terms.relative_error():.1e} (relative); "
+          f"largest key side {strongest_key} {float(key_side.abs().max()):.4f}, query side {strongest_query} "
+          f"{float(query_side.abs().max()):.4f}; wrote {Path(args.out) / 'qk.csv'}, {Path(args.out) / 'qk.png'}")
+
+
+COMMAND = Command(register, check, run, order=65)
