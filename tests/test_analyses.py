@@ -196,11 +196,16 @@ def test_the_results_page_is_regenerated_from_the_recorded_runs(tmp_path, monkey
     fuzzy = [line for line in commands if line.startswith("latentcode train --preset fuzzy_logic")]
     sraven = [line for line in commands if line.startswith("latentcode train --preset sraven")]
     language = [line for line in commands if line.startswith("latentcode train --preset language")]
-    assert len(fuzzy) == 9 + 6 + 8 and len(sraven) == 9 + 2 + 9 and len(language) == 3 + 3 + 6
+    assert len(fuzzy) == 9 + 6 + 8 and len(sraven) == 9 + 2 + 9 + 15 and len(language) == 3 + 3 + 6
     assert len(commands) == len(fuzzy) + len(sraven) + len(language)
     assert all("--set n_features=2 --set n_layers=2" in line for line in sraven)
     assert sum("--set n_heads=1" in line for line in sraven) == 2
     assert sum("--set hold_out=stratified --out analyses/output/runs/sraven-M2-" in line for line in sraven) == 9
+    # Issue 50: the one-initialisation trio, five seeds each, every seed with its own task seed.
+    one_init = [line for line in sraven if "-corrected-s" in line]
+    assert sorted((line.split("--attention ")[1].split()[0], line.split("--seed ")[1].split()[0]) for line in one_init) \
+        == sorted((attention, str(seed)) for attention in ("softmax", "linear", "hyla") for seed in range(5))
+    assert all(f"--seed {seed} --set task_seed={seed} " in line for line in one_init for seed in [line.split("--seed ")[1].split()[0]])
 
 
 def test_the_language_baselines_are_n_gram_models_counted_on_the_training_bytes(analyses_modules, monkeypatch):

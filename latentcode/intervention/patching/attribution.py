@@ -31,6 +31,12 @@ from latentcode.sources.sites import Selector, SiteError, parse_selector
 from latentcode.sources.source import AttentionSource, DifferentiableEditor
 
 
+def _numpy(tensor: Tensor) -> np.ndarray:
+    """A tensor as numpy on the CPU, half precisions (which numpy lacks) as float32, float64 kept."""
+    tensor = tensor.detach().cpu()
+    return (tensor.float() if tensor.dtype in (torch.bfloat16, torch.float16) else tensor).numpy()
+
+
 @dataclass
 class Attribution:
     """Per-example first-order effects `{layer: [batch, head, n_pairs]}` at the pairs `positions`
@@ -48,7 +54,7 @@ class Attribution:
         no pair was measured)."""
         n_keys = n_queries if n_keys is None else n_keys
         effect = self.effects[layer] if heads is None else self.effects[layer][:, list(heads)]
-        values = effect.sum(1).mean(0).float().cpu().numpy()
+        values = _numpy(effect.sum(1).mean(0))
         grid = np.full((n_queries, n_keys), np.nan)
         queries, keys = self.positions[layer]
         grid[queries.cpu().numpy(), keys.cpu().numpy()] = values
@@ -79,7 +85,7 @@ class Attribution:
             if total is None:
                 raise SiteError(f"group {group.name} has no site among the attributed layers {sorted(self.positions)}")
             rows.append(total)
-        return torch.stack(rows).float().cpu().numpy()
+        return _numpy(torch.stack(rows))
 
     def table(self):
         """Tidy table: layer, head, query, key, effect (mean over examples), effect_se."""
@@ -89,8 +95,8 @@ class Attribution:
         for layer, effect in self.effects.items():
             queries, keys = self.positions[layer]
             batch, n_heads, n = effect.shape
-            mean = effect.mean(0).float().cpu().numpy()
-            se = (effect.std(0, unbiased=True) / math.sqrt(batch)).float().cpu().numpy() if batch > 1 else np.full_like(mean, np.nan)
+            mean = _numpy(effect.mean(0))
+            se = _numpy(effect.std(0, unbiased=True) / math.sqrt(batch)) if batch > 1 else np.full_like(mean, np.nan)
             frames.append(pd.DataFrame({
                 "layer": layer, "head": np.repeat(np.arange(n_heads), n),
                 "query": np.tile(queries.cpu().numpy(), n_heads), "key": np.tile(keys.cpu().numpy(), n_heads),

@@ -34,12 +34,12 @@ def is_causal(model: Any) -> bool:
     return bool(getattr(config, "causal", True)) if hasattr(config, "attention_name") else True
 
 
-def qk_attribution(model: Any, tokens, layer: int, head: int, pairs: Any = "previous", top: int = 12,
+def qk_attribution(model: Any, tokens: Any, layer: int, head: int, pairs: Any = "previous", top: int = 12,
                    out: str | Path | None = None, overwrite: bool = False, title: str | None = None,
                    name: str | None = None) -> QKTerms:
     """The terms of head `head` of layer `layer` of `model` (ours, a Hugging Face Llama-family LM or
     `Pretrained`, a transformer-lens TransformerBridge) on one sequence `tokens`, at `pairs`: a selector
-    (`latentcode.intervention.qk.pairs`: "previous", "induction", "Q:K,...") or an int array `[pair, 2]`.
+    (`latentcode.intervention.qk.pairs`: "previous", "induction", "Q:K,...") or an int array `[pair, 2]`. `tokens`: one sequence, `[T]` (token ids, or our tasks' `[T, d_in]` inputs).
     With `out`, writes `out/qk.csv` and `out/qk.png` (the `top` components of each side, the rest as
     `other`; refused if they exist, unless `overwrite`). `name`: the model's name in the title."""
     as_tensor = torch.as_tensor(tokens)
