@@ -6,7 +6,7 @@ again, one by one. On the virtual machines we measure on that costs about 3 µs 
 filling a `[128, 16, 36, 36]` float tensor (10.6 MB) took 8.4 ms against 0.3 ms to fill one already
 mapped. Every training step and every patching pass allocates such tensors afresh:
 - a patching sweep's passes of `[1024, 16, 36, 36]` codes (85 MB) spent as much time in the kernel as
-  in user code (issue 37; benchmarks/bench_patching_allocator.py);
+  in user code (benchmarks/bench_patching_allocator.py);
 - a training step of the paper's models spent a quarter of its time faulting its activations in
   (benchmarks/bench_model_step.py --allocator glibc against kept).
 

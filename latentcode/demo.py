@@ -35,7 +35,7 @@ ATTENTIONS = SHIPPED_ATTENTIONS
 # starts with those bytes (tests/test_demo.py checks it): the same model, on windows drawn the same way,
 # with 127 bytes of context instead of 511, and the same 2,048 windows per split (so the probes' and
 # baselines' scores keep their precision). Extraction: 0.7-0.9 CPU-s per 128 windows instead of
-# 2.6-4.5 at 512; the whole demo 177 CPU-s (was about 1,200, issue 37).
+# 2.6-4.5 at 512.
 DEMO_MAX_SEQ_LEN = {"language": 128}
 DEMO_MAX_SEQ_LEN_NOTE = {
     "language": "The codes were extracted on 128-byte windows (the models were trained on 512): with causal attention "

@@ -1,5 +1,5 @@
 """What a pretrained model's files say about it, read and checked without torch or transformers, so
-that a file that cannot be loaded is one line before anything heavy starts (issue 45):
+that a file that cannot be loaded is one line before anything heavy starts:
 
     gguf_metadata(path)          # a .gguf header: its scalar fields, after checking every count and
                                  # length against the file's size, and its tensors lie inside the file

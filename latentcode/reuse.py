@@ -1,4 +1,4 @@
-"""`code_reuse`: the code-reuse score of a trained model (issue 36), its three parts measured end to end.
+"""`code_reuse`: the code-reuse score of a trained model, its three parts measured end to end.
 
     from latentcode.reuse import code_reuse
     table = code_reuse("runs/fuzzy-hyla", codes="runs/fuzzy-hyla/codes/reuse.h5")

@@ -1,4 +1,4 @@
-"""`latentcode reuse`: the code-reuse score of a trained fuzzy-logic model (issue 36): decodability of the
+"""`latentcode reuse`: the code-reuse score of a trained fuzzy-logic model: decodability of the
 constituents on unseen compositions, reconstruction of their codes from the training compositions'
 and transplant of a training composition's codes, each beside its baseline (`latentcode.reuse`)."""
 

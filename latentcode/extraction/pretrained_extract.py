@@ -99,7 +99,7 @@ def extract_pretrained(
     if implementation != "sdpa":  # e.g. Gemma 2 (soft-capped scores), gpt-oss (sinks): no SDPA call to read
         raise CompactError(f"{pretrained.name} runs only with {implementation!r} attention, not through "
                            "scaled_dot_product_attention, whose calls latentcode reads exactly; reading its "
-                           "attention is not supported yet (issue 47)")
+                           "attention is not supported yet")
     parsed = parse_selector(selector)
     sites = parsed.resolve(pretrained.n_layers, seq_len)
     if len(sites) > MAX_ALL_PAIRS:

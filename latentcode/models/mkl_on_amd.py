@@ -3,10 +3,8 @@
 torch's CPU build does its float32 matrix products (every `Linear`, `addmm`, `bmm`) in Intel's MKL,
 linked into `libtorch_cpu.so`. MKL picks its code path by asking `mkl_serv_intel_cpu_true()` whether
 the CPU is Intel's; on an AMD CPU the answer is no and it takes a slower path than the CPU's
-instructions allow. On the AMD EPYC (AVX-512) of our 2-core machines the products of a SRAVEN layer
-(`[4608, 128] x [128, 256]` and the like) ran 1.34-1.55x faster after the change below, and the
-training steps of the paper's six models 1.14-1.30x (benchmarks/bench_mkl_on_amd.py: one core,
-processes of either setting alternating).
+instructions allow. Answering the check makes MKL pick its path by the CPU's instruction sets;
+benchmarks/bench_mkl_on_amd.py measures what that gains (its results under benchmarks/results/).
 
 Off unless asked: this rewrites a table of libtorch's memory for the whole process, and changes its
 results by float rounding, so nothing in latentcode does it by default. `latentcode train --mkl-on-amd`

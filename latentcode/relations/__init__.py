@@ -1,4 +1,4 @@
-"""Key-query relations of a pretrained language model (issue 30): which known operations (sink,
+"""Key-query relations of a pretrained language model: which known operations (sink,
 previous token, induction, duplicate, other; `latentcode.analysis.token_relations`) its latent codes
 ``a[:, q, k]`` select, and whether it uses them.
 

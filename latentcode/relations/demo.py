@@ -1,4 +1,4 @@
-"""`latentcode demo --task smollm2`: the light part of the SmolLM2 relations analysis (issue 30) on
+"""`latentcode demo --task smollm2`: the light part of the SmolLM2 relations analysis on
 the real model, in a few minutes on 2 cores (most of it loading the model).
 
 On a few sequences of random tokens repeated once: attribution patching of the loss on the second

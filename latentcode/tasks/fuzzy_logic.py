@@ -318,7 +318,7 @@ class FuzzyLogic(Task):
         }
 
     # --- counterfactual targets and neighbouring tasks --------------------------------------------
-    # What the function of another term set gives on an instance's query (issue 12, part 2), and
+    # What the function of another term set gives on an instance's query (counterfactual answers), and
     # which tasks a one-term swap reaches (the term-swap experiment).
 
     def counterfactual_target(self, batch: Batch, terms) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Base/donor pairs for the code-reuse transplant (issue 36): an unseen composition as the base, a
+"""Base/donor pairs for the code-reuse transplant: an unseen composition as the base, a
 training composition that swaps one of its terms as the donor.
 
 The base is an instance of an `ood` task {a, b} (an unseen set of seen terms). The "different" donor

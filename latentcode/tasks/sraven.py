@@ -133,7 +133,7 @@ class SRaven(Task):
         eval_instances={"tiny": 256, "demo": 1024, "cpu": 4096, "paper": 51_200},
         paper_grid={"learning_rate": [3e-4, 1e-3], "weight_decay": [0.1, 0.3], "warmup_steps": [1000, 3000],
                     "n_layers": [4, 8, 16], "width_factor": [1, 2, 4]},
-        # A 2-core CPU budget leaves a model of the permuted task near chance (models/README.md).
+        # A small CPU budget leaves a model of the permuted task near chance (models/README.md).
         shipped={"variant": "unpermuted"},
         # tiny is a smoke test: a small model (heads of the paper's width 4) whose step takes a fraction
         # of a second on one thread, not the paper's 4 layers of d_model 128.
@@ -285,7 +285,7 @@ class SRaven(Task):
         return metrics
 
     # --- counterfactual answers -----------------------------------------------------------------
-    # What another rule would answer on a feature of an instance (issue 12, part 2). The rules
+    # What another rule would answer on a feature of an instance (counterfactual answers). The rules
     # are applied as the generator applies them: progressions, sum and difference wrap mod K.
 
     def feature_grids(self, batch: Batch) -> np.ndarray:

@@ -10,8 +10,8 @@ side by side. Hence:
 - `threads_that_fit(threads, busy_cores)`: the rule `latentcode train` follows when the user chose no
   thread count (no `--threads`, no OMP_NUM_THREADS) and other processes already keep cores busy: the
   cores left free, rounded, at least 1 (`round(cores - busy_cores)`), instead of torch's one per
-  core, which would spin against the other processes (issue 37 measured on 2 cores beside other jobs: 283
-  instances/s with torch's 2 threads, 1,500 with one); it says so in one line;
+  core, which would spin against the other processes (benchmarks/results/ holds the measurement); it says
+  so in one line;
 - `busy_cores_elsewhere()`: how many cores other processes keep busy, measured over a short interval;
 - `choose_threads(threads)`: what `latentcode train --threads` does with these.
 """

@@ -1,4 +1,4 @@
-"""Figures of the key-query relations of a language model's codes (issue 30): per layer the code
+"""Figures of the key-query relations of a language model's codes: per layer the code
 space (PCA) coloured by relation; a layer x head map of how strongly each head's code separates each
 relation; the induction attribution map and attribution against exact ablation."""
 

@@ -1,4 +1,4 @@
-"""Exact query-key attribution of latent codes (issue 48): a head's score before sigma as a sum of
+"""Exact query-key attribution of latent codes: a head's score before sigma as a sum of
 query-side x key-side terms over the residual stream's components (`decomposition`), checked by path
 patching (`path_patching`), reported as a table and a figure (`report`).
 

@@ -1,7 +1,7 @@
 """Which kind of model this is, and its reader: our hooked transformer (`read_ours`), a transformer-lens
 4.x TransformerBridge (`read_bridge`), or a Hugging Face Llama-family causal LM (`read_hf`; a
 `latentcode.pretrained.Pretrained` gives its model). One function takes any of them, so that the
-one-interface Subject (issue 47) can be taken here later in their place."""
+one-interface Subject can be taken here later in their place."""
 
 from __future__ import annotations
 
