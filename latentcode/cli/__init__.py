@@ -95,6 +95,19 @@ def located(error: BaseException, args: argparse.Namespace, parser: argparse.Arg
     return f"{flag}: {message}"
 
 
+def _interrupt_unless_importing(signum: int, frame: object) -> None:
+    """Ctrl-C while a command runs: a KeyboardInterrupt, so that the outputs it holds are discarded as it
+    unwinds; but inside an import (a command imports torch when it starts its work), an exception raised
+    into a C extension's initialisation aborts the process (torch's pybind11: `terminate called`), so
+    there it is one line and exit 130 at once, as before the command started."""
+    current = frame
+    while current is not None:
+        if getattr(current, "f_code", None) is not None and current.f_code.co_filename.startswith("<frozen importlib"):
+            _interrupted_while_starting(signum, frame)
+        current = getattr(current, "f_back", None)
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit status (2: a user error, printed as one line; argparse's
     own errors exit with 2 as well)."""
@@ -111,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:  # set by latentcode/__init__.py
             # From here Ctrl-C is a KeyboardInterrupt again: the outputs a command holds are discarded
             # as it unwinds (latentcode.files.AtomicOutputs), then one line and 130 below.
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGINT, _interrupt_unless_importing)
         check_switches()  # LATENTCODE_MKL_ON_AMD=yes and the like: refused before anything runs
         command.check(args)
         status = command.run(args)

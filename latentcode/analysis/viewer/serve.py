@@ -171,8 +171,8 @@ def serve_token_view(code_file: CodeFile | str, token_names: Sequence[str] | Non
     Returns 0 once stopped by Ctrl-C (after one line saying so)."""
     code_file = code_file if isinstance(code_file, CodeFile) else CodeFile(code_file)
     server = RowServer(code_file, token_names, port)
-    ready(server.address)
-    try:
+    try:  # a Ctrl-C right after the address is printed stops the server as one later does
+        ready(server.address)
         server.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:
         print(f"stopped serving {server.address}", flush=True)
