@@ -172,6 +172,18 @@ def public_names(module: str) -> list[str]:
     return [name for name in importlib.import_module(module).__all__ if not name.startswith("__")]
 
 
+def first_page() -> dict[str, str]:
+    """For each public class and function, the first package (in API_PACKAGES order) that lists it."""
+    pages: dict[str, str] = {}
+    for _, module in API_PACKAGES:
+        imported = importlib.import_module(module)
+        for name in public_names(module):
+            value = getattr(imported, name)
+            if inspect.isclass(value) or inspect.isfunction(value):
+                pages.setdefault(f"{value.__module__}.{value.__qualname__}", module)
+    return pages
+
+
 def api_page(title: str, module: str) -> str:
     """One entry per public name: classes and functions through mkdocstrings, at the module that defines
     them (re-exports are not followed by static analysis); constants as their value."""
@@ -184,7 +196,13 @@ def api_page(title: str, module: str) -> str:
         value = getattr(imported, name)
         defined_in = getattr(value, "__module__", None)
         qualified = getattr(value, "__qualname__", None)
-        if inspect.isclass(value) or inspect.isfunction(value):
+        first = first_page().get(f"{defined_in}.{qualified}")
+        if (inspect.isclass(value) or inspect.isfunction(value)) and first not in (None, module):
+            # One entry per object across the reference (mkdocs' cross-references need one primary URL):
+            # a name another package re-exports points to its entry.
+            lines += [f"## `{name}`", "", f"`from {module} import {name}`: documented under "
+                      f"[`{first}`]({first}.md#{defined_in}.{qualified}).", ""]
+        elif inspect.isclass(value) or inspect.isfunction(value):
             lines += [f"::: {defined_in}.{qualified}", "    options:", "      show_root_heading: true",
                       "      show_root_full_path: false", "      heading_level: 2", ""]
             if f"{defined_in}.{qualified}" != f"{module}.{name}":
