@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from latentcode.store import CodeFile
-from tests.analysis.test_viewer_browser import _browser_or_skip_reason
+from tests.analysis.test_viewer_browser import headless_chrome
 from tests.analysis.token_files import SCRIPT, Served, rename_token, tiny_token_file
 
 TOLERANCE = 5e-4 + 1e-6  # the static page's rows: 3 decimals
@@ -24,21 +24,8 @@ TOLERANCE = 5e-4 + 1e-6  # the static page's rows: 3 decimals
 
 @pytest.fixture(scope="module")
 def browser():
-    found, reason = _browser_or_skip_reason()
-    if found is None:
-        pytest.skip(reason)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = found[0]
-    # No name resolves but 127.0.0.1's: a request elsewhere fails here, and the log below shows it.
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--window-size=1400,1100", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"):
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    driver = webdriver.Chrome(service=Service(found[1]), options=options)
+    # No name resolves but 127.0.0.1's: a request elsewhere fails here, and the log shows it.
+    driver = headless_chrome("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1")
     yield driver
     driver.quit()
 

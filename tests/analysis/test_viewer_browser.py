@@ -39,8 +39,9 @@ def _browser_or_skip_reason():
     return (browser, driver), ""
 
 
-@pytest.fixture(scope="module")
-def browser():
+def headless_chrome(*arguments: str, window: str = "1400,1100"):
+    """Headless Chromium driven by selenium, with the browser and network logs on (the tests read both);
+    `arguments` are added to the usual ones. Skips the test, saying why, where there is no browser."""
     found, reason = _browser_or_skip_reason()
     if found is None:
         pytest.skip(reason)
@@ -51,10 +52,15 @@ def browser():
     options = Options()
     options.binary_location = found[0]
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--window-size=1400,1100"):
+                     f"--window-size={window}", *arguments):
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    driver = webdriver.Chrome(service=Service(found[1]), options=options)
+    return webdriver.Chrome(service=Service(found[1]), options=options)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    driver = headless_chrome()
     yield driver
     driver.quit()
 

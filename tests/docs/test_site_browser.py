@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.analysis.test_viewer_browser import _browser_or_skip_reason
+from tests.analysis.test_viewer_browser import headless_chrome
 
 pytestmark = pytest.mark.slow
 
@@ -26,20 +26,7 @@ PAGES = ["index.html", "concepts/codes-file.html", "tutorials/03-smollm2-inducti
 def browser():
     if not (SITE / "index.html").is_file():
         pytest.skip(f"no built site at {SITE}: build it first (pip install -e '.[docs]' && mkdocs build --strict)")
-    found, reason = _browser_or_skip_reason()
-    if found is None:
-        pytest.skip(reason)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = found[0]
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--window-size=1400,1000"):
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    driver = webdriver.Chrome(service=Service(found[1]), options=options)
+    driver = headless_chrome(window="1400,1000")
     yield driver
     driver.quit()
 
