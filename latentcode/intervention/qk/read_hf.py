@@ -94,12 +94,7 @@ def read(model: nn.Module, tokens: Tensor, layer: int, head: int) -> tuple[HeadR
     for earlier in range(layer):
         handles += [layers[earlier].self_attn.o_proj.register_forward_pre_hook(keep_input(f"z{earlier}")),
                     layers[earlier].mlp.register_forward_hook(keep(f"mlp{earlier}"))]
-    try:
-        with torch.no_grad():
-            logits = model(tokens).logits
-    finally:
-        for handle in handles:
-            handle.remove()
+    logits = _logits_with_hooks(model, tokens, handles)
     residual = captured["residual"][0].float()
     norm = layers[layer].input_layernorm
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
@@ -157,11 +152,15 @@ def rerun(model: nn.Module, tokens: Tensor, reading: HeadReading, side: str, rep
 
     handles = [attention.v_proj.register_forward_hook(keep_values),
                attention.o_proj.register_forward_pre_hook(replace_head)]
+    logits = _logits_with_hooks(model, tokens, handles)
+    return scores, codes, logits
+
+
+def _logits_with_hooks(model, tokens, handles: list) -> torch.Tensor:
+    """`model(tokens).logits` without gradients, the hooks `handles` removed afterwards whatever happens."""
     try:
         with torch.no_grad():
-            logits = model(tokens).logits
+            return model(tokens).logits
     finally:
         for handle in handles:
             handle.remove()
-    return scores, codes, logits
-
