@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import warnings
@@ -58,7 +59,7 @@ FUZZY_LABELS = {"term_present": lambda rng, n: rng.integers(0, 2, size=(n, 6)),
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory) -> Path:
+def workspace(tmp_path_factory):
     """Inputs good and bad, made once; every row must leave them exactly as they are."""
     root = tmp_path_factory.mktemp("workspace")
     run = root / "run"
@@ -109,7 +110,13 @@ def workspace(tmp_path_factory) -> Path:
     add_hostile_inputs(root, fuzzy, run)
     add_issue_34_inputs(root, fuzzy, run_task, run_checkpoint)
     add_issue_45_inputs(root, run)
-    return root
+    add_issue_51_inputs(root)
+    # A port another process listens on, for `view --serve --port` (its number in the file busy_port).
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        (root / "busy_port").write_text(str(busy.getsockname()[1]))
+        yield root
 
 
 def copy_and_edit(source: Path, path: Path, edit) -> None:
@@ -278,6 +285,24 @@ def add_issue_45_inputs(root: Path, run: Path) -> None:
             writer.append(codes={site: np.zeros((0, 4)) for site in SITES},
                           labels={"term_present": np.zeros((0, 6), dtype=np.int64),
                                   "task_index": np.zeros(0, dtype=np.int64)}, split=split)
+
+
+def add_issue_51_inputs(root: Path) -> None:
+    """A language model's codes file as the token view reads it (token ids, their text, a compact store
+    of one layer: 2 heads, 1 key/value head, 6 positions; numpy only), and one without the compact store."""
+    rng = np.random.default_rng(0)
+    site = Site(0, 5, 5)
+    metadata = {"model_name": "toy-lm", "task_config": {}, "token_names": ["a", "b", "c", "<s>"]}
+    compact = {"version": 1, "layers": [0], "n_heads": 2, "n_kv_heads": 1, "head_dim": 3, "seq_len": 6}
+    for name, with_compact in (("tokens.h5", True), ("tokens_no_compact.h5", False)):
+        with CodeWriter(root / name, [site], 2, {**metadata, **({"compact": compact} if with_compact else {})}) as writer:
+            if with_compact:
+                writer.write_compact("query_l0", rng.normal(size=(2, 2, 6, 3)).astype(np.float32),
+                                     {"scale": "0.5", "causal": 1, "window": 0, "softcap": "0", "sinks": "[]"})
+                writer.write_compact("key_l0", rng.normal(size=(2, 1, 6, 3)).astype(np.float32))
+                writer.write_compact("key_valid", np.ones((2, 6), dtype=bool))
+            writer.append(codes={site: rng.random((2, 2))}, extra={"token_ids": rng.integers(0, 4, (2, 6))},
+                          split="validation")
 
 
 def snapshot(root: Path) -> dict[str, tuple]:
@@ -740,6 +765,14 @@ BAD_INPUTS = [
      "does not end in .html; expected the name of the HTML page to write"),
     ("view-max-instances-0", ["view", "{fuzzy.h5}", "--max-instances", "0"],
      "argument --max-instances: expected a positive integer, got '0'"),
+    # the token view (issue 51)
+    ("view-serve-port-in-use", ["view", "{tokens.h5}", "--serve", "--port", "{busy_port}"],
+     "--port {busy_port}: 127.0.0.1:{busy_port} is not free"),
+    ("view-tokens-no-token-ids", ["view", "{fuzzy.h5}", "--view", "tokens", "--out", "{a_dir}/v.html"],
+     "{fuzzy.h5} keeps no token ids (/extra/token_ids)"),
+    ("view-serve-no-token-ids", ["view", "{fuzzy.h5}", "--serve"], "{fuzzy.h5} keeps no token ids (/extra/token_ids)"),
+    ("view-serve-no-compact-store", ["view", "{tokens_no_compact.h5}", "--serve"],
+     "{tokens_no_compact.h5} has no compact store (/compact); --serve rebuilds every row from it"),
     # tasks, and the command itself
     ("ambiguity-n-0", ["tasks", "ambiguity", "--n", "0"], "argument --n: expected a positive integer, got '0'"),
     ("ambiguity-values-2", ["tasks", "ambiguity", "--values", "2"], "argument --values: expected an integer of at least 3"),
@@ -759,11 +792,12 @@ FOUND_WHILE_WORKING = [
 
 def expand(text: str, root: Path) -> str:
     """`{name}` -> the workspace path `root/name` (which need not exist); `{..._checkpoint}` -> the
-    first 12 hex digits of that checkpoint's SHA-256, kept in the workspace file of that name."""
+    first 12 hex digits of that checkpoint's SHA-256, kept in the workspace file of that name; `{..._port}`
+    -> the port number kept in the workspace file of that name."""
 
     def value(match: re.Match) -> str:
         name = match.group(1)
-        return (root / name).read_text() if name.endswith("_checkpoint") else str(root / name)
+        return (root / name).read_text() if name.endswith(("_checkpoint", "_port")) else str(root / name)
 
     return re.sub(r"\{([^{}]+)\}", value, text)
 
