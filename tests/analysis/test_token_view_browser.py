@@ -108,6 +108,72 @@ def test_served_clicking_a_token_draws_every_heads_row_of_the_layer(browser, ser
     assert outside_requests(browser) == []
 
 
+def hover_token(driver, position: int) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    span = driver.find_element("css selector", f"#tokens span[data-pos='{position}']")
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", span)
+    ActionChains(driver).move_to_element(span).perform()
+
+
+def wait_drawn(driver, position: int) -> None:
+    for _ in range(300):
+        if driver.execute_script("return document.body.dataset.drawnQuery") == str(position):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"token {position} was not drawn as the query: {driver.get_log('browser')}")
+
+
+def row_requests(driver) -> list[str]:
+    events = [json.loads(entry["message"])["message"] for entry in driver.get_log("performance")]
+    return [event["params"]["request"]["url"] for event in events
+            if event["method"] == "Network.requestWillBeSent" and "/rows?" in event["params"]["request"]["url"]]
+
+
+def test_hovering_a_token_previews_it_as_the_query_and_a_click_pins_it(browser, served, tiny):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    compact = CodeFile(tiny).compact
+    open_view(browser, served.url)
+    layer = int(browser.execute_script("return window.tokenView.state.layer"))
+    assert browser.execute_script("return document.body.dataset.pinned") == "false"
+    # Hover: the token under the mouse becomes the query, its rows those of the compact store.
+    hover_token(browser, 20)
+    wait_drawn(browser, 20)
+    np.testing.assert_allclose(drawn_rows(browser), compact.rows(layer, [20], np.asarray([0]))[0, :, 0],
+                               atol=1e-6, rtol=0)
+    # A sweep over 25 tokens without resting asks the server for one row, the last one's.
+    browser.get_log("performance")
+    previews = browser.execute_script("""
+        const before = window.tokenView.previews;
+        for (let p = 10; p < 35; p++) {
+          const span = document.querySelector(`#tokens span[data-pos='${p}']`), box = span.getBoundingClientRect();
+          span.dispatchEvent(new MouseEvent('mousemove', {bubbles: true, clientX: box.x + 1, clientY: box.y + 1}));
+        }
+        return before;""")
+    wait_drawn(browser, 34)
+    time.sleep(0.3)
+    assert browser.execute_script("return window.tokenView.previews") == previews + 1
+    assert [url.split("query=")[1] for url in row_requests(browser)] == ["34"]
+    # A click pins the query: hovering another token then shows that key's code, the query stays.
+    click_token(browser, 30)
+    assert browser.execute_script("return document.body.dataset.pinned") == "true"
+    hover_token(browser, 12)
+    time.sleep(0.4)
+    assert browser.execute_script("return document.body.dataset.drawnQuery") == "30"
+    tip = browser.find_element("id", "tooltip").text
+    expected = compact.rows(layer, [30], np.asarray([0]))[0, 0, 0, 12]
+    assert f"h0: {expected:.3f}" in tip, tip
+    # Esc unpins: hover previews again.
+    ActionChains(browser).send_keys(Keys.ESCAPE).perform()
+    assert browser.execute_script("return document.body.dataset.pinned") == "false"
+    hover_token(browser, 14)
+    wait_drawn(browser, 14)
+    assert severe(browser) == []
+    assert outside_requests(browser) == []
+
+
 def test_a_script_token_is_shown_as_text(browser, served, tiny):
     open_view(browser, served.url)
     span = browser.find_element("css selector", "#tokens span[data-pos='3']")

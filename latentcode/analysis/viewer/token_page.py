@@ -55,6 +55,8 @@ h1 { font-size: 16px; margin: 4px 0 6px; } h3 { font-size: 13px; margin: 8px 0 4
 #tokens span.key { outline: 2px dashed #1a7f37; }
 #tokens span.embedded { text-decoration: underline dotted #999; }
 #tokens span.ws { color: #aaa; }
+#legend i { display: inline-block; width: 70px; height: 10px; vertical-align: middle; border: 1px solid #ccc;
+  background: linear-gradient(to right, rgba(33, 102, 172, 0), rgba(33, 102, 172, 0.85)); }
 #side { flex: 2; min-width: 0; font-size: 12px; }
 #overview td { width: 22px; height: 15px; font-size: 9px; text-align: center; cursor: pointer; padding: 0;
   border: 1px solid #fff; }
@@ -77,6 +79,8 @@ BODY = """<h1>{title}</h1>
  <label>head <select id="head"></select></label>
  <label>colour <select id="scale"><option value="row">relative to the row's largest code</option>
   <option value="absolute">the code itself</option></select></label>
+ <span id="legend" title="colour under the text: its opacity is the square root of the code over the scale's top">
+  0 <i></i> <span id="legend-top">1</span> (&radic;)</span>
  <label>overview <select id="overview-mode"><option value="top">top key's code</option>
   <option value="entropy">entropy</option></select></label>
  <label>pattern window <select id="window"></select></label>
@@ -181,14 +185,14 @@ def token_page(payload: dict, title: str, footer: str) -> str:
     policy = SERVED_POLICY if payload["mode"] == "served" else STATIC_POLICY
     if payload["mode"] == "served":
         note = ("Served: every row is rebuilt from the file's compact store when a token is clicked (any query, "
-                "any layer). Click a token to make it the query; hover a key for its code; click a strip or "
-                "the pattern to choose a key.")
+                "any layer). Hover a token to preview it as the query, click to pin it; then hover a key for its "
+                "code; click a strip or the pattern to choose a key; Esc unpins.")
     else:
         embedded = payload["embedded"]
         note = (f"Static page: the rows of {len(embedded['queries'])} of {payload['seq_len']} queries are embedded "
                 f"(every layer and head, codes rounded to {payload['decimals']} decimals; their tokens are "
-                "underlined). For any query, run latentcode view FILE --serve. Click an underlined token to make "
-                "it the query; hover a key for its code.")
+                "underlined). For any query, run latentcode view FILE --serve. Hover an underlined token to "
+                "preview it as the query, click to pin it; then hover a key for its code; Esc unpins.")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta http-equiv=\"Content-Security-Policy\" content=\"{policy}\">"
             f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"

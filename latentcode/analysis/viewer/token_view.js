@@ -11,13 +11,14 @@
   const embedded = data.embedded;
   const embeddedQueries = new Set(embedded ? embedded.queries : []);
   const scaleDecimals = Math.pow(10, data.decimals);
+  // pinned: a click fixed the query; until then hovering a token previews it as the query.
   const state = {example: data.example, layer: data.default.layer, head: data.default.head,
-                 query: data.default.query, key: null, window: 32, scale: "row", overviewMode: "top"};
+                 query: data.default.query, key: null, window: 32, scale: "row", overviewMode: "top", pinned: false};
   let ids = data.ids, texts = data.texts;
   let currentRows = null;  // Float32Array [H * T] of the drawn row
   let spans = [], shownAlpha = new Float32Array(T);
   let drawCount = 0, matrixCount = 0, followUp = null;  // the latest request of each: an older answer is dropped
-  window.tokenView = {state: state, timings: []};
+  window.tokenView = {state: state, timings: [], previews: 0};
 
   // -- whitespace shown, text as text --------------------------------------------------------------
   function shown(text) {
@@ -141,6 +142,7 @@
   function colourTokens(rows) {
     const values = headValues(rows, state.head);
     const top = state.scale === "row" ? (maxOf(values) || 1) : 1;
+    $("legend-top").textContent = top.toFixed(3) + (state.scale === "row" ? " (the row's largest)" : "");
     for (let k = 0; k < T; k++) {
       const v = values[k];
       const alpha = v === v ? Math.sqrt(Math.max(0, v) / top) * 0.85 : 0;
@@ -155,7 +157,9 @@
     if (spans[state.query]) spans[state.query].classList.add("query");
     const key = chosenKey();
     if (key !== null && spans[key]) spans[key].classList.add("key");
-    $("query-label").textContent = "query " + quoted(state.query) + (key === null ? "" : " → key " + quoted(key));
+    $("query-label").textContent = "query " + quoted(state.query) + (key === null ? "" : " → key " + quoted(key)) +
+      (state.pinned ? " · pinned (Esc or a click on it: hover previews again)" : " · hover a token to preview it, click to pin");
+    document.body.dataset.pinned = state.pinned;
   }
 
   // -- the strips: every head's row over all keys ----------------------------------------------------
@@ -274,6 +278,7 @@
   }
   function chooseKey(key) {
     state.key = key;
+    state.pinned = true;  // a key of this query chosen: the query stays
     markQueryAndKey();
     drawRelations();
     if (currentRows) drawStrips(currentRows);
@@ -363,18 +368,25 @@
         document.body.dataset.drawnQuery = "";
         return;
       }
+      const arrived = performance.now();
       currentRows = rows;
       colourTokens(rows);
+      const coloured = performance.now();
       drawStrips(rows);
       markQueryAndKey();
       drawRelations();
-      requestAnimationFrame(() => {  // the row is painted in the next frame
+      const drawn = performance.now();
+      // The time to the row on screen: the next frame is rendered after requestAnimationFrame's
+      // callbacks, and a task queued from one runs once that frame is done.
+      requestAnimationFrame(() => setTimeout(() => {
         const ms = performance.now() - started;
-        window.tokenView.timings.push({query: query, layer: layer, ms: ms});
+        window.tokenView.timings.push({query: query, layer: layer, ms: ms, rows: arrived - started,
+                                       text: coloured - arrived, strips: drawn - coloured,
+                                       frame: performance.now() - drawn});
         document.body.dataset.drawnQuery = query;
         document.body.dataset.drawnLayer = layer;
         document.body.dataset.drawnMs = ms.toFixed(1);
-      });
+      }, 0));
       // The pattern and the overview (30 rows at once when served) follow once no other token is being
       // clicked: a quick run of clicks asks for the rows of each, the rest only for the last.
       clearTimeout(followUp);
@@ -393,6 +405,22 @@
     state.query = query;
     state.key = null;
     return drawQuery(startedAt);
+  }
+
+  // -- hover: a preview of the token under the mouse as the query ------------------------------------
+  // Asked only once the mouse rests on a token (HOVER_REST ms): sweeping over the text asks nothing;
+  // served, each preview is one /rows request, and an older answer is dropped (drawCount).
+  const HOVER_REST = served ? 80 : 30;
+  let hovered = null, hoverTimer = null;
+  function previewQuery(position) {
+    hovered = position;
+    clearTimeout(hoverTimer);
+    if (!served && !embeddedQueries.has(position)) return;  // a static page has no rows for it
+    hoverTimer = setTimeout(() => {
+      if (state.pinned || hovered !== position || state.query === position) return;
+      window.tokenView.previews += 1;
+      chooseQuery(position, performance.now());
+    }, HOVER_REST);
   }
 
   // -- controls ------------------------------------------------------------------------------------
@@ -424,12 +452,26 @@
     const box = $("tokens");
     box.addEventListener("click", (event) => {
       const position = event.target.dataset && event.target.dataset.pos;
-      if (position !== undefined) chooseQuery(+position, performance.now());
+      if (position === undefined) return;
+      clearTimeout(hoverTimer);
+      hovered = null;
+      // A click pins the token as the query; a click on the pinned query unpins it (hover previews again).
+      state.pinned = !(state.pinned && state.query === +position);
+      chooseQuery(+position, performance.now());
+    });
+    document.addEventListener("keydown", (event) => {
+      if (event.key === "Escape" && state.pinned) { state.pinned = false; markQueryAndKey(); }
     });
     box.addEventListener("mousemove", (event) => {
       const position = event.target.dataset && event.target.dataset.pos;
       if (position === undefined) { hideTip(); return; }
       const key = +position;
+      if (!state.pinned) {  // the hovered token is the query once the mouse rests on it
+        if (key !== hovered) previewQuery(key);
+        showTip(event, quoted(key) + (served || embeddedQueries.has(key) ? "\nquery (click to pin)"
+                                      : "\nits rows are not in this page (underlined tokens have them)"));
+        return;
+      }
       let text = quoted(key);
       if (currentRows && key <= state.query) {
         text += state.head >= 0 ? "\nh" + state.head + ": " + formatCode(currentRows[state.head * T + key])
@@ -439,7 +481,7 @@
       }
       showTip(event, text);
     });
-    box.addEventListener("mouseleave", hideTip);
+    box.addEventListener("mouseleave", () => { hideTip(); clearTimeout(hoverTimer); hovered = null; });
     const matrix = $("matrix");
     matrix.addEventListener("mousemove", (event) => {
       const cell = matrixCell(event);
@@ -452,6 +494,7 @@
       if (!cell || cell.key > cell.query) return;
       state.query = cell.query;
       state.key = cell.key;
+      state.pinned = true;
       drawQuery();
     });
     $("matrix-help").textContent = "Rows are queries, columns keys (lower triangle: causal). Click a cell to " +
@@ -465,6 +508,7 @@
       if (hash.has(name)) state[name] = +hash.get(name);
     }
     if (hash.has("scale")) state.scale = hash.get("scale");
+    state.pinned = hash.has("query");  // a link to a query shows that query until unpinned
     if (hash.has("layer") && data.layers.indexOf(state.layer) < 0) state.layer = data.default.layer;
   }
 
