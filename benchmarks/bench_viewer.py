@@ -18,12 +18,15 @@ a static page of T = 2,048 at most 10 MB): `--tokens FILE ...`, codes files of a
 compact store (e.g. `latentcode extract smollm2 --task seq_len=8192 --n 1 --out smol8192.h5`). Per
 file: the static page's size and build time; `latentcode view FILE --serve` started as its own
 process, one headless Chromium clicking `--clicks` tokens drawn at random (seed 0) in layer 15, and
-the page's own figure for each, from the click event to the frame after every head's row is drawn
-(median, 90th percentile, max; the first click, before any row was read, apart; each click once
-the page is idle: the previous click's overview drawn); the server's peak
-resident memory (VmHWM) after them; the same clicks on the static page (embedded tokens only).
+the page's own figure for each, from the click event to the end of the frame that shows every head's
+row (median, 90th percentile, max; the first click, before any row was read, apart; each click once
+the page is idle: the previous click's overview drawn), with the median of its parts (rows read,
+text coloured, strips drawn, frame rendered; served, the server's own work on the row); the server's
+resident memory after them, now and at its peak (VmRSS, VmHWM); the same clicks on the static page
+(embedded tokens only). The load average is printed beside the figures.
 
-    PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/bench_viewer.py --tokens smol2048.h5 smol8192.h5
+    PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/bench_viewer.py --tokens smol2048.h5 smol8192.h5 \
+        [--static-max-len 2048]   # no static page of the longer files (its build takes minutes)
 """
 
 from __future__ import annotations
@@ -73,8 +76,11 @@ def paint_times(driver, url: str) -> tuple[float, float]:
     return (paint or float("nan")) / 1000, float(ready) / 1000
 
 
-def click_times(driver, url: str, positions, layer: int) -> list[float]:
-    """ms from each click to its rows drawn, as the page measures it (`dataset.drawnMs`)."""
+def click_times(driver, url: str, positions, layer: int) -> list[dict]:
+    """Per click, the page's own figures (`tokenView.timings`, ms): `ms` from the click event to the
+    frame after the row is drawn, and its parts: `rows` (the rows read, from the server or the page),
+    `text` (the tokens coloured), `strips` (every head's strip and the pair), `frame` (that frame
+    rendered); served, `server` (the server's work on the row, its Server-Timing header)."""
     from selenium.webdriver.support.ui import Select
 
     driver.get("about:blank")
@@ -86,7 +92,14 @@ def click_times(driver, url: str, positions, layer: int) -> list[float]:
         driver.execute_script("document.body.dataset.drawnQuery = '';"
                               "document.querySelector(`#tokens span[data-pos='${arguments[0]}']`).click()", position)
         wait_for(driver, f"return document.body.dataset.drawnQuery === '{position}'")
-        times.append(float(driver.execute_script("return document.body.dataset.drawnMs")))
+        timing = driver.execute_script("""
+            const t = window.tokenView.timings[window.tokenView.timings.length - 1];
+            const rows = performance.getEntriesByType('resource').filter((e) => e.name.includes('/rows?'));
+            const last = rows[rows.length - 1];
+            performance.clearResourceTimings();
+            return Object.assign({}, t, {server: last && last.serverTiming.length ? last.serverTiming[0].duration : null});
+        """)
+        times.append(timing)
         # The next click once the page is idle (its overview drawn), as a reader's next click would be.
         wait_for(driver, f"return document.body.dataset.overviewQuery === '{position}'")
     return times
@@ -100,28 +113,33 @@ def wait_for(driver, script: str, seconds: float = 60) -> None:
     raise RuntimeError(f"waited {seconds} s for {script}")
 
 
-def peak_memory_mb(pid: int) -> float:
+def memory_mb(pid: int, field: str) -> float:
+    """A process's resident memory: VmRSS (now) or VmHWM (its peak)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
 
-def summary(times: list[float]) -> str:
+def summary(timings: list[dict]) -> str:
+    """The click-to-drawn figures (the first click apart), then the median of each part."""
     import numpy as np
 
+    times = [t["ms"] for t in timings]
+    parts = ["rows", "text", "strips", "frame"] + (["server"] if timings[-1].get("server") is not None else [])
+    medians = "  ".join(f"{part} {np.median([t[part] for t in timings[1:]]):.1f}" for part in parts)
     return (f"first {times[0]:7.1f}  then median {np.median(times[1:]):7.1f}  p90 {np.percentile(times[1:], 90):7.1f}"
-            f"  max {max(times[1:]):7.1f} ms (n={len(times) - 1})")
+            f"  max {max(times[1:]):7.1f} ms (n={len(times) - 1}); median parts, ms: {medians}; load "
+            f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
-def token_view(files: list[str], clicks: int, layer: int) -> None:
+def token_view(files: list[str], clicks: int, layer: int, static_max_len: int | None = None) -> None:
     import signal
     import subprocess
     import sys
 
     import numpy as np
 
-    from latentcode.analysis.viewer.token_page import build_token_viewer
     from latentcode.store import CodeFile
 
     print(f"{platform.node()}: {os.cpu_count()} cores, load {os.getloadavg()}, token view, layer {layer}, "
@@ -131,18 +149,8 @@ def token_view(files: list[str], clicks: int, layer: int) -> None:
         for path in files:
             code_file = CodeFile(path)
             length = code_file.compact.seq_len
-            started = time.perf_counter()
-            viewer = build_token_viewer(code_file)
-            built = time.perf_counter() - started
-            with tempfile.TemporaryDirectory() as directory:
-                page = viewer.save(Path(directory) / "page.html")
-                embedded = sorted(int(q) for q in _embedded(page))
-                print(f"T={length}: static page {page.stat().st_size / 1e6:.2f} MB, {len(embedded)} queries embedded, "
-                      f"built in {built:.1f} s")
-                rng = np.random.default_rng(0)
-                static = click_times(driver, page.as_uri(), rng.choice(embedded, min(clicks, len(embedded)),
-                                                                       replace=False).tolist(), layer)
-                print(f"T={length}: static, click to rows drawn: {summary(static)}")
+            if static_max_len is None or length <= static_max_len:
+                static_page(driver, code_file, length, clicks, layer)
             environment = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
             server = subprocess.Popen([sys.executable, "-m", "latentcode.cli", "view", path, "--serve"],
                                       stdout=subprocess.PIPE, text=True, env=environment,
@@ -154,7 +162,8 @@ def token_view(files: list[str], clicks: int, layer: int) -> None:
                 positions = np.random.default_rng(0).integers(0, length, clicks + 1).tolist()
                 served = click_times(driver, url, positions, layer)
                 print(f"T={length}: served, click to rows drawn: {summary(served)}")
-                print(f"T={length}: server peak resident memory {peak_memory_mb(server.pid):.0f} MB")
+                print(f"T={length}: server resident memory {memory_mb(server.pid, 'VmRSS'):.0f} MB now, "
+                      f"{memory_mb(server.pid, 'VmHWM'):.0f} MB at its peak")
             finally:
                 server.send_signal(signal.SIGINT)
                 try:
@@ -164,6 +173,25 @@ def token_view(files: list[str], clicks: int, layer: int) -> None:
                     server.kill()
     finally:
         driver.quit()
+
+
+def static_page(driver, code_file, length: int, clicks: int, layer: int) -> None:
+    import numpy as np
+
+    from latentcode.analysis.viewer.token_page import build_token_viewer
+
+    started = time.perf_counter()
+    viewer = build_token_viewer(code_file)
+    built = time.perf_counter() - started
+    with tempfile.TemporaryDirectory() as directory:
+        page = viewer.save(Path(directory) / "page.html")
+        embedded = sorted(int(q) for q in _embedded(page))
+        print(f"T={length}: static page {page.stat().st_size / 1e6:.2f} MB, {len(embedded)} queries embedded, "
+              f"built in {built:.1f} s (load {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
+        rng = np.random.default_rng(0)
+        static = click_times(driver, page.as_uri(), rng.choice(embedded, min(clicks, len(embedded)),
+                                                               replace=False).tolist(), layer)
+        print(f"T={length}: static, click to rows drawn: {summary(static)}")
 
 
 def _embedded(page: Path) -> list[int]:
@@ -181,9 +209,10 @@ def main() -> None:
     parser.add_argument("--tokens", nargs="+", metavar="CODES.h5", help="measure the token view of these files instead")
     parser.add_argument("--clicks", type=int, default=20)
     parser.add_argument("--layer", type=int, default=15)
+    parser.add_argument("--static-max-len", type=int, help="static pages only of files of at most this many tokens")
     args = parser.parse_args()
     if args.tokens:
-        return token_view(args.tokens, args.clicks, args.layer)
+        return token_view(args.tokens, args.clicks, args.layer, args.static_max_len)
     print(f"{platform.node()}: {os.cpu_count()} cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}; "
           f"sites {SITES}, {args.n} instances per split (train, ood), cap {DEFAULT_MAX_INSTANCES}")
     with tempfile.TemporaryDirectory() as directory:

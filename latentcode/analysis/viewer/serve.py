@@ -100,8 +100,10 @@ class RowHandler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
         pass  # one line per request would bury the address line
 
-    def _send(self, status: int, body: bytes, content_type: str) -> None:
+    def _send(self, status: int, body: bytes, content_type: str, timing: float | None = None) -> None:
         self.send_response(status)
+        if timing is not None:  # the seconds spent on the answer, for the page's own figures (benchmarks)
+            self.send_header("Server-Timing", f"work;dur={timing * 1000:.1f}")
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
@@ -129,10 +131,11 @@ class RowHandler(BaseHTTPRequestHandler):
             if url.path in ("/", "/index.html"):
                 return self._send(HTTPStatus.OK, self.server.page, "text/html; charset=utf-8")
             if url.path == "/rows":
+                started = time.perf_counter()
                 with self.server.row_asked():
                     row = self.server.rows.row(_int(query, "example"), _int(query, "layer"), _int(query, "query"))
                 return self._send(HTTPStatus.OK, np.ascontiguousarray(row, dtype="<f4").tobytes(),
-                                  "application/octet-stream")
+                                  "application/octet-stream", time.perf_counter() - started)
             if url.path == "/overview":
                 summary = self.server.rows.overview(_int(query, "example"), _int(query, "query"),
                                                     before_layer=self.server.rows_first)
