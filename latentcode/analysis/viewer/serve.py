@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -85,6 +86,11 @@ class RowServer(ThreadingHTTPServer):
                 return
             time.sleep(0.001)
 
+    def handle_error(self, request, client_address) -> None:
+        # A page closed or reloaded while its answer was written: nothing to report on the terminal.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
     def server_bind(self) -> None:
         # No SO_REUSEADDR: a port another process listens on is refused, not shared.
         self.allow_reuse_address = False
@@ -96,6 +102,9 @@ class RowServer(ThreadingHTTPServer):
 class RowHandler(BaseHTTPRequestHandler):
     server: RowServer
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY: an answer is written as its headers, then its body; with Nagle's algorithm the body's
+    # last segment waited for the browser's delayed acknowledgement of the headers (up to 40 ms a row).
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
         pass  # one line per request would bury the address line
