@@ -99,6 +99,20 @@ def test_ctrl_c_stops_the_server_with_one_line_and_status_0(files):
     assert status == 0 and out.splitlines() == [f"stopped serving {server.url}"] and err == ""
 
 
+def test_ctrl_c_stops_the_server_while_a_browser_keeps_its_connection_open(files):
+    _, codes, _, _ = files
+    server = Served(codes)
+    port = int(server.url.rsplit(":", 1)[1].strip("/"))
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)  # HTTP/1.1: kept open, as a tab does
+    connection.request("GET", "/rows?example=0&layer=0&query=3", headers={"Host": f"127.0.0.1:{port}"})
+    assert connection.getresponse().read()
+    try:
+        status, out, _ = server.stop()  # within its 30 s, the connection still open
+        assert status == 0 and out.splitlines() == [f"stopped serving {server.url}"]
+    finally:
+        connection.close()
+
+
 def test_serve_on_a_port_in_use_is_refused_in_one_line(files, capsys):
     _, codes, _, _ = files
     taken = socket.socket()

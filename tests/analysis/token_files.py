@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import h5py
@@ -45,7 +46,10 @@ class Served:
         # SIGINT restored to its default in the child: under a background shell job it is ignored, and
         # Python would then never turn it into KeyboardInterrupt.
         environment = {**os.environ, "PYTHONPATH": str(REPOSITORY), "OMP_NUM_THREADS": "1"}
-        self.process = subprocess.Popen([sys.executable, "-m", "latentcode.cli", "view", str(codes), "--serve", *args],
+        # As `python -m latentcode.cli`, with faulthandler on SIGUSR1: a server that does not stop says where.
+        launcher = ("import faulthandler, signal, sys; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+                    "from latentcode.cli import main; sys.exit(main(sys.argv[1:]))")
+        self.process = subprocess.Popen([sys.executable, "-c", launcher, "view", str(codes), "--serve", *args],
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment,
                                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.first_line = self.process.stdout.readline().strip()
@@ -57,5 +61,12 @@ class Served:
     def stop(self) -> tuple[int, str, str]:
         """Ctrl-C (SIGINT); (exit status, the rest of stdout, stderr)."""
         self.process.send_signal(signal.SIGINT)
-        out, err = self.process.communicate(timeout=30)
+        try:
+            out, err = self.process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.send_signal(signal.SIGUSR1)  # every thread's stack, on stderr
+            time.sleep(1)
+            self.process.kill()
+            out, err = self.process.communicate()
+            raise AssertionError(f"the server did not stop within 30 s of Ctrl-C; stdout {out!r}; stderr:\n{err}") from None
         return self.process.returncode, out, err
