@@ -1,13 +1,17 @@
-"""Screenshots of the token view (issue 51) on SmolLM2: repeated random tokens (an induction head's
-row lighting up the token after the earlier copy of the query's token) and natural text.
+"""Screenshots of the token view (issue 51) on SmolLM2, for the docs' SmolLM2 tutorial: repeated
+random tokens (an induction head's row lighting up the token after the earlier copy of the query's
+token) and natural text.
 
 Two codes files are extracted (`extract_pretrained`, compact store): `--half` random token ids (seed 0,
 ids 1000..20000) written twice, and a window of the language corpus's validation split. In the first,
 the head whose rows put the most on the induction key (query i of the second copy -> key i - half + 1)
-is found from the compact store, and the page opens on it (`#layer=..&head=..&query=..`). Each page is
-the static token view; one headless Chromium screenshot of each goes to `--out`.
+is found from the compact store, and the page opens on it (`#layer=..&head=..&query=..`). In the
+natural text, the same head at the query (whose token occurred up to `--reach` tokens before) where
+its code on the induction key is largest. Each page is the static token view, its pattern window the
+32 queries it embeds before the query; the token box is scrolled so that the query and its top key
+both show. One headless Chromium screenshot of each goes to `--out`.
 
-    PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/token_view_screenshots.py --out benchmarks/results/token_view
+    PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/token_view_screenshots.py --out docs/assets
 """
 
 from __future__ import annotations
@@ -47,14 +51,29 @@ def induction_head(code_file: CodeFile, half: int) -> tuple[int, int, float]:
     return best
 
 
-def screenshot(page: Path, fragment: str, out: Path) -> None:
+def induction_queries(ids: np.ndarray, reach: int) -> tuple[np.ndarray, np.ndarray]:
+    """(queries, their induction keys): each query whose token occurred at most `reach` tokens
+    before, and the position after that latest earlier copy."""
+    queries, keys, last_seen = [], [], {}
+    for position, token in enumerate(ids.tolist()):
+        earlier = last_seen.get(token)
+        if earlier is not None and earlier + 1 < position and position - earlier <= reach:
+            queries.append(position)
+            keys.append(earlier + 1)
+        last_seen[token] = position
+    return np.asarray(queries), np.asarray(keys)
+
+
+def screenshot(page: Path, fragment: str, out: Path) -> str:
+    """The page opened at `fragment`, its token box scrolled to show the query and its key; the
+    chosen pair's line as the page wrote it."""
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
 
     options = Options()
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--window-size=1400,1350", "--host-resolver-rules=MAP * ~NOTFOUND"):
+                     "--window-size=1400,1720", "--host-resolver-rules=MAP * ~NOTFOUND"):
         options.add_argument(argument)
     driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
     try:
@@ -63,18 +82,24 @@ def screenshot(page: Path, fragment: str, out: Path) -> None:
             if driver.execute_script("return document.body.dataset.ready === 'true'"):
                 break
             time.sleep(0.05)
-        driver.execute_script("document.querySelector('#tokens span.query').scrollIntoView({block: 'center'})")
+        driver.execute_script("""
+            const box = document.getElementById('tokens');
+            const query = box.querySelector('span.query'), key = box.querySelector('span.key') || query;
+            const middle = (query.offsetTop + key.offsetTop) / 2;
+            box.scrollTop = Math.max(0, middle - box.clientHeight / 2);""")
         time.sleep(0.5)
         driver.save_screenshot(str(out))
+        return driver.find_element("id", "relations").text.splitlines()[0]
     finally:
         driver.quit()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="benchmarks/results/token_view")
+    parser.add_argument("--out", default="docs/assets")
     parser.add_argument("--half", type=int, default=200, help="random tokens, written twice (default 200)")
     parser.add_argument("--text-length", type=int, default=512)
+    parser.add_argument("--reach", type=int, default=100, help="natural text: at most this far back to the copy")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -93,10 +118,20 @@ def main() -> None:
         print(f"repeated random tokens ({args.half} x 2): induction head L{layer} h{head}, mean code on the "
               f"induction key {score:.3f}; query {query}, its induction key {query - args.half + 1}")
         page = build_token_viewer(repeated, query=query).save(Path(directory) / "rep.html")
-        screenshot(page, f"#layer={layer}&head={head}&window=64", out / "repeated_random_induction.png")
-        page = build_token_viewer(natural).save(Path(directory) / "text.html")
-        screenshot(page, f"#layer={layer}&head={head}", out / "natural_text.png")
-        print(f"natural text ({args.text_length} tokens): the same head, the last query")
+        pair = screenshot(page, f"#layer={layer}&head={head}&query={query}&window=32",
+                          out / "token_view_induction.png")
+        print(f"  the page: {pair}")
+        text = CodeFile(natural)
+        queries, keys = induction_queries(text.extra("token_ids")[0], args.reach)
+        rows = text.compact.rows(layer, queries, np.asarray([0]))[0, head]  # [Q, T]
+        best = int(rows[np.arange(len(queries)), keys].argmax())
+        query = int(queries[best])
+        print(f"natural text ({args.text_length} tokens): L{layer} h{head} at query {query}, whose induction key "
+              f"{int(keys[best])} gets {rows[best, keys[best]]:.3f} ({len(queries)} queries with a copy within "
+              f"{args.reach} tokens)")
+        page = build_token_viewer(natural, query=query).save(Path(directory) / "text.html")
+        pair = screenshot(page, f"#layer={layer}&head={head}&query={query}&window=32", out / "token_view_text.png")
+        print(f"  the page: {pair}")
     print(f"screenshots in {out}")
 
 
