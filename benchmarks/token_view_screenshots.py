@@ -73,7 +73,7 @@ def screenshot(page: Path, fragment: str, out: Path) -> str:
 
     options = Options()
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--window-size=1400,1720", "--host-resolver-rules=MAP * ~NOTFOUND"):
+                     "--window-size=960,1200", "--host-resolver-rules=MAP * ~NOTFOUND"):
         options.add_argument(argument)
     driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
     try:
@@ -87,6 +87,9 @@ def screenshot(page: Path, fragment: str, out: Path) -> str:
             const query = box.querySelector('span.query'), key = box.querySelector('span.key') || query;
             const middle = (query.offsetTop + key.offsetTop) / 2;
             box.scrollTop = Math.max(0, middle - box.clientHeight / 2);""")
+        # The whole page, at a width whose labels stay readable where the docs scale the picture down.
+        inner = driver.execute_script("return [window.innerHeight, document.documentElement.scrollHeight]")
+        driver.set_window_size(960, driver.get_window_size()["height"] - inner[0] + inner[1])
         time.sleep(0.5)
         driver.save_screenshot(str(out))
         return driver.find_element("id", "relations").text.splitlines()[0]
@@ -97,7 +100,7 @@ def screenshot(page: Path, fragment: str, out: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="docs/assets")
-    parser.add_argument("--half", type=int, default=200, help="random tokens, written twice (default 200)")
+    parser.add_argument("--half", type=int, default=120, help="random tokens, written twice (default 120: both copies fit the token box)")
     parser.add_argument("--text-length", type=int, default=512)
     parser.add_argument("--reach", type=int, default=100, help="natural text: at most this far back to the copy")
     args = parser.parse_args()
