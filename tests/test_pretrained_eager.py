@@ -190,3 +190,44 @@ def test_a_tensor_the_eager_call_passes_unread_is_named():
     call = eager_call(torch.nn.Linear(1, 1), eager_attention_forward, (query, key, key, None),
                       {"scaling": 0.5, "position_bias": torch.zeros(1, 4, 3, 3), "position_ids": torch.arange(3)})
     assert call["unread"] == ["position_bias"] and call["scale"] == 0.5 and call["sinks"] is None
+
+
+def test_an_intervention_edits_the_eager_attention_as_the_model_would(tiny, monkeypatch):
+    """Interventions read and edit these models at the same call: an edit that changes nothing changes no
+    bit, and setting one code gives the logits of the model whose eager attention has that code (its own
+    eager function, with the probability replaced before the value sum)."""
+    from latentcode.intervention.edits import ScaleHeads, SetCode
+    from latentcode.intervention.intervener import Intervention
+    from latentcode.sources.detect import detect_source
+    from latentcode.sources.torch_attention import TorchAttentionSource
+
+    architecture, directory, out, _ = tiny
+    model = latentcode.load_pretrained(directory, progress=False).model
+    assert isinstance(detect_source(model), TorchAttentionSource)
+    ids = torch.as_tensor(latentcode.CodeFile(out).extra("token_ids"))
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+        with Intervention(model, ScaleHeads(factor=1.0), sites="0:20:15"):
+            assert torch.equal(model(input_ids=ids).logits, plain)
+        value = torch.tensor([0.9, 0.0, 0.5, 0.25])
+        with Intervention(model, SetCode(value=value), sites="0:20:15"):
+            edited = model(input_ids=ids).logits
+
+        module = __import__(f"transformers.models.{architecture}.modeling_{architecture}", fromlist=["x"])
+        original = module.eager_attention_forward
+
+        def with_the_code_set(attention, query, key, value_states, attention_mask, **kwargs):
+            output, weights = original(attention, query, key, value_states, attention_mask, **kwargs)
+            if attention.layer_idx == 0:
+                weights = weights.clone()
+                weights[:, :, 20, 15] = value
+                values = module.repeat_kv(value_states, attention.num_key_value_groups)
+                output = torch.matmul(weights, values).transpose(1, 2).contiguous()
+            return output, weights
+
+        monkeypatch.setattr(module, "eager_attention_forward", with_the_code_set)
+        reference = model(input_ids=ids).logits
+    difference = float((edited - reference).abs().max())
+    print(f"{architecture}: largest |intervened logits - reference| {difference:.2e}, moved by the edit "
+          f"{float((reference - plain).abs().max()):.2e}")
+    assert difference <= TOLERANCE and float((reference - plain).abs().max()) > 100 * TOLERANCE
