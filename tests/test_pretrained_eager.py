@@ -231,3 +231,22 @@ def test_an_intervention_edits_the_eager_attention_as_the_model_would(tiny, monk
     print(f"{architecture}: largest |intervened logits - reference| {difference:.2e}, moved by the edit "
           f"{float((reference - plain).abs().max()):.2e}")
     assert difference <= TOLERANCE and float((reference - plain).abs().max()) > 100 * TOLERANCE
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_extraction_runs_and_its_codes_are_near_the_models(tiny, dtype):
+    """In half precision the codes are recomputed in float32 from the call's own queries and keys (as for
+    SDPA calls), and the check runs the eager function on float32 copies of them, so nothing is refused
+    for rounding; the model's own eager probabilities, rounded in half precision, agree within this
+    model's rounding (its scores are large: a bfloat16 score moves its probability by more than 2^-8)."""
+    architecture, directory, _, _ = tiny
+    codes = latentcode.extract(directory, task={"seq_len": SEQ_LEN}, n=2, dtype=dtype, progress=False)
+    assert codes.attrs["model_dtype"] == dtype
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, attn_implementation="eager",
+                                                              dtype=getattr(torch, dtype), local_files_only=True)
+    with torch.no_grad():
+        reference = model.eval()(input_ids=torch.as_tensor(codes.extra("token_ids")), output_attentions=True).attentions
+    worst = max(float(np.abs(np.stack([codes.compact.layer_pattern(layer, example) for example in range(2)])
+                             - reference[layer].float().numpy()).max()) for layer in (0, 1))
+    print(f"{architecture}: largest |{dtype} compact rebuild - {dtype} eager output_attentions| {worst:.4f}")
+    assert worst <= (0.15 if dtype == "bfloat16" else 0.02)

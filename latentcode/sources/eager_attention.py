@@ -13,10 +13,10 @@ without us) and hands the call, read as an SDPA call with two more terms, to a c
     softcap (Gemma 2's `attn_logit_softcapping`: s <- softcap * tanh(s / softcap), before the mask),
     sinks (gpt-oss: one learned logit per head in the softmax's denominator; rows sum to < 1).
 
-Exact, or refused: every call is checked against the probabilities the eager function itself
-returned (`attn_weights`), on a few query rows, and a model whose eager attention computes
-something else (a term this reading does not know) raises `EagerAttentionError` in one line naming
-its model type and the layer, instead of recording codes that are not the model's.
+Exact, or refused: every call is checked against the model's own eager function, run again in float32
+on a few query rows of the same inputs (whatever the model's dtype), and a model whose eager attention
+computes something else (a term this reading does not know) raises `EagerAttentionError` in one line
+naming its model type and the layer, instead of recording codes that are not the model's.
 
 The registry entry is restored when the context ends (nested contexts restore in turn); while it is
 active every eager model of the process goes through the wrapper, which changes nothing of what
@@ -40,10 +40,11 @@ from latentcode.errors import LatentcodeError
 from latentcode.sources.attention_calls import call_scores, edit_rows
 from latentcode.sources.attention_rows import softmax_rows
 
-# The most |rebuilt - eager attn_weights| a call may show, by the dtype the model computed in: float32
-# rounding (~1e-7) in float32; the weights' own rounding (2^-8 bfloat16, 2^-11 float16) and that of
-# scores multiplied in that dtype otherwise. A dropped term (a sink, the cap) moves codes by more.
-CHECK_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-6, torch.float16: 2e-2, torch.bfloat16: 6e-2}
+# The most |rebuilt - the eager function's own probabilities| a call may show. Both are computed in float32
+# from the call's own inputs (the eager function is run again on float32 copies of a few query rows),
+# so only float32 rounding separates them (0 seen on tiny Gemma 2 and gpt-oss) whatever the model's dtype;
+# a term the reading misses (a sink, the cap, a bias) moves codes by far more.
+CHECK_TOLERANCE = 1e-4
 #: query rows of each call compared with the eager function's own probabilities (evenly spread)
 CHECKED_ROWS = 8
 
@@ -51,7 +52,8 @@ CHECKED_ROWS = 8
 #: tokens are (transformers passes the positions down to every attention function)
 READ = frozenset({"module", "query", "key", "value", "attention_mask", "s_aux", "position_ids", "cache_position"})
 
-OnEagerCall = Callable[[nn.Module, dict[str, Any], Any], Any]
+# on_call(module, call, result, (its eager function, args, kwargs)) -> what the module gets
+OnEagerCall = Callable[[nn.Module, dict[str, Any], Any, tuple], Any]
 
 
 class EagerAttentionError(LatentcodeError, RuntimeError):
@@ -107,36 +109,55 @@ def eager_probabilities(call: dict[str, Any], rows: Tensor) -> Tensor:
     return softmax_rows(call_scores("eager", call, rows), call.get("sinks"))
 
 
-def check_eager_call(module: nn.Module, call: dict[str, Any], result: Any, where: str) -> None:
-    """Refuse (one line) a call whose own probabilities differ from what this reading computes."""
-    weights = result[1] if isinstance(result, tuple) and len(result) > 1 else None
-    if not isinstance(weights, Tensor) or weights.dim() != 4 or call["dropout_p"] > 0:
-        return  # nothing returned to compare with (or dropped out: training, where codes are not recorded)
+def check_eager_call(module: nn.Module, function: Callable[..., Any], args: tuple, kwargs: dict,
+                     call: dict[str, Any], where: str) -> None:
+    """Refuse (one line) a call whose eager function computes other probabilities than this reading: the
+    function is run again on float32 copies of its inputs for CHECKED_ROWS query rows, its returned
+    weights compared with `eager_probabilities` of the same rows."""
     n_queries = call["query"].shape[-2]
-    rows = torch.linspace(0, n_queries - 1, min(CHECKED_ROWS, n_queries), device=weights.device).round().long()
+    rows = torch.unique(torch.linspace(0, n_queries - 1, min(CHECKED_ROWS, n_queries)).round().long())
+    rows = rows.to(call["query"].device)
+    signature = inspect.signature(function)
+    bound = signature.bind(module, *args, **kwargs)
+    bound.arguments["query"] = call["query"].detach().float().index_select(-2, rows)
+    bound.arguments["key"], bound.arguments["value"] = call["key"].detach().float(), call["value"].detach().float()
+    mask = bound.arguments.get("attention_mask")
+    if isinstance(mask, Tensor):  # [batch, 1 or head, query, key]: the same rows
+        bound.arguments["attention_mask"] = mask.float().index_select(-2, rows.to(mask.device)) \
+            if mask.dim() >= 2 and mask.shape[-2] == n_queries else mask.float()
+    if "dropout" in bound.arguments:  # probabilities before dropout, as recorded (training: dropout_p > 0)
+        bound.arguments["dropout"] = 0.0
+    worst, shape = float("inf"), None
     with torch.no_grad():
-        rebuilt = eager_probabilities(call, torch.unique(rows))
-        own = weights.detach().float().index_select(-2, torch.unique(rows).to(weights.device))
-        if rebuilt.shape != own.shape:
-            raise EagerAttentionError(f"{model_type(module)} {where}: its eager attention returns weights of shape "
-                                      f"{list(weights.shape)}; expected [batch, head, query, key] with one column per key")
-        worst = float((rebuilt - own).abs().max()) if rebuilt.numel() else 0.0
-    tolerance = CHECK_TOLERANCE.get(call["query"].dtype, 1e-4)
-    if not worst <= tolerance:
-        terms = " and ".join(term for term, present in (("soft-capping", call["softcap"] is not None),
-                                                         ("sinks", call["sinks"] is not None)) if present)
-        unread = f"it passes {', '.join(call['unread'])}, which latentcode does not read" if call["unread"] else \
-            "its attention has a term latentcode does not read"
-        raise EagerAttentionError(
-            f"{model_type(module)} {where}: its eager attention's probabilities differ by {worst:.2g} from "
-            f"softmax(scale q.k{' with ' + terms if terms else ''} + mask), which latentcode reads exactly (tolerance "
-            f"{tolerance:g}): {unread}, so its codes are not recorded")
+        try:
+            own = function(*bound.args, **bound.kwargs)
+        except (RuntimeError, ValueError, IndexError, TypeError):  # e.g. a bias sized for every query row
+            own = None
+        weights = own[1] if isinstance(own, tuple) and len(own) > 1 else None
+        if isinstance(weights, Tensor):
+            rebuilt = eager_probabilities(call, rows)
+            shape = list(weights.shape)
+            if weights.shape == rebuilt.shape:
+                worst = float((rebuilt - weights.float()).abs().max()) if rebuilt.numel() else 0.0
+    if worst <= CHECK_TOLERANCE:
+        return
+    terms = " and ".join(term for term, present in (("soft-capping", call["softcap"] is not None),
+                                                     ("sinks", call["sinks"] is not None)) if present)
+    unread = f"it passes {', '.join(call['unread'])}, which latentcode does not read" if call["unread"] else \
+        "its attention has a term latentcode does not read"
+    formula = f"softmax(scale q.k{' with ' + terms if terms else ''} + mask), which latentcode reads exactly"
+    found = (f"returns no probabilities to compare with {formula}" if shape is None else
+             f"returns weights of shape {shape}, not those of {formula}" if worst == float("inf") else
+             f"gives probabilities that differ by {worst:.2g} from {formula} (tolerance {CHECK_TOLERANCE:g})")
+    raise EagerAttentionError(f"{model_type(module)} {where}: its eager attention {found}: {unread}, so its codes "
+                              "are not recorded")
 
 
 @contextmanager
 def eager_calls(on_call: OnEagerCall) -> Iterator[None]:
     """While active, every eager attention call through transformers' registry runs the module's own
-    eager function and returns `on_call(module, call, result)` (see the module docstring)."""
+    eager function and returns `on_call(module, call, result, (function, args, kwargs))` (see the module
+    docstring)."""
     if "transformers" not in sys.modules:  # no transformers model can be running
         yield
         return
@@ -145,7 +166,7 @@ def eager_calls(on_call: OnEagerCall) -> Iterator[None]:
     def eager(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         function = own_eager_function(module)
         result = function(module, *args, **kwargs)
-        return on_call(module, eager_call(module, function, args, kwargs), result)
+        return on_call(module, eager_call(module, function, args, kwargs), result, (function, args, kwargs))
 
     local = ALL_ATTENTION_FUNCTIONS._local_mapping  # this registry alone, not transformers' class-wide one
     previous = local.get("eager")

@@ -270,9 +270,9 @@ class TorchAttentionSource(AttentionSource):
                                 "queries": n_queries, "keys": n_keys})  # fmt: skip
             return on_call(layer, f"attention call {layer} ({pass_names[-1]})", kind, call, result)
 
-        def intercept_eager(module: nn.Module, call: dict[str, Any], result: Any) -> Any:
+        def intercept_eager(module: nn.Module, call: dict[str, Any], result: Any, made: tuple) -> Any:
             if running:  # made by the model: exact, or one line saying why not
-                check_eager_call(module, call, result, f"attention call {len(pass_names)} ({running[-1]})")
+                check_eager_call(module, *made, call, f"attention call {len(pass_names)} ({running[-1]})")
             return intercept("eager", call, result)
 
         handles = []
