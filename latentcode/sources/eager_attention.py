@@ -127,7 +127,7 @@ def check_eager_call(module: nn.Module, function: Callable[..., Any], args: tupl
             if mask.dim() >= 2 and mask.shape[-2] == n_queries else mask.float()
     if "dropout" in bound.arguments:  # probabilities before dropout, as recorded (training: dropout_p > 0)
         bound.arguments["dropout"] = 0.0
-    worst, shape = float("inf"), None
+    worst, shape, without_sinks = float("inf"), None, float("inf")
     with torch.no_grad():
         try:
             own = function(*bound.args, **bound.kwargs)
@@ -137,10 +137,18 @@ def check_eager_call(module: nn.Module, function: Callable[..., Any], args: tupl
         if isinstance(weights, Tensor):
             rebuilt = eager_probabilities(call, rows)
             shape = list(weights.shape)
-            if weights.shape == rebuilt.shape:
-                worst = float((rebuilt - weights.float()).abs().max()) if rebuilt.numel() else 0.0
-    if worst <= CHECK_TOLERANCE:
+            if weights.shape == rebuilt.shape and rebuilt.numel():
+                worst = float((rebuilt - weights.float()).abs().max())
+                if call["sinks"] is not None:
+                    unsunk = softmax_rows(call_scores("eager", call, rows))
+                    without_sinks = float((unsunk - weights.float()).abs().max())
+    if worst <= CHECK_TOLERANCE or shape is not None and 0 in shape:
         return
+    if without_sinks <= CHECK_TOLERANCE:  # e.g. granite_swa: the sink scales the output, not the weights
+        raise EagerAttentionError(
+            f"{model_type(module)} {where}: its eager attention returns probabilities without its sinks and "
+            "applies the sinks to its output instead, so the weights it reports (output_attentions) are not the "
+            "codes its output uses; latentcode records codes only where the two agree, so none are recorded")
     terms = " and ".join(term for term, present in (("soft-capping", call["softcap"] is not None),
                                                      ("sinks", call["sinks"] is not None)) if present)
     unread = f"it passes {', '.join(call['unread'])}, which latentcode does not read" if call["unread"] else \
