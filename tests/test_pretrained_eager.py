@@ -134,6 +134,29 @@ def test_the_sites_codes_equal_eager_attention(tiny):
     assert len(codes.sites) == SEQ_LEN * SEQ_LEN and worst <= TOLERANCE
 
 
+@pytest.mark.filterwarnings("ignore:.*contain NaN or inf:RuntimeWarning")  # masked pairs' scores are -inf
+def test_scores_are_the_capped_masked_scores_whose_softmax_is_the_model(tiny):
+    """score="scores": the scores after the cap and the mask (-inf where masked, at most the cap in size for
+    Gemma 2); their softmax, with the sinks in the denominator for gpt-oss, is eager attention's."""
+    architecture, directory, _, reference = tiny
+    codes = latentcode.extract(directory, task={"seq_len": SEQ_LEN}, sites="0:*:*", n=2, score="scores",
+                               batch_size=2, progress=False)
+    scores = np.full((2, 4, SEQ_LEN, SEQ_LEN), np.nan, dtype=np.float32)
+    for site in codes.sites:
+        scores[:, :, site.query, site.key] = codes.codes(site)
+    query, key = np.arange(SEQ_LEN)[:, None], np.arange(SEQ_LEN)[None, :]
+    masked = (key > query) | (key <= query - WINDOW)  # layer 0 is a sliding-window layer
+    assert np.isneginf(scores[..., masked]).all() and np.isfinite(scores[..., ~masked]).all()
+    logits = torch.from_numpy(scores)
+    if architecture == "gemma2":
+        assert np.abs(scores[..., ~masked]).max() <= 5.0
+        probabilities = torch.softmax(logits, dim=-1)
+    else:
+        sinks = torch.linspace(-2.0, 3.0, 4).reshape(1, 4, 1, 1).expand(2, 4, SEQ_LEN, 1)
+        probabilities = torch.softmax(torch.cat([logits, sinks], dim=-1), dim=-1)[..., :-1]
+    assert float((probabilities - torch.from_numpy(reference[0])).abs().max()) <= TOLERANCE
+
+
 def test_dropping_a_term_from_the_rebuild_is_far_from_the_model(tiny):
     """Without the window (sliding layer 0), the soft cap (Gemma 2) or the sinks (gpt-oss) the rows are
     not the model's: the test above could not pass with that term ignored."""
