@@ -273,3 +273,28 @@ def test_half_precision_extraction_runs_and_its_codes_are_near_the_models(tiny, 
                              - reference[layer].float().numpy()).max()) for layer in (0, 1))
     print(f"{architecture}: largest |{dtype} compact rebuild - {dtype} eager output_attentions| {worst:.4f}")
     assert worst <= (0.15 if dtype == "bfloat16" else 0.02)
+
+
+def test_a_model_whose_eager_attention_bypasses_the_registry_is_one_line(tiny, monkeypatch):
+    """A layer that picks its eager function without transformers' registry makes no call latentcode reads
+    (here layer 1 of every pass): refused in one line saying how many layers were read, not a compact
+    store missing a layer."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    architecture, directory, out, _ = tiny
+    module = __import__(f"transformers.models.{architecture}.modeling_{architecture}", fromlist=["x"])
+    calls = []
+
+    class EveryOtherLayer:
+        def get_interface(self, name, default):
+            calls.append(name)
+            return ALL_ATTENTION_FUNCTIONS.get_interface(name, default) if len(calls) % 2 else default
+
+    monkeypatch.setattr(module, "ALL_ATTENTION_FUNCTIONS", EveryOtherLayer())
+    target = out.parent / "bypassed.h5"
+    with pytest.raises(LatentcodeError) as raised:
+        latentcode.extract(directory, task={"seq_len": SEQ_LEN}, sites="0:-1:-1", n=1, out=target, progress=False)
+    message = str(raised.value)
+    assert "\n" not in message and f"({architecture}, eager attention): 1 of its 2 layers made an attention call " \
+        "latentcode reads" in message
+    assert not target.exists()
