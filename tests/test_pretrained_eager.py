@@ -298,3 +298,21 @@ def test_a_model_whose_eager_attention_bypasses_the_registry_is_one_line(tiny, m
     assert "\n" not in message and f"({architecture}, eager attention): 1 of its 2 layers made an attention call " \
         "latentcode reads" in message
     assert not target.exists()
+
+
+def test_nested_recorders_both_read_every_eager_call(tiny):
+    """Two captures at once (a Recorder inside another, as inside an Intervention) each see every call."""
+    from latentcode.extraction.recorder import Recorder
+    from latentcode.sources.torch_attention import TorchAttentionSource
+
+    architecture, directory, out, reference = tiny
+    model = latentcode.load_pretrained(directory, progress=False).model
+    ids = torch.as_tensor(latentcode.CodeFile(out).extra("token_ids"))
+    with torch.no_grad(), Recorder(model, "*:-1:*", source=TorchAttentionSource(model)) as outer, \
+            Recorder(model, "1:-1:*", source=TorchAttentionSource(model)) as inner:
+        model(input_ids=ids)
+    outer_codes, inner_codes = outer.pop(), inner.pop()
+    assert len(outer_codes) == 2 * SEQ_LEN and len(inner_codes) == SEQ_LEN
+    for site, codes in inner_codes.items():
+        np.testing.assert_array_equal(codes, outer_codes[site])
+        np.testing.assert_allclose(codes, reference[1][:, :, -1, site.key], atol=TOLERANCE)

@@ -171,13 +171,16 @@ def eager_calls(on_call: OnEagerCall) -> Iterator[None]:
         return
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    def eager(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        function = own_eager_function(module)
-        result = function(module, *args, **kwargs)
-        return on_call(module, eager_call(module, function, args, kwargs), result, (function, args, kwargs))
-
     local = ALL_ATTENTION_FUNCTIONS._local_mapping  # this registry alone, not transformers' class-wide one
     previous = local.get("eager")
+
+    def eager(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        function = own_eager_function(module)
+        # An enclosing context's wrapper (a Recorder inside an Intervention) sees the call first, as nested
+        # TorchFunctionModes see an SDPA call; this one gets what it returns.
+        result = (previous or function)(module, *args, **kwargs)
+        return on_call(module, eager_call(module, function, args, kwargs), result, (function, args, kwargs))
+
     local["eager"] = eager
     try:
         yield
