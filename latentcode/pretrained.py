@@ -9,7 +9,9 @@ Nothing is downloaded: every `from_pretrained` call is `local_files_only`. Nothi
 did not install: every call passes `trust_remote_code=False`, and a directory whose `config.json` or
 `tokenizer_config.json` has an `auto_map` (a model's own Python code) is refused in one line before
 transformers reads it (transformers would otherwise ask on a terminal, or fail with a traceback). The model attends with
-`attn_implementation="sdpa"`, which `latentcode.sources.TorchAttentionSource` reads exactly.
+`attn_implementation="sdpa"`, which `latentcode.sources.TorchAttentionSource` reads exactly, or, for an architecture
+transformers runs only eagerly (Gemma 2's soft-capped scores, gpt-oss's attention sinks), with "eager", read exactly
+at its eager attention call (`latentcode.sources.eager_attention`).
 
 SmolLM2-135M-Instruct (Apache-2.0; Llama architecture, 30 layers, d_model 576, 9 query heads, 3
 key/value heads, RoPE, 8,192 positions, tokenizer embedded) ships as

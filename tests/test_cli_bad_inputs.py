@@ -1147,3 +1147,41 @@ def test_the_python_api_answers_a_mistake_with_the_command_lines_string(workspac
     flags = {option for action in sub._actions for option in action.option_strings} | {"RUN_DIR"}
     assert flag in ("", "--") or flag.rstrip(": ") in flags, flag
     assert snapshot(workspace) == before
+
+
+# -- issue 47: a model type whose attention cannot be read exactly -------------------------------------------------
+# Not rows of BAD_INPUTS, which are answered before torch: these are found while the model runs (its first forward).
+
+
+def test_a_model_type_whose_attention_cannot_be_read_exactly_is_one_line(tmp_path, monkeypatch, capsys):
+    """granite_swa applies its attention sinks to its output, not to the probabilities it reports: the two
+    disagree, so its codes are refused in one line naming the model type and why, from the command line and
+    the Python API alike, and nothing is written."""
+    import torch
+    import transformers
+
+    import latentcode
+    from tests.pretrained_models import VOCAB_SIZE, tiny_tokenizer
+
+    if not hasattr(transformers, "GraniteSWAConfig"):
+        pytest.skip(f"transformers {transformers.__version__} has no granite_swa")
+    torch.manual_seed(0)
+    config = transformers.GraniteSWAConfig(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=48,
+                                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                           max_position_embeddings=64, bos_token_id=None, eos_token_id=None,
+                                           architectures=["GraniteSWAForCausalLM"])
+    transformers.GraniteSWAForCausalLM(config).eval().save_pretrained(tmp_path / "granite")
+    tiny_tokenizer().save_pretrained(tmp_path / "granite")
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    capsys.readouterr()  # transformers' own lines while saving the model
+    message = ("granite_swa attention call 0 (model.layers.0.self_attn): its eager attention returns probabilities "
+               "without its sinks and applies the sinks to its output instead")
+    assert main(["extract", str(tmp_path / "granite"), "--task", "seq_len=16", "--n", "1", "--out", "c.h5",
+                 "--quiet"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), lines
+    with pytest.raises(latentcode.LatentcodeError) as raised:
+        latentcode.extract(tmp_path / "granite", task={"seq_len": 16}, n=1, out="c.h5", progress=False)
+    assert lines[0] == f"error: {raised.value}"
+    assert snapshot(tmp_path) == before
