@@ -3,8 +3,9 @@
 `--old PATH` is a checkout from before the change (e.g. `git worktree add /tmp/old 2037877`): its
 `latentcode` package is copied to a temporary directory as `latentcode_old` (every `latentcode` name,
 operator namespace included, renamed), so that both import side by side. Each part times forward +
-backward, one thread, in interleaved rounds (each round times every mode), medians in ms and the ratio
-mode / new (above 1: the operators are faster):
+backward, one thread, in interleaved rounds (each round times every mode, starting with the next one:
+the mode timed first in a round was seen to lose up to 10% on a busy machine), medians in ms and the
+ratio mode / new (above 1: the operators are faster):
 
     gelu        [4608, 256] (SRAVEN's MLP): new operator, old ctypes kernel, F.gelu(approximate="tanh")
     attention   one HYLA layer in training, batch 128 of SRAVEN (T=36, 16 heads of 4) or fuzzy logic
@@ -54,8 +55,10 @@ def compare(label: str, modes: dict, rounds: int, steps: int) -> None:
         for _ in range(2):
             function()
     times: dict[str, list[float]] = {mode: [] for mode in modes}
-    for _ in range(rounds):
-        for mode, function in modes.items():
+    names = list(modes)
+    for round_index in range(rounds):  # each round starts with the next mode: none always runs first
+        for mode in names[round_index % len(names):] + names[:round_index % len(names)]:
+            function = modes[mode]
             for _ in range(steps):
                 start = time.perf_counter()
                 function()

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from latentcode.models.kernel_ops import EXTENSION, Kernel, loaded
+from latentcode.models.kernel_ops import EXTENSION, Kernel, loaded, ops
 
 KERNELS = Kernel("fused_gelu")
 
@@ -63,12 +63,12 @@ def _applies(x: Tensor) -> bool:
 
 def forward(x: Tensor) -> Tensor:
     """gelu(x), tanh approximation, of float32 CPU `x` (any shape) through the kernel; no autograd."""
-    return torch.ops.latentcode.gelu_tanh(x.contiguous())
+    return ops().gelu_tanh(x.contiguous())
 
 
 def backward(x: Tensor, grad_y: Tensor) -> Tensor:
     """grad_y * gelu'(x), of float32 CPU `x` and `grad_y` of one shape, through the kernel."""
-    return torch.ops.latentcode.gelu_tanh_backward(x.contiguous(), grad_y.contiguous())
+    return ops().gelu_tanh_backward(x.contiguous(), grad_y.contiguous())
 
 
 def _fake(x: Tensor) -> Tensor:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from latentcode.models.kernel_ops import EXTENSION, Kernel, loaded
+from latentcode.models.kernel_ops import EXTENSION, Kernel, loaded, ops
 
 MAX_HEADS = 16
 CHUNK = 8  # floats of d_head_v per inner step: one AVX2 register
@@ -79,14 +79,14 @@ def _value_layout(values: Tensor) -> Tensor:
 def forward(latent_codes: Tensor, values: Tensor, relu: bool) -> Tensor:
     """z `[batch, query, head, d]` of codes `[batch, head, query, key]` and values `[batch, key, head, d]`."""
     KERNELS.count()
-    return torch.ops.latentcode.hyper_values(latent_codes.contiguous(), _value_layout(values), relu, KEY_TILE)
+    return ops().hyper_values(latent_codes.contiguous(), _value_layout(values), relu, KEY_TILE)
 
 
 def backward(latent_codes: Tensor, values: Tensor, grad_z: Tensor, relu: bool,
              grad_values: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """`(d codes, d values)` of `sum(forward(...) * grad_z)`; the values' gradient is added to
     `grad_values` (of shape `values.shape`) where given."""
-    grad_codes, tile_grad_values = torch.ops.latentcode.hyper_values_backward(
+    grad_codes, tile_grad_values = ops().hyper_values_backward(
         latent_codes.contiguous(), _value_layout(values), grad_z.contiguous(), relu, KEY_TILE)
     if grad_values is None:
         return grad_codes, tile_grad_values

@@ -45,7 +45,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from latentcode.models.kernel_ops import EXTENSION, Kernel, loaded
+from latentcode.models.kernel_ops import EXTENSION, Kernel, loaded, ops
 
 SOFTMAX, RMS = 1, 2
 """Bits of a sigma's kernel code: softmax over keys, then rms over heads (identity: 0)."""
@@ -89,7 +89,7 @@ def short_attention(queries: Tensor, keys: Tensor, values: Tensor, bias: Tensor 
     did not depend on the inputs."""
     n_positions = queries.shape[1]
     KERNELS.count()
-    return torch.ops.latentcode.short_attention(
+    return ops().short_attention(
         queries.contiguous(), keys.contiguous(), values.contiguous(), None if bias is None else bias.contiguous(),
         None if allowed is None else allowed.contiguous(),
         None if keep is None else keep.reshape(n_positions, n_positions).contiguous(), sigma, network, eps, shaped)

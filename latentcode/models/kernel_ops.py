@@ -195,3 +195,10 @@ def loaded() -> bool:
     """Whether the operators are loaded (built first where needed); torch.compile takes the answer as a constant
     of the graph instead of tracing into the build."""
     return EXTENSION.load() is not None
+
+
+def ops():
+    """`torch.ops.latentcode`, loaded (built first where needed); RuntimeError saying why where it cannot be."""
+    if not loaded():
+        raise RuntimeError(f"latentcode's kernels are not loaded: {EXTENSION.failure()}")
+    return torch.ops.latentcode

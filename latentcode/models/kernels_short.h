@@ -12,7 +12,9 @@ constexpr int LINEAR = 0, HYPER_LINEAR = 1, HYPER_RELU = 2;
 
 /* Instantiated for the shapes of the paper's training batches (T, H, D, E as template arguments: the compiler
    then unrolls the loops over head widths and keys, about a third faster) and generically (all 0: the sizes
-   are the arguments); kernel_ops.cpp dispatches. */
+   are the arguments); kernel_ops.cpp dispatches. noinline: each copy is compiled on its own, as the C library's
+   functions were, not inlined into the OpenMP region that calls it (the generic copy ran up to a third slower
+   inlined there). */
 #define SHAPE const long T = FT ? FT : T_, H = FH ? FH : H_, D = FD ? FD : D_, E = FE ? FE : E_;
 
 /* GCC / Clang vector extensions: one AVX2 register (two SSE or NEON ones elsewhere). Every row of keys
@@ -160,7 +162,7 @@ static inline __attribute__((always_inline)) void hidden_of_row(const float *ad,
    [T, T] (bytes), keep [T, T] or NULL; codes [B, H, T, Tp] and inverse_rms [B, T, Tp] written here (Tp = T
    rounded up to 8, 32-byte aligned rows) for the backward. Batch elements b0 .. b1 - 1. */
 template <long FT, long FH, long FD, long FE>
-static void short_forward(const float *q, const float *kk, const float *v, const float *bias, const unsigned char *allowed,
+__attribute__((noinline)) static void short_forward(const float *q, const float *kk, const float *v, const float *bias, const unsigned char *allowed,
                    const float *keep, float *z,
                    long b0, long b1, long T_, long H_, long D_, long E_, int sigma, int network, float eps) {
     SHAPE
@@ -195,7 +197,7 @@ static void short_forward(const float *q, const float *kk, const float *v, const
 /* The chain rule of short_forward from grad_z [B, T, H, E]: grad_q, grad_k [B, T, H, D], grad_v [B, T, H, E]
    written; grad_bias [H, T, T] (or NULL) added to. */
 template <long FT, long FH, long FD, long FE>
-static void short_backward(const float *q, const float *kk, const float *v, const float *bias, const unsigned char *allowed,
+__attribute__((noinline)) static void short_backward(const float *q, const float *kk, const float *v, const float *bias, const unsigned char *allowed,
                     const float *keep, const float *grad_z, float *grad_q, float *grad_k, float *grad_v,
                     float *grad_bias, long b0, long b1, long T_, long H_, long D_, long E_, int sigma, int network,
                     float eps) {
