@@ -1,7 +1,8 @@
 // latentcode's fused CPU kernels as PyTorch operators, torch.ops.latentcode.* (built and loaded by
 // latentcode/models/kernel_ops.py with torch.utils.cpp_extension; fake tensors and autograd are registered in
 // Python: fused_gelu.py, fused_short.py, fused_hyper.py). Each operator takes float32 CPU tensors (checked
-// here: anything else is the caller's torch formula) and splits its work over torch's OpenMP threads.
+// here: anything else is the caller's torch formula); GELU and the short attention split their work over
+// torch's OpenMP threads, the hyper value networks' tiles run in the calling thread.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>

@@ -9,19 +9,20 @@ Python registers each operator's fake implementation and autograd formula (`fuse
 Built on first use by `torch.utils.cpp_extension.load` (its JIT: ninja, and its `FileBaton` lock in the
 build directory so that concurrent processes build once), with `-O3 -march=native -fopenmp` (the
 kernels split their work over torch's own OpenMP threads), `is_python_module=False` (the library only
-registers operators). About 20 s of one core the first time on a machine (16.5 s on a quiet 2-core Xeon;
-a fresh clone, a new CPU or torch version), then read from the cache: `$LATENTCODE_CACHE/kernels/latentcode_kernels-HASH/`
-(default `~/.cache/latentcode/kernels/...`), named by the hash of the sources, the flags, torch's version
-and the CPU, so that a cache shared by machines of other CPUs never loads a library built for
-instructions this CPU lacks.
+registers operators). About 20 s of one core the first time on a machine (16.5 s on a quiet 2-core
+Xeon; a fresh clone, a new CPU or torch version), then read from the cache:
+`$LATENTCODE_CACHE/kernels/latentcode_kernels-HASH/` (default `~/.cache/latentcode/kernels/...`), named
+by the hash of the sources, the flags, torch's and Python's versions and the CPU, so that a cache shared
+by machines of other CPUs never loads a library built for instructions this CPU lacks. A build that
+fails is tried again by the next process (each says why in its run record, `latentcode.training.compute`).
 
 Nothing is loaded before `latentcode.models.kernel_cache` checks it: the cache and the build directory
 are directories (not links) owned by the user and writable by nobody else, and a built library is
-loaded only where its SHA-256 equals the digest recorded after our own build. Anything else is said in
-one warning line and the torch formula runs. So it does where `LATENTCODE_KERNELS=formula`
-(`latentcode.switches`), where the build fails (no compiler, no ninja), and for every dtype and device
-but float32 on the CPU: every user of a kernel keeps the torch computation of the same numbers (to
-float tolerance).
+loaded only where its SHA-256 equals the digest recorded after our own build. A refusal is said in one
+warning line and the torch formula runs. The formula also runs, without a warning (the run record says
+why), under `LATENTCODE_KERNELS=formula` (`latentcode.switches`), where the build fails (no compiler,
+no OpenMP, no ninja), and for every dtype and device but float32 on the CPU: every user of a kernel
+keeps the torch computation of the same numbers (to float tolerance).
 """
 
 from __future__ import annotations
