@@ -68,3 +68,21 @@ def test_ctrl_c_is_one_line_and_130_and_leaves_nothing(command, after, tmp_path)
     assert status == 130, output
     assert lines == ["interrupted"], output
     assert sorted(path.name for path in out.rglob("*")) == [], "an interrupted command wrote files"
+
+
+# The command ends, then Ctrl-C comes before the process has exited (while it shuts down).
+ENDED = """import os, signal, sys, time
+sys.argv = ["latentcode", *sys.argv[1:]]
+from latentcode.cli import main
+status = main()
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(30)
+sys.exit(status)
+"""
+
+
+def test_ctrl_c_after_the_command_has_ended_is_one_line_and_130_and_keeps_its_output(tmp_path):
+    finished = subprocess.run([sys.executable, "-c", ENDED, "tasks", "ambiguity", "--n", "3"], capture_output=True,
+                              text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert finished.returncode == 130 and finished.stderr == "interrupted\n", finished.stderr
+    assert finished.stdout.strip(), "what the command printed before the signal was lost"

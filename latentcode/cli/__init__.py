@@ -130,18 +130,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     args = parser.parse_args(argv)
     command = parser.commands[args.command]
+    as_the_command = signal.getsignal(signal.SIGINT) is _interrupted_while_starting  # set by latentcode/__init__.py
     try:
-        if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:  # set by latentcode/__init__.py
-            # From here Ctrl-C is a KeyboardInterrupt again: the outputs a command holds are discarded
-            # as it unwinds (latentcode.files.AtomicOutputs), then one line and 130 below.
-            signal.signal(signal.SIGINT, _interrupt_unless_importing)
-        check_switches()  # LATENTCODE_MKL_ON_AMD=yes and the like: refused before anything runs
-        shown, warnings.formatwarning = warnings.formatwarning, _one_line_warning
         try:
-            command.check(args)
-            status = command.run(args)
+            if as_the_command:
+                # From here Ctrl-C is a KeyboardInterrupt again: the outputs a command holds are discarded
+                # as it unwinds (latentcode.files.AtomicOutputs), then one line and 130 below.
+                signal.signal(signal.SIGINT, _interrupt_unless_importing)
+            check_switches()  # LATENTCODE_MKL_ON_AMD=yes and the like: refused before anything runs
+            shown, warnings.formatwarning = warnings.formatwarning, _one_line_warning
+            try:
+                command.check(args)
+                status = command.run(args)
+            finally:
+                warnings.formatwarning = shown
         finally:
-            warnings.formatwarning = shown
+            if as_the_command:
+                # The command has ended (its outputs written or discarded): Ctrl-C from here to the
+                # process's exit (the lines below, the interpreter's shutdown) is one line and 130 at once,
+                # not a KeyboardInterrupt traceback from the console script.
+                signal.signal(signal.SIGINT, _interrupted_while_starting)
     except USER_ERRORS as error:
         if os.environ.get("LATENTCODE_DEBUG"):
             raise
