@@ -18,8 +18,12 @@ for torch. `tests/test_public_api.py` keeps the two lists equal and checks the A
 from __future__ import annotations
 
 import os as _os
-import signal as _signal
 import sys as _sys
+
+try:  # signal's C module, loaded by the interpreter before site: signal.py would first build its enums
+    import _signal  # (a few ms under load, during which a Ctrl-C was still Python's traceback)
+except ImportError:  # another interpreter
+    import signal as _signal  # type: ignore[no-redef]
 
 
 def _interrupted_while_starting(signum: int, frame: object) -> None:  # noqa: ARG001 - a signal handler's signature
