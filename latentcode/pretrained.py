@@ -159,7 +159,8 @@ def resolve(path_or_name: str | Path) -> Path:
     return Path(path_or_name)
 
 
-#: the largest model (weights files) whose SHA-256 a codes file's reader checks to show token texts (view)
+#: the largest model (a file, or all the files of a directory) a codes file names whose SHA-256 view checks and
+#: whose tokenizer it reads to show token texts
 MAX_NAMED_MODEL_BYTES = 4 << 30
 #: passed to every transformers `from_pretrained`: offline, and no code of the model's own
 SAFE_OPTIONS: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
@@ -218,10 +219,14 @@ def token_texts_of(model_path: str, model_name: str, sha256: str, cache: str | P
                               "files kept the model's path)")
     if not path.exists():
         raise PretrainedError(f"its model {path} is not here")
+    if not (path.is_file() or path.is_dir()):
+        raise PretrainedError(f"its model {path} is neither a file nor a directory (a device or a pipe); expected a "
+                              ".gguf file or a model directory")
     if not sha256:
         raise PretrainedError(f"it records no checkpoint SHA-256 to check {path} against")
+    # A directory: every file in it (its weights are hashed, its tokenizer files read), not only the weights.
     size = path.stat().st_size if path.is_file() else sum(
-        item.stat().st_size for item in path.iterdir() if item.is_file() and item.suffix in (".safetensors", ".bin", ".gguf"))
+        item.stat().st_size for item in path.iterdir() if item.is_file())
     if size > MAX_NAMED_MODEL_BYTES:  # a file a codes file merely names is not read whole beyond this
         raise PretrainedError(f"its model {path} is {size / 2**30:.1f} GiB; token texts are read only from a model of "
                               f"at most {MAX_NAMED_MODEL_BYTES >> 30} GiB (its SHA-256 is checked first)")

@@ -251,6 +251,11 @@ def add_issue_45_inputs(root: Path, run: Path) -> None:
         (root / name / "config.json").write_text(json.dumps({**config, **edits}))
         if weights:
             (root / name / weights).write_bytes(b"weights")
+    (root / "hf_tokenizer_auto_map").mkdir()
+    (root / "hf_tokenizer_auto_map" / "config.json").write_text(json.dumps(config))
+    (root / "hf_tokenizer_auto_map" / "model.safetensors").write_bytes(b"weights")
+    (root / "hf_tokenizer_auto_map" / "tokenizer_config.json").write_text(json.dumps(
+        {"auto_map": {"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]}}))
     import gguf
 
     writer = gguf.GGUFWriter(str(root / "whole.gguf"), "llama")
@@ -270,6 +275,7 @@ def add_issue_45_inputs(root: Path, run: Path) -> None:
         record = json.loads((root / name / "config.json").read_text())
         edit(record)
         (root / name / "config.json").write_text(json.dumps(record))
+    add_damaged_compact_stores(root)
     metadata = {"model_name": "hyla", "model_config": {"attention": "hyla"}, "checkpoint_sha256": "0" * 64,
                 "task_config": json.loads((run / "config.json").read_text())["train"]["task"],
                 "task_analysis": FUZZY_ANALYSIS}
@@ -278,6 +284,26 @@ def add_issue_45_inputs(root: Path, run: Path) -> None:
             writer.append(codes={site: np.zeros((0, 4)) for site in SITES},
                           labels={"term_present": np.zeros((0, 6), dtype=np.int64),
                                   "task_index": np.zeros(0, dtype=np.int64)}, split=split)
+
+
+# The damaged compact stores of issue 45 (workspace name, how test_store_compact's `_damage` breaks it)
+COMPACT_DAMAGE = {"compact_nan_key": "nan key", "compact_nan_scale": "nan scale",
+                  "compact_scale_minus_1000": "negative scale", "compact_keys_1e30": "keys of 1e30",
+                  "compact_key_valid_all_false": "key_valid all false",
+                  "compact_real_query_without_key": "one example without a real token"}
+
+
+def add_damaged_compact_stores(root: Path) -> None:
+    """A tiny random Llama (`hf_tiny`), a codes file of it with a compact store (`compact_ok.h5`) and a
+    copy of it for each damage of COMPACT_DAMAGE, each used silently before issue 45."""
+    from latentcode.extraction.pretrained_extract import extract_pretrained
+    from tests.pretrained_models import save_tiny_llama
+    from tests.test_store_compact import _damage
+
+    save_tiny_llama(root / "hf_tiny")
+    extract_pretrained(root / "hf_tiny", split="train", n=3, seq_len=16, out=root / "compact_ok.h5", progress=False)
+    for name, damage in COMPACT_DAMAGE.items():
+        copy_and_edit(root / "compact_ok.h5", root / f"{name}.h5", lambda file, damage=damage: _damage(damage, file))
 
 
 def snapshot(root: Path) -> dict[str, tuple]:
@@ -689,6 +715,12 @@ BAD_INPUTS = [
      "holds its weights as pytorch_model.bin, a pickle, which latentcode does not load"),
     ("extract-pretrained-auto-map", ["extract", "{hf_auto_map}", "--out", "{a_dir}/c.h5"],
      "config.json has an auto_map (AutoConfig: configuration_evil.EvilConfig)"),
+    ("extract-pretrained-tokenizer-auto-map", ["extract", "{hf_tokenizer_auto_map}", "--out", "{a_dir}/c.h5"],
+     "tokenizer_config.json has an auto_map (AutoTokenizer: ['tokenization_evil.EvilTokenizer', None])"),
+    ("extract-smollm2-seq-len-text", ["extract", "smollm2", "--task", "seq_len=long", "--out", "{a_dir}/c.h5"],
+     "--task: seq_len='long' must be an integer"),
+    ("extract-smollm2-seq-len-fraction", ["extract", "smollm2", "--task", "seq_len=64.5", "--out", "{a_dir}/c.h5"],
+     "--task seq_len=64.5 must be an integer"),
     ("extract-gguf-truncated", ["extract", "{truncated.gguf}", "--out", "{a_dir}/c.h5"],
      "{truncated.gguf} is truncated or damaged: tensor token_embd.weight ends at byte"),
     ("extract-gguf-absurd-counts", ["extract", "{absurd_counts.gguf}", "--out", "{a_dir}/c.h5"],
@@ -702,6 +734,24 @@ BAD_INPUTS = [
      "'resolved_model_config' is a JSON list; expected an object"),
     ("extract-run-model-16-tib", ["extract", "{run_model_16_tib}", "--out", "{a_dir}/c.h5"],
      "the model its config describes needs at least"),
+    # issue 45: a damaged compact store is refused at open, naming the dataset (its rows were zeros, or
+    # plausible rows summing to 1, and intervene --mean-ablate reported losses from it)
+    ("probe-compact-nan-key", ["probe", "{compact_nan_key.h5}"],
+     "{compact_nan_key.h5}: /compact/key_l1 holds a NaN or infinite key (example 1)"),
+    ("probe-compact-nan-scale", ["probe", "{compact_nan_scale.h5}"],
+     "{compact_nan_scale.h5}: /compact/query_l1 has scale nan; expected a positive finite number"),
+    ("probe-compact-scale-minus-1000", ["probe", "{compact_scale_minus_1000.h5}"],
+     "{compact_scale_minus_1000.h5}: /compact/query_l1 has scale -1000.0; expected a positive finite number"),
+    ("probe-compact-keys-1e30", ["probe", "{compact_keys_1e30.h5}"],
+     "{compact_keys_1e30.h5}: /compact/key_l0 and /compact/query_l0 hold keys up to norm 2.83e+30"),
+    ("probe-compact-key-valid-all-false", ["probe", "{compact_key_valid_all_false.h5}"],
+     "{compact_key_valid_all_false.h5}: /compact/key_valid marks no key of example 0 as real"),
+    ("probe-compact-real-query-without-key", ["probe", "{compact_real_query_without_key.h5}"],
+     "{compact_real_query_without_key.h5}: /compact/key_valid marks no key of example 2 as real"),
+    *[(f"intervene-mean-ablate-{name.replace('_', '-')}",
+       ["intervene", "{hf_tiny}", "--sites", "1:*:*", "--mean-ablate", "all", "--codes", f"{{{name}.h5}}", "--task",
+        "seq_len=16", "--n", "2", "--out", "{a_dir}/e"], f"{{{name}.h5}}: /compact/")
+      for name in COMPACT_DAMAGE],
     ("probe-dangling-soft-link", ["probe", "{soft_link.h5}"],
      "{soft_link.h5}: /labels/ghost is a soft link to /labels/nowhere, which is not in the file"),
     # issue 34: silently accepted before
@@ -806,6 +856,35 @@ def test_a_bad_input_is_one_line_and_changes_nothing(workspace, monkeypatch, cap
     assert expand(message, workspace) in lines[0]
     assert "Traceback" not in captured.err and captured.out == ""
     assert snapshot(workspace) == before, "a failed command changed or added files"
+
+
+# issue 45: an environment switch set to a value it does not take (LATENTCODE_MKL_CPU_CHECK=off was silently
+# ignored): refused in one line before any command runs, whichever command it is.
+BAD_SWITCHES = [
+    ("mkl-cpu-check-off", "LATENTCODE_MKL_CPU_CHECK", "off", [*TRAIN, "--out", "{a_dir}/t"]),
+    ("mkl-cpu-check-answer", "LATENTCODE_MKL_CPU_CHECK", "answer", ["probe", "{fuzzy.h5}"]),
+    ("mkl-on-amd-yes", "LATENTCODE_MKL_ON_AMD", "yes", [*TRAIN, "--out", "{a_dir}/t"]),
+    ("kernels-off", "LATENTCODE_KERNELS", "off", [*EXTRACT, "--out", "{a_dir}/c.h5"]),
+]
+
+
+@pytest.mark.parametrize("variable, value, argv", [row[1:] for row in BAD_SWITCHES], ids=[row[0] for row in BAD_SWITCHES])
+def test_a_switch_set_to_a_value_it_does_not_take_is_one_line_and_changes_nothing(workspace, monkeypatch, capsys,
+                                                                                 variable, value, argv):
+    from latentcode.switches import SWITCHES
+
+    monkeypatch.chdir(workspace)
+    monkeypatch.delenv("LATENTCODE_DEBUG", raising=False)
+    monkeypatch.setenv(variable, value)
+    before = snapshot(workspace)
+    status = main([expand(arg, workspace) for arg in argv])
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert status == 2 and captured.out == "", captured
+    expected = " or ".join(SWITCHES[variable])
+    assert lines == [lines[0]] and lines[0].startswith(f"error: {variable}={value!r} is not a value it takes; "
+                                                       f"expected {expected} (or unset)"), captured.err
+    assert snapshot(workspace) == before, "a refused command changed or added files"
 
 
 def test_bad_inputs_are_answered_before_torch_and_scikit_learn_are_imported(workspace):

@@ -107,6 +107,12 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError("--codes, --by and --codes-split go with --mean-ablate")
     if args.mean_ablate is not None and not args.codes:
         raise UsageError("--mean-ablate needs --codes FILE: a codes file extracted from this model (latentcode extract)")
+    if args.mean_ablate is not None:
+        from latentcode.analysis.checks import open_codes_files
+
+        # Opened (and so validated: a damaged compact store's NaN keys or scale) before torch; the means
+        # are read from this CodeFile in `run`.
+        args.codes = open_codes_files([args.codes], "--codes")[0]
     if args.heads is not None and (args.zero_ablate is not None or args.mean_ablate is not None):
         raise UsageError("--zero-ablate and --mean-ablate name their heads themselves; --heads goes with --set/--add/--scale")
     args.edit_heads = _parse_heads(args.heads, "--heads")
