@@ -21,6 +21,7 @@ from latentcode.intervention.patching.inputs import (
     check_eval,
     check_same_shapes,
     per_example,
+    to_numpy,
 )
 from latentcode.intervention.patching.layer_codes import LayerCodes, record_codes
 from latentcode.intervention.patching.site_groups import SiteGroup
@@ -31,10 +32,7 @@ from latentcode.sources.sites import Selector, SiteError, parse_selector
 from latentcode.sources.source import AttentionSource, DifferentiableEditor
 
 
-def _numpy(tensor: Tensor) -> np.ndarray:
-    """A tensor as numpy on the CPU, half precisions (which numpy lacks) as float32, float64 kept."""
-    tensor = tensor.detach().cpu()
-    return (tensor.float() if tensor.dtype in (torch.bfloat16, torch.float16) else tensor).numpy()
+_numpy = to_numpy  # a tensor as numpy on the CPU, half precisions as float32
 
 
 @dataclass
