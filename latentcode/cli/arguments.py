@@ -84,13 +84,14 @@ def add_instance_arguments(parser: argparse.ArgumentParser, batch_size: int | No
                         help="task config for a model directory, e.g. --task name=sraven --task n_features=4")
 
 
-def add_placement_arguments(parser: argparse.ArgumentParser, loaded: str = "the CPU, float32") -> None:
+def add_placement_arguments(parser: argparse.ArgumentParser, device: str = "cpu", dtype: str = "float32; codes are "
+                            "recorded in float32 whatever it") -> None:
     """--device and --dtype of every command that runs a model (extract, intervene, patch, qk, train),
-    checked by `latentcode.validation.check_placement` (a dtype outside DTYPES: argparse's one line)."""
-    parser.add_argument("--device", default=None, help=f"where the model runs: cpu, cuda, cuda:N, mps (default: "
-                        f"{loaded.split(',')[0]})")
-    parser.add_argument("--dtype", choices=DTYPES, default=None, help=f"what the model computes in (default: "
-                        f"{loaded.split(', ')[-1]}); codes are recorded in float32 whatever it")
+    checked by `latentcode.validation.check_placement` (a dtype outside DTYPES: argparse's one line);
+    `device` and `dtype` say their defaults in the help."""
+    parser.add_argument("--device", default=None, help=f"where the model runs: cpu, cuda, cuda:N, mps (default "
+                        f"{device})")
+    parser.add_argument("--dtype", choices=DTYPES, default=None, help=f"what the model computes in (default {dtype})")
 
 
 def add_max_rows_argument(parser: argparse.ArgumentParser) -> None:
