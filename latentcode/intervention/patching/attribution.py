@@ -30,6 +30,7 @@ from latentcode.sources.detect import detect_source
 from latentcode.sources.site_pairs import SitePairs
 from latentcode.sources.sites import Selector, SiteError, parse_selector
 from latentcode.sources.source import AttentionSource, DifferentiableEditor
+from latentcode.validation import check_placement, place
 
 
 _numpy = to_numpy  # a tensor as numpy on the CPU, half precisions as float32
@@ -111,6 +112,8 @@ def attribution_patching(
     *,
     source: AttentionSource | None = None,
     donor_codes: Mapping[int, Tensor] | None = None,
+    device: str | Any | None = None,
+    dtype: str | Any | None = None,
 ) -> Attribution:
     """First-order estimate of patching every code at `sites` (default every pair of every layer)
     from the donor into the base: gradient of `metric` (summed over examples) with respect to each
@@ -121,7 +124,11 @@ def attribution_patching(
 
     `donor_codes`: the donor's codes at the same `sites`, `{layer: [batch, head, n]}` as the first
     element `record_codes(model, donor_inputs, sites)` returns, where they are at hand already (one
-    donor batch read by several metrics): the donor pass is skipped, and `donor_inputs` may be None."""
+    donor batch read by several metrics): the donor pass is skipped, and `donor_inputs` may be None.
+
+    device, dtype: where and in what the model runs (given, it is moved and cast, as `nn.Module.to`
+    does; None: where and as it is); the inputs follow it, the effects come back on the CPU."""
+    place(model, *check_placement(device, dtype))
     check_eval(model)
     if donor_codes is None:
         if donor_inputs is None:
