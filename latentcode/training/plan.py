@@ -16,10 +16,10 @@ names, the model's sizes) is left to `TrainPlan.train_config`. JSON only.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

@@ -32,7 +32,6 @@ from latentcode.sources.sites import Selector, SiteError, parse_selector
 from latentcode.sources.source import AttentionSource, DifferentiableEditor
 from latentcode.validation import check_placement, place
 
-
 _numpy = to_numpy  # a tensor as numpy on the CPU, half precisions as float32
 
 
