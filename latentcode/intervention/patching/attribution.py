@@ -32,8 +32,6 @@ from latentcode.sources.sites import Selector, SiteError, parse_selector
 from latentcode.sources.source import AttentionSource, DifferentiableEditor
 from latentcode.validation import check_placement, place
 
-_numpy = to_numpy  # a tensor as numpy on the CPU, half precisions as float32
-
 
 @dataclass
 class Attribution:
@@ -52,7 +50,7 @@ class Attribution:
         no pair was measured)."""
         n_keys = n_queries if n_keys is None else n_keys
         effect = self.effects[layer] if heads is None else self.effects[layer][:, list(heads)]
-        values = _numpy(effect.sum(1).mean(0))
+        values = to_numpy(effect.sum(1).mean(0))
         grid = np.full((n_queries, n_keys), np.nan)
         queries, keys = self.positions[layer]
         grid[queries.cpu().numpy(), keys.cpu().numpy()] = values
@@ -83,7 +81,7 @@ class Attribution:
             if total is None:
                 raise SiteError(f"group {group.name} has no site among the attributed layers {sorted(self.positions)}")
             rows.append(total)
-        return _numpy(torch.stack(rows))
+        return to_numpy(torch.stack(rows))
 
     def table(self):
         """Tidy table: layer, head, query, key, effect (mean over examples), effect_se."""
@@ -93,8 +91,8 @@ class Attribution:
         for layer, effect in self.effects.items():
             queries, keys = self.positions[layer]
             batch, n_heads, n = effect.shape
-            mean = _numpy(effect.mean(0))
-            se = _numpy(effect.std(0, unbiased=True) / math.sqrt(batch)) if batch > 1 else np.full_like(mean, np.nan)
+            mean = to_numpy(effect.mean(0))
+            se = to_numpy(effect.std(0, unbiased=True) / math.sqrt(batch)) if batch > 1 else np.full_like(mean, np.nan)
             frames.append(pd.DataFrame({
                 "layer": layer, "head": np.repeat(np.arange(n_heads), n),
                 "query": np.tile(queries.cpu().numpy(), n_heads), "key": np.tile(keys.cpu().numpy(), n_heads),
