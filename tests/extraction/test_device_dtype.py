@@ -106,14 +106,20 @@ def test_the_command_line_refuses_a_dtype_in_one_line(llama, tmp_path, capsys):
                                 "'bfloat16', 'float16')")
 
 
-SMOLLM2_TOLERANCE = 5e-2  # of a code (a probability): 30 layers of bfloat16 against float32
+# SmolLM2 in bfloat16 against float32 on the CPU, codes being probabilities: 8 significant bits through 30
+# layers. A score error d moves a probability p by about p(1 - p) d, so mid-range probabilities move most.
+# Measured (2026-11-28, 2 windows of 64 tokens): the last query's codes of every layer 3.1e-2 at most;
+# over every pair of every layer (the compact store's rebuilt codes) 9.2e-2 at most (layer 12 head 5,
+# 0.508 -> 0.415), 1.4e-2 at the 99.9th percentile, 4.5e-3 at the 99th, 2e-9 the median.
+SMOLLM2_TOLERANCE = 5e-2  # at the sites: the last query of every layer to every key
+SMOLLM2_EVERY_PAIR = {"max": 0.15, "99.9th percentile": 2e-2}  # over every pair of every layer
 
 
 @pytest.mark.slow
 def test_smollm2_in_bfloat16_on_the_cpu_is_within_tolerance_of_float32(smollm2):
     """Two windows of 64 tokens, every layer's last query to every key, and the compact store's rebuilt
-    codes: bfloat16 within SMOLLM2_TOLERANCE of float32 (measured: MEASURE_ME; 8 significant bits
-    through 30 layers), codes float32, the parameters that ran bfloat16."""
+    codes of every pair: bfloat16 within the tolerances above of float32, codes float32, the parameters
+    that ran bfloat16."""
     from tests.intervention.test_device_dtype import parameter_dtypes
 
     options = {"task": {"seq_len": 64}, "sites": "*:-1:*", "n": 2, "progress": False}
@@ -121,10 +127,12 @@ def test_smollm2_in_bfloat16_on_the_cpu_is_within_tolerance_of_float32(smollm2):
     with parameter_dtypes() as seen:
         half = latentcode.extract("smollm2", dtype="bfloat16", **options)
     assert seen == {torch.bfloat16} and half.attrs["model_dtype"] == "bfloat16"
-    worst = max(float(np.abs(half.codes(site) - single.codes(site)).max()) for site in single.sites)
-    rebuilt = max(float(np.abs(half.compact.rows(layer, range(64)) - single.compact.rows(layer, range(64))).max())
-                  for layer in single.compact.layers)
-    print(f"SmolLM2 bfloat16 vs float32, 2 windows of 64 tokens: max |difference| {worst:.2e} at the sites, "
-          f"{rebuilt:.2e} over every pair")
     assert half.codes(single.sites[0]).dtype == np.float32
-    assert 0 < worst < SMOLLM2_TOLERANCE and rebuilt < SMOLLM2_TOLERANCE, (worst, rebuilt)
+    worst = max(float(np.abs(half.codes(site) - single.codes(site)).max()) for site in single.sites)
+    every = np.concatenate([np.abs(half.compact.rows(layer, range(64)) - single.compact.rows(layer, range(64))).ravel()
+                            for layer in single.compact.layers])
+    print(f"SmolLM2 bfloat16 vs float32, 2 windows of 64 tokens: max |difference| {worst:.2e} at the sites; every "
+          f"pair: max {every.max():.2e}, 99.9th percentile {np.quantile(every, 0.999):.2e}")
+    assert 0 < worst < SMOLLM2_TOLERANCE, worst
+    assert every.max() < SMOLLM2_EVERY_PAIR["max"], every.max()
+    assert np.quantile(every, 0.999) < SMOLLM2_EVERY_PAIR["99.9th percentile"], np.quantile(every, 0.999)
