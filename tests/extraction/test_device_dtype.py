@@ -55,12 +55,12 @@ def test_a_shipped_model_extracts_in_bfloat16_within_tolerance_of_float32():
     """sraven-hyla's codes (RMS-normalised per head: up to 3.6 here) in bfloat16 within 2 % of the largest
     float32 code (measured 1.2 %: 8 significant bits, rounded through four layers), stored as float32,
     the file saying the model ran in bfloat16, whose parameters a hook saw in every module that ran."""
-    from tests.intervention.test_device_dtype import SCALE_TOLERANCE, parameter_dtypes
+    from tests.intervention.test_device_dtype import SCALE_TOLERANCE, SRAVEN, parameter_dtypes
 
     options = {"sites": "sraven-rule", "split": "ood", "n": 64, "progress": False}
-    single = latentcode.extract("models/sraven-hyla", **options)
+    single = latentcode.extract(SRAVEN, **options)
     with parameter_dtypes() as seen:
-        half = latentcode.extract("models/sraven-hyla", dtype="bfloat16", **options)
+        half = latentcode.extract(SRAVEN, dtype="bfloat16", **options)
     assert seen == {torch.bfloat16}, seen
     assert (single.attrs["model_dtype"], half.attrs["model_dtype"]) == ("float32", "bfloat16")
     for site in single.sites:

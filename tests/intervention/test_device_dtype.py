@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,7 +42,8 @@ from tests.pretrained_models import save_tiny_llama
 SCALE_TOLERANCE = 0.02  # of the largest float32 value of the kind
 SE_TOLERANCE = 0.5  # of the effect's standard error
 ATTRIBUTION_TOLERANCE = 0.1  # of the largest float32 attribution estimate (of a pair or a group of pairs)
-SRAVEN, FUZZY = "models/sraven-hyla", "models/fuzzy_logic-hyla"
+MODELS = Path(__file__).resolve().parents[2] / "models"
+SRAVEN, FUZZY = str(MODELS / "sraven-hyla"), str(MODELS / "fuzzy_logic-hyla")
 
 
 @contextlib.contextmanager
