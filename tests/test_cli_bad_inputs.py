@@ -350,6 +350,7 @@ def read_only_file_system(directory: Path):
 TRAIN = ["train", "--preset", "fuzzy_logic", "--scale", "tiny"]
 SWEEP = ["sweep", "--preset", "fuzzy_logic", "--scale", "tiny"]
 EXTRACT = ["extract", "{run}", "--n", "16"]
+CUDA_MISSING = "--device 'cuda': this machine has no CUDA device (torch.cuda.is_available() is False); expected cpu"
 # (id, command line with {placeholders} of workspace paths, what the one line must say, where it
 # may need an immutable directory or a read-only file system)
 BAD_INPUTS = [
@@ -778,6 +779,41 @@ BAD_INPUTS = [
                               "--out", "{a_dir}/q"], "--head 16 is outside the model's 16 heads; expected 0..15"),
     ("qk-unknown-pairs", ["qk", str(MODELS / "sraven-hyla"), "--layer", "2", "--head", "0", "--pairs", "successor",
                           "--out", "{a_dir}/q"], "--pairs: unknown pair selector 'successor'"),
+    # issue 47: --device and --dtype of every command that runs a model, one check (validation.check_placement);
+    # CUDA rows need torch to know (skipped where CUDA is; not in the torch-free test); an output already
+    # there (--overwrite) is kept by a refused command
+    ("intervene-dtype-float8", ["intervene", "{run}", "--zero-ablate", "all", "--dtype", "float8", "--out", "{a_dir}/e"],
+     "argument --dtype: invalid choice: 'float8' (choose from 'float32', 'bfloat16', 'float16')"),
+    ("intervene-device-tpu", ["intervene", "{run}", "--zero-ablate", "all", "--device", "tpu", "--out", "{a_dir}/e"],
+     "--device 'tpu' is not a device name; expected cpu, cuda, cuda:N (N a GPU's number), mps or xpu"),
+    ("patch-dtype-float8", ["patch", "{run}", "--dtype", "float8", "--out", "{a_dir}/p"],
+     "argument --dtype: invalid choice: 'float8' (choose from 'float32', 'bfloat16', 'float16')"),
+    ("patch-device-tpu", ["patch", "{run}", "--device", "tpu", "--out", "{a_dir}/p"],
+     "--device 'tpu' is not a device name; expected cpu, cuda, cuda:N (N a GPU's number), mps or xpu"),
+    ("patch-search-device-tpu", ["patch", "{run}", "--search", "--device", "tpu", "--out", "{a_dir}/p"],
+     "--device 'tpu' is not a device name; expected cpu, cuda, cuda:N (N a GPU's number), mps or xpu"),
+    ("qk-dtype-float8", ["qk", str(MODELS / "sraven-hyla"), "--layer", "2", "--head", "0", "--pairs", "previous",
+                         "--dtype", "float8", "--out", "{a_dir}/q"],
+     "argument --dtype: invalid choice: 'float8' (choose from 'float32', 'bfloat16', 'float16')"),
+    ("qk-device-tpu", ["qk", str(MODELS / "sraven-hyla"), "--layer", "2", "--head", "0", "--pairs", "previous",
+                       "--device", "tpu", "--out", "{a_dir}/q"],
+     "--device 'tpu' is not a device name; expected cpu, cuda, cuda:N (N a GPU's number), mps or xpu"),
+    ("train-dtype-float8", [*TRAIN, "--dtype", "float8", "--out", "{a_dir}/r"],
+     "argument --dtype: invalid choice: 'float8' (choose from 'float32', 'bfloat16', 'float16')"),
+    ("train-device-tpu", [*TRAIN, "--device", "tpu", "--out", "{a_dir}/r"],
+     "--device 'tpu' is not a device name; expected cpu, cuda, cuda:N (N a GPU's number), mps or xpu"),
+    ("train-dtype-against-mixed-precision", [*TRAIN, "--mixed-precision", "no", "--dtype", "bfloat16", "--out",
+                                             "{a_dir}/r"],
+     "--dtype 'bfloat16' computes with mixed_precision 'bf16', but the config sets mixed_precision 'no'; give one"),
+    ("train-resume-with-dtype", ["train", "--resume", "{run}", "--dtype", "bfloat16"],
+     "--dtype 'bfloat16': resume continues a run in the precision of its own config"),
+    ("extract-device-cuda", [*EXTRACT, "--device", "cuda", "--out", "{existing.h5}", "--overwrite"], CUDA_MISSING),
+    ("intervene-device-cuda", ["intervene", "{run}", "--zero-ablate", "all", "--device", "cuda", "--out",
+                               "{patch_good}", "--overwrite"], CUDA_MISSING),
+    ("patch-device-cuda", ["patch", "{run}", "--device", "cuda", "--out", "{patch_good}", "--overwrite"], CUDA_MISSING),
+    ("qk-device-cuda", ["qk", str(MODELS / "sraven-hyla"), "--layer", "2", "--head", "0", "--pairs", "previous",
+                        "--device", "cuda", "--out", "{a_dir}", "--overwrite"], CUDA_MISSING),
+    ("train-device-cuda", [*TRAIN, "--device", "cuda", "--out", "{a_dir}/r"], CUDA_MISSING),
     # view
     ("view-no-file", ["view", "{none}"], "codes file {none} does not exist"),
     ("view-unknown-split", ["view", "{fuzzy.h5}", "--split", "nope", "--out", "{a_dir}/v.html"],
@@ -833,6 +869,8 @@ def test_the_table_covers_every_command():
 @pytest.mark.parametrize("argv, message", [row[1:] for row in BAD_INPUTS + FOUND_WHILE_WORKING],
                          ids=[row[0] for row in BAD_INPUTS + FOUND_WHILE_WORKING])
 def test_a_bad_input_is_one_line_and_changes_nothing(workspace, monkeypatch, capsys, argv, message):
+    if message == CUDA_MISSING and _has_cuda():
+        pytest.skip("this machine has CUDA")
     monkeypatch.chdir(workspace)  # so that a default output would land in the workspace too
     monkeypatch.delenv("LATENTCODE_DEBUG", raising=False)
     places = []
@@ -889,7 +927,8 @@ def test_a_switch_set_to_a_value_it_does_not_take_is_one_line_and_changes_nothin
 
 def test_bad_inputs_are_answered_before_torch_and_scikit_learn_are_imported(workspace):
     """Run in a fresh interpreter: the checks import neither torch nor scikit-learn nor matplotlib."""
-    rows = [row for row in BAD_INPUTS if "locked" not in str(row) and "readonly" not in str(row)]
+    rows = [row for row in BAD_INPUTS if "locked" not in str(row) and "readonly" not in str(row)
+            and row[2] != CUDA_MISSING]  # whether a CUDA device is there only torch can say
     script = (
         "import sys, json\n"
         "from latentcode.cli import main\n"
@@ -989,10 +1028,11 @@ def _plan_mistake(command: str, args) -> Exception | None:
         if command == "extract":
             plan_extract(args.run, task, args.sites, args.split, args.n, args.out, variant=args.variant,
                          batch_size=args.batch_size, seed=args.seed, append=args.append, overwrite=args.overwrite,
-                         compression=args.compression)
+                         compression=args.compression, device=args.device, dtype=args.dtype)
         else:
             plan_intervention(args.run, task=task, sites=args.sites, split=args.split, n=args.n, variant=args.variant,
-                              batch_size=args.batch_size, seed=args.seed, per_site=not args.no_per_site)
+                              batch_size=args.batch_size, seed=args.seed, per_site=not args.no_per_site,
+                              device=args.device, dtype=args.dtype)
     except Exception as error:  # noqa: BLE001 - returned to be compared
         return error
     return None
@@ -1004,7 +1044,8 @@ def _patch_options(args) -> dict:
             "layers": None if args.layers is None else ",".join(args.layers), "queries": args.queries, "key_blocks": args.key_blocks, "sites": args.sites,
             "n": args.n, "confirm_n": args.confirm_n, "tolerance": args.tolerance, "max_groups": args.max_groups,
             "split": args.split, "variant": args.variant, "prediction": args.prediction, "seed": args.seed,
-            "attribution": args.attribution, "out": args.out, "overwrite": args.overwrite}
+            "attribution": args.attribution, "out": args.out, "overwrite": args.overwrite, "device": args.device,
+            "dtype": args.dtype}
 
 
 def _public_api_error(command: str, args) -> Exception:
@@ -1036,7 +1077,7 @@ def _public_api_error(command: str, args) -> Exception:
         else:
             intervention_effects(args.run, ZeroAblate(), task=task, sites=args.sites, split=args.split, n=args.n,
                                  variant=args.variant, batch_size=args.batch_size, seed=args.seed,
-                                 per_site=not args.no_per_site)
+                                 per_site=not args.no_per_site, device=args.device, dtype=args.dtype)
     return raised.value
 
 
@@ -1074,7 +1115,8 @@ def _train_plan_mistake(args) -> Exception | None:
         return None
     try:
         plan_train(args.config, args.out, preset=args.preset, scale=args.scale, attention=args.attention,
-                   overrides=_train_overrides(args), resume=args.resume, threads=args.threads)
+                   overrides=_train_overrides(args), resume=args.resume, threads=args.threads, device=args.device,
+                   dtype=args.dtype)
     except Exception as error:  # noqa: BLE001 - returned to be compared
         return error
     return None
@@ -1086,13 +1128,14 @@ def _train_api_error(args) -> Exception:
     import latentcode
 
     with pytest.raises(Exception) as raised:  # noqa: PT011 - which class is compared below
+        placement = {"device": args.device, "dtype": args.dtype}
         if args.resume:
-            latentcode.train(resume=args.resume, progress=False)
+            latentcode.train(resume=args.resume, progress=False, **placement)
         elif args.preset:
             config = latentcode.build_train_config(args.preset, args.scale, args.attention, **_train_overrides(args))
-            latentcode.train(config, args.out, progress=False)
+            latentcode.train(config, args.out, progress=False, **placement)
         else:
-            latentcode.train(args.config, args.out, progress=False)
+            latentcode.train(args.config, args.out, progress=False, **placement)
     return raised.value
 
 
@@ -1188,6 +1231,12 @@ def _code_reuse(args):
 ANALYSIS_PLANS = {"report": (_plan_report, _build_report), "probe": (_plan_probe, _decode),
                   "plot": (_plan_picture, _plot), "heatmap": (_plan_picture, _plot), "samples": (_plan_picture, _plot),
                   "reuse": (_plan_reuse, _code_reuse)}
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
 
 API_ROWS = [row for row in BAD_INPUTS if row[1] and row[1][0] in ("extract", "intervene", "train", "patch", *ANALYSIS_PLANS)
             and "{locked}" not in str(row) and "{readonly}" not in str(row)]

@@ -10,6 +10,7 @@ from latentcode.cli.arguments import (
     FIGURE_FORMATS,
     POSITIVE_INTEGER,
     add_instance_arguments,
+    add_placement_arguments,
     finite_number,
     formats,
     parse_assignments,
@@ -58,6 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--codes-split", help="take the means over this split of --codes (default all examples)")
     parser.add_argument("--out", required=True, help="path stem of the table (.csv, .json) and the plot")
     add_instance_arguments(parser)
+    add_placement_arguments(parser)
     parser.add_argument("--no-per-site", action="store_true", help="only all sites together, not each site alone "
                         "(a pretrained model: not each (layer, head) alone)")
     parser.add_argument("--no-control", action="store_true", help="a pretrained model: no control edit at random heads")
@@ -100,7 +102,8 @@ def check(args: argparse.Namespace) -> None:
 
     args.plan = plan_intervention(args.run, task=parse_assignments(args.task, "--task") or None, sites=args.sites,
                                   split=args.split, n=args.n, variant=args.variant, batch_size=args.batch_size,
-                                  seed=args.seed, per_site=not args.no_per_site, control=not args.no_control)
+                                  seed=args.seed, per_site=not args.no_per_site, control=not args.no_control,
+                                  device=args.device, dtype=args.dtype)
     check_output(args.out, "--out", kind="stem")
     check_stem_free(args.out, (".csv", ".json", *(f".{fmt}" for fmt in formats(args))), args.overwrite)
     if args.mean_ablate is None and (args.codes or args.by or args.codes_split):

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from latentcode.cli.arguments import SEED, integer, number
+from latentcode.cli.arguments import SEED, add_placement_arguments, integer, number
 from latentcode.cli.command import Command
 from latentcode.intervention.patching.plan import MAX_GROUPS
 
@@ -95,6 +95,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "(one backward pass), and its correlation with the exact sweep")
     parser.add_argument("--out", required=True, help="path stem of the table (.csv), summary (.json) and map (.png)")
     parser.add_argument("--overwrite", action="store_true", help="replace the outputs if --out has them")
+    add_placement_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no cost line, progress or summary (by default a bar on a "
                         "terminal, else lines on stderr)")
     return parser
@@ -111,7 +112,8 @@ def check(args: argparse.Namespace) -> None:
                            layers=None if args.layers is None else ",".join(args.layers), queries=args.queries, key_blocks=args.key_blocks, sites=args.sites,
                            n=args.n, confirm_n=args.confirm_n, tolerance=args.tolerance, max_groups=args.max_groups,
                            split=args.split, variant=args.variant, prediction=args.prediction, seed=args.seed,
-                           attribution=args.attribution, out=args.out, overwrite=args.overwrite)
+                           attribution=args.attribution, out=args.out, overwrite=args.overwrite, device=args.device,
+                           dtype=args.dtype)
     if isinstance(args.plan, LanguagePatchPlan):
         return
     # what the map's title and layout read

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from latentcode.cli.arguments import SEED, integer
+from latentcode.cli.arguments import SEED, add_placement_arguments, integer
 from latentcode.cli.command import Command
 from latentcode.errors import UsageError
 
@@ -52,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=SEED, default=0, help="which sequence (default 0)")
     parser.add_argument("--out", required=True, metavar="DIR", help="directory of qk.csv and qk.png")
     parser.add_argument("--overwrite", action="store_true", help="replace qk.csv and qk.png if DIR has them")
+    add_placement_arguments(parser)
     return parser
 
 
@@ -70,6 +71,7 @@ def check(args: argparse.Namespace) -> None:
     from latentcode.intervention.qk.pairs import check_selector
     from latentcode.intervention.qk.plan import check_outputs
     from latentcode.rundir import locate_model
+    from latentcode.validation import check_placement
 
     source = locate_model(args.model)
     n_layers, n_heads, n_ctx = shape_of(source)
@@ -93,6 +95,7 @@ def check(args: argparse.Namespace) -> None:
                              "directory")
     check_outputs(args.out, args.overwrite)
     args.source = source
+    args.device, args.dtype = check_placement(args.device, args.dtype)
 
 
 def sequence(args: argparse.Namespace):
@@ -103,7 +106,7 @@ def sequence(args: argparse.Namespace):
     if source.kind == "pretrained":
         from latentcode.pretrained import corpus_token_windows, load_pretrained
 
-        pretrained = load_pretrained(args.model)
+        pretrained = load_pretrained(args.model, device=args.device, dtype=args.dtype)
         length = args.seq_len // 2 if args.repeat else args.seq_len
         window = corpus_token_windows(pretrained, args.split or "validation", length, 1, seed=args.seed)
         tokens = torch.as_tensor(window)
@@ -112,10 +115,12 @@ def sequence(args: argparse.Namespace):
         return pretrained.model, tokens, pretrained.name
     from latentcode.models import load_model
     from latentcode.tasks import get_task
+    from latentcode.validation import place
 
     task = get_task(**source.task_config)
     batch = task.sample(1, args.split or task.analysis.held_out_split, seed=args.seed)
-    return load_model(source.model_path), torch.as_tensor(batch.x[:1]), Path(args.model).name
+    model = place(load_model(source.model_path), args.device, args.dtype)
+    return model, torch.as_tensor(batch.x[:1]), Path(args.model).name
 
 
 def run(args: argparse.Namespace) -> None:

@@ -52,6 +52,8 @@ def compute_settings(device: torch.device, dtype: torch.dtype, mixed_precision: 
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
         "mixed_precision": mixed_precision,
+        # what the products compute in: autocast's dtype; the parameters and optimizer state are `dtype`
+        "autocast_dtype": {"bf16": "bfloat16", "fp16": "float16"}.get(mixed_precision),
         "torch_threads": torch.get_num_threads(),
         "kernels": kernel_settings(device, dtype, mixed_precision != "no"),
         "allocator": freed_memory_setting(),

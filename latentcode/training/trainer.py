@@ -60,7 +60,7 @@ class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite; the run stopped and its last good checkpoint is kept."""
 
 
-def _make_accelerator(config: TrainConfig):
+def _make_accelerator(config: TrainConfig, device: str | None = None):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
@@ -78,8 +78,12 @@ def _make_accelerator(config: TrainConfig):
         handlers.append(DistributedDataParallelKwargs(find_unused_parameters=True))
     # accelerate treats several processes without a GPU (torchrun) as one unless told they are CPU workers.
     cpu_workers = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    accelerator = Accelerator(mixed_precision=mixed_precision, kwargs_handlers=handlers, cpu=cpu_workers,
+    accelerator = Accelerator(mixed_precision=mixed_precision, kwargs_handlers=handlers,
+                              cpu=cpu_workers or device == "cpu",
                               gradient_accumulation_steps=config.gradient_accumulation_steps)
+    if device is not None and accelerator.device.type != device.partition(":")[0]:
+        raise UsageError(f"device {device!r}: accelerate placed this process on {accelerator.device} (its launch "
+                         "configuration decides); expected the device asked for")
     if accelerator.mixed_precision != "no" and not accelerator.native_amp:
         # accelerate would silently train in float32 (fp16 autocast needs a GPU).
         raise ConfigError(
@@ -145,6 +149,8 @@ def train(
     progress: bool = True,
     stop_after_step: int | None = None,
     on_step: Callable[[int, float], None] | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> Run:
     """Train a model as `config` says, into the run directory `out`; or continue `resume`.
 
@@ -156,10 +162,13 @@ def train(
     stop_after_step: stop (as if killed) once this many steps are done, without the final
         evaluation, checkpoint or model; for tests of resuming.
     on_step: called with (step, loss) after every optimizer step.
+    device: "cpu" or "cuda" (None: accelerate's choice, a GPU where there is one). dtype: "bfloat16"
+    or "float16" trains under autocast (the config's mixed_precision "bf16"/"fp16"; parameters and
+    optimizer state stay float32), "float32" without; config.json and the compute record say which.
     """
     from latentcode.training.plan import plan_train
 
-    plan = plan_train(config, out, resume=resume)
+    plan = plan_train(config, out, resume=resume, device=device, dtype=dtype)
     return run_training(plan, progress=progress, stop_after_step=stop_after_step, on_step=on_step)
 
 
@@ -179,10 +188,10 @@ def run_training(plan, *, progress: bool = True, stop_after_step: int | None = N
     holds_lock = os.environ.get("RANK", "0") == "0"
     with RunDirectory(target).lock(new=plan.resume is None) if holds_lock else contextlib.nullcontext():
         return _train(config, out, resume=plan.resume, progress=progress, stop_after_step=stop_after_step,
-                      on_step=on_step)
+                      on_step=on_step, device=plan.device)
 
 
-def _train(config, out, *, resume, progress, stop_after_step, on_step) -> Run:
+def _train(config, out, *, resume, progress, stop_after_step, on_step, device=None) -> Run:
     if resume is not None:
         directory = RunDirectory(resume)
         config = read_train_config(directory)
@@ -193,7 +202,7 @@ def _train(config, out, *, resume, progress, stop_after_step, on_step) -> Run:
         directory = RunDirectory(out)
 
     task = get_task(**config.task)
-    accelerator = _make_accelerator(config)
+    accelerator = _make_accelerator(config, device)
     if mkl_on_amd.requested():  # asked for (LATENTCODE_MKL_ON_AMD=1): before the first product, which MKL keeps
         mkl_on_amd.use_mkl_fast_paths()
     # the allocator is the caller's: `latentcode train` keeps freed memory, a library call never changes it

@@ -160,6 +160,7 @@ def language_patch(plan: LanguagePatchPlan, *, progress: bool = False, say: Call
     import pandas as pd
 
     from latentcode.intervention.language import model_and_windows
+    from latentcode.intervention.patching.inputs import placement
     from latentcode.intervention.patching.run import PatchResult, _correlations
     from latentcode.intervention.patching.sweep import patching_sweep
     from latentcode.progress import Progress
@@ -236,7 +237,7 @@ def language_patch(plan: LanguagePatchPlan, *, progress: bool = False, say: Call
         "seq_len": plan.seq_len, "n": plan.n, "seed": plan.seed, "layers": list(plan.layers), "sites": plan.sites,
         "positions": f"{plan.first_query}..{plan.seq_len - 1}", "groups": len(groups),
         "donors": donor.tolist(), "forward_passes": plan.cost["passes"],
-        "control": CONTROLS[plan.grid],
+        "control": CONTROLS[plan.grid], **placement(model),
         "loss_before": float(base[METRICS[0]].mean()),
         "largest": table.nlargest(min(5, len(table)), "change")[["group", "change", "change se"]].to_dict("records"),
     }

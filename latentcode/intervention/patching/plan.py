@@ -29,6 +29,7 @@ from latentcode.tasks.partitions import grid_size, parse_grid, task_partitions
 from latentcode.validation import (
     check_fits_in_memory,
     check_output_stem,
+    check_placement,
     check_split,
     check_variant,
 )
@@ -74,6 +75,8 @@ class PatchPlan:
     cost: Mapping[str, int]
     out: Path | None = None
     overwrite: bool = False
+    device: str | None = None  # where and in what the run's model is patched (None: the CPU, float32)
+    dtype: str | None = None
 
     @property
     def suffixes(self) -> tuple[str, ...]:
@@ -104,17 +107,22 @@ def plan_patch(
     out: str | Path | None = None,
     overwrite: bool = False,
     task: Mapping | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> PatchPlan | LanguagePatchPlan:
     """The plan of `patch` with these arguments (see there), or the first mistake in them; for a
     pretrained causal LM, `language_plan.plan_language_patch`'s (resample ablation; `task` may give its
-    window length, {"seq_len": T}, and is for it alone)."""
+    window length, {"seq_len": T}, and is for it alone). device, dtype: where and in what the model runs
+    (`validation.check_placement`; None: the CPU, float32)."""
     with about("run_or_model"):
         source = _run_of(run)
+    device, dtype = check_placement(device, dtype)
     if source.kind == "pretrained":
         return plan_language_patch(source, task=task, grid=grid, layers=layers, sites=sites,
                                    n=DEFAULT_WINDOWS if n is None else n, split=split, seed=seed, max_groups=max_groups,
                                    attribution=attribution, out=out, overwrite=overwrite, search=search,
-                                   groups=groups, variant=variant, prediction=prediction, per_head=per_head)
+                                   groups=groups, variant=variant, prediction=prediction, per_head=per_head,
+                                   device=device, dtype=dtype)
     if task is not None:
         with about("task"):
             raise UsageError(f"task {task!r}: a run's task is its own (config.json); task goes with a pretrained "
@@ -194,7 +202,7 @@ def plan_patch(
     return PatchPlan(source, task, split, variant, n, seed, prediction, n_layers, n_heads, search, grid, partition_grid,
                      tuple(groups), None if layers is None else tuple(layers),
                      None if query_positions is None else tuple(query_positions), key_blocks, sites, per_head,
-                     confirm_n, tolerance, attribution, cost, out, overwrite)
+                     confirm_n, tolerance, attribution, cost, out, overwrite, device, dtype)
 
 
 def _run_of(run: str | Path | ModelSource) -> ModelSource:

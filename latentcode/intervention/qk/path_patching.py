@@ -93,7 +93,7 @@ def path_patch(model, tokens: Tensor, reading: HeadReading, terms: QKTerms, comp
     def measure(removed: str | None, scale: str):
         scores, codes, output = rerun_head(model, tokens, reading, side, side_without(reading, side, removed, scale))
         value = float("nan") if loss is None else float(loss(output))
-        return scores[queries, keys], codes[queries, keys], value
+        return scores[queries, keys].float().cpu(), codes[queries, keys].float().cpu(), value
 
     base_scores, base_codes, base_loss = measure(None, "frozen")
     changes = {scale: measure(component, scale) for scale in ("frozen", "recomputed")}
