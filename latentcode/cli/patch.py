@@ -215,26 +215,7 @@ def _draw(table, args, task, summary):
                    f"prediction {summary['prediction']}"]
     grids = []
     if args.grid == "rows":
-        layers = sorted(table["layer"].unique())
-        figure = Figure(figsize=(3.2 * len(layers) + 1.4, 3.6), layout="constrained")
-        axes = figure.subplots(1, len(layers), squeeze=False)[0]
-        queries = sorted(table["query"].unique())
-        blocks = sorted(table["key_start"].unique())
-        image = None
-        for axis, layer in zip(axes, layers, strict=True):
-            part = table[table["layer"] == layer]
-            grid = np.full((len(queries), len(blocks)), np.nan)
-            for _, row in part.iterrows():
-                grid[queries.index(row["query"]), blocks.index(row["key_start"])] = row["transfer"]
-            grids.append(grid)
-            image = axis.imshow(grid, cmap=colormap, vmin=-limit, vmax=limit, aspect="auto")
-            axis.set_title(f"layer {layer}", fontsize=9)
-            axis.set_yticks(range(len(queries)), [str(q) for q in queries], fontsize=6)
-            labels = [f"{int(s)}–{int(e) - 1}" for s, e in part.groupby("key_start")["key_stop"].first().items()]
-            axis.set_xticks(range(len(blocks)), labels, fontsize=6, rotation=90)
-            axis.set_xlabel("keys", fontsize=8)
-            axis.set_ylabel("query", fontsize=8)
-        figure.colorbar(image, ax=list(axes), shrink=0.8, label=_bar_label(grids))
+        figure = _draw_rows_grid(table, colormap, limit, grids)
     elif args.partition_grid:
         layers = sorted(table["layer"].unique())
         rows = list(dict.fromkeys(table["query_part"] if not args.per_head else table["query_part"] + " x " + table["key_part"]))
@@ -275,6 +256,35 @@ def _draw(table, args, task, summary):
         figure = Figure(figsize=(7, 0.45 * len(table) + 1.6), layout="constrained")
         _transfer_and_damage(figure.subplots(), table, table["group"])
     figure.suptitle(wrap_lines(title_lines, figure.get_figwidth() - 0.4, fontsize_points=8), fontsize=8)
+    return figure
+
+
+def _draw_rows_grid(table, colormap, limit: float, grids: list):
+    """Per layer, the transfer of each query x key block on the signed scale (the grids drawn are added
+    to `grids`, for the colour bar's label)."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    layers = sorted(table["layer"].unique())
+    figure = Figure(figsize=(3.2 * len(layers) + 1.4, 3.6), layout="constrained")
+    axes = figure.subplots(1, len(layers), squeeze=False)[0]
+    queries = sorted(table["query"].unique())
+    blocks = sorted(table["key_start"].unique())
+    image = None
+    for axis, layer in zip(axes, layers, strict=True):
+        part = table[table["layer"] == layer]
+        grid = np.full((len(queries), len(blocks)), np.nan)
+        for _, row in part.iterrows():
+            grid[queries.index(row["query"]), blocks.index(row["key_start"])] = row["transfer"]
+        grids.append(grid)
+        image = axis.imshow(grid, cmap=colormap, vmin=-limit, vmax=limit, aspect="auto")
+        axis.set_title(f"layer {layer}", fontsize=9)
+        axis.set_yticks(range(len(queries)), [str(q) for q in queries], fontsize=6)
+        labels = [f"{int(s)}–{int(e) - 1}" for s, e in part.groupby("key_start")["key_stop"].first().items()]
+        axis.set_xticks(range(len(blocks)), labels, fontsize=6, rotation=90)
+        axis.set_xlabel("keys", fontsize=8)
+        axis.set_ylabel("query", fontsize=8)
+    figure.colorbar(image, ax=list(axes), shrink=0.8, label=_bar_label(grids))
     return figure
 
 

@@ -42,6 +42,19 @@ ALL_SITES = "all sites"
 BOOTSTRAP_RESAMPLES = 200
 
 
+def _plan_of(run_or_model, **arguments) -> InterventionPlan | LanguageInterventionPlan:
+    """`run_or_model` if it is a plan already, else `plan_intervention`'s plan of it (a model object
+    stands as a source of kind "object" with its own config)."""
+    from latentcode.extraction.pipeline import resolve_model
+    from latentcode.rundir import ModelSource
+
+    if isinstance(run_or_model, (InterventionPlan, LanguageInterventionPlan)):
+        return run_or_model
+    if isinstance(run_or_model, nn.Module):
+        run_or_model = ModelSource("object", None, model_config=resolve_model(run_or_model)[1]["model_config"])
+    return plan_intervention(run_or_model, **arguments)
+
+
 def intervention_effects(
     run_or_model: str | Path | nn.Module | InterventionPlan,
     edits: Edit | Sequence[Edit],
@@ -74,21 +87,14 @@ def intervention_effects(
     import pandas as pd
 
     from latentcode.extraction.pipeline import resolve_model
-    from latentcode.rundir import ModelSource
     from latentcode.tasks import Batch, eval_seed
 
     edits = (edits,) if isinstance(edits, Edit) else tuple(edits)
     if not edits:
         raise UsageError("give at least one edit")
     model_object = run_or_model if isinstance(run_or_model, nn.Module) else None
-    if isinstance(run_or_model, (InterventionPlan, LanguageInterventionPlan)):
-        plan = run_or_model
-    else:
-        if model_object is not None:
-            run_or_model = ModelSource("object", None, model_config=resolve_model(model_object)[1]["model_config"])
-        plan = plan_intervention(run_or_model, task=task, sites=sites, split=split, n=n, variant=variant,
-                                 batch_size=batch_size, seed=seed, per_site=per_site, control=control,
-                                 device=device, dtype=dtype)
+    plan = _plan_of(run_or_model, task=task, sites=sites, split=split, n=n, variant=variant, batch_size=batch_size,
+                    seed=seed, per_site=per_site, control=control, device=device, dtype=dtype)
     if isinstance(plan, LanguageInterventionPlan):
         from latentcode.intervention.language import language_model_effects
 
