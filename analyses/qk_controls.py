@@ -52,6 +52,12 @@ def mean_se(values) -> tuple[float, float, int]:
     return float(values.mean()) if n else float("nan"), se, n
 
 
+def listed(names) -> str:
+    """The distinct components removed over sequences or instances, or how many when they are many."""
+    distinct = sorted(set(names))
+    return " ".join(distinct) if len(distinct) <= 3 else f"{len(distinct)} different (drawn per instance)"
+
+
 def top_indices(matrix: np.ndarray, names: list[str], top: int) -> tuple[list[int], list[int]]:
     """The `top` query-side (rows) and key-side (columns) components of `matrix` by |marginal|."""
     rows = np.argsort(-np.abs(matrix.sum(1)))[:top].tolist()

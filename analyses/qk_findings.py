@@ -19,7 +19,8 @@ the loss and the accuracy on the queried feature.
 
 Writes, under --out (default analyses/results/qk_findings): `qk_findings.md` (the section the results
 page shows: `python analyses/reproduce.py page`), `smollm2_*.csv`, `sraven_*.csv`, `summary.json` and the
-figures `smollm2_qk_terms.png`, `smollm2_patch_effects.png`, `sraven_qk_terms.png`, `sraven_patch_effects.png`.
+figures `smollm2_qk_terms.png`, `smollm2_patch_effects.png`, `sraven_qk_share.png`, `sraven_qk_terms.png`,
+`sraven_patch_effects.png`.
 
     nice -n 15 python analyses/qk_findings.py --n 32 --half 64 --sraven-n 1024
 """
@@ -94,9 +95,10 @@ def main() -> None:
             "`summary.json`). Terms are the head's score before sigma split exactly over the residual stream's "
             "components with the normalisation's scale frozen per position (`latentcode qk`); a path patch removes "
             "one component from one side of one head only.", ""]
-    for part, heading in (("smollm2", "SmolLM2-135M: the induction heads"), ("sraven", "sraven-hyla, layer 2: the rule")):
-        page += [f"### {heading}", "", texts.get(part, "Not measured yet.").strip(), "",
-                 f"![{part} query x key terms]({part}_qk_terms.png)", "", f"![{part} path patches]({part}_patch_effects.png)", ""]
+    for part, heading, pictures in (("smollm2", "SmolLM2-135M: the induction heads", ("qk_terms", "patch_effects")),
+                                    ("sraven", "sraven-hyla, layer 2: the rule", ("qk_share", "qk_terms", "patch_effects"))):
+        page += [f"### {heading}", "", texts.get(part, "Not measured yet.").strip(), ""]
+        page += [f"![{part} {picture}]({part}_{picture}.png)\n" for picture in pictures]
     import matplotlib.pyplot as plt
 
     with AtomicOutputs(lock=out / "qk_findings", purpose="analyses/qk_findings.py") as outputs:

@@ -132,7 +132,7 @@ def run(args, say) -> dict:
 def tables(result: dict) -> dict[str, pd.DataFrame]:
     """The aggregated tables: key/query marginals and previous-token scores with s.e. over sequences,
     the path patches, the previous-token scores of every head, the panels' mean terms."""
-    from qk_controls import grouped, mean_se, top_indices
+    from qk_controls import grouped, listed, mean_se, top_indices
 
     marginals = result["marginals"]
     rows = []
@@ -147,7 +147,7 @@ def tables(result: dict) -> dict[str, pd.DataFrame]:
     patches = result["patches"]
     rows = []
     for (head, removal, scale), block in patches.groupby(["head", "removal", "scale"], sort=False):
-        row = dict(head=head, removal=removal, scale=scale, components=" ".join(sorted(set(block["component"]))),
+        row = dict(head=head, removal=removal, scale=scale, components=listed(block["component"]),
                    top_components=" ".join(sorted(set(block["top_component"]))))
         for what in ("score_change", "predicted", "code_change", "loss_change"):
             row[what], row[what + "_se"], row["n"] = mean_se(block[what])
