@@ -1,7 +1,7 @@
 """Why do codes take their value? Exact query-key attribution (issue 48), checked by path patching, on
 the two models of the results page: SmolLM2-135M's induction heads and layer 2 of sraven-hyla.
 
-SmolLM2 (`analyses/qk_smollm2.py`): on --n sequences of bos + --half random tokens repeated once, for
+SmolLM2 (`analyses/qk_analysis/smollm2.py`): on --n sequences of bos + --half random tokens repeated once, for
 the induction heads of the SmolLM2 page (--heads, default 18.6 18.7 17.3) and a head drawn at random
 from their layers: the key-side components that carry the score at induction pairs and at as many
 non-induction pairs, the previous-token score of each (mean attention from t to t - 1), and the key
@@ -9,7 +9,7 @@ side of each head path-patched at its induction pairs: the top key-side componen
 random direction and a random other head, each rescaled to the removed component's norm at every
 position; the change of the induction code and of the loss on the repeated tokens.
 
-sraven-hyla (`analyses/qk_sraven.py`): layer 2 at the group of code pairs `latentcode patch
+sraven-hyla (`analyses/qk_analysis/sraven.py`): layer 2 at the group of code pairs `latentcode patch
 models/sraven-hyla --search` found (queries 7, 11, 19, 23 x keys 3, 7, 11, 15, 19: the queried
 feature's context cells), on --sraven-n OOD instances: which head's code is most rule-selective, and
 which query-side and key-side components carry the rule-selective part of its score (the between-rule
@@ -48,6 +48,7 @@ def arguments() -> argparse.Namespace:
                         "recorded outputs are kept")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser.parse_args()
 
 
@@ -62,13 +63,14 @@ def main() -> None:
     started = time.time()
 
     def say(text: str) -> None:
-        print(f"{text} [{time.time() - started:.0f} s]", flush=True)
+        if not args.quiet:
+            print(f"{text} [{time.time() - started:.0f} s]", flush=True)
 
     summary_path = out / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     texts, csvs, drawn = {}, {}, {}
     if args.only in (None, "smollm2"):
-        import qk_smollm2
+        from qk_analysis import smollm2 as qk_smollm2
 
         result = qk_smollm2.run(args, say)
         frames = qk_smollm2.tables(result)
@@ -78,7 +80,7 @@ def main() -> None:
         summary["smollm2"] = dict(n=result["n"], half=args.half, heads=result["heads"], control=result["control"],
                                   seed=args.seed, seconds=round(result["seconds"], 1))
     if args.only in (None, "sraven"):
-        import qk_sraven
+        from qk_analysis import sraven as qk_sraven
 
         result = qk_sraven.run(args, say)
         frames = qk_sraven.tables(result)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from latentcode.intervention.qk import decompose, path_patch, read_head
-from qk_controls import equal_norm_controls, parse_head
+from qk_analysis.controls import equal_norm_controls, parse_head
 
 TOP = 8  # components per side in the figure's panels
 
@@ -132,7 +132,7 @@ def run(args, say) -> dict:
 def tables(result: dict) -> dict[str, pd.DataFrame]:
     """The aggregated tables: key/query marginals and previous-token scores with s.e. over sequences,
     the path patches, the previous-token scores of every head, the panels' mean terms."""
-    from qk_controls import grouped, listed, mean_se, top_indices
+    from qk_analysis.controls import grouped, listed, mean_se, top_indices
 
     marginals = result["marginals"]
     rows = []
@@ -178,7 +178,7 @@ def figures(result: dict, frames: dict) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from qk_controls import heatmaps
+    from qk_analysis.controls import heatmaps
 
     terms = frames["terms"]
     heads = [*result["heads"], result["control"]]
@@ -217,7 +217,7 @@ def figures(result: dict, frames: dict) -> dict:
 
 def markdown(result: dict, frames: dict) -> str:
     """The SmolLM2 section of the findings: numbers with standard errors over sequences."""
-    from qk_controls import mean_se
+    from qk_analysis.controls import mean_se
 
     marginals, patches, previous = frames["marginals"], frames["patches"], frames["previous_token"]
     loss, loss_se, n = mean_se(result["base_loss"])

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from latentcode.intervention.qk import decompose, path_patch, read_head
-from qk_controls import NOT_IN_THE_STREAM, equal_norm_controls
+from qk_analysis.controls import NOT_IN_THE_STREAM, equal_norm_controls
 
 MODEL = "models/sraven-hyla"
 LAYER = 2
@@ -160,7 +160,7 @@ def shares_of(terms: np.ndarray, scores: np.ndarray, rules: np.ndarray) -> tuple
 
 
 def tables(result: dict, n_boot: int = 200) -> dict[str, pd.DataFrame]:
-    from qk_controls import grouped, listed, mean_se
+    from qk_analysis.controls import grouped, listed, mean_se
 
     names, share = result["names"], result["share"]
     terms, scores, rules = result["terms"], result["scores"], result["rules"]
@@ -254,7 +254,7 @@ def figures(result: dict, frames: dict) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from qk_controls import heatmaps
+    from qk_analysis.controls import heatmaps
 
     terms = frames["terms"]
     head = result["head"]
