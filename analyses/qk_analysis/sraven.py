@@ -76,7 +76,7 @@ def probe_accuracy(features: np.ndarray, rules: np.ndarray, seed: int) -> tuple[
 
 def run(args, say) -> dict:
     import latentcode
-    from latentcode.tasks.sraven import RULES
+    from latentcode.tasks import RULES
 
     started = time.time()
     run_ = latentcode.Run(MODEL)
