@@ -67,8 +67,8 @@ def main() -> None:
             print(f"{text} [{time.time() - started:.0f} s]", flush=True)
 
     summary_path = out / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    texts, csvs, drawn = {}, {}, {}
+    texts, csvs, drawn, parts = {}, {}, {}, {}
+    command = "nice -n 15 python analyses/qk_findings.py " + " ".join(sys.argv[1:])
     if args.only in (None, "smollm2"):
         from qk_analysis import smollm2 as qk_smollm2
 
@@ -77,8 +77,8 @@ def main() -> None:
         texts["smollm2"] = qk_smollm2.markdown(result, frames)
         csvs.update({f"smollm2_{name}": frame for name, frame in frames.items()})
         drawn.update(qk_smollm2.figures(result, frames))
-        summary["smollm2"] = dict(n=result["n"], half=args.half, heads=result["heads"], control=result["control"],
-                                  seed=args.seed, seconds=round(result["seconds"], 1))
+        parts["smollm2"] = dict(n=result["n"], half=args.half, heads=result["heads"], control=result["control"],
+                                seed=args.seed, seconds=round(result["seconds"], 1), command=command)
     if args.only in (None, "sraven"):
         from qk_analysis import sraven as qk_sraven
 
@@ -87,23 +87,26 @@ def main() -> None:
         texts["sraven"] = qk_sraven.markdown(result, frames)
         csvs.update({f"sraven_{name}": frame for name, frame in frames.items()})
         drawn.update(qk_sraven.figures(result, frames))
-        summary["sraven"] = dict(n=result["n"], layer=result["layer"], head=result["head"], seed=args.seed,
-                                 seconds=round(result["seconds"], 1))
-    for part in ("smollm2", "sraven"):
-        if part not in texts and (out / f"{part}.md").is_file():
-            texts[part] = (out / f"{part}.md").read_text()
-    command = "nice -n 15 python analyses/qk_findings.py " + " ".join(sys.argv[1:])
-    page = ["Made by `python analyses/qk_findings.py` (this run: `" + command + "`; the two halves' own settings in "
-            "`summary.json`). Terms are the head's score before sigma split exactly over the residual stream's "
-            "components with the normalisation's scale frozen per position (`latentcode qk`); a path patch removes "
-            "one component from one side of one head only.", ""]
-    for part, heading, pictures in (("smollm2", "SmolLM2-135M: the induction heads", ("qk_terms", "patch_effects")),
-                                    ("sraven", "sraven-hyla, layer 2: the rule", ("qk_share", "qk_terms", "patch_effects"))):
-        page += [f"### {heading}", "", texts.get(part, "Not measured yet.").strip(), ""]
-        page += [f"![{part} {picture}]({part}_{picture}.png)\n" for picture in pictures]
+        parts["sraven"] = dict(n=result["n"], layer=result["layer"], head=result["head"], seed=args.seed,
+                               seconds=round(result["seconds"], 1), command=command)
     import matplotlib.pyplot as plt
 
     with AtomicOutputs(lock=out / "qk_findings", purpose="analyses/qk_findings.py") as outputs:
+        # read under the lock, at the end: a run of the other half meanwhile (--only) is kept
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+        summary.update(parts)
+        for part in ("smollm2", "sraven"):
+            if part not in texts and (out / f"{part}.md").is_file():
+                texts[part] = (out / f"{part}.md").read_text()
+        made_by = "; ".join(f"{part}: `{summary[part]['command']}` ({summary[part]['seconds'] / 60:.0f} min)"
+                            for part in ("smollm2", "sraven") if "command" in summary.get(part, {}))
+        page = ["Made by `analyses/qk_findings.py` (" + made_by + "; settings in `summary.json`). Terms are the "
+                "head's score before sigma split exactly over the residual stream's components with the normalisation's scale frozen per position (`latentcode qk`); a path patch removes "
+                "one component from one side of one head only.", ""]
+        for part, heading, pictures in (("smollm2", "SmolLM2-135M: the induction heads", ("qk_terms", "patch_effects")),
+                                        ("sraven", "sraven-hyla, layer 2: the rule", ("qk_share", "qk_terms", "patch_effects"))):
+            page += [f"### {heading}", "", texts.get(part, "Not measured yet.").strip(), ""]
+            page += [f"![{part} {picture}]({part}_{picture}.png)\n" for picture in pictures]
         for name, frame in csvs.items():
             outputs.write_text(out / f"{name}.csv", frame.to_csv(index=False, float_format="%.6g"))
         for part, text in texts.items():

@@ -35,12 +35,12 @@ def equal_norm_controls(reading, top: str, rng: np.random.Generator) -> dict[str
                       and parse_head(name)[0] == source[0]]
     else:
         candidates = [name for name in names if name != top and name not in NOT_IN_THE_STREAM]
-    candidates = [name for name in candidates if float(reading.component(name).norm()) > 0]
-    if candidates:
-        other = candidates[int(rng.integers(len(candidates)))]
-        vectors = reading.component(other)
-        scale = norms / vectors.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-        controls["random component, equal norm"] = (other, vectors * scale)
+    for index in rng.permutation(len(candidates)):  # the first drawn that writes anything
+        vectors = reading.component(candidates[index])
+        if float(vectors.norm()) > 0:
+            scale = norms / vectors.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+            controls["random component, equal norm"] = (candidates[index], vectors * scale)
+            break
     return controls
 
 
@@ -90,7 +90,7 @@ def heatmaps(panels: list[tuple[str, list[str], list[str], np.ndarray]], title: 
     figure, axes = plt.subplots(n_rows, n_columns, figsize=(3.6 * n_columns + 1.2, 3.7 * n_rows + 0.6),
                                 layout="constrained", squeeze=False)
     image = None
-    for axis, (name, rows, columns, matrix) in zip(axes.flat, panels):
+    for axis, (name, rows, columns, matrix) in zip(axes.flat, panels, strict=False):
         image = axis.imshow(matrix, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
         axis.set_xticks(range(len(columns)), columns, rotation=90, fontsize=7)
         axis.set_yticks(range(len(rows)), rows, fontsize=7)

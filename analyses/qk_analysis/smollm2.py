@@ -124,7 +124,7 @@ def run(args, say) -> dict:
     previous_all = np.stack(previous_all)  # [sequence, layer, head]
     panels = {key: (torch.stack(means).mean(0).numpy(), names) for key, (means, names) in mean_terms.items()}
     return dict(marginals=pd.DataFrame(marginal_rows), patches=pd.DataFrame(patch_rows), previous=previous_all,
-                panels=panels, heads=[f"{l}.{h}" for l, h in heads], control=f"{control[0]}.{control[1]}",
+                panels=panels, heads=[f"{layer}.{head}" for layer, head in heads], control=f"{control[0]}.{control[1]}",
                 base_loss=base_losses, n=len(sequences), half=half, seconds=time.time() - started)
 
 
@@ -154,9 +154,9 @@ def tables(result: dict) -> dict[str, pd.DataFrame]:
         rows.append(row)
     patch_table = pd.DataFrame(rows)
     previous = result["previous"]
-    previous_table = pd.DataFrame([dict(layer=l, head=h, previous_token_score=float(previous[:, l, h].mean()),
-                                        se=float(previous[:, l, h].std(ddof=1) / np.sqrt(len(previous))))
-                                   for l in range(previous.shape[1]) for h in range(previous.shape[2])])
+    previous_table = pd.DataFrame([dict(layer=layer, head=head, previous_token_score=float(previous[:, layer, head].mean()),
+                                        se=float(previous[:, layer, head].std(ddof=1) / np.sqrt(len(previous))))
+                                   for layer in range(previous.shape[1]) for head in range(previous.shape[2])])
     panel_rows = []
     for head in [*result["heads"], result["control"]]:
         matrix, names = result["panels"][(head, "induction")]
@@ -200,11 +200,11 @@ def figures(result: dict, frames: dict) -> dict:
     width = 0.8 / len(removals)
     for r, removal in enumerate(removals):
         block = frozen[frozen["removal"] == removal].set_index("head").reindex(heads)
-        for axis, what in zip(axes, ("code_change", "loss_change")):
+        for axis, what in zip(axes, ("code_change", "loss_change"), strict=True):
             axis.bar(np.arange(len(heads)) + (r - (len(removals) - 1) / 2) * width, block[what], width,
                      yerr=block[what + "_se"], capsize=2, label=removal)
     for axis, label in zip(axes, ("change of the induction code (mean over pairs)",
-                                  "change of the loss on repeated tokens (nats)")):
+                                  "change of the loss on repeated tokens (nats)"), strict=True):
         axis.set_xticks(range(len(heads)), [f"{h}{' (random)' if h == result['control'] else ''}" for h in heads])
         axis.axhline(0, color="black", linewidth=0.6)
         axis.set_ylabel(label, fontsize=8)

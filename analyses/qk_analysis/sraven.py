@@ -267,7 +267,7 @@ def figures(result: dict, frames: dict) -> dict:
 
     labels = list(dict.fromkeys(terms["panel"]))
     rule_labels = [label for label in labels if label.endswith("(score units)")]
-    counts = dict(zip(result["rules_present"], result["p"]))
+    counts = dict(zip(result["rules_present"], result["p"], strict=True))
     rule_labels = sorted(rule_labels, key=lambda label: -counts[label.split(" minus")[0]])[:4]
     rule_panels = [(f"{label.split(' minus')[0]} (p = {counts[label.split(' minus')[0]]:.2f})", *panel(label))
                    for label in rule_labels]
@@ -284,11 +284,11 @@ def figures(result: dict, frames: dict) -> dict:
     width = 0.8 / len(removals)
     for k, removal in enumerate(removals):
         block = frozen[frozen["removal"].str.startswith(removal)].set_index("side").reindex(sides)
-        for axis, what in zip(axes, ("rule_variance_left", "loss_change", "accuracy_change")):
+        for axis, what in zip(axes, ("rule_variance_left", "loss_change", "accuracy_change"), strict=True):
             axis.bar(np.arange(len(sides)) + (k - 1) * width, block[what], width, yerr=block[what + "_se"], capsize=2,
                      label="top component" if removal == "top" else removal)
     for axis, label in zip(axes, ("rule-selective variance of the code left", "loss change (nats)",
-                                  "accuracy change")):
+                                  "accuracy change"), strict=True):
         axis.set_xticks(range(len(sides)), [f"{side} side ({result['tops'][side]})" for side in sides])
         axis.axhline(0, color="black", linewidth=0.6)
         axis.set_ylabel(label, fontsize=8)
