@@ -22,7 +22,8 @@ page shows: `python analyses/reproduce.py page`), `smollm2_*.csv`, `sraven_*.csv
 figures `smollm2_qk_terms.png`, `smollm2_patch_effects.png`, `sraven_qk_share.png`, `sraven_qk_terms.png`,
 `sraven_patch_effects.png`.
 
-    nice -n 15 python analyses/qk_findings.py --n 32 --half 64 --sraven-n 1024
+    nice -n 15 python analyses/qk_findings.py                     # both halves: about 25 min on one busy core
+    nice -n 15 python analyses/qk_findings.py --only sraven       # one half (the other's recorded outputs kept)
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "qk_findings"
 
 def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=32, help="SmolLM2 sequences (default 32)")
+    parser.add_argument("--n", type=int, default=20, help="SmolLM2 sequences (default 20)")
     parser.add_argument("--half", type=int, default=64, help="random tokens per copy (default 64: T = 129)")
     parser.add_argument("--heads", nargs="+", default=["18.6", "18.7", "17.3"], help="induction heads, LAYER.HEAD")
-    parser.add_argument("--sraven-n", type=int, default=1024, help="sraven-hyla OOD instances (default 1024)")
+    parser.add_argument("--sraven-n", type=int, default=512, help="sraven-hyla OOD instances (default 512)")
     parser.add_argument("--only", choices=["smollm2", "sraven"], default=None, help="one half; the other's "
                         "recorded outputs are kept")
     parser.add_argument("--seed", type=int, default=0)
