@@ -49,6 +49,8 @@ def arguments() -> argparse.Namespace:
                         "recorded outputs are kept")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--redraw", action="store_true", help="only draw the figures again from the recorded "
+                        "tables and summary.json under --out (no model is run)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser.parse_args()
 
@@ -68,6 +70,9 @@ def main() -> None:
             print(f"{text} [{time.time() - started:.0f} s]", flush=True)
 
     summary_path = out / "summary.json"
+    if args.redraw:
+        redraw(out, json.loads(summary_path.read_text()), say)
+        return
     texts, csvs, drawn, parts = {}, {}, {}, {}
     command = "nice -n 15 python analyses/qk_findings.py " + " ".join(sys.argv[1:])
     if args.only in (None, "smollm2"):
@@ -88,7 +93,9 @@ def main() -> None:
         texts["sraven"] = qk_sraven.markdown(result, frames)
         csvs.update({f"sraven_{name}": frame for name, frame in frames.items()})
         drawn.update(qk_sraven.figures(result, frames))
-        parts["sraven"] = dict(n=result["n"], layer=result["layer"], head=result["head"], seed=args.seed,
+        parts["sraven"] = dict(n=result["n"], n_fresh=result["n_fresh"], layer=result["layer"], head=result["head"],
+                               tops=result["tops"], rules_present=result["rules_present"],
+                               p=[float(x) for x in result["p"]], seed=args.seed,
                                seconds=round(result["seconds"], 1), command=command)
     import matplotlib.pyplot as plt
 
@@ -118,6 +125,27 @@ def main() -> None:
         outputs.write_text(out / "qk_findings.md", "\n".join(page))
         outputs.write_text(summary_path, json.dumps(summary, indent=1) + "\n")
     say(f"wrote {out}")
+
+
+def redraw(out: Path, summary: dict, say) -> None:
+    """The figures again from the recorded tables (`PART_NAME.csv`) and the settings in summary.json."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    from qk_analysis import smollm2, sraven
+
+    from latentcode.files import AtomicOutputs
+
+    drawn = {}
+    for part, module in (("smollm2", smollm2), ("sraven", sraven)):
+        if part not in summary:
+            continue
+        frames = {file.stem[len(part) + 1:]: pd.read_csv(file, dtype={"head": str}) for file in sorted(out.glob(f"{part}_*.csv"))}
+        drawn.update(module.figures(summary[part], frames))
+    with AtomicOutputs(lock=out / "qk_findings", purpose="analyses/qk_findings.py --redraw") as outputs:
+        for name, figure in drawn.items():
+            outputs.write_figure(out / name, figure, ("png",), dpi=110)
+            plt.close(figure)
+    say(f"drew {', '.join(drawn)} again under {out}")
 
 
 if __name__ == "__main__":

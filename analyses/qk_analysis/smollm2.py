@@ -209,7 +209,7 @@ def figures(result: dict, frames: dict) -> dict:
         axis.axhline(0, color="black", linewidth=0.6)
         axis.set_ylabel(label, fontsize=8)
         axis.set_xlabel("head (layer.head)")
-    axes[0].legend(fontsize=7)
+    effects.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=3, fontsize=8)
     effects.suptitle(f"SmolLM2-135M: key side of each head path-patched (scale frozen), mean ± s.e. over "
                      f"{result['n']} sequences", fontsize=10)
     return {"smollm2_qk_terms": terms_figure, "smollm2_patch_effects": effects}

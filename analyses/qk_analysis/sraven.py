@@ -293,7 +293,7 @@ def figures(result: dict, frames: dict) -> dict:
         axis.axhline(0, color="black", linewidth=0.6)
         axis.set_ylabel(label, fontsize=8)
     axes[0].axhline(1, color="grey", linewidth=0.6, linestyle="--")
-    axes[0].legend(fontsize=7)
+    effects.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=3, fontsize=8)
     effects.suptitle(f"sraven-hyla L{LAYER}.H{head}: one side path-patched (scale frozen), mean ± s.e. over "
                      f"{result['n_fresh']} OOD instances", fontsize=10)
     return {"sraven_qk_share": share_figure, "sraven_qk_terms": rule_figure, "sraven_patch_effects": effects}
