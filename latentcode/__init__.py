@@ -18,14 +18,25 @@ for torch. `tests/test_public_api.py` keeps the two lists equal and checks the A
 from __future__ import annotations
 
 import os as _os
-import signal as _signal
 import sys as _sys
+
+try:  # signal's C module, loaded by the interpreter before site: signal.py would first build its enums
+    import _signal  # (a few ms under load, during which a Ctrl-C was still Python's traceback)
+except ImportError:  # another interpreter
+    import signal as _signal  # type: ignore[no-redef]
 
 
 def _interrupted_while_starting(signum: int, frame: object) -> None:  # noqa: ARG001 - a signal handler's signature
-    """Ctrl-C before a command has started: one line and exit 130. Nothing is written before a command
-    runs, so there is nothing to clean up; a KeyboardInterrupt raised inside an import would print the
-    import's traceback instead (or, raised in a weakref callback of the import system, be ignored)."""
+    """Ctrl-C before a command has started (or after it has ended): one line and exit 130. Nothing is
+    written before a command runs (and after, its outputs are complete), so there is nothing to clean
+    up; a KeyboardInterrupt raised inside an import would print the import's traceback instead (or,
+    raised in a weakref callback of the import system, be ignored). What the command printed is
+    flushed first (a piped stdout holds it in a buffer that _exit would drop)."""
+    for stream in (_sys.stdout, _sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001, S110 - a stream closed, or being written when the signal came
+            pass
     _os.write(2, b"interrupted\n")
     _os._exit(130)
 

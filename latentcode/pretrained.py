@@ -9,7 +9,9 @@ Nothing is downloaded: every `from_pretrained` call is `local_files_only`. Nothi
 did not install: every call passes `trust_remote_code=False`, and a directory whose `config.json` or
 `tokenizer_config.json` has an `auto_map` (a model's own Python code) is refused in one line before
 transformers reads it (transformers would otherwise ask on a terminal, or fail with a traceback). The model attends with
-`attn_implementation="sdpa"`, which `latentcode.sources.TorchAttentionSource` reads exactly.
+`attn_implementation="sdpa"`, which `latentcode.sources.TorchAttentionSource` reads exactly, or, for an architecture
+transformers runs only eagerly (Gemma 2's soft-capped scores, gpt-oss's attention sinks), with "eager", read exactly
+at its eager attention call (`latentcode.sources.eager_attention`).
 
 SmolLM2-135M-Instruct (Apache-2.0; Llama architecture, 30 layers, d_model 576, 9 query heads, 3
 key/value heads, RoPE, 8,192 positions, tokenizer embedded) ships as
@@ -157,7 +159,8 @@ def resolve(path_or_name: str | Path) -> Path:
     return Path(path_or_name)
 
 
-#: the largest model (weights files) whose SHA-256 a codes file's reader checks to show token texts (view)
+#: the largest model (a file, or all the files of a directory) a codes file names whose SHA-256 view checks and
+#: whose tokenizer it reads to show token texts
 MAX_NAMED_MODEL_BYTES = 4 << 30
 #: passed to every transformers `from_pretrained`: offline, and no code of the model's own
 SAFE_OPTIONS: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
@@ -216,10 +219,14 @@ def token_texts_of(model_path: str, model_name: str, sha256: str, cache: str | P
                               "files kept the model's path)")
     if not path.exists():
         raise PretrainedError(f"its model {path} is not here")
+    if not (path.is_file() or path.is_dir()):
+        raise PretrainedError(f"its model {path} is neither a file nor a directory (a device or a pipe); expected a "
+                              ".gguf file or a model directory")
     if not sha256:
         raise PretrainedError(f"it records no checkpoint SHA-256 to check {path} against")
+    # A directory: every file in it (its weights are hashed, its tokenizer files read), not only the weights.
     size = path.stat().st_size if path.is_file() else sum(
-        item.stat().st_size for item in path.iterdir() if item.is_file() and item.suffix in (".safetensors", ".bin", ".gguf"))
+        item.stat().st_size for item in path.iterdir() if item.is_file())
     if size > MAX_NAMED_MODEL_BYTES:  # a file a codes file merely names is not read whole beyond this
         raise PretrainedError(f"its model {path} is {size / 2**30:.1f} GiB; token texts are read only from a model of "
                               f"at most {MAX_NAMED_MODEL_BYTES >> 30} GiB (its SHA-256 is checked first)")

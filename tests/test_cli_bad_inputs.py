@@ -258,6 +258,11 @@ def add_issue_45_inputs(root: Path, run: Path) -> None:
         (root / name / "config.json").write_text(json.dumps({**config, **edits}))
         if weights:
             (root / name / weights).write_bytes(b"weights")
+    (root / "hf_tokenizer_auto_map").mkdir()
+    (root / "hf_tokenizer_auto_map" / "config.json").write_text(json.dumps(config))
+    (root / "hf_tokenizer_auto_map" / "model.safetensors").write_bytes(b"weights")
+    (root / "hf_tokenizer_auto_map" / "tokenizer_config.json").write_text(json.dumps(
+        {"auto_map": {"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]}}))
     import gguf
 
     writer = gguf.GGUFWriter(str(root / "whole.gguf"), "llama")
@@ -277,6 +282,7 @@ def add_issue_45_inputs(root: Path, run: Path) -> None:
         record = json.loads((root / name / "config.json").read_text())
         edit(record)
         (root / name / "config.json").write_text(json.dumps(record))
+    add_damaged_compact_stores(root)
     metadata = {"model_name": "hyla", "model_config": {"attention": "hyla"}, "checkpoint_sha256": "0" * 64,
                 "task_config": json.loads((run / "config.json").read_text())["train"]["task"],
                 "task_analysis": FUZZY_ANALYSIS}
@@ -285,6 +291,26 @@ def add_issue_45_inputs(root: Path, run: Path) -> None:
             writer.append(codes={site: np.zeros((0, 4)) for site in SITES},
                           labels={"term_present": np.zeros((0, 6), dtype=np.int64),
                                   "task_index": np.zeros(0, dtype=np.int64)}, split=split)
+
+
+# The damaged compact stores of issue 45 (workspace name, how test_store_compact's `_damage` breaks it)
+COMPACT_DAMAGE = {"compact_nan_key": "nan key", "compact_nan_scale": "nan scale",
+                  "compact_scale_minus_1000": "negative scale", "compact_keys_1e30": "keys of 1e30",
+                  "compact_key_valid_all_false": "key_valid all false",
+                  "compact_real_query_without_key": "one example without a real token"}
+
+
+def add_damaged_compact_stores(root: Path) -> None:
+    """A tiny random Llama (`hf_tiny`), a codes file of it with a compact store (`compact_ok.h5`) and a
+    copy of it for each damage of COMPACT_DAMAGE, each used silently before issue 45."""
+    from latentcode.extraction.pretrained_extract import extract_pretrained
+    from tests.pretrained_models import save_tiny_llama
+    from tests.test_store_compact import _damage
+
+    save_tiny_llama(root / "hf_tiny")
+    extract_pretrained(root / "hf_tiny", split="train", n=3, seq_len=16, out=root / "compact_ok.h5", progress=False)
+    for name, damage in COMPACT_DAMAGE.items():
+        copy_and_edit(root / "compact_ok.h5", root / f"{name}.h5", lambda file, damage=damage: _damage(damage, file))
 
 
 def add_issue_51_inputs(root: Path) -> None:
@@ -349,6 +375,7 @@ def read_only_file_system(directory: Path):
 TRAIN = ["train", "--preset", "fuzzy_logic", "--scale", "tiny"]
 SWEEP = ["sweep", "--preset", "fuzzy_logic", "--scale", "tiny"]
 EXTRACT = ["extract", "{run}", "--n", "16"]
+CUDA_MISSING = "--device 'cuda': this machine has no CUDA device (torch.cuda.is_available() is False); expected cpu"
 # (id, command line with {placeholders} of workspace paths, what the one line must say, where it
 # may need an immutable directory or a read-only file system)
 BAD_INPUTS = [
@@ -714,6 +741,12 @@ BAD_INPUTS = [
      "holds its weights as pytorch_model.bin, a pickle, which latentcode does not load"),
     ("extract-pretrained-auto-map", ["extract", "{hf_auto_map}", "--out", "{a_dir}/c.h5"],
      "config.json has an auto_map (AutoConfig: configuration_evil.EvilConfig)"),
+    ("extract-pretrained-tokenizer-auto-map", ["extract", "{hf_tokenizer_auto_map}", "--out", "{a_dir}/c.h5"],
+     "tokenizer_config.json has an auto_map (AutoTokenizer: ['tokenization_evil.EvilTokenizer', None])"),
+    ("extract-smollm2-seq-len-text", ["extract", "smollm2", "--task", "seq_len=long", "--out", "{a_dir}/c.h5"],
+     "--task: seq_len='long' must be an integer"),
+    ("extract-smollm2-seq-len-fraction", ["extract", "smollm2", "--task", "seq_len=64.5", "--out", "{a_dir}/c.h5"],
+     "--task seq_len=64.5 must be an integer"),
     ("extract-gguf-truncated", ["extract", "{truncated.gguf}", "--out", "{a_dir}/c.h5"],
      "{truncated.gguf} is truncated or damaged: tensor token_embd.weight ends at byte"),
     ("extract-gguf-absurd-counts", ["extract", "{absurd_counts.gguf}", "--out", "{a_dir}/c.h5"],
@@ -727,6 +760,24 @@ BAD_INPUTS = [
      "'resolved_model_config' is a JSON list; expected an object"),
     ("extract-run-model-16-tib", ["extract", "{run_model_16_tib}", "--out", "{a_dir}/c.h5"],
      "the model its config describes needs at least"),
+    # issue 45: a damaged compact store is refused at open, naming the dataset (its rows were zeros, or
+    # plausible rows summing to 1, and intervene --mean-ablate reported losses from it)
+    ("probe-compact-nan-key", ["probe", "{compact_nan_key.h5}"],
+     "{compact_nan_key.h5}: /compact/key_l1 holds a NaN or infinite key (example 1)"),
+    ("probe-compact-nan-scale", ["probe", "{compact_nan_scale.h5}"],
+     "{compact_nan_scale.h5}: /compact/query_l1 has scale nan; expected a positive finite number"),
+    ("probe-compact-scale-minus-1000", ["probe", "{compact_scale_minus_1000.h5}"],
+     "{compact_scale_minus_1000.h5}: /compact/query_l1 has scale -1000.0; expected a positive finite number"),
+    ("probe-compact-keys-1e30", ["probe", "{compact_keys_1e30.h5}"],
+     "{compact_keys_1e30.h5}: /compact/key_l0 and /compact/query_l0 hold keys up to norm 2.83e+30"),
+    ("probe-compact-key-valid-all-false", ["probe", "{compact_key_valid_all_false.h5}"],
+     "{compact_key_valid_all_false.h5}: /compact/key_valid marks no key of example 0 as real"),
+    ("probe-compact-real-query-without-key", ["probe", "{compact_real_query_without_key.h5}"],
+     "{compact_real_query_without_key.h5}: /compact/key_valid marks no key of example 2 as real"),
+    *[(f"intervene-mean-ablate-{name.replace('_', '-')}",
+       ["intervene", "{hf_tiny}", "--sites", "1:*:*", "--mean-ablate", "all", "--codes", f"{{{name}.h5}}", "--task",
+        "seq_len=16", "--n", "2", "--out", "{a_dir}/e"], f"{{{name}.h5}}: /compact/")
+      for name in COMPACT_DAMAGE],
     ("probe-dangling-soft-link", ["probe", "{soft_link.h5}"],
      "{soft_link.h5}: /labels/ghost is a soft link to /labels/nowhere, which is not in the file"),
     # issue 34: silently accepted before
@@ -753,6 +804,41 @@ BAD_INPUTS = [
                               "--out", "{a_dir}/q"], "--head 16 is outside the model's 16 heads; expected 0..15"),
     ("qk-unknown-pairs", ["qk", str(MODELS / "sraven-hyla"), "--layer", "2", "--head", "0", "--pairs", "successor",
                           "--out", "{a_dir}/q"], "--pairs: unknown pair selector 'successor'"),
+    # issue 47: --device and --dtype of every command that runs a model, one check (validation.check_placement);
+    # CUDA rows need torch to know (skipped where CUDA is; not in the torch-free test); an output already
+    # there (--overwrite) is kept by a refused command
+    ("intervene-dtype-float8", ["intervene", "{run}", "--zero-ablate", "all", "--dtype", "float8", "--out", "{a_dir}/e"],
+     "argument --dtype: invalid choice: 'float8' (choose from 'float32', 'bfloat16', 'float16')"),
+    ("intervene-device-tpu", ["intervene", "{run}", "--zero-ablate", "all", "--device", "tpu", "--out", "{a_dir}/e"],
+     "--device 'tpu' is not a device name; expected cpu, cuda, cuda:N (N a GPU's number), mps or xpu"),
+    ("patch-dtype-float8", ["patch", "{run}", "--dtype", "float8", "--out", "{a_dir}/p"],
+     "argument --dtype: invalid choice: 'float8' (choose from 'float32', 'bfloat16', 'float16')"),
+    ("patch-device-tpu", ["patch", "{run}", "--device", "tpu", "--out", "{a_dir}/p"],
+     "--device 'tpu' is not a device name; expected cpu, cuda, cuda:N (N a GPU's number), mps or xpu"),
+    ("patch-search-device-tpu", ["patch", "{run}", "--search", "--device", "tpu", "--out", "{a_dir}/p"],
+     "--device 'tpu' is not a device name; expected cpu, cuda, cuda:N (N a GPU's number), mps or xpu"),
+    ("qk-dtype-float8", ["qk", str(MODELS / "sraven-hyla"), "--layer", "2", "--head", "0", "--pairs", "previous",
+                         "--dtype", "float8", "--out", "{a_dir}/q"],
+     "argument --dtype: invalid choice: 'float8' (choose from 'float32', 'bfloat16', 'float16')"),
+    ("qk-device-tpu", ["qk", str(MODELS / "sraven-hyla"), "--layer", "2", "--head", "0", "--pairs", "previous",
+                       "--device", "tpu", "--out", "{a_dir}/q"],
+     "--device 'tpu' is not a device name; expected cpu, cuda, cuda:N (N a GPU's number), mps or xpu"),
+    ("train-dtype-float8", [*TRAIN, "--dtype", "float8", "--out", "{a_dir}/r"],
+     "argument --dtype: invalid choice: 'float8' (choose from 'float32', 'bfloat16', 'float16')"),
+    ("train-device-tpu", [*TRAIN, "--device", "tpu", "--out", "{a_dir}/r"],
+     "--device 'tpu' is not a device name; expected cpu, cuda, cuda:N (N a GPU's number), mps or xpu"),
+    ("train-dtype-against-mixed-precision", [*TRAIN, "--mixed-precision", "no", "--dtype", "bfloat16", "--out",
+                                             "{a_dir}/r"],
+     "--dtype 'bfloat16' computes with mixed_precision 'bf16', but the config sets mixed_precision 'no'; give one"),
+    ("train-resume-with-dtype", ["train", "--resume", "{run}", "--dtype", "bfloat16"],
+     "--dtype 'bfloat16': resume continues a run in the precision of its own config"),
+    ("extract-device-cuda", [*EXTRACT, "--device", "cuda", "--out", "{existing.h5}", "--overwrite"], CUDA_MISSING),
+    ("intervene-device-cuda", ["intervene", "{run}", "--zero-ablate", "all", "--device", "cuda", "--out",
+                               "{patch_good}", "--overwrite"], CUDA_MISSING),
+    ("patch-device-cuda", ["patch", "{run}", "--device", "cuda", "--out", "{patch_good}", "--overwrite"], CUDA_MISSING),
+    ("qk-device-cuda", ["qk", str(MODELS / "sraven-hyla"), "--layer", "2", "--head", "0", "--pairs", "previous",
+                        "--device", "cuda", "--out", "{a_dir}", "--overwrite"], CUDA_MISSING),
+    ("train-device-cuda", [*TRAIN, "--device", "cuda", "--out", "{a_dir}/r"], CUDA_MISSING),
     # view
     ("view-no-file", ["view", "{none}"], "codes file {none} does not exist"),
     ("view-unknown-split", ["view", "{fuzzy.h5}", "--split", "nope", "--out", "{a_dir}/v.html"],
@@ -817,6 +903,8 @@ def test_the_table_covers_every_command():
 @pytest.mark.parametrize("argv, message", [row[1:] for row in BAD_INPUTS + FOUND_WHILE_WORKING],
                          ids=[row[0] for row in BAD_INPUTS + FOUND_WHILE_WORKING])
 def test_a_bad_input_is_one_line_and_changes_nothing(workspace, monkeypatch, capsys, argv, message):
+    if message == CUDA_MISSING and _has_cuda():
+        pytest.skip("this machine has CUDA")
     monkeypatch.chdir(workspace)  # so that a default output would land in the workspace too
     monkeypatch.delenv("LATENTCODE_DEBUG", raising=False)
     places = []
@@ -842,9 +930,39 @@ def test_a_bad_input_is_one_line_and_changes_nothing(workspace, monkeypatch, cap
     assert snapshot(workspace) == before, "a failed command changed or added files"
 
 
+# issue 45: an environment switch set to a value it does not take (LATENTCODE_MKL_CPU_CHECK=off was silently
+# ignored): refused in one line before any command runs, whichever command it is.
+BAD_SWITCHES = [
+    ("mkl-cpu-check-off", "LATENTCODE_MKL_CPU_CHECK", "off", [*TRAIN, "--out", "{a_dir}/t"]),
+    ("mkl-cpu-check-answer", "LATENTCODE_MKL_CPU_CHECK", "answer", ["probe", "{fuzzy.h5}"]),
+    ("mkl-on-amd-yes", "LATENTCODE_MKL_ON_AMD", "yes", [*TRAIN, "--out", "{a_dir}/t"]),
+    ("kernels-off", "LATENTCODE_KERNELS", "off", [*EXTRACT, "--out", "{a_dir}/c.h5"]),
+]
+
+
+@pytest.mark.parametrize("variable, value, argv", [row[1:] for row in BAD_SWITCHES], ids=[row[0] for row in BAD_SWITCHES])
+def test_a_switch_set_to_a_value_it_does_not_take_is_one_line_and_changes_nothing(workspace, monkeypatch, capsys,
+                                                                                 variable, value, argv):
+    from latentcode.switches import SWITCHES
+
+    monkeypatch.chdir(workspace)
+    monkeypatch.delenv("LATENTCODE_DEBUG", raising=False)
+    monkeypatch.setenv(variable, value)
+    before = snapshot(workspace)
+    status = main([expand(arg, workspace) for arg in argv])
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert status == 2 and captured.out == "", captured
+    expected = " or ".join(SWITCHES[variable])
+    assert lines == [lines[0]] and lines[0].startswith(f"error: {variable}={value!r} is not a value it takes; "
+                                                       f"expected {expected} (or unset)"), captured.err
+    assert snapshot(workspace) == before, "a refused command changed or added files"
+
+
 def test_bad_inputs_are_answered_before_torch_and_scikit_learn_are_imported(workspace):
     """Run in a fresh interpreter: the checks import neither torch nor scikit-learn nor matplotlib."""
-    rows = [row for row in BAD_INPUTS if "locked" not in str(row) and "readonly" not in str(row)]
+    rows = [row for row in BAD_INPUTS if "locked" not in str(row) and "readonly" not in str(row)
+            and row[2] != CUDA_MISSING]  # whether a CUDA device is there only torch can say
     script = (
         "import sys, json\n"
         "from latentcode.cli import main\n"
@@ -944,10 +1062,11 @@ def _plan_mistake(command: str, args) -> Exception | None:
         if command == "extract":
             plan_extract(args.run, task, args.sites, args.split, args.n, args.out, variant=args.variant,
                          batch_size=args.batch_size, seed=args.seed, append=args.append, overwrite=args.overwrite,
-                         compression=args.compression)
+                         compression=args.compression, device=args.device, dtype=args.dtype)
         else:
             plan_intervention(args.run, task=task, sites=args.sites, split=args.split, n=args.n, variant=args.variant,
-                              batch_size=args.batch_size, seed=args.seed, per_site=not args.no_per_site)
+                              batch_size=args.batch_size, seed=args.seed, per_site=not args.no_per_site,
+                              device=args.device, dtype=args.dtype)
     except Exception as error:  # noqa: BLE001 - returned to be compared
         return error
     return None
@@ -959,7 +1078,8 @@ def _patch_options(args) -> dict:
             "layers": None if args.layers is None else ",".join(args.layers), "queries": args.queries, "key_blocks": args.key_blocks, "sites": args.sites,
             "n": args.n, "confirm_n": args.confirm_n, "tolerance": args.tolerance, "max_groups": args.max_groups,
             "split": args.split, "variant": args.variant, "prediction": args.prediction, "seed": args.seed,
-            "attribution": args.attribution, "out": args.out, "overwrite": args.overwrite}
+            "attribution": args.attribution, "out": args.out, "overwrite": args.overwrite, "device": args.device,
+            "dtype": args.dtype}
 
 
 def _public_api_error(command: str, args) -> Exception:
@@ -991,7 +1111,7 @@ def _public_api_error(command: str, args) -> Exception:
         else:
             intervention_effects(args.run, ZeroAblate(), task=task, sites=args.sites, split=args.split, n=args.n,
                                  variant=args.variant, batch_size=args.batch_size, seed=args.seed,
-                                 per_site=not args.no_per_site)
+                                 per_site=not args.no_per_site, device=args.device, dtype=args.dtype)
     return raised.value
 
 
@@ -1029,7 +1149,8 @@ def _train_plan_mistake(args) -> Exception | None:
         return None
     try:
         plan_train(args.config, args.out, preset=args.preset, scale=args.scale, attention=args.attention,
-                   overrides=_train_overrides(args), resume=args.resume, threads=args.threads)
+                   overrides=_train_overrides(args), resume=args.resume, threads=args.threads, device=args.device,
+                   dtype=args.dtype)
     except Exception as error:  # noqa: BLE001 - returned to be compared
         return error
     return None
@@ -1041,13 +1162,14 @@ def _train_api_error(args) -> Exception:
     import latentcode
 
     with pytest.raises(Exception) as raised:  # noqa: PT011 - which class is compared below
+        placement = {"device": args.device, "dtype": args.dtype}
         if args.resume:
-            latentcode.train(resume=args.resume, progress=False)
+            latentcode.train(resume=args.resume, progress=False, **placement)
         elif args.preset:
             config = latentcode.build_train_config(args.preset, args.scale, args.attention, **_train_overrides(args))
-            latentcode.train(config, args.out, progress=False)
+            latentcode.train(config, args.out, progress=False, **placement)
         else:
-            latentcode.train(args.config, args.out, progress=False)
+            latentcode.train(args.config, args.out, progress=False, **placement)
     return raised.value
 
 
@@ -1144,6 +1266,12 @@ ANALYSIS_PLANS = {"report": (_plan_report, _build_report), "probe": (_plan_probe
                   "plot": (_plan_picture, _plot), "heatmap": (_plan_picture, _plot), "samples": (_plan_picture, _plot),
                   "reuse": (_plan_reuse, _code_reuse)}
 
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 API_ROWS = [row for row in BAD_INPUTS if row[1] and row[1][0] in ("extract", "intervene", "train", "patch", *ANALYSIS_PLANS)
             and "{locked}" not in str(row) and "{readonly}" not in str(row)]
 
@@ -1181,3 +1309,41 @@ def test_the_python_api_answers_a_mistake_with_the_command_lines_string(workspac
     flags = {option for action in sub._actions for option in action.option_strings} | {"RUN_DIR"}
     assert flag in ("", "--") or flag.rstrip(": ") in flags, flag
     assert snapshot(workspace) == before
+
+
+# -- issue 47: a model type whose attention cannot be read exactly -------------------------------------------------
+# Not rows of BAD_INPUTS, which are answered before torch: these are found while the model runs (its first forward).
+
+
+def test_a_model_type_whose_attention_cannot_be_read_exactly_is_one_line(tmp_path, monkeypatch, capsys):
+    """granite_swa applies its attention sinks to its output, not to the probabilities it reports: the two
+    disagree, so its codes are refused in one line naming the model type and why, from the command line and
+    the Python API alike, and nothing is written."""
+    import torch
+    import transformers
+
+    import latentcode
+    from tests.pretrained_models import VOCAB_SIZE, tiny_tokenizer
+
+    if not hasattr(transformers, "GraniteSWAConfig"):
+        pytest.skip(f"transformers {transformers.__version__} has no granite_swa")
+    torch.manual_seed(0)
+    config = transformers.GraniteSWAConfig(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=48,
+                                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                           max_position_embeddings=64, bos_token_id=None, eos_token_id=None,
+                                           architectures=["GraniteSWAForCausalLM"])
+    transformers.GraniteSWAForCausalLM(config).eval().save_pretrained(tmp_path / "granite")
+    tiny_tokenizer().save_pretrained(tmp_path / "granite")
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    capsys.readouterr()  # transformers' own lines while saving the model
+    message = ("granite_swa attention call 0 (model.layers.0.self_attn): its eager attention returns probabilities "
+               "without its sinks and applies the sinks to its output instead")
+    assert main(["extract", str(tmp_path / "granite"), "--task", "seq_len=16", "--n", "1", "--out", "c.h5",
+                 "--quiet"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), lines
+    with pytest.raises(latentcode.LatentcodeError) as raised:
+        latentcode.extract(tmp_path / "granite", task={"seq_len": 16}, n=1, out="c.h5", progress=False)
+    assert lines[0] == f"error: {raised.value}"
+    assert snapshot(tmp_path) == before

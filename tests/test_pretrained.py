@@ -163,3 +163,26 @@ def test_a_model_a_codes_file_names_is_not_hashed_beyond_the_bound(tmp_path, mon
     with pytest.raises(PretrainedError, match=r"is 5.0 GiB; token texts are read only from a model of at most 4 GiB"):
         pretrained.token_texts_of(str(huge), "", "0" * 64)
     assert read == []
+
+
+def test_a_model_a_codes_file_names_is_bounded_with_its_tokenizer_and_is_a_file_or_directory(tmp_path, monkeypatch):
+    # A directory is bounded by all its files (its tokenizer.json is read too, not only its weights are
+    # hashed); a device or a pipe where the model should be is refused, not read.
+    import os
+
+    from latentcode import pretrained
+
+    read = []
+    monkeypatch.setattr(pretrained, "checkpoint_sha256", lambda path: read.append(path) or "")
+    directory = tmp_path / "model"
+    directory.mkdir()
+    (directory / "model.safetensors").write_bytes(b"small weights")
+    with open(directory / "tokenizer.json", "wb") as file:
+        file.truncate(5 << 30)
+    with pytest.raises(PretrainedError, match=r"model is 5.0 GiB; token texts are read only from a model of at most"):
+        pretrained.token_texts_of(str(directory), "", "0" * 64)
+    os.mkfifo(tmp_path / "pipe.gguf")
+    for where in (tmp_path / "pipe.gguf", "/dev/zero"):
+        with pytest.raises(PretrainedError, match="is neither a file nor a directory"):
+            pretrained.token_texts_of(str(where), "", "0" * 64)
+    assert read == []

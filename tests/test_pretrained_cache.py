@@ -5,8 +5,12 @@ in test_pretrained.py.)"""
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -128,14 +132,25 @@ def test_two_loaders_at_once_fill_the_entry_once(tiny, source, tmp_path):
     assert not [name for name in os.listdir(entry) if name.startswith(".")]  # no temporaries left
 
 
-def test_an_entry_edited_at_the_same_size_is_not_used_and_is_written_anew(tiny, source, tmp_path):
+# The last 16 float32 weights of a safetensors file overwritten, at the same size and with the same header
+SAME_SIZE_EDITS = {"zeroed": bytes(64), "nan": b"\x00\x00\xc0\x7f" * 16}
+
+
+def edit_at_the_same_size(weights, edit: str) -> None:
+    data = bytearray(weights.read_bytes())
+    data[-64:] = SAME_SIZE_EDITS[edit]
+    weights.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("edit", sorted(SAME_SIZE_EDITS))
+def test_an_entry_edited_at_the_same_size_is_not_used_and_is_written_anew(tiny, source, tmp_path, edit):
     model, tokenizer = tiny
     entry, sha256 = pretrained_cache.entry_of(source, tmp_path / "cache")
     pretrained_cache.write_entry(entry, sha256, source, model, tokenizer)
     weights = entry / "model.safetensors"
-    data = bytearray(weights.read_bytes())
-    data[-64:] = bytes(64)  # the last weights zeroed: same size, same header
-    weights.write_bytes(bytes(data))
+    size = weights.stat().st_size
+    edit_at_the_same_size(weights, edit)
+    assert weights.stat().st_size == size
     assert not pretrained_cache.usable(entry, sha256)
     assert pretrained_cache.usable(entry, sha256, names=pretrained_cache.TOKENIZER_FILES)  # the tokenizer is intact
     with pytest.warns(UserWarning, match=r"model.safetensors has changed since it was written.*\(written anew\)"):
@@ -170,11 +185,20 @@ def test_another_users_entry_or_a_link_is_not_used_nor_written(tiny, source, tmp
     pretrained_cache.write_entry(entry, sha256, source, model, tokenizer)
     before = {name: (entry / name).read_bytes() for name in os.listdir(entry)}
 
+    def files(directory):
+        return {name: ((directory / name).read_bytes(), os.lstat(directory / name).st_ino)
+                for name in os.listdir(directory)}
+
     def refused(path, reason: str) -> None:
         assert not pretrained_cache.usable(path, sha256)
+        inside, beside = files(entry), sorted(os.listdir(entry.parent))
         with pytest.warns(UserWarning, match=reason + r".*\(not used\)"):
             with pretrained_cache.filling(path, sha256) as cached:
                 assert not cached
+                # what load_pretrained then does: dequantise, and write the entry, which is left alone
+                pretrained_cache.write_entry(path, sha256, source, model, tokenizer)
+        assert files(entry) == inside, "the entry (or the link's target) was written"
+        assert sorted(os.listdir(entry.parent)) == beside  # no lock nor entry beside it
 
     # An entry of another user (the owner seen as another uid), or writable by others.
     real_uid = os.getuid()
@@ -194,3 +218,91 @@ def test_another_users_entry_or_a_link_is_not_used_nor_written(tiny, source, tmp
     (entry / "config.json").symlink_to(elsewhere)
     refused(entry, "config.json is a symbolic link")
     assert elsewhere.read_bytes() == before["config.json"]
+
+
+def test_the_command_line_prints_a_warning_on_one_line(tmp_path):
+    # A cache entry not used, or a cache not written, is a warning (the command goes on): the command line
+    # prints it as `warning: ...`, one line, not Python's `file:line: UserWarning: ...` and a source line.
+    script = (
+        "import dataclasses, sys, warnings\n"
+        "import latentcode.cli.tasks as tasks\n"
+        "def run(args):\n"
+        "    warnings.warn('the cached dequantised model is not used: x is a symbolic link (not used)')\n"
+        "    warnings.warn('a second warning\\nwith a newline', RuntimeWarning)\n"
+        "tasks.COMMAND = dataclasses.replace(tasks.COMMAND, run=run)\n"
+        "from latentcode.cli import main\n"
+        "sys.exit(main(['tasks', 'ambiguity']))\n")
+    finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert finished.returncode == 0, finished.stderr
+    assert finished.stderr.splitlines() == [
+        "warning: the cached dequantised model is not used: x is a symbolic link (not used)",
+        "warning: RuntimeWarning: a second warning\\nwith a newline"], finished.stderr
+
+
+def copy_of_the_session_entry(tmp_path: Path) -> tuple[Path, Path, str]:
+    """A copy, in a cache of this test, of the SmolLM2 entry the session's `smollm2` fixture wrote."""
+    from latentcode.pretrained import smollm2_path
+
+    session_entry, sha256 = pretrained_cache.entry_of(smollm2_path())
+    assert pretrained_cache.usable(session_entry, sha256)
+    cache = tmp_path / "cache"
+    entry = cache / "gguf" / session_entry.name
+    entry.mkdir(parents=True)
+    for name in os.listdir(session_entry):
+        shutil.copyfile(session_entry / name, entry / name)
+    return cache, entry, sha256
+
+
+def extract_smollm2(cache: Path, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "latentcode.cli", "extract", "smollm2", "--task", "seq_len=16", "--n",
+                           "2", "--out", str(out), "--quiet"], capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, "LATENTCODE_CACHE": str(cache),
+                               "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+
+
+def cache_warnings(stderr: str) -> list[str]:
+    assert "Traceback" not in stderr and "UserWarning" not in stderr, stderr
+    return [line for line in stderr.splitlines() if "cached dequantised model" in line]
+
+
+@pytest.mark.slow
+def test_smollm2_with_nan_weights_edited_into_its_entry_is_rebuilt_with_one_line(smollm2, tmp_path):
+    # The issue's case: the dequantised entry's model.safetensors edited at the same size (NaN) was used
+    # without a word, and codes differed in 59 of 61 compact datasets.
+    cache, entry, sha256 = copy_of_the_session_entry(tmp_path)
+    intact = (entry / "model.safetensors").read_bytes()
+    edit_at_the_same_size(entry / "model.safetensors", "nan")
+    finished = extract_smollm2(cache, tmp_path / "codes.h5")
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    lines = cache_warnings(finished.stderr)
+    assert len(lines) == 1 and lines[0].startswith("warning: the cached dequantised model is not used: "), lines
+    assert "model.safetensors has changed since it was written" in lines[0] and lines[0].endswith("(written anew)")
+    assert pretrained_cache.usable(entry, sha256) and (entry / "model.safetensors").read_bytes() == intact
+    assert (tmp_path / "codes.h5").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("whose", ["another user's", "a link"])
+def test_smollm2_from_another_users_entry_or_a_link_dequantises_and_leaves_it_alone(smollm2, tmp_path, whose):
+    cache, entry, sha256 = copy_of_the_session_entry(tmp_path)
+    if whose == "a link":
+        target = tmp_path / "elsewhere"
+        entry.rename(target)
+        entry.symlink_to(target, target_is_directory=True)
+        reason = f"{entry} is a symbolic link (not used)"
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("needs root to give the entry to another user")
+        other = os.getuid() + 4242
+        for path in (entry, *entry.iterdir()):
+            os.chown(path, other, other)
+        reason = f"{entry} belongs to user {other}, not to this user ({os.getuid()}) (not used)"
+    before = {path.name: (path.read_bytes(), path.lstat().st_uid) for path in entry.iterdir()}
+    finished = extract_smollm2(cache, tmp_path / "codes.h5")
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    lines = cache_warnings(finished.stderr)
+    assert lines == [f"warning: the cached dequantised model is not used: {reason}"], lines
+    assert {path.name: (path.read_bytes(), path.lstat().st_uid) for path in entry.iterdir()} == before
+    assert sorted(os.listdir(cache / "gguf")) == [entry.name]  # nothing written beside it
+    assert (tmp_path / "codes.h5").is_file()

@@ -228,3 +228,26 @@ def test_real_scores_are_far_below_the_bound(compact_file):
             queries, keys = (np.linalg.norm(file[f"compact/{kind}_l{layer}"][...].astype(np.float64), axis=-1).max()
                              for kind in ("query", "key"))
             assert scale * queries * keys < SCORE_BOUND / 1e4
+
+
+@pytest.mark.parametrize("damage", ["nan key", "nan scale", "negative scale", "keys of 1e30", "key_valid all false",
+                                    "one example without a real token"])
+def test_mean_ablation_from_a_damaged_compact_store_is_refused_not_reported(compact_file, tiny_llama, tmp_path, capsys,
+                                                                           damage):
+    # The issue's `intervene --mean-ablate` reported losses (4.25-6.06 against 4.16 intact) from such a file.
+    from latentcode.cli import main
+
+    broken = tmp_path / "broken.h5"
+    broken.write_bytes(compact_file.read_bytes())
+    with h5py.File(broken, "r+") as file:
+        _damage(damage, file)
+    before = broken.read_bytes()
+    status = main(["intervene", str(tiny_llama), "--sites", "1:*:*", "--mean-ablate", "all", "--codes", str(broken),
+                   "--task", "seq_len=48", "--n", "2", "--out", str(tmp_path / "effects"), "--quiet"])
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert status == 2, captured
+    assert len(lines) == 1 and lines[0].startswith("error: ") and str(broken) in lines[0] and "/compact/" in lines[0]
+    assert captured.out == "" and "Traceback" not in captured.err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["broken.h5"]  # no table, no plot
+    assert broken.read_bytes() == before

@@ -1,30 +1,47 @@
-"""The package's shape (issues 25 and 33): no module over 500 lines; every stage imports only the stages
+"""The package's shape (issues 25, 33 and 47): no function over ruff's complexity limits; every stage imports only the stages
 to its left (shared/DESIGN.md), at module level and inside functions alike; and `analyses/` and
 `examples/` use only the public API. All read from the source's import statements."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 PACKAGE = REPOSITORY / "latentcode"
-MAX_LINES = 500
-# Generated data, not code: none today. A file named here must say why.
-GENERATED: set[str] = set()
 
 
 def python_files(*roots: Path) -> list[Path]:
     return sorted(path for root in roots for path in ([root] if root.is_file() else root.rglob("*.py")))
 
 
-@pytest.mark.parametrize("path", python_files(PACKAGE, REPOSITORY / "analyses", REPOSITORY / "examples"),
-                         ids=lambda path: str(path.relative_to(REPOSITORY)))
-def test_no_module_is_over_500_lines(path):
-    if str(path.relative_to(REPOSITORY)) in GENERATED:
-        pytest.skip("generated data")
-    n_lines = len(path.read_text().splitlines())
-    assert n_lines <= MAX_LINES, f"{path.relative_to(REPOSITORY)} has {n_lines} lines; split it (one concept per file)"
+COMPLEXITY_RULES = ("C901", "PLR0912", "PLR0915")  # limits in pyproject.toml: complexity 15, branches 15, statements 60
+
+
+def complexity_findings(*paths: Path) -> list[str]:
+    """ruff's complexity findings in `paths`, with the limits pyproject.toml sets, one line each."""
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise",
+                             "--select", ",".join(COMPLEXITY_RULES), *map(str, paths)],
+                            cwd=REPOSITORY, capture_output=True, text=True, check=False)
+    if result.returncode not in (0, 1):
+        raise RuntimeError(f"ruff failed: {result.stderr}")
+    return [line for line in result.stdout.splitlines() if any(rule in line for rule in COMPLEXITY_RULES)]
+
+
+def test_no_function_is_too_complex():
+    """One function, one idea: no function of the package, the analyses or the examples over the limits
+    (a module's length is no measure of it: a long module of small functions is fine)."""
+    findings = complexity_findings(PACKAGE, REPOSITORY / "analyses", REPOSITORY / "examples")
+    assert not findings, "split these functions:\n" + "\n".join(findings)
+
+
+def test_a_too_complex_function_is_found(tmp_path):
+    branches = "\n".join(f"    if x == {i}:\n        return {i}" for i in range(20))
+    (tmp_path / "branchy.py").write_text(f"def branchy(x):\n{branches}\n    return -1\n")
+    findings = complexity_findings(tmp_path / "branchy.py")
+    assert any("C901" in line for line in findings) and any("PLR0912" in line for line in findings), findings
 
 
 # --- Import direction -------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from .interventions import interventions_section
 from .language import language_budget_table, language_codes_section, language_table
 from .paper_index import code_figures_section, paper_index
 from .plan import commands
+from .qk import qk_section
 from .recording import weights_note
 from .sraven import ambiguity_table, fig5c_table, per_rule_section, sraven_curves, sraven_table
 from .sraven_init import FIGURE as SRAVEN_INIT_FIGURE
@@ -40,6 +41,7 @@ def page(args: argparse.Namespace) -> None:
         code_reuse=code_reuse_table(), code_reuse_correlations=correlations_table(),
         code_reuse_findings=code_reuse_findings(), hyla_seed=hyla_seed_table(), hyla_seed_runs=hyla_seed_runs_table(),
         paper_index=paper_index(), code_figures=code_figures_section(), interventions=interventions_section(),
+        qk=qk_section(),
     )
     drawn = {"sraven_permuted_accuracy_vs_step": sraven_curves(), "language_bits_per_byte": language_figure,
              "language_bits_per_byte_4k": language_budget_figure, "fig2c_ood_r2_vs_held_out": fig2c_figure,
@@ -448,6 +450,15 @@ shuffled-label and distance-only baselines (fitted on natural text, scored on he
 random tokens), and tests whether the model uses its induction codes (attribution patching over all 270
 heads, exact ablation at the induction pairs beside the same edit at random pairs). The page, its numbers
 and figures: `results/smollm2/README.md`; `latentcode demo --task smollm2` runs its causal part.
+
+## Why a code takes its value: query-key attribution (issue 48)
+
+Which earlier parts of the network write a head's code? `latentcode qk` splits a head's score before sigma
+exactly into query-side x key-side terms over the residual stream's components (embedding, each earlier
+head, each earlier MLP, biases), the normalisation's scale frozen per position; a path patch removes one
+component from one side of one head and checks the change against the decomposition's prediction.
+
+{qk}
 
 ## The runs
 

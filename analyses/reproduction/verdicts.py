@@ -37,18 +37,30 @@ def _verdict(wins: list[tuple[int, int]]) -> str:
 
 def verdicts() -> str:
     """One line per finding of the paper: reproduced, partly, not, or not measured yet, with the numbers."""
-    import pandas as pd
-
-    lines = []
-    # (1) HYLA generalizes better than softmax and linear (fuzzy logic, Table A1).
+    lines: list[str] = []
     fuzzy = {a: _ood_values([f"fuzzy-{a}-f0.7-s{s}" for s in (0, 1, 2)], ("ood", "r2")) for a in ATTENTIONS}
+    _fuzzy_logic(lines, fuzzy)
+    _ablations(lines, fuzzy)
+    _held_out_fractions(lines)
+    _sraven(lines)
+    _one_head(lines)
+    _language(lines)
+    _decoding(lines)
+    return "\n".join(lines)
+
+
+def _fuzzy_logic(lines: list[str], fuzzy: dict[str, list[float]]) -> None:
+    """(1) HYLA generalizes better than softmax and linear (fuzzy logic, Table A1)."""
     if all(fuzzy.values()):
         wins = [_ordering("hyla", other, fuzzy) for other in ("softmax", "linear")]
         lines.append(f"- **HYLA generalizes best on fuzzy logic (Table A1)**: {_verdict(wins)}: "
                      f"HYLA above softmax on {wins[0][0]}/{wins[0][1]} seeds and above linear on {wins[1][0]}/{wins[1][1]} "
                      f"(means {np.mean(fuzzy['hyla']):.1f}, {np.mean(fuzzy['softmax']):.1f}, {np.mean(fuzzy['linear']):.1f}"
                      f" vs the paper's 81.1, 63.3, 59.9), at 16% of the paper's steps.")
-    # (1b) the ablations: which of the paper's ablation orderings hold (seed 0).
+
+
+def _ablations(lines: list[str], fuzzy: dict[str, list[float]]) -> None:
+    """(1b) the ablations: which of the paper's ablation orderings hold (seed 0)."""
     ablations = {a: metric_of(f"fuzzy-{a}-f0.7-s0", "ood", "r2") for a in ABLATIONS}
     trained = {a: v for a, v in ablations.items() if v is not None}
     hyla = metric_of("fuzzy-hyla-f0.7-s0", "ood", "r2")
@@ -64,7 +76,10 @@ def verdicts() -> str:
                        f"{mean_and_error(fuzzy['hyla'])}.")
     else:
         lines.append("- **Ablations (Table A1)**: not measured yet.")
-    # (1c) Fig. 2C: all degrade as more is held out, HYLA least.
+
+
+def _held_out_fractions(lines: list[str]) -> None:
+    """(1c) Fig. 2C: all degrade as more is held out, HYLA least."""
     fractions = (0.3, 0.5, 0.7)
     curves = {a: [metric_of(f"fuzzy-{a}-f{f}-s0", "ood", "r2") for f in fractions] for a in ATTENTIONS}
     complete = {a: c for a, c in curves.items() if None not in c}
@@ -79,7 +94,10 @@ def verdicts() -> str:
                                  for a in complete) + ".")
     else:
         lines.append("- **Fig. 2C**: not measured yet (the 30% and 50% runs are missing).")
-    # (1d) SRAVEN permuted: HYLA ahead OOD. With one initialisation for all three (issue 50) where those
+
+
+def _sraven(lines: list[str]) -> None:
+    """(1d) SRAVEN permuted: HYLA ahead OOD. With one initialisation for all three (issue 50) where those"""
     # runs are recorded; the old-init runs (mixed initialisations) otherwise.
     from .sraven_init import paired, verdict_word
     from .sraven_init import verdict as sraven_init_verdict
@@ -104,7 +122,10 @@ def verdicts() -> str:
                      "paper at M = 4: 69.1, 56.6, 56.3." + (f" {seed_note}." if (seed_note := hyla_seed_verdict()) else ""))
     else:
         lines.append("- **SRAVEN (Table A1)**: not all three models trained yet.")
-    # (3) Fig. 5C: one head generalizes worse than 16.
+
+
+def _one_head(lines: list[str]) -> None:
+    """(3) Fig. 5C: one head generalizes worse than 16."""
     heads = {a: (metric_of(f"sraven-M2-{a}-s0", "ood", "accuracy"), metric_of(f"sraven-M2-{a}-h1-s0", "ood", "accuracy"))
              for a in ("softmax", "hyla")}
     measured = {a: v for a, v in heads.items() if None not in v}
@@ -121,7 +142,10 @@ def verdicts() -> str:
                        "not only generalized worse.")
     else:
         lines.append("- **Fig. 5C**: not measured yet.")
-    # (4) Fig. 6: HYLA better than linear attention on language modelling, close to softmax.
+
+
+def _language(lines: list[str]) -> None:
+    """(4) Fig. 6: HYLA better than linear attention on language modelling, close to softmax."""
     parts, verdicts_by_window = [], []
     for suffix, window, per_step in LANGUAGE_WINDOWS:
         bits = {a: metric_of(f"language-{a}{suffix}-s0", "validation", "bits_per_byte") for a in ATTENTIONS}
@@ -160,7 +184,12 @@ def verdicts() -> str:
                      + "; ".join(parts) + ".")
     else:
         lines.append("- **Fig. 6, language modelling**: not measured yet.")
-    # (2) decoding: the sub-task is decodable from OOD codes, above every baseline.
+
+
+def _decoding(lines: list[str]) -> None:
+    """(2) decoding: the sub-task is decodable from OOD codes, above every baseline."""
+    import pandas as pd
+
     for key, label in (("fuzzy_logic", "fuzzy-logic terms (Fig. 2B)"), ("sraven", "SRAVEN rules, unpermuted models (Fig. 5F)"),
                        ("sraven_permuted", "SRAVEN rules, permuted models (Fig. 5F)")):
         path = DECODED / f"{key}_{DECODING[key][1]}.csv"
@@ -175,4 +204,3 @@ def verdicts() -> str:
                      f"baseline for {int(chosen['beats_baselines'].astype(bool).sum())} of {len(chosen)} models; highest: {best}): "
                      + ", ".join(f"{row.model} {row.value:.3f} vs {row.strongest_baseline_value:.3f}"
                                  for row in chosen.itertuples()) + ".")
-    return "\n".join(lines)

@@ -117,32 +117,13 @@ def plan_report(
     if not isinstance(title, str):
         raise ReportError(f"title={title!r}; expected the page's title as text")
     run_dirs, codes_files, patches = (_as_list(value) for value in (run_dirs, codes_files, patches))
-    if not run_dirs and not codes_files:
-        raise ReportError("latentcode report needs RUN_DIR arguments, --codes files, or both (in Python: run_dirs, "
-                          "codes_files or both)")
     with about("methods"):
         unknown = [method for method in methods if method not in METHODS]
         if unknown or isinstance(methods, str):
             raise ReportError(f"methods={methods!r}; expected a list of embeddings among {list(METHODS)}")
     max_points = check_integer("max_points", max_points, 1, error=ReportError)
     max_rows = check_integer("max_rows", max_rows, 1, error=ReportError)
-    with about("run_dirs"):
-        models = [str(run_dir) for run_dir in run_dirs if is_pretrained(run_dir)]
-        run_dirs = [run_dir for run_dir in run_dirs if not is_pretrained(run_dir)]
-        if models and not codes_files:
-            raise ReportError(f"{models[0]} is a pretrained model: it has no training run, so its report shows its codes; "
-                              f"extract them (latentcode extract {models[0]} --task seq_len=T --n N --out CODES.h5) and "
-                              "give them with --codes CODES.h5 (in Python: codes_files)")
-        for run_dir in run_dirs:
-            if not Path(run_dir).exists():
-                raise MissingInput(f"{run_dir} does not exist")
-    with about("codes_files"):
-        for path in codes_files:
-            check_input_file(path, "")
-    with about("patches"):
-        for stem in patches:
-            for suffix in (".csv", ".json"):
-                check_input_file(f"{stem}{suffix}", "")
+    models, run_dirs = _check_inputs_exist(run_dirs, codes_files, patches)
     with about("run_dirs"):
         runs = [RunRecord.read(run_dir) for run_dir in run_dirs]
     with about("codes_files" if codes_files else "run_dirs"):
@@ -179,6 +160,32 @@ def plan_report(
     return ReportPlan(tuple(runs), tuple(map(Path, run_dirs)), tuple(code_files), tuple(outputs), out,
                       files_dir_of(out), label, fit_split, test_split, embedding_split, tuple(methods), max_points,
                       title, overwrite, tuple(notes), picture_label)
+
+
+def _check_inputs_exist(run_dirs: list, codes_files: list, patches: list) -> tuple[list[str], list]:
+    """The pretrained models among `run_dirs` and the training runs; refuses inputs that do not exist
+    (a pretrained model without codes files: it has nothing to show without them)."""
+    if not run_dirs and not codes_files:
+        raise ReportError("latentcode report needs RUN_DIR arguments, --codes files, or both (in Python: run_dirs, "
+                          "codes_files or both)")
+    with about("run_dirs"):
+        models = [str(run_dir) for run_dir in run_dirs if is_pretrained(run_dir)]
+        run_dirs = [run_dir for run_dir in run_dirs if not is_pretrained(run_dir)]
+        if models and not codes_files:
+            raise ReportError(f"{models[0]} is a pretrained model: it has no training run, so its report shows its "
+                              f"codes; extract them (latentcode extract {models[0]} --task seq_len=T --n N --out "
+                              "CODES.h5) and give them with --codes CODES.h5 (in Python: codes_files)")
+        for run_dir in run_dirs:
+            if not Path(run_dir).exists():
+                raise MissingInput(f"{run_dir} does not exist")
+    with about("codes_files"):
+        for path in codes_files:
+            check_input_file(path, "")
+    with about("patches"):
+        for stem in patches:
+            for suffix in (".csv", ".json"):
+                check_input_file(f"{stem}{suffix}", "")
+    return models, run_dirs
 
 
 def check_codes_from_pretrained(model: str, code_files: Sequence[CodeFile]) -> None:

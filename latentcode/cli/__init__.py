@@ -20,6 +20,7 @@ import argparse
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Sequence
 
 from latentcode import _interrupted_while_starting
@@ -108,6 +109,15 @@ def _interrupt_unless_importing(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      line: str | None = None) -> str:  # noqa: ARG001 - warnings.formatwarning's signature
+    """A warning as the command line prints it: `warning: ...` on one line (a UserWarning, latentcode's
+    own: a cache entry not used, a cache not written) or `warning: Category: ...`, instead of Python's
+    `file:line: UserWarning: ...` and the source line below it."""
+    kind = "" if category is UserWarning else f"{category.__name__}: "
+    return f"warning: {kind}{one_line(str(message))}\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit status (2: a user error, printed as one line; argparse's
     own errors exit with 2 as well)."""
@@ -120,14 +130,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     args = parser.parse_args(argv)
     command = parser.commands[args.command]
+    as_the_command = signal.getsignal(signal.SIGINT) is _interrupted_while_starting  # set by latentcode/__init__.py
     try:
-        if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:  # set by latentcode/__init__.py
-            # From here Ctrl-C is a KeyboardInterrupt again: the outputs a command holds are discarded
-            # as it unwinds (latentcode.files.AtomicOutputs), then one line and 130 below.
-            signal.signal(signal.SIGINT, _interrupt_unless_importing)
-        check_switches()  # LATENTCODE_MKL_ON_AMD=yes and the like: refused before anything runs
-        command.check(args)
-        status = command.run(args)
+        try:
+            if as_the_command:
+                # From here Ctrl-C is a KeyboardInterrupt again: the outputs a command holds are discarded
+                # as it unwinds (latentcode.files.AtomicOutputs), then one line and 130 below.
+                signal.signal(signal.SIGINT, _interrupt_unless_importing)
+            check_switches()  # LATENTCODE_MKL_ON_AMD=yes and the like: refused before anything runs
+            shown, warnings.formatwarning = warnings.formatwarning, _one_line_warning
+            try:
+                command.check(args)
+                status = command.run(args)
+            finally:
+                warnings.formatwarning = shown
+        finally:
+            if as_the_command:
+                # The command has ended (its outputs written or discarded): Ctrl-C from here to the
+                # process's exit (the lines below, the interpreter's shutdown) is one line and 130 at once,
+                # not a KeyboardInterrupt traceback from the console script.
+                signal.signal(signal.SIGINT, _interrupted_while_starting)
     except USER_ERRORS as error:
         if os.environ.get("LATENTCODE_DEBUG"):
             raise

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from latentcode.errors import UsageError
-from latentcode.validation import SEED_LIMIT, check_integer, describe_integer_range
+from latentcode.validation import DTYPES, SEED_LIMIT, check_integer, describe_integer_range
 
 
 def integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
@@ -82,6 +82,16 @@ def add_instance_arguments(parser: argparse.ArgumentParser, batch_size: int | No
     parser.add_argument("--seed", type=SEED, help="sample seed (default: the split's evaluation seed)")
     parser.add_argument("--task", metavar="KEY=VALUE", action="append",
                         help="task config for a model directory, e.g. --task name=sraven --task n_features=4")
+
+
+def add_placement_arguments(parser: argparse.ArgumentParser, device: str = "cpu", dtype: str = "float32; codes are "
+                            "recorded in float32 whatever it") -> None:
+    """--device and --dtype of every command that runs a model (extract, intervene, patch, qk, train),
+    checked by `latentcode.validation.check_placement` (a dtype outside DTYPES: argparse's one line);
+    `device` and `dtype` say their defaults in the help."""
+    parser.add_argument("--device", default=None, help=f"where the model runs: cpu, cuda, cuda:N, mps (default "
+                        f"{device})")
+    parser.add_argument("--dtype", choices=DTYPES, default=None, help=f"what the model computes in (default {dtype})")
 
 
 def add_max_rows_argument(parser: argparse.ArgumentParser) -> None:

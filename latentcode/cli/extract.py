@@ -9,10 +9,10 @@ from latentcode.cli.arguments import (
     NON_NEGATIVE_NUMBER,
     POSITIVE_INTEGER,
     add_instance_arguments,
+    add_placement_arguments,
     parse_assignments,
 )
 from latentcode.cli.command import Command
-from latentcode.validation import DTYPES
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -49,9 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "(the default for a pretrained model's compact store: queries and keys barely compress)")
     parser.add_argument("--wait-for-lock", type=NON_NEGATIVE_NUMBER, default=0.0, metavar="SECONDS",
                         help="wait this long while another process writes --out (default: refuse at once)")
-    parser.add_argument("--device", default=None, help="where the model runs: cpu (default), cuda, cuda:N, mps")
-    parser.add_argument("--dtype", choices=DTYPES, default=None, help="what the model computes in (default float32); "
-                        "codes are stored as float32 whatever it, the file's attribute model_dtype says which")
+    add_placement_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress (default: the work, then a bar on a "
                         "terminal, a line every few seconds in a log)")
     return parser

@@ -10,6 +10,7 @@ from latentcode.cli.arguments import (
     FIGURE_FORMATS,
     POSITIVE_INTEGER,
     add_instance_arguments,
+    add_placement_arguments,
     finite_number,
     formats,
     parse_assignments,
@@ -58,6 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--codes-split", help="take the means over this split of --codes (default all examples)")
     parser.add_argument("--out", required=True, help="path stem of the table (.csv, .json) and the plot")
     add_instance_arguments(parser)
+    add_placement_arguments(parser)
     parser.add_argument("--no-per-site", action="store_true", help="only all sites together, not each site alone "
                         "(a pretrained model: not each (layer, head) alone)")
     parser.add_argument("--no-control", action="store_true", help="a pretrained model: no control edit at random heads")
@@ -100,13 +102,20 @@ def check(args: argparse.Namespace) -> None:
 
     args.plan = plan_intervention(args.run, task=parse_assignments(args.task, "--task") or None, sites=args.sites,
                                   split=args.split, n=args.n, variant=args.variant, batch_size=args.batch_size,
-                                  seed=args.seed, per_site=not args.no_per_site, control=not args.no_control)
+                                  seed=args.seed, per_site=not args.no_per_site, control=not args.no_control,
+                                  device=args.device, dtype=args.dtype)
     check_output(args.out, "--out", kind="stem")
     check_stem_free(args.out, (".csv", ".json", *(f".{fmt}" for fmt in formats(args))), args.overwrite)
     if args.mean_ablate is None and (args.codes or args.by or args.codes_split):
         raise UsageError("--codes, --by and --codes-split go with --mean-ablate")
     if args.mean_ablate is not None and not args.codes:
         raise UsageError("--mean-ablate needs --codes FILE: a codes file extracted from this model (latentcode extract)")
+    if args.mean_ablate is not None:
+        from latentcode.analysis.checks import open_codes_files
+
+        # Opened (and so validated: a damaged compact store's NaN keys or scale) before torch; the means
+        # are read from this CodeFile in `run`.
+        args.codes = open_codes_files([args.codes], "--codes")[0]
     if args.heads is not None and (args.zero_ablate is not None or args.mean_ablate is not None):
         raise UsageError("--zero-ablate and --mean-ablate name their heads themselves; --heads goes with --set/--add/--scale")
     args.edit_heads = _parse_heads(args.heads, "--heads")

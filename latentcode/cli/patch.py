@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from latentcode.cli.arguments import SEED, integer, number
+from latentcode.cli.arguments import SEED, add_placement_arguments, integer, number
 from latentcode.cli.command import Command
 from latentcode.intervention.patching.plan import MAX_GROUPS
 
@@ -95,6 +95,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "(one backward pass), and its correlation with the exact sweep")
     parser.add_argument("--out", required=True, help="path stem of the table (.csv), summary (.json) and map (.png)")
     parser.add_argument("--overwrite", action="store_true", help="replace the outputs if --out has them")
+    add_placement_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no cost line, progress or summary (by default a bar on a "
                         "terminal, else lines on stderr)")
     return parser
@@ -111,7 +112,8 @@ def check(args: argparse.Namespace) -> None:
                            layers=None if args.layers is None else ",".join(args.layers), queries=args.queries, key_blocks=args.key_blocks, sites=args.sites,
                            n=args.n, confirm_n=args.confirm_n, tolerance=args.tolerance, max_groups=args.max_groups,
                            split=args.split, variant=args.variant, prediction=args.prediction, seed=args.seed,
-                           attribution=args.attribution, out=args.out, overwrite=args.overwrite)
+                           attribution=args.attribution, out=args.out, overwrite=args.overwrite, device=args.device,
+                           dtype=args.dtype)
     if isinstance(args.plan, LanguagePatchPlan):
         return
     # what the map's title and layout read
@@ -213,26 +215,7 @@ def _draw(table, args, task, summary):
                    f"prediction {summary['prediction']}"]
     grids = []
     if args.grid == "rows":
-        layers = sorted(table["layer"].unique())
-        figure = Figure(figsize=(3.2 * len(layers) + 1.4, 3.6), layout="constrained")
-        axes = figure.subplots(1, len(layers), squeeze=False)[0]
-        queries = sorted(table["query"].unique())
-        blocks = sorted(table["key_start"].unique())
-        image = None
-        for axis, layer in zip(axes, layers, strict=True):
-            part = table[table["layer"] == layer]
-            grid = np.full((len(queries), len(blocks)), np.nan)
-            for _, row in part.iterrows():
-                grid[queries.index(row["query"]), blocks.index(row["key_start"])] = row["transfer"]
-            grids.append(grid)
-            image = axis.imshow(grid, cmap=colormap, vmin=-limit, vmax=limit, aspect="auto")
-            axis.set_title(f"layer {layer}", fontsize=9)
-            axis.set_yticks(range(len(queries)), [str(q) for q in queries], fontsize=6)
-            labels = [f"{int(s)}–{int(e) - 1}" for s, e in part.groupby("key_start")["key_stop"].first().items()]
-            axis.set_xticks(range(len(blocks)), labels, fontsize=6, rotation=90)
-            axis.set_xlabel("keys", fontsize=8)
-            axis.set_ylabel("query", fontsize=8)
-        figure.colorbar(image, ax=list(axes), shrink=0.8, label=_bar_label(grids))
+        figure = _draw_rows_grid(table, colormap, limit, grids)
     elif args.partition_grid:
         layers = sorted(table["layer"].unique())
         rows = list(dict.fromkeys(table["query_part"] if not args.per_head else table["query_part"] + " x " + table["key_part"]))
@@ -273,6 +256,35 @@ def _draw(table, args, task, summary):
         figure = Figure(figsize=(7, 0.45 * len(table) + 1.6), layout="constrained")
         _transfer_and_damage(figure.subplots(), table, table["group"])
     figure.suptitle(wrap_lines(title_lines, figure.get_figwidth() - 0.4, fontsize_points=8), fontsize=8)
+    return figure
+
+
+def _draw_rows_grid(table, colormap, limit: float, grids: list):
+    """Per layer, the transfer of each query x key block on the signed scale (the grids drawn are added
+    to `grids`, for the colour bar's label)."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    layers = sorted(table["layer"].unique())
+    figure = Figure(figsize=(3.2 * len(layers) + 1.4, 3.6), layout="constrained")
+    axes = figure.subplots(1, len(layers), squeeze=False)[0]
+    queries = sorted(table["query"].unique())
+    blocks = sorted(table["key_start"].unique())
+    image = None
+    for axis, layer in zip(axes, layers, strict=True):
+        part = table[table["layer"] == layer]
+        grid = np.full((len(queries), len(blocks)), np.nan)
+        for _, row in part.iterrows():
+            grid[queries.index(row["query"]), blocks.index(row["key_start"])] = row["transfer"]
+        grids.append(grid)
+        image = axis.imshow(grid, cmap=colormap, vmin=-limit, vmax=limit, aspect="auto")
+        axis.set_title(f"layer {layer}", fontsize=9)
+        axis.set_yticks(range(len(queries)), [str(q) for q in queries], fontsize=6)
+        labels = [f"{int(s)}–{int(e) - 1}" for s, e in part.groupby("key_start")["key_stop"].first().items()]
+        axis.set_xticks(range(len(blocks)), labels, fontsize=6, rotation=90)
+        axis.set_xlabel("keys", fontsize=8)
+        axis.set_ylabel("query", fontsize=8)
+    figure.colorbar(image, ax=list(axes), shrink=0.8, label=_bar_label(grids))
     return figure
 
 

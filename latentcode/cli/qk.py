@@ -4,6 +4,11 @@ components (`latentcode.intervention.qk.qk_attribution`).
 
     latentcode qk smollm2 --layer 18 --head 6 --pairs induction --repeat --seq-len 256 --out results/qk-18.6
     latentcode qk models/sraven-hyla --layer 2 --head 3 --pairs 35:* --out results/qk-sraven
+    latentcode qk codes.h5 --example 3 --layer 18 --head 6 --pairs induction --out results/qk-codes
+
+A codes file with a compact store (its queries and keys) is decomposed by running the model it names
+again on the example's stored token ids (the store holds no residual stream), after checking that the
+recomputed queries and keys equal the stored ones (`latentcode.intervention.qk.from_codes`).
 
 The arguments are checked with the standard library and JSON alone (the model's layers and heads from
 its config, the pair selector's syntax, the outputs) before torch is imported.
@@ -14,7 +19,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from latentcode.cli.arguments import SEED, integer
+from latentcode.cli.arguments import SEED, add_placement_arguments, integer
 from latentcode.cli.command import Command
 from latentcode.errors import UsageError
 
@@ -38,7 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("model", metavar="MODEL", help="a run or model directory, a Hugging Face directory, a .gguf "
-                        "file or 'smollm2'")
+                        "file or 'smollm2'; or a codes file (.h5) with a compact store")
+    parser.add_argument("--example", type=integer(0), default=None, help="a codes file's example (default 0)")
     parser.add_argument("--layer", type=integer(0), required=True, help="the layer of the head")
     parser.add_argument("--head", type=integer(0), required=True, help="the (query) head")
     parser.add_argument("--pairs", required=True, help="induction, previous, or Q:K[,Q:K...] (see below)")
@@ -52,6 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=SEED, default=0, help="which sequence (default 0)")
     parser.add_argument("--out", required=True, metavar="DIR", help="directory of qk.csv and qk.png")
     parser.add_argument("--overwrite", action="store_true", help="replace qk.csv and qk.png if DIR has them")
+    add_placement_arguments(parser)
     return parser
 
 
@@ -66,11 +73,29 @@ def shape_of(source) -> tuple[int, int, int | None]:
     return int(config.get("n_layers", 2)), int(config.get("n_heads", 8)) * int(config.get("width_factor", 1)), None
 
 
+def is_codes_file(model: str) -> bool:
+    return Path(model).suffix in (".h5", ".hdf5") and Path(model).is_file()
+
+
 def check(args: argparse.Namespace) -> None:
     from latentcode.intervention.qk.pairs import check_selector
     from latentcode.intervention.qk.plan import check_outputs
     from latentcode.rundir import locate_model
+    from latentcode.validation import check_placement
 
+    if is_codes_file(args.model):
+        if args.seq_len is not None or args.repeat or args.split is not None:
+            raise UsageError("--seq-len, --repeat and --split choose a sequence for a model; a codes file's sequence "
+                             "is its example (--example)")
+        try:
+            check_selector(args.pairs)
+        except UsageError as error:
+            raise UsageError(f"--pairs: {error}") from None
+        check_outputs(args.out, args.overwrite)
+        args.source = None
+        return
+    if args.example is not None:
+        raise UsageError(f"--example is for a codes file (.h5); {args.model} is a model")
     source = locate_model(args.model)
     n_layers, n_heads, n_ctx = shape_of(source)
     if args.layer >= n_layers:
@@ -93,6 +118,7 @@ def check(args: argparse.Namespace) -> None:
                              "directory")
     check_outputs(args.out, args.overwrite)
     args.source = source
+    args.device, args.dtype = check_placement(args.device, args.dtype)
 
 
 def sequence(args: argparse.Namespace):
@@ -103,7 +129,7 @@ def sequence(args: argparse.Namespace):
     if source.kind == "pretrained":
         from latentcode.pretrained import corpus_token_windows, load_pretrained
 
-        pretrained = load_pretrained(args.model)
+        pretrained = load_pretrained(args.model, device=args.device, dtype=args.dtype)
         length = args.seq_len // 2 if args.repeat else args.seq_len
         window = corpus_token_windows(pretrained, args.split or "validation", length, 1, seed=args.seed)
         tokens = torch.as_tensor(window)
@@ -112,18 +138,25 @@ def sequence(args: argparse.Namespace):
         return pretrained.model, tokens, pretrained.name
     from latentcode.models import load_model
     from latentcode.tasks import get_task
+    from latentcode.validation import place
 
     task = get_task(**source.task_config)
     batch = task.sample(1, args.split or task.analysis.held_out_split, seed=args.seed)
-    return load_model(source.model_path), torch.as_tensor(batch.x[:1]), Path(args.model).name
+    model = place(load_model(source.model_path), args.device, args.dtype)
+    return model, torch.as_tensor(batch.x[:1]), Path(args.model).name
 
 
 def run(args: argparse.Namespace) -> None:
-    from latentcode.intervention.qk import qk_attribution
+    from latentcode.intervention.qk import qk_attribution, qk_from_codes
 
-    model, tokens, name = sequence(args)
-    terms = qk_attribution(model, tokens, args.layer, args.head, args.pairs, top=args.top, out=args.out,
-                           overwrite=args.overwrite, name=name)
+    if args.source is None:
+        terms = qk_from_codes(args.model, args.layer, args.head, args.pairs, example=args.example or 0, top=args.top,
+                              out=args.out, overwrite=args.overwrite)
+        name = f"{args.model} example {args.example or 0} (recomputed queries/keys within {terms.stored_gap:.1e} of the stored)"
+    else:
+        model, tokens, name = sequence(args)
+        terms = qk_attribution(model, tokens, args.layer, args.head, args.pairs, top=args.top, out=args.out,
+                               overwrite=args.overwrite, name=name)
     key_side = terms.key_marginal.double().mean(0)
     query_side = terms.query_marginal.double().mean(0)
     strongest_key = terms.names[int(key_side.abs().argmax())]

@@ -11,6 +11,7 @@ from latentcode.cli.arguments import (
     POSITIVE_INTEGER,
     POSITIVE_NUMBER,
     SEED,
+    add_placement_arguments,
     one_of,
     parse_assignments,
 )
@@ -73,6 +74,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="override any task, model or training field, e.g. --set frac_test=0.7 --set seq_len=16")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model for training")
+    add_placement_arguments(parser, "accelerate's choice: a GPU where there is one, else cpu", "the config's "
+                            "mixed_precision; bfloat16 or float16: autocast (mixed_precision bf16 or fp16, parameters "
+                            "and optimizer state float32), float32: none")
     parser.add_argument("--threads", type=POSITIVE_INTEGER,
                         help="CPU threads of this process (default: one per core, or the cores left free when other "
                         "processes keep some busy; give each of several jobs side by side its own, e.g. --threads 1 for "
@@ -101,7 +105,8 @@ def check(args: argparse.Namespace) -> None:
     named += ["--set"] * bool(args.set) + ["--compile"] * args.compile
     overrides |= parse_assignments(args.set, "--set") | ({"compile": True} if args.compile else {})
     args.plan = plan_train(args.config, args.out, preset=args.preset, scale=args.scale, attention=args.attention,
-                           overrides=overrides, resume=args.resume, threads=args.threads, named=named)
+                           overrides=overrides, resume=args.resume, threads=args.threads, named=named,
+                           device=args.device, dtype=args.dtype)
     if args.plan.resume is not None and not args.plan.checkpoints:  # said, not silent: nothing earlier is kept
         print(f"note: {args.resume} has no checkpoint yet; --resume trains it again from step 0 (the model "
               "initialized from the run's seed, as before)", flush=True)

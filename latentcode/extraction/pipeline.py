@@ -55,7 +55,7 @@ from latentcode.store import (
     write_sharded_file,
 )
 from latentcode.tasks import Batch, Task, eval_seed
-from latentcode.validation import available_device, check_split
+from latentcode.validation import check_split, place
 
 
 class ShardFailed(LatentcodeError):
@@ -229,9 +229,7 @@ def run_extraction(plan: ExtractPlan, model: nn.Module | None = None, *, progres
         model, info = resolve_model(plan.source)
     else:
         info = resolve_model(model)[1]
-    if plan.device is not None or plan.dtype is not None:
-        model.to(device=available_device(plan.device) if plan.device else None,
-                 dtype=getattr(torch, plan.dtype) if plan.dtype else None)
+    place(model, plan.device, plan.dtype)  # checked by the plan (check_placement)
     task, split, variant, parsed, sites = plan.task, plan.split, plan.variant, plan.selector, list(plan.sites)
     n, batch_size, out, extra = plan.n, plan.batch_size, plan.out, plan.extra
     append, overwrite, compression, wait_for_lock = plan.append, plan.overwrite, plan.compression, plan.wait_for_lock

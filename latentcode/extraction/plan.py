@@ -25,12 +25,11 @@ from latentcode.sources.sites import MAX_ALL_PAIRS, Selector, SiteError, parse_s
 from latentcode.store import DEFAULT_COMPRESSION, InMemoryCodes, Site, check_compression
 from latentcode.tasks import Task, get_task
 from latentcode.validation import (
-    check_device,
-    check_dtype,
     check_fits_in_memory,
     check_fits_on_disk,
     check_integer,
     check_output,
+    check_placement,
     check_split,
     check_variant,
     forward_pass_bytes,
@@ -98,10 +97,7 @@ def plan_extract(
         source = run_or_model if isinstance(run_or_model, ModelSource) else locate_model(run_or_model)
     with about("n"):
         n = check_integer("n", n, minimum=1)
-    with about("device"):
-        device = None if device is None else check_device(device)
-    with about("dtype"):
-        dtype = None if dtype is None else check_dtype(dtype)
+    device, dtype = check_placement(device, dtype)
     with about("batch_size"):
         if batch_size is None:  # a pretrained model's windows one at a time: memory, and a shard per process
             batch_size = PRETRAINED_BATCH_SIZE if source.kind == "pretrained" else BATCH_SIZE

@@ -55,6 +55,19 @@ def token_class(text: str) -> int:
     return 2
 
 
+def check_every_layer_read(pretrained: Any, layers_read: set[int]) -> None:
+    """One line where a forward pass made fewer attention calls than the model has layers: a model whose
+    attention goes neither through scaled_dot_product_attention nor transformers' eager attention
+    registry, whose missing layers would otherwise leave the compact store without them."""
+    if len(layers_read) != pretrained.n_layers:
+        config = pretrained.model.config
+        raise CompactError(
+            f"{pretrained.name} ({getattr(config, 'model_type', '?')}, {config._attn_implementation} attention): "
+            f"{len(layers_read)} of its {pretrained.n_layers} layers made an attention call latentcode reads "
+            "(scaled_dot_product_attention, or transformers' eager attention through its registry); the others "
+            "compute attention in a way that is not read exactly, so no codes are recorded")
+
+
 def extract_pretrained(
     model: Any,
     split: str = "validation",
@@ -96,10 +109,10 @@ def extract_pretrained(
                                                                                   progress=progress)
     check_seq_len(seq_len, pretrained.n_ctx, pretrained.name)
     implementation = getattr(pretrained.model.config, "_attn_implementation", "sdpa")
-    if implementation != "sdpa":  # e.g. Gemma 2 (soft-capped scores), gpt-oss (sinks): no SDPA call to read
-        raise CompactError(f"{pretrained.name} runs only with {implementation!r} attention, not through "
-                           "scaled_dot_product_attention, whose calls latentcode reads exactly; reading its "
-                           "attention is not supported yet")
+    if implementation not in ("sdpa", "eager"):  # load_pretrained loads one of these; a Pretrained built by hand
+        raise CompactError(f"{pretrained.name} runs with {implementation!r} attention; latentcode reads "
+                           "scaled_dot_product_attention and transformers' eager attention exactly: load it with "
+                           "attn_implementation='sdpa' or 'eager'")
     parsed = parse_selector(selector)
     sites = parsed.resolve(pretrained.n_layers, seq_len)
     if len(sites) > MAX_ALL_PAIRS:
@@ -151,6 +164,7 @@ def extract_pretrained(
                        unit="layer")
 
         def on_layer(layer: int, call: CompactLayer) -> None:
+            layers_read.add(layer)
             if compact:
                 if call.query.shape[1:] != (info["n_heads"], seq_len, info["head_dim"]) or \
                         call.key.shape[1] != info["n_kv_heads"]:
@@ -164,12 +178,15 @@ def extract_pretrained(
             if bar is not None:
                 bar.update(len(call.query))
 
+        layers_read: set[int] = set()
         source = CompactAttentionSource(pretrained.model, on_layer)
         try:
             with Recorder(pretrained.model, sites, score=score, source=source) as recorder, torch.no_grad():
                 for start in range(first, stop, batch_size):
                     batch = torch.from_numpy(ids[start : start + batch_size]).to(pretrained.device)
+                    layers_read.clear()
                     pretrained.model(input_ids=batch, use_cache=False, **logits)
+                    check_every_layer_read(pretrained, layers_read)
                     rows = slice(start, start + len(batch))
                     writer.append(codes=recorder.pop(), labels={k: v[rows] for k, v in labels.items()}, split=split,
                                   extra={"token_ids": ids[rows]})

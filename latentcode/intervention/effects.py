@@ -33,12 +33,26 @@ from latentcode.intervention.intervener import Intervention
 from latentcode.intervention.language_plan import LanguageInterventionPlan
 from latentcode.intervention.plan import InterventionPlan, plan_intervention
 from latentcode.progress import Progress
+from latentcode.validation import place
 
 if TYPE_CHECKING:
     import pandas as pd
 
 ALL_SITES = "all sites"
 BOOTSTRAP_RESAMPLES = 200
+
+
+def _plan_of(run_or_model, **arguments) -> InterventionPlan | LanguageInterventionPlan:
+    """`run_or_model` if it is a plan already, else `plan_intervention`'s plan of it (a model object
+    stands as a source of kind "object" with its own config)."""
+    from latentcode.extraction.pipeline import resolve_model
+    from latentcode.rundir import ModelSource
+
+    if isinstance(run_or_model, (InterventionPlan, LanguageInterventionPlan)):
+        return run_or_model
+    if isinstance(run_or_model, nn.Module):
+        run_or_model = ModelSource("object", None, model_config=resolve_model(run_or_model)[1]["model_config"])
+    return plan_intervention(run_or_model, **arguments)
 
 
 def intervention_effects(
@@ -55,6 +69,8 @@ def intervention_effects(
     per_site: bool = True,
     control: bool = True,
     progress: bool = False,
+    device: str | Any | None = None,
+    dtype: str | Any | None = None,
 ) -> pd.DataFrame:
     """The task metrics of `n` instances of `split` (None: the task's held-out split, `ood` or
     language's `validation`) without and with `edits` at `sites` (all at once,
@@ -63,29 +79,29 @@ def intervention_effects(
     `latentcode.intervention.plan.plan_intervention`; `run_or_model` may be such a plan (the command
     line's), and then the other arguments are the plan's. A pretrained causal LM ("smollm2", a Hugging
     Face directory, a .gguf file) is edited on windows of the language corpus and read on its next-token
-    predictions, beside a `control` edit of as many random heads (`latentcode.intervention.language`)."""
+    predictions, beside a `control` edit of as many random heads (`latentcode.intervention.language`).
+    device, dtype: where and in what the model runs ("cpu", "cuda", "cuda:1"; "float32", "bfloat16",
+    "float16"); None: a model loaded here on the CPU in float32, a model object where and as it is
+    (given, the object is moved and cast, as `nn.Module.to` does). The inputs follow the model's device;
+    the metrics are computed from its outputs in float32."""
     import pandas as pd
 
     from latentcode.extraction.pipeline import resolve_model
-    from latentcode.rundir import ModelSource
     from latentcode.tasks import Batch, eval_seed
 
     edits = (edits,) if isinstance(edits, Edit) else tuple(edits)
     if not edits:
         raise UsageError("give at least one edit")
     model_object = run_or_model if isinstance(run_or_model, nn.Module) else None
-    if isinstance(run_or_model, (InterventionPlan, LanguageInterventionPlan)):
-        plan = run_or_model
-    else:
-        if model_object is not None:
-            run_or_model = ModelSource("object", None, model_config=resolve_model(model_object)[1]["model_config"])
-        plan = plan_intervention(run_or_model, task=task, sites=sites, split=split, n=n, variant=variant,
-                                 batch_size=batch_size, seed=seed, per_site=per_site, control=control)
+    plan = _plan_of(run_or_model, task=task, sites=sites, split=split, n=n, variant=variant, batch_size=batch_size,
+                    seed=seed, per_site=per_site, control=control, device=device, dtype=dtype)
     if isinstance(plan, LanguageInterventionPlan):
         from latentcode.intervention.language import language_model_effects
 
         return language_model_effects(plan, edits, progress=progress)
     model, info = resolve_model(model_object if plan.source.kind == "object" else plan.source)
+    model = place(model, plan.device, plan.dtype)
+    on = next(model.parameters()).device  # the inputs follow the model
     task, split, variant, resolved = plan.task, plan.split, plan.variant, list(plan.sites)
     n, batch_size, per_site = plan.n, plan.batch_size, plan.per_site
     seed = eval_seed(split) if plan.seed is None else plan.seed
@@ -108,11 +124,11 @@ def intervention_effects(
             labels = {**batch.labels, **task.derived_labels(batch, resolved)}
             with torch.no_grad():
                 if scope_sites is None:
-                    output = model(torch.from_numpy(batch.x))
+                    output = model(torch.from_numpy(batch.x).to(on))
                 else:
                     scoped = [dataclasses.replace(edit, sites=scope_sites).for_batch(labels) for edit in edits]
                     with Intervention(model, scoped, sites=scope_sites):
-                        output = model(torch.from_numpy(batch.x))
+                        output = model(torch.from_numpy(batch.x).to(on))
             predictions.append(output[:, -task.n_predictions :, :].float().cpu().numpy())
             tracker.advance(note=scope)
         return np.concatenate(predictions)

@@ -206,14 +206,16 @@ def mean_ablate_from_compact(path: str | Path, plan: LanguageInterventionPlan, h
 
 def model_and_windows(plan, progress: bool = False):
     """The pretrained model of a language plan (`plan_language_intervention`'s or `plan_language_patch`'s),
-    checked against the shape its metadata gave, in eval mode, and its `n` corpus windows: inputs
-    `[n, seq_len]` and the next tokens from the plan's first query on, `[n, seq_len - first_query]`."""
+    checked against the shape its metadata gave, in eval mode, on the plan's device in its dtype, and its
+    `n` corpus windows there: inputs `[n, seq_len]` and the next tokens from the plan's first query on,
+    `[n, seq_len - first_query]`."""
     from latentcode.pretrained import corpus_token_windows, load_pretrained
 
-    pretrained = load_pretrained(plan.source.path, progress=progress)
+    pretrained = load_pretrained(plan.source.path, device=plan.device, dtype=plan.dtype, progress=progress)
     if (pretrained.n_layers, pretrained.n_heads) != (plan.shape.n_layers, plan.shape.n_heads):
         raise UsageError(f"{plan.name} loaded with {pretrained.n_layers} layers of {pretrained.n_heads} heads, but its "
                          f"metadata says {plan.shape.n_layers} of {plan.shape.n_heads}; the model files disagree")
     pretrained.model.eval()
     ids = torch.from_numpy(corpus_token_windows(pretrained, plan.split, plan.seq_len, plan.n, plan.seed, extra=1))
+    ids = ids.to(pretrained.device)  # the windows follow the model (a few int64 per token)
     return pretrained, ids[:, :-1], ids[:, 1 + plan.first_query :]

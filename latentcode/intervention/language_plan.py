@@ -32,7 +32,7 @@ from latentcode.sources.sites import (
     parse_selector,
     request_spec,
 )
-from latentcode.validation import check_integer
+from latentcode.validation import check_integer, check_placement
 
 SPLITS = ("train", "validation")
 DEFAULT_SEQ_LEN = 512  # as `latentcode extract` reads a pretrained model
@@ -59,6 +59,8 @@ class LanguageInterventionPlan:
     seed: int
     per_site: bool
     control: bool
+    device: str | None = None  # where and in what the model runs (None: the CPU, float32)
+    dtype: str | None = None
 
 
 def plan_language_intervention(
@@ -73,6 +75,8 @@ def plan_language_intervention(
     seed: int | None = None,
     per_site: bool = True,
     control: bool = True,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> LanguageInterventionPlan:
     """The plan of editing the pretrained model at `source` (see the module docstring), or the first
     mistake. `task` may give only the window length (`{"seq_len": 64}`, `--task seq_len=64`)."""
@@ -94,7 +98,7 @@ def plan_language_intervention(
         layers, first_query = _layers_and_first_query(selector, shape.n_layers, seq_len)
     return LanguageInterventionPlan(source, name, shape, split, seq_len, selector, layers, first_query, n,
                                     min(batch_size, max(1, MAX_TOKENS_PER_PASS // seq_len)),
-                                    0 if seed is None else seed, per_site, control)
+                                    0 if seed is None else seed, per_site, control, *check_placement(device, dtype))
 
 
 def _layers_and_first_query(selector: Selector, n_layers: int, seq_len: int) -> tuple[tuple[int, ...], int]:

@@ -30,6 +30,7 @@ from latentcode.tasks import Task
 from latentcode.validation import (
     check_fits_in_memory,
     check_integer,
+    check_placement,
     check_split,
     check_variant,
     forward_pass_bytes,
@@ -53,6 +54,8 @@ class InterventionPlan:
     batch_size: int
     seed: int | None
     per_site: bool
+    device: str | None = None  # None: the CPU for a model loaded here, where it is for a model object
+    dtype: str | None = None  # None: float32 for a model loaded here, its own for a model object
 
 
 def plan_intervention(
@@ -67,14 +70,18 @@ def plan_intervention(
     seed: int | None = None,
     per_site: bool = True,
     control: bool = True,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> InterventionPlan | LanguageInterventionPlan:
     """The plan of `intervention_effects` with these arguments (see there), or the first mistake; for a
     pretrained causal LM, `language_plan.plan_language_intervention`'s (`control` is its alone)."""
     with about("run_or_model"):
         source = run_or_model if isinstance(run_or_model, ModelSource) else locate_model(run_or_model)
+    device, dtype = check_placement(device, dtype)
     if source.kind == "pretrained":
         return plan_language_intervention(source, task=task, sites=sites, split=split, n=n, variant=variant,
-                                          batch_size=batch_size, seed=seed, per_site=per_site, control=control)
+                                          batch_size=batch_size, seed=seed, per_site=per_site, control=control,
+                                          device=device, dtype=dtype)
     with about("n"):
         n = check_integer("n", n, minimum=1)
     with about("batch_size"):
@@ -101,4 +108,5 @@ def plan_intervention(
                 f"{selector.spec()!r} selects {len(resolved)} sites, and each would be measured alone (more than "
                 f"{MAX_PER_SITE_SCOPES}); edit them together with per_site=False (--no-per-site), or sweep groups of "
                 "them with latentcode patch")
-    return InterventionPlan(source, task, split, variant, selector, tuple(resolved), n, batch_size, seed, per_site)
+    return InterventionPlan(source, task, split, variant, selector, tuple(resolved), n, batch_size, seed, per_site,
+                            device, dtype)

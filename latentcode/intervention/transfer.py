@@ -49,23 +49,29 @@ def counterfactual_metrics(pairs: Any, objective: str, position: int) -> dict[st
         answer, truth = answer.long(), truth.long()
 
         def logits(output: Tensor) -> Tensor:
-            return output[:, position]
+            return output[:, position].float()
+
+        def on(labels: Tensor, output: Tensor) -> Tensor:  # the answers follow the output's device
+            return labels.to(output.device)
 
         return {
-            "follow": lambda output: (logits(output).argmax(-1) == answer).float(),
-            "keep": lambda output: (logits(output).argmax(-1) == truth).float(),
-            "logit_difference": lambda output: (logits(output).gather(1, answer[:, None])[:, 0]
-                                                - logits(output).gather(1, truth[:, None])[:, 0]),
+            "follow": lambda output: (logits(output).argmax(-1) == on(answer, output)).float(),
+            "keep": lambda output: (logits(output).argmax(-1) == on(truth, output)).float(),
+            "logit_difference": lambda output: (logits(output).gather(1, on(answer, output)[:, None])[:, 0]
+                                                - logits(output).gather(1, on(truth, output)[:, None])[:, 0]),
         }
     answer, truth = answer.float(), truth.float()
 
     def value(output: Tensor) -> Tensor:
         return output[:, position, 0].float()
 
+    def distances(output: Tensor) -> tuple[Tensor, Tensor]:  # to the base's answer, to the counterfactual one
+        return (value(output) - truth.to(output.device)).abs(), (value(output) - answer.to(output.device)).abs()
+
     return {
-        "follow": lambda output: ((value(output) - answer).abs() < (value(output) - truth).abs()).float(),
-        "keep": lambda output: ((value(output) - truth).abs() <= (value(output) - answer).abs()).float(),
-        "logit_difference": lambda output: (value(output) - truth) ** 2 - (value(output) - answer) ** 2,
+        "follow": lambda output: (distances(output)[1] < distances(output)[0]).float(),
+        "keep": lambda output: (distances(output)[0] <= distances(output)[1]).float(),
+        "logit_difference": lambda output: distances(output)[0] ** 2 - distances(output)[1] ** 2,
     }
 
 

@@ -70,7 +70,7 @@ from torch import Tensor, nn
 from latentcode.errors import LatentcodeError
 from latentcode.models.attention_paths import associative_z, blockwise_z, plan_blocks, sdpa_z
 from latentcode.models.config import ModelConfig
-from latentcode.models.fused_short import FusedShortAttention
+from latentcode.models.fused_short import short_attention
 from latentcode.models.hooks import HookPoint
 from latentcode.models.initializers import lecun_normal_
 from latentcode.models.normalization import SCORE_NORMALIZATIONS
@@ -215,7 +215,7 @@ class Attention(nn.Module):
             return associative_z(q, k, v, self.d_head, allowed)
         if choice.path == "fused":
             bias = None if self.relative_position_bias is None else self.relative_position_bias(n_positions)
-            return FusedShortAttention.apply(
+            return short_attention(
                 q * score_scale(self.d_head), k, v, bias, allowed, self.dropout_mask(n_positions, q),
                 self.normalization.fused_code, self.value_network.fused_code, self.rms_head_eps)
         plan = plan_blocks(self.value_network, self.n_heads, batch, n_positions, self.query_block_size,

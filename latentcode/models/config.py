@@ -246,6 +246,11 @@ def check_fields(config) -> None:
     if not isinstance(config.attn_dropout, (int, float)) or not 0.0 <= config.attn_dropout < 1.0:
         raise ConfigError(f"attn_dropout must be in [0, 1), got {config.attn_dropout!r}")
 
+    _check_head_widths(config)
+
+
+def _check_head_widths(config) -> None:
+    """kqv_dim and v_dim split evenly over the heads (after width_factor), even for rotary positions."""
     scaled_heads = config.n_heads * config.width_factor
     v_dim = config.kqv_dim if config.v_dim is None else config.v_dim
     for name, total in (("kqv_dim", config.kqv_dim), ("v_dim", v_dim)):

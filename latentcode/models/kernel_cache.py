@@ -3,9 +3,10 @@
 `dlopen` runs a library's constructors before the caller sees a single symbol, so a library is checked
 before it is loaded, never after. A compiled kernel is loaded only where all of these hold:
 
-- the cache directory (`$LATENTCODE_CACHE/kernels`, default `~/.cache/latentcode/kernels`) is a
-  directory, not a symbolic link, owned by the current user and writable by nobody else (no group or
-  other write bit): no other user can put a file in it, rename one or replace one;
+- the cache directory (`$LATENTCODE_CACHE/kernels`, default `~/.cache/latentcode/kernels`), and the
+  build directory in it where there is one (`kernel_ops`), is a directory, not a symbolic link, owned
+  by the current user and writable by nobody else (no group or other write bit): no other user can put
+  a file in it, rename one or replace one;
 - the library is a regular file in it, not a link, owned by the current user and writable by nobody
   else;
 - its SHA-256 equals the digest recorded beside it (`NAME.so.sha256`, checked the same way) when it
@@ -14,7 +15,8 @@ before it is loaded, never after. A compiled kernel is loaded only where all of 
 Everything is read through one open descriptor of the directory (`openat` with `O_NOFOLLOW`), the
 digest is taken from the same open file that is then loaded (`/proc/self/fd/N` on Linux), so nothing
 can be swapped between the check and the load. Where a check fails, `UntrustedKernel` says why in one
-line; its users print it once as a warning and run the torch formula instead (`c_kernels`).
+line; its users print it once as a warning and run the torch formula instead (`kernel_ops`,
+`mkl_on_amd`).
 A new directory is made with mode 0700; libraries and digests get 0755 and 0644 whatever the umask.
 """
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import platform
 import stat
 import sys
 from pathlib import Path
@@ -62,15 +65,35 @@ def _check_owned(status: os.stat_result, what: str) -> None:
                               "kernels are not loaded (chmod go-w it, or set LATENTCODE_CACHE to a directory of your own)")
 
 
-def open_trusted_directory(directory: Path) -> int:
-    """An open descriptor of `directory`, made (mode 0700) where missing, once it passes the checks above."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
+def kernel_directory() -> Path:
+    """`$LATENTCODE_CACHE/kernels` (default `~/.cache/latentcode/kernels`)."""
+    return Path(os.environ.get("LATENTCODE_CACHE") or Path.home() / ".cache" / "latentcode") / "kernels"
+
+
+def cpu_description() -> str:
+    """The machine, the CPU's model and its instruction-set flags (Linux), so that a cache shared by machines
+    of one name but other CPUs (containers) never loads a library built for instructions this CPU lacks."""
     try:
-        os.mkdir(directory, 0o700)
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return f"{platform.node()} {platform.machine()} {platform.processor()}"
+    flags = " ".join(dict.fromkeys(line for line in lines if line.startswith(("model name", "flags"))))
+    return f"{platform.node()} {platform.machine()} {flags}"
+
+
+def open_trusted_directory(directory: Path, parent_fd: int | None = None) -> int:
+    """An open descriptor of `directory`, made (mode 0700) where missing, once it passes the checks above;
+    with `parent_fd` (the trusted descriptor of its parent), opened through it."""
+    if parent_fd is None:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+    where = {} if parent_fd is None else {"dir_fd": parent_fd}
+    target = directory if parent_fd is None else directory.name
+    try:
+        os.mkdir(target, 0o700, **where)
     except FileExistsError:
         pass
     try:
-        descriptor = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC)
+        descriptor = os.open(target, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC, **where)
     except OSError as error:
         if error.errno in (errno.ELOOP, errno.ENOTDIR):
             kind = "a symbolic link" if directory.is_symlink() else "not a directory"

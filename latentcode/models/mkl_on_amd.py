@@ -22,8 +22,8 @@ changes and the returned line says why):
 - Linux on x86-64, torch built with MKL, `libtorch_cpu.so` loaded and calling the check through its
   offset table;
 - the CPU's vendor is AuthenticAMD and it has AVX2 and FMA (MKL's paths for older CPUs gain little);
-- a C compiler builds the one-line answering function (`latentcode.models.c_kernels`, in the trusted
-  kernel cache).
+- a C compiler builds the one-line answering function (`cc`, into the trusted kernel cache of
+  `latentcode.models.kernel_cache`, loaded with ctypes: `AnswerLibrary`).
 
 MKL keeps the path it chose at its first product for the rest of the process (answering later, or
 restoring the slot, need not change it): `latentcode train --mkl-on-amd` answers before it builds the
@@ -33,14 +33,29 @@ model; so do the training benchmarks that ask for it. Evaluation and extraction 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import mmap
+import os
 import platform
+import shutil
 import struct
+import subprocess
 from pathlib import Path
 
 import torch
 
-from latentcode.models.c_kernels import CompiledLibrary
+from latentcode.files import ExclusiveLock, LockHeld, new_temporary_file
+from latentcode.models.kernel_cache import (
+    DIGEST_SUFFIX,
+    UntrustedKernel,
+    cpu_description,
+    kernel_directory,
+    loadable_path,
+    open_trusted_directory,
+    open_verified,
+    record_digest,
+    warn_once,
+)
 from latentcode.switches import switch
 
 CHECK_SYMBOL = b"mkl_serv_intel_cpu_true"
@@ -50,7 +65,83 @@ OLD_SWITCH_VARIABLE = "LATENTCODE_MKL_CPU_CHECK"  # `keep` only: the default now
 REQUIRED_CPU_FLAGS = ("avx2", "fma")
 
 SOURCE = "int latentcode_cpu_is_intel(void) { return 1; }\n"
-ANSWER = CompiledLibrary("mkl_on_amd", SOURCE, ("-O2", "-shared", "-fPIC"), lambda library: None, kernel=False)
+FLAGS = ("-O2", "-shared", "-fPIC")
+
+
+class AnswerLibrary:
+    """`SOURCE` compiled once per machine with the system C compiler into the trusted kernel cache (named by
+    the hash of the source, the flags and the CPU; its digest recorded when built and checked before it is
+    loaded, `latentcode.models.kernel_cache`) and loaded with ctypes: `load()` -> the `ctypes.CDLL`, or None
+    where it cannot be built or is refused (`failure()` says why)."""
+
+    def __init__(self):
+        self.forget()
+
+    def forget(self) -> None:
+        self._library: ctypes.CDLL | None = None
+        self._failure: str | None = None
+
+    def failure(self) -> str | None:
+        self.load()
+        return self._failure
+
+    def file_name(self) -> str:
+        digest = hashlib.sha256(f"{SOURCE} {' '.join(FLAGS)} {cpu_description()}".encode()).hexdigest()[:16]
+        return f"mkl_on_amd-{digest}.so"
+
+    def load(self) -> ctypes.CDLL | None:
+        if self._library is None and self._failure is None:
+            try:
+                self._library = self._build()
+            except UntrustedKernel as error:
+                self._failure = str(error)
+                warn_once(self._failure)
+            except OSError as error:
+                self._failure = str(error)
+        return self._library
+
+    def _build(self) -> ctypes.CDLL:
+        directory, name = kernel_directory(), self.file_name()
+        directory_fd = open_trusted_directory(directory)
+        try:
+            descriptor = open_verified(directory_fd, name, directory)
+            if descriptor is None:
+                try:
+                    with ExclusiveLock(directory / name, wait=300, purpose="building a kernel"):
+                        descriptor = open_verified(directory_fd, name, directory)  # built meanwhile by another
+                        if descriptor is None:
+                            self._compile(directory / name)
+                            descriptor = open_verified(directory_fd, name, directory)
+                except LockHeld as error:
+                    raise OSError(str(error)) from None
+            if descriptor is None:
+                raise OSError(f"{directory / name} vanished after it was built")
+        finally:
+            os.close(directory_fd)
+        return ctypes.CDLL(loadable_path(descriptor, directory / name))  # the descriptor stays open
+
+    def _compile(self, library_path: Path) -> None:
+        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        if compiler is None:
+            raise OSError("no C compiler (cc or gcc) on PATH")
+        source_path = new_temporary_file(library_path.with_suffix(".c"))
+        temporary = new_temporary_file(library_path)
+        try:
+            source_path.write_text(SOURCE)
+            subprocess.run([compiler, *FLAGS, "-x", "c", str(source_path), "-o", str(temporary)],
+                           check=True, capture_output=True, text=True)
+            record_digest(temporary, library_path.with_name(library_path.name + DIGEST_SUFFIX))
+            os.replace(temporary, library_path)
+        except FileNotFoundError:
+            raise OSError(f"the C compiler {compiler!r} does not exist") from None
+        except subprocess.CalledProcessError as error:
+            raise OSError(f"{compiler} failed: {error.stderr.strip()[-300:]}") from None
+        finally:
+            source_path.unlink(missing_ok=True)
+            temporary.unlink(missing_ok=True)
+
+
+ANSWER = AnswerLibrary()
 
 _ELF_X86_64, _SHT_RELA, _SHT_DYNSYM = 62, 4, 11
 _R_X86_64_GLOB_DAT, _R_X86_64_JUMP_SLOT = 6, 7

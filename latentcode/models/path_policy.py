@@ -12,10 +12,10 @@ and gradients, tests/models/test_attention_paths.py):
                  (`ValueNetwork.is_weighted_sum_of_values`)
     associative  q (k^T v): sigma is the identity (`is_identity`), the value network the weighted
                  sum of values, and no relative position bias (it is not a product of q and k)
-    fused        one C kernel per batch element from queries to z (`latentcode.models.fused_short`):
+    fused        one C++ kernel per batch element from queries to z (`latentcode.models.fused_short`):
                  sigma and the value network declare a kernel code (`fused_code`), float32 on the
-                 CPU, at most `fused_short.MAX_POSITIONS` positions, the kernels built, no autocast,
-                 and not while torch.compile traces the model (it could not see into the kernel)
+                 CPU, at most `fused_short.MAX_POSITIONS` positions, the kernels loaded, no autocast
+                 (torch.compile included: the kernel is an operator it keeps in its graph)
 
 sdpa and associative have no attention dropout of ours (one `[query, key]` mask): they need eval
 mode or attn_dropout 0.

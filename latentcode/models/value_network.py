@@ -225,7 +225,7 @@ class HyperValueNetwork(ValueNetwork):
     # -- the blockwise path's kernels for one tile of keys ------------------------------------------
     # forward() through einsum is slow for these shapes (the head axis it sums over is short). The
     # fused C kernels (`latentcode.models.fused_hyper`) never form the hidden activation; where they
-    # cannot run (no C compiler, float64, autocast, d_head_v not a multiple of 8) the batched products
+    # cannot run (no kernels built, float64, autocast, d_head_v not a multiple of 8) the batched products
     # below keep it in the layout [batch, key, query, d_head_v], where every product is a plain
     # batched matrix product, and skip autograd: the backward is written out. All equal forward()
     # and its autograd gradients to float tolerance (tests/models/test_attention_paths.py,

@@ -1,5 +1,7 @@
-"""The arithmetic of one intercepted attention call, `F.scaled_dot_product_attention` ("sdpa") or
-`F.multi_head_attention_forward` ("mha", what `nn.MultiheadAttention` calls), from the call's bound
+"""The arithmetic of one intercepted attention call, `F.scaled_dot_product_attention` ("sdpa"),
+`F.multi_head_attention_forward` ("mha", what `nn.MultiheadAttention` calls) or a transformers
+model's eager attention ("eager": an SDPA call with soft-capping and sinks,
+`latentcode.sources.eager_attention`), from the call's bound
 arguments: the raw scores and probabilities of selected query rows, and the call's output with the
 rows an edit changed recomputed. `latentcode.sources.torch_attention.TorchAttentionSource`
 intercepts the calls and uses these; its docstring says what is recorded and edited.
@@ -62,15 +64,19 @@ def sdpa_scores(
     is_causal: bool = False,
     scale: float | None = None,
     enable_gqa: bool = False,
+    softcap: float | None = None,
 ) -> Tensor:
     """The raw scores of an SDPA call for the query positions `rows`: `[..., len(rows), key]`,
-    float32, with -inf where masked (by `attn_mask` or `is_causal`)."""
+    float32, with -inf where masked (by `attn_mask` or `is_causal`); `softcap` (an eager call's):
+    `softcap * tanh(s / softcap)` of the scaled scores, before the mask, as Gemma 2 computes it."""
     rows = rows.to(query.device)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     key = key.float()
     if enable_gqa and key.dim() >= 3 and key.shape[-3] != query.shape[-3]:
         key = key.repeat_interleave(query.shape[-3] // key.shape[-3], dim=-3)
     scores = torch.matmul(query.index_select(-2, rows).float(), key.transpose(-2, -1)) * scale
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     if is_causal:
         n_keys = key.shape[-2]
         scores = scores.masked_fill(torch.arange(n_keys, device=scores.device) > rows[:, None], float("-inf"))
@@ -129,13 +135,14 @@ def mha_scores(call: dict[str, Any], rows: Tensor) -> Tensor:
     return scores
 
 
-def pattern_or_scores(scores: Tensor, score: str) -> Tensor:
-    return softmax_rows(scores) if score == "pattern" else scores
+def pattern_or_scores(scores: Tensor, score: str, sinks: Tensor | None = None) -> Tensor:
+    """Probabilities (with an eager call's `sinks` in the denominator) or the scores themselves."""
+    return softmax_rows(scores, sinks) if score == "pattern" else scores
 
 
 def call_shape(kind: str, call: dict[str, Any]) -> tuple[int, int]:
     """(queries, keys) of an intercepted call; MultiheadAttention's keys include bias_k and the zero key."""
-    if kind == "sdpa":
+    if kind in ("sdpa", "eager"):
         return call["query"].shape[-2], call["key"].shape[-2]
     n_keys = call["static_k"].shape[1] if call.get("static_k") is not None else call["key"].shape[0]
     n_keys += int(call.get("bias_k") is not None) + int(bool(call.get("add_zero_attn")))
@@ -149,7 +156,7 @@ def call_scores(kind: str, call: dict[str, Any], rows: Tensor) -> Tensor:
     return as_batch_head(sdpa_scores(
         call["query"], call["key"], rows,
         attn_mask=call.get("attn_mask"), is_causal=bool(call.get("is_causal", False)),
-        scale=call.get("scale"), enable_gqa=bool(call.get("enable_gqa", False)),
+        scale=call.get("scale"), enable_gqa=bool(call.get("enable_gqa", False)), softcap=call.get("softcap"),
     ))  # fmt: skip
 
 
@@ -176,12 +183,14 @@ def mha_values(call: dict[str, Any]) -> Tensor:
     return v
 
 
-def edit_rows(scores: Tensor, inverse: Tensor, keys: Tensor, edit: Callable[[Tensor], Tensor]):
-    """Probabilities of the requested rows `[batch, head, rows, key]`, edited at the pairs.
+def edit_rows(scores: Tensor, inverse: Tensor, keys: Tensor, edit: Callable[[Tensor], Tensor],
+              sinks: Tensor | None = None):
+    """Probabilities of the requested rows `[batch, head, rows, key]` (with `sinks`, an eager call's,
+    in the denominator), edited at the pairs.
 
     Returns `(edited_probabilities, changed_rows)`, `changed_rows` `[batch, head, rows]` marking the
     rows where the edit changed some code; `(None, None)` when it changed nothing."""
-    probabilities = softmax_rows(scores)
+    probabilities = softmax_rows(scores, sinks)
     inverse, keys = inverse.to(scores.device), keys.to(scores.device)
     codes = probabilities[:, :, inverse, keys]
     edited = edit(codes)

@@ -66,8 +66,13 @@ def check_pairs(pairs: tuple[Tensor, Tensor], n_queries: int, n_keys: int, where
         )
 
 
-def softmax_rows(scores: Tensor) -> Tensor:
-    """softmax over keys; rows whose keys are all masked (-inf) become zeros, not NaN."""
+def softmax_rows(scores: Tensor, sinks: Tensor | None = None) -> Tensor:
+    """softmax over keys; rows whose keys are all masked (-inf) become zeros, not NaN. `sinks` `[head]`:
+    one logit per head in each row's denominator that takes no key (gpt-oss), so rows sum to < 1."""
+    if sinks is not None:
+        sink = sinks.to(device=scores.device, dtype=scores.dtype).reshape(1, -1, 1, 1)
+        combined = torch.cat([scores, sink.expand(*scores.shape[:-1], 1)], dim=-1)
+        return torch.softmax(combined, dim=-1)[..., :-1]
     probabilities = torch.softmax(scores, dim=-1)
     fully_masked = torch.isneginf(scores).all(dim=-1, keepdim=True)
     return probabilities.masked_fill(fully_masked, 0.0)

@@ -1,7 +1,9 @@
-"""Recording a compact store (`latentcode.store.compact`) from intercepted SDPA calls.
+"""Recording a compact store (`latentcode.store.compact`) from intercepted SDPA calls, and from the eager
+attention calls of transformers models that run only eagerly (`latentcode.sources.eager_attention`).
 
 `CompactAttentionSource` is `TorchAttentionSource` that also hands every intercepted call, as a
-`CompactLayer` (the queries and keys it received, its key/value grouping, scale and mask), to a
+`CompactLayer` (the queries and keys it received, its key/value grouping, scale and mask, and an
+eager call's soft-capping and sinks), to a
 callback, which writes it to disk before the next layer runs: memory holds one layer's queries and
 keys, never `[H, T, T]`. The site codes a Recorder asks for are recorded as by `TorchAttentionSource`.
 
@@ -116,8 +118,15 @@ def compact_layer(call: dict[str, Any], where: str) -> CompactLayer:
     key_valid, causal, window = layer_mask(call, query.shape[-2], where)
     scale = call.get("scale")
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    # An eager call's soft-capping (Gemma 2) and sinks (gpt-oss; one per query head), stored with the mask
+    sinks = call.get("sinks")
+    if sinks is not None and sinks.numel() != query.shape[1]:
+        raise CompactError(f"{where}: {sinks.numel()} sinks for {query.shape[1]} query heads; the compact store "
+                           "holds one sink logit per query head")
+    mask = LayerMask(scale=scale, causal=causal, window=window, softcap=float(call.get("softcap") or 0.0),
+                     sinks=None if sinks is None else tuple(float(value) for value in sinks.cpu()))
     return CompactLayer(query=query.detach().float().cpu().numpy(), key=key.detach().float().cpu().numpy(),
-                        key_valid=key_valid, mask=LayerMask(scale=scale, causal=causal, window=window))
+                        key_valid=key_valid, mask=mask)
 
 
 class CompactAttentionSource(TorchAttentionSource):
@@ -133,8 +142,9 @@ class CompactAttentionSource(TorchAttentionSource):
         check_score(score)
 
         def on_call(layer: int, where: str, kind: str, call: dict[str, Any], result: Any) -> Any:
-            if kind != "sdpa":
-                raise CompactError(f"{where}: an nn.MultiheadAttention call; the compact store reads SDPA calls")
+            if kind not in ("sdpa", "eager"):
+                raise CompactError(f"{where}: an nn.MultiheadAttention call; the compact store reads SDPA calls "
+                                   "and transformers' eager attention")
             with torch.no_grad():
                 if self.on_layer is not None:
                     self.on_layer(layer, compact_layer(call, where))
@@ -144,7 +154,8 @@ class CompactAttentionSource(TorchAttentionSource):
                     check_pairs(pairs, n_queries, n_keys, where)
                     rows, inverse = torch.unique(pairs[0], return_inverse=True)
                     scores = call_scores(kind, call, rows)
-                    sink(layer, *pairs, codes_of_rows(pattern_or_scores(scores, score), inverse, pairs[1]))
+                    attention = pattern_or_scores(scores, score, call.get("sinks"))
+                    sink(layer, *pairs, codes_of_rows(attention, inverse, pairs[1]))
             return result
 
         with self._intercepted(on_call):

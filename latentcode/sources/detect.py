@@ -14,7 +14,9 @@ def detect_source(model: nn.Module) -> AttentionSource:
     """The source for `model`: HookPoints if it has them (our models, HookedTransformer), the
     TransformerBridge source for transformer-lens 4.x bridges, the softmax inside modules named
     like attention for Hugging Face models loaded with `attn_implementation="eager"` (they compute
-    attention by hand), else SDPA/MultiheadAttention interception. For other hand-written attention
+    attention by hand), else SDPA/MultiheadAttention interception, which also reads the eager
+    attention calls of models transformers runs only eagerly (Gemma 2, gpt-oss: their soft-capping
+    and sinks, which a softmax read inside the module would miss or count as a key). For other hand-written attention
     pass `SoftmaxSource(model, modules)` naming the attention modules; for anything else `AdapterSource`."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
@@ -30,7 +32,8 @@ def detect_source(model: nn.Module) -> AttentionSource:
 def _computes_attention_by_hand(model: nn.Module) -> bool:
     """A Hugging Face model whose config says `attn_implementation="eager"` (softmax written out)."""
     config = getattr(model, "config", None)
-    return getattr(config, "_attn_implementation", None) == "eager"
+    eager_only = getattr(type(model), "_supports_sdpa", None) is False  # read at their eager call instead
+    return getattr(config, "_attn_implementation", None) == "eager" and not eager_only
 
 
 def _is_ours(model: nn.Module) -> bool:

@@ -226,17 +226,7 @@ def parse_selector(spec: str | Selector | Sequence, task: Task | Mapping[str, An
     if isinstance(spec, Selector):
         return spec
     if not isinstance(spec, str):
-        requests = []
-        for item in spec:
-            if isinstance(item, Site):
-                requests.append((item.layer, item.query, item.key))
-            elif isinstance(item, (tuple, list)) and len(item) == 3:
-                requests.append(tuple(item))
-            else:
-                raise SiteError(f"a site is (layer, query, key), got {item!r}")
-        if not requests:
-            raise SiteError("the list of sites is empty")
-        return Selector("explicit", requests=tuple(requests))
+        return _explicit_selector(spec)
     spec = spec.strip()
     if spec == "last-self":
         return Selector("last-self", requests=((None, -1, -1),))
@@ -258,6 +248,26 @@ def parse_selector(spec: str | Selector | Sequence, task: Task | Mapping[str, An
         if not layer.lstrip("-").isdigit():
             raise SiteError(f"all-pairs needs a layer, as in all-pairs:0; got {spec!r}")
         return Selector(spec, all_pairs_layer=int(layer))
+    return _parsed_sites(spec, [*PRESETS, *task_selectors])
+
+
+def _explicit_selector(sites: Sequence) -> Selector:
+    """A Selector of the (layer, query, key) tuples or `Site`s listed."""
+    requests = []
+    for item in sites:
+        if isinstance(item, Site):
+            requests.append((item.layer, item.query, item.key))
+        elif isinstance(item, (tuple, list)) and len(item) == 3:
+            requests.append(tuple(item))
+        else:
+            raise SiteError(f"a site is (layer, query, key), got {item!r}")
+    if not requests:
+        raise SiteError("the list of sites is empty")
+    return Selector("explicit", requests=tuple(requests))
+
+
+def _parsed_sites(spec: str, presets: list[str]) -> Selector:
+    """The Selector of LAYER:QUERY:KEY[,...] (`presets`: the names a spec might have meant instead)."""
     requests = []
     for part in spec.split(","):
         fields = part.strip().split(":")
@@ -267,7 +277,6 @@ def parse_selector(spec: str | Selector | Sequence, task: Task | Mapping[str, An
             layer = None if fields[0].strip() == "*" else int(fields[0])
             requests.append((layer, parse_positions(fields[1]), parse_positions(fields[2])))
         except ValueError:
-            presets = [*PRESETS, *task_selectors]
             raise SiteError(
                 f"cannot read site {part.strip()!r} of {spec!r}: expected a preset ({', '.join(presets)}) or "
                 "LAYER:QUERY:KEY[,LAYER:QUERY:KEY...] where each field is an integer (negative positions count "

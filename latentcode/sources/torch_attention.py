@@ -59,9 +59,11 @@ call's own result, so an edit that changes nothing changes no bit (with the fast
 above). Edited rows are computed without dropout, so calls with dropout are refused: intervene in
 eval mode.
 
-Hugging Face `transformers` models are covered with their default `attn_implementation="sdpa"`;
-with "eager" they compute the softmax themselves: `latentcode.sources.SoftmaxSource` reads
-those (and `detect_source` picks it). Cross-attention calls (queries of the decoder, keys of the
+Hugging Face `transformers` models are covered with their default `attn_implementation="sdpa"`,
+and with "eager" at the call of their eager attention function (kind "eager": the SDPA arithmetic
+plus soft-capping and sinks; `latentcode.sources.eager_attention`), which is how models that
+transformers runs only eagerly (Gemma 2, gpt-oss) are read exactly; `detect_source` picks
+`latentcode.sources.SoftmaxSource` for other eager models (the softmax they compute themselves). Cross-attention calls (queries of the decoder, keys of the
 encoder, e.g. BART's `decoder.layers.0.encoder_attn`) are layers like any other; their query
 positions are resolved against the call's queries and key positions against its keys.
 Not covered (use `SoftmaxSource` or `latentcode.sources.AdapterSource`): attention written with
@@ -89,6 +91,7 @@ from latentcode.sources.attention_calls import (
     pattern_or_scores,
 )
 from latentcode.sources.attention_rows import check_pairs, codes_of_rows
+from latentcode.sources.eager_attention import check_eager_call, eager_calls, edited_eager_output
 from latentcode.sources.source import (
     AttentionSource,
     Editor,
@@ -187,7 +190,8 @@ class TorchAttentionSource(AttentionSource):
                 rows, inverse = torch.unique(pairs[0], return_inverse=True)
                 with torch.no_grad():
                     scores = call_scores(kind, call, rows)
-                    sink(layer, *pairs, codes_of_rows(pattern_or_scores(scores, score), inverse, pairs[1]))
+                    attention = pattern_or_scores(scores, score, call.get("sinks"))
+                    sink(layer, *pairs, codes_of_rows(attention, inverse, pairs[1]))
             return result
 
         with self._intercepted(on_call):
@@ -212,6 +216,8 @@ class TorchAttentionSource(AttentionSource):
             edit.differentiable = getattr(editor, "differentiable", False)
             if kind == "sdpa":
                 return edited_sdpa_output(call, result, rows, inverse, pairs[1], edit)
+            if kind == "eager":
+                return edited_eager_output(call, result, rows, inverse, pairs[1], edit)
             return edited_mha_output(call, result, rows, inverse, pairs[1], edit)
 
         with self._intercepted(on_call):
@@ -264,6 +270,11 @@ class TorchAttentionSource(AttentionSource):
                                 "queries": n_queries, "keys": n_keys})  # fmt: skip
             return on_call(layer, f"attention call {layer} ({pass_names[-1]})", kind, call, result)
 
+        def intercept_eager(module: nn.Module, call: dict[str, Any], result: Any, made: tuple) -> Any:
+            if running:  # made by the model: exact, or one line saying why not
+                check_eager_call(module, *made, call, f"attention call {len(pass_names)} ({running[-1]})")
+            return intercept("eager", call, result)
+
         handles = []
         try:
             for module_name, module in self.model.named_modules():
@@ -274,7 +285,7 @@ class TorchAttentionSource(AttentionSource):
                 handles.append(
                     module.register_forward_hook(lambda m, a, o, name=name: leave(m, a, o, name), always_call=True)
                 )
-            with mha_fastpath_disabled(), _AttentionCalls(intercept):
+            with mha_fastpath_disabled(), _AttentionCalls(intercept), eager_calls(intercept_eager):
                 yield
         finally:
             for handle in handles:

@@ -210,6 +210,19 @@ class CompactCodes:
         """Every pair of one layer for one example: `[H, T, T]` (memory H T² floats: one layer's rebuild)."""
         return self.rows(layer, range(self.seq_len), np.asarray([example]))[0]
 
+    def queries_and_keys(self, layer: int, example: int, head: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The stored queries and keys of query head `head` in one example, as the attention call received
+        them (after RoPE): `(queries [T, d], keys [T, d], key_valid [T])`, the keys of its key/value head."""
+        self._check(layer, [], "query")
+        if not 0 <= head < self.n_heads:
+            raise CodeFileError(f"head {head} is outside the {self.n_heads} heads of {self.path}; expected "
+                                f"0..{self.n_heads - 1}")
+        kv_head = head // (self.n_heads // self.n_kv_heads)
+        queries = self._dataset(query_name(layer))[int(example), head]
+        keys = self._dataset(key_name(layer))[int(example), kv_head]
+        return (np.asarray(queries, np.float32), np.asarray(keys, np.float32),
+                np.asarray(self._dataset(KEY_VALID)[int(example)], bool))
+
     def top_keys(self, layer: int, query: int, k: int, examples: np.ndarray | None = None):
         """The `k` keys with the largest codes in row `query`, per example and head: `(keys [N, H, k] int64,
         codes [N, H, k] float32)`, largest first."""

@@ -52,30 +52,7 @@ def write_sharded_file(path: str | Path, shards: Sequence[str | Path], *, overwr
     stays in the shards. Written like `CodeWriter` writes: under the lock, atomically."""
     path = Path(path)
     shards = [Path(shard) for shard in shards]
-    if not shards:
-        raise CodeFileError(f"no shards to combine into {path}")
-    for shard in shards:
-        if shard.parent.resolve() != path.parent.resolve():
-            raise CodeFileError(f"shard {shard} is not beside {path}; a sharded file reads shards from its own directory")
-    readers = [CodeFile(shard) for shard in shards]
-    for reader in readers:
-        if not reader.attrs.get("file_id"):
-            raise CodeFileError(f"shard {reader.path} has no root attribute 'file_id' (written by a latentcode before "
-                                "shard identities); extract the shards again")
-    same = ("n_heads", "model_config", "checkpoint_sha256", "task_config", "selector", "score", "source", "seed",
-            "compact")
-    for reader in readers[1:]:
-        differ = [key for key in same if reader.attrs.get(key) != readers[0].attrs.get(key)]
-        if reader.heads_of != readers[0].heads_of:
-            differ.append("sites")
-        if (reader.label_names, reader.extra_names, reader.has_prediction, reader.has_target) != (
-                readers[0].label_names, readers[0].extra_names, readers[0].has_prediction, readers[0].has_target):
-            differ.append("per-example arrays")
-        if _compact_names(reader) != _compact_names(readers[0]):
-            differ.append("/compact datasets")
-        if differ:
-            raise CodeFileError(f"shards {shards[0]} and {reader.path} differ in {differ}; the shards of one file "
-                                "come from one extraction")
+    readers = _shard_readers(path, shards)
     lock = ExclusiveLock(path, wait=wait_for_lock, purpose="writing latent codes",
                          hint="wait until it has finished or choose another path").acquire()
     temporary = None
@@ -104,6 +81,41 @@ def write_sharded_file(path: str | Path, shards: Sequence[str | Path], *, overwr
             temporary.unlink(missing_ok=True)
         lock.release()
     return path
+
+
+def _shard_readers(path: Path, shards: list[Path]) -> list[CodeFile]:
+    """The shards, open: beside `path`, each with its identity, all from one extraction."""
+    if not shards:
+        raise CodeFileError(f"no shards to combine into {path}")
+    for shard in shards:
+        if shard.parent.resolve() != path.parent.resolve():
+            raise CodeFileError(f"shard {shard} is not beside {path}; a sharded file reads shards from its own directory")
+    readers = [CodeFile(shard) for shard in shards]
+    for reader in readers:
+        if not reader.attrs.get("file_id"):
+            raise CodeFileError(f"shard {reader.path} has no root attribute 'file_id' (written by a latentcode before "
+                                "shard identities); extract the shards again")
+    for reader in readers[1:]:
+        differ = _differences(readers[0], reader)
+        if differ:
+            raise CodeFileError(f"shards {shards[0]} and {reader.path} differ in {differ}; the shards of one file "
+                                "come from one extraction")
+    return readers
+
+
+def _differences(first: CodeFile, other: CodeFile) -> list[str]:
+    """What of one extraction differs between two shards: root attributes, sites, arrays, /compact."""
+    same = ("n_heads", "model_config", "checkpoint_sha256", "task_config", "selector", "score", "source", "seed",
+            "compact")
+    differ = [key for key in same if other.attrs.get(key) != first.attrs.get(key)]
+    if other.heads_of != first.heads_of:
+        differ.append("sites")
+    if (other.label_names, other.extra_names, other.has_prediction, other.has_target) != (
+            first.label_names, first.extra_names, first.has_prediction, first.has_target):
+        differ.append("per-example arrays")
+    if _compact_names(other) != _compact_names(first):
+        differ.append("/compact datasets")
+    return differ
 
 
 def _write_virtual(out: h5py.File, shards: list[Path], sources: list[h5py.File], readers: list[CodeFile],

@@ -78,6 +78,20 @@ def _compression_of(dataset: h5py.Dataset) -> str | None:
     return dataset.compression if dataset.compression in COMPRESSIONS else None
 
 
+def _heads_per_site(sites: Sequence[Site], n_heads: int | Mapping[Site, int]) -> dict[Site, int]:
+    """The number of heads at each site (one number for all, or one per site), checked."""
+    if not sites:
+        raise CodeFileError("no sites to record")
+    negative = [site for site in sites if min(site.layer, site.query, site.key) < 0]
+    if negative:  # the reader could not open the file: site names hold non-negative numbers
+        raise CodeFileError(f"site {negative[0]} has a negative layer or position; a codes file records "
+                            "layers and absolute positions counted from 0")
+    heads_of = {site: int(n_heads[site] if isinstance(n_heads, Mapping) else n_heads) for site in sites}
+    if min(heads_of.values()) < 1:
+        raise CodeFileError(f"n_heads must be a positive number of heads per site, got {n_heads!r}")
+    return heads_of
+
+
 class CodeWriter:
     """Stream latent codes and their labels into a codes file, atomically.
 
@@ -88,8 +102,8 @@ class CodeWriter:
     `metadata` fills the root attributes that describe where the codes came from (see `latentcode.store.schema`:
     `model_name`, `model_config`, `checkpoint_sha256`, `task_config`, `selector`, `score`, `source`, `seed`,
     `task_analysis`, `prediction_kind`, `attention_layers`, `split_descriptions`, `position_names`,
-    `token_names`) and, as `value_names` / `column_names` (label -> names), the attributes of /labels/<name>. With `append=True` an existing file is extended if its schema is
-    compatible (same sites, heads, score, labels, model, checkpoint and task), otherwise refused; with
+    `token_names`) and, as `value_names` / `column_names` (label -> names), the attributes of /labels/<name>.
+    With `append=True` an existing file is extended if its schema is compatible (same sites, heads, score, labels, model, checkpoint and task), otherwise refused; with
     `append=False` an existing file is refused (nothing already written is overwritten) unless `overwrite=True`.
     `compression`: "gzip" (default), "lzf" or "none" (None) for a new file. The writer holds the file's lock
     from construction to `close`/`abort`; another writer holding it raises `LockHeld` at once, or after
@@ -114,18 +128,7 @@ class CodeWriter:
         self.path = Path(MEMORY_NAME) if self.in_memory else Path(path)  # type: ignore[arg-type]
         self.image: bytes | None = None
         self.sites = sorted(dict.fromkeys(sites))
-        if not self.sites:
-            raise CodeFileError("no sites to record")
-        negative = [site for site in self.sites if min(site.layer, site.query, site.key) < 0]
-        if negative:  # the reader could not open the file: site names hold non-negative numbers
-            raise CodeFileError(f"site {negative[0]} has a negative layer or position; a codes file records "
-                                "layers and absolute positions counted from 0")
-        if isinstance(n_heads, Mapping):
-            self.heads_of = {site: int(n_heads[site]) for site in self.sites}
-        else:
-            self.heads_of = {site: int(n_heads) for site in self.sites}
-        if min(self.heads_of.values()) < 1:
-            raise CodeFileError(f"n_heads must be a positive number of heads per site, got {n_heads!r}")
+        self.heads_of = _heads_per_site(self.sites, n_heads)
         self.n_heads = next(iter(set(self.heads_of.values()))) if len(set(self.heads_of.values())) == 1 else 0
         self.compression = check_compression(compression)
         self.metadata = dict(metadata or {})
@@ -133,20 +136,23 @@ class CodeWriter:
         if score not in SCORE_KINDS:
             raise CodeFileError(f"score must be one of {SCORE_KINDS}, got {score!r}")
         if self.in_memory:
-            if append and not isinstance(path, bytes):
-                raise CodeFileError("append=True needs codes to add to; give the file's path, or the codes in "
-                                    "memory")
-            self._lock, self._closed, self.temporary_path = None, False, None
-            self.mode = "append" if append else "new"
-            self._buffer = io.BytesIO(path if append else b"")  # a copy: the codes appended to stay as they are
-            self.file = h5py.File(self._buffer, "r+" if append else "w")
-            if append:
-                self._check_compatible()
-                self.compression = _compression_of(self.file[CODES.group][self.sites[0].name])
-            else:
-                self._initialize()
-            self._start_rows()
-            return
+            self._open_in_memory(path, append)  # type: ignore[arg-type]
+        else:
+            self._open_on_disk(append, overwrite, wait_for_lock)
+        self._start_rows()
+
+    def _open_in_memory(self, image: bytes | None, append: bool) -> None:
+        """Build the file in memory: a new one, or a copy of `image` to append to."""
+        if append and image is None:
+            raise CodeFileError("append=True needs codes to add to; give the file's path, or the codes in memory")
+        self._lock, self._closed, self.temporary_path = None, False, None
+        self.mode = "append" if append else "new"
+        self._buffer = io.BytesIO(image if append else b"")  # a copy: the codes appended to stay as they are
+        self.file = h5py.File(self._buffer, "r+" if append else "w")
+        self._open_contents()
+
+    def _open_on_disk(self, append: bool, overwrite: bool, wait_for_lock: float | None) -> None:
+        """Take the file's lock, then open a temporary file beside it (a copy of it to append to)."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -159,17 +165,7 @@ class CodeWriter:
         ).acquire()
         self._closed = False
         try:
-            # A symbolic link (dangling or not), a device, a FIFO or a directory under the name is
-            # refused: the rename would replace the link itself, or a device with a regular file.
-            check_replaceable(self.path)
-            exists = self.path.exists()
-            if exists and not append and not overwrite:
-                raise FileExistsError(
-                    f"{self.path} already exists; pass append=True to add examples to it "
-                    "(--append on the command line), overwrite=True to replace it, or choose another path"
-                )
-            if append and exists and not h5py.is_hdf5(self.path):
-                raise CodeFileError(f"cannot append to {self.path}: it is not an HDF5 file")
+            exists = self._check_target(append, overwrite)
             self.mode = "append" if append and exists else "overwrite" if exists else "new"
             remove_dead_temporaries(self.path)
             self.temporary_path = new_temporary_file(self.path)
@@ -177,12 +173,8 @@ class CodeWriter:
                 os.chmod(self.temporary_path, stat.S_IMODE(os.stat(self.path).st_mode))
             if self.mode == "append":
                 shutil.copyfile(self.path, self.temporary_path)
-                self.file = h5py.File(self.temporary_path, "r+")
-                self._check_compatible()
-                self.compression = _compression_of(self.file[CODES.group][self.sites[0].name])
-            else:
-                self.file = h5py.File(self.temporary_path, "w")
-                self._initialize()
+            self.file = h5py.File(self.temporary_path, "r+" if self.mode == "append" else "w")
+            self._open_contents()
         except OSError as error:
             self._discard()
             if error.errno is None or isinstance(error, LatentcodeError):
@@ -191,7 +183,29 @@ class CodeWriter:
         except BaseException:
             self._discard()
             raise
-        self._start_rows()
+
+    def _check_target(self, append: bool, overwrite: bool) -> bool:
+        """Whether the file exists; refuses what may not be written over or appended to."""
+        # A symbolic link (dangling or not), a device, a FIFO or a directory under the name is
+        # refused: the rename would replace the link itself, or a device with a regular file.
+        check_replaceable(self.path)
+        exists = self.path.exists()
+        if exists and not append and not overwrite:
+            raise FileExistsError(
+                f"{self.path} already exists; pass append=True to add examples to it "
+                "(--append on the command line), overwrite=True to replace it, or choose another path"
+            )
+        if append and exists and not h5py.is_hdf5(self.path):
+            raise CodeFileError(f"cannot append to {self.path}: it is not an HDF5 file")
+        return exists
+
+    def _open_contents(self) -> None:
+        """A file appended to must match the codes to add (its compression kept); a new one is laid out."""
+        if self.mode == "append":
+            self._check_compatible()
+            self.compression = _compression_of(self.file[CODES.group][self.sites[0].name])
+        else:
+            self._initialize()
 
     def _start_rows(self) -> None:
         self.n_appended = 0
@@ -281,6 +295,34 @@ class CodeWriter:
         """Append one batch: `codes[site]` `[B, H]` for every site, and `[B, ...]` per-example arrays."""
         if getattr(self, "file", None) is None:
             raise CodeFileError(f"the CodeWriter of {self.path} is closed; open a new one with append=True to add rows")
+        codes, batch_size = self._checked_codes(codes)
+        arrays = _per_example_arrays(labels, extra, prediction, target, batch_size)
+        splits = _split_names(split, batch_size)
+        existing = {name for name in arrays if name in self.file}
+        if self._n_rows:
+            self._check_same_per_example_arrays(arrays)
+        for name, array in codes.items():
+            _warn_if_not_finite(name, array, batch_size)
+            self._queue(f"{CODES.group}/{name}", array.astype(CODES.dtype.written, copy=False))
+        for name, array in arrays.items():
+            if name not in existing:
+                self._create_per_example(name, array)
+            dataset = self.file[name]
+            if dataset.shape[1:] != array.shape[1:]:
+                raise CodeFileError(
+                    f"{name} has rows of shape {list(array.shape[1:])}; the file holds {list(dataset.shape[1:])}"
+                )
+            self._queue(name, array)
+        self._queue(SPLIT.name, np.asarray(splits, dtype=object))
+        self._record_splits(splits)
+        self.n_appended += batch_size
+        self._n_rows += batch_size
+        self._pending_rows += batch_size
+        if self._pending_rows >= _FLUSH_ROWS or self._pending_bytes >= _FLUSH_BYTES:
+            self.flush()
+
+    def _checked_codes(self, codes: Mapping[Site | str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+        """The batch's codes by site name, each `[B, H]` with the site's H; and B."""
         codes = {site.name if isinstance(site, Site) else site: np.asarray(array) for site, array in codes.items()}
         expected_names = [site.name for site in self.sites]
         missing = sorted(set(expected_names) - set(codes))
@@ -295,57 +337,22 @@ class CodeWriter:
                     f"codes of site {site.name} have shape {list(array.shape)}; expected "
                     f"[{batch_size}, {self.heads_of[site]}] (batch, heads)"
                 )
-        arrays: dict[str, np.ndarray] = {f"{LABELS.group}/{k}": np.asarray(v) for k, v in (labels or {}).items()}
-        arrays |= {f"{EXTRA.group}/{k}": np.asarray(v) for k, v in (extra or {}).items()}
-        if prediction is not None:
-            arrays[PREDICTION.name] = np.asarray(prediction, dtype=PREDICTION.dtype.written)
-        if target is not None:
-            arrays[TARGET.name] = np.asarray(target)
-        for name, array in arrays.items():
-            if len(array) != batch_size:
-                raise CodeFileError(
-                    f"{name} has {len(array)} rows but the codes have {batch_size}: every per-example "
-                    "array needs one row per example"
-                )
-            if array.dtype.kind not in "biuf":
-                raise CodeFileError(f"{name} has dtype {array.dtype}; only numeric arrays can be stored")
-        splits = [split] * batch_size if isinstance(split, str) else list(split) if isinstance(split, Iterable) else [split]
-        if not all(isinstance(name, str) for name in splits):  # e.g. 3: h5py would store it, readers then fail
-            raise CodeFileError(f"split names are text, got {split!r}; give a name such as 'train' (or one per example)")
-        if len(splits) != batch_size:
-            raise CodeFileError(f"split has {len(splits)} entries but the codes have {batch_size}")
+        return codes, batch_size
 
-        existing = {name for name in arrays if name in self.file}
-        if self._n_rows:
-            self._check_same_per_example_arrays(arrays)
-        for name, array in codes.items():
-            bad = ~np.isfinite(array)
-            if bad.any():
-                warnings.warn(
-                    f"{int(bad.any(axis=1).sum())} of {batch_size} latent codes at site {name} contain NaN or inf "
-                    f"({int(bad.sum())} values); they are stored as they are",
-                    RuntimeWarning, stacklevel=2,
-                )
-            self._queue(f"{CODES.group}/{name}", array.astype(CODES.dtype.written, copy=False))
-        for name, array in arrays.items():
-            if name not in existing:
-                group, _, leaf = name.rpartition("/")
-                dataset = self._create(self.file[group] if group else self.file, leaf, array.shape[1:], array.dtype)
-                if group == LABELS.group:
-                    for attribute in LABELS.attributes:  # value_names, column_names: where the task names them
-                        names = self.metadata.get(attribute.name, {}).get(leaf)
-                        if names is not None:
-                            dataset.attrs[attribute.name] = attribute.type.encode(list(names))
-                if name == PREDICTION.name:
-                    for attribute in PREDICTION.attributes:  # kind: the root attribute prediction_kind
-                        dataset.attrs[attribute.name] = attribute.type.encode(self.file.attrs.get("prediction_kind", ""))
-            dataset = self.file[name]
-            if dataset.shape[1:] != array.shape[1:]:
-                raise CodeFileError(
-                    f"{name} has rows of shape {list(array.shape[1:])}; the file holds {list(dataset.shape[1:])}"
-                )
-            self._queue(name, array)
-        self._queue(SPLIT.name, np.asarray(splits, dtype=object))
+    def _create_per_example(self, name: str, array: np.ndarray) -> None:
+        """The dataset of a per-example array first seen in this batch, with its schema attributes."""
+        group, _, leaf = name.rpartition("/")
+        dataset = self._create(self.file[group] if group else self.file, leaf, array.shape[1:], array.dtype)
+        if group == LABELS.group:
+            for attribute in LABELS.attributes:  # value_names, column_names: where the task names them
+                names = self.metadata.get(attribute.name, {}).get(leaf)
+                if names is not None:
+                    dataset.attrs[attribute.name] = attribute.type.encode(list(names))
+        if name == PREDICTION.name:
+            for attribute in PREDICTION.attributes:  # kind: the root attribute prediction_kind
+                dataset.attrs[attribute.name] = attribute.type.encode(self.file.attrs.get("prediction_kind", ""))
+
+    def _record_splits(self, splits: list[str]) -> None:
         known = json.loads(self.file.attrs["splits"])
         for name in dict.fromkeys(splits):
             if name not in known:
@@ -353,11 +360,6 @@ class CodeWriter:
             if name not in self._splits_written:
                 self._splits_written.append(name)
         self.file.attrs["splits"] = json.dumps(known)
-        self.n_appended += batch_size
-        self._n_rows += batch_size
-        self._pending_rows += batch_size
-        if self._pending_rows >= _FLUSH_ROWS or self._pending_bytes >= _FLUSH_BYTES:
-            self.flush()
 
     def write_compact(self, name: str, rows: np.ndarray, attributes: Mapping[str, Any] | None = None) -> None:
         """Rows of /compact/`name` (`latentcode.store.compact`) for the next batch, before its `append`:
@@ -469,3 +471,44 @@ class CodeWriter:
             self.close()
         else:
             self.abort()
+
+
+def _per_example_arrays(labels: Mapping[str, np.ndarray] | None, extra: Mapping[str, np.ndarray] | None,
+                        prediction: np.ndarray | None, target: np.ndarray | None,
+                        batch_size: int) -> dict[str, np.ndarray]:
+    """The batch's labels, extras, prediction and target by dataset name, each numeric with B rows."""
+    arrays: dict[str, np.ndarray] = {f"{LABELS.group}/{k}": np.asarray(v) for k, v in (labels or {}).items()}
+    arrays |= {f"{EXTRA.group}/{k}": np.asarray(v) for k, v in (extra or {}).items()}
+    if prediction is not None:
+        arrays[PREDICTION.name] = np.asarray(prediction, dtype=PREDICTION.dtype.written)
+    if target is not None:
+        arrays[TARGET.name] = np.asarray(target)
+    for name, array in arrays.items():
+        if len(array) != batch_size:
+            raise CodeFileError(
+                f"{name} has {len(array)} rows but the codes have {batch_size}: every per-example "
+                "array needs one row per example"
+            )
+        if array.dtype.kind not in "biuf":
+            raise CodeFileError(f"{name} has dtype {array.dtype}; only numeric arrays can be stored")
+    return arrays
+
+
+def _split_names(split: str | Sequence[str], batch_size: int) -> list[str]:
+    """One split name per example: `split` for all of them, or one each."""
+    splits = [split] * batch_size if isinstance(split, str) else list(split) if isinstance(split, Iterable) else [split]
+    if not all(isinstance(name, str) for name in splits):  # e.g. 3: h5py would store it, readers then fail
+        raise CodeFileError(f"split names are text, got {split!r}; give a name such as 'train' (or one per example)")
+    if len(splits) != batch_size:
+        raise CodeFileError(f"split has {len(splits)} entries but the codes have {batch_size}")
+    return splits
+
+
+def _warn_if_not_finite(site_name: str, codes: np.ndarray, batch_size: int) -> None:
+    bad = ~np.isfinite(codes)
+    if bad.any():
+        warnings.warn(
+            f"{int(bad.any(axis=1).sum())} of {batch_size} latent codes at site {site_name} contain NaN or inf "
+            f"({int(bad.sum())} values); they are stored as they are",
+            RuntimeWarning, stacklevel=3,  # the caller of CodeWriter.append
+        )

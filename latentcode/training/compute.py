@@ -1,7 +1,7 @@
 """The compute settings a training session ran with, for its run directory's record.
 
 Results depend, to float rounding, on more than the config: the threads (the kernels' splits and
-MKL's), which of the compiled kernels ran or the torch formula instead (`latentcode.models.c_kernels`),
+MKL's), which of the compiled kernels ran or the torch formula instead (`latentcode.models.kernel_ops`),
 the allocator setting (`latentcode.allocator`), MKL's CPU check (`latentcode.models.mkl_on_amd`), the
 torch version, the device and the dtype. `compute_settings` says them at the start of a session:
 config.json holds them for the first session (`compute`), metrics.jsonl a `{"event": "compute"}`
@@ -20,7 +20,7 @@ from latentcode.models import fused_gelu, fused_hyper, fused_short
 from latentcode.models.mkl_on_amd import mkl_setting
 
 KERNELS = {"fused_short": fused_short.KERNELS, "fused_gelu": fused_gelu.KERNELS, "fused_hyper": fused_hyper.KERNELS}
-"""Each compiled kernel by name, and its library (`latentcode.models.c_kernels.CompiledLibrary`)."""
+"""Each compiled kernel by name (`latentcode.models.kernel_ops.Kernel`)."""
 
 
 def kernel_settings(device: torch.device, dtype: torch.dtype, autocast: bool) -> dict[str, str]:
@@ -52,6 +52,8 @@ def compute_settings(device: torch.device, dtype: torch.dtype, mixed_precision: 
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
         "mixed_precision": mixed_precision,
+        # what the products compute in: autocast's dtype; the parameters and optimizer state are `dtype`
+        "autocast_dtype": {"bf16": "bfloat16", "fp16": "float16"}.get(mixed_precision),
         "torch_threads": torch.get_num_threads(),
         "kernels": kernel_settings(device, dtype, mixed_precision != "no"),
         "allocator": freed_memory_setting(),

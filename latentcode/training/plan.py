@@ -16,6 +16,7 @@ names, the model's sizes) is left to `TrainPlan.train_config`. JSON only.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -28,7 +29,7 @@ from latentcode.models.config import ConfigError
 from latentcode.rundir import RunDirectory, RunDirectoryError
 from latentcode.training.config import TrainConfig
 from latentcode.training.presets import check_preset, presets
-from latentcode.validation import check_output
+from latentcode.validation import check_output, check_placement
 
 
 @dataclass(frozen=True)
@@ -48,12 +49,20 @@ class TrainPlan:
     config_name: str | None = None  # the file the config was read from, for messages
     threads: int | None = None
     checkpoints: int = 0  # of the run to resume: none means it trains again from step 0
+    device: str | None = None  # None: accelerate's choice (a GPU where there is one, else the CPU)
+    dtype: str | None = None  # as given; the config's mixed_precision says it (AUTOCAST_OF)
 
     def train_config(self) -> TrainConfig | None:
         """The TrainConfig this plan trains (the model modules load, with torch); None for a resume,
         which continues with the run's own."""
         if self.source == "resume":
             return None
+        config = self._given_config()
+        if self.dtype is not None:  # autocast to it (AUTOCAST_OF), recorded in the config
+            config = dataclasses.replace(config, mixed_precision=AUTOCAST_OF[self.dtype])
+        return config
+
+    def _given_config(self) -> TrainConfig:
         if self.source == "preset":
             from latentcode.training.presets import build_train_config
 
@@ -86,6 +95,8 @@ def plan_train(
     resume: str | Path | None = None,
     threads: int | None = None,
     named: Sequence[str] | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> TrainPlan:
     """The plan of `latentcode.train` with these arguments, or the first mistake in them.
 
@@ -94,11 +105,25 @@ def plan_train(
     name, as `build_train_config` takes them); or `resume`, a run directory to continue. out: the run
     directory (None: `default_run_directory`). threads: this process's CPU threads (None: chosen at
     run time, `training.threads.choose_threads`). named: how the caller names the overrides it gave,
-    for messages (the command line: its flags); default their field names."""
+    for messages (the command line: its flags); default their field names.
+    device: where the model trains ("cpu", "cuda"; None: accelerate's choice, a GPU where there is
+    one). dtype: what it computes in: "bfloat16" or "float16" by autocast (accelerate's
+    mixed_precision "bf16"/"fp16": parameters and optimizer state stay float32, the products run in
+    the low precision, so no small update is rounded away), "float32" without; it sets the config's
+    `mixed_precision`, and is refused where the config sets another one."""
     overrides = {key: value for key, value in (overrides or {}).items() if value is not None}
     named = list(named) if named is not None else sorted(overrides)
+    device, dtype = check_placement(device, dtype)
+    if device is not None and device.partition(":")[2] not in ("", "0"):
+        with about("device"):
+            raise UsageError(f"device {device!r}: training places the model through accelerate, which gives each "
+                             f"process its GPU; expected cpu or {device.partition(':')[0]} (CUDA_VISIBLE_DEVICES="
+                             f"{device.partition(':')[2]} makes that GPU the one it sees)")
     if resume is not None:
-        return _plan_resume(resume, config, preset, named, out, threads)
+        if dtype is not None:
+            with about("dtype"):
+                raise UsageError(f"dtype {dtype!r}: resume continues a run in the precision of its own config")
+        return dataclasses.replace(_plan_resume(resume, config, preset, named, out, threads), device=device)
     if config is not None:
         if preset is not None:
             raise UsageError("give either --preset or --config, not both")
@@ -114,11 +139,32 @@ def plan_train(
         raise UsageError(f"latentcode train needs --preset ({', '.join(presets())}), --config or --resume "
                          "(in Python: train(build_train_config(PRESET), out), train(CONFIG, out) or "
                          "train(resume=RUN_DIR))")
+    if dtype is not None:
+        _check_dtype_agrees(dtype, config, overrides)
     if out is not None:
         with about("out"):
             out = check_output(out, kind="directory")
     return TrainPlan("config" if config is not None else "preset", out, None, preset, scale, attention,
-                     dict(overrides), config, config_name, threads)
+                     dict(overrides), config, config_name, threads, device=device, dtype=dtype)
+
+
+AUTOCAST_OF = {"float32": "no", "bfloat16": "bf16", "float16": "fp16"}  # dtype -> accelerate's mixed_precision
+
+
+def _check_dtype_agrees(dtype: str, config: Any, overrides: Mapping[str, Any]) -> None:
+    """Refuse `dtype` where the config (or the preset's overrides) sets another mixed_precision ("auto",
+    the default, gives way to it)."""
+    wanted = AUTOCAST_OF[dtype]
+    if config is None:
+        given = overrides.get("mixed_precision")
+    elif isinstance(config, TrainConfig):
+        given = config.mixed_precision
+    else:
+        given = dict(config).get("mixed_precision")
+    if given not in (None, "auto", wanted):
+        with about("dtype"):
+            raise UsageError(f"dtype {dtype!r} computes with mixed_precision {wanted!r}, but the config sets "
+                             f"mixed_precision {given!r}; give one of them")
 
 
 def _plan_resume(resume, config, preset, named, out, threads) -> TrainPlan:

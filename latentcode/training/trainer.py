@@ -60,7 +60,7 @@ class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite; the run stopped and its last good checkpoint is kept."""
 
 
-def _make_accelerator(config: TrainConfig):
+def _make_accelerator(config: TrainConfig, device: str | None = None):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
@@ -78,8 +78,12 @@ def _make_accelerator(config: TrainConfig):
         handlers.append(DistributedDataParallelKwargs(find_unused_parameters=True))
     # accelerate treats several processes without a GPU (torchrun) as one unless told they are CPU workers.
     cpu_workers = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    accelerator = Accelerator(mixed_precision=mixed_precision, kwargs_handlers=handlers, cpu=cpu_workers,
+    accelerator = Accelerator(mixed_precision=mixed_precision, kwargs_handlers=handlers,
+                              cpu=cpu_workers or device == "cpu",
                               gradient_accumulation_steps=config.gradient_accumulation_steps)
+    if device is not None and accelerator.device.type != device.partition(":")[0]:
+        raise UsageError(f"device {device!r}: accelerate placed this process on {accelerator.device} (its launch "
+                         "configuration decides); expected the device asked for")
     if accelerator.mixed_precision != "no" and not accelerator.native_amp:
         # accelerate would silently train in float32 (fp16 autocast needs a GPU).
         raise ConfigError(
@@ -145,6 +149,8 @@ def train(
     progress: bool = True,
     stop_after_step: int | None = None,
     on_step: Callable[[int, float], None] | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> Run:
     """Train a model as `config` says, into the run directory `out`; or continue `resume`.
 
@@ -156,10 +162,13 @@ def train(
     stop_after_step: stop (as if killed) once this many steps are done, without the final
         evaluation, checkpoint or model; for tests of resuming.
     on_step: called with (step, loss) after every optimizer step.
+    device: "cpu" or "cuda" (None: accelerate's choice, a GPU where there is one). dtype: "bfloat16"
+    or "float16" trains under autocast (the config's mixed_precision "bf16"/"fp16"; parameters and
+    optimizer state stay float32), "float32" without; config.json and the compute record say which.
     """
     from latentcode.training.plan import plan_train
 
-    plan = plan_train(config, out, resume=resume)
+    plan = plan_train(config, out, resume=resume, device=device, dtype=dtype)
     return run_training(plan, progress=progress, stop_after_step=stop_after_step, on_step=on_step)
 
 
@@ -179,21 +188,13 @@ def run_training(plan, *, progress: bool = True, stop_after_step: int | None = N
     holds_lock = os.environ.get("RANK", "0") == "0"
     with RunDirectory(target).lock(new=plan.resume is None) if holds_lock else contextlib.nullcontext():
         return _train(config, out, resume=plan.resume, progress=progress, stop_after_step=stop_after_step,
-                      on_step=on_step)
+                      on_step=on_step, device=plan.device)
 
 
-def _train(config, out, *, resume, progress, stop_after_step, on_step) -> Run:
-    if resume is not None:
-        directory = RunDirectory(resume)
-        config = read_train_config(directory)
-        if directory.is_finished:  # checked by the plan too; here again under the run's lock
-            raise RunDirectoryError(f"{resume} has already finished; nothing to resume")
-        _check_config_unchanged(directory)
-    else:
-        directory = RunDirectory(out)
-
+def _train(config, out, *, resume, progress, stop_after_step, on_step, device=None) -> Run:
+    config, directory = _run_directory(config, out, resume)
     task = get_task(**config.task)
-    accelerator = _make_accelerator(config)
+    accelerator = _make_accelerator(config, device)
     if mkl_on_amd.requested():  # asked for (LATENTCODE_MKL_ON_AMD=1): before the first product, which MKL keeps
         mkl_on_amd.use_mkl_fast_paths()
     # the allocator is the caller's: `latentcode train` keeps freed memory, a library call never changes it
@@ -204,18 +205,8 @@ def _train(config, out, *, resume, progress, stop_after_step, on_step) -> Run:
     accelerator.wait_for_everyone()
     started_with = directory.read_raw_config()["train"]  # recorded in every checkpoint
 
-    model = build_model(config.model_config(), seed=config.seed)
-    optimizer = build_optimizer(model, config.learning_rate, config.weight_decay)
-    scheduler = build_scheduler(optimizer, config.warmup_steps, config.steps, config.lr_final_fraction)
-    model, optimizer = accelerator.prepare(model, optimizer)
+    model, optimizer, scheduler, loop = _model_and_optimizer(config, accelerator, directory, resume)
     forward = torch.compile(model) if config.compile else model
-
-    loop = LoopState()
-    if resume is not None:
-        loop = _load_latest_checkpoint(accelerator, directory, model, optimizer, scheduler, config.steps)
-        if accelerator.is_main_process:
-            _check_checkpoints_writable(directory)  # before hours of training, not at the next checkpoint
-            directory.truncate_metrics(loop.step)
     start_step = loop.step
     if accelerator.is_main_process:  # every session's settings, a resumed one's too
         directory.append_metrics({"event": "compute", "step": start_step, **compute})
@@ -241,31 +232,7 @@ def _train(config, out, *, resume, progress, stop_after_step, on_step) -> Run:
     try:
         for step in range(start_step, config.steps):
             torch.manual_seed(_step_seed(config.seed, step, accelerator.process_index))
-            step_loss = 0.0
-            for micro in range(config.gradient_accumulation_steps):
-                # Shards of the batch are numbered across processes and accumulation steps alike, so a
-                # run's data does not depend on how its batch is split (the 0 keeps older runs' seeds).
-                shard = accelerator.process_index * config.gradient_accumulation_steps + micro
-                batch = task.sample(micro_batch, "train", seed=(config.seed, step, 0, shard), variant=config.variant)
-                x, y = to_tensors(batch, accelerator.device)
-                with accelerator.accumulate(model):
-                    with accelerator.autocast():
-                        predictions = prediction_positions(forward(x), task.n_predictions)
-                    loss = task_loss(task.objective, predictions, y)
-                    if not torch.isfinite(loss):
-                        if accelerator.is_main_process:
-                            directory.append_metrics({"event": "diverged", "step": step + 1, "loss": loss.item()})
-                        raise TrainingDiverged(
-                            f"the loss became {loss.item()} at step {step + 1} of {config.steps}; the run stopped "
-                            f"and its last good checkpoint is kept in {directory.checkpoints_path} "
-                            "(lower the learning rate or set grad_clip_norm, then start a new run)"
-                        )
-                    accelerator.backward(loss)
-                    if accelerator.sync_gradients and config.grad_clip_norm is not None:
-                        accelerator.clip_grad_norm_(model.parameters(), config.grad_clip_norm)
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                step_loss += loss.item() / config.gradient_accumulation_steps
+            step_loss = _step(config, task, accelerator, model, forward, optimizer, directory, step, micro_batch)
             scheduler.step()
             done = step + 1
             interval_instances += config.batch_size
@@ -274,15 +241,8 @@ def _train(config, out, *, resume, progress, stop_after_step, on_step) -> Run:
                 on_step(done, step_loss)
 
             if done % config.log_every == 0 or done == config.steps:
-                seconds = time.perf_counter() - interval_start
-                rate = interval_instances / seconds if seconds > 0 else float("nan")
-                mean_loss = float(np.mean(interval_losses))
-                lr = optimizer.param_groups[0]["lr"]
-                if accelerator.is_main_process:
-                    directory.append_metrics({"event": "train", "step": done, "loss": mean_loss, "lr": lr,
-                                              "instances_per_second": rate,
-                                              "elapsed_seconds": time.perf_counter() - started})
-                bar.update(done, mean_loss, rate, lr)
+                _log_interval(accelerator, directory, bar, optimizer, done, interval_start, interval_instances,
+                              interval_losses, started)
                 interval_start, interval_instances, interval_losses = time.perf_counter(), 0, []
 
             if stop_after_step is not None and done >= stop_after_step:
@@ -305,20 +265,100 @@ def _train(config, out, *, resume, progress, stop_after_step, on_step) -> Run:
         bar.close()
 
     if accelerator.is_main_process:
-        # A resumed run may find the model/ its killed session saved: the same weights, replaced.
-        accelerator.unwrap_model(model).save(directory.model_path, overwrite=resume is not None)
-        directory.write_summary({
-            "steps": config.steps,
-            "instances": config.steps * config.batch_size,
-            "wall_seconds": time.perf_counter() - started,
-            "resumed_from_step": start_step,
-            "final_metrics": last_metrics,
-            "processes": n_processes,
-            "compute": compute | {"kernel_passes": {name: count - passes_before[name]
-                                                    for name, count in kernel_passes().items()}},
-        })
+        _finish(accelerator, model, directory, config, resume, started, start_step, last_metrics, compute,
+                passes_before)
     accelerator.wait_for_everyone()
     return Run(directory.path)
+
+
+def _run_directory(config, out, resume):
+    """The run's config and directory: a resumed run's own (unfinished, its config unchanged since it
+    started), else a new directory at `out`."""
+    if resume is None:
+        return config, RunDirectory(out)
+    directory = RunDirectory(resume)
+    if directory.is_finished:  # checked by the plan too; here again under the run's lock
+        raise RunDirectoryError(f"{resume} has already finished; nothing to resume")
+    _check_config_unchanged(directory)
+    return read_train_config(directory), directory
+
+
+def _model_and_optimizer(config, accelerator, directory: RunDirectory, resume):
+    """The model, optimizer and schedule, prepared by `accelerator`, and the loop's state: a fresh one,
+    or a resumed run's latest checkpoint (its metrics cut back to that step)."""
+    model = build_model(config.model_config(), seed=config.seed)
+    optimizer = build_optimizer(model, config.learning_rate, config.weight_decay)
+    scheduler = build_scheduler(optimizer, config.warmup_steps, config.steps, config.lr_final_fraction)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    loop = LoopState()
+    if resume is not None:
+        loop = _load_latest_checkpoint(accelerator, directory, model, optimizer, scheduler, config.steps)
+        if accelerator.is_main_process:
+            _check_checkpoints_writable(directory)  # before hours of training, not at the next checkpoint
+            directory.truncate_metrics(loop.step)
+    return model, optimizer, scheduler, loop
+
+
+def _log_interval(accelerator, directory: RunDirectory, bar, optimizer, done: int, interval_start: float,
+                  interval_instances: int, interval_losses: list[float], started: float) -> None:
+    """The interval's mean loss, learning rate and instances per second: in metrics.jsonl and on the bar."""
+    seconds = time.perf_counter() - interval_start
+    rate = interval_instances / seconds if seconds > 0 else float("nan")
+    mean_loss = float(np.mean(interval_losses))
+    lr = optimizer.param_groups[0]["lr"]
+    if accelerator.is_main_process:
+        directory.append_metrics({"event": "train", "step": done, "loss": mean_loss, "lr": lr,
+                                  "instances_per_second": rate, "elapsed_seconds": time.perf_counter() - started})
+    bar.update(done, mean_loss, rate, lr)
+
+
+def _step(config, task, accelerator, model, forward, optimizer, directory: RunDirectory, step: int,
+          micro_batch: int) -> float:
+    """One optimisation step of `config.batch_size` instances (this process's shards of it, in
+    `gradient_accumulation_steps` micro-batches); its mean loss. A loss that is not finite stops the run."""
+    step_loss = 0.0
+    for micro in range(config.gradient_accumulation_steps):
+        # Shards of the batch are numbered across processes and accumulation steps alike, so a
+        # run's data does not depend on how its batch is split (the 0 keeps older runs' seeds).
+        shard = accelerator.process_index * config.gradient_accumulation_steps + micro
+        batch = task.sample(micro_batch, "train", seed=(config.seed, step, 0, shard), variant=config.variant)
+        x, y = to_tensors(batch, accelerator.device)
+        with accelerator.accumulate(model):
+            with accelerator.autocast():
+                predictions = prediction_positions(forward(x), task.n_predictions)
+            loss = task_loss(task.objective, predictions, y)
+            if not torch.isfinite(loss):
+                if accelerator.is_main_process:
+                    directory.append_metrics({"event": "diverged", "step": step + 1, "loss": loss.item()})
+                raise TrainingDiverged(
+                    f"the loss became {loss.item()} at step {step + 1} of {config.steps}; the run stopped "
+                    f"and its last good checkpoint is kept in {directory.checkpoints_path} "
+                    "(lower the learning rate or set grad_clip_norm, then start a new run)"
+                )
+            accelerator.backward(loss)
+            if accelerator.sync_gradients and config.grad_clip_norm is not None:
+                accelerator.clip_grad_norm_(model.parameters(), config.grad_clip_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        step_loss += loss.item() / config.gradient_accumulation_steps
+    return step_loss
+
+
+def _finish(accelerator, model, directory: RunDirectory, config, resume, started: float, start_step: int,
+            last_metrics, compute: dict, passes_before: dict) -> None:
+    """The main process saves the final model and writes summary.json (the kernels' passes this session)."""
+    # A resumed run may find the model/ its killed session saved: the same weights, replaced.
+    accelerator.unwrap_model(model).save(directory.model_path, overwrite=resume is not None)
+    directory.write_summary({
+        "steps": config.steps,
+        "instances": config.steps * config.batch_size,
+        "wall_seconds": time.perf_counter() - started,
+        "resumed_from_step": start_step,
+        "final_metrics": last_metrics,
+        "processes": accelerator.num_processes,
+        "compute": compute | {"kernel_passes": {name: count - passes_before[name]
+                                                for name, count in kernel_passes().items()}},
+    })
 
 
 def _check_config_unchanged(directory: RunDirectory) -> None:

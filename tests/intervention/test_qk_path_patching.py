@@ -87,3 +87,34 @@ def test_removing_a_component_changes_a_bridges_score_by_the_prediction():
         patch = path_patch(bridge, tokens, reading, terms, "position", side, next_token_loss(bridge, tokens))
         assert patch.mismatch() / scale < TOLERANCE and float(patch.predicted.abs().max()) / scale > 1e-3
         assert float(patch.code_change["frozen"].abs().max()) > 0
+
+
+@pytest.mark.parametrize("kind", ["hyla", "llama"])
+def test_removing_a_vector_field_changes_the_score_by_its_prediction(kind):
+    """The equal-norm control of the findings: a random vector field removed from one side. The model's own
+    score moves by the frozen-scale prediction from the head's maps, and removing a component's own
+    vectors gives what removing it by name gives."""
+    if kind == "llama":
+        model, n = tiny_llama(attention_bias=True), 10
+        tokens = torch.randint(0, 300, (1, n), generator=torch.Generator().manual_seed(7))
+    else:
+        n = 8
+        config = ModelConfig(n_layers=3, d_model=24, n_heads=3, kqv_dim=12, d_mlp=32, attention="hyla",
+                             positions="relative", n_ctx=n, causal=False, d_vocab=11, attn_dropout=0.0)
+        model = randomised(build_model(config, seed=0))
+        tokens = torch.randint(0, 11, (1, n), generator=torch.Generator().manual_seed(7))
+    reading, _ = read_head(model, tokens, 2, 1)
+    terms = decompose(reading, all_pairs(n))
+    scale = float(terms.scores.abs().max())
+    vectors = torch.randn(reading.residual.shape, generator=torch.Generator().manual_seed(8))
+    for side in ["query", "key"]:
+        patch = path_patch(model, tokens, reading, terms, "random", side, removed=vectors)
+        assert patch.mismatch() / scale < TOLERANCE
+        assert float(patch.predicted.abs().max()) / scale > 1e-3
+        by_name = path_patch(model, tokens, reading, terms, "L1.H0", side)
+        as_vectors = path_patch(model, tokens, reading, terms, "L1.H0", side, removed=reading.component("L1.H0"))
+        assert torch.allclose(as_vectors.predicted, by_name.predicted, atol=TOLERANCE * scale)
+        assert torch.allclose(as_vectors.score_change["recomputed"], by_name.score_change["recomputed"],
+                              atol=TOLERANCE * scale)
+    with pytest.raises(CannotDecompose, match="shape"):
+        path_patch(model, tokens, reading, terms, "random", "key", removed=vectors[:-1])

@@ -1,14 +1,14 @@
 """The fused C kernels of the hyper value networks (`latentcode.models.fused_hyper`) equal the value
 network's own forward and its autograd gradients, tile by tile and through the attention layer's
 blockwise path (causal blocks whose lengths are not a multiple of the block or of the kernel's key
-tile included); without a compiler the layer falls back to the batched-product kernels."""
+tile included); without the kernels the layer falls back to the batched-product kernels; the operators
+pass opcheck and the einsum formula gradcheck in float64."""
 
 import pytest
 import torch
 
 from latentcode.models import fused_hyper
 from latentcode.models.attention import attention_path
-from latentcode.models.c_kernels import CompiledLibrary
 from latentcode.models.value_network import HyperLinearValueNetwork, HyperReluValueNetwork
 from tests.models.test_attention_paths import (
     assert_all_close,
@@ -29,9 +29,8 @@ def blockwise(layer, x, query_block):
 
 
 @pytest.fixture
-def compiled():
-    if fused_hyper.library() is None:
-        pytest.skip(f"the fused kernels could not be built here: {fused_hyper.build_failure()}")
+def compiled(kernels):
+    """The extension loaded (tests/models/conftest.py), else the test skips."""
 
 
 @pytest.mark.parametrize("network_class", NETWORKS, ids=lambda cls: cls.config_name)
@@ -95,30 +94,34 @@ def test_blockwise_path_equals_the_formulas_whether_or_not_the_kernels_are_fused
     assert_all_close(fused, batched_products)
 
 
-def test_without_a_compiler_the_layer_uses_the_batched_product_kernels(tmp_path, monkeypatch):
-    monkeypatch.setattr(fused_hyper, "KERNELS", CompiledLibrary("fused_hyper", fused_hyper.SOURCE,
-                                                             fused_hyper.COMPILE_FLAGS, fused_hyper._declare))
-    monkeypatch.setenv("LATENTCODE_CACHE", str(tmp_path))
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+def test_under_the_formula_switch_the_layer_uses_the_batched_product_kernels(compiled, monkeypatch):
+    monkeypatch.setenv("LATENTCODE_KERNELS", "formula")
     assert fused_hyper.library() is None
-    assert "no-such-compiler" in fused_hyper.build_failure()
+    assert fused_hyper.build_failure() == "LATENTCODE_KERNELS=formula"
     layer = make_layer("hyla", v_dim=16, n_ctx=24)
     assert not layer.value_network.fuses(torch.zeros(1, 1, 2, 8))
     x = torch.randn(2, 23, 8)
     assert_all_close(blockwise(layer, x, 5), expected_by_formulas(layer, x))
-    assert not list((tmp_path / "kernels").glob("*.so")), "nothing half-built is left to load"
 
 
-def test_the_kernels_are_built_once_into_the_cache(tmp_path, monkeypatch):
-    if fused_hyper.library() is None:
-        pytest.skip(f"the fused kernels could not be built here: {fused_hyper.build_failure()}")
-    monkeypatch.setattr(fused_hyper, "KERNELS", CompiledLibrary("fused_hyper", fused_hyper.SOURCE,
-                                                             fused_hyper.COMPILE_FLAGS, fused_hyper._declare))
-    monkeypatch.setenv("LATENTCODE_CACHE", str(tmp_path))
-    assert fused_hyper.library() is not None
-    built = sorted(path.name for path in (tmp_path / "kernels").iterdir())
-    assert len(built) == 2 and built[0].endswith(".so") and built[1] == built[0] + ".sha256", \
-        f"only the library and its digest, no temporaries: {built}"
-    fused_hyper.KERNELS.forget()
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))  # a rebuild would fail
-    assert fused_hyper.library() is not None, "the second load reads the cached library"
+@pytest.mark.parametrize("relu", [True, False], ids=["hyper_relu", "hyper_linear"])
+def test_the_operators_pass_opcheck_and_the_formula_gradcheck(compiled, relu):
+    """`latentcode::hyper_values` and its backward (fake implementations, autograd formula) pass opcheck,
+    values a strided slice of a longer sequence; the einsum formula (what every other dtype and device
+    takes) passes gradcheck in float64, and the float32 operator's values and gradients equal it."""
+    generator = torch.Generator().manual_seed(4)
+    codes = torch.randn(2, 3, 5, 11, generator=generator)
+    values = torch.randn(2, 14, 3, 8, generator=generator)[:, :11]
+    grad_z = torch.randn(2, 5, 3, 8, generator=generator)
+    torch.library.opcheck(torch.ops.latentcode.hyper_values.default, (codes, values, relu, 4))
+    torch.library.opcheck(torch.ops.latentcode.hyper_values.default,
+                          (codes.clone().requires_grad_(), values.clone().requires_grad_(), relu, 4))
+    torch.library.opcheck(torch.ops.latentcode.hyper_values_backward.default, (codes, values, grad_z, relu, 4))
+    network = (HyperReluValueNetwork if relu else HyperLinearValueNetwork)(3, 8)
+    in_float64 = [codes[:, :, :2, :4].double().requires_grad_(), values[:, :4].double().requires_grad_()]
+    assert torch.autograd.gradcheck(network, in_float64)
+    leaves = [codes.clone().requires_grad_(), values.clone().requires_grad_()]
+    got = torch.ops.latentcode.hyper_values(*leaves, relu, 4)
+    expected = network(*leaves)
+    assert_all_close([got, *torch.autograd.grad(got, leaves, grad_z)],
+                     [expected, *torch.autograd.grad(expected, leaves, grad_z)])

@@ -1,53 +1,61 @@
 """The kernel cache is trusted before anything in it is loaded (issues 45 and 46): a library planted under
-a kernel's cache name, a symbolic link to one, a cache directory others can write or another user owns,
-are refused in one warning line before `dlopen` (a planted library's constructor would write a marker
-file: it is never written) and the torch formula runs instead."""
+the extension's name in its build directory (without a digest, or with the digest of the library built
+here), a symbolic link to one, a build directory that is a link, a cache or build directory others can
+write or another user owns, are refused in one warning line before `dlopen` (a planted library's
+constructor would write a marker file: it is never written) and the torch formula runs instead; a build
+that fails (no compiler) and `LATENTCODE_KERNELS=formula` take the formula too."""
 
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from torch.nn import functional as F
 
 from latentcode.models import fused_gelu, kernel_cache
-from latentcode.models.c_kernels import CompiledLibrary
+from latentcode.models.kernel_ops import EXTENSION, NAME, build_name
 
 COMPILER = shutil.which("cc") or shutil.which("gcc")
 pytestmark = pytest.mark.skipif(COMPILER is None or not sys.platform.startswith("linux"),
                                 reason="needs a C compiler and Linux")
+LIBRARY = f"{NAME}.so"
 
 
 @pytest.fixture
-def fresh(tmp_path, monkeypatch):
-    """fused_gelu's library as a fresh object whose cache is tmp_path/cache/kernels; warnings said anew."""
+def fresh(tmp_path, monkeypatch, kernels):
+    """The extension looked at anew with its cache in tmp_path/cache/kernels (warnings said anew); afterwards
+    it looks at the session's cache again (whose library is loaded already)."""
     monkeypatch.setenv("LATENTCODE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(kernel_cache, "_said", set())
-    library = CompiledLibrary("fused_gelu", fused_gelu.SOURCE, fused_gelu.COMPILE_FLAGS, fused_gelu._declare,
-                              openmp=True)
-    monkeypatch.setattr(fused_gelu, "KERNELS", library)
-    return library
+    EXTENSION.forget()
+    yield tmp_path / "cache" / "kernels" / build_name()
+    EXTENSION.forget()
+
+
+def session_build():
+    """The build directory of the session's cache (tests/conftest.py), where the `kernels` fixture built."""
+    return Path(os.environ["LATENTCODE_TEST_CACHE"]) / "kernels" / build_name()
 
 
 def planted_library(tmp_path, marker):
-    """A library with gelu's symbols whose constructor writes `marker` when it is loaded."""
+    """A library whose constructor writes `marker` when it is loaded."""
     source = tmp_path / "planted.c"
     source.write_text('#include <stdio.h>\n'
                       f'__attribute__((constructor)) static void planted(void) {{ FILE *f = fopen("{marker}", "w"); '
-                      'if (f) { fputs("ran", f); fclose(f); } }\n'
-                      'void gelu_forward(void) {} void gelu_backward(void) {} void gelu_forward_parts(void) {}\n'
-                      'void gelu_backward_parts(void) {} int latentcode_uses_openmp(void) { return 0; }\n')
+                      'if (f) { fputs("ran", f); fclose(f); } }\n')
     library = tmp_path / "planted.so"
     subprocess.run([COMPILER, "-shared", "-fPIC", str(source), "-o", str(library)], check=True)
     return library
 
 
-def the_formula_runs(library):
-    """fused_gelu says no, and the training MLP's GELU is F.gelu's to the bit."""
+def the_formula_runs():
+    """The extension says no, and the training MLP's GELU is F.gelu's to the bit."""
     x = torch.randn(3, 40, generator=torch.Generator().manual_seed(0))
-    assert library.load() is None and not fused_gelu.available(x)
+    assert EXTENSION.load() is None and not fused_gelu.available(x)
     from latentcode.models.feedforward import MLP
 
     torch.manual_seed(0)
@@ -65,105 +73,133 @@ def one_warning(capfd, *parts):
     assert lines[0].endswith("the torch formula runs instead")
 
 
-def test_a_library_built_here_is_loaded_with_its_digest_recorded(fresh, tmp_path, capfd):
-    assert fresh.load() is not None and fresh.failure() is None
-    directory = tmp_path / "cache" / "kernels"
-    assert oct(directory.stat().st_mode & 0o777) == "0o700"
-    name = fresh.file_name(fresh.flag_choices[0])
-    assert (directory / (name + ".sha256")).read_text().strip() == \
-        __import__("hashlib").sha256((directory / name).read_bytes()).hexdigest()
+def test_the_library_built_here_has_its_digest_recorded_in_private_directories(kernels, capfd):
+    build = session_build()
+    for directory in (build.parent, build):
+        assert oct(directory.stat().st_mode & 0o777) == "0o700"
+    assert (build / (LIBRARY + ".sha256")).read_text().strip() == hashlib.sha256((build / LIBRARY).read_bytes()).hexdigest()
+    assert EXTENSION.load() is not None and EXTENSION.failure() is None
     assert not [line for line in capfd.readouterr().err.splitlines() if line.startswith("warning:")]
 
 
 @pytest.mark.parametrize("digest", ["none", "of the library built here"])
 def test_a_planted_library_is_refused_before_its_constructor_runs(fresh, tmp_path, capfd, digest):
     marker = tmp_path / "constructor-ran"
-    planted = planted_library(tmp_path, marker)
-    name = fresh.file_name(fresh.flag_choices[0])
-    directory = tmp_path / "cache" / "kernels"
+    fresh.mkdir(parents=True, mode=0o700)
+    fresh.parent.chmod(0o700)
+    shutil.copy(planted_library(tmp_path, marker), fresh / LIBRARY)
     if digest == "none":
-        directory.mkdir(parents=True, mode=0o700)
-        shutil.copy(planted, directory / name)
         expected = "has no digest recorded when it was built"
-    else:  # built here, then replaced: the recorded digest is the genuine one's
-        assert fresh.load() is not None
-        fresh.forget()
-        os.replace(planted, directory / name)
+    else:  # the genuine library's recorded digest beside a planted library
+        shutil.copy(session_build() / (LIBRARY + ".sha256"), fresh / (LIBRARY + ".sha256"))
         expected = "differs from the library built here"
-    the_formula_runs(fresh)
+    the_formula_runs()
     assert not marker.exists(), "the planted library was loaded: its constructor ran"
-    one_warning(capfd, str(directory / name), expected)
-    assert fresh.failure() is not None and expected in fresh.failure()
+    one_warning(capfd, str(fresh / LIBRARY), expected)
+    assert expected in EXTENSION.failure()
 
 
-def test_a_symbolic_link_under_the_cache_name_is_refused(fresh, tmp_path, capfd):
+def test_a_symbolic_link_under_the_library_name_is_refused(fresh, tmp_path, capfd):
     marker = tmp_path / "constructor-ran"
-    planted = planted_library(tmp_path, marker)
-    assert fresh.load() is not None  # a genuine build, with its digest, then the library swapped for a link
-    fresh.forget()
-    name = fresh.file_name(fresh.flag_choices[0])
-    library_path = tmp_path / "cache" / "kernels" / name
-    library_path.unlink()
-    library_path.symlink_to(planted)
-    the_formula_runs(fresh)
+    fresh.mkdir(parents=True, mode=0o700)
+    fresh.parent.chmod(0o700)
+    shutil.copy(session_build() / (LIBRARY + ".sha256"), fresh / (LIBRARY + ".sha256"))
+    (fresh / LIBRARY).symlink_to(planted_library(tmp_path, marker))
+    the_formula_runs()
     assert not marker.exists()
-    one_warning(capfd, f"{library_path} is a symbolic link")
+    one_warning(capfd, f"{fresh / LIBRARY} is a symbolic link")
 
 
-def test_a_cache_directory_that_is_a_link_is_refused(fresh, tmp_path, capfd):
+@pytest.mark.parametrize("which", ["cache", "build directory"])
+def test_a_directory_that_is_a_link_is_refused(fresh, tmp_path, capfd, which):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o700)
-    (tmp_path / "cache").mkdir()
-    (tmp_path / "cache" / "kernels").symlink_to(elsewhere)
-    the_formula_runs(fresh)
+    link = fresh.parent if which == "cache" else fresh
+    link.parent.mkdir(parents=True, mode=0o700)
+    link.symlink_to(elsewhere)
+    the_formula_runs()
     assert not list(elsewhere.iterdir()), "nothing was built through the link"
-    one_warning(capfd, "is a symbolic link")
+    one_warning(capfd, f"{link} is a symbolic link")
 
 
-def test_a_cache_directory_others_can_write_is_refused(fresh, tmp_path, capfd):
+@pytest.mark.parametrize("which", ["cache", "build directory"])
+def test_a_directory_others_can_write_is_refused(fresh, tmp_path, capfd, which):
     marker = tmp_path / "constructor-ran"
-    directory = tmp_path / "cache" / "kernels"
-    directory.mkdir(parents=True)
-    directory.chmod(0o777)  # a shared team directory
-    shutil.copy(planted_library(tmp_path, marker), directory / fresh.file_name(fresh.flag_choices[0]))
-    the_formula_runs(fresh)
+    fresh.mkdir(parents=True, mode=0o700)
+    fresh.parent.chmod(0o700)
+    shutil.copy(planted_library(tmp_path, marker), fresh / LIBRARY)
+    shared = fresh.parent if which == "cache" else fresh
+    shared.chmod(0o777)  # a shared team directory
+    the_formula_runs()
     assert not marker.exists()
-    one_warning(capfd, f"the kernel cache {directory} is writable by others (mode 0777)")
-    the_formula_runs(fresh)  # asked again: the same answer, said once
+    one_warning(capfd, f"the kernel cache {shared} is writable by others (mode 0777)")
+    the_formula_runs()  # asked again: the same answer, said once
     assert not [line for line in capfd.readouterr().err.splitlines() if line.startswith("warning:")]
 
 
+def test_a_cache_directory_another_user_owns_is_refused(fresh, tmp_path, capfd, monkeypatch):
+    """Another owner, faked: the process's effective uid made one that owns nothing here (as root, the real
+    chown is tested below)."""
+    marker = tmp_path / "constructor-ran"
+    fresh.mkdir(parents=True, mode=0o700)
+    shutil.copy(planted_library(tmp_path, marker), fresh / LIBRARY)
+    real = os.geteuid()
+    monkeypatch.setattr(kernel_cache.os, "geteuid", lambda: real + 4242)
+    the_formula_runs()
+    assert not marker.exists()
+    one_warning(capfd, f"the kernel cache {fresh.parent} is owned by", f"not by you (uid {real + 4242})")
+
+
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown to another user needs root")
-def test_a_cache_directory_another_user_owns_is_refused(fresh, tmp_path, capfd):
+@pytest.mark.parametrize("which", ["build directory", "library"])
+def test_a_build_directory_or_library_another_user_owns_is_refused(fresh, tmp_path, capfd, which):
     import pwd
 
     nobody = pwd.getpwnam("nobody")
-    marker = tmp_path / "constructor-ran"
-    directory = tmp_path / "cache" / "kernels"
-    directory.mkdir(parents=True, mode=0o755)
-    shutil.copy(planted_library(tmp_path, marker), directory / fresh.file_name(fresh.flag_choices[0]))
-    os.chown(directory, nobody.pw_uid, nobody.pw_gid)
-    the_formula_runs(fresh)
-    assert not marker.exists()
-    one_warning(capfd, f"the kernel cache {directory} is owned by nobody (uid {nobody.pw_uid}), not by you")
+    fresh.mkdir(parents=True, mode=0o700)
+    fresh.parent.chmod(0o700)
+    shutil.copytree(session_build(), fresh, dirs_exist_ok=True)  # the genuine library and its digest
+    owned = fresh if which == "build directory" else fresh / LIBRARY
+    os.chown(owned, nobody.pw_uid, nobody.pw_gid)
+    the_formula_runs()
+    one_warning(capfd, f"{owned} is owned by nobody (uid {nobody.pw_uid})")
 
 
-@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown to another user needs root")
-def test_a_library_another_user_owns_is_refused(fresh, tmp_path, capfd):
-    import pwd
-
-    assert fresh.load() is not None
-    fresh.forget()
-    library_path = tmp_path / "cache" / "kernels" / fresh.file_name(fresh.flag_choices[0])
-    os.chown(library_path, pwd.getpwnam("nobody").pw_uid, -1)
-    the_formula_runs(fresh)
-    one_warning(capfd, f"{library_path} is owned by nobody")
+def test_a_copy_of_the_genuine_build_is_loaded(fresh, capfd):
+    """The checks refuse what they should only: the library built here, copied with its digest into another
+    cache of the user's own, passes them (its operators are the ones loaded already)."""
+    fresh.parent.mkdir(parents=True, mode=0o700)
+    shutil.copytree(session_build(), fresh)
+    assert EXTENSION.load() is not None and EXTENSION.failure() is None
+    assert not [line for line in capfd.readouterr().err.splitlines() if line.startswith("warning:")]
 
 
 def test_the_formula_switch_builds_and_loads_nothing(fresh, tmp_path, monkeypatch):
     monkeypatch.setenv("LATENTCODE_KERNELS", "formula")
-    the_formula_runs(fresh)
-    assert fresh.failure() == "LATENTCODE_KERNELS=formula"
+    the_formula_runs()
+    assert EXTENSION.failure() == "LATENTCODE_KERNELS=formula"
     assert not (tmp_path / "cache").exists()
-    monkeypatch.delenv("LATENTCODE_KERNELS")
-    assert fresh.load() is not None
+
+
+def test_without_a_compiler_the_build_fails_and_training_takes_the_formula(tmp_path):
+    """In a fresh process (one that has the operators loaded never builds a second copy), its C++ compiler
+    missing: no library is left to load, the failure is said, the MLP and attention take their formulas."""
+    script = (
+        "import torch\n"
+        "from latentcode.models import fused_gelu, fused_short\n"
+        "from latentcode.models.feedforward import MLP\n"
+        "x = torch.randn(3, 8)\n"
+        "print('loaded', fused_gelu.KERNELS.load() is not None, fused_gelu.available(x))\n"
+        "print('failure', fused_gelu.KERNELS.failure())\n"
+        "print('why', fused_short.why_not(x, 8))\n"
+        "MLP(8, 4).train()(x)\n"
+    )
+    environment = {**os.environ, "LATENTCODE_CACHE": str(tmp_path / "cache"), "CXX": str(tmp_path / "no-such-compiler")}
+    result = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "loaded False False"
+    assert lines[1].startswith("failure the kernels could not be built") and len(lines[1]) < 500, lines[1]
+    assert lines[2].startswith("why its kernels are not loaded: the kernels could not be built")
+    assert not list((tmp_path / "cache").rglob("*.so")), "nothing half-built is left to load"

@@ -154,34 +154,8 @@ def plot_similarity(
                     f"{title}: the codes are the same for every example, so every mean code is too; "
                     "nothing to compare", 32)), ha="center", va="center", transform=axis.transAxes)
                 continue
-            if panel.explained_variance is not None:
-                share = panel.explained_variance
-                title += f" ({label} explains {share:.1%} of code variance)" if share < 0.1 else \
-                    f" ({label} explains {share:.0%} of code variance)"
-                if _is_weak(panel):
-                    title = "weak: " + title
-            # Wrapped to the square, not the panel: a title wider than its axes runs into the next panel
-            # or the colour bar (the panel's side also holds the tick names, about 0.07 inch a character).
-            square = side - 0.07 * longest - 0.75
-            axis.set_title("\n".join(textwrap.wrap(title, max(16, int(square * 72 / 5.5)))), fontsize="medium")
-            image = axis.imshow(panel.matrix, cmap=colours, norm=norm)
-            if _is_weak(panel):  # a dashed grey frame: the differences drawn are a sliver of the variance
-                for spine in axis.spines.values():
-                    spine.set(linestyle=(0, (4, 3)), edgecolor="0.45", linewidth=1.6)
-            ticks = [display_value(value, names) for value in panel.values]
-            positions = np.arange(len(ticks))
-            axis.set_xticks(positions, ticks, rotation=90, fontsize="small" if len(ticks) <= 30 else "x-small")
-            axis.set_yticks(positions, ticks, fontsize="small" if len(ticks) <= 30 else "x-small")
-            axis.set_xlabel(label)
-            axis.set_ylabel(label)
-            if annotate:
-                font = max(4.0, min(9.0, 80.0 / len(ticks)))
-                for (row_index, column), value in np.ndenumerate(panel.matrix):
-                    shade = norm(value)
-                    # Light text on the dark ends of the map, dark text in between.
-                    dark = shade < 0.6 if colours.name == "viridis" else abs(shade - 0.5) > 0.3
-                    axis.text(column, row_index, f"{value:.2f}", ha="center", va="center", fontsize=font,
-                              color="white" if dark else "black")
+            image = _draw_panel(axis, panel, title, label, names, square=side - 0.07 * longest - 0.75,
+                                colours=colours, norm=norm, annotate=annotate)
         for axis in row_axes[len(row):]:
             axis.set_visible(False)
     if image is not None:
@@ -204,3 +178,34 @@ def plot_similarity(
     return save_figure(figure, path_stem, formats, dpi)
 
 
+def _draw_panel(axis, panel, title: str, label: str, names, *, square: float, colours, norm, annotate: bool):
+    """One layer's heatmap of `panel` on `axis` (title wrapped to the `square`'s inches, weak panels
+    framed dashed, values written in the cells where `annotate`); its image, for the colour bar."""
+    if panel.explained_variance is not None:
+        share = panel.explained_variance
+        title += f" ({label} explains {share:.1%} of code variance)" if share < 0.1 else \
+            f" ({label} explains {share:.0%} of code variance)"
+        if _is_weak(panel):
+            title = "weak: " + title
+    # Wrapped to the square, not the panel: a title wider than its axes runs into the next panel
+    # or the colour bar (the panel's side also holds the tick names, about 0.07 inch a character).
+    axis.set_title("\n".join(textwrap.wrap(title, max(16, int(square * 72 / 5.5)))), fontsize="medium")
+    image = axis.imshow(panel.matrix, cmap=colours, norm=norm)
+    if _is_weak(panel):  # a dashed grey frame: the differences drawn are a sliver of the variance
+        for spine in axis.spines.values():
+            spine.set(linestyle=(0, (4, 3)), edgecolor="0.45", linewidth=1.6)
+    ticks = [display_value(value, names) for value in panel.values]
+    positions = np.arange(len(ticks))
+    axis.set_xticks(positions, ticks, rotation=90, fontsize="small" if len(ticks) <= 30 else "x-small")
+    axis.set_yticks(positions, ticks, fontsize="small" if len(ticks) <= 30 else "x-small")
+    axis.set_xlabel(label)
+    axis.set_ylabel(label)
+    if annotate:
+        font = max(4.0, min(9.0, 80.0 / len(ticks)))
+        for (row_index, column), value in np.ndenumerate(panel.matrix):
+            shade = norm(value)
+            # Light text on the dark ends of the map, dark text in between.
+            dark = shade < 0.6 if colours.name == "viridis" else abs(shade - 0.5) > 0.3
+            axis.text(column, row_index, f"{value:.2f}", ha="center", va="center", fontsize=font,
+                      color="white" if dark else "black")
+    return image

@@ -85,18 +85,7 @@ def plot_probe_scores(
     the title about the models that the codes file cannot say, e.g. "models trained on the
     permuted variant" where their codes were read on another.
     """
-    if not isinstance(table, pd.DataFrame):
-        path = Path(table)
-        table = pd.read_json(path) if path.suffix == ".json" else pd.read_csv(path)
-    if metric is None:
-        present = [name for name in HEADLINE_METRICS if (table["metric"] == name).any()]
-        if not present:
-            raise AnalysisError(f"the table has no metric of {HEADLINE_METRICS}; pass metric= one of "
-                             f"{sorted(table['metric'].unique())}")
-        metric = present[0]
-    rows = table[table["metric"] == metric]
-    if rows.empty:
-        raise AnalysisError(f"the table has no rows with metric {metric!r}; it has {sorted(table['metric'].unique())}")
+    rows, metric = _metric_rows(table, metric)
     keys = ["model", "file", "site", "label"]
     groups = list(rows.groupby(keys, sort=False))
     models_per_name = rows.groupby("model")["file"].nunique()
@@ -110,63 +99,23 @@ def plot_probe_scores(
     drawn: set[str] = set()
     baselines: set[str] = set()
     for (model, file, site, label), group in groups:
-        group = group.sort_values("layer")
         name = model if models_per_name[model] == 1 else f"{model} ({Path(file).stem})"
         if rows["site"].nunique() > 1:
             name += f", {site}"
         if rows["label"].nunique() > 1:
             name += f", {label}"
-        line, = axis.plot(group["layer"], group["value"], marker="o", label=name, zorder=3)
-        gap = group["value"].astype(float) - group["strongest_baseline_value"].astype(float)
-        trivial = gap < NEAR_TRIVIAL_GAP
-        if trivial.any():  # hollow: the score is (nearly) its baseline's
-            axis.plot(group["layer"][trivial], group["value"][trivial], linestyle="", marker="o", markersize=9,
-                      markerfacecolor="white", markeredgecolor=line.get_color(), zorder=4)
-            drawn.add("trivial")
-        if gap_axis is not None:  # the marker says which baseline is the strongest at that layer
-            gap_axis.plot(group["layer"], gap, color=line.get_color(), zorder=3)
-            for baseline, at in group.groupby(group["strongest_baseline"].astype(str), sort=False):
-                gap_axis.plot(at["layer"], gap[at.index], linestyle="", color=line.get_color(), zorder=4,
-                              marker=BASELINE_MARKERS.get(baseline, "D"))
-                baselines.add(baseline)
-        shuffled = group["shuffled_labels"].astype(float)
-        if shuffled.notna().any():
-            axis.plot(group["layer"], shuffled, linestyle="--", color=line.get_color(), alpha=0.8)
-            drawn.add("shuffled")
-        # The strongest baseline where it is another one than the control and chance, drawn already.
-        other = group["strongest_baseline_value"].astype(float).where(
-            ~group["strongest_baseline"].isin(["shuffled_labels", "majority", ""]))
-        if other.notna().any():
-            axis.plot(group["layer"], other, linestyle=":", color=line.get_color(), alpha=0.8)
-            drawn.add("other")
+        _draw_model(axis, gap_axis, group.sort_values("layer"), name, drawn, baselines)
     chance = sorted({round(float(value), 3) for value in rows["majority"].dropna()}) if "majority" in rows else []
     for level in chance:
         axis.axhline(level, color="0.45", linewidth=1.2, zorder=1)
-    style_handles = [
-        *([Line2D([], [], color="grey", linestyle="--", label="shuffled-label control")] if "shuffled" in drawn else []),
-        *([Line2D([], [], color="grey", linestyle=":", label="strongest other baseline")] if "other" in drawn else []),
-        *([Line2D([], [], color="0.45", linewidth=1.2,
-                  label="chance (the fit split's mean)" if "r2" in metric else "chance (majority)")] if chance else []),
-        *([Line2D([], [], color="grey", linestyle="", marker="o", markersize=9, markerfacecolor="white",
-                  label=f"near-trivial: < {NEAR_TRIVIAL_GAP} above its strongest baseline")]
-          if "trivial" in drawn else []),
-    ]
+    style_handles = _style_handles(drawn, bool(chance), metric)
     axis.legend(handles=[*axis.get_legend_handles_labels()[0], *style_handles], fontsize="small")
     layers = sorted(rows["layer"].unique())
     axis.set_xticks(layers)
     (gap_axis or axis).set_xlabel("layer")
     axis.set_ylabel(metric)
     if gap_axis is not None:
-        # Zoomed to the gaps (0, the baseline itself, drawn only where in range): they are what differs.
-        margin = max(0.01, 0.15 * float(gaps.max() - gaps.min()))
-        gap_axis.set_ylim(float(gaps.min()) - margin, float(gaps.max()) + margin)
-        if gaps.min() - margin <= 0:
-            gap_axis.axhline(0, color="0.45", linewidth=1.2, zorder=1)
-        gap_axis.set_ylabel(f"{metric} −\nstrongest baseline", fontsize="small")
-        gap_axis.grid(alpha=0.3)
-        gap_axis.legend(handles=[Line2D([], [], color="grey", linestyle="", marker=BASELINE_MARKERS.get(name, "D"),
-                                        label=f"gap to {name.replace('_', ' ')}") for name in sorted(baselines)],
-                        fontsize="x-small", title="strongest baseline", title_fontsize="x-small")
+        _style_gap_axis(gap_axis, gaps, metric, baselines)
     if "r2" not in metric:  # every decoding metric lies in [0, 1]
         axis.set_ylim(0, 1.02)
     axis.grid(alpha=0.3)
@@ -186,3 +135,75 @@ def plot_probe_scores(
     if caption:
         figure.supxlabel(wrap_lines([caption], figsize[0], fontsize_points=8), fontsize="x-small", color="0.3")
     return save_figure(figure, path_stem, formats, dpi)
+
+
+def _metric_rows(table: pd.DataFrame | str | Path, metric: str | None) -> tuple[pd.DataFrame, str]:
+    """The rows of `metric` (default: the first headline metric the table has) and the metric."""
+    if not isinstance(table, pd.DataFrame):
+        path = Path(table)
+        table = pd.read_json(path) if path.suffix == ".json" else pd.read_csv(path)
+    if metric is None:
+        present = [name for name in HEADLINE_METRICS if (table["metric"] == name).any()]
+        if not present:
+            raise AnalysisError(f"the table has no metric of {HEADLINE_METRICS}; pass metric= one of "
+                                f"{sorted(table['metric'].unique())}")
+        metric = present[0]
+    rows = table[table["metric"] == metric]
+    if rows.empty:
+        raise AnalysisError(f"the table has no rows with metric {metric!r}; it has {sorted(table['metric'].unique())}")
+    return rows, metric
+
+
+def _draw_model(axis, gap_axis, group: pd.DataFrame, name: str, drawn: set[str], baselines: set[str]) -> None:
+    """One (model, site, label)'s scores by layer: the line, hollow near-trivial markers, its gaps to
+    the strongest baseline (lower panel), its shuffled-label control and other strongest baseline."""
+    line, = axis.plot(group["layer"], group["value"], marker="o", label=name, zorder=3)
+    gap = group["value"].astype(float) - group["strongest_baseline_value"].astype(float)
+    trivial = gap < NEAR_TRIVIAL_GAP
+    if trivial.any():  # hollow: the score is (nearly) its baseline's
+        axis.plot(group["layer"][trivial], group["value"][trivial], linestyle="", marker="o", markersize=9,
+                  markerfacecolor="white", markeredgecolor=line.get_color(), zorder=4)
+        drawn.add("trivial")
+    if gap_axis is not None:  # the marker says which baseline is the strongest at that layer
+        gap_axis.plot(group["layer"], gap, color=line.get_color(), zorder=3)
+        for baseline, at in group.groupby(group["strongest_baseline"].astype(str), sort=False):
+            gap_axis.plot(at["layer"], gap[at.index], linestyle="", color=line.get_color(), zorder=4,
+                          marker=BASELINE_MARKERS.get(baseline, "D"))
+            baselines.add(baseline)
+    shuffled = group["shuffled_labels"].astype(float)
+    if shuffled.notna().any():
+        axis.plot(group["layer"], shuffled, linestyle="--", color=line.get_color(), alpha=0.8)
+        drawn.add("shuffled")
+    # The strongest baseline where it is another one than the control and chance, drawn already.
+    other = group["strongest_baseline_value"].astype(float).where(
+        ~group["strongest_baseline"].isin(["shuffled_labels", "majority", ""]))
+    if other.notna().any():
+        axis.plot(group["layer"], other, linestyle=":", color=line.get_color(), alpha=0.8)
+        drawn.add("other")
+
+
+def _style_handles(drawn: set[str], chance: bool, metric: str) -> list[Line2D]:
+    """Legend entries for the line styles drawn: control, other baseline, chance, near-trivial."""
+    return [
+        *([Line2D([], [], color="grey", linestyle="--", label="shuffled-label control")] if "shuffled" in drawn else []),
+        *([Line2D([], [], color="grey", linestyle=":", label="strongest other baseline")] if "other" in drawn else []),
+        *([Line2D([], [], color="0.45", linewidth=1.2,
+                  label="chance (the fit split's mean)" if "r2" in metric else "chance (majority)")] if chance else []),
+        *([Line2D([], [], color="grey", linestyle="", marker="o", markersize=9, markerfacecolor="white",
+                  label=f"near-trivial: < {NEAR_TRIVIAL_GAP} above its strongest baseline")]
+          if "trivial" in drawn else []),
+    ]
+
+
+def _style_gap_axis(gap_axis, gaps: pd.Series, metric: str, baselines: set[str]) -> None:
+    """The lower panel zoomed to the gaps (0, the baseline itself, drawn only where in range): they are
+    what differs."""
+    margin = max(0.01, 0.15 * float(gaps.max() - gaps.min()))
+    gap_axis.set_ylim(float(gaps.min()) - margin, float(gaps.max()) + margin)
+    if gaps.min() - margin <= 0:
+        gap_axis.axhline(0, color="0.45", linewidth=1.2, zorder=1)
+    gap_axis.set_ylabel(f"{metric} −\nstrongest baseline", fontsize="small")
+    gap_axis.grid(alpha=0.3)
+    gap_axis.legend(handles=[Line2D([], [], color="grey", linestyle="", marker=BASELINE_MARKERS.get(name, "D"),
+                                    label=f"gap to {name.replace('_', ' ')}") for name in sorted(baselines)],
+                    fontsize="x-small", title="strongest baseline", title_fontsize="x-small")

@@ -21,6 +21,7 @@ from latentcode.intervention.patching.inputs import (
     check_eval,
     check_same_shapes,
     per_example,
+    to_numpy,
 )
 from latentcode.intervention.patching.layer_codes import LayerCodes, record_codes
 from latentcode.intervention.patching.site_groups import SiteGroup
@@ -29,12 +30,7 @@ from latentcode.sources.detect import detect_source
 from latentcode.sources.site_pairs import SitePairs
 from latentcode.sources.sites import Selector, SiteError, parse_selector
 from latentcode.sources.source import AttentionSource, DifferentiableEditor
-
-
-def _numpy(tensor: Tensor) -> np.ndarray:
-    """A tensor as numpy on the CPU, half precisions (which numpy lacks) as float32, float64 kept."""
-    tensor = tensor.detach().cpu()
-    return (tensor.float() if tensor.dtype in (torch.bfloat16, torch.float16) else tensor).numpy()
+from latentcode.validation import check_placement, place
 
 
 @dataclass
@@ -54,7 +50,7 @@ class Attribution:
         no pair was measured)."""
         n_keys = n_queries if n_keys is None else n_keys
         effect = self.effects[layer] if heads is None else self.effects[layer][:, list(heads)]
-        values = _numpy(effect.sum(1).mean(0))
+        values = to_numpy(effect.sum(1).mean(0))
         grid = np.full((n_queries, n_keys), np.nan)
         queries, keys = self.positions[layer]
         grid[queries.cpu().numpy(), keys.cpu().numpy()] = values
@@ -85,7 +81,7 @@ class Attribution:
             if total is None:
                 raise SiteError(f"group {group.name} has no site among the attributed layers {sorted(self.positions)}")
             rows.append(total)
-        return _numpy(torch.stack(rows))
+        return to_numpy(torch.stack(rows))
 
     def table(self):
         """Tidy table: layer, head, query, key, effect (mean over examples), effect_se."""
@@ -95,8 +91,8 @@ class Attribution:
         for layer, effect in self.effects.items():
             queries, keys = self.positions[layer]
             batch, n_heads, n = effect.shape
-            mean = _numpy(effect.mean(0))
-            se = _numpy(effect.std(0, unbiased=True) / math.sqrt(batch)) if batch > 1 else np.full_like(mean, np.nan)
+            mean = to_numpy(effect.mean(0))
+            se = to_numpy(effect.std(0, unbiased=True) / math.sqrt(batch)) if batch > 1 else np.full_like(mean, np.nan)
             frames.append(pd.DataFrame({
                 "layer": layer, "head": np.repeat(np.arange(n_heads), n),
                 "query": np.tile(queries.cpu().numpy(), n_heads), "key": np.tile(keys.cpu().numpy(), n_heads),
@@ -113,6 +109,8 @@ def attribution_patching(
     *,
     source: AttentionSource | None = None,
     donor_codes: Mapping[int, Tensor] | None = None,
+    device: str | Any | None = None,
+    dtype: str | Any | None = None,
 ) -> Attribution:
     """First-order estimate of patching every code at `sites` (default every pair of every layer)
     from the donor into the base: gradient of `metric` (summed over examples) with respect to each
@@ -123,7 +121,11 @@ def attribution_patching(
 
     `donor_codes`: the donor's codes at the same `sites`, `{layer: [batch, head, n]}` as the first
     element `record_codes(model, donor_inputs, sites)` returns, where they are at hand already (one
-    donor batch read by several metrics): the donor pass is skipped, and `donor_inputs` may be None."""
+    donor batch read by several metrics): the donor pass is skipped, and `donor_inputs` may be None.
+
+    device, dtype: where and in what the model runs (given, it is moved and cast, as `nn.Module.to`
+    does; None: where and as it is); the inputs follow it, the effects come back on the CPU."""
+    place(model, *check_placement(device, dtype))
     check_eval(model)
     if donor_codes is None:
         if donor_inputs is None:

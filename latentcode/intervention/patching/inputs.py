@@ -28,8 +28,36 @@ def batch_size_of(inputs: Any) -> int:
     return int(tensors[0].shape[0])
 
 
+def device_of(model: nn.Module) -> torch.device:
+    """Where the model's parameters are (the CPU for a model without any)."""
+    parameter = next(model.parameters(), None)
+    return torch.device("cpu") if parameter is None else parameter.device
+
+
+def placement(model: nn.Module) -> dict[str, str]:
+    """Where and in what the model ran, for a summary: {"device": "cuda:0", "model_dtype": "bfloat16"}."""
+    parameter = next(model.parameters(), None)
+    dtype = "float32" if parameter is None else str(parameter.dtype).removeprefix("torch.")
+    return {"device": str(device_of(model)), "model_dtype": dtype}
+
+
+def to_device(inputs: Any, device: torch.device) -> Any:
+    """A tensor, or a dict's tensors, on `device` (the model's: the inputs follow the model)."""
+    if isinstance(inputs, Tensor):
+        return inputs.to(device)
+    return {key: value.to(device) if isinstance(value, Tensor) else value for key, value in inputs.items()}
+
+
 def call_model(model: nn.Module, inputs: Any) -> Any:
+    """The model's output on `inputs` (a tensor, or keyword arguments), moved to the model's device first."""
+    inputs = to_device(inputs, device_of(model))
     return model(inputs) if isinstance(inputs, Tensor) else model(**inputs)
+
+
+def to_numpy(tensor: Tensor) -> Any:
+    """A tensor as numpy on the CPU, half precisions (which numpy lacks) as float32, float64 kept."""
+    tensor = tensor.detach().cpu()
+    return (tensor.float() if tensor.dtype in (torch.bfloat16, torch.float16) else tensor).numpy()
 
 
 def repeat_batch(inputs: Any, times: int) -> Any:

@@ -154,12 +154,45 @@ def _attribution(model, base_ids: Tensor, donor_ids: Tensor, targets: Tensor, pl
     return np.concatenate(estimates, axis=1)
 
 
+def _group_row(plan: LanguagePatchPlan, model_name: str, groups, index: int, control: int | None,
+               base: dict[str, np.ndarray], patched: dict[str, np.ndarray], change: dict[str, np.ndarray],
+               reported: int) -> dict[str, Any]:
+    """The table's row of group `index`: the loss before and after, its change (mean, s.e.) beside its
+    control group's and, per head, the layer's other heads' median; the probability and accuracy changes."""
+    loss_change = change[METRICS[0]]
+    group = groups[index]
+    row = {"model": model_name, "split": plan.split, "T": plan.seq_len, "n": plan.n, **group.coordinates,
+           "group": group_name(group), "sites": group.selector.spec() if plan.grid == "heads" else "",
+           "positions": f"{plan.first_query}..{plan.seq_len - 1}", "metric": "next-token loss (nats)",
+           "before": float(base[METRICS[0]].mean()), "after": float(patched[METRICS[0]][index].mean())}
+    row["change"], row["change se"] = _mean_and_se(loss_change[index])
+    if control is None:  # too few pairs left to draw as many
+        row.update({"control": "", "control change": np.nan, "control change se": np.nan,
+                    "change - control": np.nan, "change - control se": np.nan})
+    else:
+        against = loss_change[control]
+        row["control"] = group_name(groups[control])
+        row["control change"], row["control change se"] = _mean_and_se(against)
+        row["change - control"], row["change - control se"] = _mean_and_se(loss_change[index] - against)
+    if plan.grid == "heads":  # beside one random head, the typical head of the layer: steadier
+        layer = group.coordinates["layer"]
+        others = [other for other in range(reported)
+                  if other != index and groups[other].coordinates["layer"] == layer]
+        typical = np.median(loss_change[others], axis=0) if others else np.full(plan.n, np.nan)
+        row["others' median change"] = float(typical.mean())
+        row["change - others' median"], row["change - others' median se"] = _mean_and_se(loss_change[index] - typical)
+    for name, short in zip(METRICS[1:], ("probability", "accuracy"), strict=True):
+        row[f"{short} change"], row[f"{short} change se"] = _mean_and_se(change[name][index])
+    return row
+
+
 def language_patch(plan: LanguagePatchPlan, *, progress: bool = False, say: Callable[[str], None] | None = None):
     """The resample-ablation sweep of the module docstring: a `PatchResult` whose table has one row
     per (layer, head) and whose summary is JSON-ready."""
     import pandas as pd
 
     from latentcode.intervention.language import model_and_windows
+    from latentcode.intervention.patching.inputs import placement
     from latentcode.intervention.patching.run import PatchResult, _correlations
     from latentcode.intervention.patching.sweep import patching_sweep
     from latentcode.progress import Progress
@@ -204,39 +237,15 @@ def language_patch(plan: LanguagePatchPlan, *, progress: bool = False, say: Call
     base = {name: np.concatenate(values) for name, values in base.items()}  # [n]
     change = {name: patched[name] - base[name][None] for name in METRICS}
     loss_change = change[METRICS[0]]
-    rows = []
-    for index, control in enumerate(controls):
-        group = groups[index]
-        row = {"model": pretrained.name, "split": plan.split, "T": plan.seq_len, "n": plan.n, **group.coordinates,
-               "group": group_name(group), "sites": group.selector.spec() if plan.grid == "heads" else "",
-               "positions": f"{plan.first_query}..{plan.seq_len - 1}", "metric": "next-token loss (nats)",
-               "before": float(base[METRICS[0]].mean()), "after": float(patched[METRICS[0]][index].mean())}
-        row["change"], row["change se"] = _mean_and_se(loss_change[index])
-        if control is None:  # too few pairs left to draw as many
-            row.update({"control": "", "control change": np.nan, "control change se": np.nan,
-                        "change - control": np.nan, "change - control se": np.nan})
-        else:
-            against = loss_change[control]
-            row["control"] = group_name(groups[control])
-            row["control change"], row["control change se"] = _mean_and_se(against)
-            row["change - control"], row["change - control se"] = _mean_and_se(loss_change[index] - against)
-        if plan.grid == "heads":  # beside one random head, the typical head of the layer: steadier
-            layer = group.coordinates["layer"]
-            others = [other for other in range(reported)
-                      if other != index and groups[other].coordinates["layer"] == layer]
-            typical = np.median(loss_change[others], axis=0) if others else np.full(plan.n, np.nan)
-            row["others' median change"] = float(typical.mean())
-            row["change - others' median"], row["change - others' median se"] = _mean_and_se(loss_change[index] - typical)
-        for name, short in zip(METRICS[1:], ("probability", "accuracy"), strict=True):
-            row[f"{short} change"], row[f"{short} change se"] = _mean_and_se(change[name][index])
-        rows.append(row)
+    rows = [_group_row(plan, pretrained.name, groups, index, control, base, patched, change, reported)
+            for index, control in enumerate(controls)]
     table = pd.DataFrame(rows)
     summary: dict[str, Any] = {
         "model": pretrained.name, "path": str(pretrained.path), "method": "resample ablation", "split": plan.split,
         "seq_len": plan.seq_len, "n": plan.n, "seed": plan.seed, "layers": list(plan.layers), "sites": plan.sites,
         "positions": f"{plan.first_query}..{plan.seq_len - 1}", "groups": len(groups),
         "donors": donor.tolist(), "forward_passes": plan.cost["passes"],
-        "control": CONTROLS[plan.grid],
+        "control": CONTROLS[plan.grid], **placement(model),
         "loss_before": float(base[METRICS[0]].mean()),
         "largest": table.nlargest(min(5, len(table)), "change")[["group", "change", "change se"]].to_dict("records"),
     }

@@ -89,6 +89,8 @@ class LanguagePatchPlan:
     grid: str = "heads"
     search: bool = False
     suffixes: tuple[str, ...] = SUFFIXES
+    device: str | None = None  # where and in what the model runs (None: the CPU, float32)
+    dtype: str | None = None
 
 
 def plan_language_patch(
@@ -105,6 +107,8 @@ def plan_language_patch(
     attribution: bool = False,
     out: str | Path | None = None,
     overwrite: bool = False,
+    device: str | None = None,
+    dtype: str | None = None,
     **run_only: Any,
 ) -> LanguagePatchPlan:
     """The plan (see the module docstring) or the first mistake. `run_only`: `plan_patch`'s options
@@ -170,4 +174,5 @@ def plan_language_patch(
         with about("out"):
             out = check_output_stem(out, SUFFIXES, overwrite)
     return LanguagePatchPlan(source, name, shape, split, seq_len, n, seed, tuple(layers), sites, first_query,
-                             batch_size, attribution, cost, out, overwrite, grid)
+                             batch_size, attribution, cost, out, overwrite, grid,
+                             device=device, dtype=dtype)

@@ -29,6 +29,7 @@ from latentcode.tasks.partitions import grid_size, parse_grid, task_partitions
 from latentcode.validation import (
     check_fits_in_memory,
     check_output_stem,
+    check_placement,
     check_split,
     check_variant,
 )
@@ -74,11 +75,48 @@ class PatchPlan:
     cost: Mapping[str, int]
     out: Path | None = None
     overwrite: bool = False
+    device: str | None = None  # where and in what the run's model is patched (None: the CPU, float32)
+    dtype: str | None = None
 
     @property
     def suffixes(self) -> tuple[str, ...]:
         """The files written at `out`: table(s), summary and map."""
         return SEARCH_SUFFIXES if self.search else SUFFIXES
+
+
+def _checked_task(source: ModelSource, split: str | None, variant: str | None, n: int, prediction: int):
+    """The run's task (one that draws counterfactual pairs), the split and variant to patch on (defaults:
+    the held-out split, the training variant), after checking that `n` pairs fit in memory and that
+    `prediction` is one of the task's prediction positions."""
+    task = get_task(**source.task_config)
+    if not task.provides("counterfactual_pairs"):
+        having = [name for name in task_names() if task_class(name).provides("counterfactual_pairs")]
+        raise UsageError(f"task {task.name!r} draws no counterfactual pairs (Task.counterfactual_pairs); patch needs "
+                         f"them: {' and '.join(having)} have them")
+    with about("split"):
+        split = check_split(task.analysis.held_out_split if split is None else split, task)
+    with about("variant"):
+        variant = check_variant(variant or _training_variant(source) or task.variants[0], task)
+    # The bases and their three donors are drawn before the first pass ([n, sequence, d_in] each, float32,
+    # with int64 indices of several times n while drawing them): what must fit, whatever the groups.
+    with about("n"):
+        check_fits_in_memory(4 * n * (1 + len(DONORS)) * task.seq_len * (task.d_in or 1) + 32 * n,
+                             f"{n} base/donor pairs (sequences of {task.seq_len}, with {len(DONORS)} donors each)")
+    if not -task.n_predictions <= prediction < task.n_predictions:
+        with about("prediction"):
+            raise UsageError(f"prediction {prediction}: the task has {task.n_predictions} prediction positions "
+                             f"(0..{task.n_predictions - 1}, or negative from the end)")
+    return task, split, variant
+
+
+def _group_count(grid: str | None, groups: list, layers, query_positions, key_blocks: int, n_layers: int,
+                 n_heads: int) -> int:
+    """How many groups a grid of rows or heads, or the --group list, makes."""
+    if grid == "rows":
+        return len(layers) * len(query_positions) * key_blocks
+    if grid == "heads":
+        return n_layers * n_heads
+    return len(groups)
 
 
 def plan_patch(
@@ -104,17 +142,22 @@ def plan_patch(
     out: str | Path | None = None,
     overwrite: bool = False,
     task: Mapping | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> PatchPlan | LanguagePatchPlan:
     """The plan of `patch` with these arguments (see there), or the first mistake in them; for a
     pretrained causal LM, `language_plan.plan_language_patch`'s (resample ablation; `task` may give its
-    window length, {"seq_len": T}, and is for it alone)."""
+    window length, {"seq_len": T}, and is for it alone). device, dtype: where and in what the model runs
+    (`validation.check_placement`; None: the CPU, float32)."""
     with about("run_or_model"):
         source = _run_of(run)
+    device, dtype = check_placement(device, dtype)
     if source.kind == "pretrained":
         return plan_language_patch(source, task=task, grid=grid, layers=layers, sites=sites,
                                    n=DEFAULT_WINDOWS if n is None else n, split=split, seed=seed, max_groups=max_groups,
                                    attribution=attribution, out=out, overwrite=overwrite, search=search,
-                                   groups=groups, variant=variant, prediction=prediction, per_head=per_head)
+                                   groups=groups, variant=variant, prediction=prediction, per_head=per_head,
+                                   device=device, dtype=dtype)
     if task is not None:
         with about("task"):
             raise UsageError(f"task {task!r}: a run's task is its own (config.json); task goes with a pretrained "
@@ -130,24 +173,7 @@ def plan_patch(
     with about("run_or_model"):
         model = checked_model_config(source)
     n_layers, n_heads = int(model["n_layers"]), int(model["n_heads"])
-    task = get_task(**source.task_config)
-    if not task.provides("counterfactual_pairs"):
-        having = [name for name in task_names() if task_class(name).provides("counterfactual_pairs")]
-        raise UsageError(f"task {task.name!r} draws no counterfactual pairs (Task.counterfactual_pairs); patch needs "
-                         f"them: {' and '.join(having)} have them")
-    with about("split"):
-        split = check_split(task.analysis.held_out_split if split is None else split, task)
-    with about("variant"):
-        variant = check_variant(variant or _training_variant(source) or task.variants[0], task)
-    # The bases and their three donors are drawn before the first pass ([n, sequence, d_in] each, float32,
-    # with int64 indices of several times n while drawing them): what must fit, whatever the groups.
-    with about("n"):
-        check_fits_in_memory(4 * n * (1 + len(DONORS)) * task.seq_len * (task.d_in or 1) + 32 * n,
-                             f"{n} base/donor pairs (sequences of {task.seq_len}, with {len(DONORS)} donors each)")
-    if not -task.n_predictions <= prediction < task.n_predictions:
-        with about("prediction"):
-            raise UsageError(f"prediction {prediction}: the task has {task.n_predictions} prediction positions "
-                             f"(0..{task.n_predictions - 1}, or negative from the end)")
+    task, split, variant = _checked_task(source, split, variant, n, prediction)
     partitions = task_partitions(task)
     partition_grid = None
     if grid not in (None, *GRIDS):
@@ -174,14 +200,9 @@ def plan_patch(
     if search:
         cost = _search_cost(len(layers), n, confirm_n)
     else:
-        if partition_grid:
-            count = grid_size(partitions, *partition_grid, len(layers), n_heads if per_head else None)
-        elif grid == "rows":
-            count = len(layers) * len(query_positions) * key_blocks
-        elif grid == "heads":
-            count = n_layers * n_heads
-        else:
-            count = len(groups)
+        count = (grid_size(partitions, *partition_grid, len(layers), n_heads if per_head else None)
+                 if partition_grid else _group_count(grid, groups, layers, query_positions, key_blocks, n_layers,
+                                                     n_heads))
         if count > max_groups and not groups:
             with about("grid"):
                 raise UsageError(f"grid {grid} makes {count} groups, more than --max-groups {max_groups} (each "
@@ -194,7 +215,7 @@ def plan_patch(
     return PatchPlan(source, task, split, variant, n, seed, prediction, n_layers, n_heads, search, grid, partition_grid,
                      tuple(groups), None if layers is None else tuple(layers),
                      None if query_positions is None else tuple(query_positions), key_blocks, sites, per_head,
-                     confirm_n, tolerance, attribution, cost, out, overwrite)
+                     confirm_n, tolerance, attribution, cost, out, overwrite, device, dtype)
 
 
 def _run_of(run: str | Path | ModelSource) -> ModelSource:

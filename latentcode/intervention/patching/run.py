@@ -44,9 +44,11 @@ def patch(run_or_plan: str | Path | PatchPlan | LanguagePatchPlan, *, progress: 
     given. `say`: called with the cost line before the work; `progress`: a bar (or lines) on stderr."""
     import torch
 
+    from latentcode.intervention.patching.inputs import placement
     from latentcode.progress import Progress
     from latentcode.provenance import sha256_of_file
     from latentcode.training.run import Run
+    from latentcode.validation import place
 
     plan = run_or_plan if isinstance(run_or_plan, (PatchPlan, LanguagePatchPlan)) else plan_patch(run_or_plan, **options)
     if isinstance(plan, LanguagePatchPlan):
@@ -54,7 +56,7 @@ def patch(run_or_plan: str | Path | PatchPlan | LanguagePatchPlan, *, progress: 
 
         return language_patch(plan, progress=progress, say=say)
     record = Run(plan.source.path)
-    model = record.load_model().eval()
+    model = place(record.load_model(), plan.device, plan.dtype).eval()
     task = record.task()
     pairs = task.counterfactual_pairs(plan.n, plan.split, seed=plan.seed, variant=plan.variant,
                                       prediction=plan.prediction)
@@ -69,6 +71,7 @@ def patch(run_or_plan: str | Path | PatchPlan | LanguagePatchPlan, *, progress: 
                                "variant": plan.variant, "n": len(pairs), "prediction": pairs.prediction,
                                "pairs": pairs.counts}
     summary["checkpoint_sha256"] = sha256_of_file(record.directory.weights_path)  # a report shows it with this model only
+    summary.update(placement(model))
     try:
         with torch.no_grad():
             if plan.search:

@@ -23,6 +23,7 @@ from latentcode.intervention.patching.inputs import (
     per_example,
     repeat_batch,
     slice_output,
+    to_numpy,
 )
 from latentcode.intervention.patching.layer_codes import LayerCodes
 from latentcode.intervention.patching.site_groups import SiteGroup, union_of
@@ -162,7 +163,7 @@ def patching_sweep(
     with source.capture(donor.pairs_for, "pattern", donor.sink), torch.no_grad():
         call_model(model, donor_inputs)
     def measure(output: Any) -> dict[str, np.ndarray]:
-        return {name: per_example(function(output), batch, name).detach().cpu().numpy()
+        return {name: to_numpy(per_example(function(output), batch, name))
                 for name, function in metrics.items()}
 
     with torch.no_grad():

@@ -19,6 +19,7 @@ _WHERE = {
     "path_patch": "latentcode.intervention.qk.path_patching",
     "select_pairs": "latentcode.intervention.qk.pairs",
     "qk_attribution": "latentcode.intervention.qk.report",
+    "qk_from_codes": "latentcode.intervention.qk.from_codes",
     "read_head": "latentcode.intervention.qk.reading",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _WHERE)

@@ -103,4 +103,5 @@ def decompose(reading: HeadReading, pairs: Tensor) -> QKTerms:
         where = names.index("position")
         terms[:, where, where] += bias
         scores = scores + bias
-    return QKTerms(reading.model, reading.layer, reading.head, names, pairs, terms, scores)
+    # on the CPU whatever the model's device: a few numbers per pair, read by tables and figures
+    return QKTerms(reading.model, reading.layer, reading.head, names, pairs, terms.cpu(), scores.cpu())

@@ -137,7 +137,7 @@ def rerun(model: nn.Module, tokens: Tensor, reading: HeadReading, side: str, rep
     rotated = maps.rotate(replaced, everywhere)
     queries, keys = (rotated, reading.keys) if side == "query" else (reading.queries, rotated)
     scores = queries @ keys.T * maps.score_scale
-    causal = torch.ones(n_positions, n_positions, dtype=torch.bool).tril()
+    causal = torch.ones(n_positions, n_positions, dtype=torch.bool, device=scores.device).tril()
     codes = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
     captured: dict[str, Tensor] = {}
 

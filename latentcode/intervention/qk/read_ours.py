@@ -40,8 +40,13 @@ def forward_hooks(hooks: dict[nn.Module, Callable]):
 
 def keep(store: dict, name: str) -> Callable:
     def hook(module, inputs, output):
-        store[name] = output.detach()[0]
+        store[name] = output.detach()[0].float()  # read in float32 whatever the model's dtype
     return hook
+
+
+def weight(tensor: Tensor | None) -> Tensor | None:
+    """A parameter detached, in float32 (the decomposition's arithmetic whatever the model's dtype)."""
+    return None if tensor is None else tensor.detach().float()
 
 
 def read(model: nn.Module, tokens: Tensor, layer: int, head: int) -> tuple[HeadReading, Tensor]:
@@ -63,15 +68,15 @@ def read(model: nn.Module, tokens: Tensor, layer: int, head: int) -> tuple[HeadR
     n_positions = residual.shape[0]
     norm = blocks[layer].ln1
     variance = residual.var(-1, unbiased=False)
-    frozen = FrozenNorm(True, torch.rsqrt(variance + norm.eps), norm.w.detach(), norm.b.detach(), norm.eps)
+    frozen = FrozenNorm(True, torch.rsqrt(variance + norm.eps), weight(norm.w), weight(norm.b), norm.eps)
     position_bias = None
     if attention.relative_position_bias is not None:
-        position_bias = attention.relative_position_bias(n_positions)[head].detach()
-    maps = HeadMaps(frozen, attention.W_Q[head].detach(), attention.b_Q[head].detach(), attention.W_K[head].detach(),
-                    attention.b_K[head].detach(), score_scale(attention.d_head),
-                    attention.rotary.cos[:n_positions] if rotary else None,
-                    attention.rotary.sin[:n_positions] if rotary else None, position_bias)
-    writes = [LayerWrites(captured[f"z{earlier}"], blocks[earlier].attn.W_O.detach(), blocks[earlier].attn.b_O.detach(),
+        position_bias = weight(attention.relative_position_bias(n_positions)[head])
+    maps = HeadMaps(frozen, weight(attention.W_Q[head]), weight(attention.b_Q[head]), weight(attention.W_K[head]),
+                    weight(attention.b_K[head]), score_scale(attention.d_head),
+                    weight(attention.rotary.cos[:n_positions]) if rotary else None,
+                    weight(attention.rotary.sin[:n_positions]) if rotary else None, position_bias)
+    writes = [LayerWrites(captured[f"z{earlier}"], weight(blocks[earlier].attn.W_O), weight(blocks[earlier].attn.b_O),
                           captured[f"mlp{earlier}"]) for earlier in range(layer)]
     reading = HeadReading(f"{model.config.attention_name} transformer", layer, head, model.config.n_layers,
                           attention.n_heads, captured["embed"], None, writes, residual, maps,

@@ -62,13 +62,21 @@ def read_head(model: Any, tokens: Tensor, layer: int, head: int) -> tuple[HeadRe
     check_head(model, layer, head)
     if model.training:
         raise CannotDecompose("the model is in training mode (dropout would change every pass); call model.eval() first")
-    return reader.read(model, tokens, layer, head)
+    return reader.read(model, on_device_of(model, tokens), layer, head)
+
+
+def on_device_of(model: nn.Module, tokens: Any) -> Tensor:
+    """`tokens` as a tensor on the model's device (the inputs follow the model)."""
+    import torch
+
+    parameter = next(model.parameters(), None)
+    return torch.as_tensor(tokens).to("cpu" if parameter is None else parameter.device)
 
 
 def rerun_head(model: Any, tokens: Tensor, reading: HeadReading, side: str, replaced: Tensor):
     """The model run again with the head's `side` ("query" or "key") replaced: (scores, codes, output)."""
     model = unwrap(model)
-    return reader_of(model).rerun(model, tokens, reading, side, replaced)
+    return reader_of(model).rerun(model, on_device_of(model, tokens), reading, side, replaced)
 
 
 def next_token_loss(model: Any, tokens: Tensor):
@@ -84,6 +92,6 @@ def next_token_loss(model: Any, tokens: Tensor):
 
     def loss(output: Tensor) -> Tensor:
         logits = getattr(output, "logits", output)
-        return F.cross_entropy(logits[0, :-1].float(), targets)
+        return F.cross_entropy(logits[0, :-1].float(), targets.to(logits.device))
 
     return loss

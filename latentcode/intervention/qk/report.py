@@ -26,6 +26,7 @@ from latentcode.intervention.qk.decomposition import QKTerms, decompose
 from latentcode.intervention.qk.pairs import select_pairs
 from latentcode.intervention.qk.plan import check_outputs
 from latentcode.intervention.qk.reading import read_head, unwrap
+from latentcode.validation import check_placement, place
 
 
 def is_causal(model: Any) -> bool:
@@ -36,13 +37,19 @@ def is_causal(model: Any) -> bool:
 
 def qk_attribution(model: Any, tokens: Any, layer: int, head: int, pairs: Any = "previous", top: int = 12,
                    out: str | Path | None = None, overwrite: bool = False, title: str | None = None,
-                   name: str | None = None) -> QKTerms:
+                   name: str | None = None, device: str | Any | None = None, dtype: str | Any | None = None
+                   ) -> QKTerms:
     """The terms of head `head` of layer `layer` of `model` (ours, a Hugging Face Llama-family LM or
     `Pretrained`, a transformer-lens TransformerBridge) on one sequence `tokens`, at `pairs`: a selector
     (`latentcode.intervention.qk.pairs`: "previous", "induction", "Q:K,...") or an int array `[pair, 2]`. `tokens`: one sequence, `[T]` (token ids, or our tasks' `[T, d_in]` inputs).
     With `out`, writes `out/qk.csv` and `out/qk.png` (the `top` components of each side, the rest as
-    `other`; refused if they exist, unless `overwrite`). `name`: the model's name in the title."""
-    as_tensor = torch.as_tensor(tokens)
+    `other`; refused if they exist, unless `overwrite`). `name`: the model's name in the title.
+    device, dtype: where and in what the model runs (given, it is moved and cast, as `nn.Module.to`
+    does; None: where and as it is); the tokens follow it, and the terms are computed in float32 from
+    what it computed, whatever its dtype."""
+    device, dtype = check_placement(device, dtype)
+    place(unwrap(model), device, dtype)
+    as_tensor = torch.as_tensor(tokens).cpu()
     if as_tensor.is_floating_point():  # [pos, d_in] or [1, pos, d_in]
         sequence = (as_tensor[0] if as_tensor.ndim == 3 else as_tensor).numpy()
     else:  # [pos] or [1, pos]

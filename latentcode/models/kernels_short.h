@@ -1,22 +1,21 @@
-/* The fused short-sequence attention of training (latentcode/models/fused_short.py, which documents it and
-   compiles this file with latentcode.models.c_kernels). */
+/* The fused short-sequence attention of training, from scaled queries to z and back (latentcode/models/fused_short.py
+   documents it; latentcode/models/kernel_ops.cpp makes it operators). C with GCC / Clang vector extensions. */
+#pragma once
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define SOFTMAX 1
-#define RMS 2
-#define LINEAR 0
-#define HYPER_LINEAR 1
-#define HYPER_RELU 2
+namespace latentcode_short {
 
-/* A library built for one shape defines FIXED_T, FIXED_H, FIXED_D and FIXED_E: the compiler then unrolls the
-   loops over head widths and keys (about a third faster); the generic library takes them as arguments. */
-#ifdef FIXED_T
-#define SHAPE const long T = FIXED_T, H = FIXED_H, D = FIXED_D, E = FIXED_E; (void)T_; (void)H_; (void)D_; (void)E_;
-#else
-#define SHAPE const long T = T_, H = H_, D = D_, E = E_;
-#endif
+constexpr int SOFTMAX = 1, RMS = 2;
+constexpr int LINEAR = 0, HYPER_LINEAR = 1, HYPER_RELU = 2;
+
+/* Instantiated for the shapes of the paper's training batches (T, H, D, E as template arguments: the compiler
+   then unrolls the loops over head widths and keys, about a third faster) and generically (all 0: the sizes
+   are the arguments); kernel_ops.cpp dispatches. noinline: each copy is compiled on its own, as the C library's
+   functions were, not inlined into the OpenMP region that calls it (the generic copy ran up to a third slower
+   inlined there). */
+#define SHAPE const long T = FT ? FT : T_, H = FH ? FH : H_, D = FD ? FD : D_, E = FE ? FE : E_;
 
 /* GCC / Clang vector extensions: one AVX2 register (two SSE or NEON ones elsewhere). Every row of keys
    is padded to Tp, a multiple of 8, and 32-byte aligned, so that each loop over keys is whole vectors. */
@@ -24,7 +23,7 @@ typedef float v8 __attribute__((vector_size(32)));
 typedef int v8i __attribute__((vector_size(32)));
 #define V(p) (*(v8 *)(p))
 
-static inline v8 splat(float x) { return (v8){x, x, x, x, x, x, x, x}; }
+static inline v8 splat(float x) { v8 r = {x, x, x, x, x, x, x, x}; return r; }
 static inline v8 select8(v8i m, v8 a, v8 b) { return (v8)((m & (v8i)a) | (~m & (v8i)b)); }
 static inline float hsum(v8 x) { return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7])); }
 static inline float hmax(v8 x) { /* in three steps: halves, quarters, pairs */
@@ -51,7 +50,8 @@ static inline v8 exp8(v8 x) {
 static float *scratch(long n) { /* zeroed, 32-byte aligned */
     size_t bytes = ((size_t)n * sizeof(float) + 31) / 32 * 32;
     float *p = (float *)aligned_alloc(32, bytes ? bytes : 32);
-    return p ? memset(p, 0, bytes) : p;
+    if (p) memset(p, 0, bytes);
+    return p;
 }
 
 /* x [B, T, H, W] of batch element b -> xT [H][W][Tp] (positions along the last axis, zero padded). */
@@ -161,7 +161,8 @@ static inline __attribute__((always_inline)) void hidden_of_row(const float *ad,
 /* Layouts: q (scaled), k [B, T, H, D], v [B, T, H, E], z [B, T, H, E] contiguous; bias [H, T, T], allowed
    [T, T] (bytes), keep [T, T] or NULL; codes [B, H, T, Tp] and inverse_rms [B, T, Tp] written here (Tp = T
    rounded up to 8, 32-byte aligned rows) for the backward. Batch elements b0 .. b1 - 1. */
-void short_forward(const float *q, const float *kk, const float *v, const float *bias, const unsigned char *allowed,
+template <long FT, long FH, long FD, long FE>
+__attribute__((noinline)) static void short_forward(const float *q, const float *kk, const float *v, const float *bias, const unsigned char *allowed,
                    const float *keep, float *z,
                    long b0, long b1, long T_, long H_, long D_, long E_, int sigma, int network, float eps) {
     SHAPE
@@ -195,7 +196,8 @@ void short_forward(const float *q, const float *kk, const float *v, const float 
 
 /* The chain rule of short_forward from grad_z [B, T, H, E]: grad_q, grad_k [B, T, H, D], grad_v [B, T, H, E]
    written; grad_bias [H, T, T] (or NULL) added to. */
-void short_backward(const float *q, const float *kk, const float *v, const float *bias, const unsigned char *allowed,
+template <long FT, long FH, long FD, long FE>
+__attribute__((noinline)) static void short_backward(const float *q, const float *kk, const float *v, const float *bias, const unsigned char *allowed,
                     const float *keep, const float *grad_z, float *grad_q, float *grad_k, float *grad_v,
                     float *grad_bias, long b0, long b1, long T_, long H_, long D_, long E_, int sigma, int network,
                     float eps) {
@@ -317,25 +319,6 @@ void short_backward(const float *q, const float *kk, const float *v, const float
     free(keep_padded); free(ok); free(a); free(irms); free(bias_padded); free(grad_bias_padded);
 }
 
-/* short_forward and short_backward over `parts` OpenMP threads (torch's: latentcode.models.c_kernels), part i
-   the batch elements B i / parts .. B (i + 1) / parts - 1, adding its position-bias gradient into grad_bias
-   + i H T T (a buffer per part). One thread where built without OpenMP. */
-void short_forward_parts(const float *q, const float *kk, const float *v, const float *bias, const unsigned char *allowed,
-                         const float *keep, float *z, long B, long parts, long T_, long H_, long D_, long E_,
-                         int sigma, int network, float eps) {
-    _Pragma("omp parallel for num_threads(parts) schedule(static, 1)")
-    for (long i = 0; i < parts; i++)
-        short_forward(q, kk, v, bias, allowed, keep, z, B * i / parts, B * (i + 1) / parts, T_, H_, D_, E_, sigma,
-                      network, eps);
-}
-
-void short_backward_parts(const float *q, const float *kk, const float *v, const float *bias,
-                          const unsigned char *allowed, const float *keep, const float *grad_z, float *grad_q,
-                          float *grad_k, float *grad_v, float *grad_bias, long B, long parts, long T_, long H_,
-                          long D_, long E_, int sigma, int network, float eps) {
-    _Pragma("omp parallel for num_threads(parts) schedule(static, 1)")
-    for (long i = 0; i < parts; i++)
-        short_backward(q, kk, v, bias, allowed, keep, grad_z, grad_q, grad_k, grad_v,
-                       grad_bias ? grad_bias + i * H_ * T_ * T_ : 0, B * i / parts, B * (i + 1) / parts, T_, H_,
-                       D_, E_, sigma, network, eps);
-}
+#undef SHAPE
+#undef V
+}  // namespace latentcode_short
