@@ -36,12 +36,19 @@ runpy.run_module("latentcode.cli", run_name="__main__", alter_sys=True)
 """
 
 
+def _interruptible() -> None:
+    """In the child before it runs Python: SIGINT at its default. A shell's background job (`cmd &`,
+    nohup) starts with SIGINT ignored, which Python and latentcode rightly leave as it is; a test run
+    from one would otherwise test nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupted(arguments: list[str], after: float, cwd: Path) -> tuple[int, str, bool]:
     """Run the command, deliver SIGINT `after` seconds after the interpreter has started; its status,
     its output after the start line, and whether it had finished before."""
     process = subprocess.Popen([sys.executable, "-c", LAUNCH, *arguments], stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, cwd=cwd, text=True,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+                               env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=_interruptible)
     assert process.stdout.readline() == "started\n"
     time.sleep(after)
     finished_before = process.poll() is not None
@@ -83,6 +90,7 @@ sys.exit(status)
 
 def test_ctrl_c_after_the_command_has_ended_is_one_line_and_130_and_keeps_its_output(tmp_path):
     finished = subprocess.run([sys.executable, "-c", ENDED, "tasks", "ambiguity", "--n", "3"], capture_output=True,
-                              text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+                              text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120,
+                              preexec_fn=_interruptible)
     assert finished.returncode == 130 and finished.stderr == "interrupted\n", finished.stderr
     assert finished.stdout.strip(), "what the command printed before the signal was lost"

@@ -9,8 +9,8 @@ Python registers each operator's fake implementation and autograd formula (`fuse
 Built on first use by `torch.utils.cpp_extension.load` (its JIT: ninja, and its `FileBaton` lock in the
 build directory so that concurrent processes build once), with `-O3 -march=native -fopenmp` (the
 kernels split their work over torch's own OpenMP threads), `is_python_module=False` (the library only
-registers operators). About 20 s of one core the first time on a machine (16.5 s on a quiet 2-core
-Xeon; a fresh clone, a new CPU or torch version), then read from the cache:
+registers operators). About 20 s of one core the first time on a machine (a fresh clone, a new CPU or
+torch version), then read from the cache:
 `$LATENTCODE_CACHE/kernels/latentcode_kernels-HASH/` (default `~/.cache/latentcode/kernels/...`), named
 by the hash of the sources, the flags, torch's and Python's versions and the CPU, so that a cache shared
 by machines of other CPUs never loads a library built for instructions this CPU lacks. A build that
