@@ -80,10 +80,13 @@ def run_token_view(args: argparse.Namespace, token_names) -> int:
 
     code_file = CodeFile(args.file)
     if args.serve:
+        from latentcode.allocator import one_arena_returning_memory
         from latentcode.analysis.viewer.serve import serve_token_view
 
+        # A server of its own process: one malloc arena, freed memory handed back after each answer.
         return serve_token_view(code_file, token_names, args.port or 0,
-                                ready=lambda address: print(address, flush=True))
+                                ready=lambda address: print(address, flush=True),
+                                release_memory=one_arena_returning_memory())
     from latentcode.analysis.viewer.token_page import build_token_viewer
 
     viewer = build_token_viewer(code_file, example=args.example, token_names=token_names)

@@ -113,6 +113,23 @@ def test_ctrl_c_stops_the_server_while_a_browser_keeps_its_connection_open(files
         connection.close()
 
 
+def test_serving_from_python_leaves_the_processs_allocator_alone(files, monkeypatch, capsys):
+    """Only the command line gives the server one malloc arena (mallopt): serve_token_view called from
+    Python loads no C library. `ready` raising KeyboardInterrupt stops it as a Ctrl-C would."""
+    import ctypes
+
+    from latentcode.analysis.viewer.serve import serve_token_view
+
+    _, codes, _, _ = files
+    monkeypatch.setattr(ctypes, "CDLL", lambda *args, **kwargs: pytest.fail(f"loaded a C library: {args}"))
+
+    def stop(address):
+        raise KeyboardInterrupt
+
+    assert serve_token_view(codes, ready=stop) == 0
+    assert capsys.readouterr().out.startswith("stopped serving http://127.0.0.1:")
+
+
 def test_serve_on_a_port_in_use_is_refused_in_one_line(files, capsys):
     _, codes, _, _ = files
     taken = socket.socket()

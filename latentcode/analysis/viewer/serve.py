@@ -179,29 +179,16 @@ def _int(query: dict, name: str) -> int:
         raise AnalysisError(f"parameter {name}={query.get(name)!r}; expected an integer") from None
 
 
-def _one_malloc_arena():
-    """With glibc: one malloc arena for the process, and a function that hands freed memory back to the
-    system (`malloc_trim`); elsewhere a function that does nothing. Each connection's thread otherwise
-    got an arena of its own, kept after the thread ended (SmolLM2 at T = 8,192: 480 -> 706 MB after 20
-    rows and 5 overviews over new connections; 488 MB with one arena); reads are one at a time anyway."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(-8, 1)  # M_ARENA_MAX
-        return lambda: libc.malloc_trim(0)
-    except (OSError, AttributeError):
-        return lambda: None
-
-
 def serve_token_view(code_file: CodeFile | str, token_names: Sequence[str] | None = None, port: int = 0,
-                     ready=print) -> int:
+                     ready=print, release_memory=None) -> int:
     """Serve the token view of `code_file` until Ctrl-C; `ready(address)` is called once listening.
-    Returns 0 once stopped by Ctrl-C (after one line saying so)."""
+    Returns 0 once stopped by Ctrl-C (after one line saying so). `release_memory`: called after the
+    file is opened and after each answer (the command line passes
+    `latentcode.allocator.one_arena_returning_memory()`; the process's allocator is the caller's)."""
     code_file = code_file if isinstance(code_file, CodeFile) else CodeFile(code_file)
     server = RowServer(code_file, token_names, port)
-    server.release_memory = _one_malloc_arena()
+    if release_memory is not None:
+        server.release_memory = release_memory
     server.release_memory()  # what opening the file (its check reads every query and key) left behind
     try:  # a Ctrl-C right after the address is printed stops the server as one later does
         ready(server.address)
