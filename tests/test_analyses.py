@@ -63,12 +63,40 @@ def test_fuzzy_ood_r2_grid(tmp_path):
     assert (tmp_path / "ood_r2.png").stat().st_size > 0 and "wrote" in out
 
 
+def fuzzy_r2_by_hand(run: Path, split: str) -> float:
+    """The mean per-sequence R^2 of a fuzzy-logic run's stored model on the run's evaluation set of
+    `split`, computed here from the model's outputs: 1 - (prediction - target)^2 / var(the sequence's
+    N targets), the context targets being the last input column (the paper's definition)."""
+    import numpy as np
+    import torch
+
+    run = latentcode.Run(run)
+    task = run.task()
+    batch = task.eval_set(split, run.config.eval_instances, variant=run.config.variant)
+    with torch.no_grad():
+        predicted = run.load_model().eval()(torch.from_numpy(batch.x))[:, -1, 0].double().numpy()
+    targets = np.concatenate([batch.x[:, :-1, -1], batch.y], axis=1).astype(np.float64)
+    return float(np.mean(1 - (predicted - batch.y[:, 0]) ** 2 / targets.var(axis=1)))
+
+
 @pytest.mark.slow
-def test_heads_ablation(tmp_path):
+def test_heads_ablation_writes_each_runs_scores_for_its_head_count(tmp_path):
+    """One row per head count, each the OOD and test R^2 of the run trained with that many heads (its
+    stored model evaluated here, its config read), kqv_dim the same for both: one head is one wide head."""
     run_script("heads_ablation.py", "--task", "fuzzy_logic", "--scale", "tiny", *SMALL, "--heads", "1", "8",
                "--attention", "hyla", "--out", str(tmp_path))
     rows = json.loads((tmp_path / "heads_ablation.json").read_text())
-    assert sorted(r["n_heads"] for r in rows) == [1, 8] and (tmp_path / "heads_ablation.png").is_file()
+    assert sorted(r["n_heads"] for r in rows) == [1, 8] and (tmp_path / "heads_ablation.png").stat().st_size > 0
+    runs = {latentcode.Run(path).load_model().config.n_heads: path
+            for path in (tmp_path / "runs").iterdir() if (path / "summary.json").is_file()}
+    assert sorted(runs) == [1, 8]
+    assert len({latentcode.Run(path).load_model().config.kqv_dim for path in runs.values()}) == 1
+    for row in rows:
+        assert row["attention"] == "hyla" and row["status"] == "finished"
+        for split in ("ood", "test"):
+            assert row[f"{split}.r2"] == pytest.approx(fuzzy_r2_by_hand(runs[row["n_heads"]], split), abs=1e-5), \
+                (row["n_heads"], split)
+    assert len({row["ood.r2"] for row in rows}) == 2, "both head counts scored the same"
 
 
 @pytest.mark.slow
