@@ -52,10 +52,10 @@ def mean_se(values) -> tuple[float, float, int]:
     return float(values.mean()) if n else float("nan"), se, n
 
 
-def listed(names) -> str:
-    """The distinct components removed over sequences or instances, or how many when they are many."""
+def listed(names, unit: str) -> str:
+    """The distinct components removed over the `unit`s (sequences, instances), or how many when they are many."""
     distinct = sorted(set(names))
-    return " ".join(distinct) if len(distinct) <= 3 else f"{len(distinct)} different (drawn per instance)"
+    return " ".join(distinct) if len(distinct) <= 3 else f"{len(distinct)} different (drawn per {unit})"
 
 
 def top_indices(matrix: np.ndarray, names: list[str], top: int) -> tuple[list[int], list[int]]:

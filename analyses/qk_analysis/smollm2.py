@@ -147,7 +147,7 @@ def tables(result: dict) -> dict[str, pd.DataFrame]:
     patches = result["patches"]
     rows = []
     for (head, removal, scale), block in patches.groupby(["head", "removal", "scale"], sort=False):
-        row = dict(head=head, removal=removal, scale=scale, components=listed(block["component"]),
+        row = dict(head=head, removal=removal, scale=scale, components=listed(block["component"], "sequence"),
                    top_components=" ".join(sorted(set(block["top_component"]))))
         for what in ("score_change", "predicted", "code_change", "loss_change"):
             row[what], row[what + "_se"], row["n"] = mean_se(block[what])

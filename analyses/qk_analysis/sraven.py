@@ -189,7 +189,7 @@ def tables(result: dict, n_boot: int = 200) -> dict[str, pd.DataFrame]:
     base_variance = variance(result["base_codes"], result["fresh_rules"])
     aggregated = []
     for (side, removal, scale), block in patches.groupby(["side", "removal", "scale"], sort=False):
-        row = dict(side=side, removal=removal, scale=scale, components=listed(block["component"]))
+        row = dict(side=side, removal=removal, scale=scale, components=listed(block["component"], "instance"))
         for what in ("score_change", "predicted", "code_change", "loss_change", "accuracy_change"):
             row[what], row[what + "_se"], row["n"] = mean_se(block[what])
         patched = np.array(result["patched_codes"][(side, removal, scale)])
