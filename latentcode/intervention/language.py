@@ -39,10 +39,10 @@ from latentcode.intervention.language_plan import (
     head_units,
     layer_selector,
 )
+from latentcode.intervention.next_token import METRICS, window_metrics
 from latentcode.progress import Progress
 from latentcode.store import Site
 
-METRICS = ("next-token loss", "next-token probability", "next-token accuracy")
 ALL_SITES = "all sites"
 BOOTSTRAP_RESAMPLES = 200
 
@@ -89,15 +89,6 @@ def scoped(plan: LanguageInterventionPlan, edits: Sequence[Edit], units: Sequenc
             for index, layer, heads in written_heads(edits, units)]
 
 
-def next_token_metrics(logits: torch.Tensor, targets: torch.Tensor) -> np.ndarray:
-    """logits `[batch, P, vocabulary]`, targets int64 `[batch, P]` -> per window `[batch, 3]`: mean
-    loss, probability of the target and accuracy over the P positions (METRICS)."""
-    log_probabilities = torch.log_softmax(logits.float(), dim=-1)
-    loss = -log_probabilities.gather(-1, targets[..., None])[..., 0]
-    accuracy = (logits.argmax(-1) == targets).float()
-    return torch.stack([loss.mean(1), torch.exp(-loss).mean(1), accuracy.mean(1)], dim=1).float().cpu().numpy()
-
-
 def language_model_effects(plan: LanguageInterventionPlan, edits: Edit | Sequence[Edit], progress: bool = False):
     """The tidy table of the module docstring for `edits` on the plan's windows."""
     import pandas as pd
@@ -139,7 +130,7 @@ def language_model_effects(plan: LanguageInterventionPlan, edits: Edit | Sequenc
                 else:
                     with Intervention(model, scoped(plan, edits, scope_units), sites=plan.selector):
                         logits = model(input_ids=inputs[batch], use_cache=False).logits
-            values.append(next_token_metrics(logits[:, plan.first_query :], targets[batch]))
+            values.append(window_metrics(logits[:, plan.first_query :], targets[batch]).cpu().numpy())
             tracker.advance(note=note)
         values = np.concatenate(values)
         if key is not None:

@@ -32,9 +32,9 @@ from latentcode.sources.sites import (
     parse_selector,
     request_spec,
 )
+from latentcode.tasks.corpus import SPLITS
 from latentcode.validation import check_integer, check_placement
 
-SPLITS = ("train", "validation")
 DEFAULT_SEQ_LEN = 512  # as `latentcode extract` reads a pretrained model
 MAX_TOKENS_PER_PASS = 2048  # windows x tokens of one forward pass: its logits stay under 2048 x vocabulary floats
 

@@ -27,7 +27,6 @@ one backward pass per batch of windows) estimates each group's loss change.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -35,9 +34,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from latentcode.intervention.next_token import METRICS, mean_and_se, window_metrics
 from latentcode.intervention.patching.language_plan import BANDS, LanguagePatchPlan, band_pairs
 
-METRICS = ("next-token loss", "next-token probability", "next-token accuracy")
 ATTRIBUTION_SHARE = 4  # attribution's passes hold a quarter of the sweep's windows
 
 
@@ -103,14 +102,6 @@ def _per_layer(plan: LanguagePatchPlan) -> str:
     return f"{plan.shape.n_heads} heads" if plan.grid == "heads" else f"{len(BANDS)} offset bands and their controls"
 
 
-def window_metrics(logits: Tensor, targets: Tensor) -> Tensor:
-    """logits `[batch, P, vocabulary]`, targets `[batch, P]` -> `[batch, 3]`: METRICS per window."""
-    log_probabilities = torch.log_softmax(logits.float(), dim=-1)
-    loss = -log_probabilities.gather(-1, targets[..., None])[..., 0]
-    accuracy = (logits.argmax(-1) == targets).float()
-    return torch.stack([loss.mean(1), torch.exp(-loss).mean(1), accuracy.mean(1)], dim=1)
-
-
 def _logits(output: Any) -> Tensor:
     return output if isinstance(output, Tensor) else output.logits
 
@@ -128,10 +119,6 @@ def _metric_functions(first_query: int, targets: Tensor) -> dict[str, Callable[[
         return of
 
     return {name: metric(index) for index, name in enumerate(METRICS)}
-
-
-def _mean_and_se(values: np.ndarray) -> tuple[float, float]:
-    return float(values.mean()), float(values.std(ddof=1) / math.sqrt(len(values)))
 
 
 def _attribution(model, base_ids: Tensor, donor_ids: Tensor, targets: Tensor, plan: LanguagePatchPlan, groups
@@ -165,24 +152,24 @@ def _group_row(plan: LanguagePatchPlan, model_name: str, groups, index: int, con
            "group": group_name(group), "sites": group.selector.spec() if plan.grid == "heads" else "",
            "positions": f"{plan.first_query}..{plan.seq_len - 1}", "metric": "next-token loss (nats)",
            "before": float(base[METRICS[0]].mean()), "after": float(patched[METRICS[0]][index].mean())}
-    row["change"], row["change se"] = _mean_and_se(loss_change[index])
+    row["change"], row["change se"] = mean_and_se(loss_change[index])
     if control is None:  # too few pairs left to draw as many
         row.update({"control": "", "control change": np.nan, "control change se": np.nan,
                     "change - control": np.nan, "change - control se": np.nan})
     else:
         against = loss_change[control]
         row["control"] = group_name(groups[control])
-        row["control change"], row["control change se"] = _mean_and_se(against)
-        row["change - control"], row["change - control se"] = _mean_and_se(loss_change[index] - against)
+        row["control change"], row["control change se"] = mean_and_se(against)
+        row["change - control"], row["change - control se"] = mean_and_se(loss_change[index] - against)
     if plan.grid == "heads":  # beside one random head, the typical head of the layer: steadier
         layer = group.coordinates["layer"]
         others = [other for other in range(reported)
                   if other != index and groups[other].coordinates["layer"] == layer]
         typical = np.median(loss_change[others], axis=0) if others else np.full(plan.n, np.nan)
         row["others' median change"] = float(typical.mean())
-        row["change - others' median"], row["change - others' median se"] = _mean_and_se(loss_change[index] - typical)
+        row["change - others' median"], row["change - others' median se"] = mean_and_se(loss_change[index] - typical)
     for name, short in zip(METRICS[1:], ("probability", "accuracy"), strict=True):
-        row[f"{short} change"], row[f"{short} change se"] = _mean_and_se(change[name][index])
+        row[f"{short} change"], row[f"{short} change se"] = mean_and_se(change[name][index])
     return row
 
 

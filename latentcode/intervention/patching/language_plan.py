@@ -30,7 +30,6 @@ from latentcode.rundir import ModelSource
 from latentcode.sources.sites import parse_selector
 from latentcode.validation import check_fits_in_memory, check_integer, check_output_stem
 
-SPLITS = ("train", "validation")
 GRIDS = ("heads", "offsets")
 DEFAULT_SEQ_LEN = 128
 SUFFIXES = (".csv", ".json", ".png")

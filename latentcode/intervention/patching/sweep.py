@@ -4,7 +4,6 @@ patched at one group)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from latentcode.errors import UsageError
+from latentcode.intervention.next_token import mean_and_se
 from latentcode.intervention.patching.inputs import (
     Metric,
     batch_size_of,
@@ -31,11 +31,6 @@ from latentcode.sources.detect import detect_source
 from latentcode.sources.site_pairs import SitePairs
 from latentcode.sources.sites import SiteError
 from latentcode.sources.source import AttentionSource
-
-
-def _mean_and_se(values: np.ndarray) -> tuple[float, float]:
-    n = len(values)
-    return float(values.mean()), float(values.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
 
 
 @dataclass
@@ -71,9 +66,9 @@ class PatchingSweep:
         for index, group in enumerate(self.groups):
             row = {**group.coordinates, "group": group.name, "n": n}
             for name in self.metric_names:
-                row[name], row[f"{name}_se"] = _mean_and_se(self.patched[name][index])
+                row[name], row[f"{name}_se"] = mean_and_se(self.patched[name][index])
                 row[f"{name}_base"] = float(self.base[name].mean())
-            row["effect"], row["effect_se"] = _mean_and_se(self.effects[index])
+            row["effect"], row["effect_se"] = mean_and_se(self.effects[index])
             rows.append(row)
         return pd.DataFrame(rows)
 
