@@ -804,6 +804,16 @@ BAD_INPUTS = [
                               "--out", "{a_dir}/q"], "--head 16 is outside the model's 16 heads; expected 0..15"),
     ("qk-unknown-pairs", ["qk", str(MODELS / "sraven-hyla"), "--layer", "2", "--head", "0", "--pairs", "successor",
                           "--out", "{a_dir}/q"], "--pairs: unknown pair selector 'successor'"),
+    # qk of a codes file: its example, layer and head checked in its compact store before torch loads
+    ("qk-codes-example-out-of-range", ["qk", "{tokens.h5}", "--example", "5", "--layer", "0", "--head", "0",
+                                       "--pairs", "previous", "--out", "{a_dir}/q"],
+     "--example 5 is outside the 2 examples of {tokens.h5}; expected 0..1"),
+    ("qk-codes-layer-not-stored", ["qk", "{tokens.h5}", "--layer", "3", "--head", "0", "--pairs", "previous",
+                                   "--out", "{a_dir}/q"], "--layer 3: {tokens.h5} stores queries and keys of layers [0]"),
+    ("qk-codes-head-out-of-range", ["qk", "{tokens.h5}", "--layer", "0", "--head", "2", "--pairs", "previous",
+                                    "--out", "{a_dir}/q"], "--head 2 is outside the 2 heads of {tokens.h5}; expected 0..1"),
+    ("qk-codes-no-compact-store", ["qk", "{tokens_no_compact.h5}", "--layer", "0", "--head", "0", "--pairs",
+                                   "previous", "--out", "{a_dir}/q"], "{tokens_no_compact.h5} has no compact store"),
     # issue 47: --device and --dtype of every command that runs a model, one check (validation.check_placement);
     # CUDA rows need torch to know (skipped where CUDA is; not in the torch-free test); an output already
     # there (--overwrite) is kept by a refused command

@@ -77,6 +77,26 @@ def is_codes_file(model: str) -> bool:
     return Path(model).suffix in (".h5", ".hdf5") and Path(model).is_file()
 
 
+def _check_stored_head(args: argparse.Namespace) -> None:
+    """A codes file's example, layer and head exist in its compact store, checked before torch loads."""
+    from latentcode.store import CodeFile
+
+    codes = CodeFile(args.model)
+    compact = codes.compact
+    if compact is None:
+        raise UsageError(f"{args.model} has no compact store (no stored queries and keys); expected a file written "
+                         "by latentcode extract of a pretrained model")
+    example = args.example or 0
+    if not example < len(codes):
+        raise UsageError(f"--example {example} is outside the {len(codes)} examples of {args.model}; expected "
+                         f"0..{len(codes) - 1}")
+    if args.layer not in compact.layers:
+        raise UsageError(f"--layer {args.layer}: {args.model} stores queries and keys of layers {compact.layers}")
+    if args.head >= compact.n_heads:
+        raise UsageError(f"--head {args.head} is outside the {compact.n_heads} heads of {args.model}; expected "
+                         f"0..{compact.n_heads - 1}")
+
+
 def check(args: argparse.Namespace) -> None:
     from latentcode.intervention.qk.pairs import check_selector
     from latentcode.intervention.qk.plan import check_outputs
@@ -91,6 +111,7 @@ def check(args: argparse.Namespace) -> None:
             check_selector(args.pairs)
         except UsageError as error:
             raise UsageError(f"--pairs: {error}") from None
+        _check_stored_head(args)
         check_outputs(args.out, args.overwrite)
         args.source = None
         return
