@@ -7,8 +7,8 @@ edit, at all selected sites together and at each site alone. `latentcode interve
 
 The table is tidy: one row per (scope, metric) with the columns `model`, `task`, `split`,
 `variant`, `n`, `edit`, `scope` ("all sites", or one site as `l{layer}_q{query}_k{key}`), `metric`,
-`before`, `after` and `change` (after - before), and their standard errors `before se`, `after se`
-and `change se` (a bootstrap over the `n` instances, BOOTSTRAP_RESAMPLES resamples of seed 0,
+`before`, `after` and `change` (after - before), `device` and `model_dtype` (where and in what the
+model ran), and their standard errors `before se`, `after se` and `change se` (a bootstrap over the `n` instances, BOOTSTRAP_RESAMPLES resamples of seed 0,
 the same resample for before and after, so `change se` is the paired one). Metrics are the task's
 own (`task.evaluate`) on the same `n` instances (the split's evaluation seed unless `seed` is given). A `MeanAblate` with
 per-label means gets each batch's labels (task labels, and SRAVEN's `rule` of the sites' query).
@@ -31,6 +31,7 @@ from latentcode.files import AtomicOutputs
 from latentcode.intervention.edits import Edit
 from latentcode.intervention.intervener import Intervention
 from latentcode.intervention.language_plan import LanguageInterventionPlan
+from latentcode.intervention.patching.inputs import placement
 from latentcode.intervention.plan import InterventionPlan, plan_intervention
 from latentcode.progress import Progress
 from latentcode.validation import place
@@ -161,6 +162,7 @@ def intervention_effects(
         afters = [(scope, *metrics(predict(scope_sites, scope))) for scope, scope_sites in scopes]
     finally:
         tracker.close()
+    ran_on = placement(model)  # device and model_dtype: where and in what the model ran
     rows = []
     for scope, after, after_resampled in afters:
         for metric, value in before.items():
@@ -170,7 +172,7 @@ def intervention_effects(
                 "model": info["model_name"], "task": task.name, "split": split, "variant": variant, "n": n,
                 "edit": description, "scope": scope, "metric": metric, "before": value, "after": after[metric],
                 "change": after[metric] - value, "before se": was.std(ddof=1), "after se": now.std(ddof=1),
-                "change se": (now - was).std(ddof=1),
+                "change se": (now - was).std(ddof=1), **ran_on,
             })  # fmt: skip
     return pd.DataFrame(rows)
 

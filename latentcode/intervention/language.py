@@ -40,6 +40,7 @@ from latentcode.intervention.language_plan import (
     layer_selector,
 )
 from latentcode.intervention.next_token import METRICS, window_metrics
+from latentcode.intervention.patching.inputs import placement
 from latentcode.progress import Progress
 from latentcode.store import Site
 
@@ -149,6 +150,7 @@ def language_model_effects(plan: LanguageInterventionPlan, edits: Edit | Sequenc
     finally:
         tracker.close()
     resamples = np.random.default_rng(0).integers(0, plan.n, size=(BOOTSTRAP_RESAMPLES, plan.n))
+    ran_on = placement(model)  # device and model_dtype: where and in what the model ran
     rows = []
     for scope, role, after in afters:
         for index, metric in enumerate(METRICS):
@@ -159,7 +161,7 @@ def language_model_effects(plan: LanguageInterventionPlan, edits: Edit | Sequenc
                 "before": was.mean(), "after": now.mean(), "change": (now - was).mean(),
                 "before se": was[resamples].mean(1).std(ddof=1), "after se": now[resamples].mean(1).std(ddof=1),
                 "change se": (now - was)[resamples].mean(1).std(ddof=1),
-                "positions": f"{plan.first_query}..{plan.seq_len - 1}",
+                "positions": f"{plan.first_query}..{plan.seq_len - 1}", **ran_on,
             })  # fmt: skip
     return pd.DataFrame(rows)
 

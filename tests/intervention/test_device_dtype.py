@@ -83,6 +83,7 @@ def test_intervene_in_bfloat16_is_within_tolerance_of_float32():
     assert seen == {torch.bfloat16}, seen
     differences = [within_se(single, half, value, f"{value} se") for value in ("before", "after", "change")]
     assert max(differences) > 0, "bfloat16 gave float32's numbers exactly: the dtype was ignored"
+    assert set(single["model_dtype"]) == {"float32"} and set(half["model_dtype"]) == {"bfloat16"}  # the table says so
 
 
 def test_intervene_a_pretrained_model_in_bfloat16(llama):
@@ -93,6 +94,7 @@ def test_intervene_a_pretrained_model_in_bfloat16(llama):
     assert seen == {torch.bfloat16}, seen
     losses = [frame[frame["metric"] == "next-token loss"] for frame in (single, half)]
     assert within_se(*losses, "change", "change se") > 0
+    assert set(half["model_dtype"]) == {"bfloat16"} and set(half["device"]) == {"cpu"}
 
 
 def test_patch_and_attribution_in_bfloat16_are_within_tolerance_of_float32():
