@@ -54,6 +54,8 @@ class RowServer(ThreadingHTTPServer):
                                 "or drop --serve for a static page of the recorded sites")
         self.rows = TokenRows(code_file, token_names)  # one file read at a time, a lock per row
         self.rows_waiting, self.rows_waiting_lock = 0, threading.Lock()
+        self.connections: dict[socket.socket, threading.Thread] = {}  # open connections and their threads
+        self.connections_lock = threading.Lock()
         try:
             super().__init__((HOST, port), RowHandler)
         except OSError as error:
@@ -87,8 +89,34 @@ class RowServer(ThreadingHTTPServer):
                 return
             time.sleep(0.001)
 
+    def process_request(self, request, client_address) -> None:
+        """Each connection in a thread of its own, remembered until it ends (see `close_connections`)."""
+        thread = threading.Thread(target=self.process_request_thread, args=(request, client_address), daemon=True)
+        with self.connections_lock:
+            self.connections[request] = thread
+        thread.start()
+
+    def shutdown_request(self, request) -> None:
+        with self.connections_lock:
+            self.connections.pop(request, None)
+        super().shutdown_request(request)
+
+    def close_connections(self, wait: float = 5.0) -> None:
+        """End every open connection (a browser tab keeps one open between requests) and wait up to `wait`
+        seconds for their threads: none may be left reading the file, or holding stderr, as the process
+        closes the file and exits (a thread left so hung the server's exit after Ctrl-C)."""
+        with self.connections_lock:
+            connections = dict(self.connections)
+        for connection in connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)  # its thread's read returns: the connection ends
+        deadline = time.monotonic() + wait
+        for thread in connections.values():
+            thread.join(max(0.0, deadline - time.monotonic()))
+
     def handle_error(self, request, client_address) -> None:
-        # A page closed or reloaded while its answer was written: nothing to report on the terminal.
+        # A page closed or reloaded while its answer was written, or a connection ended by
+        # close_connections: nothing to report on the terminal.
         if not isinstance(sys.exc_info()[1], ConnectionError):
             super().handle_error(request, client_address)
 
@@ -197,5 +225,6 @@ def serve_token_view(code_file: CodeFile | str, token_names: Sequence[str] | Non
         print(f"stopped serving {server.address}", flush=True)
     finally:
         server.server_close()
+        server.close_connections()
         code_file.compact.close()
     return 0
