@@ -87,7 +87,7 @@ def train_step(steps: int) -> None:
 
 def extraction_and_intervention(device: str, n: int) -> None:
     import latentcode
-    from latentcode.extraction.pipeline import resolve_model
+    from latentcode.subject import resolve_model
     from latentcode.intervention import Intervention
     from latentcode.intervention.edits import ZeroAblate
     from latentcode.store import CodeFile

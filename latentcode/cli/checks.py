@@ -51,8 +51,8 @@ def model_config_of(path: Path) -> dict:
     """The model config of a run directory or a saved model directory, from JSON (no torch), checked
     as the plan steps check it (`latentcode.extraction.plan.checked_model_config`), named RUN_DIR."""
     from latentcode.errors import LatentcodeError
-    from latentcode.extraction.plan import checked_model_config
     from latentcode.rundir import locate_model
+    from latentcode.subject import checked_model_config
 
     try:
         return checked_model_config(locate_model(path))

@@ -40,11 +40,10 @@ import torch
 from torch import nn
 
 from latentcode.errors import LatentcodeError, UsageError, about
-from latentcode.extraction.plan import ExtractPlan, plan_extract, task_of
+from latentcode.extraction.plan import ExtractPlan, plan_extract
 from latentcode.extraction.recorder import Recorder
 from latentcode.progress import Progress
-from latentcode.provenance import sha256_of_file, sha256_of_state
-from latentcode.rundir import ModelSource, locate_model
+from latentcode.rundir import ModelSource
 from latentcode.sources.sites import Selector
 from latentcode.store import (
     DEFAULT_COMPRESSION,
@@ -54,6 +53,7 @@ from latentcode.store import (
     shard_path,
     write_sharded_file,
 )
+from latentcode.subject import resolve_model, task_of
 from latentcode.tasks import Batch, Task, eval_seed
 from latentcode.validation import check_split, place
 
@@ -110,36 +110,6 @@ def _raise_if_any_failed(error: BaseException | None, what: str) -> None:
             raise ShardFailed(f"process {rank} of {len(messages)} failed {what}: {message}")
 
 
-def resolve_model(run_or_model: str | Path | ModelSource | nn.Module) -> tuple[nn.Module, dict[str, Any]]:
-    """The model and what the codes file records about it: name, config, checkpoint hash, task.
-    A path is located by `rundir.locate_model` (its one message for what is no model)."""
-    from latentcode.models import load_model
-    from latentcode.models.transformer import Transformer
-
-    if isinstance(run_or_model, nn.Module):
-        model = run_or_model
-        if not isinstance(model, Transformer):
-            raise TypeError(
-                f"extract() reads latentcode models, got a {type(model).__name__}; for other models use "
-                "latentcode.extraction.Recorder (it detects the source)"
-            )
-        return model, {
-            "model_name": model.config.attention_name,
-            "model_config": model.config.to_dict(),
-            "checkpoint_sha256": sha256_of_state(model),
-            "task_config": None,
-        }
-    with about("run_or_model"):
-        source = run_or_model if isinstance(run_or_model, ModelSource) else locate_model(run_or_model)
-        if source.model_path is None:
-            raise UsageError(f"{source.path} is a pretrained model; expected a latentcode run or model directory")
-    model = load_model(source.model_path)
-    return model, {
-        "model_name": model.config.attention_name,
-        "model_config": model.config.to_dict(),
-        "checkpoint_sha256": sha256_of_file(source.weights_path),
-        "task_config": source.task_config,
-    }
 
 
 def resolve_task(task: Task | Mapping[str, Any] | None, info: Mapping[str, Any], split: str | None

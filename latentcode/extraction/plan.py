@@ -23,7 +23,8 @@ from latentcode.errors import OutputExistsError, UsageError, about
 from latentcode.rundir import ModelSource, locate_model
 from latentcode.sources.sites import MAX_ALL_PAIRS, Selector, SiteError, parse_selector
 from latentcode.store import DEFAULT_COMPRESSION, InMemoryCodes, Site, check_compression
-from latentcode.tasks import Task, get_task
+from latentcode.subject import checked_model_config, task_of
+from latentcode.tasks import Task
 from latentcode.validation import (
     check_fits_in_memory,
     check_fits_on_disk,
@@ -152,39 +153,8 @@ def plan_extract(
                        wait_for_lock=wait_for_lock, extra=extra, device=device, dtype=dtype)
 
 
-def task_of(source: ModelSource, task: Task | Mapping[str, Any] | None) -> Task:
-    """`task` (a Task or its config), else the run's own."""
-    if isinstance(task, Task):
-        return task
-    if task:
-        return get_task(**task)
-    if not source.task_config:
-        what = f"{source.path} is a model directory" if source.path else "the model object comes"
-        raise UsageError(f"{what} without its run: give its task, e.g. task={{'name': 'sraven'}} "
-                         "(--task name=sraven)")
-    return get_task(**source.task_config)
 
 
-def checked_model_config(source: ModelSource) -> dict[str, Any]:
-    """The model's config as JSON, checked as a model can be built from it (no torch) and small
-    enough for this machine's memory."""
-    from latentcode.models.config import ConfigError, check_model_config, parameter_bytes
-
-    config = source.model_config
-    with about("run_or_model"):
-        if source.kind == "model":
-            if not isinstance(config, dict):
-                raise UsageError(f"{source.path}/config.json holds a JSON {type(config).__name__}; expected an "
-                                 "object of ModelConfig fields")
-            try:  # a model directory's own config, checked as a run's is
-                check_model_config(config)
-            except ConfigError as error:
-                raise UsageError(f"{source.path}: its config.json is not a config a model can be built from: "
-                                 f"{error}") from None
-        if not isinstance(config, dict) or not isinstance(config.get("n_layers"), int):
-            raise UsageError(f"{source.path}: its model config names no number of layers (n_layers)")
-        check_fits_in_memory(parameter_bytes(config), f"{source.path}: the model its config describes")
-    return config
 
 
 def _checked_out(out: str | Path | InMemoryCodes | None, append: bool, overwrite: bool

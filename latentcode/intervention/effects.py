@@ -46,8 +46,8 @@ BOOTSTRAP_RESAMPLES = 200
 def _plan_of(run_or_model, **arguments) -> InterventionPlan | LanguageInterventionPlan:
     """`run_or_model` if it is a plan already, else `plan_intervention`'s plan of it (a model object
     stands as a source of kind "object" with its own config)."""
-    from latentcode.extraction.pipeline import resolve_model
     from latentcode.rundir import ModelSource
+    from latentcode.subject import resolve_model
 
     if isinstance(run_or_model, (InterventionPlan, LanguageInterventionPlan)):
         return run_or_model
@@ -87,7 +87,7 @@ def intervention_effects(
     the metrics are computed from its outputs in float32."""
     import pandas as pd
 
-    from latentcode.extraction.pipeline import resolve_model
+    from latentcode.subject import resolve_model
     from latentcode.tasks import Batch, eval_seed
 
     edits = (edits,) if isinstance(edits, Edit) else tuple(edits)

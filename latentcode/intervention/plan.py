@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from latentcode.errors import UsageError, about
-from latentcode.extraction.plan import checked_model_config, task_of
 from latentcode.intervention.language_plan import (
     LanguageInterventionPlan,
     plan_language_intervention,
@@ -26,6 +25,7 @@ from latentcode.intervention.language_plan import (
 from latentcode.rundir import ModelSource, locate_model
 from latentcode.sources.sites import Selector, parse_selector
 from latentcode.store import Site
+from latentcode.subject import checked_model_config, task_of
 from latentcode.tasks import Task
 from latentcode.validation import (
     check_fits_in_memory,

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from latentcode.errors import UsageError, about
-from latentcode.extraction.plan import checked_model_config
 from latentcode.intervention.patching.language_plan import LanguagePatchPlan, plan_language_patch
 from latentcode.rundir import ModelSource, locate_model
 from latentcode.sources.sites import SiteError, parse_positions, parse_selector, resolve_positions
+from latentcode.subject import checked_model_config
 from latentcode.tasks import Task, get_task, task_class, task_names
 from latentcode.tasks.partitions import grid_size, parse_grid, task_partitions
 from latentcode.validation import (

@@ -1,0 +1,120 @@
+"""`TokenWindows`: what a pretrained causal LM reads, as a task like the others.
+
+    windows = subject.task({"seq_len": 64})          # LanguageModelSubject.task -> token_windows(...)
+    windows.check_split(None)                        # "validation" (the held-out split), or one line
+    ids = windows.draw(loaded, "validation", n=32, seed=0)   # int64 [32, 64 + 1]: inputs and next token
+    windows.metrics(logits[:, p0:], ids[:, 1 + p0:])         # [32, 3]: METRICS per window
+    windows.donors(32, seed=0)                       # [32]: the donor window of each (resample ablation)
+
+Instances are windows of `seq_len` tokens of the language corpus's `split` (`latentcode.tasks.corpus`,
+train or validation), each the tokenisation by the model's own tokenizer of the text from the start of
+a line drawn with `seed` (`pretrained.corpus_token_windows`), one token more for the last position's
+target. The metric is next-token prediction (`window_metrics`: METRICS, the loss, probability and
+accuracy per window, from the first position an edit can change). A text has no counterfactual
+pairs; its donors are other windows (`donors`: a seeded derangement). Torch-free until `draw`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from latentcode.errors import UsageError, about
+from latentcode.tasks.corpus import SPLITS
+from latentcode.validation import check_integer
+
+DEFAULT_SEQ_LEN = 512  # tokens per window, unless the task says (extract, intervene and patch alike)
+METRICS = ("next-token loss", "next-token probability", "next-token accuracy")
+
+
+@dataclass(frozen=True)
+class TokenWindows:
+    """Windows of `seq_len` tokens of the corpus, read by the causal LM `model_name` (context `n_ctx`)."""
+
+    model_name: str
+    seq_len: int
+    n_ctx: int | None = None
+
+    name = "language"
+    splits = SPLITS
+    held_out_split = "validation"
+    metric_names = METRICS
+
+    @property
+    def variant(self) -> str:
+        """What a table's `variant` column says of these windows."""
+        return f"T={self.seq_len}"
+
+    def config(self) -> dict[str, Any]:
+        return {"name": self.name, "seq_len": self.seq_len}
+
+    def check_split(self, split: str | None) -> str:
+        """`split` (None: validation) if the corpus has it, else the one line naming what it has."""
+        split = self.held_out_split if split is None else split
+        if split not in SPLITS:
+            with about("split"):
+                raise UsageError(f"unknown split {split!r} for a pretrained model: it reads the language corpus's "
+                                 f"{' or '.join(SPLITS)} split")
+        return split
+
+    def draw(self, loaded: Any, split: str, n: int, seed: int, extra: int = 1) -> np.ndarray:
+        """int64 `[n, seq_len + extra]`: `n` windows of `split` (seed `seed`) tokenised by `loaded`'s
+        tokenizer (`extra` tokens beyond the window: the last position's target)."""
+        from latentcode.pretrained import corpus_token_windows
+
+        return corpus_token_windows(loaded.pretrained, split, self.seq_len, n, seed, extra=extra)
+
+    @staticmethod
+    def metrics(logits: Any, targets: Any) -> Any:
+        """`[batch, 3]` METRICS per window of logits `[batch, P, vocabulary]` and targets `[batch, P]`."""
+        return window_metrics(logits, targets)
+
+    @staticmethod
+    def donors(n: int, seed: int) -> np.ndarray:
+        """`[n]` int: the donor window of each base window, a derangement (one random cycle through all
+        n windows, seed `seed`), so no window is its own donor (n >= 2)."""
+        order = np.random.default_rng(seed).permutation(n)
+        donor = np.empty(n, dtype=np.int64)
+        donor[order] = np.roll(order, -1)
+        return donor
+
+
+def window_length(task: Mapping[str, Any] | None, default: int = DEFAULT_SEQ_LEN) -> int:
+    """The window length a task config gives a pretrained model: `task["seq_len"]` (a mapping with
+    nothing else but the language task's name), else `default`."""
+    if task is None:
+        return default
+    if not isinstance(task, Mapping) or set(task) - {"seq_len", "name"} or task.get("name", "language") != "language":
+        raise UsageError(f"a pretrained model reads windows of the language corpus: the task may give only seq_len "
+                         f"(e.g. {{'seq_len': 2048}}, --task seq_len=2048), got {task!r}")
+    return check_integer("seq_len", task.get("seq_len", default), minimum=1)  # "long", 64.5: refused, not cut
+
+
+def token_windows(subject: Any, task: Mapping[str, Any] | None, default_seq_len: int | None = None) -> TokenWindows:
+    """The windows `subject` (a causal LM) reads for `task` (None, or {"seq_len": T}), the length checked
+    against its context; one line naming what was wrong."""
+    with about("task"):
+        seq_len = window_length(task, DEFAULT_SEQ_LEN if default_seq_len is None else default_seq_len)
+        if subject.n_ctx and seq_len > subject.n_ctx:
+            raise UsageError(f"seq_len={seq_len} is beyond the context of {subject.name} ({subject.n_ctx} positions); "
+                             f"expected <= {subject.n_ctx}")
+    return TokenWindows(subject.name, seq_len, subject.n_ctx)
+
+
+def window_metrics(logits: Any, targets: Any) -> Any:
+    """logits `[batch, P, vocabulary]`, targets int64 `[batch, P]` -> `[batch, 3]`: METRICS per window
+    (computed in float32 whatever the logits' dtype, on their device):
+
+        loss        = mean_p -log softmax(logits[p])[target[p]]
+        probability = mean_p  softmax(logits[p])[target[p]]
+        accuracy    = mean_p  [argmax logits[p] == target[p]]
+    """
+    import torch
+
+    log_probabilities = torch.log_softmax(logits.float(), dim=-1)
+    loss = -log_probabilities.gather(-1, targets[..., None])[..., 0]
+    accuracy = (logits.argmax(-1) == targets).float()
+    return torch.stack([loss.mean(1), torch.exp(-loss).mean(1), accuracy.mean(1)], dim=1)
