@@ -22,16 +22,7 @@ from typing import Any
 from latentcode.errors import UsageError, about
 from latentcode.pretrained import AttentionShape, attention_shape, check_seq_len
 from latentcode.rundir import ModelSource
-from latentcode.sources.sites import (
-    EVERY,
-    Positions,
-    Selector,
-    SiteError,
-    all_pairs,
-    check_layer,
-    parse_selector,
-    request_spec,
-)
+from latentcode.sources.sites import EVERY, Selector, layers_and_first_query, parse_selector
 from latentcode.tasks.corpus import SPLITS
 from latentcode.validation import check_integer, check_placement
 
@@ -95,29 +86,12 @@ def plan_language_intervention(
     split, seq_len = corpus_windows(split, task, DEFAULT_SEQ_LEN, shape.n_ctx, name)
     with about("sites"):
         selector = parse_selector(sites)
-        layers, first_query = _layers_and_first_query(selector, shape.n_layers, seq_len)
+        layers, first_query = layers_and_first_query(selector, shape.n_layers, seq_len)
     return LanguageInterventionPlan(source, name, shape, split, seq_len, selector, layers, first_query, n,
                                     min(batch_size, max(1, MAX_TOKENS_PER_PASS // seq_len)),
                                     0 if seed is None else seed, per_site, control, *check_placement(device, dtype))
 
 
-def _layers_and_first_query(selector: Selector, n_layers: int, seq_len: int) -> tuple[tuple[int, ...], int]:
-    """The layers `selector` edits and its first query position, each request checked against the
-    model's layers and the window (without listing every pair: `*:*:*` at T = 8192 is 2e9 of them)."""
-    if selector.all_pairs_layer is not None:
-        all_pairs(seq_len)  # refused above MAX_ALL_PAIRS, as everywhere
-        return (check_layer(selector.all_pairs_layer, n_layers, selector.name),), 0
-    layers, first_query = set(), seq_len
-    for layer, query, key in selector.requests:
-        what = request_spec((layer, query, key))
-        layers |= set(range(n_layers)) if layer is None else {check_layer(layer, n_layers, what)}
-        try:
-            queries = (query if isinstance(query, Positions) else Positions(items=(query,))).resolve(seq_len)
-            (key if isinstance(key, Positions) else Positions(items=(key,))).resolve(seq_len)
-        except SiteError as error:
-            raise SiteError(f"site {what}: {error}") from None
-        first_query = min(first_query, min(queries))
-    return tuple(sorted(layers)), first_query
 
 
 def layer_selector(plan: LanguageInterventionPlan, layer: int) -> Selector:

@@ -297,3 +297,22 @@ def parse_positions(field: str) -> int | Positions:
         start, _, stop = field.partition("..")
         return Positions(int(start) if start.strip() else None, int(stop) if stop.strip() else None)
     return int(field)
+
+
+def layers_and_first_query(selector: Selector, n_layers: int, seq_len: int) -> tuple[tuple[int, ...], int]:
+    """The layers `selector` edits and its first query position, each request checked against the
+    model's layers and the window (without listing every pair: `*:*:*` at T = 8192 is 2e9 of them)."""
+    if selector.all_pairs_layer is not None:
+        all_pairs(seq_len)  # refused above MAX_ALL_PAIRS, as everywhere
+        return (check_layer(selector.all_pairs_layer, n_layers, selector.name),), 0
+    layers, first_query = set(), seq_len
+    for layer, query, key in selector.requests:
+        what = request_spec((layer, query, key))
+        layers |= set(range(n_layers)) if layer is None else {check_layer(layer, n_layers, what)}
+        try:
+            queries = (query if isinstance(query, Positions) else Positions(items=(query,))).resolve(seq_len)
+            (key if isinstance(key, Positions) else Positions(items=(key,))).resolve(seq_len)
+        except SiteError as error:
+            raise SiteError(f"site {what}: {error}") from None
+        first_query = min(first_query, min(queries))
+    return tuple(sorted(layers)), first_query

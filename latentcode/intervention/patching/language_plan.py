@@ -27,7 +27,7 @@ from latentcode.errors import UsageError, about
 from latentcode.intervention.language_plan import corpus_windows
 from latentcode.pretrained import AttentionShape, attention_shape
 from latentcode.rundir import ModelSource
-from latentcode.sources.sites import parse_selector
+from latentcode.sources.sites import layers_and_first_query, parse_selector
 from latentcode.validation import check_fits_in_memory, check_integer, check_output_stem
 
 GRIDS = ("heads", "offsets")
@@ -112,7 +112,6 @@ def plan_language_patch(
 ) -> LanguagePatchPlan:
     """The plan (see the module docstring) or the first mistake. `run_only`: `plan_patch`'s options
     that need a run's task, refused here unless left at their defaults."""
-    from latentcode.intervention.language_plan import _layers_and_first_query
     from latentcode.intervention.patching.plan import _layers
 
     name = str(source.path)
@@ -147,7 +146,7 @@ def plan_language_patch(
     with about("layers"):
         layers = _layers(layers, shape.n_layers)
     with about("sites"):
-        site_layers, first_query = _layers_and_first_query(parse_selector(sites), shape.n_layers, seq_len)
+        site_layers, first_query = layers_and_first_query(parse_selector(sites), shape.n_layers, seq_len)
         layers = sorted(set(layers) & set(site_layers))
         if not layers:
             raise UsageError(f"sites {sites!r} name none of the layers swept; give sites such as *:*:* (every pair of "
