@@ -67,13 +67,15 @@ class Loaded:
 class Subject(abc.ABC):
     """A model described from its files: where it comes from (`source`, for provenance), its `name`,
     and its attention shape: `n_layers` layers of `n_heads` heads over at most `n_ctx` positions
-    (None: no limit known)."""
+    (None: no limit known); `model_config` a latentcode model's config as JSON (memory estimates;
+    empty for a causal LM)."""
 
     source: ModelSource
     name: str
     n_layers: int
     n_heads: int
     n_ctx: int | None
+    model_config: Mapping[str, Any] = field(default_factory=dict)
 
     @abc.abstractmethod
     def task(self, task: Any, default_seq_len: int | None = None) -> Any:
@@ -93,10 +95,9 @@ class Subject(abc.ABC):
 
 @dataclass(frozen=True)
 class TrainedSubject(Subject):
-    """A latentcode model: a run directory, a saved model directory, or a `Transformer` object;
-    `model_config` its config as JSON (memory estimates), `model_object` the object given."""
+    """A latentcode model: a run directory, a saved model directory, or a `Transformer` object
+    (`model_object`, the object given)."""
 
-    model_config: Mapping[str, Any] = field(default_factory=dict)
     model_object: Any = None
 
     def task(self, task: Any, default_seq_len: int | None = None) -> Any:
@@ -166,7 +167,8 @@ def subject_of(run_or_model: Any) -> Subject:
     if type(run_or_model).__name__ == "Pretrained" and hasattr(run_or_model, "tokenizer"):
         pretrained = run_or_model
         return LanguageModelSubject(locate_model(pretrained.path), pretrained.name, pretrained.n_layers,
-                                    pretrained.n_heads, pretrained.n_ctx or None, pretrained.n_kv_heads, pretrained)
+                                    pretrained.n_heads, pretrained.n_ctx or None, n_kv_heads=pretrained.n_kv_heads,
+                                    preloaded=pretrained)
     if not isinstance(run_or_model, (str, Path, ModelSource)):
         with about("run_or_model"):
             raise UsageError(f"run_or_model is a {type(run_or_model).__name__}; expected a run or model directory, a "
@@ -188,7 +190,7 @@ def _language_model_subject(source: ModelSource) -> LanguageModelSubject:
         check_model_directory(path)  # weights, heads, no auto_map: one line before torch
     shape = attention_shape(source.path)  # a damaged .gguf header is one line here
     return LanguageModelSubject(source, str(source.path), shape.n_layers, shape.n_heads, shape.n_ctx or None,
-                                shape.n_kv_heads)
+                                n_kv_heads=shape.n_kv_heads)
 
 
 def _trained_subject(source: ModelSource, model_object: Any = None) -> TrainedSubject:

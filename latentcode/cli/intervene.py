@@ -60,9 +60,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, help="path stem of the table (.csv, .json) and the plot")
     add_instance_arguments(parser)
     add_placement_arguments(parser)
-    parser.add_argument("--no-per-site", action="store_true", help="only all sites together, not each site alone "
-                        "(a pretrained model: not each (layer, head) alone)")
-    parser.add_argument("--no-control", action="store_true", help="a pretrained model: no control edit at random heads")
+    parser.add_argument("--no-per-site", action="store_true", help="only all sites together, not each unit alone")
+    parser.add_argument("--alone", choices=("sites", "heads"), help="the unit measured alone: each site, or each "
+                        "(layer, head) at the sites of its layer (default: sites where they are at most 64, else heads)")
+    parser.add_argument("--no-control", action="store_true", help="no control edit beside each scope (the same edit "
+                        "at as many heads drawn at random in the same layers)")
     parser.add_argument("--format", action="append", choices=FIGURE_FORMATS, help="plot formats (default png)")
     parser.add_argument("--overwrite", action="store_true", help="replace the table and plot if --out has them")
     parser.add_argument("--quiet", action="store_true", help="no progress (default: the work, then a bar on a "
@@ -97,12 +99,13 @@ def check(args: argparse.Namespace) -> None:
     """The model, its task, the split, the variant, the sites and memory: the plan `intervention_effects`
     makes too (`args.plan`; JSON and the task module, no torch, so a mistake is answered at once); then
     the outputs, the operation's flags, its heads and its vector (`args.edit_heads`, `args.edit_vector`)."""
-    from latentcode.intervention.language_plan import LanguageInterventionPlan, head_units
     from latentcode.intervention.plan import plan_intervention
+    from latentcode.token_windows import TokenWindows
 
     args.plan = plan_intervention(args.run, task=parse_assignments(args.task, "--task") or None, sites=args.sites,
                                   split=args.split, n=args.n, variant=args.variant, batch_size=args.batch_size,
-                                  seed=args.seed, per_site=not args.no_per_site, control=not args.no_control,
+                                  seed=args.seed, per_site=not args.no_per_site, alone=args.alone,
+                                  control=not args.no_control,
                                   device=args.device, dtype=args.dtype)
     check_output(args.out, "--out", kind="stem")
     check_stem_free(args.out, (".csv", ".json", *(f".{fmt}" for fmt in formats(args))), args.overwrite)
@@ -123,13 +126,10 @@ def check(args: argparse.Namespace) -> None:
         args.edit_heads = _parse_heads(args.zero_ablate, "--zero-ablate")
     elif args.mean_ablate is not None:
         args.edit_heads = _parse_heads(args.mean_ablate, "--mean-ablate")
-    if isinstance(args.plan, LanguageInterventionPlan):
-        if args.by:
-            raise UsageError("--by: a pretrained model's windows carry no label to take one mean per value of; "
-                             "mean-ablate without --by")
-        head_units(args.plan, args.edit_heads)
-    elif args.no_control:
-        raise UsageError("--no-control goes with a pretrained model (its control edit at random heads)")
+    if args.by and isinstance(args.plan.task, TokenWindows):
+        raise UsageError("--by: a pretrained model's windows carry no label to take one mean per value of; "
+                         "mean-ablate without --by")
+    args.plan.units(args.edit_heads)  # each head checked against the model's, and how many are measured alone
     args.edit_vector = None
     if args.set is not None or args.add is not None:
         args.edit_vector = _parse_vector(args.set if args.set is not None else args.add,
@@ -139,24 +139,19 @@ def check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> None:
     from latentcode.intervention import (
         AddVector,
-        MeanAblate,
         ScaleHeads,
         SetCode,
         ZeroAblate,
         intervention_effects,
         write_effects,
     )
-    from latentcode.intervention.language_plan import LanguageInterventionPlan
+    from latentcode.intervention.plan import mean_ablation
 
     heads, vector = args.edit_heads, args.edit_vector
     if args.zero_ablate is not None:
         edit = ZeroAblate(heads=heads)
-    elif args.mean_ablate is not None and isinstance(args.plan, LanguageInterventionPlan):
-        from latentcode.intervention.language import mean_ablate_from_compact
-
-        edit = mean_ablate_from_compact(args.codes, args.plan, heads, split=args.codes_split)
     elif args.mean_ablate is not None:
-        edit = MeanAblate.from_codes(args.codes, heads, by=args.by, split=args.codes_split, model=args.run)
+        edit = mean_ablation(args.plan, args.codes, heads, by=args.by, split=args.codes_split)
     elif args.set is not None:
         edit = SetCode(vector, heads=heads)
     elif args.add is not None:
@@ -167,9 +162,7 @@ def run(args: argparse.Namespace) -> None:
     import pandas
 
     columns = ["scope", "metric", "before", "after", "change", "change se"]
-    if "positions" in table:  # a pretrained model: which positions' predictions were read
-        print(f"next-token predictions at positions {table['positions'].iloc[0]} of windows of "
-              f"{table['variant'].iloc[0]}")
+    print(f"outputs read at positions {table['positions'].iloc[0]} ({table['variant'].iloc[0]})")
     with pandas.option_context("display.width", 200, "display.max_rows", 200):
         print(f"{table['model'].iloc[0]}, {table['edit'].iloc[0]}, {table['split'].iloc[0]} (n={args.n}):")
         print(table[columns].to_string(index=False, float_format=lambda value: f"{value:.4f}"))

@@ -1,17 +1,35 @@
-"""What an edit does to a trained model's task performance: the task metric without and with the
-edit, at all selected sites together and at each site alone. `latentcode intervene` calls this.
+"""What an edit does to a model's outputs: its metrics without and with the edit, at all selected
+sites together, at each site (or head) alone, and beside each a control edit at random heads, for any
+model (`latentcode.subject`). `latentcode intervene` calls this.
 
     table = intervention_effects("runs/sraven-hyla", MeanAblate.from_codes("codes.h5", model="runs/sraven-hyla"),
                                  sites="sraven-rule", split="ood", n=1024)
+    table = intervention_effects("smollm2", ZeroAblate(heads=[3]), sites="10:*:*", task={"seq_len": 64}, n=32)
     write_effects(table, "results/mean-ablate")        # .csv, .json and .png
 
+A trained model is read on its task's own metrics (`task.evaluate`) of `n` instances of the split (the
+split's evaluation seed unless `seed` is given); a causal LM on `n` windows of the language corpus
+and its next-token predictions from the first query an edit can change (earlier predictions cannot
+change: the model is causal) to the last, per window, then averaged over windows:
+
+    next-token loss          mean over p of -log P(token p+1 | tokens ..p)       (nats)
+    next-token probability   mean over p of P(token p+1 | tokens ..p)
+    next-token accuracy      mean over p of [argmax P(. | tokens ..p) = token p+1]
+
+(`latentcode.intervention.instances`). Scopes: the edit at every site it writes together ("all
+sites"), and with `per_site` each unit alone: each site (`l{layer}_q{query}_k{key}`) or, with
+`alone="heads"`, each (layer, head) at the plan's pairs of its layer ("l10.h3"). Beside each scope,
+with `control`, a control edit of the same size: the same edit at as many heads of the same layers,
+drawn at random among the heads the scope does not edit (seeded; none where the scope edits every
+head of a layer). A `MeanAblate` with per-label means gets each batch's labels (task labels, and
+SRAVEN's `rule` of the sites' query).
+
 The table is tidy: one row per (scope, metric) with the columns `model`, `task`, `split`,
-`variant`, `n`, `edit`, `scope` ("all sites", or one site as `l{layer}_q{query}_k{key}`), `metric`,
-`before`, `after` and `change` (after - before), `device` and `model_dtype` (where and in what the
-model ran), and their standard errors `before se`, `after se` and `change se` (a bootstrap over the `n` instances, BOOTSTRAP_RESAMPLES resamples of seed 0,
-the same resample for before and after, so `change se` is the paired one). Metrics are the task's
-own (`task.evaluate`) on the same `n` instances (the split's evaluation seed unless `seed` is given). A `MeanAblate` with
-per-label means gets each batch's labels (task labels, and SRAVEN's `rule` of the sites' query).
+`variant`, `n`, `edit`, `scope`, `role` ("edit" or "control"), `metric`, `before`, `after` and
+`change` (after - before), their standard errors `before se`, `after se` and `change se` (a
+bootstrap over the `n` instances, BOOTSTRAP_RESAMPLES resamples of seed 0, the same resample for
+before and after, so `change se` is the paired one), `positions` (the positions whose outputs are
+read), `device` and `model_dtype` (where and in what the model ran).
 """
 
 from __future__ import annotations
@@ -19,22 +37,21 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from latentcode.errors import UsageError
 from latentcode.files import AtomicOutputs
 from latentcode.intervention.edits import Edit
+from latentcode.intervention.instances import instances_of
 from latentcode.intervention.intervener import Intervention
-from latentcode.intervention.language_plan import LanguageInterventionPlan
 from latentcode.intervention.patching.inputs import placement
-from latentcode.intervention.plan import InterventionPlan, plan_intervention
+from latentcode.intervention.plan import InterventionPlan, Unit, plan_intervention
 from latentcode.progress import Progress
-from latentcode.validation import place
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -43,21 +60,77 @@ ALL_SITES = "all sites"
 BOOTSTRAP_RESAMPLES = 200
 
 
-def _plan_of(run_or_model, **arguments) -> InterventionPlan | LanguageInterventionPlan:
-    """`run_or_model` if it is a plan already, else `plan_intervention`'s plan of it (a model object
-    stands as a source of kind "object" with its own config)."""
-    from latentcode.rundir import ModelSource
-    from latentcode.subject import resolve_model
+@dataclass(frozen=True)
+class Scope:
+    """Where one pass edits: `units` as (unit, the unit it stands for: itself, or the edited unit a
+    control unit replaces), at `sites[layer]` in each layer (a selector or a list of sites)."""
 
-    if isinstance(run_or_model, (InterventionPlan, LanguageInterventionPlan)):
-        return run_or_model
-    if isinstance(run_or_model, nn.Module):
-        run_or_model = ModelSource("object", None, model_config=resolve_model(run_or_model)[1]["model_config"])
-    return plan_intervention(run_or_model, **arguments)
+    name: str
+    role: str  # "edit" or "control"
+    units: tuple[tuple[Unit, Unit], ...]
+    sites: dict[int, Any]
+
+    def edits(self, edits: Sequence[Edit]) -> list[Edit]:
+        """Each edit at the scope: per layer, the heads of `units` there whose stand-in it writes."""
+        placed = []
+        for edit in edits:
+            writes = None if edit.heads is None else {int(head) for head in edit.heads}
+            for layer in sorted({layer for (layer, _), _ in self.units}):
+                heads = sorted(head for (unit_layer, head), (_, original) in self.units
+                               if unit_layer == layer and (writes is None or original in writes))
+                if heads:
+                    placed.append(dataclasses.replace(edit, heads=heads, sites=self.sites[layer]))
+        return placed
+
+    def key(self, edits: Sequence[Edit]) -> tuple:
+        """What the scope writes: two scopes with one key (a control drawn as another scope's heads) run once."""
+        return tuple((edit.heads and tuple(edit.heads), repr(edit.sites)) for edit in self.edits(edits))
+
+
+def unit_name(units: Sequence[Unit]) -> str:
+    return ",".join(f"l{layer}.h{head}" for layer, head in units)
+
+
+def control_units(units: Sequence[Unit], n_heads: int, rng: np.random.Generator) -> list[tuple[Unit, Unit]] | None:
+    """As many (layer, head)s as `units`, each in the layer of the unit it stands for, drawn at random
+    among the heads `units` leave alone, as (control unit, the unit it stands for); None where a layer
+    has too few of them."""
+    edited = set(units)
+    chosen: list[tuple[Unit, Unit]] = []
+    for layer, head in units:
+        taken = {control for control, _ in chosen}
+        free = [other for other in range(n_heads) if (layer, other) not in edited and (layer, other) not in taken]
+        if not free:
+            return None
+        chosen.append(((layer, int(rng.choice(free))), (layer, head)))
+    return sorted(chosen)
+
+
+def scopes_of(plan: InterventionPlan, edits: Sequence[Edit]) -> list[Scope]:
+    """The edit's scopes (all sites, then each unit alone) and, with `plan.control`, a control beside each."""
+    units = sorted({unit for edit in edits for unit in plan.units(edit.heads)})
+    every_layer = {layer: plan.layer_sites(layer) for layer in plan.layers}
+    scopes = [Scope(ALL_SITES, "edit", tuple((unit, unit) for unit in units), every_layer)]
+    if plan.per_site and plan.alone == "sites" and len(plan.sites) > 1:
+        scopes += [Scope(site.name, "edit", tuple((unit, unit) for unit in units if unit[0] == site.layer),
+                         {site.layer: [site]}) for site in plan.sites]
+    elif plan.per_site and plan.alone == "heads" and len(units) > 1:
+        scopes += [Scope(unit_name([unit]), "edit", ((unit, unit),), every_layer) for unit in units]
+    if not plan.control:
+        return scopes
+    rng = np.random.default_rng(0 if plan.seed is None else plan.seed)
+    measured = []
+    for scope in scopes:
+        measured.append(scope)
+        control = control_units([unit for unit, _ in scope.units], plan.subject.n_heads, rng)
+        if control is not None:
+            name = f"control for {scope.name}: {unit_name([unit for unit, _ in control])}"
+            measured.append(Scope(name, "control", tuple(control), scope.sites))
+    return measured
 
 
 def intervention_effects(
-    run_or_model: str | Path | nn.Module | InterventionPlan,
+    run_or_model: Any,
     edits: Edit | Sequence[Edit],
     *,
     task: Any = None,
@@ -68,111 +141,84 @@ def intervention_effects(
     batch_size: int = 256,
     seed: int | None = None,
     per_site: bool = True,
+    alone: str | None = None,
     control: bool = True,
     progress: bool = False,
     device: str | Any | None = None,
     dtype: str | Any | None = None,
 ) -> pd.DataFrame:
-    """The task metrics of `n` instances of `split` (None: the task's held-out split, `ood` or
-    language's `validation`) without and with `edits` at `sites` (all at once,
-    and with `per_site` each site alone); returns the tidy pandas table described in the module
-    docstring. The edits' own `sites` are replaced by each scope. Everything is checked first by
-    `latentcode.intervention.plan.plan_intervention`; `run_or_model` may be such a plan (the command
-    line's), and then the other arguments are the plan's. A pretrained causal LM ("smollm2", a Hugging
-    Face directory, a .gguf file) is edited on windows of the language corpus and read on its next-token
-    predictions, beside a `control` edit of as many random heads (`latentcode.intervention.language`).
+    """The metrics of `n` instances of `split` (None: the task's held-out split, `ood`, or a causal
+    LM's `validation` windows) without and with `edits` at `sites` (all at once, each unit alone with
+    `per_site`, a random-head control beside each with `control`); returns the tidy pandas table of
+    the module docstring. The edits' own `sites` are replaced by each scope. Everything is checked
+    first by `plan_intervention`; `run_or_model` may be such a plan (the command line's), and then the
+    other arguments are the plan's. run_or_model: anything `latentcode.subject.subject_of` takes (a run
+    or model directory, a model object, "smollm2", a Hugging Face directory, a .gguf file).
     device, dtype: where and in what the model runs ("cpu", "cuda", "cuda:1"; "float32", "bfloat16",
     "float16"); None: a model loaded here on the CPU in float32, a model object where and as it is
     (given, the object is moved and cast, as `nn.Module.to` does). The inputs follow the model's device;
     the metrics are computed from its outputs in float32."""
     import pandas as pd
 
-    from latentcode.subject import resolve_model
-    from latentcode.tasks import Batch, eval_seed
-
     edits = (edits,) if isinstance(edits, Edit) else tuple(edits)
     if not edits:
         raise UsageError("give at least one edit")
-    model_object = run_or_model if isinstance(run_or_model, nn.Module) else None
-    plan = _plan_of(run_or_model, task=task, sites=sites, split=split, n=n, variant=variant, batch_size=batch_size,
-                    seed=seed, per_site=per_site, control=control, device=device, dtype=dtype)
-    if isinstance(plan, LanguageInterventionPlan):
-        from latentcode.intervention.language import language_model_effects
+    plan = run_or_model if isinstance(run_or_model, InterventionPlan) else plan_intervention(
+        run_or_model, task=task, sites=sites, split=split, n=n, variant=variant, batch_size=batch_size, seed=seed,
+        per_site=per_site, alone=alone, control=control, device=device, dtype=dtype)
+    scopes = scopes_of(plan, edits)
+    loaded = plan.subject.load(plan.device, plan.dtype, progress)
+    instances = instances_of(plan, loaded)
+    description = "; ".join(edit.describe() for edit in edits) + f" at {plan.selector.spec()}"
+    tracker = Progress((1 + len(scopes)) * len(instances.batches), "intervene", unit="batch", enabled=progress)
+    tracker.announce(f"{description} on {plan.n} {plan.split} instances ({plan.variant}) in {len(instances.batches)} "
+                     f"passes of up to {plan.batch_size}: without the edit, then {len(scopes)} scopes "
+                     f"({sum(scope.role == 'control' for scope in scopes)} controls), "
+                     f"{(1 + len(scopes)) * len(instances.batches)} forward passes")
+    measured: dict[tuple, np.ndarray] = {}
 
-        return language_model_effects(plan, edits, progress=progress)
-    model, info = resolve_model(model_object if plan.source.kind == "object" else plan.source)
-    model = place(model, plan.device, plan.dtype)
-    on = next(model.parameters()).device  # the inputs follow the model
-    task, split, variant, resolved = plan.task, plan.split, plan.variant, list(plan.sites)
-    n, batch_size, per_site = plan.n, plan.batch_size, plan.per_site
-    seed = eval_seed(split) if plan.seed is None else plan.seed
-    model.eval()
-
-    batches = [task.sample(min(batch_size, n - start), split, seed=(seed, index), variant=variant)
-               for index, start in enumerate(range(0, n, batch_size))]  # fmt: skip
-    everything = Batch(
-        x=np.concatenate([batch.x for batch in batches]),
-        y=np.concatenate([batch.y for batch in batches]),
-        labels={name: np.concatenate([batch.labels[name] for batch in batches]) for name in batches[0].labels},
-        split=split,
-        variant=variant,
-    )
-
-    def predict(scope_sites: list | None, scope: str) -> np.ndarray:
-        """`[n, n_predictions, d_out]` outputs at the prediction positions, with the edit at `scope_sites`."""
-        predictions = []
-        for batch in batches:
-            labels = {**batch.labels, **task.derived_labels(batch, resolved)}
+    def outputs(scope: Scope | None) -> np.ndarray:
+        """What the metrics need of each instance, with the edits at `scope` (None: unedited)."""
+        key = None if scope is None else scope.key(edits)
+        if key in measured:
+            tracker.advance(len(instances.batches), note=scope.name)
+            return measured[key]
+        kept = []
+        for index in range(len(instances.batches)):
             with torch.no_grad():
-                if scope_sites is None:
-                    output = model(torch.from_numpy(batch.x).to(on))
+                if scope is None:
+                    logits = loaded.logits(instances.inputs(index))
                 else:
-                    scoped = [dataclasses.replace(edit, sites=scope_sites).for_batch(labels) for edit in edits]
-                    with Intervention(model, scoped, sites=scope_sites):
-                        output = model(torch.from_numpy(batch.x).to(on))
-            predictions.append(output[:, -task.n_predictions :, :].float().cpu().numpy())
-            tracker.advance(note=scope)
-        return np.concatenate(predictions)
+                    labels = instances.labels(index)
+                    placed = [edit.for_batch(labels) for edit in scope.edits(edits)]
+                    with Intervention(loaded.model, placed, sites=plan.selector):
+                        logits = loaded.logits(instances.inputs(index))
+            kept.append(instances.keep(logits, index))
+            tracker.advance(note="without the edit" if scope is None else scope.name)
+        measured[key] = np.concatenate(kept)
+        return measured[key]
 
-    def resample(indices: np.ndarray) -> Batch:
-        return Batch(x=everything.x[indices], y=everything.y[indices],
-                     labels={name: values[indices] for name, values in everything.labels.items()},
-                     split=split, variant=variant)
-
-    resamples = np.random.default_rng(0).integers(0, n, size=(BOOTSTRAP_RESAMPLES, n))
-    resampled = [resample(indices) for indices in resamples]
-
-    def metrics(predictions: np.ndarray) -> tuple[dict[str, float], list[dict[str, float]]]:
-        """The task's metrics on all `n` instances, and on each bootstrap resample of them."""
-        return (task.evaluate(predictions, everything),
-                [task.evaluate(predictions[indices], batch) for indices, batch in zip(resamples, resampled, strict=True)])
-
-    scopes = [(ALL_SITES, resolved)]
-    if per_site and len(resolved) > 1:
-        scopes += [(site.name, [site]) for site in resolved]
-    description = "; ".join(edit.describe() for edit in edits)
-    tracker = Progress((1 + len(scopes)) * len(batches), "intervene", unit="batch", enabled=progress)
-    tracker.announce(f"{description} on {n} {split} instances ({variant}) in {len(batches)} batches of up to "
-                     f"{batch_size}: {1 + len(scopes)} passes over them (without the edit, all {len(resolved)} sites"
-                     + (", each site alone" if len(scopes) > 1 else "") + f"), {(1 + len(scopes)) * len(batches)} "
-                     "forward passes")
     tracker.start()
     try:
-        before, before_resampled = metrics(predict(None, "without the edit"))
-        afters = [(scope, *metrics(predict(scope_sites, scope))) for scope, scope_sites in scopes]
+        before = outputs(None)
+        afters = [(scope, outputs(scope)) for scope in scopes]
     finally:
         tracker.close()
-    ran_on = placement(model)  # device and model_dtype: where and in what the model ran
+    resamples = np.random.default_rng(0).integers(0, plan.n, size=(BOOTSTRAP_RESAMPLES, plan.n))
+    (was,), was_resampled = instances.evaluate(before), instances.evaluate(before, resamples)
+    common = {"model": loaded.name, "task": plan.task.name, "split": plan.split, "variant": plan.variant, "n": plan.n,
+              "edit": description}
     rows = []
-    for scope, after, after_resampled in afters:
-        for metric, value in before.items():
-            was = np.array([resample_metrics[metric] for resample_metrics in before_resampled], dtype=float)
-            now = np.array([resample_metrics[metric] for resample_metrics in after_resampled], dtype=float)
+    for scope, after in afters:
+        (now,), now_resampled = instances.evaluate(after), instances.evaluate(after, resamples)
+        for metric, value in was.items():
+            before_r = np.array([values[metric] for values in was_resampled], dtype=float)
+            after_r = np.array([values[metric] for values in now_resampled], dtype=float)
             rows.append({
-                "model": info["model_name"], "task": task.name, "split": split, "variant": variant, "n": n,
-                "edit": description, "scope": scope, "metric": metric, "before": value, "after": after[metric],
-                "change": after[metric] - value, "before se": was.std(ddof=1), "after se": now.std(ddof=1),
-                "change se": (now - was).std(ddof=1), **ran_on,
+                **common, "scope": scope.name, "role": scope.role, "metric": metric, "before": value,
+                "after": now[metric], "change": now[metric] - value, "before se": before_r.std(ddof=1),
+                "after se": after_r.std(ddof=1), "change se": (after_r - before_r).std(ddof=1),
+                "positions": instances.positions, **placement(loaded.model),
             })  # fmt: skip
     return pd.DataFrame(rows)
 
@@ -192,15 +238,15 @@ def write_effects(table, path_stem: str | Path, formats: Sequence[str] = ("png",
 
 def draw_effects(table):
     """The plot of `write_effects`: one panel per metric, after the edit per scope (± s.e.), all sites
-    together in red, each site alone in orange; before it, a dashed line in its ± s.e. band. A language
-    model's table (a `role` column) shows the change per scope instead (± its paired s.e.; the
-    changes are small beside the loss itself) and its controls in grey."""
+    together in red, each site alone in orange; before it, a dashed line in its ± s.e. band. A table
+    with controls shows the change per scope instead (± its paired s.e., so that an edit and its
+    control compare at a glance; a change is small beside a loss) and its controls in grey."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     metrics = list(dict.fromkeys(table["metric"]))
     scopes = list(dict.fromkeys(table["scope"]))
-    relative = "role" in table
+    relative = "role" in table and bool((table["role"] == "control").any())
     value, error = ("change", "change se") if relative else ("after", "after se")
     columns = min(3 if len(scopes) <= 8 else 1, len(metrics))  # many scopes: panels one above the other
     n_rows = math.ceil(len(metrics) / columns)
@@ -234,7 +280,6 @@ def draw_effects(table):
     # one legend for every panel (the same colours in each), below them where it covers no bar
     figure.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=4, fontsize=8, frameon=False)
     first = table.iloc[0]
-    windows = f", windows of {first['variant'][2:]} tokens" if relative else ""
-    figure.suptitle(f"{first['model']} on {first['task']} {first['split']} (n={first['n']}{windows}): {first['edit']}",
-                    fontsize=9)
+    figure.suptitle(f"{first['model']} on {first['task']} {first['split']} ({first['variant']}, n={first['n']}): "
+                    f"{first['edit']}", fontsize=9)
     return figure

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from latentcode.cli import main
+from latentcode.errors import UsageError
 from latentcode.intervention import Intervention, ZeroAblate
 from latentcode.models import load_model
 from latentcode.store import CodeWriter, Site
@@ -40,8 +41,23 @@ def test_intervene_writes_a_tidy_table_with_the_metric_before_and_after(tmp_path
     assert "wrote" in capsys.readouterr().out
     table = pd.read_csv(stem.with_suffix(".csv"))
     assert stem.with_suffix(".json").is_file() and stem.with_suffix(".png").stat().st_size > 0
-    assert list(dict.fromkeys(table["scope"])) == ["all sites", "l0_q31_k31", "l1_q31_k31"]
+    edits = table[table["role"] == "edit"]
+    assert list(dict.fromkeys(edits["scope"])) == ["all sites", "l0_q31_k31", "l1_q31_k31"]
     before, after = metrics_by_hand(), metrics_by_hand(ZeroAblate(heads=[0, 2]))
+    # beside each scope its control: the same edit at as many other heads of the same layers, read by hand too
+    controls = table[table["role"] == "control"]
+    assert len(set(controls["scope"])) == 3
+    control = controls["scope"].iloc[0]  # "control for all sites: l0.hA,l0.hB,l1.hC,l1.hD"
+    drawn = [unit.split(".h") for unit in control.split(": ")[1].split(",")]
+    assert control.startswith("control for all sites") and len(drawn) == 4
+    assert all(int(head) not in (0, 2) for _, head in drawn)
+    by_layer = {layer: sorted(int(head) for unit_layer, head in drawn if unit_layer == layer) for layer in ("l0", "l1")}
+    assert all(len(heads) == 2 for heads in by_layer.values())
+    control_by_hand = metrics_by_hand([ZeroAblate(heads=heads, sites=[(int(layer[1:]), 31, 31)])
+                                       for layer, heads in by_layer.items()])
+    control_rows = controls[controls["scope"] == control].set_index("metric")
+    for metric in before:
+        assert control_rows.loc[metric, "after"] == pytest.approx(control_by_hand[metric], rel=1e-6)
     everything = table[table["scope"] == "all sites"].set_index("metric")
     for metric in before:
         assert everything.loc[metric, "before"] == pytest.approx(before[metric], rel=1e-6)
@@ -81,12 +97,32 @@ def test_intervene_keeps_an_earlier_table_unless_overwrite(tmp_path, capsys):
 
 @pytest.mark.skipif(not RUN.is_dir(), reason="shipped checkpoint models/fuzzy_logic-hyla is missing")
 def test_intervene_says_the_work_then_a_line_per_step_in_a_log_and_nothing_when_quiet(tmp_path, capsys):
-    """Two sites: one pass without the edit, one with it at both, one at each alone; 2 batches each."""
+    """Two sites: one pass without the edit, one with it at both, one at each alone; 2 batches each;
+    with controls, one more pass beside each of the 3 scopes."""
     arguments = ["intervene", str(RUN), "--n", "40", "--batch-size", "32", "--zero-ablate", "0"]
-    assert main([*arguments, "--out", str(tmp_path / "a")]) == 0
+    assert main([*arguments, "--out", str(tmp_path / "a"), "--no-control"]) == 0
     err = capsys.readouterr().err
-    assert "on 40 ood instances" in err and "in 2 batches of up to 32: 4 passes over them" in err
+    assert "on 40 ood instances" in err and "in 2 passes of up to 32: without the edit, then 3 scopes (0 controls)" in err
     assert "8 forward passes" in err and "intervene: 1/8 batches" in err and "intervene: 8/8 batches" in err
+    assert main([*arguments, "--out", str(tmp_path / "c")]) == 0
+    err = capsys.readouterr().err
+    assert "then 6 scopes (3 controls), 14 forward passes" in err and "intervene: 14/14 batches" in err
     assert "\r" not in err
     assert main([*arguments, "--out", str(tmp_path / "b"), "--quiet"]) == 0
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.skipif(not RUN.is_dir(), reason="shipped checkpoint models/fuzzy_logic-hyla is missing")
+def test_each_layer_and_head_alone_on_a_trained_model_is_that_heads_edit_by_hand():
+    """alone="heads" (the unit a causal LM's edits are measured in) on a trained run: scope l1.h2 is
+    the edit of head 2 at layer 1's sites alone, computed here without latentcode's scopes."""
+    from latentcode.intervention import intervention_effects
+
+    table = intervention_effects(RUN, ZeroAblate(heads=[0, 2]), n=N, alone="heads", control=False)
+    assert list(dict.fromkeys(table["scope"])) == ["all sites", "l0.h0", "l0.h2", "l1.h0", "l1.h2"]
+    alone = table[table["scope"] == "l1.h2"].set_index("metric")
+    by_hand = metrics_by_hand(ZeroAblate(heads=[2], sites=[(1, 31, 31)]))
+    for metric, value in by_hand.items():
+        assert alone.loc[metric, "after"] == pytest.approx(value, rel=1e-6)
+    with pytest.raises(UsageError, match="alone='rows'; expected one of sites, heads"):
+        intervention_effects(RUN, ZeroAblate(heads=[0]), n=N, alone="rows")

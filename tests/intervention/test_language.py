@@ -106,7 +106,7 @@ def test_an_identity_edit_changes_no_metric(tiny_llama):
      "head 4 is outside the 4 heads of"),
     (["--sites", "1:*:*", "--zero-ablate", "0", "--task", "seq_len=65"],
      {"sites": "1:*:*", "edits": ZeroAblate(heads=[0]), "task": {"seq_len": 65}},
-     "seq_len 65 is beyond the context of"),
+     "seq_len=65 is beyond the context of"),
     (["--sites", "1:70:*", "--zero-ablate", "0"], {"sites": "1:70:*", "edits": ZeroAblate(heads=[0])},
      "site 1:70:*: position 70 is outside the sequence of 16 tokens"),
 ])
@@ -143,8 +143,7 @@ def test_smollm2_one_head_zero_ablated_on_short_windows(smollm2, tmp_path, capsy
 
 def test_mean_ablation_takes_the_mean_pattern_of_a_compact_store_of_training_windows(tiny_llama, tmp_path):
     from latentcode.extraction.pretrained_extract import extract_pretrained
-    from latentcode.intervention.language import mean_ablate_from_compact
-    from latentcode.intervention.plan import plan_intervention
+    from latentcode.intervention.plan import mean_ablate_from_compact, plan_intervention
     from latentcode.store import Site
 
     codes = extract_pretrained(str(tiny_llama), split="train", n=5, seq_len=SEQ_LEN, out=tmp_path / "train.h5",
@@ -169,7 +168,7 @@ def test_the_command_line_writes_the_table_python_returns_and_its_plot(tiny_llam
     stem = tmp_path / "tiny-l1"
     assert main(["intervene", str(tiny_llama), "--sites", "1:*:*", "--zero-ablate", "1,2", "--task",
                  f"seq_len={SEQ_LEN}", "--n", "3", "--out", str(stem), "--quiet"]) == 0
-    assert "next-token predictions at positions 0..15" in capsys.readouterr().out
+    assert "outputs read at positions 0..15 (T=16)" in capsys.readouterr().out
     written = pd.read_csv(stem.with_suffix(".csv"))
     table = intervention_effects(str(tiny_llama), ZeroAblate(heads=[1, 2]), sites="1:*:*",
                                  task={"seq_len": SEQ_LEN}, n=3)

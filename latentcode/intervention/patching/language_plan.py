@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from latentcode.errors import UsageError, about
-from latentcode.intervention.language_plan import corpus_windows
 from latentcode.pretrained import AttentionShape, attention_shape
 from latentcode.rundir import ModelSource
 from latentcode.sources.sites import layers_and_first_query, parse_selector
@@ -142,7 +141,10 @@ def plan_language_patch(
             raise UsageError(f"n={n}: resample ablation needs at least 2 windows (each takes the codes of another)")
     with about("seed"):
         seed = check_integer("seed", seed, minimum=0)
-    split, seq_len = corpus_windows(split, task, DEFAULT_SEQ_LEN, shape.n_ctx, name)
+    from latentcode.subject import subject_of
+
+    windows = subject_of(source).task(task, DEFAULT_SEQ_LEN)  # interim, until patch is merged into one plan
+    split, seq_len = windows.check_split(split), windows.seq_len
     with about("layers"):
         layers = _layers(layers, shape.n_layers)
     with about("sites"):
