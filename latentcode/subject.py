@@ -196,7 +196,8 @@ def _language_model_subject(source: ModelSource) -> LanguageModelSubject:
 def _trained_subject(source: ModelSource, model_object: Any = None) -> TrainedSubject:
     config = checked_model_config(source)
     name = str(source.path) if source.path is not None else str(config.get("attention", "model"))
-    return TrainedSubject(source, name, int(config["n_layers"]), int(config.get("n_heads") or 1),
+    heads = int(config.get("n_heads") or 1) * int(config.get("width_factor") or 1)  # ModelConfig scales them
+    return TrainedSubject(source, name, int(config["n_layers"]), heads,
                           config.get("n_ctx"), config, model_object)
 
 

@@ -62,17 +62,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return parser
 
 
-def shape_of(source) -> tuple[int, int, int | None]:
-    """(layers, heads, context) of a located model, from its config alone."""
-    if source.kind == "pretrained":
-        from latentcode.pretrained import attention_shape
-
-        shape = attention_shape(source.path)
-        return shape.n_layers, shape.n_heads, shape.n_ctx
-    config = source.model_config
-    return int(config.get("n_layers", 2)), int(config.get("n_heads", 8)) * int(config.get("width_factor", 1)), None
-
-
 def is_codes_file(model: str) -> bool:
     return Path(model).suffix in (".h5", ".hdf5") and Path(model).is_file()
 
@@ -100,7 +89,7 @@ def _check_stored_head(args: argparse.Namespace) -> None:
 def check(args: argparse.Namespace) -> None:
     from latentcode.intervention.qk.pairs import check_selector
     from latentcode.intervention.qk.plan import check_outputs
-    from latentcode.rundir import locate_model
+    from latentcode.subject import subject_of
     from latentcode.validation import check_placement
 
     if is_codes_file(args.model):
@@ -117,8 +106,8 @@ def check(args: argparse.Namespace) -> None:
         return
     if args.example is not None:
         raise UsageError(f"--example is for a codes file (.h5); {args.model} is a model")
-    source = locate_model(args.model)
-    n_layers, n_heads, n_ctx = shape_of(source)
+    subject = subject_of(args.model)
+    n_layers, n_heads, n_ctx = subject.n_layers, subject.n_heads, subject.n_ctx
     if args.layer >= n_layers:
         raise UsageError(f"--layer {args.layer} is outside the model's {n_layers} layers; expected 0..{n_layers - 1}")
     if args.head >= n_heads:
@@ -127,18 +116,18 @@ def check(args: argparse.Namespace) -> None:
         check_selector(args.pairs)
     except UsageError as error:
         raise UsageError(f"--pairs: {error}") from None
-    if source.kind == "pretrained":
+    if subject.reads_text:
         args.seq_len = args.seq_len or DEFAULT_SEQ_LEN
         if n_ctx and args.seq_len > n_ctx:
             raise UsageError(f"--seq-len {args.seq_len} is beyond the model's context of {n_ctx} positions")
     else:
         if args.seq_len is not None or args.repeat:
             raise UsageError("--seq-len and --repeat are for a language model; our models read their task's sequences")
-        if not source.task_config:
+        if not subject.source.task_config:
             raise UsageError(f"{args.model} is a model directory without its run: its task is unknown; give the run "
                              "directory")
     check_outputs(args.out, args.overwrite)
-    args.source = source
+    args.source = subject
     args.device, args.dtype = check_placement(args.device, args.dtype)
 
 
@@ -146,25 +135,18 @@ def sequence(args: argparse.Namespace):
     """(model, tokens `[1, pos]` or `[1, pos, d_in]`, its name) for the command's arguments."""
     import torch
 
-    source = args.source
-    if source.kind == "pretrained":
-        from latentcode.pretrained import corpus_token_windows, load_pretrained
-
-        pretrained = load_pretrained(args.model, device=args.device, dtype=args.dtype)
+    subject = args.source
+    loaded = subject.load(args.device, args.dtype)
+    if subject.reads_text:
         length = args.seq_len // 2 if args.repeat else args.seq_len
-        window = corpus_token_windows(pretrained, args.split or "validation", length, 1, seed=args.seed)
-        tokens = torch.as_tensor(window)
+        windows = subject.task({"seq_len": length})
+        tokens = torch.as_tensor(windows.draw(loaded, args.split or "validation", 1, args.seed, extra=0))
         if args.repeat:
             tokens = torch.cat([tokens, tokens], dim=1)
-        return pretrained.model, tokens, pretrained.name
-    from latentcode.models import load_model
-    from latentcode.tasks import get_task
-    from latentcode.validation import place
-
-    task = get_task(**source.task_config)
+        return loaded.model, tokens, loaded.name
+    task = subject.task(None)
     batch = task.sample(1, args.split or task.analysis.held_out_split, seed=args.seed)
-    model = place(load_model(source.model_path), args.device, args.dtype)
-    return model, torch.as_tensor(batch.x[:1]), Path(args.model).name
+    return loaded.model, torch.as_tensor(batch.x[:1]), Path(args.model).name
 
 
 def run(args: argparse.Namespace) -> None:

@@ -109,13 +109,14 @@ def _check_run(args: argparse.Namespace) -> None:
     where --split, --sites, --n are not given), into --codes or a temporary file made by `run`."""
     from latentcode.extraction.plan import plan_extract
     from latentcode.rundir import RunDirectoryError, locate_model
+    from latentcode.subject import subject_of
 
     try:
         source = locate_model(args.file)
     except RunDirectoryError:
         raise UsageError(f"{args.file} is a directory but neither a codes file (.h5) nor a run or model directory "
                          "(with model/model.safetensors or model.safetensors); expected one of them") from None
-    if source.kind == "pretrained":
+    if subject_of(source).reads_text:
         raise UsageError(f"{args.file} is a pretrained model; latentcode view reads a run directory of a latentcode "
                          "task or a codes file: extract its codes first (latentcode extract) and view that file")
     # The temporary file is made by `run`; its directory is checked here through a name not taken.
