@@ -106,13 +106,16 @@ def scatter(table: pd.DataFrame, rho: float) -> Figure:
         axis.grid(alpha=0.3)
     axes[0].set_ylabel("OOD R² (%), final, fixed evaluation set")
     handles = [axes[0].scatter([], [], color=color, label=name) for name, color in colors.items()]
-    handles += [axes[0].scatter([], [], color="white", edgecolor="black", marker=marker, label=f"{int(100 * f)}% held out")
+    handles += [axes[0].scatter([], [], color="white", edgecolor="black", marker=marker,
+                                label=f"{int(100 * f)}% held out")
                 for f, marker in markers.items() if f in set(table["frac_test"])]
-    handles += [axes[0].scatter([], [], color="white", edgecolor="black", s=marker_size(steps), label=f"{steps:,} steps")
+    handles += [axes[0].scatter([], [], color="white", edgecolor="black", s=marker_size(steps),
+                                label=f"{steps:,} steps")
                 for steps in sorted(set(table["steps"]))]
     figure.legend(handles=handles, loc="outside right center", fontsize=7, title="attention / held out / steps",
                   title_fontsize=7)
-    figure.suptitle(f"Fuzzy logic (L=4, K=2, T=32), {len(table)} models, seed 0: code reuse on the ood split vs OOD R²\n"
+    figure.suptitle(f"Fuzzy logic (L=4, K=2, T=32), {len(table)} models, seed 0: "
+                    "code reuse on the ood split vs OOD R²\n"
                     f"codes: last-self, both layers, fixed_query variant; dashed: trivial level; Spearman ρ of the "
                     f"score {rho:.2f}", fontsize=9)
     return figure
@@ -121,7 +124,8 @@ def scatter(table: pd.DataFrame, rho: float) -> Figure:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs-from", default=str(RECORDED), metavar="DIR",
-                        help="finished fuzzy-logic runs with weights, DIR/fuzzy-*/model/ (default analyses/results/runs)")
+                        help="finished fuzzy-logic runs with weights, DIR/fuzzy-*/model/ (default "
+                             "analyses/results/runs)")
     parser.add_argument("--out", default="analyses/results/code_reuse", help="tables and figure (committed)")
     parser.add_argument("--codes", default="analyses/output/code_reuse/codes", help="extracted codes (not committed)")
     parser.add_argument("--n-codes", type=int, default=1024, help="instances per split (train, ood) for (a), (b)")

@@ -1,8 +1,8 @@
 """What the analysis scripts share: their command line, training a grid of runs, extracting codes.
 
 Built only on latentcode's public API. Every script takes `--scale` (tiny, demo, cpu, paper) and
-writes its tables and figures under `--out` as one set (`output_set`); trained runs live in `OUT/runs/` (a sweep directory,
-so a script run again skips finished runs and resumes unfinished ones). `--runs-from DIR` uses
+writes its tables and figures under `--out` as one set (`output_set`); trained runs live in `OUT/runs/` (a sweep
+directory, so a script run again skips finished runs and resumes unfinished ones). `--runs-from DIR` uses
 finished runs `DIR/<task>-<attention>` (or `--run-name`) instead of training (e.g. `--runs-from models` for the
 shipped checkpoints).
 """
@@ -27,7 +27,8 @@ def parser(description: str, default_out: str) -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
                         help="override a model/task/training field of every run, e.g. --set n_layers=1")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at a time, each in its own process")
-    parser.add_argument("--runs-from", metavar="DIR", help="use finished runs DIR/<task>-<attention> instead of training")
+    parser.add_argument("--runs-from", metavar="DIR",
+                        help="use finished runs DIR/<task>-<attention> instead of training")
     parser.add_argument("--run-name", default="{preset}-{attention}",
                         help="with --runs-from: the run directories' names (default {preset}-{attention}, the "
                              "shipped names; e.g. sraven-permuted-{attention})")
@@ -284,7 +285,8 @@ def share_of_code_variance(codes_path: Path, scopes: dict, label: str, split: st
 
     codes_file = latentcode.CodeFile(codes_path)
     labels = codes_file.labels(label, split)
-    shares = {(site_set, scope): variance_explained(np.concatenate([codes_file.codes(site, split) for site in sites], 1),
+    shares = {(site_set, scope): variance_explained(np.concatenate([codes_file.codes(site, split)
+                                                                    for site in sites], 1),
                                                     labels)
               for site_set, set_scopes in scopes.items() for scope, sites in set_scopes.items()}
     return {**shares, "chance": (len(np.unique(labels)) - 1) / (len(labels) - 1)}

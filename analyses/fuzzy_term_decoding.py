@@ -30,7 +30,8 @@ from latentcode.analysis import (
 def main() -> None:
     args = common.parser(__doc__, "fuzzy_term_decoding").parse_args()
     runs = common.model_runs(args, "fuzzy_logic")
-    files = [common.codes_of(run, "last-self", "fixed_query", args.n_codes, args.out, quiet=args.quiet) for run in runs.values()]
+    files = [common.codes_of(run, "last-self", "fixed_query", args.n_codes, args.out, quiet=args.quiet)
+             for run in runs.values()]
     out = Path(args.out)
     table = decode(files, "term_present", fit_split="train", test_split="ood")
     write_table(table, out / "term_decoding")

@@ -61,7 +61,8 @@ def trivial_baselines(task, ood, training) -> dict[str, float]:
         from latentcode.tasks import RULES
 
         best = max(range(len(RULES)), key=lambda rule: accuracy(training, rule))
-        return {f"best single rule ({RULES[best]}, chosen on train)": accuracy(ood, best), "chance": 1 / task.n_values**task.n_features}
+        return {f"best single rule ({RULES[best]}, chosen on train)": accuracy(ood, best),
+                "chance": 1 / task.n_values**task.n_features}
     n_variables = task.n_variables
     context, targets = ood.x[:, :-1, :n_variables], ood.x[:, :-1, n_variables]
     query = ood.x[:, -1:, :n_variables]
@@ -128,7 +129,8 @@ def run_model(name: str, run: Path, args) -> list[dict]:
                                             n_heads - 2, n_heads - 1, n_heads}))
     for kind in KINDS:
         orders = {
-            "least train damage first": {layer: sorted(range(n_heads), key=lambda head, at=layer: damage[kind, at, head])
+            "least train damage first": {layer: sorted(range(n_heads),
+                                                       key=lambda head, at=layer: damage[kind, at, head])
                                          for layer in range(n_layers)},
             "random (control)": {layer: rng.permutation(n_heads).tolist() for layer in range(n_layers)},
         }

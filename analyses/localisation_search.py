@@ -67,7 +67,8 @@ def search_model(name: str, run_dir: Path, args) -> dict:
     layer = result.route[-1].layer
     hand_made = hand_made_groups(task, layer, variant)
     print(f"{name}: {len(hand_made)} hand-made groups on the confirmation pairs", flush=True)
-    table = transfer_sweep(model, task, confirmation, list(hand_made.values()), relations=("different", "third", "same"))
+    table = transfer_sweep(model, task, confirmation, list(hand_made.values()),
+                           relations=("different", "third", "same"))
     table["step"] = list(hand_made)
     table["group kind"] = "hand-made"
     route = result.confirmed.copy()
@@ -97,7 +98,8 @@ def search_model(name: str, run_dir: Path, args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs-from", default="models", help="directory of finished runs named like the shipped models")
+    parser.add_argument("--runs-from", default="models",
+                        help="directory of finished runs named like the shipped models")
     parser.add_argument("--model", nargs="+", default=["sraven-hyla"], help="run names, or 'all'")
     parser.add_argument("--n", type=int, default=256, help="selection pairs (seed 0)")
     parser.add_argument("--confirm-n", type=int, default=2048, help="confirmation pairs (seed 4)")

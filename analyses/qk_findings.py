@@ -109,10 +109,12 @@ def main() -> None:
         made_by = "; ".join(f"{part}: `{summary[part]['command']}` ({summary[part]['seconds'] / 60:.0f} min)"
                             for part in ("smollm2", "sraven") if "command" in summary.get(part, {}))
         page = ["Made by `analyses/qk_findings.py` (" + made_by + "; settings in `summary.json`). Terms are the "
-                "head's score before sigma split exactly over the residual stream's components with the normalisation's scale frozen per position (`latentcode qk`); a path patch removes "
-                "one component from one side of one head only.", ""]
+                "head's score before sigma split exactly over the residual stream's components with the "
+                "normalisation's scale frozen per position (`latentcode qk`); a path patch removes one component from "
+                "one side of one head only.", ""]
         for part, heading, pictures in (("smollm2", "SmolLM2-135M: the induction heads", ("qk_terms", "patch_effects")),
-                                        ("sraven", "sraven-hyla, layer 2: the rule", ("qk_share", "qk_terms", "patch_effects"))):
+                                        ("sraven", "sraven-hyla, layer 2: the rule",
+                                         ("qk_share", "qk_terms", "patch_effects"))):
             page += [f"### {heading}", "", texts.get(part, "Not measured yet.").strip(), ""]
             page += [f"![{part} {picture}]({part}_{picture}.png)\n" for picture in pictures]
         for name, frame in csvs.items():
@@ -139,7 +141,8 @@ def redraw(out: Path, summary: dict, say) -> None:
     for part, module in (("smollm2", smollm2), ("sraven", sraven)):
         if part not in summary:
             continue
-        frames = {file.stem[len(part) + 1:]: pd.read_csv(file, dtype={"head": str}) for file in sorted(out.glob(f"{part}_*.csv"))}
+        frames = {file.stem[len(part) + 1:]: pd.read_csv(file, dtype={"head": str})
+                  for file in sorted(out.glob(f"{part}_*.csv"))}
         drawn.update(module.figures(summary[part], frames))
     with AtomicOutputs(lock=out / "qk_findings", purpose="analyses/qk_findings.py --redraw") as outputs:
         for name, figure in drawn.items():

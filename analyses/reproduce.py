@@ -46,7 +46,8 @@ def main() -> None:
     train_parser = subcommands.add_parser("train", help="train the runs of the plan that are not recorded yet")
     train_parser.add_argument("--runs", default=str(RUNS), help="where runs train (not committed)")
     train_parser.add_argument("--jobs", type=int, default=2, help="runs side by side, one thread each")
-    train_parser.add_argument("--only", nargs="+", default=["table_a1", "fig2c", "ablations", "sraven", "fig5c", "language"],
+    train_parser.add_argument("--only", nargs="+",
+                              default=["table_a1", "fig2c", "ablations", "sraven", "fig5c", "language"],
                               help="groups of the plan to train (default all)")
     park_parser = subcommands.add_parser("park", help="keep the unfinished runs' latest checkpoints under "
                                          "analyses/results/unfinished/ (commit them), for `train` to resume")

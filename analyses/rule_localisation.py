@@ -8,10 +8,10 @@ how often the prediction at the queried position becomes r''s answer ("follow r'
 the baseline: the same count when the donor has a THIRD rule r'' (neither r nor r'), i.e. how often a
 damaged code lands on r''s answer without carrying r'. The third donor's own answer is never r''s.
 
-    map     every layer x query slot x key slot (a feature slot: position j of every panel; fuzzy logic: blocks of 4 tokens), and
-            named site sets per layer: the queried feature's 8 context cells among themselves and the 9 x 9 with the query cell (unpermuted
-            models), the old `sraven-rule` sites, the query's whole row, the whole layer. On pairs
-            drawn with seed 0 (the selection set).
+    map     every layer x query slot x key slot (a feature slot: position j of every panel; fuzzy logic: blocks of 4
+            tokens), and named site sets per layer: the queried feature's 8 context cells among themselves and the
+            9 x 9 with the query cell (unpermuted models), the old `sraven-rule` sites, the query's whole row, the
+            whole layer. On pairs drawn with seed 0 (the selection set).
     select  the group with the largest follow(r') - follow(third), on the selection set only.
     table   on fresh pairs (seed 1, the evaluation set): the selected group, the named groups and the
             whole model: follow r' (different donor), follow r' (third donor), keep (same-rule
@@ -84,7 +84,8 @@ def map_groups(task, n_layers: int, is_sraven: bool):
         for query_unit, queries in enumerate(units):
             for key_unit, keys in enumerate(units):
                 groups.append(SiteGroup(block(layer, queries, keys), coordinates={
-                    "kind": "map", "layer": layer, "query_unit": query_unit, "key_unit": key_unit, "name": f"layer {layer}"}))
+                    "kind": "map", "layer": layer, "query_unit": query_unit, "key_unit": key_unit,
+                    "name": f"layer {layer}"}))
     return groups
 
 
@@ -111,7 +112,8 @@ def named_groups(task, n_layers: int, prediction: int, feature_cells: bool):
     for name, make in sets.items():
         for layer in [*range(n_layers), None]:
             layers = list(range(n_layers)) if layer is None else layer
-            groups.append(SiteGroup(make(layers), coordinates={"kind": "named", "layer": "all" if layer is None else layer,
+            groups.append(SiteGroup(make(layers), coordinates={"kind": "named",
+                                                               "layer": "all" if layer is None else layer,
                                                               "name": name}))
     return groups
 
@@ -162,7 +164,8 @@ def measure_model(name: str, run_dir: Path, args) -> dict:
     table_rows = []
     target = evaluation.donor_parts["different"]
     for index, group in enumerate(evaluation_groups):
-        label = "selected: " + group.name if index == 0 else f"{group.coordinates['name']}, layer {group.coordinates['layer']}"
+        label = ("selected: " + group.name if index == 0
+                 else f"{group.coordinates['name']}, layer {group.coordinates['layer']}")
         for part in [None, *np.unique(target)]:
             mask = np.ones(len(target), bool) if part is None else target == part
             n = int(mask.sum())
@@ -191,7 +194,8 @@ def measure_model(name: str, run_dir: Path, args) -> dict:
     exact_mean, estimate_mean = exact.mean(1), estimate.mean(1)
     correlation = {"pearson": float(pearsonr(exact_mean, estimate_mean)[0]),
                    "spearman": float(spearmanr(exact_mean, estimate_mean)[0]), "groups": len(map_groups_only)}
-    attribution_table = pd.DataFrame({**{k: [g.coordinates[k] for g in map_groups_only] for k in ("layer", "query_unit", "key_unit")},
+    attribution_table = pd.DataFrame({**{k: [g.coordinates[k] for g in map_groups_only]
+                                         for k in ("layer", "query_unit", "key_unit")},
                                       "exact": exact_mean, "attribution": estimate_mean})
 
     # a learned subspace at the selected group
@@ -251,22 +255,27 @@ def fit_subspaces(model, task, selected, evaluation, position, is_sraven, varian
     n_heads = model.config.n_heads
     rows = []
     for rank in args.ranks:
-        fit = learn_subspace(model, fit_pairs.base.torch().x, fit_pairs.donors["different"].torch().x, targets(fit_pairs),
+        fit = learn_subspace(model, fit_pairs.base.torch().x, fit_pairs.donors["different"].torch().x,
+                             targets(fit_pairs),
                              loss, sites, rank, steps=args.steps, batch_size=64, learning_rate=0.02, seed=rank)
         for kind, basis in (("learned", fit.basis), ("random", random_basis(n_heads, rank, seed=rank))):
-            for split_name, pairs in (("held-out training-multiset pairs", held_out), ("OOD evaluation pairs", evaluation)):
+            for split_name, pairs in (("held-out training-multiset pairs", held_out),
+                                      ("OOD evaluation pairs", evaluation)):
                 n = len(pairs)
                 follow = score(pairs, basis, "different")
                 third = score(pairs, basis, "third")
-                rows.append({"rank": rank, "subspace": kind, "pairs": split_name, "n": n, "follow r' (different donor)": follow,
+                rows.append({"rank": rank, "subspace": kind, "pairs": split_name, "n": n,
+                             "follow r' (different donor)": follow,
                              "follow r' (third donor)": third, "transfer": follow - third,
                              "se": binomial_se(follow, n) + binomial_se(third, n),
                              "final training loss": fit.losses[-1] if kind == "learned" else float("nan")})
     for split_name, pairs in (("held-out training-multiset pairs", held_out), ("OOD evaluation pairs", evaluation)):
         follow, third = score(pairs, None, "different"), score(pairs, None, "third")
         rows.append({"rank": n_heads, "subspace": "full interchange", "pairs": split_name, "n": len(pairs),
-                     "follow r' (different donor)": follow, "follow r' (third donor)": third, "transfer": follow - third,
-                     "se": binomial_se(follow, len(pairs)) + binomial_se(third, len(pairs)), "final training loss": float("nan")})
+                     "follow r' (different donor)": follow, "follow r' (third donor)": third,
+                     "transfer": follow - third,
+                     "se": binomial_se(follow, len(pairs)) + binomial_se(third, len(pairs)),
+                     "final training loss": float("nan")})
     return rows
 
 
@@ -352,7 +361,8 @@ def draw_model(outputs, out: Path, name: str, summary: dict, map_table, attribut
             if not np.isnan(value):  # in hundredths
                 axis.text(key, query, f"{100 * value:+.0f}", ha="center", va="center", fontsize=7,
                           color="white" if abs(value) > 0.35 else "black")
-    figure.colorbar(image, ax=list(axes), shrink=0.8, label="follow r' (r' donor) - follow r' (third-rule donor)\n(numbers: x100)")
+    figure.colorbar(image, ax=list(axes), shrink=0.8,
+                    label="follow r' (r' donor) - follow r' (third-rule donor)\n(numbers: x100)")
     figure.suptitle(f"{name} ({summary['variant']}): where patching a code transfers the donor's sub-task; OOD pairs, "
                     f"n = {summary['n_pairs']} per cell, last query position", fontsize=9)
     outputs.write_figure(out / "map", figure)
@@ -385,7 +395,8 @@ def gather(args) -> None:
     out = Path(args.out)
     lines = ["# Where the rule lives: causal maps of the latent codes (issue 22)", "",
              "Generated by `python analyses/rule_localisation.py --gather` from the per-model folders; each folder's",
-             "`summary.json` holds the command that measured it. Read every \"follow r'\" number against the third-rule",
+             "`summary.json` holds the command that measured it. Read every \"follow r'\" number against the "
+             "third-rule",
              "donor beside it (the strongest trivial baseline: a damaged code that lands on r''s answer by itself).",
              "Map groups were chosen on the selection pairs (seed 0); every number below the map is on fresh",
              "evaluation pairs (seed 1). s.e. is the sum of the two binomial standard errors.", ""]
@@ -404,21 +415,24 @@ def gather(args) -> None:
                       f"`{summary['command']}` ({summary['minutes']:.1f} min). Unpatched: follow r' "
                       f"{summary['unpatched']['follow']:.3f}, keep {summary['unpatched']['keep']:.3f}.", "",
                       f"![map]({name}/map.png)", "",
-                      f"Selected group (largest transfer on the selection set): {summary['selected_group'].replace('|', chr(92) + '|')}: follow r' "
+                      "Selected group (largest transfer on the selection set): "
+                      f"{summary['selected_group'].replace('|', chr(92) + '|')}: follow r' "
                       f"{selection['follow (different)']:.3f} vs third-rule donor {selection['follow (third)']:.3f} "
                       f"(transfer {selection['transfer']:.3f} ± {selection['transfer se']:.3f}).", "",
                       "Evaluation pairs:", "", markdown(table[table["target r'"] == "all"]), "",
                       "Per target rule r' at the selected group:", "",
                       markdown(table[(table["group"].str.startswith("selected")) & (table["target r'"] != "all")]), "",
-                      *([f"The selected group again on {int(pd.read_csv(out / name / 'confirm.csv')['n'].iloc[0])} fresh pairs "
-                         f"(seed 4; `{summary.get('confirm_command', '')}`), per target rule:", "",
+                      *([f"The selected group again on {int(pd.read_csv(out / name / 'confirm.csv')['n'].iloc[0])} "
+                         f"fresh pairs (seed 4; `{summary.get('confirm_command', '')}`), per target rule:", "",
                          markdown(pd.read_csv(out / name / "confirm.csv")), ""]
                         if (out / name / "confirm.csv").is_file() else []),
                       *search_section(out, name, markdown),
                       f"Attribution patching vs exact patching over the map's groups: Pearson "
-                      f"{summary['attribution_vs_exact']['pearson']:.2f}, Spearman {summary['attribution_vs_exact']['spearman']:.2f} "
-                      f"({summary['attribution_vs_exact']['groups']} groups). ![attribution]({name}/attribution.png)", "",
-                      "Learned subspace at the selected group (fitted on training-multiset pairs):", "", markdown(subspace), ""]
+                      f"{summary['attribution_vs_exact']['pearson']:.2f}, Spearman "
+                      f"{summary['attribution_vs_exact']['spearman']:.2f} ({summary['attribution_vs_exact']['groups']} "
+                      f"groups). ![attribution]({name}/attribution.png)", "",
+                      "Learned subspace at the selected group (fitted on training-multiset pairs):", "",
+                      markdown(subspace), ""]
         outputs.write_text(out / "README.md", "\n".join(lines) + "\n")
     print(f"wrote {out / 'README.md'}")
 
@@ -433,8 +447,8 @@ def search_section(out: Path, name: str, markdown) -> list[str]:
     table = pd.read_csv(out / name / "search.csv").drop(columns=["group"])
     return [f"Found without being told (`{found['command']}`, {found['minutes']:.1f} min): "
             f"{found['found'].replace('|', chr(92) + '|')}. The search's route (chosen on {found['selection_pairs']} "
-            f"selection pairs) and the hand-made groups, on the same {found['confirmation_pairs']} fresh pairs (seed 4); "
-            "transfer se paired, damage = keep (unpatched) - keep (same-rule donor):", "", markdown(table), "",
+            f"selection pairs) and the hand-made groups, on the same {found['confirmation_pairs']} fresh pairs (seed "
+            "4); transfer se paired, damage = keep (unpatched) - keep (same-rule donor):", "", markdown(table), "",
             *per_rule_lines(out, name, markdown)]
 
 
@@ -468,8 +482,10 @@ def markdown(frame) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs-from", default="models", help="directory of finished runs named like the shipped models")
-    parser.add_argument("--model", nargs="+", default=["sraven-hyla"], help="run names, or 'all' for every shipped model")
+    parser.add_argument("--runs-from", default="models",
+                        help="directory of finished runs named like the shipped models")
+    parser.add_argument("--model", nargs="+", default=["sraven-hyla"],
+                        help="run names, or 'all' for every shipped model")
     parser.add_argument("--n", type=int, default=256, help="pairs in the selection and in the evaluation set")
     parser.add_argument("--n-fit", type=int, default=1024, help="pairs the subspaces are fitted on")
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4], help="subspace ranks")

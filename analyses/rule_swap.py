@@ -187,8 +187,9 @@ def plot_bars(table: pd.DataFrame, site_set: str, models: list[str], n: int) -> 
                 axis.set_ylabel(f"fraction {label}")
     handles, labels = axes[0, 0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="outside lower center", ncols=len(CONDITIONS), fontsize=8)
-    figure.suptitle(f"SRAVEN rule swap at the last query position: site set {site_set}, OOD split, {table['variant'].iloc[0]} "
-                    f"variant\n(n={n} instances per model, one random r' each; ±1 s.e.)", fontsize=10)
+    figure.suptitle(f"SRAVEN rule swap at the last query position: site set {site_set}, OOD split, "
+                    f"{table['variant'].iloc[0]} variant\n(n={n} instances per model, one random r' each; ±1 s.e.)",
+                    fontsize=10)
     return figure
 
 

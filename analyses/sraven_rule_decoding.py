@@ -27,13 +27,15 @@ def trained_on(runs) -> str:
 
     tasks = {(run.config.variant or run.task().variants[0], run.task().n_features)
              for run in map(latentcode.Run, runs)}
-    return "models trained on " + "; ".join(f"the {variant} variant, M = {features}" for variant, features in sorted(tasks))
+    return "models trained on " + "; ".join(f"the {variant} variant, M = {features}"
+                                            for variant, features in sorted(tasks))
 
 
 def main() -> None:
     args = common.parser(__doc__, "sraven_rule_decoding").parse_args()
     runs = common.model_runs(args, "sraven")
-    files = [common.codes_of(run, "sraven-rule", "unpermuted", args.n_codes, args.out, quiet=args.quiet) for run in runs.values()]
+    files = [common.codes_of(run, "sraven-rule", "unpermuted", args.n_codes, args.out, quiet=args.quiet)
+             for run in runs.values()]
     out = Path(args.out)
     table = decode(files, "rule", fit_split="train", test_split="ood")
     write_table(table, out / "rule_decoding")

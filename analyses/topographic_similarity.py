@@ -75,7 +75,8 @@ def run_model(preset: str, name: str, run: Path, args) -> list[dict]:
         per_layer = {f"layer {layer}": codes_file.layer_codes(layer, split) for layer in codes_file.layers}
         per_layer["all layers"] = np.concatenate(list(per_layer.values()), axis=1)
         rows += measure(task, per_layer, codes_file.labels("task_index", split), args, task=preset, model=name,
-                        split=split, site_set=selector, variant=variant, n_instances=int(codes_file.split_mask(split).sum()))
+                        split=split, site_set=selector, variant=variant,
+                        n_instances=int(codes_file.split_mask(split).sum()))
     return rows
 
 
@@ -101,7 +102,8 @@ def plot(table: pd.DataFrame, preset: str, models: list[str]) -> Figure:
     width = 0.8 / len(models)
     for axis, split in zip(axes, SPLITS, strict=True):
         for index, model in enumerate(models):
-            values = model_rows[(model_rows["model"] == model) & (model_rows["split"] == split)].set_index("layer").loc[layers]
+            values = model_rows[(model_rows["model"] == model)
+                                & (model_rows["split"] == split)].set_index("layer").loc[layers]
             positions = np.arange(len(layers)) + (index - (len(models) - 1) / 2) * width
             axis.bar(positions, values["rho"], width, color=MODEL_COLORS.get(model), label=model)
             axis.scatter(positions, values["null_95"], marker="_", s=120, color="black",
@@ -149,7 +151,8 @@ def main() -> None:
             __doc__.split("\n\n    python")[0], "## Table", summary, "## Figures", *figures])
     with pd.option_context("display.width", 200, "display.max_rows", 500):
         print(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print(f"wrote {out / 'topographic_similarity.csv'}, {out / 'topographic_similarity.html'} and {len(figures)} figures")
+    print(f"wrote {out / 'topographic_similarity.csv'}, "
+          f"{out / 'topographic_similarity.html'} and {len(figures)} figures")
 
 
 if __name__ == "__main__":

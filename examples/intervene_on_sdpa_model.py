@@ -82,9 +82,11 @@ def main() -> None:
         with Intervention(model, patch, record="1:-1:-1") as intervention:
             patched = model(symbols)
         moved = (patched - clean).norm() / (clean_other - clean).norm()
-        print(f"patching layer 1's last query row from the other input moves the logits {moved:.0%} of the way to the other input's")
+        print(f"patching layer 1's last query row from the other input moves the logits {moved:.0%} of the way to the "
+              "other input's")
         recorded = intervention.pop()[Site(1, 11, 11)]  # the code layer 1 computed with: the other input's
-        print(f"recorded (edited) code equals the other input's: {np.array_equal(recorded, patch.codes[Site(1, 11, 11)])}")
+        print("recorded (edited) code equals the other input's: "
+              f"{np.array_equal(recorded, patch.codes[Site(1, 11, 11)])}")
 
         # 4. The edited layer 0, by hand: softmax(q kᵀ / sqrt(d)) with one probability set, times v.
         layer = model.layers[0]

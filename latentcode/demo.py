@@ -133,7 +133,8 @@ def run_demo(
         destination = out / "runs" / attention
         if not train:
             say(f"  {attention}: shipped checkpoint {shipped[attention]}")
-            shutil.copytree(shipped[attention], destination, ignore=shutil.ignore_patterns("checkpoints", "*.md", "*.py"))
+            shutil.copytree(shipped[attention], destination,
+                            ignore=shutil.ignore_patterns("checkpoints", "*.md", "*.py"))
         else:
             config = build_train_config(task, scale, attention, **{**shipped_training, **(model_overrides or {})})
             say(f"  {attention}: training {config.steps} steps ({config.notes['scale']})")

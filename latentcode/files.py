@@ -50,7 +50,8 @@ except ImportError:  # Windows: no flock; the maintained `filelock` package does
 
 
 class UnsafePath(LatentcodeError, ValueError):
-    """Not a regular file where one is written (a link, a directory, a device, a FIFO, a socket): never followed or replaced."""
+    """Not a regular file where one is written (a link, a directory, a device, a FIFO, a socket): never followed or
+    replaced."""
 
 
 class WriteError(LatentcodeError, OSError):
@@ -333,7 +334,8 @@ class AtomicOutputs:
     def __enter__(self) -> AtomicOutputs:
         if self._lock_key is not None:
             # The lock is not reentrant: a set of a lock this thread holds joins the set holding it.
-            self._enclosing = next((outputs for outputs in _OPEN_SETS.get() if outputs._lock_key == self._lock_key), None)
+            self._enclosing = next((outputs for outputs in _OPEN_SETS.get()
+                                    if outputs._lock_key == self._lock_key), None)
             if self._enclosing is not None:
                 return self
         if self._lock is not None:

@@ -177,7 +177,8 @@ def checkpoint_sha256(path: Path) -> str:
         return file_sha256(path)
     if not path.is_dir():
         return ""
-    weights = sorted(item for item in path.iterdir() if item.is_file() and item.suffix in (".safetensors", ".bin", ".gguf"))
+    weights = sorted(item for item in path.iterdir() if item.is_file()
+                     and item.suffix in (".safetensors", ".bin", ".gguf"))
     if not weights:
         return ""
     digest = hashlib.sha256()
@@ -237,7 +238,8 @@ def token_texts_of(model_path: str, model_name: str, sha256: str, cache: str | P
     try:
         tokenizer = load_tokenizer(path, cache)
     except (OSError, ValueError, KeyError) as error:
-        raise PretrainedError(f"the tokenizer of {path} is not readable ({' '.join(str(error).split())[:160]})") from None
+        raise PretrainedError(f"the tokenizer of {path} is not readable "
+                              f"({' '.join(str(error).split())[:160]})") from None
     return [tokenizer.decode([token]) for token in range(len(tokenizer))]
 
 
@@ -365,7 +367,8 @@ def check_seq_len(seq_len: int, n_ctx: int, name: str) -> None:
     if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
         raise PretrainedError(f"seq_len must be a positive integer, got {seq_len!r}")
     if n_ctx and seq_len > n_ctx:
-        raise PretrainedError(f"seq_len {seq_len} is beyond the context of {name} ({n_ctx} positions); expected ≤ {n_ctx}")
+        raise PretrainedError(f"seq_len {seq_len} is beyond the context of {name} ({n_ctx} positions); "
+                              f"expected ≤ {n_ctx}")
 
 
 def corpus_token_windows(pretrained: Pretrained, split: str, seq_len: int, n: int, seed: int = 0,

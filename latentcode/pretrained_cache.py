@@ -128,7 +128,8 @@ def entry_problem(entry: Path, sha256: str, names: tuple[str, ...] | None = None
         if record.get("format") != ENTRY_FORMAT:
             return f"{entry} is of format {record.get('format')!r}, not {ENTRY_FORMAT} (written anew)"
         if record.get("source_sha256") != sha256:
-            return f"{entry} is of a file of SHA-256 {str(record.get('source_sha256'))[:12]}, not {sha256[:12]} (written anew)"
+            return (f"{entry} is of a file of SHA-256 {str(record.get('source_sha256'))[:12]}, "
+                    f"not {sha256[:12]} (written anew)")
         if "sha256" not in record:
             return f"{entry} records no SHA-256 of its files (an earlier latentcode wrote it) (written anew)"
         sizes, digests = dict(record["files"]), dict(record["sha256"])
@@ -141,10 +142,12 @@ def entry_problem(entry: Path, sha256: str, names: tuple[str, ...] | None = None
             if foreign:
                 return f"{foreign} (not used)"
             if (entry / name).stat().st_size != size:
-                return f"{entry / name} is {(entry / name).stat().st_size} bytes, not the {size} recorded (written anew)"
+                return (f"{entry / name} is {(entry / name).stat().st_size} bytes, "
+                        f"not the {size} recorded (written anew)")
         for name in sizes if names is None else [name for name in sizes if name in names]:
             if file_sha256(entry / name) != digests[name]:
-                return f"{entry / name} has changed since it was written: its SHA-256 differs from the one recorded (written anew)"
+                return (f"{entry / name} has changed since it was written: "
+                        "its SHA-256 differs from the one recorded (written anew)")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         return f"{entry} is not a readable entry ({' '.join(str(error).split())[:120]}) (written anew)"
     return None

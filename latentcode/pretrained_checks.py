@@ -88,7 +88,8 @@ def gguf_metadata(path: str | Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as file:
             if file.read(4) != b"GGUF":
-                raise PretrainedError(f"{path} is not a readable GGUF file (no GGUF magic); expected a .gguf model file")
+                raise PretrainedError(f"{path} is not a readable GGUF file (no GGUF magic); "
+                                      "expected a .gguf model file")
             with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
                 return _read_header(path, data)
     except (OSError, ValueError) as error:
@@ -116,7 +117,8 @@ def _read_header(path: Path, data: Any) -> dict[str, Any]:
         if n_dims > 8:
             raise PretrainedError(f"{path}: tensor {name} has rank {n_dims}; expected at most 8 (a damaged file)")
         shape = [header.scalar(10, f"the shape of {name}") for _ in range(n_dims)]
-        tensors.append((name, shape, header.scalar(4, f"the type of {name}"), header.scalar(10, f"the offset of {name}")))
+        tensors.append((name, shape, header.scalar(4, f"the type of {name}"),
+                        header.scalar(10, f"the offset of {name}")))
     alignment = fields.get("general.alignment", 32)
     if not isinstance(alignment, int) or alignment < 1:
         raise PretrainedError(f"{path}: general.alignment {alignment!r}; expected a positive integer")
@@ -140,8 +142,8 @@ def _check_tensor_data(path: Path, tensors: list, start: int, size: int) -> None
             elements *= dimension
         end = start + offset + elements // block * block_bytes
         if end > size:
-            raise PretrainedError(f"{path} is truncated or damaged: tensor {name} ends at byte {end}, beyond the file's "
-                                  f"{size} bytes; expected a complete .gguf model file")
+            raise PretrainedError(f"{path} is truncated or damaged: tensor {name} ends at byte {end}, beyond the "
+                                  f"file's {size} bytes; expected a complete .gguf model file")
 
 
 def read_json_object(file: Path) -> dict[str, Any] | None:

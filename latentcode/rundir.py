@@ -191,7 +191,8 @@ class RunDirectory:
             if isinstance(train.get("task"), dict) and not isinstance(train["task"].get("name"), str):
                 wrong.append("'train.task.name' is not a string")
         wrong += [f"{key!r} is a JSON {type(data[key]).__name__}; expected an object"
-                  for key in ("resolved_model_config", "task_analysis") if key in data and not isinstance(data[key], dict)]
+                  for key in ("resolved_model_config", "task_analysis") if key in data
+                  and not isinstance(data[key], dict)]
         if wrong:
             raise RunDirectoryError(f"{self.config_path} is not a well-formed run config: {'; '.join(wrong)}")
         return data

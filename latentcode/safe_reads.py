@@ -78,8 +78,8 @@ def read_png(path: str | Path, what: str = "image", max_bytes: int = MAX_FIGURE_
     def check_head(head: bytes) -> None:
         size = png_size(head)
         if size is None:
-            raise UnreadableInput(f"{prefixed(what, path)} is not a PNG image (it starts with {head[:8]!r}); expected a "
-                                  "figure written by latentcode")
+            raise UnreadableInput(f"{prefixed(what, path)} is not a PNG image (it starts with {head[:8]!r}); expected "
+                                  "a figure written by latentcode")
         width, height = size
         if not (0 < width <= max_pixels and 0 < height <= max_pixels):
             raise UnreadableInput(f"{prefixed(what, path)} is a PNG of {width} x {height} pixels; expected 1 to "

@@ -45,7 +45,8 @@ def switch(name: str) -> str | None:
     value = raw.strip().lower()
     if value not in SWITCHES[name]:
         expected = " or ".join(SWITCHES[name])
-        raise SwitchError(f"{name}={raw!r} is not a value it takes; expected {expected} (or unset){_HINTS.get(name, '')}")
+        raise SwitchError(f"{name}={raw!r} is not a value it takes; expected {expected} (or "
+                          f"unset){_HINTS.get(name, '')}")
     return value
 
 

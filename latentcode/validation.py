@@ -168,7 +168,8 @@ def check_fits_in_memory(n_bytes: int, what: str) -> None:
     physical memory: it would fail with a traceback (numpy's "Unable to allocate 7.3 TiB") or swap."""
     memory = machine_memory()
     if memory is not None and n_bytes > memory:
-        raise UsageError(f"{what} needs at least {describe_bytes(n_bytes)} of memory; this machine has {describe_bytes(memory)}")
+        raise UsageError(f"{what} needs at least {describe_bytes(n_bytes)} of memory; this machine has "
+                         f"{describe_bytes(memory)}")
 
 
 def check_fits_on_disk(n_bytes: int, out: Path, compression: str, what: str) -> None:
@@ -182,7 +183,8 @@ def check_fits_on_disk(n_bytes: int, out: Path, compression: str, what: str) -> 
     free = info.f_bavail * info.f_frsize
     if n_bytes > (free if compression == "none" else 10 * free):
         compressed = "" if compression == "none" else f" (more than ten times that, so even {compression} will not fit)"
-        raise UsageError(f"{what} need {describe_bytes(n_bytes)} on disk; {out.parent} has {describe_bytes(free)} free{compressed}: "
+        raise UsageError(f"{what} need {describe_bytes(n_bytes)} on disk; {out.parent} has {describe_bytes(free)} "
+                         f"free{compressed}: "
                          "extract fewer instances or sites")
 
 

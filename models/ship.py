@@ -40,7 +40,8 @@ def main() -> None:
     parser.add_argument("name")
     parser.add_argument("--command", required=True, help="the exact training command, for the model card")
     parser.add_argument("--overwrite", action="store_true")
-    parser.add_argument("--note", default="", help="a paragraph for the card, e.g. how the training departs from the paper")
+    parser.add_argument("--note", default="",
+                        help="a paragraph for the card, e.g. how the training departs from the paper")
     args = parser.parse_args()
 
     run = latentcode.Run(args.run)
@@ -107,7 +108,8 @@ At the end of training (float32):
   model.safetensors `{sha256}`), `config.json` (the run's full config), `metrics.jsonl` (training
   curves), `summary.json`.
 
-Use it: `latentcode extract models/{args.name} --split {task.analysis.held_out_split} --n 8192 --sites {task.analysis.selector} --out codes.h5`
+Use it: `latentcode extract models/{args.name} --split {task.analysis.held_out_split} --n 8192 --sites \
+{task.analysis.selector} --out codes.h5`
 (a run directory), `latentcode report models/{args.name}`, or `latentcode demo --task {task.name}`, which
 starts from these checkpoints.
 """

@@ -18,30 +18,73 @@ def python_files(*roots: Path) -> list[Path]:
 
 
 COMPLEXITY_RULES = ("C901", "PLR0912", "PLR0915")  # limits in pyproject.toml: complexity 15, branches 15, statements 60
+LINE_RULES = ("E501",)  # lines of at most 120 characters (line-length in pyproject.toml)
+CHECKED = (PACKAGE, REPOSITORY / "analyses", REPOSITORY / "examples")
 
 
-def complexity_findings(*paths: Path) -> list[str]:
-    """ruff's complexity findings in `paths`, with the limits pyproject.toml sets, one line each."""
+def ruff_findings(rules: tuple[str, ...], *paths: Path) -> list[str]:
+    """ruff's findings of `rules` in `paths`, with the limits pyproject.toml sets, one line each."""
     result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise",
-                             "--select", ",".join(COMPLEXITY_RULES), *map(str, paths)],
+                             "--select", ",".join(rules), *map(str, paths)],
                             cwd=REPOSITORY, capture_output=True, text=True, check=False)
     if result.returncode not in (0, 1):
         raise RuntimeError(f"ruff failed: {result.stderr}")
-    return [line for line in result.stdout.splitlines() if any(rule in line for rule in COMPLEXITY_RULES)]
+    return [line for line in result.stdout.splitlines() if any(rule in line for rule in rules)]
 
 
 def test_no_function_is_too_complex():
     """One function, one idea: no function of the package, the analyses or the examples over the limits
     (a module's length is no measure of it: a long module of small functions is fine)."""
-    findings = complexity_findings(PACKAGE, REPOSITORY / "analyses", REPOSITORY / "examples")
+    findings = ruff_findings(COMPLEXITY_RULES, *CHECKED)
     assert not findings, "split these functions:\n" + "\n".join(findings)
 
 
 def test_a_too_complex_function_is_found(tmp_path):
     branches = "\n".join(f"    if x == {i}:\n        return {i}" for i in range(20))
     (tmp_path / "branchy.py").write_text(f"def branchy(x):\n{branches}\n    return -1\n")
-    findings = complexity_findings(tmp_path / "branchy.py")
+    findings = ruff_findings(COMPLEXITY_RULES, tmp_path / "branchy.py")
     assert any("C901" in line for line in findings) and any("PLR0912" in line for line in findings), findings
+
+
+# Files two helpers were rewriting when the 120-character limit came in (issue 47 item 6); the lead wraps them
+# after merging those rewrites and empties this list.
+NOT_YET_WRAPPED = (
+    "latentcode/extraction/",
+    "latentcode/intervention/patching/",
+    "latentcode/subject.py",
+    "latentcode/token_windows.py",
+    "latentcode/cli/patch.py",
+    "latentcode/cli/extract.py",
+    "latentcode/cli/checks.py",
+)
+
+
+def finding_path(finding: str) -> str:
+    """The file of one concise ruff finding (`path:line:column: CODE message`), relative to the repository."""
+    path = Path(finding.split(":", 1)[0])
+    return (REPOSITORY / path).resolve().relative_to(REPOSITORY).as_posix()
+
+
+def test_no_line_is_too_long():
+    """Lines of at most 120 characters in the package, the analyses and the examples (wrap inside parentheses,
+    split a long string into adjacent literals)."""
+    findings = [finding for finding in ruff_findings(LINE_RULES, *CHECKED)
+                if not finding_path(finding).startswith(NOT_YET_WRAPPED)]
+    assert not findings, "wrap these lines:\n" + "\n".join(findings)
+
+
+def test_a_too_long_line_is_found(tmp_path):
+    (tmp_path / "long.py").write_text(f"x = {'1' * 120}\ny = {'2' * 126}\n")  # 124 and 130 characters
+    findings = ruff_findings(LINE_RULES, tmp_path / "long.py")
+    assert len(findings) == 2 and all("E501" in line for line in findings), findings
+    (tmp_path / "long.py").write_text(f"x = {'1' * 116}\n")  # 120 characters: within the limit
+    assert not ruff_findings(LINE_RULES, tmp_path / "long.py")
+
+
+def test_the_files_not_yet_wrapped_exist():
+    """`NOT_YET_WRAPPED` names files and folders that are there: a renamed one would silently escape the check."""
+    missing = [name for name in NOT_YET_WRAPPED if not (REPOSITORY / name).exists()]
+    assert not missing, missing
 
 
 # --- Import direction -------------------------------------------------------------------------------

@@ -28,8 +28,10 @@ def previous_token_scores(model, tokens: torch.Tensor) -> np.ndarray:
     layers = model.model.layers
     handles = [model.model.rotary_emb.register_forward_hook(lambda m, i, o: captured.update(cos=o[0], sin=o[1]))]
     for index, layer in enumerate(layers):
-        handles.append(layer.self_attn.q_proj.register_forward_hook(lambda m, i, o, index=index: captured.update({f"q{index}": o})))
-        handles.append(layer.self_attn.k_proj.register_forward_hook(lambda m, i, o, index=index: captured.update({f"k{index}": o})))
+        handles.append(layer.self_attn.q_proj.register_forward_hook(
+            lambda m, i, o, index=index: captured.update({f"q{index}": o})))
+        handles.append(layer.self_attn.k_proj.register_forward_hook(
+            lambda m, i, o, index=index: captured.update({f"k{index}": o})))
     try:
         with torch.no_grad():
             model(tokens)
@@ -154,7 +156,8 @@ def tables(result: dict) -> dict[str, pd.DataFrame]:
         rows.append(row)
     patch_table = pd.DataFrame(rows)
     previous = result["previous"]
-    previous_table = pd.DataFrame([dict(layer=layer, head=head, previous_token_score=float(previous[:, layer, head].mean()),
+    previous_table = pd.DataFrame([dict(layer=layer, head=head,
+                                        previous_token_score=float(previous[:, layer, head].mean()),
                                         se=float(previous[:, layer, head].std(ddof=1) / np.sqrt(len(previous))))
                                    for layer in range(previous.shape[1]) for head in range(previous.shape[2])])
     panel_rows = []
@@ -222,14 +225,15 @@ def markdown(result: dict, frames: dict) -> str:
     marginals, patches, previous = frames["marginals"], frames["patches"], frames["previous_token"]
     loss, loss_se, n = mean_se(result["base_loss"])
     heads, control = result["heads"], result["control"]
-    lines = [f"SmolLM2-135M-Instruct, {n} sequences of bos + {result['half']} distinct random ordinary tokens, then the "
-             f"same {result['half']} again (T = {2 * result['half'] + 1}). Heads: {', '.join(heads)} (the induction heads "
-             f"of the SmolLM2 page) and {control}, drawn at random (seeded) from their layers. Induction pairs: each "
-             f"query q of the second copy and its key q - {result['half'] - 1} (the token after the query's first "
-             f"occurrence); non-induction pairs: the same queries, one key drawn uniformly from 1..q other than that "
-             f"(never bos). Previous-token score: a head's mean attention from t to t - 1 on the same sequences. Mean "
-             f"± s.e. over sequences. Loss on the repeated tokens (the {result['half'] - 1} predictions of the second "
-             f"copy whose target occurred before), unedited: {loss:.3f} ± {loss_se:.3f} nats.", ""]
+    lines = [f"SmolLM2-135M-Instruct, {n} sequences of bos + {result['half']} distinct random ordinary tokens, then "
+             f"the same {result['half']} again (T = {2 * result['half'] + 1}). Heads: {', '.join(heads)} (the "
+             f"induction heads of the SmolLM2 page) and {control}, drawn at random (seeded) from their layers. "
+             f"Induction pairs: each query q of the second copy and its key q - {result['half'] - 1} (the token after "
+             "the query's first occurrence); non-induction pairs: the same queries, one key drawn uniformly from 1..q "
+             "other than that (never bos). Previous-token score: a head's mean attention from t to t - 1 on the same "
+             f"sequences. Mean ± s.e. over sequences. Loss on the repeated tokens (the {result['half'] - 1} "
+             "predictions of the second copy whose target occurred before), unedited: "
+             f"{loss:.3f} ± {loss_se:.3f} nats.", ""]
     earlier = previous[previous["layer"] < min(int(h.split(".")[0]) for h in [*heads, control])]
     ranked = earlier.sort_values("previous_token_score", ascending=False)
     lines.append("Heads before layer 17 with the highest previous-token score: " + ", ".join(

@@ -226,7 +226,8 @@ def markdown(result: dict, frames: dict) -> str:
     for side in ("query", "key"):
         top = components.reindex(components[f"{side}_share"].abs().sort_values(ascending=False).index).head(6)
         lines.append(f"| {side} | " + "; ".join(f"{r.component} {getattr(r, side + '_share'):+.2f} ± "
-                                               f"{getattr(r, side + '_share_se'):.2f}" for r in top.itertuples()) + " |")
+                                               f"{getattr(r, side + '_share_se'):.2f}"
+                                                for r in top.itertuples()) + " |")
     lines += ["", f"Path patching head {head}: the top component of each side (largest |share| among the stream's "
               "components) removed from that side only, beside a random Gaussian direction and another component "
               "drawn at random (another head of the same layer where the top one is a head), each rescaled to the "
@@ -243,8 +244,9 @@ def markdown(result: dict, frames: dict) -> str:
                      f"({f.predicted:+.3f}) / {r.score_change:+.3f} | {f.code_change:+.4f} ± {f.code_change_se:.4f} / "
                      f"{r.code_change:+.4f} | {f.rule_variance_left:.2f} ± {f.rule_variance_left_se:.2f} / "
                      f"{r.rule_variance_left:.2f} ± {r.rule_variance_left_se:.2f} | {f.loss_change:+.3f} ± "
-                     f"{f.loss_change_se:.3f} / {r.loss_change:+.3f} ± {r.loss_change_se:.3f} | {f.accuracy_change:+.3f}"
-                     f" ± {f.accuracy_change_se:.3f} / {r.accuracy_change:+.3f} ± {r.accuracy_change_se:.3f} | {int(f.n)} |")
+                     f"{f.loss_change_se:.3f} / {r.loss_change:+.3f} ± {r.loss_change_se:.3f} | "
+                     f"{f.accuracy_change:+.3f} ± {f.accuracy_change_se:.3f} / {r.accuracy_change:+.3f} ± "
+                     f"{r.accuracy_change_se:.3f} | {int(f.n)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -273,7 +275,8 @@ def figures(result: dict, frames: dict) -> dict:
                    for label in rule_labels]
     share_figure = heatmaps([("share of between-rule variance", *panel(labels[0]))],
                             f"sraven-hyla L{LAYER}.H{head}, context-cell pairs", 1, "share (sums to 1)")
-    rule_figure = heatmaps(rule_panels, f"sraven-hyla L{LAYER}.H{head}, context-cell pairs: mean terms of each rule minus "
+    rule_figure = heatmaps(rule_panels,
+                           f"sraven-hyla L{LAYER}.H{head}, context-cell pairs: mean terms of each rule minus "
                            f"the mean over rules ({result['n']} OOD instances)", len(rule_panels),
                            "term difference (score units)")
     patches = frames["patches"]

@@ -60,7 +60,8 @@ def code_reuse_findings() -> str:
         row = correlation.loc[name]
         return f"ρ = {row['spearman_rho_vs_ood_r2']:.2f} (p = {row['p_two_sided']:.3f}, n = {int(row['n_models'])})"
 
-    above = {part: int((table[f"{part}_excess"] >= 0.05).sum()) for part in ("decodability", "reconstruction", "transplant")}
+    above = {part: int((table[f"{part}_excess"] >= 0.05).sum())
+             for part in ("decodability", "reconstruction", "transplant")}
     n = len(table)
     transfer = table["transplant"] - table["transplant_baseline"]
     return "\n".join([
@@ -68,7 +69,7 @@ def code_reuse_findings() -> str:
         f"- **Probe accuracy alone** (part a's value): {rho('probe accuracy alone (a, value)')}; "
         f"reconstruction R² (part b's value): {rho('reconstruction R² (b, value)')}; "
         f"transplant follow (part c's value): {rho('transplant follow (c, value)')}.",
-        f"- **Clearly above the baseline** (excess at least 0.05): decodability in {above['decodability']} of {n} models, reconstruction in "
-        f"{above['reconstruction']} of {n}, transplant in {above['transplant']} of {n} (follow minus third-donor "
-        f"follow from {transfer.min():+.3f} to {transfer.max():+.3f}).",
+        f"- **Clearly above the baseline** (excess at least 0.05): decodability in {above['decodability']} of {n} "
+        f"models, reconstruction in {above['reconstruction']} of {n}, transplant in {above['transplant']} of {n} "
+        f"(follow minus third-donor follow from {transfer.min():+.3f} to {transfer.max():+.3f}).",
     ])

@@ -51,15 +51,16 @@ def decoding_table(task: str) -> str:  # task: a key of DECODING
     table = pd.read_csv(path)
     rows = table[table["metric"] == metric]
     layers = sorted(rows["layer"].unique())
-    lines = ["| model | " + " | ".join(f"layer {layer}: ood (train cv) / strongest baseline" for layer in layers) + " |",
+    lines = ["| model | " + " | ".join(f"layer {layer}: ood (train cv) / strongest baseline"
+                                       for layer in layers) + " |",
              "|---" * (len(layers) + 1) + "|"]
     for model, of_model in rows.groupby("model", sort=False):
         cells = []
         for layer in layers:
             row = of_model[of_model["layer"] == layer].iloc[0]
             mark = "**" if row["selected"] else ""
-            cells.append(f"{mark}{row['value']:.3f}{mark} ({row['validation']:.3f}) / {row['strongest_baseline_value']:.3f} "
-                         f"{row['strongest_baseline']}")
+            cells.append(f"{mark}{row['value']:.3f}{mark} ({row['validation']:.3f}) / "
+                         f"{row['strongest_baseline_value']:.3f} {row['strongest_baseline']}")
         lines.append(f"| {model} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -113,7 +114,8 @@ def search_section() -> str:
         shape = shape if last["transfer"] > 2 * last["transfer se"] else f"({shape}: nothing transfers)"
         lines.append(f"| {found['model']} | {int(last['layer'])} | {shape} | "
                      f"{cell(last, 'transfer')} | {cell(last, 'damage')} | {eight[0]} | {eight[1]} | "
-                     f"{cell(whole, 'transfer')} | {cell(whole, 'damage')} | {int(last['n'])} | {found['minutes']:.1f} |")
+                     f"{cell(whole, 'transfer')} | {cell(whole, 'damage')} | "
+                     f"{int(last['n'])} | {found['minutes']:.1f} |")
     if len(lines) == 2:
         return "Not measured yet: `python analyses/localisation_search.py --model all`."
     return "\n".join(lines)

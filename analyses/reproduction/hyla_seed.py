@@ -66,7 +66,8 @@ def plateau_exit(run: dict) -> int | None:
 def hyla_seed_runs_table() -> str:
     """One row per run: its setting, the step it left the plateau, final train / test / OOD accuracy."""
     lines = ["| seed | init | peak lr | warm-up steps | left the plateau (train acc. > 25%) at step | "
-             "train acc. (%) | test acc. (%) | OOD acc. (%) | wall time (min) |", "|---|---|---|---|---|---|---|---|---|"]
+             "train acc. (%) | test acc. (%) | OOD acc. (%) | wall time (min) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for run in runs():
         final = run["summary"]["final_metrics"]
         exit_step = plateau_exit(run)
@@ -89,7 +90,8 @@ def hyla_seed_table() -> str:
         cells = []
         for run in found:
             at = [record for record in run["evals"] if record["step"] == step]
-            cells.append(f"{100 * at[0]['splits']['train']['accuracy']:.1f} / {100 * at[0]['splits']['ood']['accuracy']:.1f}"
+            cells.append(f"{100 * at[0]['splits']['train']['accuracy']:.1f} / "
+                         f"{100 * at[0]['splits']['ood']['accuracy']:.1f}"
                          if at else "")
         lines.append(f"| {step:,} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

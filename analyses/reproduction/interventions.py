@@ -60,10 +60,12 @@ CHOICES = (*(result.name for result in SCRIPTED), "localisation")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--models", default=str(ROOT.parent / "models"), help="the shipped models (finished runs TASK-ATTENTION)")
+    parser.add_argument("--models", default=str(ROOT.parent / "models"),
+                        help="the shipped models (finished runs TASK-ATTENTION)")
     parser.add_argument("--out", default="analyses/output/interventions",
                         help="where the scripts write and keep each model's rows (not committed)")
-    parser.add_argument("--only", nargs="+", choices=CHOICES, default=list(CHOICES), help="pages to regenerate (default all)")
+    parser.add_argument("--only", nargs="+", choices=CHOICES, default=list(CHOICES),
+                        help="pages to regenerate (default all)")
     parser.add_argument("--plan", action="store_true", help="print the commands and the files they write; run nothing")
 
 

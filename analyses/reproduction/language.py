@@ -149,7 +149,8 @@ def language_codes_section() -> str:
     table = LANGUAGE / "language_codes.md"
     if not table.is_file():
         return "Not measured yet: `python analyses/reproduce.py language-codes`, then `page`."
-    body = table.read_text().split("\n", 1)[1].replace("](language_codes.png)", "](results/language/language_codes.png)")
+    body = table.read_text().split("\n", 1)[1].replace("](language_codes.png)",
+                                                       "](results/language/language_codes.png)")
     body = body.replace("\n## ", "\n### ")  # its sections sit inside the page's Fig. 6 section
     return body.strip()
 
@@ -160,7 +161,8 @@ def language_codes(args: argparse.Namespace) -> None:
     from latentcode.files import AtomicOutputs
 
     out = Path(args.out) / "language-codes"
-    command = ["python", str(ROOT / "language_codes.py"), "--runs-from", args.models, "--run-name", "language-{attention}",
+    command = ["python", str(ROOT / "language_codes.py"), "--runs-from", args.models, "--run-name",
+               "language-{attention}",
                "--out", str(out), "--quiet", "--n-codes", str(args.n_codes), "--seq-len", "512"]
     print(" ".join(command), flush=True)
     subprocess.run(command, check=True)

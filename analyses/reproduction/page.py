@@ -33,10 +33,12 @@ def page(args: argparse.Namespace) -> None:
     fuzzy_fractions, fig2c_figure = fig2c()
     text = PAGE_TEMPLATE.format(
         language=language, language_codes=language_codes_section(), language_budget=language_budget,
-        localisation=localisation_section(), search=search_section(), table_a1=table_a1(), fig2c=fuzzy_fractions, ambiguity=ambiguity_table(),
+        localisation=localisation_section(), search=search_section(), table_a1=table_a1(), fig2c=fuzzy_fractions,
+        ambiguity=ambiguity_table(),
         fuzzy_decoding=decoding_table("fuzzy_logic"), sraven_decoding=decoding_table("sraven"),
         sraven_permuted_decoding=decoding_table("sraven_permuted"),
-        sraven=sraven_table(), sraven_init=sraven_init_section(), per_rule=per_rule_section(), fig5c=fig5c_table(), verdicts=verdicts(),
+        sraven=sraven_table(), sraven_init=sraven_init_section(), per_rule=per_rule_section(), fig5c=fig5c_table(),
+        verdicts=verdicts(),
         plan="\n".join(f"    {command}" for command in commands()), weights=weights_note(),
         code_reuse=code_reuse_table(), code_reuse_correlations=correlations_table(),
         code_reuse_findings=code_reuse_findings(), hyla_seed=hyla_seed_table(), hyla_seed_runs=hyla_seed_runs_table(),
@@ -139,7 +141,8 @@ command with `--lr` and `--warmup-steps` set, one thread each, two at a time (17
 
 {hyla_seed_runs}
 
-![SRAVEN HYLA training accuracy against steps, seeds 0-2, old and corrected init, several learning rates](results/figures/sraven_hyla_seed_train_accuracy.png)
+![SRAVEN HYLA training accuracy against steps, seeds 0-2, old and corrected init, several learning \
+rates](results/figures/sraven_hyla_seed_train_accuracy.png)
 
 Every run first sits on the same plateau (training accuracy 10-15%, all features right) and the ones
 that learn leave it abruptly (dotted line: 25%). Seed 2's runs, accuracy (%) train / ood at each evaluation:
@@ -187,7 +190,8 @@ on the OOD split is therefore measured on an easier set. Compared at the same nu
 held-out multisets: the OOD-above-ID gap is one of difficulty, not of generalization. Softmax is the
 exception: it falls on two held-out pairs that repeat one rule (constant + constant, progression-1 +
 progression-1), a real OOD deficit hidden by the easier mix. `hold_out="stratified"` (below, in the
-plan as the group `sraven_stratified`; its runs are the "stratified" rows of the SRAVEN table above, seeds as trained) holds out multisets in proportion to their
+plan as the group `sraven_stratified`; its runs are the "stratified" rows of the SRAVEN table above, seeds as trained) \
+holds out multisets in proportion to their
 number of stepless rules, so that the held-out set is as hard as the training set.
 
 ## Fig. 5C: one head against 16 (SRAVEN permuted, M = 2, seed 0)
@@ -260,7 +264,8 @@ HYLA's spread grows with depth: the lowest cosine is 1.00, 0.93, 0.80 and 0.63 i
 layer 3 (the rule explains 12%) it runs from 0.63 (progression+1 against progression+2) to 1.00 (sum against
 difference). With the grand mean subtracted (second figure, −1 to 1), sum and difference are alike in every
 model and layer past 0 (0.38 to 0.86), and in HYLA's layer 3 the progressions pair by the size of their step
-(progression+1 with progression-1 0.69, progression+2 with progression-2 0.70). Per-layer matrices: `results/code_figures/fig4/ATTENTION_rule_similarity.json`.
+(progression+1 with progression-1 0.69, progression+2 with progression-2 0.70). Per-layer matrices: \
+`results/code_figures/fig4/ATTENTION_rule_similarity.json`.
 
 ## Where the rule lives: causal maps of the latent codes (issue 22)
 
@@ -289,7 +294,8 @@ search's confirmation pairs), transfer ± paired s.e. beside damage = keep (unpa
 | queried feature's 8 context cells x themselves | 8 x 8 | 0.260 ± 0.025 | 0.039 ± 0.011 | 512 |
 | the same with the query cell (the group above) | 9 x 9 | 0.121 ± 0.025 | 0.258 ± 0.020 | 512 |
 | the query cell x every key | 1 x 36 | 0.016 ± 0.013 | 0.227 ± 0.019 | 512 |
-| found by `latentcode patch models/sraven-hyla --search` (told nothing): `2:7\\|11\\|19\\|23:3\\|7\\|11\\|15\\|19` | 4 x 5 | 0.242 ± 0.025 | 0.041 ± 0.010 | 512 |
+| found by `latentcode patch models/sraven-hyla --search` (told nothing): `2:7\\|11\\|19\\|23:3\\|7\\|11\\|15\\|19` | \
+4 x 5 | 0.242 ± 0.025 | 0.041 ± 0.010 | 512 |
 | its best block on the way: context x context | 32 x 32 | 0.240 ± 0.026 | 0.039 ± 0.011 | 512 |
 | the whole layer | 36 x 36 | 0.123 ± 0.025 | 0.273 ± 0.021 | 512 |
 
@@ -297,7 +303,8 @@ Commands: `latentcode patch models/sraven-hyla --search --out results/search` (c
 seed 0; the last two rows and the found group are its confirmation) and `latentcode patch
 models/sraven-hyla --n 512 --seed 1 --group "2:3|7|11|15|19|23|27|31:3|7|11|15|19|23|27|31" --group
 "2:3|7|11|15|19|23|27|31|35:3|7|11|15|19|23|27|31|35" --group "2:35:*" --group "2:7|11|19|23:3|7|11|15|19"
---out results/hand-made` (the found group again: the same 0.242). Again on 2,048 other fresh pairs (seed 4; the same command with `--n 2048 --seed 4` and the
+--out results/hand-made` (the found group again: the same 0.242). Again on 2,048 other fresh pairs (seed 4; the same \
+command with `--n 2048 --seed 4` and the
 context x context block `2:0..32:0..32` added): 8 x 8 0.201 ± 0.013 (damage 0.037 ± 0.005); 9 x 9
 0.099 ± 0.012 (damage 0.274 ± 0.010); query cell row −0.010 ± 0.006 (damage 0.208 ± 0.009); the
 searched 4 x 5 group 0.210 ± 0.013 (damage 0.031 ± 0.005); context x context 0.210 ± 0.013 (damage
@@ -339,7 +346,8 @@ numbers say is `results/interventions/README.md`.
 The paper says the latent codes a model learns on training compositions are reused on unseen ones, and
 its authors' follow-up (Redhardt, Akram, Schug, 2025) reports that a task's constituents are linearly
 decodable from a model exactly when it generalizes compositionally. Across a sweep of fuzzy-logic models
-that differ in what matters — attention (softmax, linear, HYLA and the ablation without ReLU, hyla_no_relu), heads (2 or 8), the
+that differ in what matters — attention (softmax, linear, HYLA and the ablation without ReLU, hyla_no_relu), heads (2 \
+or 8), the
 held-out fraction (30% or 70% of term pairs) and training steps (750, 3,000 or 8,000) — does a score of
 *code reuse* predict OOD R²? `latentcode reuse RUN` (Python: `latentcode.reuse.code_reuse`) measures
 three parts on the unseen compositions, each beside its strongest trivial baseline
@@ -367,8 +375,10 @@ model. OOD R² is the run's final metric on its own evaluation set; no part look
 each in two lanes (in /work/sweeps/), seed 0 (task seed 0); a third lane (hyla_no_rmshead,
 linear_rmshead, hyla_softmax_instead) was cancelled before it trained a model, to free a core:
 
-    latentcode sweep --preset fuzzy_logic --scale cpu --grid attention=softmax,linear,hyla,hyla_no_relu --grid n_heads=2,8 --grid frac_test=0.7 --grid n_train_instances=384000 --out sweeps/lane-a
-    latentcode sweep --preset fuzzy_logic --scale cpu --grid attention=softmax,linear,hyla --grid frac_test=0.3 --grid n_train_instances=96000,384000 --out sweeps/lane-b
+    latentcode sweep --preset fuzzy_logic --scale cpu --grid attention=softmax,linear,hyla,hyla_no_relu --grid \
+n_heads=2,8 --grid frac_test=0.7 --grid n_train_instances=384000 --out sweeps/lane-a
+    latentcode sweep --preset fuzzy_logic --scale cpu --grid attention=softmax,linear,hyla --grid frac_test=0.3 --grid \
+n_train_instances=96000,384000 --out sweeps/lane-b
 
 recorded with their weights by `python analyses/reproduce.py record-sweep sweeps/lane-a sweeps/lane-b`
 (names `fuzzy-ATTENTION-hHEADS-fFRAC-nSTEPS-s0`), and the three seed-0 runs of Table A1
@@ -392,9 +402,11 @@ generalize almost nothing (OOD R² 7%). What breaks the score is reconstruction:
 nearly sums of per-term codes are HYLA's, linear attention's and hyla_no_relu's (R² 0.44 to 0.87 on
 unseen compositions, given 8 heads and at least 3,000 steps), while the softmax models reconstruct
 poorly (R² 0.01 to 0.33) and generalize well (OOD R² 60 to 70% from 3,000 steps). Additive codes at
-this site are a property of the unnormalized attentions here, not of the models that generalize. The models with 2 heads (4 code entries at this site) decode almost
+this site are a property of the unnormalized attentions here, not of the models that generalize. The models with 2 \
+heads (4 code entries at this site) decode almost
 nothing (balanced accuracy 0.50 to 0.53) yet reach OOD R² 0.35 to 0.66: whatever carries their
-generalization, it is not the last token's code for itself, the one site measured here. The transplant carries nothing in
+generalization, it is not the last token's code for itself, the one site measured here. The transplant carries nothing \
+in
 any model: a one-term training neighbour's codes make the prediction follow its function no more often
 than a third composition's codes do (the largest difference is 0.02, within the sampling error of 256
 pairs), as the causal maps above found for patching between OOD tasks; its raw follow rate

@@ -50,10 +50,12 @@ PAPER = (
               reason="a diagram, not a measurement: its equations are the attention layer "
                      "(latentcode/models/attention.py, value_network.py), checked against a reference by "
                      "tests/models/test_attention_paths.py"),
-    PaperItem("Fig. 2A", "the fuzzy-logic task", reason="a drawing of the task, which is latentcode/tasks/fuzzy_logic.py"),
+    PaperItem("Fig. 2A", "the fuzzy-logic task",
+              reason="a drawing of the task, which is latentcode/tasks/fuzzy_logic.py"),
     PaperItem("Fig. 2B", "the terms of unseen compositions are decodable from the latent codes",
               script="analyses/fuzzy_term_decoding.py", command="python analyses/reproduce.py decoding",
-              outputs=("results/decoding/fuzzy_logic_term_decoding.png", "results/decoding/fuzzy_logic_term_decoding.csv"),
+              outputs=("results/decoding/fuzzy_logic_term_decoding.png",
+                       "results/decoding/fuzzy_logic_term_decoding.csv"),
               section="Fig. 2B / 5F: decoding the sub-task"),
     PaperItem("Fig. 2C", "OOD R² falls as more term combinations are held out, HYLA's least",
               script="analyses/reproduce.py", command="python analyses/reproduce.py train --only table_a1 fig2c",
@@ -73,7 +75,8 @@ PAPER = (
               section="Fig. 5C"),
     PaperItem("Fig. 5F", "the rule is decodable from the latent codes of unseen rule combinations",
               script="analyses/sraven_rule_decoding.py", command="python analyses/reproduce.py decoding",
-              outputs=("results/decoding/sraven_rule_decoding.png", "results/decoding/sraven_permuted_rule_decoding.png"),
+              outputs=("results/decoding/sraven_rule_decoding.png",
+                       "results/decoding/sraven_permuted_rule_decoding.png"),
               section="Fig. 2B / 5F: decoding the sub-task"),
     PaperItem("Fig. 5, other panels", "SRAVEN panels no script here names: the task drawing, and the abstract's "
               "claim that scaling model size and data brings compositional generalization",
@@ -81,7 +84,8 @@ PAPER = (
                      "budget (section SRAVEN on the permuted task); the runs here are M = 2, one model size, so no "
                      "scaling sweep"),
     PaperItem("Fig. 6", "language modelling: HYLA better than linear attention, close to softmax",
-              script="analyses/reproduce.py", command="python analyses/reproduce.py train --only language language_budget",
+              script="analyses/reproduce.py",
+              command="python analyses/reproduce.py train --only language language_budget",
               outputs=("results/figures/language_bits_per_byte.png", "results/figures/language_bits_per_byte_4k.png"),
               section="Fig. 6"),
     PaperItem("Table A1, fuzzy logic", "OOD R² of softmax, linear and HYLA attention and the ablations",
@@ -127,7 +131,8 @@ def code_figures_section() -> str:
     for item in (figure for figure in PAPER if figure.item in ("Fig. 3", "Fig. 4")):
         if item.reproduced:
             parts += [f"**{item.item}** (`{item.command}`): {item.shows}.", "",
-                      *(f"![{item.item}: {output}]({output})" for output in item.outputs if output.endswith(".png")), ""]
+                      *(f"![{item.item}: {output}]({output})" for output in item.outputs
+                        if output.endswith(".png")), ""]
         else:
             parts += [f"**{item.item}**: {item.reason or f'not recorded yet: `{item.command}`, then `page`'}.", ""]
     return "\n".join(parts).rstrip()

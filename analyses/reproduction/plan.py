@@ -62,7 +62,8 @@ def sraven(group: str, attention: str, seed: int, n_heads: int = 16, hold_out: s
     after the `lecun_normal_` fix, e45163f, where the older runs of that name were trained before it)."""
     heads = (("n_heads", n_heads),) if n_heads != 16 else ()
     split = (("hold_out", hold_out),) if hold_out != "greedy" else ()
-    name = f"sraven-M2-{attention}{f'-h{n_heads}' if heads else ''}{f'-{hold_out}' if split else ''}{f'-{tag}' if tag else ''}-s{seed}"
+    name = (f"sraven-M2-{attention}{f'-h{n_heads}' if heads else ''}{f'-{hold_out}' if split else ''}"
+            f"{f'-{tag}' if tag else ''}-s{seed}")
     return PlannedRun(name, group, "sraven", attention, seed, SRAVEN_SETTING + heads + split)
 
 
@@ -87,7 +88,8 @@ def plan() -> list[PlannedRun]:
     runs += [PlannedRun(f"language-{a}-s0", "language", "language", a, 0, ()) for a in ATTENTIONS]
     # The same bytes per step in windows of 128, the authors' sequence length: does the comparison
     # depend on the window?
-    runs += [PlannedRun(f"language-{a}-T128-s0", "language", "language", a, 0, (("seq_len", 128), ("batch_size", 32), ("n_train_instances", 32000)))
+    runs += [PlannedRun(f"language-{a}-T128-s0", "language", "language", a, 0,
+                        (("seq_len", 128), ("batch_size", 32), ("n_train_instances", 32000)))
              for a in ATTENTIONS]
     # Issue 26: a budget where every model learns beyond the previous byte (windows of 128, four times
     # the steps: 4,000 of 32 windows), two seeds; HYLA first, the slowest and the one at risk.

@@ -177,7 +177,8 @@ def per_rule_section() -> str:
               "|---" * (2 + 2 * len(models)) + "|"]
     for count in sorted(multisets["stepless_rules"].unique()):
         of_count = multisets[multisets["stepless_rules"] == count]
-        counts = [int(((first["split"] == split) & (first["stepless_rules"] == count)).sum()) for split in ("test", "ood")]
+        counts = [int(((first["split"] == split) & (first["stepless_rules"] == count)).sum())
+                  for split in ("test", "ood")]
         cells = [cell(of_count[(of_count["model"] == model) & (of_count["split"] == split)])
                  for model in models for split in ("test", "ood")]
         lines.append(f"| {int(count)} | {counts[0]} / {counts[1]} | " + " | ".join(cells) + " |")
@@ -187,7 +188,8 @@ def per_rule_section() -> str:
 
     held_out = multisets[multisets["split"] == "ood"]
     lines += ["", "**Per held-out multiset** (OOD, %, all features right)", "",
-              "| held-out multiset | stepless rules | n | " + " | ".join(models) + " |", "|---" * (3 + len(models)) + "|"]
+              "| held-out multiset | stepless rules | n | " + " | ".join(models) + " |",
+              "|---" * (3 + len(models)) + "|"]
     for group, rows in held_out.groupby("group", sort=False):
         by_model = rows.set_index("model")
         lines.append(f"| {group} | {int(rows['stepless_rules'].iloc[0])} | {int(rows['n'].iloc[0])} | "

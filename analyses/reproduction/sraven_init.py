@@ -90,7 +90,8 @@ def init_table() -> str:
             trained = [seed for seed in seeds if summary_of(names(attention, seed))]
             cells = [mean_and_error([metric_of(names(attention, seed), split, metric) for seed in trained])
                      for split, metric in (("ood", "accuracy"), ("ood", "feature_accuracy"), ("test", "accuracy"))]
-            per_seed = ", ".join(f"s{seed}{mark(names(attention, seed))}: {metric_of(names(attention, seed), 'ood', 'accuracy'):.1f}"
+            per_seed = ", ".join(f"s{seed}{mark(names(attention, seed))}: "
+                                 f"{metric_of(names(attention, seed), 'ood', 'accuracy'):.1f}"
                                  for seed in trained) or "–"
             mean, error = PAPER[attention]
             lines.append(f"| {attention} | {init} | {len(trained)} | {cells[0]} | {per_seed} | {cells[1]} | "
@@ -127,7 +128,8 @@ def verdict_word(comparison: dict) -> str:
 
 def paired_table() -> str:
     lines = ["| comparison (OOD accuracy) | seeds | difference per seed (points) | mean ± s.e. (points) | "
-             "95% t interval | paired t-test p | seeds ahead (sign test p) | verdict |", "|---|---|---|---|---|---|---|---|"]
+             "95% t interval | paired t-test p | seeds ahead (sign test p) | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
     for first, second in (("hyla", "softmax"), ("hyla", "linear"), ("linear", "softmax")):
         comparison = paired(first, second)
         if comparison is None:
@@ -156,7 +158,8 @@ def plateau_table() -> str:
                 continue
             exit_step = plateau_exit(name)
             final = summary["final_metrics"]
-            lines.append(f"| {attention} | {seed}{mark(name)} | {'never (8,000 steps)' if exit_step is None else f'{exit_step:,}'} | "
+            lines.append(f"| {attention} | {seed}{mark(name)} | "
+                         f"{'never (8,000 steps)' if exit_step is None else f'{exit_step:,}'} | "
                          + " | ".join(f"{100 * final[split]['accuracy']:.1f}" for split in ("train", "test", "ood"))
                          + f" | {summary['wall_seconds'] / 60:.1f} |")
     return "\n".join(lines)
@@ -202,7 +205,8 @@ def stratified_section() -> str:
     import pandas as pd
 
     if not PER_MULTISET.is_file():
-        return f"not computed yet: `python analyses/reproduce.py sraven-init-per-rule` writes {PER_MULTISET.relative_to(ROOT.parent)}"
+        return ("not computed yet: `python analyses/reproduce.py sraven-init-per-rule` writes "
+                f"{PER_MULTISET.relative_to(ROOT.parent)}")
     table = pd.read_csv(PER_MULTISET)
     multisets = table[(table["level"] == "multiset")]
     ood = multisets[multisets["split"] == "ood"]
@@ -219,8 +223,10 @@ def stratified_section() -> str:
                  + " | ".join(_pooled(ood[ood["model"] == attention]) for attention in ATTENTIONS) + " |")
     wide = ood.pivot_table(index=["seed", "group"], columns="model", values="accuracy")
     lines += ["", "**Per held-out multiset, paired** (each seed's held-out multisets, the three models on the same "
-              "instances): multisets where the first model is more accurate / less / equal, and the mean difference", "",
-              "| comparison | multisets | first ahead | behind | equal | mean difference (points) |", "|---|---|---|---|---|---|"]
+              "instances): multisets where the first model is more accurate / less / equal, and the mean difference",
+              "",
+              "| comparison | multisets | first ahead | behind | equal | mean difference (points) |",
+              "|---|---|---|---|---|---|"]
     for first, second in (("hyla", "softmax"), ("hyla", "linear"), ("linear", "softmax")):
         if not {first, second} <= set(wide.columns):
             continue
@@ -231,7 +237,8 @@ def stratified_section() -> str:
     lines += ["", "**OOD feature accuracy per query rule** (%, pooled over seeds; n = query positions)", "",
               "| query rule | " + " | ".join(ATTENTIONS) + " |", "|---" * (1 + len(ATTENTIONS)) + "|"]
     for rule in dict.fromkeys(rules["group"]):
-        lines.append(f"| {rule} | " + " | ".join(_pooled(rules[(rules["group"] == rule) & (rules["model"] == attention)])
+        lines.append(f"| {rule} | "
+                     + " | ".join(_pooled(rules[(rules["group"] == rule) & (rules["model"] == attention)])
                                                  for attention in ATTENTIONS) + " |")
     return "\n".join(lines)
 
@@ -303,7 +310,8 @@ FIGURE = "sraven_init_ood_per_seed"
 
 def issue_36_comparison() -> str:
     """The plan's HYLA seeds 0-2 beside issue 36's runs of the same command (other kernels)."""
-    pairs = [(seed, metric_of(f"sraven-M2-hyla-corrected-s{seed}", "ood", "accuracy"), metric_of(name, "ood", "accuracy"))
+    pairs = [(seed, metric_of(f"sraven-M2-hyla-corrected-s{seed}", "ood", "accuracy"),
+              metric_of(name, "ood", "accuracy"))
              for seed, name in ISSUE_36.items()]
     pairs = [(seed, ours, theirs) for seed, ours, theirs in pairs if ours is not None and theirs is not None]
     if not pairs:
@@ -318,7 +326,8 @@ def issue_36_comparison() -> str:
 
 def section() -> str:
     """The page's section: runs, tables, the figure, the verdict and what it would take to tell."""
-    comparisons = [comparison for comparison in (paired("hyla", other) for other in ("softmax", "linear")) if comparison]
+    comparisons = [comparison for comparison in (paired("hyla", other) for other in ("softmax", "linear"))
+                   if comparison]
     needed = [f"HYLA − {c['second']}: about {n} seeds at the measured spread" for c in comparisons
               if verdict_word(c).startswith("level") and (n := seeds_to_tell(c)) is not None]
     return f"""The comparison above mixes two initialisations (HYLA's seeds 0-2 were rerun with the corrected
@@ -339,7 +348,8 @@ recorded yet ({sum(1 for seed in ISSUE_36 if run_name("hyla", seed) in ISSUE_36.
 
 {paired_table()}
 
-**Verdict at this scale (M = 2, 8,000 steps):** {verdict()}{' To tell: ' + '; '.join(needed) + ' (or M = 3, where the paper-scale gap may be larger).' if needed else ''}
+**Verdict at this scale (M = 2, 8,000 steps):** {verdict()}\
+{' To tell: ' + '; '.join(needed) + ' (or M = 3, where the paper-scale gap may be larger).' if needed else ''}
 
 {issue_36_comparison()}
 

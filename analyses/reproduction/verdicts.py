@@ -54,9 +54,9 @@ def _fuzzy_logic(lines: list[str], fuzzy: dict[str, list[float]]) -> None:
     if all(fuzzy.values()):
         wins = [_ordering("hyla", other, fuzzy) for other in ("softmax", "linear")]
         lines.append(f"- **HYLA generalizes best on fuzzy logic (Table A1)**: {_verdict(wins)}: "
-                     f"HYLA above softmax on {wins[0][0]}/{wins[0][1]} seeds and above linear on {wins[1][0]}/{wins[1][1]} "
-                     f"(means {np.mean(fuzzy['hyla']):.1f}, {np.mean(fuzzy['softmax']):.1f}, {np.mean(fuzzy['linear']):.1f}"
-                     f" vs the paper's 81.1, 63.3, 59.9), at 16% of the paper's steps.")
+                     f"HYLA above softmax on {wins[0][0]}/{wins[0][1]} seeds and above linear on "
+                     f"{wins[1][0]}/{wins[1][1]} (means {np.mean(fuzzy['hyla']):.1f}, {np.mean(fuzzy['softmax']):.1f}, "
+                     f"{np.mean(fuzzy['linear']):.1f} vs the paper's 81.1, 63.3, 59.9), at 16% of the paper's steps.")
 
 
 def _ablations(lines: list[str], fuzzy: dict[str, list[float]]) -> None:
@@ -69,8 +69,8 @@ def _ablations(lines: list[str], fuzzy: dict[str, list[float]]) -> None:
         paper_hyla = float(PAPER_TABLE_A1["hyla"].split(" ")[0])
         same_side = [a for a, v in trained.items() if (v > hyla) == (float(PAPER_TABLE_A1[a]) > paper_hyla)]
         lines.append(f"- **Ablations (Table A1, seed 0; HYLA {hyla:.1f}, paper {paper_hyla})**: {len(trained)} of "
-                     f"{len(ABLATIONS)} trained: {shown}. On the same side of HYLA as in the paper: {len(same_side)} of "
-                     f"{len(trained)}" + (f" (not: {', '.join(a for a in trained if a not in same_side)})"
+                     f"{len(ABLATIONS)} trained: {shown}. On the same side of HYLA as in the paper: {len(same_side)} "
+                     f"of {len(trained)}" + (f" (not: {', '.join(a for a in trained if a not in same_side)})"
                                           if len(same_side) < len(trained) else "")
                      + f"; one seed each, beside HYLA over seeds: paper {PAPER_TABLE_A1['hyla']}, ours "
                        f"{mean_and_error(fuzzy['hyla'])}.")
@@ -88,8 +88,8 @@ def _held_out_fractions(lines: list[str]) -> None:
         drops = {a: c[0] - c[-1] for a, c in complete.items()}
         least = min(drops, key=drops.get)
         verdict = "reproduced" if all(degrade.values()) and least == "hyla" and len(complete) == 3 else "partly"
-        lines.append(f"- **Fig. 2C, all degrade as more is held out, HYLA least**: {verdict} ({len(complete)} of 3 models "
-                     "trained at every fraction): drop from 30% to 70% held out: "
+        lines.append(f"- **Fig. 2C, all degrade as more is held out, HYLA least**: {verdict} ({len(complete)} of 3 "
+                     "models trained at every fraction): drop from 30% to 70% held out: "
                      + ", ".join(f"{a} {drops[a]:.1f} points ({'monotone' if degrade[a] else 'not monotone'})"
                                  for a in complete) + ".")
     else:
@@ -117,24 +117,28 @@ def _sraven(lines: list[str]) -> None:
         lines.append(f"- **HYLA generalizes best on SRAVEN (Table A1)**: {_verdict(wins)} at "
                      f"M = 2: OOD accuracy HYLA {np.mean(sraven_values['hyla']):.1f}, softmax "
                      f"{np.mean(sraven_values['softmax']):.1f}, linear {np.mean(sraven_values['linear']):.1f} "
-                     f"(seeds: {len(sraven_values['hyla'])}, {len(sraven_values['softmax'])}, {len(sraven_values['linear'])}; "
-                     f"HYLA above softmax on {wins[0][0]}/{wins[0][1]}, above linear on {wins[1][0]}/{wins[1][1]}); "
-                     "paper at M = 4: 69.1, 56.6, 56.3." + (f" {seed_note}." if (seed_note := hyla_seed_verdict()) else ""))
+                     f"(seeds: {len(sraven_values['hyla'])}, {len(sraven_values['softmax'])}, "
+                     f"{len(sraven_values['linear'])}; HYLA above softmax on {wins[0][0]}/{wins[0][1]}, above linear "
+                     f"on {wins[1][0]}/{wins[1][1]}); "
+                     "paper at M = 4: 69.1, 56.6, 56.3." + (f" {seed_note}."
+                                                            if (seed_note := hyla_seed_verdict()) else ""))
     else:
         lines.append("- **SRAVEN (Table A1)**: not all three models trained yet.")
 
 
 def _one_head(lines: list[str]) -> None:
     """(3) Fig. 5C: one head generalizes worse than 16."""
-    heads = {a: (metric_of(f"sraven-M2-{a}-s0", "ood", "accuracy"), metric_of(f"sraven-M2-{a}-h1-s0", "ood", "accuracy"))
+    heads = {a: (metric_of(f"sraven-M2-{a}-s0", "ood", "accuracy"),
+                 metric_of(f"sraven-M2-{a}-h1-s0", "ood", "accuracy"))
              for a in ("softmax", "hyla")}
     measured = {a: v for a, v in heads.items() if None not in v}
     if measured:
         worse = all(one < many for many, one in measured.values())
         in_distribution = {a: (metric_of(f"sraven-M2-{a}-s0", "test", "accuracy"),
                                metric_of(f"sraven-M2-{a}-h1-s0", "test", "accuracy")) for a in measured}
-        lines.append(f"- **Fig. 5C, one head generalizes worse than 16**: {'reproduced' if worse else 'not reproduced'} "
-                     f"({len(measured)} of 2 models, seed 0): OOD accuracy "
+        lines.append("- **Fig. 5C, one head generalizes worse than 16**: "
+                     f"{'reproduced' if worse else 'not reproduced'} ({len(measured)} of 2 models, seed 0): "
+                     "OOD accuracy "
                      + ", ".join(f"{a} 16 heads {many:.1f} vs 1 head {one:.1f} (in-distribution test: "
                                  f"{in_distribution[a][0]:.1f} vs {in_distribution[a][1]:.1f})"
                                  for a, (many, one) in measured.items())
@@ -180,7 +184,8 @@ def _language(lines: list[str]) -> None:
     if parts:
         verdict = verdicts_by_window[0] if len(set(verdicts_by_window)) == 1 else "partly"
         lines.append(f"- **Fig. 6, language modelling: HYLA better than linear, close to softmax**: {verdict} (seed 0, "
-                     f"2 layers, 1,000 steps; bigram baseline {language_baselines()['bigram (the previous byte)']:.3f}): "
+                     "2 layers, 1,000 steps; bigram baseline "
+                     f"{language_baselines()['bigram (the previous byte)']:.3f}): "
                      + "; ".join(parts) + ".")
     else:
         lines.append("- **Fig. 6, language modelling**: not measured yet.")
@@ -190,7 +195,8 @@ def _decoding(lines: list[str]) -> None:
     """(2) decoding: the sub-task is decodable from OOD codes, above every baseline."""
     import pandas as pd
 
-    for key, label in (("fuzzy_logic", "fuzzy-logic terms (Fig. 2B)"), ("sraven", "SRAVEN rules, unpermuted models (Fig. 5F)"),
+    for key, label in (("fuzzy_logic", "fuzzy-logic terms (Fig. 2B)"),
+                       ("sraven", "SRAVEN rules, unpermuted models (Fig. 5F)"),
                        ("sraven_permuted", "SRAVEN rules, permuted models (Fig. 5F)")):
         path = DECODED / f"{key}_{DECODING[key][1]}.csv"
         if not path.is_file():
@@ -201,6 +207,7 @@ def _decoding(lines: list[str]) -> None:
         beats = bool(chosen["beats_baselines"].astype(bool).all())
         best = chosen.loc[chosen["value"].idxmax(), "model"]
         lines.append(f"- **Decoding {label} from OOD codes**: {'reproduced' if beats else 'not'} (above the strongest "
-                     f"baseline for {int(chosen['beats_baselines'].astype(bool).sum())} of {len(chosen)} models; highest: {best}): "
+                     f"baseline for {int(chosen['beats_baselines'].astype(bool).sum())} of {len(chosen)} models; "
+                     f"highest: {best}): "
                      + ", ".join(f"{row.model} {row.value:.3f} vs {row.strongest_baseline_value:.3f}"
                                  for row in chosen.itertuples()) + ".")

@@ -44,7 +44,8 @@ RESULT_SUFFIXES = {".png", ".csv", ".html", ".svg", ".json", ".txt"}
 
 def on_config(config):
     """The API reference in the navigation: its index, then one page per package."""
-    api = [{"Overview": "reference/api/index.md"}] + [{title: f"reference/api/{module}.md"} for title, module in API_PACKAGES]
+    api = [{"Overview": "reference/api/index.md"}] + [{title: f"reference/api/{module}.md"}
+                                                      for title, module in API_PACKAGES]
     _replace_in_nav(config["nav"], "reference/api/index.md", api)
     return config
 
@@ -68,7 +69,8 @@ def on_files(files: Files, config) -> Files:
     page, linked = results_page()
     files.append(File.generated(config, "results.md", content=page))
     for relative in linked:
-        files.append(File.generated(config, f"results/{relative}", abs_src_path=str(ROOT / "analyses" / "results" / relative)))
+        files.append(File.generated(config, f"results/{relative}",
+                                    abs_src_path=str(ROOT / "analyses" / "results" / relative)))
     return files
 
 
@@ -138,7 +140,8 @@ def cli_page() -> str:
     for name in parser.commands.parsers:
         lines.append(f"| [`{name}`](#{name}) | {_escape(summaries.get(name) or '')} |")
     for name, command_parser in parser.commands.parsers.items():
-        lines += ["", f"## `latentcode {name}` {{#{name}}}", "", "```text", command_parser.format_usage().strip(), "```", ""]
+        lines += ["", f"## `latentcode {name}` {{#{name}}}", "", "```text",
+                  command_parser.format_usage().strip(), "```", ""]
         if command_parser.description:
             lines += [_escape_markdown(command_parser.description), ""]
         rows = _argument_rows(command_parser)

@@ -104,8 +104,8 @@ def check_one_column(code_file, spec: str, what: str) -> None:
     with code_file.open_hdf5() as file:  # a file, or codes in memory
         shape = file[f"labels/{name}"].shape[1:]
     if shape:
-        raise UsageError(f"{prefixed(what, spec)}: label {name!r} has shape [N, {', '.join(map(str, shape))}]: colour by one "
-                         f"column, e.g. {name}[0]")
+        raise UsageError(f"{prefixed(what, spec)}: label {name!r} has shape [N, {', '.join(map(str, shape))}]: colour "
+                         f"by one column, e.g. {name}[0]")
 
 
 def check_decodable(code_file, spec: str, what: str, split: str,

@@ -187,7 +187,8 @@ def embed(
     if stratify is not None:
         strata, stratify = select_label(code_file, stratify, split)
         if strata.ndim != 1:
-            raise AnalysisError(f"stratify needs one value per example; label {stratify!r} has shape {list(strata.shape)}")
+            raise AnalysisError(f"stratify needs one value per example; label {stratify!r} has shape "
+                                f"{list(strata.shape)}")
     indices = subsample(n_total, max_points, seed, strata)
     coordinates, parameters, constant_layers = {}, {}, []
     progress_of = _Progress(progress, method, code_file.model_name, len(layers), len(indices))

@@ -213,11 +213,13 @@ def about_html(
         settings = ", ".join(f"{key} {value}" for key, value in task_config.items() if key != "name")
         items.append(f"<b>Task</b>: {html.escape(str(task_config.get('name')))} ({html.escape(settings)}).")
     if runs:
-        items.append("<b>Models</b>: " + html.escape(", ".join(run.name for run in runs)) + ", trained and evaluated on "
+        items.append("<b>Models</b>: " + html.escape(", ".join(run.name for run in runs))
+                     + ", trained and evaluated on "
                      + html.escape(_and([_variant_words(v) for v in training_variants(runs)])) + ".")
     for code_file in code_files:
         variant = variant_of(code_file)
-        counts = ", ".join(f"{split} {int((code_file.split_of_examples() == split).sum())}" for split in code_file.splits)
+        counts = ", ".join(f"{split} {int((code_file.split_of_examples() == split).sum())}"
+                           for split in code_file.splits)
         items.append(
             f"<b>Latent codes of {html.escape(code_file.model_name)}</b>: {html.escape(site_set(code_file))}"
             + (f", on the {html.escape(variant)} variant" if variant else "")

@@ -66,8 +66,8 @@ def read_patch_output(stem: str | Path, what: str = "--patch") -> PatchOutput:
     try:
         text = read_regular_file(table_path, what, MAX_TABLE_BYTES).decode("utf-8")
     except UnicodeDecodeError:
-        raise PatchOutputError(f"{prefixed(what, table_path)} is not a text (CSV) file; expected the table latentcode patch "
-                               "writes") from None
+        raise PatchOutputError(f"{prefixed(what, table_path)} is not a text (CSV) file; "
+                               "expected the table latentcode patch writes") from None
     rows = list(csv.reader(io.StringIO(text)))
     if not rows or not any(rows[0]):
         raise PatchOutputError(f"{prefixed(what, table_path)} is empty; expected a header and one row per site group")
@@ -77,7 +77,8 @@ def read_patch_output(stem: str | Path, what: str = "--patch") -> PatchOutput:
         raise PatchOutputError(f"{prefixed(what, table_path)} lacks the column(s) {missing}; its columns are "
                                f"{columns[:8]}; expected the table latentcode patch writes")
     if not body:
-        raise PatchOutputError(f"{prefixed(what, table_path)} holds a header and no rows; expected one row per site group")
+        raise PatchOutputError(f"{prefixed(what, table_path)} holds a header and no rows; "
+                               "expected one row per site group")
     for number, row in enumerate(body, start=2):
         if len(row) != len(columns):
             raise PatchOutputError(f"{prefixed(what, table_path)} line {number} has {len(row)} fields; the header has "
@@ -88,7 +89,8 @@ def read_patch_output(stem: str | Path, what: str = "--patch") -> PatchOutput:
                 try:
                     float(value) if value else math.nan
                 except ValueError:
-                    raise PatchOutputError(f"{prefixed(what, table_path)} line {number}: column {column!r} holds {value[:40]!r}; "
+                    raise PatchOutputError(f"{prefixed(what, table_path)} line {number}: column {column!r} holds "
+                                           f"{value[:40]!r}; "
                                            "expected a number") from None
     summary = _read_summary(summary_path, what)
     png = read_png(image_path, f"{what} map" if what else "", MAX_FIGURE_BYTES) if _exists(image_path) else None
@@ -113,10 +115,11 @@ def _read_summary(path: Path, what: str) -> dict[str, Any]:
                 "attribution_vs_exact": (dict, "an object of pearson and spearman")}
     for key, (kind, words) in expected.items():
         if key in summary and not (isinstance(summary[key], kind) and not isinstance(summary[key], bool)):
-            raise PatchOutputError(f"{prefixed(what, path)}: {key!r} is {json.dumps(summary[key])[:40]}; expected {words}")
+            raise PatchOutputError(f"{prefixed(what, path)}: {key!r} is {json.dumps(summary[key])[:40]}; "
+                                   f"expected {words}")
     if "task" not in summary:
-        raise PatchOutputError(f"{prefixed(what, path)} lacks 'task' (the task's config); a report shows patching outputs "
-                               "only beside codes and runs of their own task")
+        raise PatchOutputError(f"{prefixed(what, path)} lacks 'task' (the task's config); a report shows patching "
+                               "outputs only beside codes and runs of their own task")
     for name, value in summary.get("attribution_vs_exact", {}).items():
         if value is not None and not isinstance(value, (int, float)):
             raise PatchOutputError(f"{prefixed(what, path)}: attribution_vs_exact.{name} is {json.dumps(value)[:40]}; "

@@ -90,7 +90,8 @@ class Report:
 # -- figures ---------------------------------------------------------------------------------------
 def plot_training_curves(runs: Sequence[RunRecord], path_stem: Path, dpi: float = 100) -> Path:
     """Training loss, and the task metric of every evaluated split, against steps; one line per run."""
-    seen = {split for run in runs for record in run.metrics if record.get("event") == "eval" for split in record["splits"]}
+    seen = {split for run in runs for record in run.metrics if record.get("event") == "eval"
+            for split in record["splits"]}
     canonical = ["train", "test", "ood", "unseen_terms"]
     splits = [split for split in canonical if split in seen] + sorted(seen - set(canonical))
     task = runs[0].task
@@ -288,8 +289,8 @@ def _write_report(
                 f"<i>selected</i> layer has the best validation score, the test split is never used to choose. "
                 "Baselines, scored on the same test split: <i>majority</i> predicts the most frequent value "
                 "(per column for a multi-hot label), <i>prevalence_random</i> draws values at their "
-                f"{html.escape(fit_split)} prevalence, <i>all_present</i> predicts every column of a multi-hot label present, "
-                "<i>shuffled_labels</i> is a probe fitted the same way on shuffled labels.</p>"
+                f"{html.escape(fit_split)} prevalence, <i>all_present</i> predicts every column of a multi-hot label "
+                "present, <i>shuffled_labels</i> is a probe fitted the same way on shuffled labels.</p>"
                 + "".join(f"<p><b>{html.escape(line)}</b></p>" for line in headline_lines(probe_table))
                 + "<p class=note>The scores of every layer are the figure under <i>Headline</i>.</p>"
                 + _table(summary[["model", "layer", "label", "metric", "value", "validation", "selected",

@@ -79,8 +79,8 @@ def located(error: BaseException, args: argparse.Namespace, parser: argparse.Arg
     """The message of `error`, with the flag of the argument it is about (`LatentcodeError.parameter`,
     a name of the Python API) in front, as the user typed it: the message is the Python API's, word
     for word. `RUN_DIR runs/x is ...` and `--out c.h5 already exists` where the message starts with
-    the value given (or one of the values of a list); `--variant permuted: ...` where it starts with the argument's name; else
-    `--split: unknown split ...`."""
+    the value given (or one of the values of a list); `--variant permuted: ...` where it starts with the argument's
+    name; else `--split: unknown split ...`."""
     message, parameter = str(error), getattr(error, "parameter", None)
     dest = command.parameters.get(parameter, parameter)
     action = next((action for action in parser._actions if parameter and action.dest == dest), None)

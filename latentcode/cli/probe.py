@@ -25,7 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "layer on one split and score it on another, beside baselines (majority, prevalence-matched random, "
         "all-present for multi-hot labels, label-shuffled probe); the best layer is chosen by cross-validation on the "
         "fit split, never on the test split. Several files are compared side by side (one model each).",
-        epilog="example:\n  latentcode probe softmax.h5 linear.h5 hyla.h5 --label rule --fit-split train --test-split ood "
+        epilog="example:\n  latentcode probe softmax.h5 linear.h5 hyla.h5 --label rule --fit-split train --test-split "
+               "ood "
         "--out results/rule",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -155,7 +155,8 @@ def run(args: argparse.Namespace) -> None:
     if args.source is None:
         terms = qk_from_codes(args.model, args.layer, args.head, args.pairs, example=args.example or 0, top=args.top,
                               out=args.out, overwrite=args.overwrite)
-        name = f"{args.model} example {args.example or 0} (recomputed queries/keys within {terms.stored_gap:.1e} of the stored)"
+        name = (f"{args.model} example {args.example or 0} "
+                f"(recomputed queries/keys within {terms.stored_gap:.1e} of the stored)")
     else:
         model, tokens, name = sequence(args)
         terms = qk_attribution(model, tokens, args.layer, args.head, args.pairs, top=args.top, out=args.out,

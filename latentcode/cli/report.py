@@ -16,7 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "final metrics per split, probe tables and figures for their codes files (RUN_DIR/codes/*.h5, or --codes).",
     )
     parser.add_argument("runs", nargs="*", metavar="RUN_DIR")
-    parser.add_argument("--codes", action="append", metavar="CODES.h5", help="codes files (default: RUN_DIR/codes/*.h5)")
+    parser.add_argument("--codes", action="append", metavar="CODES.h5",
+                        help="codes files (default: RUN_DIR/codes/*.h5)")
     parser.add_argument("--label", help="label to decode and colour by (default: the task's sub-task label)")
     parser.add_argument("--fit-split", default="train")
     parser.add_argument("--test-split", default="ood")

@@ -19,8 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "depth, width, data size, ...) sequentially or as independent processes; write results.csv/json and "
         "best.json (chosen on the in-distribution test split, never on OOD).",
         epilog="example:\n  latentcode sweep --preset fuzzy_logic --scale tiny --grid attention=softmax,linear,hyla "
-        "--grid learning_rate=1e-3,3e-3 --seeds 0,1 --out sweeps/fuzzy\n  latentcode sweep --preset sraven --grid paper "
-        "--out sweeps/sraven-paper",
+        "--grid learning_rate=1e-3,3e-3 --seeds 0,1 --out sweeps/fuzzy\n  latentcode sweep --preset sraven --grid "
+        "paper --out sweeps/sraven-paper",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--preset", required=True)
@@ -87,7 +87,9 @@ def run(args: argparse.Namespace) -> None:
     print(f"{len(rows)} runs; table: {args.out}/results.csv")
     for attention, row in best_runs(rows, args.preset).items():
         params = {k: v for k, v in row.items() if k in grid or k == "seed"}
-        print(f"  best {attention}: {params}  " + "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k.startswith(("test.", "ood.")) and isinstance(v, float)))
+        print(f"  best {attention}: {params}  " + "  ".join(f"{k} {v:.4f}" for k, v in row.items()
+                                                            if k.startswith(("test.", "ood."))
+                                                            and isinstance(v, float)))
 
 
 COMMAND = Command(register, check, run, order=30)

@@ -48,8 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
         return ("presets:\n" + describe_presets() + "\n\nscales: tiny (smoke test: a small model, a few dozen steps, "
                 "seconds), demo (a few minutes), cpu (under an hour on 2 CPU cores), paper (the paper's budget)"
-                "\n\nexamples:\n  latentcode train --preset fuzzy_logic --attention hyla --scale cpu --out runs/fuzzy-hyla"
-                "\n  latentcode train --resume runs/fuzzy-hyla")
+                "\n\nexamples:\n  latentcode train --preset fuzzy_logic --attention hyla --scale cpu --out "
+                "runs/fuzzy-hyla\n  latentcode train --resume runs/fuzzy-hyla")
 
     parser = subparsers.add_parser(
         "train",
@@ -64,7 +64,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     parser.add_argument("--preset", help="the task to train on, by name (every task's preset is listed below)")
     parser.add_argument("--attention", default="softmax",
-                        help="attention preset (softmax, linear, hyla, ... or NORMALIZATION+VALUE_NETWORK; default softmax)")
+                        help="attention preset (softmax, linear, hyla, ... or NORMALIZATION+VALUE_NETWORK; "
+                             "default softmax)")
     parser.add_argument("--scale", default="cpu", help="tiny, demo, cpu or paper (default cpu)")
     parser.add_argument("--out", help="run directory (default runs/PRESET-ATTENTION-SCALE-seedSEED)")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint")
@@ -79,8 +80,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                             "and optimizer state float32), float32: none")
     parser.add_argument("--threads", type=POSITIVE_INTEGER,
                         help="CPU threads of this process (default: one per core, or the cores left free when other "
-                        "processes keep some busy; give each of several jobs side by side its own, e.g. --threads 1 for "
-                        "two jobs on 2 cores)")
+                        "processes keep some busy; give each of several jobs side by side its own, e.g. --threads 1 "
+                        "for two jobs on 2 cores)")
     parser.add_argument("--mkl-on-amd", action="store_true",
                         help="on an AMD CPU, answer MKL's Intel-only CPU check so that its fast matrix products run "
                         "(rewrites one offset-table slot of libtorch in this process; results change by float "

@@ -34,7 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "pretrained model's file, by its tokenizer: the model it names, here with the same SHA-256); probe tables "
         "and patching maps when given. At most "
         "--max-instances instances, drawn with --seed; codes rounded for display.",
-        epilog="examples:\n  latentcode view codes.h5 --probes results/rule.csv --patching results/patch.csv --out codes.html\n"
+        epilog="examples:\n  latentcode view codes.h5 --probes results/rule.csv --patching results/patch.csv --out "
+               "codes.html\n"
         "  latentcode view models/fuzzy_logic-hyla --sites '*:-1:*' --codes fuzzy-hyla.h5   # a run: extracted first",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -101,7 +102,8 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError(f"--out {args.out} does not end in .html; expected the name of the HTML page to write")
     check_output(args.out, "--out", kind="file")
     if Path(args.out).exists() and not args.overwrite:
-        raise FileExistsError(f"--out {args.out} already exists; pass overwrite=True (--overwrite) to replace it, or choose another --out")
+        raise FileExistsError(f"--out {args.out} already exists; pass overwrite=True (--overwrite) to replace it, or "
+                              "choose another --out")
 
 
 def _check_run(args: argparse.Namespace) -> None:

@@ -23,8 +23,8 @@ written.
 An edit kind is one subclass of `Edit` here (and its test): it writes `replacement`, and where it
 needs more than the codes it overrides `for_batch` (something of each batch, as MeanAblate's labels)
 or `check_call` (a check of each forward pass, as Interchange's input shape). `Intervention` and
-`intervention_effects` know no edit kind by name. Values given as torch tensors are used as they are, graph included: a gradient of the
-output flows to an `AddVector`/`SetCode`/`ScaleHeads` tensor that requires grad, so an edit can be
+`intervention_effects` know no edit kind by name. Values given as torch tensors are used as they are, graph included: a
+gradient of the output flows to an `AddVector`/`SetCode`/`ScaleHeads` tensor that requires grad, so an edit can be
 optimised (attribution patching and learned interventions are built on this,
 `latentcode.intervention.patching` and `latentcode.intervention.subspace`).
 
@@ -82,7 +82,8 @@ def _as_values(values: Any, what: str) -> Tensor:
     if not isinstance(values, Tensor):
         values = torch.as_tensor(np.asarray(values, dtype=np.float32))
     if values.ndim not in (1, 2):
-        raise EditError(f"{what} must be a vector [H] or one vector per example [batch, H], got shape {tuple(values.shape)}")
+        raise EditError(f"{what} must be a vector [H] or one vector per example [batch, H], got shape "
+                        f"{tuple(values.shape)}")
     return values
 
 
@@ -322,7 +323,8 @@ class MeanAblate(Edit):
                     f"{codes.shape[0]} examples; give one label per example"
                 )
             rows = np.searchsorted(self.label_values, labels)
-            known = (rows < len(self.label_values)) & (self.label_values[np.minimum(rows, len(self.label_values) - 1)] == labels)
+            known = ((rows < len(self.label_values))
+                     & (self.label_values[np.minimum(rows, len(self.label_values) - 1)] == labels))
             if not known.all():
                 unknown = labels[~known][0].item()
                 raise EditError(

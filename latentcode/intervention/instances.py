@@ -32,13 +32,15 @@ class TaskInstances:
         seed = eval_seed(split) if plan.seed is None else plan.seed
         self.task, self.device, self.sites = task, loaded.device, plan.sites
         self.n = plan.n
-        self.batches = [slice(start, min(start + plan.batch_size, plan.n)) for start in range(0, plan.n, plan.batch_size)]
+        self.batches = [slice(start, min(start + plan.batch_size, plan.n))
+                        for start in range(0, plan.n, plan.batch_size)]
         self.drawn = [task.sample(part.stop - part.start, split, seed=(seed, index), variant=variant)
                       for index, part in enumerate(self.batches)]
         self.everything = Batch(
             x=np.concatenate([batch.x for batch in self.drawn]),
             y=np.concatenate([batch.y for batch in self.drawn]),
-            labels={name: np.concatenate([batch.labels[name] for batch in self.drawn]) for name in self.drawn[0].labels},
+            labels={name: np.concatenate([batch.labels[name] for batch in self.drawn])
+                    for name in self.drawn[0].labels},
             split=split, variant=variant)
         self.positions = f"{task.seq_len - task.n_predictions}..{task.seq_len - 1}"
         self.metric_names: tuple[str, ...] | None = None

@@ -178,14 +178,16 @@ class Intervention:
         column_of: dict[tuple[int, int], int] = {}
 
         def columns(pairs: tuple[Tensor, Tensor]) -> Tensor:
-            indices = [column_of.setdefault(pair, len(column_of)) for pair in zip(*(p.tolist() for p in pairs), strict=True)]
+            indices = [column_of.setdefault(pair, len(column_of))
+                       for pair in zip(*(p.tolist() for p in pairs), strict=True)]
             return torch.tensor(indices)
 
         edits = []
         for edit in self._edits:
             pairs = self._pairs_of(edit)(layer, seq_len, n_queries)
             if pairs is not None:
-                edits.append((edit, columns(pairs), [Site(layer, q, k) for q, k in zip(*(p.tolist() for p in pairs), strict=True)]))
+                edits.append((edit, columns(pairs), [Site(layer, q, k)
+                                                     for q, k in zip(*(p.tolist() for p in pairs), strict=True)]))
         record = [(sink, columns(pairs), *pairs) for sink, pairs in record_pairs if pairs is not None]
         if not column_of:
             return None
@@ -206,7 +208,8 @@ class Intervention:
                 columns = columns.to(edited.device)
                 edited = edited.index_copy(2, columns, edit(edited.index_select(2, columns), sites).to(edited.dtype))
             if edited.shape != codes.shape:
-                raise EditError(f"{type(edit).__name__} returned codes of shape {tuple(edited.shape)}; expected {tuple(codes.shape)}")
+                raise EditError(f"{type(edit).__name__} returned codes of shape {tuple(edited.shape)}; expected "
+                                f"{tuple(codes.shape)}")
         for sink, columns, record_queries, record_keys in plan.record:
             sink(layer, record_queries, record_keys, edited[:, :, columns.to(edited.device)].detach().float())
         return edited

@@ -47,7 +47,8 @@ class SubspaceInterchange(Edit):
     basis: Tensor
 
     @classmethod
-    def from_inputs(cls, model: nn.Module, donor_inputs: Any, basis: Tensor, sites: Any, **kwargs: Any) -> SubspaceInterchange:
+    def from_inputs(cls, model: nn.Module, donor_inputs: Any, basis: Tensor, sites: Any,
+                    **kwargs: Any) -> SubspaceInterchange:
         """The donor's codes at `sites` from one forward pass without gradients."""
         donor = Interchange.from_inputs(model, donor_inputs, sites=sites, **kwargs)
         return cls(donor.codes, basis, sites=sites)
@@ -58,8 +59,8 @@ class SubspaceInterchange(Edit):
             raise EditError(f"SubspaceInterchange: the donor gave codes of shape {tuple(donor.shape)} but this forward "
                             f"pass has {tuple(codes.shape)} [batch, head, sites]; give a donor batch of the same shape")
         if self.basis.ndim != 2 or self.basis.shape[0] != codes.shape[1]:
-            raise EditError(f"SubspaceInterchange basis has shape {tuple(self.basis.shape)}; expected [{codes.shape[1]}, k] "
-                            f"(one row per head of layer {sites[0].layer})")
+            raise EditError(f"SubspaceInterchange basis has shape {tuple(self.basis.shape)}; expected "
+                            f"[{codes.shape[1]}, k] (one row per head of layer {sites[0].layer})")
         q = orthonormal(self.basis.to(codes.device, codes.dtype))
         return codes + torch.einsum("hk,gk,bgn->bhn", q, q, donor - codes)
 

@@ -92,7 +92,8 @@ def transfer_sweep(model: nn.Module, task: Any, pairs: Any, groups: Sequence[Sit
     position = output_position(task, pairs.prediction)
     metrics = counterfactual_metrics(pairs, task.objective, position)
     base_x = pairs.base.torch().x
-    sweeps = {relation: patching_sweep(model, base_x, pairs.donors[relation].torch().x, groups, metrics, **sweep_options)
+    sweeps = {relation: patching_sweep(model, base_x, pairs.donors[relation].torch().x, groups, metrics,
+                                       **sweep_options)
               for relation in relations}
     unpatched_keep = sweeps[relations[0]].base["keep"]
     first = sweeps[relations[0]]

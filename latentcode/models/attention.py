@@ -28,9 +28,9 @@ Paths. `forward` writes the formulas above (the full path); on long sequences th
 blockwise (one block of queries at a time), through `F.scaled_dot_product_attention` (softmax) or
 in associative form (linear attention), all equal to float tolerance in outputs and gradients
 (`latentcode.models.attention_paths`); in training on short sequences it comes from one C kernel per
-batch element (`latentcode.models.fused_short`, the same numbers to float tolerance). `latentcode.models.path_policy` chooses from what sigma and
-the value network declare, the hooks attached, the length and the mode; `Attention.path` (default
-"auto") or the context manager `attention_path(model, path)` forces one. `query_block_size` (None:
+batch element (`latentcode.models.fused_short`, the same numbers to float tolerance). `latentcode.models.path_policy`
+chooses from what sigma and the value network declare, the hooks attached, the length and the mode; `Attention.path`
+(default "auto") or the context manager `attention_path(model, path)` forces one. `query_block_size` (None:
 chosen so that a block's codes take about 2 MiB) sets the queries per block.
 
 What each hook costs (hook points of this layer):

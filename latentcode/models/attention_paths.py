@@ -269,7 +269,8 @@ class BlockwiseAttention(torch.autograd.Function):
                     if need_q:  # d (q / sqrt(d_head)) = d product . k
                         torch.bmm(product_grad, keys_by_head[:, :n_keys], out=grad_queries[:, query_start:query_end])
                     if need_k:  # d k += d product^T . q / sqrt(d_head)
-                        grad_keys[:, :n_keys].baddbmm_(product_grad.transpose(1, 2), queries_by_head[:, query_start:query_end])
+                        grad_keys[:, :n_keys].baddbmm_(product_grad.transpose(1, 2),
+                                                       queries_by_head[:, query_start:query_end])
         grad_q = grad_k = None
         if need_q:
             grad_q = grad_queries.view(batch, n_heads, n_positions, -1).transpose(1, 2) * score_scale(step.d_head)

@@ -62,7 +62,8 @@ def _check_owned(status: os.stat_result, what: str) -> None:
                               "its compiled kernels are not loaded")
     if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UntrustedKernel(f"{what} is writable by others (mode {stat.S_IMODE(status.st_mode):04o}): its compiled "
-                              "kernels are not loaded (chmod go-w it, or set LATENTCODE_CACHE to a directory of your own)")
+                              "kernels are not loaded (chmod go-w it, "
+                              "or set LATENTCODE_CACHE to a directory of your own)")
 
 
 def kernel_directory() -> Path:
@@ -97,7 +98,8 @@ def open_trusted_directory(directory: Path, parent_fd: int | None = None) -> int
     except OSError as error:
         if error.errno in (errno.ELOOP, errno.ENOTDIR):
             kind = "a symbolic link" if directory.is_symlink() else "not a directory"
-            raise UntrustedKernel(f"the kernel cache {directory} is {kind}: its compiled kernels are not loaded") from None
+            raise UntrustedKernel(f"the kernel cache {directory} is {kind}: "
+                                  "its compiled kernels are not loaded") from None
         raise
     try:
         _check_owned(os.fstat(descriptor), f"the kernel cache {directory}")

@@ -198,7 +198,8 @@ def _answer_check() -> str:
     library_path, base = _loaded(TORCH_LIBRARY)
     slots = _offset_table_slots(library_path, CHECK_SYMBOL)
     if not slots:
-        return f"MKL's CPU check left as it is: {library_path} does not call {CHECK_SYMBOL.decode()} through its offset table"
+        return (f"MKL's CPU check left as it is: {library_path} does not call {CHECK_SYMBOL.decode()} through its "
+                "offset table")
     library = ANSWER.load()
     if library is None:
         return f"MKL's CPU check left as it is: {ANSWER.failure()}"

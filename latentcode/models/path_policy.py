@@ -110,7 +110,8 @@ def why_not(layer: Attention, path: str, n_positions: int = 0) -> str | None:
     pair = f"{layer.score_normalization} + {value_network.config_name}"
     if path == "fused":
         if sigma.fused_code is None or value_network.fused_code is None:
-            return f"its kernel computes softmax/identity/rms_head scores with a linear or hyper value network, this layer has {pair}"
+            return ("its kernel computes softmax/identity/rms_head scores with a linear or hyper value network, this "
+                    f"layer has {pair}")
         return fused_short.why_not(layer.W_Q, n_positions)
     if path == "blockwise":
         if not sigma.acts_per_query:

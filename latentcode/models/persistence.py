@@ -53,7 +53,8 @@ def save_safetensors(tensors: dict, path: str | Path, metadata: dict[str, str] |
         raise WriteError(f"cannot write {path}: {system.group(1) if system else reason}") from None
 
 
-def save_model(model: torch.nn.Module, path: str | Path, overwrite: bool = False, dtype: torch.dtype | None = None) -> Path:
+def save_model(model: torch.nn.Module, path: str | Path, overwrite: bool = False,
+               dtype: torch.dtype | None = None) -> Path:
     """Write the model directory of a `Transformer` (see the module docstring); `dtype` (e.g.
     torch.float16) stores the weights in a smaller type, which `load_model` turns back into the
     model's float32."""
@@ -71,7 +72,8 @@ def save_model(model: torch.nn.Module, path: str | Path, overwrite: bool = False
         (staging / CONFIG_FILE).write_text(model.config.to_json() + "\n")
         state = {name: tensor.detach().cpu().to(dtype or tensor.dtype).contiguous()
                  for name, tensor in model.state_dict().items()}
-        save_safetensors(state, staging / WEIGHTS_FILE, metadata={"format": FORMAT, "latentcode_version": _package_version()})
+        save_safetensors(state, staging / WEIGHTS_FILE,
+                         metadata={"format": FORMAT, "latentcode_version": _package_version()})
         give_umask_mode(staging / WEIGHTS_FILE)  # safetensors writes 0600 whatever the umask
         if path.exists():
             # a random name: a fixed `.NAME.old` could be a planted link or another writer's backup
@@ -101,7 +103,8 @@ def load_config(path: str | Path) -> ModelConfig:
         raise ModelFileError(f"{config_path} is not valid JSON: {error}") from error
 
 
-def read_model_files(path: str | Path, device: str | torch.device = "cpu") -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def read_model_files(path: str | Path,
+                     device: str | torch.device = "cpu") -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """The config and the stored weights of a model directory (see `latentcode.models.load_model`)."""
     path = Path(path)
     config = load_config(path)

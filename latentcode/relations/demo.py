@@ -58,7 +58,8 @@ def run_smollm2_demo(out: str | Path = "latentcode-demo-smollm2", n_sequences: i
                              **single[(layer, head)]} for layer, head in top],
               "top_heads_at_induction_pairs": together, "top_heads_at_random_pairs": control,
               "minutes": (time.perf_counter() - started) / 60}
-    plot_attribution(attribution.mean(), {head: (value["effect"], value["effect_se"]) for head, value in single.items()},
+    plot_attribution(attribution.mean(), {head: (value["effect"], value["effect_se"])
+                                          for head, value in single.items()},
                      f"SmolLM2-135M-Instruct: loss on the second copy of {n_sequences} repeated random sequences "
                      f"({half} tokens a copy), demo", out / "induction_attribution")
     with AtomicOutputs(lock=out / "induction", purpose="writing the demo's numbers") as outputs:

@@ -102,7 +102,8 @@ def induction_attribution(model: nn.Module, tokens: np.ndarray, half: int, n_lay
     zeros = {layer: torch.zeros(len(tokens), n_heads, len(pairs)) for layer in range(n_layers)}
     attribution = attribution_patching(model, _inputs(tokens, half), None, second_copy_loss(tokens, half),
                                        sites=_sites(pairs, None), donor_codes=zeros)
-    effects = np.stack([attribution.effects[layer].sum(dim=2).float().cpu().numpy() for layer in range(n_layers)], axis=1)
+    effects = np.stack([attribution.effects[layer].sum(dim=2).float().cpu().numpy()
+                        for layer in range(n_layers)], axis=1)
     return HeadEffects(effects, _loss(model, tokens, half))
 
 

@@ -175,7 +175,8 @@ class AdapterSource(AttentionSource):
                     pairs = pairs_for(layer, attention.shape[-1])
                     if pairs is None:
                         return
-                    check_pairs(pairs, attention.shape[-2], attention.shape[-1], f"layer {layer} ({self._layer_names[layer]})")
+                    check_pairs(pairs, attention.shape[-2], attention.shape[-1],
+                                f"layer {layer} ({self._layer_names[layer]})")
                     if score == self.score_kind:
                         sink(layer, *pairs, slice_pairs(attention, pairs))
                         return

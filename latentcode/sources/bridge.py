@@ -112,7 +112,8 @@ class BridgeSource(AttentionSource):
 
     def __init__(self, model: nn.Module):
         if not is_transformer_bridge(model):
-            raise TypeError(f"BridgeSource reads transformer-lens 4.x TransformerBridge models, got {type(model).__name__}")
+            raise TypeError("BridgeSource reads transformer-lens 4.x TransformerBridge models, got "
+                            f"{type(model).__name__}")
         self.model = model
         self.hook_dict = model.hook_dict
         layers = {int(match.group(1)) for name in self.hook_dict if (match := PATTERN_HOOK.match(name))}

@@ -97,7 +97,8 @@ def eager_call(module: nn.Module, function: Callable[..., Any], args: tuple, kwa
         mask = mask[..., : key.shape[-2]]
     # Tensors the call passes that this reading does not use (e.g. a position bias): named if it is refused
     unread = sorted(name for name, value in named.items() if isinstance(value, Tensor) and name not in READ)
-    return {"unread": unread, "query": query, "key": key, "value": named["value"], "attn_mask": mask, "is_causal": False,
+    return {"unread": unread, "query": query, "key": key, "value": named["value"], "attn_mask": mask,
+            "is_causal": False,
             "scale": float(scale), "enable_gqa": True, "dropout_p": float(named.get("dropout") or 0.0),
             "softcap": None if softcap is None else float(softcap),
             "sinks": None if sinks is None else sinks.detach().float().reshape(-1)}

@@ -16,8 +16,8 @@ Selector specs (strings, as on the command line):
   layer, every query or every key) or a half-open range `START..STOP` (as Python's `range`; either
   end may be left out and negative ends count from the end: `-6..` is the last six positions):
   `*:-1:-1` is `last-self`, `2:*:*` every pair of layer 2, `*:35:*` the whole row of query 35 in
-  every layer, `*:*:0` the column of key 0, `1:32..36:0..8` a block, `3:35:7|15|23` a list of keys. A field that is not a single
-  integer is expanded when the sequence length is known, so no list of thousands of sites is
+  every layer, `*:*:0` the column of key 0, `1:32..36:0..8` a block, `3:35:7|15|23` a list of keys. A field that is not
+  a single integer is expanded when the sequence length is known, so no list of thousands of sites is
   written by hand.
 
 In Python, `block(layers=..., queries=..., keys=...)` builds the same selectors from ints, `range`s,
@@ -118,7 +118,8 @@ class Selector:
         return sorted(dict.fromkeys(sites))
 
     def to_dict(self) -> dict:
-        requests = [[field.spec() if isinstance(field, Positions) else field for field in request] for request in self.requests]
+        requests = [[field.spec() if isinstance(field, Positions) else field for field in request]
+                    for request in self.requests]
         return {"name": self.name, "requests": requests, "all_pairs_layer": self.all_pairs_layer}
 
     def spec(self) -> str:
@@ -139,7 +140,8 @@ def request_spec(request: SiteRequest) -> str:
 def expand_request(query: int | Positions, key: int | Positions, n_queries: int, n_keys: int,
                    axes: tuple[str, str] = ("sequence", "sequence")) -> list[tuple[int, int]]:
     """The absolute (query, key) pairs of one request on `n_queries` queries and `n_keys` keys."""
-    queries = query.resolve(n_queries, axes[0]) if isinstance(query, Positions) else resolve_positions((query,), n_queries, axes[0])
+    queries = (query.resolve(n_queries, axes[0]) if isinstance(query, Positions)
+               else resolve_positions((query,), n_queries, axes[0]))
     keys = key.resolve(n_keys, axes[1]) if isinstance(key, Positions) else resolve_positions((key,), n_keys, axes[1])
     return [(q, k) for q in queries for k in keys]
 
@@ -156,7 +158,8 @@ def _as_positions(value: Any, what: str) -> int | Positions:
         return int(value)
     if isinstance(value, (range, slice)):
         if value.step not in (None, 1):
-            raise SiteError(f"{what} range {value!r} has step {value.step}; only contiguous ranges (step 1) are supported")
+            raise SiteError(f"{what} range {value!r} has step {value.step}; "
+                            "only contiguous ranges (step 1) are supported")
         return Positions(value.start, value.stop)
     if isinstance(value, (list, tuple, np.ndarray)):
         items = tuple(np.asarray(value).reshape(-1).tolist())

@@ -140,7 +140,8 @@ class HookPointSource(AttentionSource):
             if match:
                 self.hook_points[int(match.group(1))] = hook_point
         if not self.hook_points:
-            raise NoAttentionCaptured(f"{type(model).__name__} has no hook point named blocks.<layer>.attn.hook_pattern")
+            raise NoAttentionCaptured(f"{type(model).__name__} has no hook point named "
+                                      "blocks.<layer>.attn.hook_pattern")
         self._n_layers = max(self.hook_points) + 1
         self.hook_dict = hook_dict
         if name is not None:

@@ -63,9 +63,9 @@ Hugging Face `transformers` models are covered with their default `attn_implemen
 and with "eager" at the call of their eager attention function (kind "eager": the SDPA arithmetic
 plus soft-capping and sinks; `latentcode.sources.eager_attention`), which is how models that
 transformers runs only eagerly (Gemma 2, gpt-oss) are read exactly; `detect_source` picks
-`latentcode.sources.SoftmaxSource` for other eager models (the softmax they compute themselves). Cross-attention calls (queries of the decoder, keys of the
-encoder, e.g. BART's `decoder.layers.0.encoder_attn`) are layers like any other; their query
-positions are resolved against the call's queries and key positions against its keys.
+`latentcode.sources.SoftmaxSource` for other eager models (the softmax they compute themselves). Cross-attention calls
+(queries of the decoder, keys of the encoder, e.g. BART's `decoder.layers.0.encoder_attn`) are layers like any other;
+their query positions are resolved against the call's queries and key positions against its keys.
 Not covered (use `SoftmaxSource` or `latentcode.sources.AdapterSource`): attention written with
 explicit matmul/softmax, `flex_attention`, fused kernels called directly (e.g. flash-attn), and compiled
 graphs (`torch.compile`) where the Python-level call never happens.

@@ -261,7 +261,8 @@ def check_compact(path: Path, file: h5py.File, info: dict[str, Any], n_rows: int
         raise CodeFileError(f"{path}: root attribute 'compact' lacks {missing}; expected version, layers, n_heads, "
                             "n_kv_heads, head_dim and seq_len")
     if info["version"] != COMPACT_VERSION:
-        raise CodeFileError(f"{path}: compact store version {info['version']!r}; this latentcode reads {COMPACT_VERSION}")
+        raise CodeFileError(f"{path}: compact store version {info['version']!r}; this latentcode reads "
+                            f"{COMPACT_VERSION}")
     if COMPACT.group not in file:
         raise CodeFileError(f"{path}: root attribute 'compact' describes a compact store but /compact is missing")
     group = file[COMPACT.group]

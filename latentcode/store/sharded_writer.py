@@ -47,8 +47,8 @@ from latentcode.store.schema import (
 def write_sharded_file(path: str | Path, shards: Sequence[str | Path], *, overwrite: bool = False,
                        wait_for_lock: float | None = 0.0) -> Path:
     """Write `path` as one codes file over the codes files `shards` (beside it, in row order): /split,
-    every per-example dataset and every /compact dataset a virtual dataset over the shards' rows, the root attributes and
-    /provenance those of one write, plus `shards`. `CodeFile` reads it as any codes file; the data
+    every per-example dataset and every /compact dataset a virtual dataset over the shards' rows, the root attributes
+    and /provenance those of one write, plus `shards`. `CodeFile` reads it as any codes file; the data
     stays in the shards. Written like `CodeWriter` writes: under the lock, atomically."""
     path = Path(path)
     shards = [Path(shard) for shard in shards]
@@ -89,7 +89,8 @@ def _shard_readers(path: Path, shards: list[Path]) -> list[CodeFile]:
         raise CodeFileError(f"no shards to combine into {path}")
     for shard in shards:
         if shard.parent.resolve() != path.parent.resolve():
-            raise CodeFileError(f"shard {shard} is not beside {path}; a sharded file reads shards from its own directory")
+            raise CodeFileError(f"shard {shard} is not beside {path}; "
+                                "a sharded file reads shards from its own directory")
     readers = [CodeFile(shard) for shard in shards]
     for reader in readers:
         if not reader.attrs.get("file_id"):

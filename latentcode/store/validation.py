@@ -258,7 +258,8 @@ def checked_attributes(path: Path, file: h5py.File) -> dict[str, Any]:
             raise CodeFileError(f"{path} has no {name}; a latentcode codes file has {_listed(top_level)}")
         is_group = any(group.path == name for group in GROUPS)
         if not isinstance(file[name], h5py.Group if is_group else h5py.Dataset):
-            raise CodeFileError(f"{path}: {name} is {_kind(file[name])}; expected {'a group' if is_group else 'a dataset'}")
+            raise CodeFileError(f"{path}: {name} is {_kind(file[name])}; expected "
+                                f"{'a group' if is_group else 'a dataset'}")
     labels = file[LABELS.group]
     for name in labels:
         if not isinstance(labels[name], h5py.Dataset):

@@ -103,11 +103,11 @@ class CodeWriter:
     `model_name`, `model_config`, `checkpoint_sha256`, `task_config`, `selector`, `score`, `source`, `seed`,
     `task_analysis`, `prediction_kind`, `attention_layers`, `split_descriptions`, `position_names`,
     `token_names`) and, as `value_names` / `column_names` (label -> names), the attributes of /labels/<name>.
-    With `append=True` an existing file is extended if its schema is compatible (same sites, heads, score, labels, model, checkpoint and task), otherwise refused; with
-    `append=False` an existing file is refused (nothing already written is overwritten) unless `overwrite=True`.
-    `compression`: "gzip" (default), "lzf" or "none" (None) for a new file. The writer holds the file's lock
-    from construction to `close`/`abort`; another writer holding it raises `LockHeld` at once, or after
-    `wait_for_lock` seconds (None: wait as long as it takes).
+    With `append=True` an existing file is extended if its schema is compatible (same sites, heads, score, labels,
+    model, checkpoint and task), otherwise refused; with `append=False` an existing file is refused (nothing already
+    written is overwritten) unless `overwrite=True`. `compression`: "gzip" (default), "lzf" or "none" (None) for a new
+    file. The writer holds the file's lock from construction to `close`/`abort`; another writer holding it raises
+    `LockHeld` at once, or after `wait_for_lock` seconds (None: wait as long as it takes).
     """
 
     def __init__(

@@ -81,7 +81,8 @@ class CounterfactualPairs:
                        base_part=self.base_part[rows], donor_parts={k: v[rows] for k, v in self.donor_parts.items()})
 
 
-def choose_donors(rng: np.random.Generator, base_part: np.ndarray, target_ok: np.ndarray, pool_part: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def choose_donors(rng: np.random.Generator, base_part: np.ndarray, target_ok: np.ndarray,
+                  pool_part: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """For each base: a target sub-task r' drawn uniformly among `target_ok [n, P]` (never the base's
     own, and only sub-tasks the donor pool holds), a pool donor of r' and a pool donor of the base's
     own sub-task. Returns `(kept [n] bool, target [n], donor_different [n], donor_same [n])`, donors
@@ -110,7 +111,8 @@ def draw_from_pool(rng: np.random.Generator, pool_part: np.ndarray, wanted: np.n
     return chosen
 
 
-def choose_third(rng: np.random.Generator, third_ok: np.ndarray, pool_part: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def choose_third(rng: np.random.Generator, third_ok: np.ndarray,
+                 pool_part: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A third sub-task per base among `third_ok [n, P]` that the pool holds, and a pool donor of it:
     `(kept [n], part [n], donor [n])`; a base is kept where both exist."""
     n_parts = third_ok.shape[1]

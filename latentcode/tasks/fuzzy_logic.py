@@ -424,7 +424,8 @@ class FuzzyLogic(Task):
                                    f"more than {min_difference} at the query; ask for fewer pairs than {n}, a larger "
                                    "pool or a smaller min_difference")
         counts = {"candidates": n_candidates, "tasks in the donor pool": len(tasks),
-                  "with a distinguishing task T'": int(target_ok.any(1).sum()), "kept (all donors found)": int(kept.sum()),
+                  "with a distinguishing task T'": int(target_ok.any(1).sum()),
+                  "kept (all donors found)": int(kept.sum()),
                   "pairs": n}
         return CounterfactualPairs(
             base=take(candidates, rows),

@@ -36,7 +36,8 @@ from latentcode.validation import check_variant
 
 def transplant_pairs(task, n: int, *, seed: int = 0, variant: str | None = None, pool: int = 8,
                      min_difference: float = 0.1) -> CounterfactualPairs:
-    """`n` pairs (module docstring) of a `FuzzyLogic` task (`FuzzyLogic.transplant_pairs`); donors from `pool * n` training instances."""
+    """`n` pairs (module docstring) of a `FuzzyLogic` task (`FuzzyLogic.transplant_pairs`); donors from `pool * n`
+    training instances."""
     if not task.provides("transplant_pairs"):
         raise TaskError(f"the transplant needs a task whose compositions are sets of terms (fuzzy_logic); "
                         f"got {task.name!r}")

@@ -189,10 +189,12 @@ class SRaven(Task):
 
         return {
             "slot": {f"slot {j}": tuple(range(j, panels * M, M)) for j in range(M)},
-            "panel": {f"panel {p // GRID_SIZE},{p % GRID_SIZE}": panels_where(lambda q, p=p: q == p) for p in range(panels)},
+            "panel": {f"panel {p // GRID_SIZE},{p % GRID_SIZE}": panels_where(lambda q, p=p: q == p)
+                      for p in range(panels)},
             "row": {f"row {r}": panels_where(lambda p, r=r: p // GRID_SIZE == r) for r in range(GRID_SIZE)},
             "column": {f"column {c}": panels_where(lambda p, c=c: p % GRID_SIZE == c) for c in range(GRID_SIZE)},
-            "context": {"context": panels_where(lambda p: p < panels - 1), "query": panels_where(lambda p: p == panels - 1)},
+            "context": {"context": panels_where(lambda p: p < panels - 1),
+                        "query": panels_where(lambda p: p == panels - 1)},
         }
 
     def derived_labels(self, batch: Batch, sites: Sequence) -> dict[str, np.ndarray]:

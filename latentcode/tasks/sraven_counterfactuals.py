@@ -124,7 +124,8 @@ def counterfactual_pairs(task: Task, n: int, split: str = "ood", *, seed: int = 
     feature = candidates.labels["column_permutations"][:, -1, prediction]
     base_rule = candidates.labels["query_rule"][:, prediction]
     truth = candidates.y[:, prediction]
-    answers, defined = zip(*(counterfactual_answer(task, candidates, feature, rule) for rule in range(len(RULES))), strict=True)
+    answers, defined = zip(*(counterfactual_answer(task, candidates, feature, rule) for rule in range(len(RULES))),
+                           strict=True)
     answers, defined = np.stack(answers, 1), np.stack(defined, 1)  # [candidates, rules]
     valid_rows = np.stack([completes_a_valid_row(task, candidates, feature, rule, np.maximum(answers[:, rule], 0))
                            for rule in range(len(RULES))], 1) & defined
@@ -139,7 +140,8 @@ def counterfactual_pairs(task: Task, n: int, split: str = "ood", *, seed: int = 
     has_third, third, donor_third = choose_third(rng, third_ok, pool_rule)
     kept &= has_third
     rows = first_kept(kept, n, f"{split} instances have a well-posed counterfactual rule with donors of every "
-                               f"relation at prediction {prediction}; ask for fewer pairs than {n} or set well_posed=False")
+                               f"relation at prediction {prediction}; ask for fewer pairs than {n} or set "
+                               "well_posed=False")
     not_own = np.ones_like(defined)
     not_own[np.arange(n_candidates), base_rule] = False
     counts = {

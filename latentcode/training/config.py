@@ -62,7 +62,8 @@ class TrainConfig:
                 raise ConfigError(message)
 
         self.check_fields(dataclasses.asdict(self))  # the checks that need no torch
-        check(isinstance(self.task, dict) and "name" in self.task, f"task must be a dict with a 'name', got {self.task!r}")
+        check(isinstance(self.task, dict) and "name" in self.task,
+              f"task must be a dict with a 'name', got {self.task!r}")
         for name in ("batch_size", "eval_every", "eval_instances", "eval_batch_size", "checkpoint_every",
                      "log_every", "gradient_accumulation_steps", "keep_checkpoints"):
             value = getattr(self, name)
@@ -108,7 +109,8 @@ class TrainConfig:
         required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
                     and f.default_factory is dataclasses.MISSING}
         if required - set(data):
-            raise ConfigError(f"missing TrainConfig field(s) {sorted(required - set(data))}; required: {sorted(required)}")
+            raise ConfigError(f"missing TrainConfig field(s) {sorted(required - set(data))}; required: "
+                              f"{sorted(required)}")
         seed = data.get("seed", 0)
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:  # a traceback deep in numpy
             raise ConfigError(f"seed must be a non-negative integer below 2**32 (numpy and torch seeds are 32-bit), "

@@ -30,7 +30,8 @@ def predict(model: nn.Module, task: Task, batch: Batch, batch_size: int = 256) -
     return np.concatenate(outputs)
 
 
-def evaluate(model: nn.Module, task: Task, eval_sets: dict[str, Batch], batch_size: int = 256) -> dict[str, dict[str, float]]:
+def evaluate(model: nn.Module, task: Task, eval_sets: dict[str, Batch],
+             batch_size: int = 256) -> dict[str, dict[str, float]]:
     """`{split: {"loss": ..., **task metrics}}` for each evaluation set."""
     results = {}
     for split, batch in eval_sets.items():

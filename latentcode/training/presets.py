@@ -95,7 +95,8 @@ def build_train_config(preset: str, scale: str = "cpu", attention: str = "softma
         notes["warmup"] = (f"the preset's warmup of {train_fields['warmup_steps']} steps was capped at a tenth "
                            f"of the {steps} steps: {steps // 10}")
         train_fields["warmup_steps"] = steps // 10
-    cadence = {"tiny": max(steps // 2, 1), "demo": max(steps // 5, 1), "cpu": max(steps // 10, 1), "paper": 10_000}[scale]
+    cadence = {"tiny": max(steps // 2, 1), "demo": max(steps // 5, 1), "cpu": max(steps // 10, 1),
+               "paper": 10_000}[scale]
     defaults = {
         "eval_every": cadence,
         "checkpoint_every": cadence if scale != "paper" else 5_000,

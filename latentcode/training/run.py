@@ -76,5 +76,6 @@ class Run:
         from latentcode.models import load_model
 
         if not self.directory.model_path.is_dir():
-            raise RunDirectoryError(f"{self.path} has no final model yet ({self.directory.model_path.name}/ is missing)")
+            raise RunDirectoryError(f"{self.path} has no final model yet "
+                                    f"({self.directory.model_path.name}/ is missing)")
         return load_model(self.directory.model_path, device=device)

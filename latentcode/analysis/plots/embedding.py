@@ -119,7 +119,8 @@ def plot_embedding(
         grid[0, -1].legend(handles=handles, title=label, loc="upper left", bbox_to_anchor=(1.02, 1.0),
                                     borderaxespad=0, fontsize="small")
     else:
-        figure.colorbar(mappable, ax=list(axes[:len(drawn)]), label=f"{label} (signed: 0 is white)" if colours == "RdBu_r" else label)
+        figure.colorbar(mappable, ax=list(axes[:len(drawn)]),
+                        label=f"{label} (signed: 0 is white)" if colours == "RdBu_r" else label)
     figure.suptitle(wrap_lines([
         f"{embedding.model_name}: {method_name} of latent codes, coloured by {label}",
         codes_context(code_file, embedding.split),

@@ -185,7 +185,8 @@ def _draw_model(axis, gap_axis, group: pd.DataFrame, name: str, drawn: set[str],
 def _style_handles(drawn: set[str], chance: bool, metric: str) -> list[Line2D]:
     """Legend entries for the line styles drawn: control, other baseline, chance, near-trivial."""
     return [
-        *([Line2D([], [], color="grey", linestyle="--", label="shuffled-label control")] if "shuffled" in drawn else []),
+        *([Line2D([], [], color="grey", linestyle="--", label="shuffled-label control")]
+          if "shuffled" in drawn else []),
         *([Line2D([], [], color="grey", linestyle=":", label="strongest other baseline")] if "other" in drawn else []),
         *([Line2D([], [], color="0.45", linewidth=1.2,
                   label="chance (the fit split's mean)" if "r2" in metric else "chance (majority)")] if chance else []),

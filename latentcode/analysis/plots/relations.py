@@ -42,7 +42,8 @@ def plot_relation_pca(codes: np.ndarray, relation: np.ndarray, title: str, path_
         axis.set_yticks([])
     axes.flat[0].set_xlabel("PC 1", fontsize=7)
     axes.flat[0].set_ylabel("PC 2", fontsize=7)
-    handles = [axes.flat[0].scatter([], [], s=20, color=colours[index], label=name) for index, name in enumerate(RELATIONS)]
+    handles = [axes.flat[0].scatter([], [], s=20, color=colours[index], label=name)
+               for index, name in enumerate(RELATIONS)]
     figure.legend(handles=handles, loc="outside lower center", ncols=len(RELATIONS), fontsize=9)
     figure.suptitle(_wrapped(title, figure), fontsize=10)
     return save_figure(figure, path_stem, formats, dpi)

@@ -127,5 +127,6 @@ def regression_rows(labels: ProbeLabels, codes_fit, codes_test, alphas, cv, seed
     means = {field: float(np.mean(values[defined])) if defined.any() else np.nan for field, values in scores.items()}
     means["validation"] = float(np.nanmean(scores["validation"])) if np.isfinite(scores["validation"]).any() else np.nan
     rows.append(dict(metric="mean_r2", **means, **common,
-                     note=f"mean over the {int(defined.sum())} of {len(defined)} outputs not constant on the test split"))
+                     note=f"mean over the {int(defined.sum())} of {len(defined)} outputs not constant on the test "
+                          "split"))
     return rows

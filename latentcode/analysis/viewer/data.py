@@ -229,7 +229,8 @@ def viewer_data(
     code_range = np.nan_to_num(np.nanmax(codes, axis=0) - np.nanmin(codes, axis=0))  # [n_sites, heads]
     layer_of = np.array([site.layer for site in sites])
     layer_spread = {layer: float(spread[layer_of == layer].mean()) for layer in code_file.layers}
-    constant_layers = [layer for layer in code_file.layers if float(code_range[layer_of == layer].max()) <= CONSTANT_SPREAD]
+    constant_layers = [layer for layer in code_file.layers
+                       if float(code_range[layer_of == layer].max()) <= CONSTANT_SPREAD]
     default_layer = max(code_file.layers, key=lambda layer: layer_spread[layer])  # the first of equals
     site_spread = spread.mean(axis=1)  # [n_sites]
     pairs = sorted({(site.query, site.key) for site in sites})

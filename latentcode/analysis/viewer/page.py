@@ -35,7 +35,8 @@ h1 { font-size: 17px; margin: 4px 0 8px; } h3 { font-size: 14px; margin: 6px 0; 
 #controls select { max-width: 360px; }
 .row { display: flex; gap: 12px; margin-top: 8px; }
 #embedding { flex: 3; height: 520px; min-width: 0; }
-#instance { flex: 1.3; font-size: 12px; overflow: auto; max-height: 520px; border-left: 1px solid #ddd; padding-left: 10px; }
+#instance { flex: 1.3; font-size: 12px; overflow: auto; max-height: 520px; border-left: 1px solid #ddd; padding-left: \
+10px; }
 #instance th { text-align: left; padding-right: 8px; vertical-align: top; white-space: nowrap; }
 #grid { flex: 1; height: 360px; min-width: 0; } #attention { flex: 1.6; height: 360px; min-width: 0; }
 .plot { height: 360px; }
@@ -50,7 +51,8 @@ BODY = """<h1>{title}</h1>
  <label>layer <select id="layer"></select></label>
  <label>embedding <select id="projection"></select></label>
  <label>colour by <select id="colour"></select></label>
- <label>filter <select id="filter-label"></select> = <select id="filter-value"><option value="">(all)</option></select></label>
+ <label>filter <select id="filter-label"></select> = <select id="filter-value"><option \
+value="">(all)</option></select></label>
  <span><span id="shown-count"></span> of {n_shown} instances shown</span>
  <label>site <select id="site"></select></label>
  <label>grid <select id="grid-mode"><option value="instance">selected instance</option>
@@ -136,7 +138,8 @@ def build_viewer(
              f"of {len(payload['sites'])} sites in {len(payload['layers'])} layers, {payload['heads']} heads")
     capped = payload["n_shown"] < payload["n_total"]
     footer = (f"{payload['n_shown']} of {payload['n_total']} instances shown"
-              + (f" (cap {max_instances}, drawn uniformly with seed {seed})" if capped else f" (cap {max_instances}: all)")
+              + (f" (cap {max_instances}, drawn uniformly with seed {seed})" if capped
+                 else f" (cap {max_instances}: all)")
               + f"; codes rounded to {payload['decimals']} decimals for display; this file {SIZE_PLACEHOLDER}, "
               f"self-contained (plotly.js {plotly.__version__ if hasattr(plotly, '__version__') else ''} inline, no "
               "network requests). Hover a point for its labels and the model's answer; click it to select it.")
@@ -163,10 +166,12 @@ def _best_probe_layer(tables: list[tuple[str, object]], layers: Sequence[int]) -
         frame = _read(table, "probe table")
         if not {"layer", "metric", "value"} <= set(frame.columns):
             continue
-        rows = frame[(frame["metric"] == frame["metric"].iloc[0]) & frame["layer"].isin(list(layers))].dropna(subset=["value"])
+        rows = frame[(frame["metric"] == frame["metric"].iloc[0])
+                     & frame["layer"].isin(list(layers))].dropna(subset=["value"])
         if len(rows):
             row = rows.loc[rows["value"].idxmax()]
-            return int(row["layer"]), f"the layer where the probe table {title} decodes best ({row['metric']} {row['value']:.3f})"
+            return int(row["layer"]), (f"the layer where the probe table {title} decodes best "
+                                       f"({row['metric']} {row['value']:.3f})")
     return None
 
 

@@ -27,7 +27,8 @@ def _read(table, what: str):
     except FileNotFoundError:
         raise AnalysisError(f"the {what} {path} does not exist; expected a CSV table written by latentcode") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
-        raise AnalysisError(f"the {what} {path} is not a CSV table ({error}); expected one written by latentcode") from None
+        raise AnalysisError(f"the {what} {path} is not a CSV table ({error}); "
+                            "expected one written by latentcode") from None
 
 
 def _text(value) -> str:
@@ -56,7 +57,8 @@ def patching_map(table, title: str) -> dict:
         columns = [f"head {head}" for head in range(int(frame["head"].max()) + 1)]
         cell = [(f"layer {r.layer}", f"head {int(r.head)}", r.transfer) for r in frame.itertuples()]
     elif {"layer", "query", "key_start", "key_stop"} <= set(frame.columns):
-        rows = [f"layer {layer}, query {query}" for layer, query in sorted(set(zip(frame["layer"], frame["query"], strict=True)))]
+        rows = [f"layer {layer}, query {query}"
+                for layer, query in sorted(set(zip(frame["layer"], frame["query"], strict=True)))]
         blocks = sorted(set(zip(frame["key_start"], frame["key_stop"], strict=True)))
         columns = [f"keys {start}–{stop - 1}" for start, stop in blocks]
         cell = [(f"layer {r.layer}, query {r.query}", f"keys {r.key_start}–{r.key_stop - 1}", r.transfer)

@@ -46,7 +46,8 @@ h1 { font-size: 16px; margin: 4px 0 6px; } h3 { font-size: 13px; margin: 8px 0 4
   padding: 6px 8px; background: #f4f4f4; border-radius: 4px; }
 #note { font-size: 12px; color: #555; margin: 4px 0; }
 .row { display: flex; gap: 14px; margin-top: 8px; align-items: flex-start; }
-#tokens { position: relative; flex: 3; min-width: 0; max-height: 330px; overflow: auto; border: 1px solid #ddd; padding: 6px;
+#tokens { position: relative; flex: 3; min-width: 0; max-height: 330px; overflow: auto; border: 1px solid #ddd; \
+padding: 6px;
   font-family: ui-monospace, monospace; font-size: 12.5px; line-height: 1.55; white-space: pre-wrap;
   word-break: break-all; }
 #tokens span { cursor: pointer; border-radius: 2px; }
@@ -63,7 +64,8 @@ h1 { font-size: 16px; margin: 4px 0 6px; } h3 { font-size: 13px; margin: 8px 0 4
 #overview td.chosen { outline: 2px solid #d6301d; }
 #overview th { font-size: 9px; font-weight: normal; padding: 0 3px; }
 #strips { border-collapse: collapse; font-size: 11px; }
-#strips td { padding: 0 4px; white-space: nowrap; } #strips tr.chosen td:first-child { color: #d6301d; font-weight: bold; }
+#strips td { padding: 0 4px; white-space: nowrap; } #strips tr.chosen td:first-child { color: #d6301d; font-weight: \
+bold; }
 #strips canvas { display: block; cursor: crosshair; }
 #relations { font-size: 12px; } #relations b { color: #1a7f37; }
 #tooltip { position: fixed; pointer-events: none; background: #222; color: #fff; font-size: 11px; padding: 2px 5px;

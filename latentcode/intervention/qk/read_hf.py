@@ -2,8 +2,8 @@
 optional q/k/v/o biases; SmolLM2 is one) read for the decomposition, and rerun with the head's
 queries or keys replaced (path patching).
 
-Read by forward hooks, whatever attention implementation the model uses, in float32 whatever the model's dtype: the components from
-`embed_tokens`, each earlier layer's `o_proj` input (split per head, times its columns of the
+Read by forward hooks, whatever attention implementation the model uses, in float32 whatever the model's dtype: the
+components from `embed_tokens`, each earlier layer's `o_proj` input (split per head, times its columns of the
 o_proj weight) and `mlp` output; the frozen RMS scale from the input of the layer's
 `input_layernorm`; cos and sin of RoPE from the model's `rotary_emb`; the reference queries and keys
 from `q_proj`/`k_proj`, rotated. Under GQA the key map of query head h is that of key/value head
@@ -51,7 +51,8 @@ def refusal(config, n_positions: int) -> str | None:
 
 
 def head_columns(weight: Tensor, head: int, width: int) -> Tensor:
-    """Rows `head * width:(head + 1) * width` of a projection weight `[out, d_model]`, transposed: `[d_model, width]`."""
+    """Rows `head * width:(head + 1) * width` of a projection weight `[out, d_model]`,
+    transposed: `[d_model, width]`."""
     return weight[head * width:(head + 1) * width].T.detach().float()
 
 
@@ -99,8 +100,10 @@ def read(model: nn.Module, tokens: Tensor, layer: int, head: int) -> tuple[HeadR
     norm = layers[layer].input_layernorm
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
     frozen = FrozenNorm(False, torch.rsqrt(residual.pow(2).mean(-1) + eps), norm.weight.detach().float(), None, eps)
-    maps = HeadMaps(frozen, head_columns(attention.q_proj.weight, head, d_head), head_bias(attention.q_proj, head, d_head),
-                    head_columns(attention.k_proj.weight, kv_head, d_head), head_bias(attention.k_proj, kv_head, d_head),
+    maps = HeadMaps(frozen, head_columns(attention.q_proj.weight, head, d_head),
+                    head_bias(attention.q_proj, head, d_head),
+                    head_columns(attention.k_proj.weight, kv_head, d_head),
+                    head_bias(attention.k_proj, kv_head, d_head),
                     float(attention.scaling), captured["cos"][0].float(), captured["sin"][0].float())
     writes = []
     for earlier in range(layer):

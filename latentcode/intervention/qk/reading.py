@@ -61,7 +61,8 @@ def read_head(model: Any, tokens: Tensor, layer: int, head: int) -> tuple[HeadRe
     reader = reader_of(model)
     check_head(model, layer, head)
     if model.training:
-        raise CannotDecompose("the model is in training mode (dropout would change every pass); call model.eval() first")
+        raise CannotDecompose("the model is in training mode (dropout would change every pass); "
+                              "call model.eval() first")
     return reader.read(model, on_device_of(model, tokens), layer, head)
 
 

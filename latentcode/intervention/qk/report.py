@@ -41,10 +41,10 @@ def qk_attribution(model: Any, tokens: Any, layer: int, head: int, pairs: Any = 
                    ) -> QKTerms:
     """The terms of head `head` of layer `layer` of `model` (ours, a Hugging Face Llama-family LM or
     `Pretrained`, a transformer-lens TransformerBridge) on one sequence `tokens`, at `pairs`: a selector
-    (`latentcode.intervention.qk.pairs`: "previous", "induction", "Q:K,...") or an int array `[pair, 2]`. `tokens`: one sequence, `[T]` (token ids, or our tasks' `[T, d_in]` inputs).
-    With `out`, writes `out/qk.csv` and `out/qk.png` (the `top` components of each side, the rest as
-    `other`; refused if they exist, unless `overwrite`). `name`: the model's name in the title.
-    device, dtype: where and in what the model runs (given, it is moved and cast, as `nn.Module.to`
+    (`latentcode.intervention.qk.pairs`: "previous", "induction", "Q:K,...") or an int array `[pair, 2]`. `tokens`: one
+    sequence, `[T]` (token ids, or our tasks' `[T, d_in]` inputs). With `out`, writes `out/qk.csv` and `out/qk.png` (the
+    `top` components of each side, the rest as `other`; refused if they exist, unless `overwrite`). `name`: the model's
+    name in the title. device, dtype: where and in what the model runs (given, it is moved and cast, as `nn.Module.to`
     does; None: where and as it is); the tokens follow it, and the terms are computed in float32 from
     what it computed, whatever its dtype."""
     device, dtype = check_placement(device, dtype)
