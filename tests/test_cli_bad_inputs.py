@@ -303,12 +303,13 @@ COMPACT_DAMAGE = {"compact_nan_key": "nan key", "compact_nan_scale": "nan scale"
 def add_damaged_compact_stores(root: Path) -> None:
     """A tiny random Llama (`hf_tiny`), a codes file of it with a compact store (`compact_ok.h5`) and a
     copy of it for each damage of COMPACT_DAMAGE, each used silently before issue 45."""
-    from latentcode.extraction.pretrained_extract import extract_pretrained
+    import latentcode
     from tests.pretrained_models import save_tiny_llama
     from tests.test_store_compact import _damage
 
     save_tiny_llama(root / "hf_tiny")
-    extract_pretrained(root / "hf_tiny", split="train", n=3, seq_len=16, out=root / "compact_ok.h5", progress=False)
+    latentcode.extract(root / "hf_tiny", {"seq_len": 16}, "*:-1:-1", split="train", n=3, out=root / "compact_ok.h5",
+                       batch_size=1, progress=False)
     for name, damage in COMPACT_DAMAGE.items():
         copy_and_edit(root / "compact_ok.h5", root / f"{name}.h5", lambda file, damage=damage: _damage(damage, file))
 
