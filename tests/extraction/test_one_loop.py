@@ -74,3 +74,17 @@ def test_the_compact_store_is_an_option(tiny_llama, tmp_path, capsys):
     assert main(["extract", str(tiny_llama), "--task", "seq_len=16", "--n", "2", "--no-compact", "--out", str(out),
                  "--quiet"]) == 0
     assert CodeFile(out).compact is None and CodeFile(out).attrs["compact"] == "{}"
+
+
+def test_a_loaded_pretrained_model_is_extracted_as_its_directory_is(tiny_llama):
+    """`extract` takes a loaded `Pretrained` (what `extract_pretrained(model=...)` took): the same codes,
+    windows and labels as from the directory, in memory."""
+    from_directory = latentcode.extract(tiny_llama, {"seq_len": 16}, "*:-1:*", n=2, progress=False)
+    from_object = latentcode.extract(latentcode.load_pretrained(tiny_llama, progress=False), {"seq_len": 16},
+                                     "*:-1:*", n=2, progress=False)
+    assert from_object.sites == from_directory.sites and len(from_object.sites) == 2 * 16
+    for site in from_directory.sites:
+        np.testing.assert_array_equal(from_object.codes(site), from_directory.codes(site))
+    np.testing.assert_array_equal(from_object.extra("token_ids"), from_directory.extra("token_ids"))
+    np.testing.assert_array_equal(from_object.labels("last_token_class"), from_directory.labels("last_token_class"))
+    assert from_object.attrs["checkpoint_sha256"] == from_directory.attrs["checkpoint_sha256"]
