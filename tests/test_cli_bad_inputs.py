@@ -445,6 +445,8 @@ BAD_INPUTS = [
      "argument --dtype: invalid choice: 'float8' (choose from 'float32', 'bfloat16', 'float16')"),
     ("extract-device-not-a-device", [*EXTRACT, "--device", "gpu", "--out", "{a_dir}/c.h5"],
      "device 'gpu' is not a device name; expected cpu, cuda, cuda:N (N a GPU's number), mps or xpu"),
+    ("extract-compact-of-a-latentcode-model", [*EXTRACT, "--compact", "--out", "{a_dir}/c.h5"],
+     "compact=True (--compact): {run} is a latentcode model, whose codes are read at its hook points"),
     ("extract-batch-size-0", [*EXTRACT, "--batch-size", "0", "--out", "{a_dir}/c.h5"],
      "argument --batch-size: expected a positive integer, got '0'"),
     ("extract-seed-negative", [*EXTRACT, "--seed", "-1", "--out", "{a_dir}/c.h5"],

@@ -97,12 +97,11 @@ def plan_extract(
     if append and overwrite:
         raise UsageError("append=True (--append) adds to the output and overwrite=True (--overwrite) replaces it: "
                          "give one of them")
-    with about("compact"):
-        compact = subject.compact_store if compact is None else compact
-        if compact and not subject.compact_store:
-            raise UsageError(f"compact=True (--compact): {subject.name} is a latentcode model, whose codes are read at "
-                             "its hook points (its sigma is not always a softmax of queries and keys); a compact store "
-                             "holds a causal LM's: extract its sites")
+    compact = subject.compact_store if compact is None else compact
+    if compact and not subject.compact_store:
+        raise UsageError(f"compact=True (--compact): {subject.name} is a latentcode model, whose codes are read at its "
+                         "hook points (its sigma is not always a softmax of queries and keys), so it has no compact "
+                         "store; expected compact=False or None (a causal LM's codes have one)")
     with about("compression"):
         compression = ("none" if compact else DEFAULT_COMPRESSION) if compression is None else compression
         check_compression(compression)
