@@ -25,9 +25,11 @@ import torch
 
 from latentcode import ModelConfig, build_model
 from latentcode.extraction import Recorder
+from latentcode.extraction.inputs import TaskInstances
 from latentcode.extraction.pipeline import record_batch
 from latentcode.sources import parse_selector
 from latentcode.store import COMPRESSIONS, DEFAULT_COMPRESSION, CodeWriter
+from latentcode.subject import subject_of
 from latentcode.tasks import get_task
 
 
@@ -45,9 +47,12 @@ def main() -> None:
     config = ModelConfig(attention=args.attention, n_layers=4, d_model=128, n_heads=16, kqv_dim=64, d_mlp=256,
                          n_ctx=task.seq_len, d_in=task.d_in, d_out=task.d_out)
     model = build_model(config, seed=0).eval()
-    batches = [task.sample(args.batch_size, "ood", seed=(0, i), variant="unpermuted") for i in range(args.batches)]
-    inputs = [torch.from_numpy(batch.x) for batch in batches]
     sites = parse_selector(args.sites, task.config()).resolve(config.n_layers, task.seq_len)
+    loaded = subject_of(model).load()
+    n_predictions = task.n_recorded_predictions
+    batches = list(TaskInstances(task).batches(loaded, "ood", args.batches * args.batch_size, 0, "unpermuted",
+                                               args.batch_size, range(args.batches), sites))
+    inputs = [torch.from_numpy(x) for x, _ in batches]
     n_examples = args.batches * args.batch_size
 
     def bare() -> float:
@@ -70,8 +75,8 @@ def main() -> None:
 
     rows = Rows()
     with Recorder(model, sites) as recorder, torch.no_grad():
-        for batch in batches:
-            record_batch(model, task, batch, recorder, rows, sites)
+        for x, kept in batches:
+            record_batch(loaded, x, kept, recorder, rows, n_predictions)
 
     def writing(directory: Path, repeat: int, compression: str) -> float:
         path = directory / f"rows-{compression}-{repeat}.h5"
@@ -88,8 +93,8 @@ def main() -> None:
         start = time.perf_counter()
         with CodeWriter(path, sites, config.sizes.n_heads, {"model_name": "bench"}, compression=compression) as writer:
             with Recorder(model, sites) as recorder, torch.no_grad():
-                for batch in batches:
-                    record_batch(model, task, batch, recorder, writer, sites)
+                for x, kept in batches:
+                    record_batch(loaded, x, kept, recorder, writer, n_predictions)
         seconds = time.perf_counter() - start
         sizes[compression] = path.stat().st_size
         path.unlink()

@@ -262,7 +262,7 @@ def main() -> None:
     import torch
     import transformers
 
-    from latentcode.extraction.pretrained_extract import extract_pretrained
+    from latentcode.extraction import extract
     from latentcode.pretrained import corpus_token_windows, load_pretrained
     from latentcode.store import CodeFile
 
@@ -297,8 +297,8 @@ def main() -> None:
         # The same thing on both sides: each peer's patterns vs ours rebuilt from the store.
         if peers:
             ids_file = window(args.check_length)
-            out = extract_pretrained(pretrained, "validation", 1, args.check_length, scratch / "check.h5",
-                                     progress=False)
+            out = extract(pretrained, {"seq_len": args.check_length}, "*:-1:-1", "validation", 1, scratch / "check.h5",
+                          progress=False)
             ours = np.stack([CodeFile(out).compact.layer_pattern(layer, 0) for layer in range(layers)])
             for peer in peers:
                 save = scratch / f"{peer}-patterns.npy"
@@ -323,7 +323,7 @@ def main() -> None:
                 out = scratch / f"codes-{length}-{repeat}.h5"
                 with PeakMemory() as extract_memory:
                     start = time.perf_counter()
-                    extract_pretrained(pretrained, "validation", 1, length, out, progress=False)
+                    extract(pretrained, {"seq_len": length}, "*:-1:-1", "validation", 1, out, progress=False)
                     extract_times.append(time.perf_counter() - start)
             codes = CodeFile(out)
             file_bytes = os.path.getsize(out)

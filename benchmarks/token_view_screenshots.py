@@ -2,7 +2,7 @@
 random tokens (an induction head's row lighting up the token after the earlier copy of the query's
 token) and natural text.
 
-Two codes files are extracted (`extract_pretrained`, compact store): `--half` random token ids (seed 0,
+Two codes files are extracted (`latentcode.extract`, compact store): `--half` random token ids (seed 0,
 ids 1000..20000) written twice, and a window of the language corpus's validation split. In the first,
 the head whose rows put the most on the induction key (query i of the second copy -> key i - half + 1)
 is found from the compact store, and the page opens on it (`#layer=..&head=..&query=..`). In the
@@ -26,7 +26,7 @@ import numpy as np
 
 import latentcode.pretrained
 from latentcode.analysis.viewer.token_page import build_token_viewer
-from latentcode.extraction.pretrained_extract import extract_pretrained
+from latentcode.extraction import extract
 from latentcode.store import CodeFile
 
 
@@ -107,13 +107,13 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as directory:
-        natural = extract_pretrained("smollm2", n=1, seq_len=args.text_length, out=Path(directory) / "text.h5",
-                                     progress=False)
+        natural = extract("smollm2", {"seq_len": args.text_length}, "*:-1:-1", n=1, out=Path(directory) / "text.h5",
+                          progress=False)
         original = latentcode.pretrained.corpus_token_windows
         latentcode.pretrained.corpus_token_windows = repeated_random(args.half)
         try:
-            repeated = extract_pretrained("smollm2", n=1, seq_len=2 * args.half, out=Path(directory) / "rep.h5",
-                                          progress=False)
+            repeated = extract("smollm2", {"seq_len": 2 * args.half}, "*:-1:-1", n=1, out=Path(directory) / "rep.h5",
+                               progress=False)
         finally:
             latentcode.pretrained.corpus_token_windows = original
         layer, head, score = induction_head(CodeFile(repeated), args.half)

@@ -7,7 +7,7 @@
     loaded = subject.load(device="cuda", dtype="bfloat16")          # the model (eval, placed), identity
 
 A trained latentcode model reads its task's instances; a causal LM reads windows of the language
-corpus's tokens (`latentcode.tasks.token_windows.TokenWindows`, a task like the others: its
+corpus's tokens (`latentcode.token_windows.TokenWindows`, a task like the others: its
 instances, a next-token metric, donors for patching). The plans of extract, intervene and patch take
 a Subject and ask it what they need (its shape, its task, its model); `subject_of` is the one place
 that tells models apart. JSON and numpy only until `load`.
@@ -52,6 +52,18 @@ class Loaded:
         output = self.model(inputs) if self.tokenizer is None else self.model(**inputs)
         return output if self.tokenizer is None else output.logits
 
+    def last_logits(self, x: Any, positions: int = 1) -> Any:
+        """`[batch, positions, vocabulary]`: the logits of the last `positions` of inputs `x`; a causal LM
+        of transformers computes only those (`logits_to_keep`: at T = 8,192 every position's logits are
+        1.5 GiB, a bare forward's whole peak), a model that cannot computes them all."""
+        if self.tokenizer is None:
+            return self.model(x)[:, -positions:]
+        import inspect
+
+        keep = {"logits_to_keep": positions} if "logits_to_keep" in inspect.signature(self.model.forward).parameters \
+            else {}
+        return self.model(**self.inputs(x), **keep).logits[:, -positions:]
+
     @property
     def device(self) -> Any:
         parameter = next(self.model.parameters(), None)
@@ -92,6 +104,18 @@ class Subject(abc.ABC):
         """Whether its inputs are token windows of text (a causal LM) rather than a task's instances."""
         return False
 
+    @property
+    def compact_store(self) -> bool:
+        """Whether its codes can be kept as a compact store (`latentcode.store.compact`: every pair of
+        every layer as its queries and keys): where its attention is softmax(q k^T) read at SDPA calls or
+        transformers' eager registry (a causal LM). A latentcode Transformer's codes are read at its hook
+        points and its sigma is not always a softmax over keys (HYLA's rms over heads, linear), so no."""
+        return False
+
+    def forward_pass_bytes(self, batch: int, seq_len: int) -> int:
+        """A lower bound on the memory of one forward pass of `batch` sequences (0: not known)."""
+        return 0
+
 
 @dataclass(frozen=True)
 class TrainedSubject(Subject):
@@ -103,6 +127,11 @@ class TrainedSubject(Subject):
     def task(self, task: Any, default_seq_len: int | None = None) -> Any:
         with about("task"):
             return task_of(self.source, task)
+
+    def forward_pass_bytes(self, batch: int, seq_len: int) -> int:
+        from latentcode.validation import forward_pass_bytes
+
+        return forward_pass_bytes(batch, seq_len, self.model_config)
 
     def load(self, device: str | None = None, dtype: str | None = None, progress: bool = False) -> Loaded:
         from latentcode.validation import place
@@ -122,6 +151,10 @@ class LanguageModelSubject(Subject):
 
     @property
     def reads_text(self) -> bool:
+        return True
+
+    @property
+    def compact_store(self) -> bool:
         return True
 
     def task(self, task: Any, default_seq_len: int | None = None) -> Any:

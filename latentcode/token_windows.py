@@ -29,6 +29,10 @@ from latentcode.validation import check_integer
 DEFAULT_SEQ_LEN = 512  # tokens per window, unless the task says (extract, intervene and patch alike)
 MAX_TOKENS_PER_PASS = 2048  # windows x tokens of one forward pass: its logits stay under 2048 x vocabulary floats
 METRICS = ("next-token loss", "next-token probability", "next-token accuracy")
+# The labels of a window, by its last token's text: its class, and whether it starts a word (a binary
+# label small files can probe).
+TOKEN_CLASSES = ("word start", "word piece", "punctuation", "digit", "whitespace")
+LABEL_VALUES = {"last_token_class": list(TOKEN_CLASSES), "last_token_starts_word": ["no", "yes"]}
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,12 @@ class TokenWindows:
         return corpus_token_windows(loaded.pretrained, split, self.seq_len, n, seed, extra=extra)
 
     @staticmethod
+    def labels(tokenizer: Any, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """LABEL_VALUES of windows `ids` `[n, T]`: int64 `[n]` each, from the text of their last token."""
+        classes = np.asarray([token_class(tokenizer.decode([int(token)])) for token in ids[:, -1]], dtype=np.int64)
+        return {"last_token_class": classes, "last_token_starts_word": (classes == 0).astype(np.int64)}
+
+    @staticmethod
     def metrics(logits: Any, targets: Any) -> Any:
         """`[batch, 3]` METRICS per window of logits `[batch, P, vocabulary]` and targets `[batch, P]`."""
         return window_metrics(logits, targets)
@@ -81,6 +91,18 @@ class TokenWindows:
         donor = np.empty(n, dtype=np.int64)
         donor[order] = np.roll(order, -1)
         return donor
+
+
+def token_class(text: str) -> int:
+    """The class (an index into TOKEN_CLASSES) of a token's text."""
+    stripped = text.strip()
+    if not stripped:
+        return 4
+    if stripped[0].isdigit():
+        return 3
+    if stripped[0].isalpha():
+        return 0 if text[0].isspace() else 1
+    return 2
 
 
 def window_length(task: Mapping[str, Any] | None, default: int = DEFAULT_SEQ_LEN) -> int:

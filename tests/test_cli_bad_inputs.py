@@ -303,12 +303,13 @@ COMPACT_DAMAGE = {"compact_nan_key": "nan key", "compact_nan_scale": "nan scale"
 def add_damaged_compact_stores(root: Path) -> None:
     """A tiny random Llama (`hf_tiny`), a codes file of it with a compact store (`compact_ok.h5`) and a
     copy of it for each damage of COMPACT_DAMAGE, each used silently before issue 45."""
-    from latentcode.extraction.pretrained_extract import extract_pretrained
+    import latentcode
     from tests.pretrained_models import save_tiny_llama
     from tests.test_store_compact import _damage
 
     save_tiny_llama(root / "hf_tiny")
-    extract_pretrained(root / "hf_tiny", split="train", n=3, seq_len=16, out=root / "compact_ok.h5", progress=False)
+    latentcode.extract(root / "hf_tiny", {"seq_len": 16}, "*:-1:-1", split="train", n=3, out=root / "compact_ok.h5",
+                       batch_size=1, progress=False)
     for name, damage in COMPACT_DAMAGE.items():
         copy_and_edit(root / "compact_ok.h5", root / f"{name}.h5", lambda file, damage=damage: _damage(damage, file))
 
@@ -444,6 +445,8 @@ BAD_INPUTS = [
      "argument --dtype: invalid choice: 'float8' (choose from 'float32', 'bfloat16', 'float16')"),
     ("extract-device-not-a-device", [*EXTRACT, "--device", "gpu", "--out", "{a_dir}/c.h5"],
      "device 'gpu' is not a device name; expected cpu, cuda, cuda:N (N a GPU's number), mps or xpu"),
+    ("extract-compact-of-a-latentcode-model", [*EXTRACT, "--compact", "--out", "{a_dir}/c.h5"],
+     "compact=True (--compact): {run} is a latentcode model, whose codes are read at its hook points"),
     ("extract-batch-size-0", [*EXTRACT, "--batch-size", "0", "--out", "{a_dir}/c.h5"],
      "argument --batch-size: expected a positive integer, got '0'"),
     ("extract-seed-negative", [*EXTRACT, "--seed", "-1", "--out", "{a_dir}/c.h5"],

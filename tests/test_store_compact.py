@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-from latentcode.extraction.pretrained_extract import extract_pretrained
+import latentcode
 from latentcode.extraction.recorder import Recorder
 from latentcode.pretrained import load_pretrained
 from latentcode.sources.compact_capture import (
@@ -39,7 +39,8 @@ def eager(tiny_llama):
 @pytest.fixture(scope="module")
 def compact_file(tiny_llama, tmp_path_factory):
     out = tmp_path_factory.mktemp("codes") / "tiny.h5"
-    extract_pretrained(tiny_llama, split="validation", n=3, seq_len=48, out=out, batch_size=2, progress=False)
+    latentcode.extract(tiny_llama, {"seq_len": 48}, "*:-1:-1", split="validation", n=3, out=out, batch_size=2,
+                       progress=False)
     return out
 
 
@@ -165,8 +166,8 @@ def test_smollm2_codes_rebuilt_from_the_compact_store_equal_eager_attention(smol
     """SmolLM2-135M (30 layers, 9 query heads, 3 key/value heads): every pair of every layer of a
     window of 128 tokens, rebuilt from the store, against the same model's eager output_attentions."""
     pretrained = load_pretrained("smollm2")  # its own copy (from the cache), as it switches to eager below
-    out = extract_pretrained(pretrained, split="validation", n=1, seq_len=128, out=tmp_path / "smollm2.h5",
-                             progress=False)
+    out = latentcode.extract(pretrained, {"seq_len": 128}, "*:-1:-1", split="validation", n=1,
+                             out=tmp_path / "smollm2.h5", progress=False)
     codes = CodeFile(out)
     assert (codes.compact.n_heads, codes.compact.n_kv_heads, codes.compact.head_dim) == (9, 3, 64)
     pretrained.model.set_attn_implementation("eager")

@@ -49,7 +49,7 @@ def read_json_file(path: str, flag: str, fields: str = "TrainConfig") -> dict:
 
 def model_config_of(path: Path) -> dict:
     """The model config of a run directory or a saved model directory, from JSON (no torch), checked
-    as the plan steps check it (`latentcode.extraction.plan.checked_model_config`), named RUN_DIR."""
+    as the plan steps check it (`latentcode.subject.checked_model_config`), named RUN_DIR."""
     from latentcode.errors import LatentcodeError
     from latentcode.rundir import locate_model
     from latentcode.subject import checked_model_config

@@ -1,4 +1,4 @@
-"""`latentcode extract`: record the latent codes of a trained model into an HDF5 codes file."""
+"""`latentcode extract`: record the latent codes of a model into an HDF5 codes file."""
 
 from __future__ import annotations
 
@@ -47,6 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--compression", choices=("gzip", "lzf", "none"), default=None,
                         help="of a new file: gzip (default; h5dump and every HDF5 tool read it), lzf (h5py only), none "
                         "(the default for a pretrained model's compact store: queries and keys barely compress)")
+    parser.add_argument("--compact", action=argparse.BooleanOptionalAction, default=None,
+                        help="keep every pair of every layer in a compact store (queries and keys) beside the sites "
+                        "(default: for a pretrained causal LM, which has one; a latentcode model has none)")
     parser.add_argument("--wait-for-lock", type=NON_NEGATIVE_NUMBER, default=0.0, metavar="SECONDS",
                         help="wait this long while another process writes --out (default: refuse at once)")
     add_placement_arguments(parser)
@@ -63,7 +66,8 @@ def check(args: argparse.Namespace) -> None:
     args.plan = plan_extract(args.run, parse_assignments(args.task, "--task") or None, args.sites, args.split, args.n,
                              args.out, variant=args.variant, score=args.score, batch_size=args.batch_size,
                              seed=args.seed, append=args.append, overwrite=args.overwrite,
-                             compression=args.compression, wait_for_lock=args.wait_for_lock, device=args.device,
+                             compression=args.compression, compact=args.compact,
+                             wait_for_lock=args.wait_for_lock, device=args.device,
                              dtype=args.dtype)
 
 

@@ -1,23 +1,30 @@
-"""`extract`: a trained model's latent codes on task instances, streamed into an HDF5 codes file.
+"""`extract`: a model's latent codes on what it reads, streamed into an HDF5 codes file or kept in memory.
 
     latentcode.extract("runs/sraven-hyla", sites="sraven-rule", split="ood", n=8192, out="codes.h5")
+    latentcode.extract("smollm2", task={"seq_len": 2048}, n=4, out="smollm2.h5")   # compact store too
 
-Instances are drawn batch by batch with `task.sample(batch, split, seed=(seed, batch_index),
-variant)`; the default `seed` is the split's evaluation seed, so every model is read on the same
-instances. Per example the file holds the codes of every site, every task label, the model's
-prediction at the last `task.n_recorded_predictions` prediction positions, the target, the split,
-and any extra arrays passed. For SRAVEN, when all sites share one query position among the last M
-tokens, the label `rule` is added: the rule that governs that query position (what the paper
-decodes).
+One loop for every model (`run_extraction`): the plan's inputs (`latentcode.extraction.inputs`: a
+task's instances, batch `i` drawn from `(seed, i)`, the split's evaluation seed by default; or a
+causal LM's windows of the corpus) are read batch by batch, each forward pass runs under a
+`Recorder`, and the codes of every site, the labels, the prediction and target where the task has
+them, and any extra arrays are appended to the writer. For SRAVEN, when all sites share one query
+position among the last M tokens, the label `rule` is added: the rule that governs that query
+position (what the paper decodes).
+
+With `compact` (a causal LM's default) `/compact` holds the post-RoPE queries and keys of every
+layer, from which `CodeFile.codes` rebuilds any other pair (`latentcode.store.compact`); each layer's
+queries and keys go to the writer as the layer's attention call returns
+(`latentcode.sources.compact_capture.CompactAttentionSource`), so memory holds one layer of them,
+never `[H, T, T]`. A latentcode Transformer has none (`Subject.compact_store` says why).
 
 Sharded: launched as several processes (`torchrun --nproc_per_node 2 ...` or `accelerate launch`;
 the launcher's RANK and WORLD_SIZE, or a running torch.distributed process group, say so), each
 process records a contiguous share of the batches, rank by rank, into its own shard
-`OUT.shard-RANK-of-WORLD.h5` beside `out`; after all have finished, rank 0 writes `out` as one codes
-file of virtual datasets over the shards (`latentcode.store.write_sharded_file`). Batch `i` is drawn
-from `(seed, i)` whichever process records it, so the file equals a one-process extraction row for
-row. A failure in any process is raised in every process. A pretrained model's extraction
-(`latentcode.extraction.pretrained_extract`) is sharded the same way (`record_in_shards`).
+`OUT.shard-RANK-of-WORLD.h5` beside `out` (compact store included); after all have finished, rank 0
+writes `out` as one codes file of virtual datasets over the shards
+(`latentcode.store.write_sharded_file`). Batch `i` holds the same instances whichever process records
+it, so the file equals a one-process extraction row for row. A failure in any process is raised in
+every process. Every process loads the model (a GGUF's cache entry is filled by one of them).
 
     torchrun --standalone --nproc_per_node 2 -m latentcode.cli -- extract RUN --n 8192 --out codes.h5
 
@@ -37,25 +44,17 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
-from latentcode.errors import LatentcodeError, UsageError, about
+from latentcode.errors import LatentcodeError, UsageError
 from latentcode.extraction.plan import ExtractPlan, plan_extract
 from latentcode.extraction.recorder import Recorder
 from latentcode.progress import Progress
-from latentcode.rundir import ModelSource
+from latentcode.sources.compact_capture import CompactAttentionSource, CompactError, CompactLayer
 from latentcode.sources.sites import Selector
-from latentcode.store import (
-    DEFAULT_COMPRESSION,
-    CodeWriter,
-    InMemoryCodes,
-    Site,
-    shard_path,
-    write_sharded_file,
-)
-from latentcode.subject import resolve_model, task_of
-from latentcode.tasks import Batch, Task, eval_seed
-from latentcode.validation import check_split, place
+from latentcode.store import CodeWriter, InMemoryCodes, shard_path, write_sharded_file
+from latentcode.store.compact import COMPACT_VERSION, KEY_VALID, key_name, query_name
+from latentcode.subject import Loaded
+from latentcode.tasks import Task
 
 
 class ShardFailed(LatentcodeError):
@@ -110,22 +109,8 @@ def _raise_if_any_failed(error: BaseException | None, what: str) -> None:
             raise ShardFailed(f"process {rank} of {len(messages)} failed {what}: {message}")
 
 
-
-
-def resolve_task(task: Task | Mapping[str, Any] | None, info: Mapping[str, Any], split: str | None
-                 ) -> tuple[Task, str]:
-    """The task to read: `task` (a Task or its config), else the run's own (`info` from
-    `resolve_model`); and the split: `split`, or None for the task's held-out split (`ood`, or
-    language's `validation`); refuses a split the task does not have."""
-    with about("task"):
-        task = task_of(ModelSource("object", None, task_config=info["task_config"]), task)
-    with about("split"):
-        split = check_split(task.analysis.held_out_split if split is None else split, task)
-    return task, split
-
-
 def extract(
-    run_or_model: str | Path | nn.Module,
+    run_or_model: Any,
     task: Task | Mapping[str, Any] | None = None,
     sites: str | Selector | list = "last-self",
     split: str | None = None,
@@ -140,22 +125,29 @@ def extract(
     overwrite: bool = False,
     extra: Mapping[str, np.ndarray] | None = None,
     progress: bool = True,
-    compression: str | None = DEFAULT_COMPRESSION,
+    compression: str | None = None,
+    compact: bool | None = None,
     wait_for_lock: float | None = 0.0,
     device: str | Any | None = None,
     dtype: str | Any | None = None,
 ) -> Path | InMemoryCodes:
     """Record the latent codes of `n` instances of `split` at `sites` into `out`, or in memory.
 
-    run_or_model: a run directory, a saved model directory, or a model object.
-    task: a Task, a task config dict, or None to use the run's task.
-    split: a split of the task; None: its held-out split (`ood`; `validation` for language).
+    run_or_model: a run directory, a saved model directory, a latentcode model object, or a causal LM
+        (`latentcode.pretrained`: a Hugging Face directory, a .gguf file, "smollm2", or a `Pretrained`).
+    task: a Task, a task config dict, or None to use the run's task; a causal LM reads windows of the
+        language corpus, whose length `task` may give (e.g. {"seq_len": 2048}; default 512).
+    split: a split of the task; None: its held-out split (`ood`; `validation` for language and a
+        causal LM's windows).
     sites: see `latentcode.sources.sites` (`last-self`, `sraven-rule`, `all-pairs:L`, lists).
     variant: the task variant (default: the sites', e.g. `unpermuted` for `sraven-rule`, else
         the task's default).
-    batch_size: instances per forward pass (None: 256; 1 window for a pretrained model).
+    batch_size: instances per forward pass (None: 256; 1 window for a causal LM).
     extra: further per-example arrays of length n to store beside the codes.
-    compression: of a new file: "gzip" (default; any HDF5 tool reads it), "lzf" or "none".
+    compact: keep every pair of every layer in a compact store (/compact: queries and keys) beside the
+        sites; None: where the model has one (a causal LM; not a latentcode Transformer).
+    compression: of a new file: "gzip" (any HDF5 tool reads it), "lzf" or "none"; None: none for a
+        compact store (queries and keys barely compress, and a row reads back faster), else gzip.
     wait_for_lock: seconds to wait while another process writes `out` (default: refuse at once).
     out: the codes file to write; None (default): nothing is written, and the codes come back in
         memory as an `InMemoryCodes` (read like a `CodeFile`; `.save(path)` writes the file); codes
@@ -168,85 +160,116 @@ def extract(
 
     Everything is checked first by `plan_extract` (the command line's check builds the same plan),
     then `run_extraction` records it.
-
-    A pretrained causal LM (`latentcode.pretrained`: a Hugging Face directory, a .gguf file or
-    "smollm2") is read on windows of the language corpus (`task` may give their length, e.g.
-    {"seq_len": 2048}; default 512) into a file with a compact store of every pair of every layer
-    (`latentcode.extraction.pretrained_extract`; split: train or validation, default validation).
     """
-    model = None
-    if isinstance(run_or_model, nn.Module):
-        model, info = resolve_model(run_or_model)
-        run_or_model = ModelSource("object", None, model_config=info["model_config"])
     plan = plan_extract(run_or_model, task, sites, split, n, out, variant=variant, score=score, batch_size=batch_size,
                         seed=seed, append=append, overwrite=overwrite, extra=extra, compression=compression,
-                        wait_for_lock=wait_for_lock, device=device, dtype=dtype)
-    return run_extraction(plan, model, progress=progress)
+                        compact=compact, wait_for_lock=wait_for_lock, device=device, dtype=dtype)
+    return run_extraction(plan, progress=progress)
 
 
-def run_extraction(plan: ExtractPlan, model: nn.Module | None = None, *, progress: bool = True
-                   ) -> Path | InMemoryCodes:
-    """Record what `plan` (from `plan_extract`) says; `model`: the model object of a plan made for one."""
-    if plan.source.kind == "pretrained":
-        from latentcode.extraction.pretrained_extract import extract_pretrained
-
-        return extract_pretrained(
-            plan.source.path, plan.split, plan.n, plan.seq_len, plan.out, selector=plan.sites_given,
-            batch_size=plan.batch_size, seed=0 if plan.seed is None else plan.seed, score=plan.score,
-            append=plan.append, overwrite=plan.overwrite, compression=plan.compression, progress=progress,
-            wait_for_lock=plan.wait_for_lock, device=plan.device, dtype=plan.dtype)
-    if model is None:
-        model, info = resolve_model(plan.source)
-    else:
-        info = resolve_model(model)[1]
-    place(model, plan.device, plan.dtype)  # checked by the plan (check_placement)
-    task, split, variant, parsed, sites = plan.task, plan.split, plan.variant, plan.selector, list(plan.sites)
-    n, batch_size, out, extra = plan.n, plan.batch_size, plan.out, plan.extra
-    append, overwrite, compression, wait_for_lock = plan.append, plan.overwrite, plan.compression, plan.wait_for_lock
-    seed = eval_seed(split) if plan.seed is None else plan.seed
-    n_heads = model.config.sizes.n_heads
-    recorder = Recorder(model, sites, score=plan.score)
-
+def run_extraction(plan: ExtractPlan, *, progress: bool = True) -> Path | InMemoryCodes:
+    """Record what `plan` (from `plan_extract`) says, for every model alike."""
+    check_sharded_output(plan.out, plan.append, plan.overwrite)  # before the model loads: in every process alike
+    loaded = plan.subject.load(plan.device, plan.dtype, progress=progress)
+    inputs, split, n, batch_size, sites = plan.inputs, plan.split, plan.n, plan.batch_size, list(plan.sites)
+    n_heads, n_layers = plan.subject.n_heads, plan.subject.n_layers
+    writers: list[CodeWriter] = []  # the writer of the shard being recorded, for the compact store's layers
+    compact = CompactWriting(loaded, inputs.seq_len, lambda: writers[-1]) if plan.compact else None
+    recorder = Recorder(loaded.model, sites, score=plan.score, source=compact.source if compact else None)
     metadata = {
-        **info,
-        "model_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-        "task_config": task.config(),
-        "selector": {"spec": plan.sites_given if isinstance(plan.sites_given, str) else parsed.name,
-                     **parsed.to_dict(), "sites": [[s.layer, s.query, s.key] for s in sites], "variant": variant},
+        **loaded.identity,
+        "model_dtype": loaded.dtype_name,
+        **inputs.description(loaded, split),
+        "selector": inputs.selector_record(plan.sites_given, plan.selector, [[s.layer, s.query, s.key] for s in sites],
+                                           plan.variant),
         "score": plan.score,
         "source": recorder.source.name,
-        "task_analysis": task.analysis.to_dict(),
-        "value_names": task.value_names(),
-        "column_names": task.column_names(),
-        "prediction_kind": task.prediction_kind(),
-        "split_descriptions": getattr(task, "split_descriptions", {}),
-        "position_names": task.position_names(),
-        "token_names": task.token_names(),
-        "seed": seed,
+        "seed": plan.seed,
+        "compact": compact.info if compact else {},
     }
-    model.eval()
 
     def record(path: Path | bytes | None, batches: range, append: bool, progress: bool) -> bytes | None:
-        writer = CodeWriter(path, sites, n_heads, metadata, append=append, overwrite=overwrite,
-                            compression=compression, wait_for_lock=wait_for_lock)
+        writer = CodeWriter(path, sites, n_heads, metadata, append=append, overwrite=plan.overwrite,
+                            compression=plan.compression, wait_for_lock=plan.wait_for_lock)
+        writers.append(writer)
         with writer:
             # Only once the writer has accepted `path`, so that a refusal prints nothing.
             tracker = Progress(len(batches), f"extract {split}", unit="batch", enabled=progress)
             instances = min(n, batches.stop * batch_size) - batches.start * batch_size
-            tracker.announce(f"{instances} instances ({variant}) in {len(batches)} batches of up to {batch_size} "
-                             f"sequences of {task.seq_len}, {len(sites)} sites x {n_heads} heads of float32 codes "
-                             f"({_size(4 * instances * len(sites) * n_heads)}) -> {'memory' if path is None or isinstance(path, bytes) else path}")
+            where = "memory" if path is None or isinstance(path, bytes) else path
+            tracker.announce(f"{instances} instances{f' ({plan.variant})' if plan.variant else ''} in {len(batches)} "
+                             f"batches of up to {batch_size} sequences of {inputs.seq_len}, {len(sites)} sites x "
+                             f"{n_heads} heads of float32 codes ({_size(4 * instances * len(sites) * n_heads)}) -> "
+                             f"{where}" + (", every pair of every layer in a compact store" if compact else ""))
+            rows = inputs.batches(loaded, split, n, plan.seed, plan.variant, batch_size, batches, sites)
             with recorder, torch.no_grad():
-                for index in tracker.track(batches):
+                for index, (x, kept) in zip(tracker.track(batches), rows, strict=True):
                     start = index * batch_size
-                    size = min(batch_size, n - start)
-                    batch = task.sample(size, split, seed=(seed, index), variant=variant)
-                    record_batch(model, task, batch, recorder, writer, sites, {
-                        name: np.asarray(values)[start : start + size] for name, values in (extra or {}).items()})
+                    extra = {name: np.asarray(values)[start : start + len(x)] for name, values in
+                             (plan.extra or {}).items()}
+                    record_batch(loaded, x, kept, recorder, writer, inputs.n_predictions, extra)
+                    _check_every_layer_read(loaded, recorder.source.n_layers(), n_layers)
         return writer.image
 
-    return record_in_shards(out, math.ceil(n / batch_size), record, append=append, overwrite=overwrite,
-                            wait_for_lock=wait_for_lock, progress=progress)
+    return record_in_shards(plan.out, math.ceil(n / batch_size), record, append=plan.append, overwrite=plan.overwrite,
+                            wait_for_lock=plan.wait_for_lock, progress=progress)
+
+
+def record_batch(loaded: Loaded, x: np.ndarray, kept: Mapping[str, Any], recorder: Recorder, writer: Any,
+                 n_predictions: int = 0, extra: Mapping[str, np.ndarray] | None = None) -> None:
+    """One forward pass of inputs `x` under `recorder` (call under torch.no_grad) and one append to
+    `writer`: the codes, what `kept` holds of the batch (labels, split, target, extra) and the
+    prediction at the last `n_predictions` positions (none if 0)."""
+    logits = loaded.last_logits(torch.from_numpy(x).to(loaded.device), max(n_predictions, 1))
+    writer.append(codes=recorder.pop(), **{**kept, "extra": {**(extra or {}), **kept.get("extra", {})}},
+                  prediction=logits.float().cpu().numpy() if n_predictions else None)
+
+
+class CompactWriting:
+    """The compact store as an option of the loop: `source` (a `CompactAttentionSource` on `loaded`'s
+    model) hands every layer's queries and keys to the writer `writer()` as its attention call returns;
+    `info`, the file's `compact` attribute. For a causal LM (`loaded.pretrained`) read at SDPA calls or
+    transformers' eager registry."""
+
+    def __init__(self, loaded: Loaded, seq_len: int, writer: Callable[[], CodeWriter]):
+        pretrained = loaded.pretrained
+        implementation = getattr(pretrained.model.config, "_attn_implementation", "sdpa")
+        if implementation not in ("sdpa", "eager"):  # load_pretrained loads one of these; a Pretrained built by hand
+            raise CompactError(f"{pretrained.name} runs with {implementation!r} attention; latentcode reads "
+                               "scaled_dot_product_attention and transformers' eager attention exactly: load it with "
+                               "attn_implementation='sdpa' or 'eager'")
+        self.info = {"version": COMPACT_VERSION, "layers": list(range(pretrained.n_layers)),
+                     "n_heads": pretrained.n_heads, "n_kv_heads": pretrained.n_kv_heads,
+                     "head_dim": pretrained.head_dim, "seq_len": seq_len}
+        self.writer = writer
+        self.source = CompactAttentionSource(loaded.model, self.on_layer)
+
+    def on_layer(self, layer: int, call: CompactLayer) -> None:
+        info = self.info
+        if call.query.shape[1:] != (info["n_heads"], info["seq_len"], info["head_dim"]) or \
+                call.key.shape[1] != info["n_kv_heads"]:
+            raise CompactError(f"attention call {layer}: queries {list(call.query.shape)}, keys "
+                               f"{list(call.key.shape)}; expected {info['n_heads']} query and {info['n_kv_heads']} "
+                               f"key/value heads of {info['head_dim']} over {info['seq_len']}")
+        writer = self.writer()
+        writer.write_compact(query_name(layer), call.query, call.mask.attributes())
+        writer.write_compact(key_name(layer), call.key)
+        if layer == 0:
+            writer.write_compact(KEY_VALID, call.key_valid)
+
+
+def _check_every_layer_read(loaded: Loaded, layers_read: int | None, n_layers: int) -> None:
+    """One line where a forward pass made fewer attention calls than the model has layers: a model whose
+    attention goes neither through scaled_dot_product_attention nor transformers' eager attention
+    registry, whose missing layers would otherwise shift the layers of the codes (and leave the compact
+    store without them)."""
+    if layers_read is not None and layers_read != n_layers:
+        config = loaded.model.config
+        raise CompactError(
+            f"{loaded.name} ({getattr(config, 'model_type', '?')}, {getattr(config, '_attn_implementation', '?')} "
+            f"attention): {layers_read} of its {n_layers} layers made an attention call latentcode reads "
+            "(scaled_dot_product_attention, or transformers' eager attention through its registry); the others "
+            "compute attention in a way that is not read exactly, so no codes are recorded")
 
 
 def check_sharded_output(out: str | Path | InMemoryCodes | None, append: bool, overwrite: bool) -> None:
@@ -312,29 +335,3 @@ def record_in_shards(out: str | Path | InMemoryCodes | None, n_batches: int,
 def _size(n_bytes: int) -> str:
     return f"{n_bytes / 1e3:.0f} kB" if n_bytes < 1e6 else f"{n_bytes / 1e6:.1f} MB" if n_bytes < 1e9 else \
         f"{n_bytes / 1e9:.2f} GB"
-
-
-def record_batch(
-    model: nn.Module,
-    task: Task,
-    batch: Batch,
-    recorder: Recorder,
-    writer: CodeWriter,
-    sites: list[Site],
-    extra: Mapping[str, np.ndarray] | None = None,
-) -> None:
-    """One forward pass under `recorder` (call under torch.no_grad) and one append to `writer`."""
-    device = next(model.parameters()).device
-    output = model(torch.from_numpy(batch.x).to(device))
-    vocabulary = task.token_names()
-    if vocabulary:  # the input tokens, so that a key can be named by its token (the smallest integer type)
-        extra = {**(extra or {}), "token_ids": batch.x.astype(np.uint8 if len(vocabulary) <= 256 else np.int32)}
-    writer.append(
-        codes=recorder.pop(),
-        labels={**batch.labels, **task.derived_labels(batch, sites)},
-        split=batch.split,
-        prediction=output[:, -task.n_recorded_predictions:, :].float().cpu().numpy(),
-        target=batch.y,
-        extra=extra,
-    )
-

@@ -21,11 +21,11 @@ from tests.analysis.token_files import Served, tiny_token_file
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """(the tiny model, its file with a compact store, one without, one without token ids)."""
-    from latentcode.extraction.pretrained_extract import extract_pretrained
+    import latentcode
 
     directory = tmp_path_factory.mktemp("token-cli")
     model, codes = tiny_token_file(directory)
-    bare = extract_pretrained(model, n=1, seq_len=16, compact=False, selector="*:-1:*", out=directory / "bare.h5",
+    bare = latentcode.extract(model, {"seq_len": 16}, "*:-1:*", n=1, compact=False, out=directory / "bare.h5",
                               progress=False)
     toy = directory / "toy.h5"
     with CodeWriter(toy, [Site(0, 1, 0)], n_heads=2, metadata={"model_name": "toy", "task_config": {}}) as writer:

@@ -41,7 +41,7 @@ def test_extract_then_probe_plot_heatmap_and_report_on_a_compact_store(tiny_llam
 
 @pytest.mark.parametrize("arguments, says", [
     (["--task", "seq_len=65"], "--task seq_len=65 is beyond the context of"),
-    (["--split", "ood"], "--split: unknown split 'ood' for a pretrained model: it reads the language corpus's train "
+    (["--split", "ood", "--task", "seq_len=32"], "--split: unknown split 'ood' for a pretrained model: it reads the language corpus's train "
                          "or validation split"),
     (["--task", "name=sraven"], "a pretrained model reads windows of the language corpus"),
 ])

@@ -12,7 +12,7 @@ import pytest
 
 from latentcode.cli import main
 from latentcode.errors import UsageError
-from latentcode.extraction.pretrained_extract import extract_pretrained
+from latentcode.extraction import plan_extract, run_extraction
 from latentcode.store import CodeFile
 from latentcode.store.schema import CodeFileError
 from tests.pretrained_models import save_tiny_llama
@@ -83,16 +83,23 @@ def test_two_processes_write_the_compact_file_one_process_writes(tiny_llama, tmp
     assert (tmp_path / "again.shard-1-of-2.h5").read_text() == "taken"
 
 
-def test_a_sharded_pretrained_extraction_refuses_before_the_model_loads(monkeypatch, tmp_path, capsys):
+def test_a_sharded_pretrained_extraction_refuses_before_the_model_loads(tiny_llama, monkeypatch, tmp_path, capsys):
+    import latentcode.pretrained
+
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     out = tmp_path / "codes.h5"
-    missing = tmp_path / "no-model"  # never loaded: the refusal comes first
+
+    def never(*args, **kwargs):  # never loaded: the refusal comes first
+        raise AssertionError("the model was loaded before the sharded output was refused")
+
+    monkeypatch.setattr(latentcode.pretrained, "load_pretrained", never)
     with pytest.raises(UsageError, match="append=True .* with 2 processes: a sharded file cannot be appended to"):
-        extract_pretrained(missing, out=out, append=True, progress=False)
+        latentcode.extract(tiny_llama, {"seq_len": 32}, n=1, out=out, append=True, progress=False)
+    plan = plan_extract(tiny_llama, {"seq_len": 32}, n=1, out=out)  # planned while `out` is free, run once it is taken
     out.write_bytes(b"kept")
     with pytest.raises(FileExistsError, match="codes.h5 already exists; pass overwrite=True"):
-        extract_pretrained(missing, out=out, progress=False)
+        run_extraction(plan, progress=False)
     assert out.read_bytes() == b"kept"
 
 

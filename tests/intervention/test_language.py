@@ -142,12 +142,12 @@ def test_smollm2_one_head_zero_ablated_on_short_windows(smollm2, tmp_path, capsy
 
 
 def test_mean_ablation_takes_the_mean_pattern_of_a_compact_store_of_training_windows(tiny_llama, tmp_path):
-    from latentcode.extraction.pretrained_extract import extract_pretrained
+    import latentcode
     from latentcode.intervention.plan import mean_ablate_from_compact, plan_intervention
     from latentcode.store import Site
 
-    codes = extract_pretrained(str(tiny_llama), split="train", n=5, seq_len=SEQ_LEN, out=tmp_path / "train.h5",
-                               progress=False)
+    codes = latentcode.extract(str(tiny_llama), {"seq_len": SEQ_LEN}, "*:-1:-1", split="train", n=5,
+                               out=tmp_path / "train.h5", progress=False)
     plan = plan_intervention(str(tiny_llama), sites="1:*:*", task={"seq_len": SEQ_LEN}, n=2)
     edit = mean_ablate_from_compact(codes, plan, heads=[1])
     pretrained = load_pretrained(tiny_llama)

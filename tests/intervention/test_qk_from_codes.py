@@ -1,6 +1,6 @@
 """`qk_from_codes`: the query-key terms of a compact store's codes, the components recovered by running the
 model again on the stored token ids, after checking that its queries and keys are the stored ones. The
-reference: the queries/keys extract_pretrained stored (the attention call's own inputs, after RoPE) and the
+reference: the queries/keys latentcode.extract stored (the attention call's own inputs, after RoPE) and the
 terms from a direct `qk_attribution` on the same tokens."""
 
 import h5py
@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers
 
-from latentcode.extraction.pretrained_extract import extract_pretrained
+import latentcode
 from latentcode.intervention.qk import CannotDecompose, qk_attribution, qk_from_codes
 from latentcode.store import CodeFile
 from tests.pretrained_models import save_tiny_llama
@@ -19,7 +19,8 @@ from tests.pretrained_models import save_tiny_llama
 def compact_file(tmp_path_factory):
     directory = save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
     out = tmp_path_factory.mktemp("codes") / "tiny.h5"
-    extract_pretrained(directory, split="validation", n=2, seq_len=24, out=out, batch_size=2, progress=False)
+    latentcode.extract(directory, {"seq_len": 24}, "*:-1:-1", split="validation", n=2, out=out, batch_size=2,
+                       progress=False)
     return directory, out
 
 

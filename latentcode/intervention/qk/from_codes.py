@@ -28,7 +28,7 @@ def stored_sequence(codes, example: int, layer: int, head: int) -> tuple[np.ndar
     """(token ids `[T]`, stored queries `[T, d]`, stored keys `[T, d]`) of one example of a codes file."""
     if codes.compact is None:
         raise CannotDecompose(f"{codes.path} has no compact store (no stored queries and keys); expected a file "
-                              f"written by `latentcode extract ... --compact` or extract_pretrained")
+                              f"written by `latentcode extract` of a causal LM (--compact, its default)")
     if not 0 <= example < len(codes):
         raise CannotDecompose(f"example {example} is outside the {len(codes)} examples of {codes.path}")
     if "token_ids" not in codes.extra_names:
