@@ -95,8 +95,8 @@ def check_stem_free(stem: str | Path, suffixes: Sequence[str], overwrite: bool, 
     existing = [str(stem.with_name(stem.name + suffix)) for suffix in suffixes
                 if stem.with_name(stem.name + suffix).exists()]
     if existing and not overwrite:
-        raise FileExistsError(f"{flag} {stem}: {', '.join(existing)} already exist; pass overwrite=True (--overwrite) to "
-                              f"replace them, or choose another {flag}")
+        raise FileExistsError(f"{flag} {stem}: {', '.join(existing)} already exist; pass overwrite=True "
+                              f"(--overwrite) to replace them, or choose another {flag}")
 
 
 @contextlib.contextmanager

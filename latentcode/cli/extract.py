@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "LAYER:QUERY:KEY[,...] (negative positions count from the end, * as LAYER is every layer)\n\nexample:\n"
         "  latentcode extract runs/sraven-hyla --split ood --n 8192 --sites sraven-rule --out codes.h5\n\n"
         "sharded, one shard per process (codes.shard-RANK-of-2.h5), codes.h5 presenting them as one file:\n"
-        "  torchrun --standalone --nproc_per_node 2 -m latentcode.cli -- extract runs/sraven-hyla --n 8192 --out codes.h5",
+        "  torchrun --standalone --nproc_per_node 2 -m latentcode.cli -- extract runs/sraven-hyla --n 8192 "
+        "--out codes.h5",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("run", metavar="RUN_DIR", help="a run directory (or a saved model directory with --task), or a "

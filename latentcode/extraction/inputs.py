@@ -75,7 +75,8 @@ class TaskInstances:
         task = self.task
         return {"task_config": task.config(), "task_analysis": task.analysis.to_dict(),
                 "value_names": task.value_names(), "column_names": task.column_names(),
-                "prediction_kind": task.prediction_kind(), "split_descriptions": getattr(task, "split_descriptions", {}),
+                "prediction_kind": task.prediction_kind(),
+                "split_descriptions": getattr(task, "split_descriptions", {}),
                 "position_names": task.position_names(), "token_names": task.token_names()}
 
     @staticmethod
