@@ -25,7 +25,7 @@ import torch
 
 from latentcode import ModelConfig, build_model
 from latentcode.extraction import Recorder
-from latentcode.extraction.inputs import TaskInstances
+from latentcode.inputs import TaskInstances
 from latentcode.extraction.pipeline import record_batch
 from latentcode.sources import parse_selector
 from latentcode.store import COMPRESSIONS, DEFAULT_COMPRESSION, CodeWriter

@@ -3,7 +3,7 @@
     latentcode.extract("runs/sraven-hyla", sites="sraven-rule", split="ood", n=8192, out="codes.h5")
     latentcode.extract("smollm2", task={"seq_len": 2048}, n=4, out="smollm2.h5")   # compact store too
 
-One loop for every model (`run_extraction`): the plan's inputs (`latentcode.extraction.inputs`: a
+One loop for every model (`run_extraction`): the plan's inputs (`latentcode.inputs`: a
 task's instances, batch `i` drawn from `(seed, i)`, the split's evaluation seed by default; or a
 causal LM's windows of the corpus) are read batch by batch, each forward pass runs under a
 `Recorder`, and the codes of every site, the labels, the prediction and target where the task has

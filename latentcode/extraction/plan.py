@@ -6,7 +6,7 @@
 
 One plan for every model (`latentcode.subject.subject_of`: a run, a model directory, a causal LM, a
 model object): what it reads is its task's instances or a causal LM's windows of the corpus, one
-interface (`latentcode.extraction.inputs`). The command line's check builds this plan and its run
+interface (`latentcode.inputs`). The command line's check builds this plan and its run
 executes it; `latentcode.extract` builds the same plan, so a mistake gets the same message from both
 (`errors.about` names the argument; the command line shows it as the flag the user typed). Checked
 here: the model, the task, the split, the variant, the sites, the compact store, the sizes (a forward
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from latentcode.errors import OutputExistsError, UsageError, about
-from latentcode.extraction.inputs import CorpusWindows, TaskInstances, inputs_of
+from latentcode.inputs import CorpusWindows, TaskInstances, inputs_of
 from latentcode.sources.sites import MAX_ALL_PAIRS, Selector, SiteError
 from latentcode.store import DEFAULT_COMPRESSION, InMemoryCodes, Site, check_compression
 from latentcode.subject import Subject, subject_of

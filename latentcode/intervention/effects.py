@@ -16,7 +16,7 @@ change: the model is causal) to the last, per window, then averaged over windows
     next-token probability   mean over p of P(token p+1 | tokens ..p)
     next-token accuracy      mean over p of [argmax P(. | tokens ..p) = token p+1]
 
-(`latentcode.intervention.instances`). Scopes: the edit at every site it writes together ("all
+(`latentcode.inputs`). Scopes: the edit at every site it writes together ("all
 sites"), and with `per_site` each unit alone: each site (`l{layer}_q{query}_k{key}`) or, with
 `alone="heads"`, each (layer, head) at the plan's pairs of its layer ("l10.h3"). Beside each scope,
 with `control`, a control edit of the same size: the same edit at as many heads of the same layers,
@@ -47,7 +47,6 @@ import torch
 from latentcode.errors import UsageError
 from latentcode.files import AtomicOutputs
 from latentcode.intervention.edits import Edit
-from latentcode.intervention.instances import instances_of
 from latentcode.intervention.intervener import Intervention
 from latentcode.intervention.patching.inputs import placement
 from latentcode.intervention.plan import InterventionPlan, Unit, plan_intervention
@@ -168,32 +167,38 @@ def intervention_effects(
         per_site=per_site, alone=alone, control=control, device=device, dtype=dtype)
     scopes = scopes_of(plan, edits)
     loaded = plan.subject.load(plan.device, plan.dtype, progress)
-    instances = instances_of(plan, loaded)
+    inputs, batch_size = plan.inputs, plan.batch_size
+    seed = inputs.default_seed(plan.split) if plan.seed is None else plan.seed
+    n_batches = math.ceil(plan.n / batch_size)
+    label_sites = plan.sites if inputs.labels_from_sites else ()  # (a long window's every pair is not listed)
+    drawn = list(inputs.batches(loaded, plan.split, plan.n, seed, plan.variant, batch_size, range(n_batches),
+                                label_sites, targets=True))
+    everything = inputs.gathered(drawn, plan.split, plan.variant)
     description = "; ".join(edit.describe() for edit in edits) + f" at {plan.selector.spec()}"
-    tracker = Progress((1 + len(scopes)) * len(instances.batches), "intervene", unit="batch", enabled=progress)
-    tracker.announce(f"{description} on {plan.n} {plan.split} instances ({plan.variant}) in {len(instances.batches)} "
+    tracker = Progress((1 + len(scopes)) * len(drawn), "intervene", unit="batch", enabled=progress)
+    tracker.announce(f"{description} on {plan.n} {plan.split} instances ({plan.variant}) in {len(drawn)} "
                      f"passes of up to {plan.batch_size}: without the edit, then {len(scopes)} scopes "
                      f"({sum(scope.role == 'control' for scope in scopes)} controls), "
-                     f"{(1 + len(scopes)) * len(instances.batches)} forward passes")
+                     f"{(1 + len(scopes)) * len(drawn)} forward passes")
     measured: dict[tuple, np.ndarray] = {}
 
     def outputs(scope: Scope | None) -> np.ndarray:
         """What the metrics need of each instance, with the edits at `scope` (None: unedited)."""
         key = None if scope is None else scope.key(edits)
         if key in measured:
-            tracker.advance(len(instances.batches), note=scope.name)
+            tracker.advance(len(drawn), note=scope.name)
             return measured[key]
         kept = []
-        for index in range(len(instances.batches)):
+        for x, rows in drawn:
+            x = torch.from_numpy(x).to(loaded.device)
             with torch.no_grad():
                 if scope is None:
-                    logits = loaded.logits(instances.inputs(index))
+                    logits = loaded.logits(x)
                 else:
-                    labels = instances.labels(index)
-                    placed = [edit.for_batch(labels) for edit in scope.edits(edits)]
+                    placed = [edit.for_batch(rows["labels"]) for edit in scope.edits(edits)]
                     with Intervention(loaded.model, placed, sites=plan.selector):
-                        logits = loaded.logits(instances.inputs(index))
-            kept.append(instances.keep(logits, index))
+                        logits = loaded.logits(x)
+            kept.append(inputs.scores(logits, rows["target"], plan.first_query))
             tracker.advance(note="without the edit" if scope is None else scope.name)
         measured[key] = np.concatenate(kept)
         return measured[key]
@@ -205,12 +210,19 @@ def intervention_effects(
     finally:
         tracker.close()
     resamples = np.random.default_rng(0).integers(0, plan.n, size=(BOOTSTRAP_RESAMPLES, plan.n))
-    (was,), was_resampled = instances.evaluate(before), instances.evaluate(before, resamples)
+    resampled = [inputs.subset(everything, indices) for indices in resamples]
+
+    def evaluate(kept: np.ndarray) -> tuple[dict[str, float], list[dict[str, float]]]:
+        """The metrics of all instances, and of each bootstrap resample of them."""
+        return inputs.evaluate(kept, everything), [inputs.evaluate(kept[indices], batch) for indices, batch in
+                                                   zip(resamples, resampled, strict=True)]
+
+    was, was_resampled = evaluate(before)
     common = {"model": loaded.name, "task": plan.task.name, "split": plan.split, "variant": plan.variant, "n": plan.n,
               "edit": description}
     rows = []
     for scope, after in afters:
-        (now,), now_resampled = instances.evaluate(after), instances.evaluate(after, resamples)
+        now, now_resampled = evaluate(after)
         for metric, value in was.items():
             before_r = np.array([values[metric] for values in was_resampled], dtype=float)
             after_r = np.array([values[metric] for values in now_resampled], dtype=float)
@@ -218,7 +230,7 @@ def intervention_effects(
                 **common, "scope": scope.name, "role": scope.role, "metric": metric, "before": value,
                 "after": now[metric], "change": now[metric] - value, "before se": before_r.std(ddof=1),
                 "after se": after_r.std(ddof=1), "change se": (after_r - before_r).std(ddof=1),
-                "positions": instances.positions, **placement(loaded.model),
+                "positions": inputs.positions(plan.first_query), **placement(loaded.model),
             })  # fmt: skip
     return pd.DataFrame(rows)
 

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from latentcode.errors import UsageError, about
+from latentcode.inputs import CorpusWindows, TaskInstances, inputs_of
 from latentcode.sources.sites import (
     EVERY,
     Positions,
     Selector,
     layers_and_first_query,
-    parse_selector,
 )
 from latentcode.store import Site
 from latentcode.subject import Subject, subject_of
@@ -36,8 +36,6 @@ from latentcode.validation import (
     check_fits_in_memory,
     check_integer,
     check_placement,
-    check_split,
-    check_variant,
     forward_pass_bytes,
 )
 
@@ -57,6 +55,7 @@ class InterventionPlan:
 
     subject: Subject
     task: Any  # a Task, or TokenWindows
+    inputs: TaskInstances | CorpusWindows  # how the task's inputs are drawn and scored
     split: str
     variant: str
     selector: Selector
@@ -133,9 +132,10 @@ def plan_intervention(
     with about("batch_size"):
         batch_size = check_integer("batch_size", batch_size, minimum=1)
     task = subject.task(task)
-    with about("sites"):
-        selector = parse_selector(sites, None if isinstance(task, TokenWindows) else task.config())
-    split, variant = _split_and_variant(task, split, variant, selector)
+    inputs = inputs_of(task)
+    split = inputs.check_split(split)
+    selector, variant = inputs.selector(sites, variant)
+    variant = task.variant if variant is None else variant  # a causal LM's windows: "T=seq_len"
     seq_len = int(task.seq_len)
     with about("sites"):
         layers, first_query = layers_and_first_query(selector, subject.n_layers, seq_len)
@@ -150,27 +150,12 @@ def plan_intervention(
     batch_size = min(batch_size, n, max(1, MAX_TOKENS_PER_PASS // seq_len)) if isinstance(task, TokenWindows) \
         else batch_size
     if subject.model_config:  # a latentcode model: its instances are drawn before the first pass
-        inputs = 4 * n * seq_len * int(subject.model_config.get("d_in") or 1)
+        drawn = 4 * n * seq_len * int(subject.model_config.get("d_in") or 1)
         with about("n"):
-            check_fits_in_memory(inputs + forward_pass_bytes(min(batch_size, n), seq_len, subject.model_config),
+            check_fits_in_memory(drawn + forward_pass_bytes(min(batch_size, n), seq_len, subject.model_config),
                                  f"{n} instances (sequences of {seq_len}) in passes of {min(batch_size, n)}")
-    return InterventionPlan(subject, task, split, variant, selector, layers, first_query, n, batch_size, seed,
+    return InterventionPlan(subject, task, inputs, split, variant, selector, layers, first_query, n, batch_size, seed,
                             per_site, alone, control, device, dtype)
-
-
-def _split_and_variant(task: Any, split: str | None, variant: str | None, selector: Selector) -> tuple[str, str]:
-    """The split (None: the held-out one) and variant (None: the sites', else the task's first) to read."""
-    if isinstance(task, TokenWindows):
-        with about("variant"):
-            if variant is not None:
-                raise UsageError(f"a pretrained model reads windows of the language corpus, which have no variant; "
-                                 f"got variant {variant!r}")
-        return task.check_split(split), task.variant
-    with about("split"):
-        split = check_split(task.analysis.held_out_split if split is None else split, task)
-    with about("variant"):
-        variant = check_variant(variant or selector.default_variant or task.variants[0], task)
-    return split, variant
 
 
 def _alone(alone: str | None, count: int) -> str:

@@ -1,16 +1,26 @@
-"""What an extraction reads, with one interface for every model: a task's instances (`TaskInstances`)
-or a causal LM's windows of the corpus (`CorpusWindows`, over `latentcode.token_windows.TokenWindows`).
+"""What a model reads, with one interface for every model and every operation (extract, intervene):
+a task's instances (`TaskInstances`) or a causal LM's windows of the corpus (`CorpusWindows`, over
+`latentcode.token_windows.TokenWindows`).
 
-    inputs = inputs_of(subject.task(task))               # the plan: torch-free checks through it
+    inputs = inputs_of(subject.task(task))               # the plans: torch-free checks through it
     inputs.check_split(split); inputs.selector(sites, variant)
     for x, rows in inputs.batches(loaded, split, n, seed, variant, batch_size, range(n_batches), sites):
         ...  # run_extraction: forward x, then writer.append(codes, prediction, **rows)
+    kept = inputs.scores(logits, rows["target"], first_query)   # intervene: what its metrics need
+    inputs.evaluate(kept, inputs.subset(everything, indices))   # the metrics of these instances
 
 `batches` yields the model's inputs `x` (token ids or features, numpy) and what the codes file keeps of
 them (`labels`, `split`, `target`, `extra`); `description` the file's task attributes (task config,
 label value names, split descriptions, token names); `selector_record` how the file names its sites.
 A task's batch `i` is drawn from `(seed, i)`, so a sharded extraction equals a one-process one; a
-corpus's windows are drawn all at once from `seed` and cut into batches.
+corpus's windows are drawn all at once from `seed` and cut into batches (with `targets`, one token
+more each: the next token of every position).
+
+The metrics: a task's own (`task.evaluate` of the predictions at its prediction positions, re-evaluated
+on any subset: a metric need not be a mean over instances); a window's next-token loss, probability
+and accuracy from the first query an edit can change on (`token_windows.window_metrics`), each a mean
+over windows. `scores` keeps only what they need of a pass, so a 49k-word vocabulary's logits never
+accumulate.
 """
 
 from __future__ import annotations
@@ -21,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from latentcode.errors import about
+from latentcode.errors import UsageError, about
 from latentcode.sources.sites import Selector, parse_selector
 from latentcode.store import Site
-from latentcode.tasks import Task, eval_seed
-from latentcode.token_windows import LABEL_VALUES, TokenWindows
+from latentcode.tasks import Batch, Task, eval_seed
+from latentcode.token_windows import LABEL_VALUES, METRICS, TokenWindows
 from latentcode.validation import check_split, check_variant
 
 Rows = tuple[np.ndarray, dict[str, Any]]  # the model's inputs, and the keyword arguments of CodeWriter.append
@@ -43,6 +53,7 @@ class TaskInstances:
 
     task: Task
     batch_size = 256
+    labels_from_sites = True  # `batches` adds the labels of the sites' positions (task.derived_labels)
 
     @property
     def seq_len(self) -> int:
@@ -85,7 +96,8 @@ class TaskInstances:
                 "variant": variant}
 
     def batches(self, loaded: Any, split: str, n: int, seed: int, variant: str | None, batch_size: int,
-                indices: range, sites: Sequence[Site]) -> Iterator[Rows]:
+                indices: range, sites: Sequence[Site], targets: bool = True) -> Iterator[Rows]:
+        """`targets`: always (a task's batch carries its targets)."""
         task, vocabulary = self.task, self.task.token_names()
         for index in indices:
             batch = task.sample(min(batch_size, n - index * batch_size), split, seed=(seed, index), variant=variant)
@@ -94,6 +106,32 @@ class TaskInstances:
                 else {}
             yield batch.x, {"labels": {**batch.labels, **task.derived_labels(batch, sites)}, "split": batch.split,
                             "target": batch.y, "extra": extra}
+
+    def positions(self, first_query: int) -> str:
+        """The positions whose outputs the metrics read: the task's prediction positions."""
+        return f"{self.seq_len - self.task.n_predictions}..{self.seq_len - 1}"
+
+    def scores(self, logits: Any, target: Any, first_query: int) -> np.ndarray:
+        """`[batch, n_predictions, d_out]`: the outputs at the prediction positions."""
+        return logits[:, -self.task.n_predictions :, :].float().cpu().numpy()
+
+    @staticmethod
+    def gathered(drawn: Sequence[Rows], split: str, variant: str | None) -> Batch:
+        """The drawn batches as one `Batch` (what `evaluate` scores against)."""
+        labels = [rows["labels"] for _, rows in drawn]
+        return Batch(x=np.concatenate([x for x, _ in drawn]), y=np.concatenate([rows["target"] for _, rows in drawn]),
+                     labels={name: np.concatenate([batch[name] for batch in labels]) for name in labels[0]},
+                     split=split, variant=variant)
+
+    @staticmethod
+    def subset(batch: Batch, indices: np.ndarray) -> Batch:
+        return Batch(x=batch.x[indices], y=batch.y[indices],
+                     labels={name: values[indices] for name, values in batch.labels.items()},
+                     split=batch.split, variant=batch.variant)
+
+    def evaluate(self, kept: np.ndarray, batch: Batch) -> dict[str, float]:
+        """The task's metrics of the predictions `kept` of `batch`'s instances."""
+        return self.task.evaluate(kept, batch)
 
 
 @dataclass(frozen=True)
@@ -104,6 +142,7 @@ class CorpusWindows:
 
     windows: TokenWindows
     batch_size = 1
+    labels_from_sites = False  # a window is labelled by its last token alone
     n_predictions = 0
 
     @property
@@ -115,6 +154,10 @@ class CorpusWindows:
 
     @staticmethod
     def selector(sites: Any, variant: str | None) -> tuple[Selector, None]:
+        with about("variant"):
+            if variant is not None:
+                raise UsageError(f"a pretrained model reads windows of the language corpus, which have no variant; "
+                                 f"got variant {variant!r}")
         with about("sites"):
             return parse_selector(sites), None
 
@@ -136,10 +179,37 @@ class CorpusWindows:
         return {"spec": spec, "sites": sites}
 
     def batches(self, loaded: Any, split: str, n: int, seed: int, variant: str | None, batch_size: int,
-                indices: range, sites: Sequence[Site]) -> Iterator[Rows]:
-        ids = self.windows.draw(loaded, split, n, seed, extra=0)  # every process draws the same n windows
-        labels = self.windows.labels(loaded.tokenizer, ids)
+                indices: range, sites: Sequence[Site], targets: bool = False) -> Iterator[Rows]:
+        """`targets`: each window's next tokens too (`[batch, seq_len]`: one token more is drawn)."""
+        ids = self.windows.draw(loaded, split, n, seed, extra=int(targets))  # every process draws the same n
+        inputs = ids[:, :-1] if targets else ids
+        labels = self.windows.labels(loaded.tokenizer, inputs)
         for index in indices:
             rows = slice(index * batch_size, min(n, (index + 1) * batch_size))
-            yield ids[rows], {"labels": {name: values[rows] for name, values in labels.items()}, "split": split,
-                              "extra": {"token_ids": ids[rows]}}
+            kept = {"labels": {name: values[rows] for name, values in labels.items()}, "split": split,
+                    "extra": {"token_ids": inputs[rows]}}
+            yield inputs[rows], {**kept, "target": ids[rows, 1:]} if targets else kept
+
+    def positions(self, first_query: int) -> str:
+        return f"{first_query}..{self.seq_len - 1}"
+
+    @staticmethod
+    def scores(logits: Any, target: Any, first_query: int) -> np.ndarray:
+        """`[batch, 3]`: METRICS of each window from the first query on."""
+        import torch
+
+        target = torch.as_tensor(target[:, first_query:], device=logits.device)
+        return TokenWindows.metrics(logits[:, first_query:], target).cpu().numpy()
+
+    @staticmethod
+    def gathered(drawn: Sequence[Rows], split: str, variant: str | None) -> None:
+        return None  # a window's metrics are its own: nothing to score against
+
+    @staticmethod
+    def subset(batch: None, indices: np.ndarray) -> None:
+        return None
+
+    @staticmethod
+    def evaluate(kept: np.ndarray, batch: None) -> dict[str, float]:
+        """The mean METRICS over the windows of `kept`."""
+        return dict(zip(METRICS, (float(value) for value in kept.mean(0)), strict=True))
