@@ -124,7 +124,7 @@ class LanguageModelSubject(Subject):
         return True
 
     def task(self, task: Any, default_seq_len: int | None = None) -> Any:
-        from latentcode.tasks.token_windows import token_windows
+        from latentcode.token_windows import token_windows
 
         return token_windows(self, task, default_seq_len)
 

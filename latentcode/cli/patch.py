@@ -13,8 +13,10 @@ patching's estimate.
 The arguments are checked with the standard library, JSON and numpy only (the run's config, the
 task, the sites, the number of groups against --max-groups), so a mistake is answered before torch is
 imported; the cost (groups x donors x pairs, in forward passes) is printed before the work starts.
-A pretrained causal LM has no pairs: it is patched by resample ablation per (layer, head)
-(`latentcode.intervention.patching.language_patch`), its map the loss change per layer x head.
+A pretrained causal LM has no pairs: it is patched by resample ablation (each window with another
+window's codes, `latentcode.intervention.patching.measures`), its map the loss change per layer x head
+(or offset band). One plan and one loop for both (`plan_patch`, `patch`); the table's effect column
+(`plan.inputs.effect`: transfer, or change) says what the map and the closing line show.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 from latentcode.cli.arguments import SEED, add_placement_arguments, integer, number
 from latentcode.cli.command import Command
 from latentcode.intervention.patching.plan import MAX_GROUPS
+from latentcode.token_windows import DEFAULT_SEQ_LEN
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -79,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--n", type=integer(2), help="base/donor pairs (default 256; with --search, the selection pairs "
                         "that choose the groups; a pretrained model: base windows, default 32, each with a donor)")
     parser.add_argument("--task", action="append", metavar="seq_len=T", help="a pretrained model: the window length "
-                        "(default 128 tokens)")
+                        f"(default {DEFAULT_SEQ_LEN} tokens)")
     parser.add_argument("--confirm-n", type=integer(2), default=512, help="--search: fresh pairs (seed + 1) on which "
                         "the groups found are measured (default 512)")
     parser.add_argument("--tolerance", type=number(positive=True), default=1.0, help="--search: a cut holds the effect "
@@ -105,7 +108,6 @@ def check(args: argparse.Namespace) -> None:
     """Everything that can be checked before torch: the plan `latentcode.intervention.patching.patch`
     makes too (`args.plan`: output, run, task, split, variant, groups and their cost)."""
     from latentcode.cli.arguments import parse_assignments
-    from latentcode.intervention.patching.language_plan import LanguagePatchPlan
     from latentcode.intervention.patching.plan import plan_patch
 
     args.plan = plan_patch(args.run, task=parse_assignments(args.task, "--task") or None, search=args.search, grid=args.grid, groups=args.group, per_head=args.per_head,
@@ -114,8 +116,6 @@ def check(args: argparse.Namespace) -> None:
                            split=args.split, variant=args.variant, prediction=args.prediction, seed=args.seed,
                            attribution=args.attribution, out=args.out, overwrite=args.overwrite, device=args.device,
                            dtype=args.dtype)
-    if isinstance(args.plan, LanguagePatchPlan):
-        return
     # what the map's title and layout read
     args.grid, args.partition_grid = args.plan.grid, args.plan.partition_grid
     args.split, args.variant = args.plan.split, args.plan.variant
@@ -136,7 +136,6 @@ def run(args: argparse.Namespace) -> None:
     from latentcode.allocator import keep_freed_memory
     from latentcode.files import AtomicOutputs
     from latentcode.intervention.patching import patch
-    from latentcode.intervention.patching.language_plan import LanguagePatchPlan
 
     keep_freed_memory()  # the passes reuse the heap: this process's choice, made here, never by patching_sweep
     started = time.time()
@@ -146,11 +145,13 @@ def run(args: argparse.Namespace) -> None:
     summary["run"] = str(args.run)
     summary["seconds"] = time.time() - started
     table = tables[0]
-    language = isinstance(args.plan, LanguagePatchPlan)
-    if language:
-        figure = _draw_language(table, args.plan, summary)
+    effect = args.plan.inputs.effect  # transfer (counterfactual pairs) or change (of the next-token loss)
+    if args.search:
+        figure = _draw_search(table, args, summary)
+    elif effect == "change" or args.grid == "offsets":
+        figure = _draw_bands_or_heads(table, args.plan, summary)
     else:
-        figure = _draw_search(table, args, summary) if args.search else _draw(table, args, args.plan.task, summary)
+        figure = _draw(table, args, args.plan.task, summary)
     stem = Path(args.out)
     paths = [stem.with_name(stem.name + suffix) for suffix in args.plan.suffixes if suffix != ".png"]
     with AtomicOutputs(lock=stem, purpose="latentcode patch") as outputs:
@@ -160,20 +161,15 @@ def run(args: argparse.Namespace) -> None:
             outputs.write_text(path, each.to_csv(index=False))
         outputs.write_text(paths[-1], json.dumps(_finite(summary), indent=2, default=str, allow_nan=False) + "\n")
         outputs.write_figure(stem, figure, ("png",), dpi=130)
-    if language:
+    if args.search:
+        _say_found(say, table.iloc[-1], effect)
+    elif effect == "change":
         best = table.loc[table["change"].idxmax()]
-        control = ("no control: too few pairs left outside it" if not isinstance(best["control"], str) or
-                   not best["control"] else f"control {best['control']}: {best['control change']:+.4f} ± "
-                   f"{best['control change se']:.4f}")
+        control = ("no control" if not isinstance(best.get("control"), str) or not best["control"]
+                   else f"control {best['control']}: {best['control change']:+.4f} ± {best['control change se']:.4f}")
         say(f"largest loss change: {best['group']}: {best['change']:+.4f} ± {best['change se']:.4f} nats ({control}"
             f"; loss unpatched "
             f"{best['before']:.3f}, n={summary['n']} windows of {summary['seq_len']} tokens)")
-    elif args.search:
-        found = table.iloc[-1]
-        say(f"found: {found['group']} ({found['step']}): transfer {found['transfer']:.3f} ± {found['transfer se']:.3f}, "
-            f"damage {found['damage']:.3f} ± {found['damage se']:.3f} on {int(found['n'])} fresh pairs"
-            + ("" if _clear(found) else "; not above 2 s.e. of zero: nothing this search weighed transfers the "
-               "sub-task on these pairs (the route ends in noise)"))
     else:
         best = table.loc[table["transfer"].idxmax()]
         say(f"largest transfer: {best['group']}: follow {best['follow (different)']:.3f} vs third-sub-task donor "
@@ -319,42 +315,79 @@ def _draw_search(table, args, summary):
     figure = Figure(figsize=(8, 0.5 * len(table) + 2.0), layout="constrained")
     labels = [f"{step} ({int(row['n_queries'])} x {int(row['n_keys'])}, layer {int(row['layer'])})"
               for step, (_, row) in zip(table["step"], table.iterrows(), strict=True)]
-    _transfer_and_damage(figure.subplots(), table, labels)
-    figure.suptitle(f"{Path(args.run).name}: patch --search route, coarse to fine; {args.split} ({args.variant}), "
-                    f"prediction {summary['prediction']}\nchosen on {summary['n']} selection pairs (seed {args.seed}), "
-                    f"measured on {int(table['n'].iloc[0])} fresh pairs (seed {args.seed + 1})", fontsize=8)
+    if "damage" in table:
+        _transfer_and_damage(figure.subplots(), table, labels)
+        what = f"{args.split} ({args.variant}), prediction {summary['prediction']}"
+    else:  # windows: the next-token loss change of resample ablation
+        axis = figure.subplots()
+        axis.barh(range(len(table)), table["change"], xerr=table["change se"], color="tab:blue")
+        axis.set_yticks(range(len(table)), labels, fontsize=7)
+        axis.invert_yaxis()
+        axis.set_xlabel("next-token loss change (nats, ± s.e.)", fontsize=8)
+        what = f"{args.split} split, resample ablation"
+    figure.suptitle(f"{Path(args.run).name}: patch --search route, coarse to fine; {what}\nchosen on "
+                    f"{summary['n']} selection {args.plan.inputs.unit}s (seed {args.seed}), measured on "
+                    f"{int(table['n'].iloc[0])} fresh ones (seed {args.seed + 1})", fontsize=8)
     return figure
 
 
-def _draw_language(table, plan, summary):
-    """The map of a resample ablation: layer x head of the loss change, one signed scale symmetric
-    about 0 (white), the largest |change| its end."""
+def _draw_bands_or_heads(table, plan, summary):
+    """The map of a sweep read on `plan.inputs.effect` (a causal LM's loss change, or a run's offset bands'
+    transfer): layer x head, or layer x relative-offset band, one signed scale symmetric about 0 (white),
+    the largest |effect| its end; a bar per group for other groups."""
     import numpy as np
     from matplotlib.figure import Figure
 
-    from latentcode.intervention.patching.language_plan import BANDS
+    from latentcode.intervention.patching.site_groups import BANDS
 
-    layers = sorted(table["layer"].unique())
-    columns = list(range(plan.shape.n_heads)) if plan.grid == "heads" else list(BANDS)
-    grid = np.full((len(layers), len(columns)), np.nan)
-    for _, row in table.iterrows():
-        grid[layers.index(row["layer"]), columns.index(row["head"] if plan.grid == "heads" else row["band"])] = \
-            row["change"]
-    limit = float(np.nanmax(np.abs(grid))) or 1.0
-    width = 0.45 * len(columns) + 3.2 if plan.grid == "heads" else 0.9 * len(columns) + 3.2
-    figure = Figure(figsize=(width, 0.4 * len(layers) + 2.3), layout="constrained")
-    axis = figure.subplots()
-    image = axis.imshow(grid, cmap=transfer_colormap(), vmin=-limit, vmax=limit, aspect="auto")
-    axis.set_yticks(range(len(layers)), [f"layer {layer}" for layer in layers], fontsize=7)
-    axis.set_xticks(range(len(columns)), [str(column) for column in columns], fontsize=7,
-                    rotation=0 if plan.grid == "heads" else 30)
-    axis.set_xlabel("head" if plan.grid == "heads" else "relative-offset band (every head)", fontsize=8)
-    figure.colorbar(image, ax=axis, label="loss change (nats), 0 = white")
-    what = "one (layer, head)" if plan.grid == "heads" else "one (layer, offset band)"
-    figure.suptitle(f"{summary['model']}: resample ablation, {what} at a time\nnext-token loss change, "
-                    f"T = {plan.seq_len}, {plan.split} split, n = {plan.n} windows (positions {summary['positions']})",
-                    fontsize=8)
+    effect = plan.inputs.effect
+    label = "loss change (nats)" if effect == "change" else effect
+    if plan.grid not in ("heads", "offsets"):
+        figure = Figure(figsize=(7, 0.45 * len(table) + 1.6), layout="constrained")
+        axis = figure.subplots()
+        axis.barh(np.arange(len(table)), table[effect], xerr=table[f"{effect} se"], color="tab:blue")
+        axis.set_yticks(np.arange(len(table)), [str(group)[:60] for group in table["group"]], fontsize=7)
+        axis.invert_yaxis()
+        axis.set_xlabel(f"{label} (± s.e.)", fontsize=8)
+        what = "one group"
+    else:
+        layers = sorted(table["layer"].unique())
+        columns = list(range(plan.n_heads)) if plan.grid == "heads" else list(BANDS)
+        grid = np.full((len(layers), len(columns)), np.nan)
+        for _, row in table.iterrows():
+            column = columns.index(row["head"] if plan.grid == "heads" else row["band"])
+            grid[layers.index(row["layer"]), column] = row[effect]
+        limit = float(np.nanmax(np.abs(grid))) or 1.0
+        width = 0.45 * len(columns) + 3.2 if plan.grid == "heads" else 0.9 * len(columns) + 3.2
+        figure = Figure(figsize=(width, 0.4 * len(layers) + 2.3), layout="constrained")
+        axis = figure.subplots()
+        image = axis.imshow(grid, cmap=transfer_colormap(), vmin=-limit, vmax=limit, aspect="auto")
+        axis.set_yticks(range(len(layers)), [f"layer {layer}" for layer in layers], fontsize=7)
+        axis.set_xticks(range(len(columns)), [str(column) for column in columns], fontsize=7,
+                        rotation=0 if plan.grid == "heads" else 30)
+        axis.set_xlabel("head" if plan.grid == "heads" else "relative-offset band (every head)", fontsize=8)
+        figure.colorbar(image, ax=axis, label=f"{label}, 0 = white")
+        what = "one (layer, head)" if plan.grid == "heads" else "one (layer, offset band)"
+    if effect == "change":
+        title = (f"{summary['model']}: resample ablation, {what} at a time\nnext-token loss change, "
+                 f"T = {plan.task.seq_len}, {plan.split} split, n = {plan.n} windows (positions {summary['positions']})")
+    else:
+        title = (f"{Path(summary['run']).name}: transfer = follow (r' donor) - follow (third donor), {what} at a time"
+                 f"\n{plan.split} ({plan.variant}), n = {summary['n']} pairs per group, prediction {summary['prediction']}")
+    figure.suptitle(title, fontsize=8)
     return figure
+
+
+def _say_found(say, found, effect: str) -> None:
+    """The closing line of a search: the group found, its effect on the fresh bases."""
+    if effect == "change":
+        say(f"found: {found['group']} ({found['step']}): loss change {found['change']:+.4f} ± "
+            f"{found['change se']:.4f} nats on {int(found['n'])} fresh windows")
+        return
+    say(f"found: {found['group']} ({found['step']}): transfer {found['transfer']:.3f} ± {found['transfer se']:.3f}, "
+        f"damage {found['damage']:.3f} ± {found['damage se']:.3f} on {int(found['n'])} fresh pairs"
+        + ("" if _clear(found) else "; not above 2 s.e. of zero: nothing this search weighed transfers the "
+           "sub-task on these pairs (the route ends in noise)"))
 
 
 COMMAND = Command(register, check, run, order=60, parameters={"run_or_model": "run", "groups": "group"})

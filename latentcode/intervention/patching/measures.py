@@ -1,0 +1,285 @@
+"""What `patch` measures on a subject's inputs, drawn: the same operations on counterfactual pairs and
+on token windows, so that the sweep, its controls, attribution and the search are one loop.
+
+    measure = plan.inputs.measure(loaded, n, seed)   # PairsMeasure or WindowsMeasure
+    table, effects = measure.sweep(model, groups, on_pass)   # a row per group; [groups, n] per-base effect
+    measure.scores(model, groups)                     # [(effect, s.e.)]: what a search ranks exactly
+    measure.attribution(model, groups)                # [groups]: attribution's estimate of the objective
+    measure.attribution_maps(model, layers)           # {layer: [query, key]}: the search's ranking
+
+PairsMeasure: a run's task's counterfactual pairs; the effect is the transfer (follow with the r' donor
+minus with a third-sub-task donor, `latentcode.intervention.transfer`), the objective the logit
+difference (r''s answer - the true one).
+
+WindowsMeasure: a causal LM's windows, each with another window as donor (`TokenWindows.donors`, a
+seeded derangement: resample ablation); the effect is the change of the next-token loss (patched -
+unpatched, per window, from the first query a group changes on; nats), the objective that loss.
+Both report mean ± s.e. = std / sqrt(n) over the bases (`next_token.mean_and_se`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from latentcode.intervention.next_token import METRICS, mean_and_se, window_metrics
+from latentcode.intervention.patching.plan import DONORS
+
+ATTRIBUTION_SHARE = 4  # attribution's passes of windows hold a quarter of the sweep's (a backward pass keeps more)
+
+
+def correlations(exact: np.ndarray, estimate: np.ndarray) -> dict[str, float | None]:
+    """Pearson and Spearman correlation of two per-group vectors; None where undefined (fewer than 3
+    groups or a constant vector), computed without scipy's warnings."""
+    if len(exact) < 3 or np.std(exact) == 0 or np.std(estimate) == 0:
+        return {"pearson": None, "spearman": None}
+    from scipy.stats import pearsonr, spearmanr
+
+    return {"pearson": float(pearsonr(exact, estimate)[0]), "spearman": float(spearmanr(exact, estimate)[0])}
+
+
+class PairsMeasure:
+    """`pairs`: `n` counterfactual pairs of the run's task (`inputs`: a PairInputs)."""
+
+    effect = "transfer"
+    unit = "example"
+    donors_scored, donors_confirmed = 2, 3  # a search's passes per group and base: r' and third; and same
+
+    def __init__(self, task: Any, pairs: Any):
+        self.task, self.pairs = task, pairs
+
+    @classmethod
+    def draw(cls, inputs: Any, loaded: Any, n: int, seed: int) -> PairsMeasure:
+        return cls(inputs.task, inputs.task.counterfactual_pairs(n, inputs.split, seed=seed, variant=inputs.variant,
+                                                                prediction=inputs.prediction))
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    @property
+    def counts(self) -> Any:
+        return self.pairs.counts
+
+    def conclude(self, table: Any, summary: dict[str, Any]) -> None:
+        pass  # the command line says the largest transfer
+
+    def describe(self, plan: Any) -> str:
+        what = "search" if plan.search else f"{plan.cost['groups']} groups"
+        return (f"cost: at most {plan.cost['groups']} groups patched, about {plan.cost['examples']:,} example forward "
+                f"passes ({what}; {len(self)} pairs x "
+                f"{'2 donors to select, 3 to confirm' if plan.search else '3 donors'}) on {plan.split} ({plan.variant})")
+
+    def summary(self, plan: Any, loaded: Any) -> dict[str, Any]:
+        return {"run": str(plan.source.path), "task": self.task.config(), "split": plan.split,
+                "variant": plan.variant, "n": len(self), "prediction": self.pairs.prediction,
+                "pairs": self.pairs.counts,
+                "checkpoint_sha256": loaded.identity["checkpoint_sha256"]}  # a report shows it with this model only
+
+    def sweep(self, model: Any, groups: Sequence, on_pass: Callable[[int], None] | None = None,
+              relations: Sequence[str] = DONORS, groups_per_pass: int | None = None) -> tuple[Any, np.ndarray]:
+        """`transfer_sweep`'s table of the groups and their per-pair transfer `[groups, n]`."""
+        from latentcode.intervention.transfer import per_example, transfer_sweep
+
+        table = transfer_sweep(model, self.task, self.pairs, groups, relations=relations, on_pass=on_pass,
+                               groups_per_pass=groups_per_pass)
+        return table, per_example(table, "different", "follow") - per_example(table, "third", "follow")
+
+    def scores(self, model: Any, groups: Sequence, **options: Any) -> list[tuple[float, float]]:
+        table, _ = self.sweep(model, groups, relations=("different", "third"), **options)
+        return list(zip(table["transfer"].astype(float), table["transfer se"].astype(float), strict=True))
+
+    def _objective(self) -> Any:
+        from latentcode.intervention.transfer import counterfactual_metrics, output_position
+
+        position = output_position(self.task, self.pairs.prediction)
+        return counterfactual_metrics(self.pairs, self.task.objective, position)["logit_difference"]
+
+    def attribution(self, model: Any, groups: Sequence, table: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Attribution's estimate of each group's change of the logit difference with the r' donor, and the
+        exact change from the sweep's `table` (both `[groups]`); the table gains both columns."""
+        from latentcode.intervention.patching.attribution import attribution_patching
+        from latentcode.intervention.transfer import per_example
+
+        attribution = attribution_patching(model, self.pairs.base.torch().x, self.pairs.donors["different"].torch().x,
+                                           self._objective(), sites="*:*:*")
+        estimate = attribution.for_groups(groups).mean(1)
+        exact = (per_example(table, "different", "logit_difference")
+                 - table["logit_difference (unpatched)"].iloc[0]).mean(1)
+        table["logit_difference effect"] = exact
+        return estimate, exact
+
+    def attribution_maps(self, model: Any, layers: Sequence[int]) -> dict[int, np.ndarray]:
+        """Per layer `[query, key]`: the estimate of patching each pair (all heads, mean over pairs) with
+        the r' donor minus with the third donor, of the logit difference."""
+        from latentcode.intervention.patching.attribution import attribution_patching
+
+        sites = ",".join(f"{layer}:*:*" for layer in layers)
+        maps: dict[int, Any] = {}
+        for sign, relation in ((1.0, "different"), (-1.0, "third")):
+            attribution = attribution_patching(model, self.pairs.base.torch().x,
+                                               self.pairs.donors[relation].torch().x, self._objective(), sites=sites)
+            for layer in attribution.effects:
+                maps[layer] = maps.get(layer, 0.0) + sign * np.nan_to_num(attribution.map(layer, self.task.seq_len))
+        return maps
+
+
+class WindowsMeasure:
+    """`ids`: `n` token windows `[n, seq_len + 1]` (on the model's device) of a causal LM, each patched
+    with the codes of window `donor[i]` (`inputs`: a WindowInputs)."""
+
+    effect = "change"
+    unit = "window"
+    donors_scored = donors_confirmed = 1
+
+    def __init__(self, inputs: Any, loaded: Any, ids: Tensor, donor: np.ndarray):
+        self.inputs, self.task, self.loaded = inputs, inputs.task, loaded
+        self.windows, self.targets = ids[:, :-1], ids[:, 1 + inputs.first_query:]
+        self.donor = donor
+        self.batches = [slice(start, start + inputs.batch_size) for start in range(0, len(ids), inputs.batch_size)]
+
+    @classmethod
+    def draw(cls, inputs: Any, loaded: Any, n: int, seed: int) -> WindowsMeasure:
+        ids = torch.from_numpy(inputs.task.draw(loaded, inputs.split, n, seed, extra=1)).to(loaded.device)
+        return cls(inputs, loaded, ids, inputs.task.donors(n, seed))
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {"windows": len(self)}
+
+    def conclude(self, table: Any, summary: dict[str, Any]) -> None:
+        summary["loss_before"] = float(table["before"].iloc[0])
+        summary["largest"] = table.nlargest(min(5, len(table)), "change")[["group", "change", "change se"]].to_dict(
+            "records")
+
+    def describe(self, plan: Any) -> str:
+        if plan.search:
+            return (f"cost: at most {plan.cost['groups']} groups patched, about {plan.cost['examples']:,} window "
+                    f"forward passes (search; {len(self)} windows of {self.task.seq_len} tokens to select, "
+                    f"{plan.confirm_n} to confirm) on the {plan.split} split")
+        return (f"cost: {plan.cost['groups']} groups x {len(self)} windows of {self.task.seq_len} tokens of the "
+                f"{plan.split} split = about {plan.cost.get('window_passes', 0):,} window forward passes in "
+                f"{plan.cost.get('passes', 0)} passes of up to {self.inputs.batch_size} windows"
+                + ("; then one forward and backward pass per batch (attribution)" if plan.attribution else ""))
+
+    def summary(self, plan: Any, loaded: Any) -> dict[str, Any]:
+        return {"model": loaded.name, "path": loaded.identity.get("model_path"), "method": "resample ablation",
+                "split": plan.split, "seq_len": self.task.seq_len, "n": len(self), "seed": plan.seed,
+                "layers": list(plan.layers or []), "sites": plan.sites,
+                "positions": f"{self.inputs.first_query}..{self.task.seq_len - 1}", "donors": self.donor.tolist()}
+
+    def _metrics(self, part: slice | np.ndarray) -> dict[str, Callable[[Any], Tensor]]:
+        """METRICS as functions of a model output of the windows `part`; the three read one log-softmax
+        (kept with the output it came from, so a later output never reads a stale one)."""
+        targets, first_query, kept = self.targets[part], self.inputs.first_query, [None, None]
+
+        def metric(index: int) -> Callable[[Any], Tensor]:
+            def of(output: Any) -> Tensor:
+                if kept[0] is not output:
+                    logits = output if isinstance(output, Tensor) else output.logits
+                    kept[0], kept[1] = output, window_metrics(logits[:, first_query:], targets)
+                return kept[1][:, index]
+            return of
+
+        return {name: metric(index) for index, name in enumerate(METRICS)}
+
+    def _inputs(self, windows: Tensor) -> Any:
+        return self.loaded.inputs(windows)
+
+    def _patched(self, model: Any, groups: Sequence, on_pass: Callable[[int], None] | None
+                 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """METRICS patched `[groups, n]` and unpatched `[n]`, batch by batch."""
+        from latentcode.intervention.patching.sweep import patching_sweep
+
+        patched: dict[str, list] = {name: [] for name in METRICS}
+        base: dict[str, list] = {name: [] for name in METRICS}
+        self.forward_passes = 0
+        for batch in self.batches:
+            sweep = patching_sweep(model, self._inputs(self.windows[batch]),
+                                   self._inputs(self.windows[self.donor[batch]]), groups, self._metrics(batch),
+                                   max_examples_per_pass=self.inputs.batch_size, on_pass=on_pass)
+            if on_pass is not None:
+                on_pass(2 * len(self.windows[batch]))  # the base and the donor
+            self.forward_passes += sweep.forward_passes
+            for name in METRICS:
+                patched[name].append(sweep.patched[name])
+                base[name].append(sweep.base[name])
+        return ({name: np.concatenate(values, axis=1) for name, values in patched.items()},
+                {name: np.concatenate(values) for name, values in base.items()})
+
+    def sweep(self, model: Any, groups: Sequence, on_pass: Callable[[int], None] | None = None,
+              groups_per_pass: int | None = None) -> tuple[Any, np.ndarray]:
+        """A row per group (the loss before and after, its change and those of the probability and the
+        accuracy, mean ± s.e.) and the per-window loss change `[groups, n]`."""
+        import pandas as pd
+
+        patched, base = self._patched(model, groups, on_pass)
+        change = {name: patched[name] - base[name][None] for name in METRICS}
+        rows = []
+        for index, group in enumerate(groups):
+            row = {"model": self.loaded.name, "split": self.inputs.split, "T": self.task.seq_len, "n": len(self),
+                   **group.coordinates, "group": group_name(group),
+                   "sites": group.selector.spec() if "head" in group.coordinates else "",
+                   "positions": f"{self.inputs.first_query}..{self.task.seq_len - 1}",
+                   "metric": "next-token loss (nats)", "before": float(base[METRICS[0]].mean()),
+                   "after": float(patched[METRICS[0]][index].mean())}
+            row["change"], row["change se"] = mean_and_se(change[METRICS[0]][index])
+            for name, short in zip(METRICS[1:], ("probability", "accuracy"), strict=True):
+                row[f"{short} change"], row[f"{short} change se"] = mean_and_se(change[name][index])
+            rows.append(row)
+        table = pd.DataFrame(rows)
+        table.attrs["forward_passes"] = self.forward_passes
+        return table, change[METRICS[0]]
+
+    def scores(self, model: Any, groups: Sequence, **options: Any) -> list[tuple[float, float]]:
+        table, _ = self.sweep(model, groups, **options)
+        return list(zip(table["change"].astype(float), table["change se"].astype(float), strict=True))
+
+    def _attributions(self, model: Any, sites: Any) -> list[tuple[int, Any]]:
+        """(windows, `attribution_patching` of the next-token loss) per pass of a quarter of a batch."""
+        from latentcode.intervention.patching.attribution import attribution_patching
+
+        step = max(1, self.inputs.batch_size // ATTRIBUTION_SHARE)
+        found = []
+        for start in range(0, len(self), step):
+            part = slice(start, start + step)
+            loss = self._metrics(part)[METRICS[0]]
+            with torch.enable_grad():
+                found.append((len(self.windows[part]), attribution_patching(
+                    model, self._inputs(self.windows[part]), self._inputs(self.windows[self.donor[part]]), loss,
+                    sites=sites)))
+        return found
+
+    def attribution(self, model: Any, groups: Sequence, table: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Attribution's estimate of each group's loss change and the exact change (`table`'s), `[groups]`."""
+        from latentcode.intervention.patching.site_groups import union_of
+
+        parts = self._attributions(model, union_of(groups))
+        estimate = np.concatenate([attribution.for_groups(groups) for _, attribution in parts], axis=1).mean(1)
+        return estimate, table["change"].to_numpy(float)
+
+    def attribution_maps(self, model: Any, layers: Sequence[int]) -> dict[int, np.ndarray]:
+        """Per layer `[query, key]`: the estimate of patching each pair (all heads, mean over windows)."""
+        parts = self._attributions(model, ",".join(f"{layer}:*:*" for layer in layers))
+        maps: dict[int, Any] = {}
+        for size, attribution in parts:
+            for layer in attribution.effects:
+                grid = np.nan_to_num(attribution.map(layer, self.task.seq_len)) * size / len(self)
+                maps[layer] = maps.get(layer, 0.0) + grid
+        return maps
+
+
+def group_name(group: Any) -> str:
+    """A window table's name of a group: l1.h3 (heads grid), l1 sink k=0 (offsets), else its selector."""
+    coordinates = group.coordinates
+    if "head" in coordinates and "query_part" not in coordinates:
+        return f"l{coordinates['layer']}.h{coordinates['head']}"
+    if "band" in coordinates:
+        return f"l{coordinates['layer']} {coordinates['band']}"
+    return group.name
