@@ -16,8 +16,8 @@ from latentcode.intervention.patching import patch, plan_patch
 from latentcode.intervention.patching.plan import PatchPlan, WindowInputs
 from latentcode.intervention.patching.run import groups_of
 from latentcode.intervention.patching.site_groups import BANDS, band_pairs, control_heads
-from latentcode.token_windows import TokenWindows
 from latentcode.pretrained import corpus_token_windows, load_pretrained
+from latentcode.token_windows import TokenWindows
 from tests.pretrained_models import save_tiny_llama, tiny_llama_config, tiny_tokenizer
 
 SEQ_LEN, N = 16, 6

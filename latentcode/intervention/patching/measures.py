@@ -42,12 +42,51 @@ def correlations(exact: np.ndarray, estimate: np.ndarray) -> dict[str, float | N
     return {"pearson": float(pearsonr(exact, estimate)[0]), "spearman": float(spearmanr(exact, estimate)[0])}
 
 
-class PairsMeasure:
+class _Measure:
+    """What both measures do alike: a search's exact scores are the sweep's effect and its s.e."""
+
+    scoring: dict[str, Any] = {}  # options of the sweep a search scores with
+
+    def scores(self, model: Any, groups: Sequence, **options: Any) -> list[tuple[float, float]]:
+        table, _ = self.sweep(model, groups, **self.scoring, **options)
+        return list(zip(table[self.effect].astype(float), table[f"{self.effect} se"].astype(float), strict=True))
+
+    def conclude(self, table: Any, summary: dict[str, Any]) -> None:
+        """Add to a sweep's summary what its table shows at a glance (nothing, unless said)."""
+
+    def describe(self, plan: Any) -> str:
+        """The cost line said before the work."""
+        passes = plan.cost.get("examples", plan.cost.get("window_passes", 0))
+        what = "search" if plan.search else f"{plan.cost['groups']} groups"
+        return (f"cost: at most {plan.cost['groups']} groups patched, about {passes:,} {self.unit} forward passes "
+                f"({what}; {self.bases(plan)}) on {plan.split}")
+
+    def attribution(self, model: Any, groups: Sequence, table: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Attribution's estimate of each group's change of the objective and the exact change (`[groups]`
+        each; the table gains the exact one's column where it had none)."""
+        from latentcode.intervention.patching.site_groups import union_of
+
+        found = self.attributions(model, union_of(groups), contrast=False)
+        estimate = sum(weight * attribution.for_groups(groups).mean(1) for weight, attribution in found)
+        return estimate, self.exact_objective(table)
+
+    def attribution_maps(self, model: Any, layers: Sequence[int]) -> dict[int, np.ndarray]:
+        """Per layer `[query, key]`: the estimate of patching each pair (all heads, mean over the bases), of
+        the objective (a run's: with the r' donor minus with the third donor)."""
+        maps: dict[int, Any] = {}
+        for weight, attribution in self.attributions(model, ",".join(f"{layer}:*:*" for layer in layers), contrast=True):
+            for layer in attribution.effects:
+                maps[layer] = maps.get(layer, 0.0) + weight * np.nan_to_num(attribution.map(layer, self.task.seq_len))
+        return maps
+
+
+class PairsMeasure(_Measure):
     """`pairs`: `n` counterfactual pairs of the run's task (`inputs`: a PairInputs)."""
 
     effect = "transfer"
     unit = "example"
     donors_scored, donors_confirmed = 2, 3  # a search's passes per group and base: r' and third; and same
+    scoring = {"relations": ("different", "third")}
 
     def __init__(self, task: Any, pairs: Any):
         self.task, self.pairs = task, pairs
@@ -64,14 +103,9 @@ class PairsMeasure:
     def counts(self) -> Any:
         return self.pairs.counts
 
-    def conclude(self, table: Any, summary: dict[str, Any]) -> None:
-        pass  # the command line says the largest transfer
-
-    def describe(self, plan: Any) -> str:
-        what = "search" if plan.search else f"{plan.cost['groups']} groups"
-        return (f"cost: at most {plan.cost['groups']} groups patched, about {plan.cost['examples']:,} example forward "
-                f"passes ({what}; {len(self)} pairs x "
-                f"{'2 donors to select, 3 to confirm' if plan.search else '3 donors'}) on {plan.split} ({plan.variant})")
+    def bases(self, plan: Any) -> str:
+        donors = "2 donors to select, 3 to confirm" if plan.search else "3 donors"
+        return f"{len(self)} pairs x {donors}; variant {plan.variant}"
 
     def summary(self, plan: Any, loaded: Any) -> dict[str, Any]:
         return {"run": str(plan.source.path), "task": self.task.config(), "split": plan.split,
@@ -88,46 +122,29 @@ class PairsMeasure:
                                groups_per_pass=groups_per_pass)
         return table, per_example(table, "different", "follow") - per_example(table, "third", "follow")
 
-    def scores(self, model: Any, groups: Sequence, **options: Any) -> list[tuple[float, float]]:
-        table, _ = self.sweep(model, groups, relations=("different", "third"), **options)
-        return list(zip(table["transfer"].astype(float), table["transfer se"].astype(float), strict=True))
-
-    def _objective(self) -> Any:
+    def attributions(self, model: Any, sites: Any, contrast: bool) -> list[tuple[float, Any]]:
+        """(weight, `attribution_patching` of the logit difference with the r' donor), and with `contrast`
+        minus that with the third donor."""
+        from latentcode.intervention.patching.attribution import attribution_patching
         from latentcode.intervention.transfer import counterfactual_metrics, output_position
 
         position = output_position(self.task, self.pairs.prediction)
-        return counterfactual_metrics(self.pairs, self.task.objective, position)["logit_difference"]
+        objective = counterfactual_metrics(self.pairs, self.task.objective, position)["logit_difference"]
+        return [(weight, attribution_patching(model, self.pairs.base.torch().x, self.pairs.donors[relation].torch().x,
+                                              objective, sites=sites))
+                for weight, relation in ((1.0, "different"), (-1.0, "third"))[:2 if contrast else 1]]
 
-    def attribution(self, model: Any, groups: Sequence, table: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Attribution's estimate of each group's change of the logit difference with the r' donor, and the
-        exact change from the sweep's `table` (both `[groups]`); the table gains both columns."""
-        from latentcode.intervention.patching.attribution import attribution_patching
+    def exact_objective(self, table: Any) -> np.ndarray:
+        """The exact change of the logit difference per group with the r' donor (added to `table`)."""
         from latentcode.intervention.transfer import per_example
 
-        attribution = attribution_patching(model, self.pairs.base.torch().x, self.pairs.donors["different"].torch().x,
-                                           self._objective(), sites="*:*:*")
-        estimate = attribution.for_groups(groups).mean(1)
         exact = (per_example(table, "different", "logit_difference")
                  - table["logit_difference (unpatched)"].iloc[0]).mean(1)
         table["logit_difference effect"] = exact
-        return estimate, exact
-
-    def attribution_maps(self, model: Any, layers: Sequence[int]) -> dict[int, np.ndarray]:
-        """Per layer `[query, key]`: the estimate of patching each pair (all heads, mean over pairs) with
-        the r' donor minus with the third donor, of the logit difference."""
-        from latentcode.intervention.patching.attribution import attribution_patching
-
-        sites = ",".join(f"{layer}:*:*" for layer in layers)
-        maps: dict[int, Any] = {}
-        for sign, relation in ((1.0, "different"), (-1.0, "third")):
-            attribution = attribution_patching(model, self.pairs.base.torch().x,
-                                               self.pairs.donors[relation].torch().x, self._objective(), sites=sites)
-            for layer in attribution.effects:
-                maps[layer] = maps.get(layer, 0.0) + sign * np.nan_to_num(attribution.map(layer, self.task.seq_len))
-        return maps
+        return exact
 
 
-class WindowsMeasure:
+class WindowsMeasure(_Measure):
     """`ids`: `n` token windows `[n, seq_len + 1]` (on the model's device) of a causal LM, each patched
     with the codes of window `donor[i]` (`inputs`: a WindowInputs)."""
 
@@ -158,15 +175,9 @@ class WindowsMeasure:
         summary["largest"] = table.nlargest(min(5, len(table)), "change")[["group", "change", "change se"]].to_dict(
             "records")
 
-    def describe(self, plan: Any) -> str:
-        if plan.search:
-            return (f"cost: at most {plan.cost['groups']} groups patched, about {plan.cost['examples']:,} window "
-                    f"forward passes (search; {len(self)} windows of {self.task.seq_len} tokens to select, "
-                    f"{plan.confirm_n} to confirm) on the {plan.split} split")
-        return (f"cost: {plan.cost['groups']} groups x {len(self)} windows of {self.task.seq_len} tokens of the "
-                f"{plan.split} split = about {plan.cost.get('window_passes', 0):,} window forward passes in "
-                f"{plan.cost.get('passes', 0)} passes of up to {self.inputs.batch_size} windows"
-                + ("; then one forward and backward pass per batch (attribution)" if plan.attribution else ""))
+    def bases(self, plan: Any) -> str:
+        return (f"{len(self)} windows of {self.task.seq_len} tokens, each with a donor window, in passes of up to "
+                f"{self.inputs.batch_size}" + ("; then a backward pass per batch (attribution)" if plan.attribution else ""))
 
     def summary(self, plan: Any, loaded: Any) -> dict[str, Any]:
         return {"model": loaded.name, "path": loaded.identity.get("model_path"), "method": "resample ablation",
@@ -189,9 +200,6 @@ class WindowsMeasure:
 
         return {name: metric(index) for index, name in enumerate(METRICS)}
 
-    def _inputs(self, windows: Tensor) -> Any:
-        return self.loaded.inputs(windows)
-
     def _patched(self, model: Any, groups: Sequence, on_pass: Callable[[int], None] | None
                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """METRICS patched `[groups, n]` and unpatched `[n]`, batch by batch."""
@@ -201,8 +209,8 @@ class WindowsMeasure:
         base: dict[str, list] = {name: [] for name in METRICS}
         self.forward_passes = 0
         for batch in self.batches:
-            sweep = patching_sweep(model, self._inputs(self.windows[batch]),
-                                   self._inputs(self.windows[self.donor[batch]]), groups, self._metrics(batch),
+            sweep = patching_sweep(model, self.loaded.inputs(self.windows[batch]),
+                                   self.loaded.inputs(self.windows[self.donor[batch]]), groups, self._metrics(batch),
                                    max_examples_per_pass=self.inputs.batch_size, on_pass=on_pass)
             if on_pass is not None:
                 on_pass(2 * len(self.windows[batch]))  # the base and the donor
@@ -237,42 +245,22 @@ class WindowsMeasure:
         table.attrs["forward_passes"] = self.forward_passes
         return table, change[METRICS[0]]
 
-    def scores(self, model: Any, groups: Sequence, **options: Any) -> list[tuple[float, float]]:
-        table, _ = self.sweep(model, groups, **options)
-        return list(zip(table["change"].astype(float), table["change se"].astype(float), strict=True))
-
-    def _attributions(self, model: Any, sites: Any) -> list[tuple[int, Any]]:
-        """(windows, `attribution_patching` of the next-token loss) per pass of a quarter of a batch."""
+    def attributions(self, model: Any, sites: Any, contrast: bool) -> list[tuple[float, Any]]:
+        """(share of the windows, `attribution_patching` of the next-token loss) per pass of a quarter of a
+        batch (a backward pass keeps every activation)."""
         from latentcode.intervention.patching.attribution import attribution_patching
 
-        step = max(1, self.inputs.batch_size // ATTRIBUTION_SHARE)
-        found = []
+        step, found = max(1, self.inputs.batch_size // ATTRIBUTION_SHARE), []
         for start in range(0, len(self), step):
             part = slice(start, start + step)
-            loss = self._metrics(part)[METRICS[0]]
             with torch.enable_grad():
-                found.append((len(self.windows[part]), attribution_patching(
-                    model, self._inputs(self.windows[part]), self._inputs(self.windows[self.donor[part]]), loss,
-                    sites=sites)))
+                found.append((len(self.windows[part]) / len(self), attribution_patching(
+                    model, self.loaded.inputs(self.windows[part]), self.loaded.inputs(self.windows[self.donor[part]]),
+                    self._metrics(part)[METRICS[0]], sites=sites)))
         return found
 
-    def attribution(self, model: Any, groups: Sequence, table: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Attribution's estimate of each group's loss change and the exact change (`table`'s), `[groups]`."""
-        from latentcode.intervention.patching.site_groups import union_of
-
-        parts = self._attributions(model, union_of(groups))
-        estimate = np.concatenate([attribution.for_groups(groups) for _, attribution in parts], axis=1).mean(1)
-        return estimate, table["change"].to_numpy(float)
-
-    def attribution_maps(self, model: Any, layers: Sequence[int]) -> dict[int, np.ndarray]:
-        """Per layer `[query, key]`: the estimate of patching each pair (all heads, mean over windows)."""
-        parts = self._attributions(model, ",".join(f"{layer}:*:*" for layer in layers))
-        maps: dict[int, Any] = {}
-        for size, attribution in parts:
-            for layer in attribution.effects:
-                grid = np.nan_to_num(attribution.map(layer, self.task.seq_len)) * size / len(self)
-                maps[layer] = maps.get(layer, 0.0) + grid
-        return maps
+    def exact_objective(self, table: Any) -> np.ndarray:
+        return table["change"].to_numpy(float)
 
 
 def group_name(group: Any) -> str:

@@ -63,8 +63,18 @@ MAX_TOKENS_PER_PASS = 4096  # windows x tokens of one patched pass (its logits: 
 LOGIT_BYTES_PER_TOKEN = 3 * 4 * 65_536  # logits, their log-softmax and a copy, float32, a vocabulary up to 64k
 
 
+class _Inputs:
+    """What both inputs answer alike unless they say otherwise."""
+
+    def at(self, first_query: int) -> Any:
+        return self  # read where the inputs say (a run's pairs: at the prediction), whatever the groups
+
+    def check_budget(self, cost: Mapping[str, int], n: int) -> None:
+        pass  # the groups are bounded by --max-groups, the pairs by memory
+
+
 @dataclass(frozen=True)
-class PairInputs:
+class PairInputs(_Inputs):
     """A run's task's counterfactual pairs of `split` (`variant`), measured at prediction `prediction`."""
 
     task: Task
@@ -87,12 +97,6 @@ class PairInputs:
     def partitions(self) -> dict[str, dict[str, tuple[int, ...]]]:
         return task_partitions(self.task)
 
-    def at(self, first_query: int) -> PairInputs:
-        return self  # read at the prediction, whatever the groups
-
-    def check_budget(self, cost: Mapping[str, int], n: int) -> None:
-        pass  # the groups are bounded by --max-groups, the pairs by memory
-
     def measure(self, loaded: Any, n: int, seed: int) -> Any:
         from latentcode.intervention.patching.measures import PairsMeasure
 
@@ -100,7 +104,7 @@ class PairInputs:
 
 
 @dataclass(frozen=True)
-class WindowInputs:
+class WindowInputs(_Inputs):
     """A causal LM's token windows `task` of `split`, each patched with another window's codes and read on
     the next-token metrics from `first_query` on, in passes of `batch_size` windows."""
 
@@ -190,29 +194,13 @@ class PatchPlan:
         """The files written at `out`: table(s), summary and map."""
         return SEARCH_SUFFIXES if self.search else SUFFIXES
 
-    @property
-    def source(self) -> Any:
-        return self.subject.source
-
-    @property
-    def task(self) -> Any:
-        return self.inputs.task
-
-    @property
-    def split(self) -> str:
-        return self.inputs.split
-
-    @property
-    def variant(self) -> str | None:
-        return self.inputs.variant
-
-    @property
-    def n_layers(self) -> int:
-        return self.subject.n_layers
-
-    @property
-    def n_heads(self) -> int:
-        return self.subject.n_heads
+    # what a caller reads of the subject and the inputs, as one plan's fields
+    source = property(lambda self: self.subject.source)
+    task = property(lambda self: self.inputs.task)
+    split = property(lambda self: self.inputs.split)
+    variant = property(lambda self: self.inputs.variant)
+    n_layers = property(lambda self: self.subject.n_layers)
+    n_heads = property(lambda self: self.subject.n_heads)
 
 
 def plan_patch(
