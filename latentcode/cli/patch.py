@@ -281,19 +281,24 @@ def _bar_label(grids) -> str:
 
 
 def _transfer_and_damage(axis, table, labels) -> None:
-    """Per group, transfer and damage (± s.e.) side by side on one axis (both are fractions of pairs)."""
+    """Per group, transfer and damage (± s.e.) side by side on one axis (both are fractions of pairs); a
+    causal LM's table: its next-token loss change alone."""
     import numpy as np
 
     positions = np.arange(len(table))
-    axis.barh(positions - 0.2, table["transfer"], height=0.4, xerr=table["transfer se"], color="tab:blue",
-              label="transfer: follow (r' donor) - follow (third donor)")
-    axis.barh(positions + 0.2, table["damage"], height=0.4, xerr=table["damage se"], color="tab:gray",
-              label="damage: keep (unpatched) - keep (same-sub-task donor)")
+    if "damage" in table:
+        axis.barh(positions - 0.2, table["transfer"], height=0.4, xerr=table["transfer se"], color="tab:blue",
+                  label="transfer: follow (r' donor) - follow (third donor)")
+        axis.barh(positions + 0.2, table["damage"], height=0.4, xerr=table["damage se"], color="tab:gray",
+                  label="damage: keep (unpatched) - keep (same-sub-task donor)")
+        axis.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=2, frameon=False)
+    else:
+        axis.barh(positions, table["change"], xerr=table["change se"], color="tab:blue")
     axis.axvline(0, color="0.5", linewidth=0.8)
     axis.set_yticks(positions, [label if len(label) <= 60 else label[:57] + "..." for label in labels], fontsize=7)
     axis.invert_yaxis()
-    axis.set_xlabel("fraction of pairs (± s.e.)", fontsize=8)
-    axis.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=2, frameon=False)
+    axis.set_xlabel("fraction of pairs (± s.e.)" if "damage" in table else "next-token loss change (nats, ± s.e.)",
+                    fontsize=8)
 
 
 def _draw_search(table, args, summary):
@@ -303,16 +308,9 @@ def _draw_search(table, args, summary):
     figure = Figure(figsize=(8, 0.5 * len(table) + 2.0), layout="constrained")
     labels = [f"{step} ({int(row['n_queries'])} x {int(row['n_keys'])}, layer {int(row['layer'])})"
               for step, (_, row) in zip(table["step"], table.iterrows(), strict=True)]
-    if "damage" in table:
-        _transfer_and_damage(figure.subplots(), table, labels)
-        what = f"{args.split} ({args.variant}), prediction {summary['prediction']}"
-    else:  # windows: the next-token loss change of resample ablation
-        axis = figure.subplots()
-        axis.barh(range(len(table)), table["change"], xerr=table["change se"], color="tab:blue")
-        axis.set_yticks(range(len(table)), labels, fontsize=7)
-        axis.invert_yaxis()
-        axis.set_xlabel("next-token loss change (nats, ± s.e.)", fontsize=8)
-        what = f"{args.split} split, resample ablation"
+    _transfer_and_damage(figure.subplots(), table, labels)
+    what = (f"{args.split} ({args.variant}), prediction {summary['prediction']}" if "damage" in table
+            else f"{args.split} split, resample ablation")
     figure.suptitle(f"{Path(args.run).name}: patch --search route, coarse to fine; {what}\nchosen on "
                     f"{summary['n']} selection {args.plan.inputs.unit}s (seed {args.seed}), measured on "
                     f"{int(table['n'].iloc[0])} fresh ones (seed {args.seed + 1})", fontsize=8)
@@ -332,11 +330,7 @@ def _draw_bands_or_heads(table, plan, summary):
     label = "loss change (nats)" if effect == "change" else effect
     if plan.grid not in ("heads", "offsets"):
         figure = Figure(figsize=(7, 0.45 * len(table) + 1.6), layout="constrained")
-        axis = figure.subplots()
-        axis.barh(np.arange(len(table)), table[effect], xerr=table[f"{effect} se"], color="tab:blue")
-        axis.set_yticks(np.arange(len(table)), [str(group)[:60] for group in table["group"]], fontsize=7)
-        axis.invert_yaxis()
-        axis.set_xlabel(f"{label} (± s.e.)", fontsize=8)
+        _transfer_and_damage(figure.subplots(), table, table["group"])
         what = "one group"
     else:
         layers = sorted(table["layer"].unique())

@@ -1,20 +1,14 @@
-"""What `patch` measures on a subject's inputs, drawn: the same operations on counterfactual pairs and
-on token windows, so that the sweep, its controls, attribution and the search are one loop.
+"""What `patch` measures on a subject's inputs, drawn, with the same operations on counterfactual pairs
+and on token windows, so that the sweep, its controls, attribution and the search are one loop:
 
-    measure = plan.inputs.measure(loaded, n, seed)   # PairsMeasure or WindowsMeasure
-    table, effects = measure.sweep(model, groups, on_pass)   # a row per group; [groups, n] per-base effect
-    measure.scores(model, groups)                     # [(effect, s.e.)]: what a search ranks exactly
-    measure.attribution(model, groups)                # [groups]: attribution's estimate of the objective
-    measure.attribution_maps(model, layers)           # {layer: [query, key]}: the search's ranking
+    measure = plan.inputs.measure(loaded, n, seed)         # PairsMeasure or WindowsMeasure
+    table, effects = measure.sweep(model, groups, on_pass)  # a row per group; [groups, n] per-base effect
+    measure.scores(model, groups), measure.attribution_maps(model, layers)   # what a search ranks by
 
-PairsMeasure: a run's task's counterfactual pairs; the effect is the transfer (follow with the r' donor
-minus with a third-sub-task donor, `latentcode.intervention.transfer`), the objective the logit
-difference (r''s answer - the true one).
-
-WindowsMeasure: a causal LM's windows, each with another window as donor (`TokenWindows.donors`, a
-seeded derangement: resample ablation); the effect is the change of the next-token loss (patched -
-unpatched, per window, from the first query a group changes on; nats), the objective that loss.
-Both report mean ± s.e. = std / sqrt(n) over the bases (`next_token.mean_and_se`).
+PairsMeasure: the effect is the transfer (follow with the r' donor minus with a third-sub-task donor),
+the objective the logit difference (r''s answer - the true one). WindowsMeasure: each window takes the
+codes of window donor[i] (resample ablation); the effect is the change of the next-token loss (nats,
+from the first query a group changes on), the objective that loss. Means ± std / sqrt(n) over the bases.
 """
 
 from __future__ import annotations
@@ -30,16 +24,6 @@ from latentcode.intervention.next_token import METRICS, mean_and_se, window_metr
 from latentcode.intervention.patching.plan import DONORS
 
 ATTRIBUTION_SHARE = 4  # attribution's passes of windows hold a quarter of the sweep's (a backward pass keeps more)
-
-
-def correlations(exact: np.ndarray, estimate: np.ndarray) -> dict[str, float | None]:
-    """Pearson and Spearman correlation of two per-group vectors; None where undefined (fewer than 3
-    groups or a constant vector), computed without scipy's warnings."""
-    if len(exact) < 3 or np.std(exact) == 0 or np.std(estimate) == 0:
-        return {"pearson": None, "spearman": None}
-    from scipy.stats import pearsonr, spearmanr
-
-    return {"pearson": float(pearsonr(exact, estimate)[0]), "spearman": float(spearmanr(exact, estimate)[0])}
 
 
 class _Measure:

@@ -2,23 +2,16 @@
 
     plan = plan_patch("models/sraven-hyla", grid="slot", layers=[2], n=64, out="results/slots")
     plan = plan_patch("smollm2", task={"seq_len": 128}, grid="heads", layers=[3], n=32)
-    plan.inputs, plan.cost                               # what is patched and measured; groups x passes
-    result = patch(plan)                                 # latentcode.intervention.patching.run (torch)
+    plan.inputs, plan.cost          # what is patched and measured (PairInputs, WindowInputs); the work
+    result = patch(plan)            # latentcode.intervention.patching.run (torch)
 
-The subject (`latentcode.subject`) says what the model reads, and so what is patched:
-
-- a run's task draws counterfactual pairs (`PairInputs`): each group's codes come from donors of
-  another sub-task (different), of a third (the baseline) and of the base's own (damage), read on
-  the prediction at `prediction` (`latentcode.intervention.transfer`);
-- a causal LM reads token windows (`WindowInputs`): each window takes the codes of another window
-  (`TokenWindows.donors`, resample ablation), read on the next-token loss from the first position a
-  group can change.
-
-Everything else is one plan for both: the groups (a grid of rows, heads, offset bands, the task's
-partitions, selectors given as --group, or a search), their controls (the heads grid: another head
-of the same layer; the offsets grid: as many random pairs outside the band), attribution, the cost
-against `max_groups`, the output stem. One message for one mistake, from Python and the command
-line (`errors.about` names the argument). JSON and numpy only.
+The subject (`latentcode.subject`) says what the model reads, and so what is patched: a run's task draws
+counterfactual pairs (donors of another sub-task, a third one as the baseline, the base's own for the
+damage; `latentcode.intervention.transfer`); a causal LM reads token windows, each taking the codes of
+another (`TokenWindows.donors`: resample ablation, read on the next-token loss). The rest is one plan
+for both: the groups (rows, heads, offset bands, partitions, --group, or --search) and their controls,
+attribution, the cost against `max_groups`, the output stem; one message for one mistake from Python
+and the command line (`errors.about` names the argument). JSON and numpy only.
 """
 
 from __future__ import annotations
@@ -72,6 +65,12 @@ class _Inputs:
     def check_budget(self, cost: Mapping[str, int], n: int) -> None:
         pass  # the groups are bounded by --max-groups, the pairs by memory
 
+    def measure(self, loaded: Any, n: int, seed: int) -> Any:
+        """`n` bases drawn with `seed` for `loaded`, and what is measured on them (`measures`)."""
+        from latentcode.intervention.patching import measures
+
+        return getattr(measures, self.measured_by).draw(self, loaded, n, seed)
+
 
 @dataclass(frozen=True)
 class PairInputs(_Inputs):
@@ -83,24 +82,16 @@ class PairInputs(_Inputs):
     prediction: int
     grids = ("rows", "heads", "offsets")  # and the task's partitions
     effect = "transfer"  # the per-example effect a control is read on
-    unit = "pair"
+    unit, measured_by, per_group = "pair", "PairsMeasure", "3 x --n {n} forward passes"
 
     def cost(self, groups: int, n: int) -> dict[str, int]:
         return {"groups": groups, "examples": len(DONORS) * n * (groups + 2)}
-
-    def per_group(self, n: int) -> str:
-        return f"{len(DONORS)} x --n {n} forward passes"
 
     def selector(self, spec: str) -> Any:
         return parse_selector(spec, self.task)
 
     def partitions(self) -> dict[str, dict[str, tuple[int, ...]]]:
         return task_partitions(self.task)
-
-    def measure(self, loaded: Any, n: int, seed: int) -> Any:
-        from latentcode.intervention.patching.measures import PairsMeasure
-
-        return PairsMeasure.draw(self, loaded, n, seed)
 
 
 @dataclass(frozen=True)
@@ -116,14 +107,11 @@ class WindowInputs(_Inputs):
     prediction = None
     grids = ("heads", "offsets")
     effect = "change"
-    unit = "window"
+    unit, measured_by, per_group = "window", "WindowsMeasure", "--n {n} window forward passes"
 
     def cost(self, groups: int, n: int) -> dict[str, int]:
         batches = -(-n // self.batch_size)
         return {"groups": groups, "window_passes": n * (groups + 2), "passes": batches * (groups + 2)}
-
-    def per_group(self, n: int) -> str:
-        return f"--n {n} window forward passes"
 
     def selector(self, spec: str) -> Any:
         return parse_selector(spec)
@@ -143,12 +131,6 @@ class WindowInputs(_Inputs):
                 raise UsageError(f"n={n} windows x ({cost['groups']} groups + 2) passes x {self.task.seq_len} tokens "
                                  f"is {tokens:,} tokens through the model, beyond the budget of {MAX_PATCH_TOKENS:,} "
                                  "(hours of a CPU); give a smaller --n, fewer --layers or a shorter --task seq_len")
-
-    def measure(self, loaded: Any, n: int, seed: int) -> Any:
-        from latentcode.intervention.patching.measures import WindowsMeasure
-
-        return WindowsMeasure.draw(self, loaded, n, seed)
-
 
 def window_partitions(seq_len: int) -> dict[str, dict[str, tuple[int, ...]]]:
     """Partitions of a window's positions (a text has no task structure, only position): the first
@@ -264,7 +246,7 @@ def plan_patch(
         if count > max_groups and not groups:
             with about("grid"):
                 raise UsageError(f"grid {grid} makes {count} groups, more than --max-groups {max_groups} (each "
-                                 f"costs {inputs.per_group(n)}); give --max-groups {count} to run them all, or fewer "
+                                 f"costs {inputs.per_group.format(n=n)}); give --max-groups {count} to run them all, or fewer "
                                  "layers, parts or blocks")
         cost = inputs.cost(count, n)
     inputs.check_budget(cost, n)

@@ -2,21 +2,15 @@
 
     result = patch("models/sraven-hyla", grid="slot", layers=[2], n=64)     # a run: counterfactual pairs
     result = patch("smollm2", task={"seq_len": 128}, grid="heads", layers=[3], n=32)   # resample ablation
-    result.table                   # one row per group: a run's follow, transfer, damage; a LM's loss change
-    result.summary                 # what the command line writes as <out>.json (without `seconds`)
+    result.table, result.summary   # a row per group (transfer, damage; or loss change); <out>.json's content
 
-Everything is checked first by `plan_patch` (torch-free; the command line's check builds the same
-plan and hands it here), so the Python API and the command line answer a mistake with one message.
-One loop for every model: the subject is loaded (`Subject.load`), its inputs drawn (`plan.inputs.
-measure`: a run's counterfactual pairs, read against the third-sub-task donor baseline; a causal LM's
-token windows, each with another window's codes), the groups patched (`measures`), and beside each
-group of the heads grid its control, another head of the same layer drawn at random (seeded) and
-patched from the same donors (one of the grid's own groups: it costs nothing), and the layer's other
-heads' per-base median (steadier than one head); beside each offset band as many random pairs of
-the layer outside it. `control EFFECT`, `EFFECT - control` and `EFFECT - others' median` (EFFECT:
-transfer or change) are paired over the bases, mean ± std / sqrt(n). With `attribution`, attribution
-patching's estimate of each group's objective beside the exact one; `search` finds a group itself
-(`search.site_search`), on pairs or on windows alike.
+`plan_patch` checks everything first (torch-free; the command line builds the same plan). One loop for
+every model: load the subject, draw its inputs (`plan.inputs.measure`), patch the groups (`measures`).
+Beside each head of the heads grid its control, another head of the same layer drawn at random (seeded)
+and patched from the same donors (one of the grid's own groups), and the layer's other heads' per-base
+median; beside each offset band as many random pairs of the layer outside it: `control EFFECT`,
+`EFFECT - control`, `EFFECT - others' median` (EFFECT: transfer or change), paired over the bases, mean ±
+std / sqrt(n). `attribution`: attribution patching's estimate of each group's objective beside the exact one.
 """
 
 from __future__ import annotations
@@ -94,7 +88,7 @@ def groups_of(plan: PatchPlan) -> tuple[list, list[int | None] | None]:
 
 
 def _sweep(plan: PatchPlan, loaded: Any, measure: Any, progress: Any, summary: dict[str, Any]) -> tuple:
-    from latentcode.intervention.patching.measures import correlations
+    from latentcode.intervention.patching.attribution import correlations
     from latentcode.intervention.patching.site_groups import CONTROLS
 
     groups, controls = groups_of(plan)
