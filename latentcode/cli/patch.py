@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> None:
     effect = args.plan.inputs.effect  # transfer (counterfactual pairs) or change (of the next-token loss)
     if args.search:
         figure = _draw_search(table, args, summary)
-    elif effect == "change" or args.grid in ("heads", "offsets"):
+    elif effect == "change" or args.grid == "offsets":
         figure = _draw_bands_or_heads(table, args.plan, summary)
     else:
         figure = _draw(table, args, args.plan.task, summary)
@@ -196,7 +196,7 @@ def transfer_colormap():
 
 
 def _draw(table, args, task, summary):
-    """The map: rows grid -> per layer, query x key block; partition grid -> query part x key part; groups -> bars.
+    """The map: rows grid -> per layer, query x key block; heads grid -> layer x head; groups -> bars.
     Transfer on one signed scale, symmetric about 0 and white at 0; a cell with no group is grey,
     and the colour bar's label says so."""
     import numpy as np
@@ -236,6 +236,18 @@ def _draw(table, args, task, summary):
             axis.set_xlabel("head" if args.per_head else f"keys ({args.partition_grid[1]})", fontsize=8)
             axis.set_ylabel(f"queries ({args.partition_grid[0]})", fontsize=8)
         figure.colorbar(image, ax=list(axes), shrink=0.8, label=_bar_label(grids))
+    elif args.grid == "heads":
+        layers = sorted(table["layer"].unique())
+        grid = np.full((len(layers), int(table["head"].max()) + 1), np.nan)
+        for _, row in table.iterrows():
+            grid[layers.index(row["layer"]), int(row["head"])] = row["transfer"]
+        figure = Figure(figsize=(0.35 * grid.shape[1] + 2.5, 0.45 * len(layers) + 1.6), layout="constrained")
+        axis = figure.subplots()
+        grids.append(grid)
+        image = axis.imshow(grid, cmap=colormap, vmin=-limit, vmax=limit, aspect="auto")
+        axis.set_yticks(range(len(layers)), [f"layer {layer}" for layer in layers], fontsize=7)
+        axis.set_xlabel("head", fontsize=8)
+        figure.colorbar(image, ax=axis, label=_bar_label(grids))
     else:
         figure = Figure(figsize=(7, 0.45 * len(table) + 1.6), layout="constrained")
         _transfer_and_damage(figure.subplots(), table, table["group"])
