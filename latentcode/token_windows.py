@@ -27,6 +27,7 @@ from latentcode.tasks.corpus import SPLITS
 from latentcode.validation import check_integer
 
 DEFAULT_SEQ_LEN = 512  # tokens per window, unless the task says (extract, intervene and patch alike)
+MAX_TOKENS_PER_PASS = 2048  # windows x tokens of one forward pass (intervene, patch): logits of 2048 x vocabulary
 METRICS = ("next-token loss", "next-token probability", "next-token accuracy")
 
 

@@ -50,12 +50,8 @@ resample ablation instead (each window with another window's codes, read on the 
 the same plan and loop: the heads grid with its random-head control, offset bands, --group, attribution
 and search alike (`plan`: PairInputs or WindowInputs; `measures`: what is measured on each).
 
-The modules: `plan` (plan_patch, PatchPlan, PairInputs, WindowInputs), `run` (patch, PatchResult, the
-controls), `measures` (PairsMeasure, WindowsMeasure), `site_groups` (SiteGroup, site_grid, head_grid,
-offset bands and controls), `partitions` (task_partitions, partition_grid, part_group), `search`
-(site_search, SiteSearch), `inputs` (base and donor batches, the metric), `layer_codes` (record_codes: the
-codes of one pass per layer), `sweep` (patching_sweep, PatchingSweep), `attribution` (attribution_patching,
-Attribution, compare_attribution).
+The modules: `plan` (plan_patch and the two inputs), `run` (patch, the controls), `measures` (what is
+measured on each input), `site_groups`, `partitions`, `search`, `inputs`, `layer_codes`, `sweep`, `attribution`.
 """
 
 from latentcode.lazy import lazy_exports

@@ -33,7 +33,7 @@ from latentcode.sources.sites import (
 from latentcode.subject import Subject, subject_of
 from latentcode.tasks import Task, task_class, task_names
 from latentcode.tasks.partitions import grid_size, parse_grid, task_partitions
-from latentcode.token_windows import DEFAULT_SEQ_LEN, TokenWindows
+from latentcode.token_windows import DEFAULT_SEQ_LEN, MAX_TOKENS_PER_PASS, TokenWindows
 from latentcode.validation import (
     check_fits_in_memory,
     check_integer,
@@ -52,7 +52,6 @@ DONORS = ("different", "third", "same")  # r', a third sub-task (the baseline), 
 # Tokens a whole sweep of windows may run through the model (window passes x seq_len), refused up front as
 # groups beyond --max-groups are: 2^28 tokens are about 7 hours of SmolLM2-135M at 10^4 tokens a second.
 MAX_PATCH_TOKENS = 2**28
-MAX_TOKENS_PER_PASS = 4096  # windows x tokens of one patched pass (its logits: 4096 x vocabulary floats)
 LOGIT_BYTES_PER_TOKEN = 3 * 4 * 65_536  # logits, their log-softmax and a copy, float32, a vocabulary up to 64k
 
 
