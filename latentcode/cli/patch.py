@@ -117,6 +117,7 @@ def check(args: argparse.Namespace) -> None:
                            attribution=args.attribution, out=args.out, overwrite=args.overwrite, device=args.device,
                            dtype=args.dtype)
     # what the map's title and layout read
+    args.effect = args.plan.inputs.effect  # transfer (counterfactual pairs) or change (of the next-token loss)
     args.grid, args.partition_grid = args.plan.grid, args.plan.partition_grid
     args.split, args.variant = args.plan.split, args.plan.variant
 
@@ -145,13 +146,8 @@ def run(args: argparse.Namespace) -> None:
     summary["run"] = str(args.run)
     summary["seconds"] = time.time() - started
     table = tables[0]
-    effect = args.plan.inputs.effect  # transfer (counterfactual pairs) or change (of the next-token loss)
-    if args.search:
-        figure = _draw_search(table, args, summary)
-    elif effect == "change" or args.grid == "offsets":
-        figure = _draw_bands_or_heads(table, args.plan, summary)
-    else:
-        figure = _draw(table, args, args.plan.task, summary)
+    effect = args.effect
+    figure = _draw_search(table, args, summary) if args.search else _draw(table, args, args.plan.task, summary)
     stem = Path(args.out)
     paths = [stem.with_name(stem.name + suffix) for suffix in args.plan.suffixes if suffix != ".png"]
     with AtomicOutputs(lock=stem, purpose="latentcode patch") as outputs:
@@ -196,19 +192,27 @@ def transfer_colormap():
 
 
 def _draw(table, args, task, summary):
-    """The map: rows grid -> per layer, query x key block; heads grid -> layer x head; groups -> bars.
-    Transfer on one signed scale, symmetric about 0 and white at 0; a cell with no group is grey,
-    and the colour bar's label says so."""
+    """The map: rows grid -> per layer, query x key block; heads grid -> layer x head; offsets grid ->
+    layer x band; groups -> bars. The effect (`args.effect`: a run's transfer, a causal LM's loss change)
+    on one signed scale, symmetric about 0 and white at 0; a cell with no group is grey, and the colour
+    bar's label says so."""
     import numpy as np
     from matplotlib.figure import Figure
 
     from latentcode.analysis.captions import wrap_lines
+    from latentcode.intervention.patching.site_groups import BANDS
 
-    limit = max(0.1, float(np.nanmax(np.abs(table["transfer"]))))
+    effect = getattr(args, "effect", "transfer")
+    limit = max(0.1 if effect == "transfer" else 0.0, float(np.nanmax(np.abs(table[effect])))) or 1.0
     colormap = transfer_colormap()
-    title_lines = [f"{Path(args.run).name}: transfer = follow (r' donor) - follow (third donor)",
-                   f"{args.split} ({args.variant}), n = {summary['n']} pairs per group, "
-                   f"prediction {summary['prediction']}"]
+    if effect == "transfer":
+        title_lines = [f"{Path(args.run).name}: transfer = follow (r' donor) - follow (third donor)",
+                       f"{args.split} ({args.variant}), n = {summary['n']} pairs per group, "
+                       f"prediction {summary['prediction']}"]
+    else:
+        title_lines = [f"{summary['model']}: resample ablation, next-token loss change (nats)",
+                       f"T = {summary['seq_len']}, {args.split} split, n = {summary['n']} windows, "
+                       f"positions {summary['positions']}"]
     grids = []
     if args.grid == "rows":
         figure = _draw_rows_grid(table, colormap, limit, grids)
@@ -225,9 +229,9 @@ def _draw(table, args, task, summary):
             grid = np.full((len(rows), len(columns)), np.nan)
             for _, row in table[table["layer"] == layer].iterrows():
                 if args.per_head:
-                    grid[rows.index(f"{row['query_part']} x {row['key_part']}"), columns.index(row["head"])] = row["transfer"]
+                    grid[rows.index(f"{row['query_part']} x {row['key_part']}"), columns.index(row["head"])] = row[effect]
                 else:
-                    grid[rows.index(row["query_part"]), columns.index(row["key_part"])] = row["transfer"]
+                    grid[rows.index(row["query_part"]), columns.index(row["key_part"])] = row[effect]
             grids.append(grid)
             image = axis.imshow(grid, cmap=colormap, vmin=-limit, vmax=limit, aspect="auto")
             axis.set_title(f"layer {layer}", fontsize=9)
@@ -236,18 +240,22 @@ def _draw(table, args, task, summary):
             axis.set_xlabel("head" if args.per_head else f"keys ({args.partition_grid[1]})", fontsize=8)
             axis.set_ylabel(f"queries ({args.partition_grid[0]})", fontsize=8)
         figure.colorbar(image, ax=list(axes), shrink=0.8, label=_bar_label(grids))
-    elif args.grid == "heads":
-        layers = sorted(table["layer"].unique())
-        grid = np.full((len(layers), int(table["head"].max()) + 1), np.nan)
+    elif args.grid in ("heads", "offsets"):
+        heads, layers = args.grid == "heads", sorted(table["layer"].unique())
+        columns = list(range(int(table["head"].max()) + 1)) if heads else list(BANDS)
+        grid = np.full((len(layers), len(columns)), np.nan)
         for _, row in table.iterrows():
-            grid[layers.index(row["layer"]), int(row["head"])] = row["transfer"]
-        figure = Figure(figsize=(0.35 * grid.shape[1] + 2.5, 0.45 * len(layers) + 1.6), layout="constrained")
+            grid[layers.index(row["layer"]), columns.index(row["head"] if heads else row["band"])] = row[effect]
+        figure = Figure(figsize=((0.35 if heads else 0.9) * len(columns) + 2.5, 0.45 * len(layers) + 1.6),
+                        layout="constrained")
         axis = figure.subplots()
         grids.append(grid)
         image = axis.imshow(grid, cmap=colormap, vmin=-limit, vmax=limit, aspect="auto")
         axis.set_yticks(range(len(layers)), [f"layer {layer}" for layer in layers], fontsize=7)
-        axis.set_xlabel("head", fontsize=8)
-        figure.colorbar(image, ax=axis, label=_bar_label(grids))
+        if not heads:
+            axis.set_xticks(range(len(columns)), columns, fontsize=7, rotation=30)
+        axis.set_xlabel("head" if heads else "relative-offset band (every head)", fontsize=8)
+        figure.colorbar(image, ax=axis, label=_bar_label(grids, effect))
     else:
         figure = Figure(figsize=(7, 0.45 * len(table) + 1.6), layout="constrained")
         _transfer_and_damage(figure.subplots(), table, table["group"])
@@ -284,12 +292,12 @@ def _draw_rows_grid(table, colormap, limit: float, grids: list):
     return figure
 
 
-def _bar_label(grids) -> str:
-    """The colour bar's label: transfer, and what the grey cells are where the map has any."""
+def _bar_label(grids, effect: str = "transfer") -> str:
+    """The colour bar's label: the effect, and what the grey cells are where the map has any."""
     import numpy as np
 
     unmeasured = any(np.isnan(grid).any() for grid in grids)
-    return "transfer (0 = white)" + ("\ngrey: no group measured" if unmeasured else "")
+    return f"{effect} (0 = white)" + ("\ngrey: no group measured" if unmeasured else "")
 
 
 def _transfer_and_damage(axis, table, labels) -> None:
@@ -326,49 +334,6 @@ def _draw_search(table, args, summary):
     figure.suptitle(f"{Path(args.run).name}: patch --search route, coarse to fine; {what}\nchosen on "
                     f"{summary['n']} selection {args.plan.inputs.unit}s (seed {args.seed}), measured on "
                     f"{int(table['n'].iloc[0])} fresh ones (seed {args.seed + 1})", fontsize=8)
-    return figure
-
-
-def _draw_bands_or_heads(table, plan, summary):
-    """The map of a sweep read on `plan.inputs.effect` (a causal LM's loss change, or a run's offset bands'
-    transfer): layer x head, or layer x relative-offset band, one signed scale symmetric about 0 (white),
-    the largest |effect| its end; a bar per group for other groups."""
-    import numpy as np
-    from matplotlib.figure import Figure
-
-    from latentcode.intervention.patching.site_groups import BANDS
-
-    effect = plan.inputs.effect
-    label = "loss change (nats)" if effect == "change" else effect
-    if plan.grid not in ("heads", "offsets"):
-        figure = Figure(figsize=(7, 0.45 * len(table) + 1.6), layout="constrained")
-        _transfer_and_damage(figure.subplots(), table, table["group"])
-        what = "one group"
-    else:
-        layers = sorted(table["layer"].unique())
-        columns = list(range(plan.n_heads)) if plan.grid == "heads" else list(BANDS)
-        grid = np.full((len(layers), len(columns)), np.nan)
-        for _, row in table.iterrows():
-            column = columns.index(row["head"] if plan.grid == "heads" else row["band"])
-            grid[layers.index(row["layer"]), column] = row[effect]
-        limit = float(np.nanmax(np.abs(grid))) or 1.0
-        width = 0.45 * len(columns) + 3.2 if plan.grid == "heads" else 0.9 * len(columns) + 3.2
-        figure = Figure(figsize=(width, 0.4 * len(layers) + 2.3), layout="constrained")
-        axis = figure.subplots()
-        image = axis.imshow(grid, cmap=transfer_colormap(), vmin=-limit, vmax=limit, aspect="auto")
-        axis.set_yticks(range(len(layers)), [f"layer {layer}" for layer in layers], fontsize=7)
-        axis.set_xticks(range(len(columns)), [str(column) for column in columns], fontsize=7,
-                        rotation=0 if plan.grid == "heads" else 30)
-        axis.set_xlabel("head" if plan.grid == "heads" else "relative-offset band (every head)", fontsize=8)
-        figure.colorbar(image, ax=axis, label=f"{label}, 0 = white")
-        what = "one (layer, head)" if plan.grid == "heads" else "one (layer, offset band)"
-    if effect == "change":
-        title = (f"{summary['model']}: resample ablation, {what} at a time\nnext-token loss change, "
-                 f"T = {plan.task.seq_len}, {plan.split} split, n = {plan.n} windows (positions {summary['positions']})")
-    else:
-        title = (f"{Path(summary['run']).name}: transfer = follow (r' donor) - follow (third donor), {what} at a time"
-                 f"\n{plan.split} ({plan.variant}), n = {summary['n']} pairs per group, prediction {summary['prediction']}")
-    figure.suptitle(title, fontsize=8)
     return figure
 
 
