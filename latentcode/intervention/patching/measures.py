@@ -184,35 +184,25 @@ class WindowsMeasure(_Measure):
 
         return {name: metric(index) for index, name in enumerate(METRICS)}
 
-    def _patched(self, model: Any, groups: Sequence, on_pass: Callable[[int], None] | None
-                 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """METRICS patched `[groups, n]` and unpatched `[n]`, batch by batch."""
-        from latentcode.intervention.patching.sweep import patching_sweep
-
-        patched: dict[str, list] = {name: [] for name in METRICS}
-        base: dict[str, list] = {name: [] for name in METRICS}
-        self.forward_passes = 0
-        for batch in self.batches:
-            sweep = patching_sweep(model, self.loaded.inputs(self.windows[batch]),
-                                   self.loaded.inputs(self.windows[self.donor[batch]]), groups, self._metrics(batch),
-                                   max_examples_per_pass=self.inputs.batch_size, on_pass=on_pass)
-            if on_pass is not None:
-                on_pass(2 * len(self.windows[batch]))  # the base and the donor
-            self.forward_passes += sweep.forward_passes
-            for name in METRICS:
-                patched[name].append(sweep.patched[name])
-                base[name].append(sweep.base[name])
-        return ({name: np.concatenate(values, axis=1) for name, values in patched.items()},
-                {name: np.concatenate(values) for name, values in base.items()})
-
     def sweep(self, model: Any, groups: Sequence, on_pass: Callable[[int], None] | None = None,
               groups_per_pass: int | None = None) -> tuple[Any, np.ndarray]:
         """A row per group (the loss before and after, its change and those of the probability and the
-        accuracy, mean ± s.e.) and the per-window loss change `[groups, n]`."""
+        accuracy, mean ± s.e.) and the per-window loss change `[groups, n]`, batch by batch."""
         import pandas as pd
 
-        patched, base = self._patched(model, groups, on_pass)
-        change = {name: patched[name] - base[name][None] for name in METRICS}
+        from latentcode.intervention.patching.sweep import patching_sweep
+
+        sweeps = []
+        for batch in self.batches:
+            sweeps.append(patching_sweep(model, self.loaded.inputs(self.windows[batch]),
+                                         self.loaded.inputs(self.windows[self.donor[batch]]), groups,
+                                         self._metrics(batch), max_examples_per_pass=self.inputs.batch_size,
+                                         on_pass=on_pass))
+            if on_pass is not None:
+                on_pass(2 * len(self.windows[batch]))  # the base and the donor
+        base = {name: np.concatenate([sweep.base[name] for sweep in sweeps]) for name in METRICS}  # [n]
+        patched = {name: np.concatenate([sweep.patched[name] for sweep in sweeps], axis=1) for name in METRICS}
+        change = {name: patched[name] - base[name][None] for name in METRICS}  # [groups, n]
         rows = []
         for index, group in enumerate(groups):
             row = {"model": self.loaded.name, "split": self.inputs.split, "T": self.task.seq_len, "n": len(self),
@@ -226,7 +216,7 @@ class WindowsMeasure(_Measure):
                 row[f"{short} change"], row[f"{short} change se"] = mean_and_se(change[name][index])
             rows.append(row)
         table = pd.DataFrame(rows)
-        table.attrs["forward_passes"] = self.forward_passes
+        table.attrs["forward_passes"] = sum(sweep.forward_passes for sweep in sweeps)
         return table, change[METRICS[0]]
 
     def attributions(self, model: Any, sites: Any, contrast: bool) -> list[tuple[float, Any]]:
