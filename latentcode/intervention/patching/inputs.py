@@ -67,16 +67,13 @@ def repeat_batch(inputs: Any, times: int) -> Any:
     return {key: repeat_batch(value, times) if isinstance(value, Tensor) else value for key, value in inputs.items()}
 
 
-def _shape(inputs: Any) -> Any:
-    if isinstance(inputs, Tensor):
-        return tuple(inputs.shape)
-    return {key: tuple(value.shape) for key, value in inputs.items() if isinstance(value, Tensor)}
-
-
 def check_same_shapes(base: Any, donor: Any) -> None:
-    if _shape(base) != _shape(donor):
+    base_shape = base.shape if isinstance(base, Tensor) else {k: tuple(v.shape) for k, v in base.items() if isinstance(v, Tensor)}
+    donor_shape = donor.shape if isinstance(donor, Tensor) else {k: tuple(v.shape) for k, v in donor.items() if isinstance(v, Tensor)}
+    if base_shape != donor_shape:
         raise UsageError(f"base and donor inputs must have the same shape (one donor per base example); got "
-                         f"{_shape(base)} and {_shape(donor)}")
+                         f"{tuple(base_shape) if isinstance(base_shape, torch.Size) else base_shape} and "
+                         f"{tuple(donor_shape) if isinstance(donor_shape, torch.Size) else donor_shape}")
 
 
 def per_example(values: Any, batch: int, what: str) -> Tensor:
