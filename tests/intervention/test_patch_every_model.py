@@ -142,3 +142,14 @@ def test_a_run_gets_offset_bands_with_their_controls():
         drawn = set(groups[control].selector.requests)
         assert name == groups[control].name and len(drawn) == len(band_pairs(band, 36))
         assert not drawn & {(0, q, k) for q, k in band_pairs(band, 36)} and all(q >= k for _, q, k in drawn)
+
+
+def test_a_causal_lm_gets_partition_grids_of_its_windows(llama):
+    """A window has no task structure, only position: its partitions are the first token vs the later
+    ones and four quarters. A block whose keys all come after its queries holds codes that are 0 in every
+    window (the causal mask), so patching it changes nothing; the blocks on and below the diagonal do."""
+    table = patch(llama, grid="quarter", **options("llama")).table
+    assert len(table) == 16 and set(table["query_part"]) == {f"quarter {part}" for part in range(4)}
+    later = table["query_part"] < table["key_part"]  # "quarter 0" < "quarter 3": keys after the queries
+    assert later.sum() == 6 and (table.loc[later, "change"] == 0).all()
+    assert table.loc[~later, "change"].abs().max() > 1e-3
