@@ -104,7 +104,7 @@ class WindowInputs(_Inputs):
     batch_size: int = 1
     variant = None
     prediction = None
-    grids = ("heads", "offsets")
+    grids = ("heads", "offsets")  # and the windows' partitions (window_partitions)
     effect = "change"
     unit, measured_by, per_group = "window", "WindowsMeasure", "--n {n} window forward passes"
 
@@ -130,6 +130,7 @@ class WindowInputs(_Inputs):
                 raise UsageError(f"n={n} windows x ({cost['groups']} groups + 2) passes x {self.task.seq_len} tokens "
                                  f"is {tokens:,} tokens through the model, beyond the budget of {MAX_PATCH_TOKENS:,} "
                                  "(hours of a CPU); give a smaller --n, fewer --layers or a shorter --task seq_len")
+
 
 def window_partitions(seq_len: int) -> dict[str, dict[str, tuple[int, ...]]]:
     """Partitions of a window's positions (a text has no task structure, only position): the first
