@@ -27,7 +27,7 @@ from latentcode.tasks.corpus import SPLITS
 from latentcode.validation import check_integer
 
 DEFAULT_SEQ_LEN = 512  # tokens per window, unless the task says (extract, intervene and patch alike)
-MAX_TOKENS_PER_PASS = 2048  # windows x tokens of one forward pass: its logits stay under 2048 x vocabulary floats
+MAX_TOKENS_PER_PASS = 2048  # windows x tokens of one forward pass (intervene, patch): logits of 2048 x vocabulary
 METRICS = ("next-token loss", "next-token probability", "next-token accuracy")
 # The labels of a window, by its last token's text: its class, and whether it starts a word (a binary
 # label small files can probe).

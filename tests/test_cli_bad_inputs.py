@@ -754,7 +754,8 @@ BAD_INPUTS = [
      "{truncated.gguf} is truncated or damaged: tensor token_embd.weight ends at byte"),
     ("extract-gguf-absurd-counts", ["extract", "{absurd_counts.gguf}", "--out", "{a_dir}/c.h5"],
      "{absurd_counts.gguf} declares 1152921504606846976 tensors, more than its"),
-    ("patch-pretrained-beyond-its-budget", ["patch", "smollm2", "--layers", "0", "--n", "1000000", "--out", "{a_dir}/p"],
+    ("patch-pretrained-beyond-its-budget", ["patch", "smollm2", "--layers", "0", "--n", "1000000", "--task",
+                                            "seq_len=128", "--out", "{a_dir}/p"],
      "--n: n=1000000 windows x (9 groups + 2) passes x 128 tokens is 1,408,000,000 tokens through the model, beyond"),
     # issue 45: runs asking for too much, refused as training refuses them
     ("extract-run-seq-len-huge", ["extract", "{run_seq_len_huge}", "--out", "{a_dir}/c.h5"],
@@ -1087,7 +1088,9 @@ def _plan_mistake(command: str, args) -> Exception | None:
 
 def _patch_options(args) -> dict:
     """`latentcode patch`'s parsed flags as the keyword arguments of `plan_patch` and `patch`."""
-    return {"search": args.search, "grid": args.grid, "groups": args.group, "per_head": args.per_head,
+    from latentcode.cli.arguments import parse_assignments
+
+    return {"task": parse_assignments(args.task, "--task") or None, "search": args.search, "grid": args.grid, "groups": args.group, "per_head": args.per_head,
             "layers": None if args.layers is None else ",".join(args.layers), "queries": args.queries, "key_blocks": args.key_blocks, "sites": args.sites,
             "n": args.n, "confirm_n": args.confirm_n, "tolerance": args.tolerance, "max_groups": args.max_groups,
             "split": args.split, "variant": args.variant, "prediction": args.prediction, "seed": args.seed,

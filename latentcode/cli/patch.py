@@ -13,8 +13,10 @@ patching's estimate.
 The arguments are checked with the standard library, JSON and numpy only (the run's config, the
 task, the sites, the number of groups against --max-groups), so a mistake is answered before torch is
 imported; the cost (groups x donors x pairs, in forward passes) is printed before the work starts.
-A pretrained causal LM has no pairs: it is patched by resample ablation per (layer, head)
-(`latentcode.intervention.patching.language_patch`), its map the loss change per layer x head.
+A pretrained causal LM has no pairs: it is patched by resample ablation (each window with another
+window's codes, `latentcode.intervention.patching.measures`), its map the loss change per layer x head
+(or offset band). One plan and one loop for both (`plan_patch`, `patch`); the table's effect column
+(`plan.inputs.effect`: transfer, or change) says what the map and the closing line show.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 from latentcode.cli.arguments import SEED, add_placement_arguments, integer, number
 from latentcode.cli.command import Command
 from latentcode.intervention.patching.plan import MAX_GROUPS
+from latentcode.token_windows import DEFAULT_SEQ_LEN
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -69,7 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "head: sink k=0, self k=q, previous k=q-1, k=q-4..q-2, further)")
     parser.add_argument("--per-head", action="store_true", help="partition grids: one group per head as well")
     parser.add_argument("--group", action="append", metavar="SPEC", help="one group of sites (repeatable)")
-    parser.add_argument("--layers", nargs="+", help="layers of the rows grid (and of a pretrained model's heads grid), "
+    parser.add_argument("--layers", nargs="+", help="layers of the rows, heads, offsets and partition grids and of --search, "
                         "e.g. 0,2 or 0 2 (default all)")
     parser.add_argument("--queries", default="*", help="query positions of the rows grid: *, an integer, A..B or "
                         "A|B|C (default *)")
@@ -79,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--n", type=integer(2), help="base/donor pairs (default 256; with --search, the selection pairs "
                         "that choose the groups; a pretrained model: base windows, default 32, each with a donor)")
     parser.add_argument("--task", action="append", metavar="seq_len=T", help="a pretrained model: the window length "
-                        "(default 128 tokens)")
+                        f"(default {DEFAULT_SEQ_LEN} tokens)")
     parser.add_argument("--confirm-n", type=integer(2), default=512, help="--search: fresh pairs (seed + 1) on which "
                         "the groups found are measured (default 512)")
     parser.add_argument("--tolerance", type=number(positive=True), default=1.0, help="--search: a cut holds the effect "
@@ -105,7 +108,6 @@ def check(args: argparse.Namespace) -> None:
     """Everything that can be checked before torch: the plan `latentcode.intervention.patching.patch`
     makes too (`args.plan`: output, run, task, split, variant, groups and their cost)."""
     from latentcode.cli.arguments import parse_assignments
-    from latentcode.intervention.patching.language_plan import LanguagePatchPlan
     from latentcode.intervention.patching.plan import plan_patch
 
     args.plan = plan_patch(args.run, task=parse_assignments(args.task, "--task") or None, search=args.search, grid=args.grid, groups=args.group, per_head=args.per_head,
@@ -114,9 +116,8 @@ def check(args: argparse.Namespace) -> None:
                            split=args.split, variant=args.variant, prediction=args.prediction, seed=args.seed,
                            attribution=args.attribution, out=args.out, overwrite=args.overwrite, device=args.device,
                            dtype=args.dtype)
-    if isinstance(args.plan, LanguagePatchPlan):
-        return
     # what the map's title and layout read
+    args.effect = args.plan.inputs.effect  # transfer (counterfactual pairs) or change (of the next-token loss)
     args.grid, args.partition_grid = args.plan.grid, args.plan.partition_grid
     args.split, args.variant = args.plan.split, args.plan.variant
 
@@ -136,7 +137,6 @@ def run(args: argparse.Namespace) -> None:
     from latentcode.allocator import keep_freed_memory
     from latentcode.files import AtomicOutputs
     from latentcode.intervention.patching import patch
-    from latentcode.intervention.patching.language_plan import LanguagePatchPlan
 
     keep_freed_memory()  # the passes reuse the heap: this process's choice, made here, never by patching_sweep
     started = time.time()
@@ -146,11 +146,8 @@ def run(args: argparse.Namespace) -> None:
     summary["run"] = str(args.run)
     summary["seconds"] = time.time() - started
     table = tables[0]
-    language = isinstance(args.plan, LanguagePatchPlan)
-    if language:
-        figure = _draw_language(table, args.plan, summary)
-    else:
-        figure = _draw_search(table, args, summary) if args.search else _draw(table, args, args.plan.task, summary)
+    effect = args.effect
+    figure = _draw_search(table, args, summary) if args.search else _draw(table, args, args.plan.task, summary)
     stem = Path(args.out)
     paths = [stem.with_name(stem.name + suffix) for suffix in args.plan.suffixes if suffix != ".png"]
     with AtomicOutputs(lock=stem, purpose="latentcode patch") as outputs:
@@ -160,20 +157,15 @@ def run(args: argparse.Namespace) -> None:
             outputs.write_text(path, each.to_csv(index=False))
         outputs.write_text(paths[-1], json.dumps(_finite(summary), indent=2, default=str, allow_nan=False) + "\n")
         outputs.write_figure(stem, figure, ("png",), dpi=130)
-    if language:
+    if args.search:
+        _say_found(say, table.iloc[-1], effect)
+    elif effect == "change":
         best = table.loc[table["change"].idxmax()]
-        control = ("no control: too few pairs left outside it" if not isinstance(best["control"], str) or
-                   not best["control"] else f"control {best['control']}: {best['control change']:+.4f} ± "
-                   f"{best['control change se']:.4f}")
+        control = ("no control" if not isinstance(best.get("control"), str) or not best["control"]
+                   else f"control {best['control']}: {best['control change']:+.4f} ± {best['control change se']:.4f}")
         say(f"largest loss change: {best['group']}: {best['change']:+.4f} ± {best['change se']:.4f} nats ({control}"
             f"; loss unpatched "
             f"{best['before']:.3f}, n={summary['n']} windows of {summary['seq_len']} tokens)")
-    elif args.search:
-        found = table.iloc[-1]
-        say(f"found: {found['group']} ({found['step']}): transfer {found['transfer']:.3f} ± {found['transfer se']:.3f}, "
-            f"damage {found['damage']:.3f} ± {found['damage se']:.3f} on {int(found['n'])} fresh pairs"
-            + ("" if _clear(found) else "; not above 2 s.e. of zero: nothing this search weighed transfers the "
-               "sub-task on these pairs (the route ends in noise)"))
     else:
         best = table.loc[table["transfer"].idxmax()]
         say(f"largest transfer: {best['group']}: follow {best['follow (different)']:.3f} vs third-sub-task donor "
@@ -200,19 +192,27 @@ def transfer_colormap():
 
 
 def _draw(table, args, task, summary):
-    """The map: rows grid -> per layer, query x key block; heads grid -> layer x head; groups -> bars.
-    Transfer on one signed scale, symmetric about 0 and white at 0; a cell with no group is grey,
-    and the colour bar's label says so."""
+    """The map: rows grid -> per layer, query x key block; heads grid -> layer x head; offsets grid ->
+    layer x band; groups -> bars. The effect (`args.effect`: a run's transfer, a causal LM's loss change)
+    on one signed scale, symmetric about 0 and white at 0; a cell with no group is grey, and the colour
+    bar's label says so."""
     import numpy as np
     from matplotlib.figure import Figure
 
     from latentcode.analysis.captions import wrap_lines
+    from latentcode.intervention.patching.site_groups import BANDS
 
-    limit = max(0.1, float(np.nanmax(np.abs(table["transfer"]))))
+    effect = getattr(args, "effect", "transfer")
+    limit = max(0.1 if effect == "transfer" else 0.0, float(np.nanmax(np.abs(table[effect])))) or 1.0
     colormap = transfer_colormap()
-    title_lines = [f"{Path(args.run).name}: transfer = follow (r' donor) - follow (third donor)",
-                   f"{args.split} ({args.variant}), n = {summary['n']} pairs per group, "
-                   f"prediction {summary['prediction']}"]
+    if effect == "transfer":
+        title_lines = [f"{Path(args.run).name}: transfer = follow (r' donor) - follow (third donor)",
+                       f"{args.split} ({args.variant}), n = {summary['n']} pairs per group, "
+                       f"prediction {summary['prediction']}"]
+    else:
+        title_lines = [f"{summary['model']}: resample ablation, next-token loss change (nats)",
+                       f"T = {summary['seq_len']}, {args.split} split, n = {summary['n']} windows, "
+                       f"positions {summary['positions']}"]
     grids = []
     if args.grid == "rows":
         figure = _draw_rows_grid(table, colormap, limit, grids)
@@ -229,9 +229,9 @@ def _draw(table, args, task, summary):
             grid = np.full((len(rows), len(columns)), np.nan)
             for _, row in table[table["layer"] == layer].iterrows():
                 if args.per_head:
-                    grid[rows.index(f"{row['query_part']} x {row['key_part']}"), columns.index(row["head"])] = row["transfer"]
+                    grid[rows.index(f"{row['query_part']} x {row['key_part']}"), columns.index(row["head"])] = row[effect]
                 else:
-                    grid[rows.index(row["query_part"]), columns.index(row["key_part"])] = row["transfer"]
+                    grid[rows.index(row["query_part"]), columns.index(row["key_part"])] = row[effect]
             grids.append(grid)
             image = axis.imshow(grid, cmap=colormap, vmin=-limit, vmax=limit, aspect="auto")
             axis.set_title(f"layer {layer}", fontsize=9)
@@ -240,18 +240,22 @@ def _draw(table, args, task, summary):
             axis.set_xlabel("head" if args.per_head else f"keys ({args.partition_grid[1]})", fontsize=8)
             axis.set_ylabel(f"queries ({args.partition_grid[0]})", fontsize=8)
         figure.colorbar(image, ax=list(axes), shrink=0.8, label=_bar_label(grids))
-    elif args.grid == "heads":
-        layers = sorted(table["layer"].unique())
-        grid = np.full((len(layers), int(table["head"].max()) + 1), np.nan)
+    elif args.grid in ("heads", "offsets"):
+        heads, layers = args.grid == "heads", sorted(table["layer"].unique())
+        columns = list(range(int(table["head"].max()) + 1)) if heads else list(BANDS)
+        grid = np.full((len(layers), len(columns)), np.nan)
         for _, row in table.iterrows():
-            grid[layers.index(row["layer"]), int(row["head"])] = row["transfer"]
-        figure = Figure(figsize=(0.35 * grid.shape[1] + 2.5, 0.45 * len(layers) + 1.6), layout="constrained")
+            grid[layers.index(row["layer"]), columns.index(row["head"] if heads else row["band"])] = row[effect]
+        figure = Figure(figsize=((0.35 if heads else 0.9) * len(columns) + 2.5, 0.45 * len(layers) + 1.6),
+                        layout="constrained")
         axis = figure.subplots()
         grids.append(grid)
         image = axis.imshow(grid, cmap=colormap, vmin=-limit, vmax=limit, aspect="auto")
         axis.set_yticks(range(len(layers)), [f"layer {layer}" for layer in layers], fontsize=7)
-        axis.set_xlabel("head", fontsize=8)
-        figure.colorbar(image, ax=axis, label=_bar_label(grids))
+        if not heads:
+            axis.set_xticks(range(len(columns)), columns, fontsize=7, rotation=30)
+        axis.set_xlabel("head" if heads else "relative-offset band (every head)", fontsize=8)
+        figure.colorbar(image, ax=axis, label=_bar_label(grids, effect))
     else:
         figure = Figure(figsize=(7, 0.45 * len(table) + 1.6), layout="constrained")
         _transfer_and_damage(figure.subplots(), table, table["group"])
@@ -288,28 +292,33 @@ def _draw_rows_grid(table, colormap, limit: float, grids: list):
     return figure
 
 
-def _bar_label(grids) -> str:
-    """The colour bar's label: transfer, and what the grey cells are where the map has any."""
+def _bar_label(grids, effect: str = "transfer") -> str:
+    """The colour bar's label: the effect, and what the grey cells are where the map has any."""
     import numpy as np
 
     unmeasured = any(np.isnan(grid).any() for grid in grids)
-    return "transfer (0 = white)" + ("\ngrey: no group measured" if unmeasured else "")
+    return f"{effect} (0 = white)" + ("\ngrey: no group measured" if unmeasured else "")
 
 
 def _transfer_and_damage(axis, table, labels) -> None:
-    """Per group, transfer and damage (± s.e.) side by side on one axis (both are fractions of pairs)."""
+    """Per group, transfer and damage (± s.e.) side by side on one axis (both are fractions of pairs); a
+    causal LM's table: its next-token loss change alone."""
     import numpy as np
 
     positions = np.arange(len(table))
-    axis.barh(positions - 0.2, table["transfer"], height=0.4, xerr=table["transfer se"], color="tab:blue",
-              label="transfer: follow (r' donor) - follow (third donor)")
-    axis.barh(positions + 0.2, table["damage"], height=0.4, xerr=table["damage se"], color="tab:gray",
-              label="damage: keep (unpatched) - keep (same-sub-task donor)")
+    if "damage" in table:
+        axis.barh(positions - 0.2, table["transfer"], height=0.4, xerr=table["transfer se"], color="tab:blue",
+                  label="transfer: follow (r' donor) - follow (third donor)")
+        axis.barh(positions + 0.2, table["damage"], height=0.4, xerr=table["damage se"], color="tab:gray",
+                  label="damage: keep (unpatched) - keep (same-sub-task donor)")
+        axis.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=2, frameon=False)
+    else:
+        axis.barh(positions, table["change"], xerr=table["change se"], color="tab:blue")
     axis.axvline(0, color="0.5", linewidth=0.8)
     axis.set_yticks(positions, [label if len(label) <= 60 else label[:57] + "..." for label in labels], fontsize=7)
     axis.invert_yaxis()
-    axis.set_xlabel("fraction of pairs (± s.e.)", fontsize=8)
-    axis.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=2, frameon=False)
+    axis.set_xlabel("fraction of pairs (± s.e.)" if "damage" in table else "next-token loss change (nats, ± s.e.)",
+                    fontsize=8)
 
 
 def _draw_search(table, args, summary):
@@ -320,41 +329,24 @@ def _draw_search(table, args, summary):
     labels = [f"{step} ({int(row['n_queries'])} x {int(row['n_keys'])}, layer {int(row['layer'])})"
               for step, (_, row) in zip(table["step"], table.iterrows(), strict=True)]
     _transfer_and_damage(figure.subplots(), table, labels)
-    figure.suptitle(f"{Path(args.run).name}: patch --search route, coarse to fine; {args.split} ({args.variant}), "
-                    f"prediction {summary['prediction']}\nchosen on {summary['n']} selection pairs (seed {args.seed}), "
-                    f"measured on {int(table['n'].iloc[0])} fresh pairs (seed {args.seed + 1})", fontsize=8)
+    what = (f"{args.split} ({args.variant}), prediction {summary['prediction']}" if "damage" in table
+            else f"{args.split} split, resample ablation")
+    figure.suptitle(f"{Path(args.run).name}: patch --search route, coarse to fine; {what}\nchosen on "
+                    f"{summary['n']} selection {args.plan.inputs.unit}s (seed {args.seed}), measured on "
+                    f"{int(table['n'].iloc[0])} fresh ones (seed {args.seed + 1})", fontsize=8)
     return figure
 
 
-def _draw_language(table, plan, summary):
-    """The map of a resample ablation: layer x head of the loss change, one signed scale symmetric
-    about 0 (white), the largest |change| its end."""
-    import numpy as np
-    from matplotlib.figure import Figure
-
-    from latentcode.intervention.patching.language_plan import BANDS
-
-    layers = sorted(table["layer"].unique())
-    columns = list(range(plan.shape.n_heads)) if plan.grid == "heads" else list(BANDS)
-    grid = np.full((len(layers), len(columns)), np.nan)
-    for _, row in table.iterrows():
-        grid[layers.index(row["layer"]), columns.index(row["head"] if plan.grid == "heads" else row["band"])] = \
-            row["change"]
-    limit = float(np.nanmax(np.abs(grid))) or 1.0
-    width = 0.45 * len(columns) + 3.2 if plan.grid == "heads" else 0.9 * len(columns) + 3.2
-    figure = Figure(figsize=(width, 0.4 * len(layers) + 2.3), layout="constrained")
-    axis = figure.subplots()
-    image = axis.imshow(grid, cmap=transfer_colormap(), vmin=-limit, vmax=limit, aspect="auto")
-    axis.set_yticks(range(len(layers)), [f"layer {layer}" for layer in layers], fontsize=7)
-    axis.set_xticks(range(len(columns)), [str(column) for column in columns], fontsize=7,
-                    rotation=0 if plan.grid == "heads" else 30)
-    axis.set_xlabel("head" if plan.grid == "heads" else "relative-offset band (every head)", fontsize=8)
-    figure.colorbar(image, ax=axis, label="loss change (nats), 0 = white")
-    what = "one (layer, head)" if plan.grid == "heads" else "one (layer, offset band)"
-    figure.suptitle(f"{summary['model']}: resample ablation, {what} at a time\nnext-token loss change, "
-                    f"T = {plan.seq_len}, {plan.split} split, n = {plan.n} windows (positions {summary['positions']})",
-                    fontsize=8)
-    return figure
+def _say_found(say, found, effect: str) -> None:
+    """The closing line of a search: the group found, its effect on the fresh bases."""
+    if effect == "change":
+        say(f"found: {found['group']} ({found['step']}): loss change {found['change']:+.4f} ± "
+            f"{found['change se']:.4f} nats on {int(found['n'])} fresh windows")
+        return
+    say(f"found: {found['group']} ({found['step']}): transfer {found['transfer']:.3f} ± {found['transfer se']:.3f}, "
+        f"damage {found['damage']:.3f} ± {found['damage se']:.3f} on {int(found['n'])} fresh pairs"
+        + ("" if _clear(found) else "; not above 2 s.e. of zero: nothing this search weighed transfers the "
+           "sub-task on these pairs (the route ends in noise)"))
 
 
 COMMAND = Command(register, check, run, order=60, parameters={"run_or_model": "run", "groups": "group"})

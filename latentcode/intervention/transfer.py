@@ -26,7 +26,6 @@ on it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from latentcode.intervention.next_token import mean_and_se
 from latentcode.intervention.patching import SiteGroup, patching_sweep
 
 METRICS = ("follow", "keep", "logit_difference")
@@ -105,17 +105,13 @@ def transfer_sweep(model: nn.Module, task: Any, pairs: Any, groups: Sequence[Sit
             row[f"{metric} (unpatched)"] = float(first.base[metric].mean())
         for relation, sweep in sweeps.items():
             for metric in METRICS:
-                values = sweep.patched[metric][index]
-                row[f"{metric} ({relation})"] = float(values.mean())
-                row[f"{metric} ({relation}) se"] = float(values.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
+                row[f"{metric} ({relation})"], row[f"{metric} ({relation}) se"] = mean_and_se(
+                    sweep.patched[metric][index])
         if "different" in sweeps and "third" in sweeps:
             paired = sweeps["different"].patched["follow"][index] - sweeps["third"].patched["follow"][index]
-            row["transfer"] = float(paired.mean())
-            row["transfer se"] = float(paired.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
+            row["transfer"], row["transfer se"] = mean_and_se(paired)
         if "same" in sweeps:
-            lost = unpatched_keep - sweeps["same"].patched["keep"][index]
-            row["damage"] = float(lost.mean())
-            row["damage se"] = float(lost.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
+            row["damage"], row["damage se"] = mean_and_se(unpatched_keep - sweeps["same"].patched["keep"][index])
         rows.append(row)
     table = pd.DataFrame(rows)
     table.attrs["per_example"] = PerExample({relation: sweep.patched for relation, sweep in sweeps.items()})

@@ -13,9 +13,11 @@ import transformers
 from latentcode.cli import main
 from latentcode.errors import LatentcodeError
 from latentcode.intervention.patching import patch, plan_patch
-from latentcode.intervention.patching.language_patch import control_heads, donors, swept_groups
-from latentcode.intervention.patching.language_plan import BANDS, LanguagePatchPlan, band_pairs
+from latentcode.intervention.patching.plan import PatchPlan, WindowInputs
+from latentcode.intervention.patching.run import groups_of
+from latentcode.intervention.patching.site_groups import BANDS, band_pairs, control_heads
 from latentcode.pretrained import corpus_token_windows, load_pretrained
+from latentcode.token_windows import TokenWindows
 from tests.pretrained_models import save_tiny_llama, tiny_llama_config, tiny_tokenizer
 
 SEQ_LEN, N = 16, 6
@@ -86,9 +88,9 @@ def by_hand(directory, base_ids, donor_ids, layer, heads, pairs=None):
 def test_donors_are_a_seeded_derangement():
     for n in (2, 3, 7, 50):
         for seed in range(5):
-            donor = donors(n, seed)
+            donor = TokenWindows.donors(n, seed)
             assert sorted(donor) == list(range(n)) and not (donor == np.arange(n)).any()
-    assert (donors(50, 1) == donors(50, 1)).all() and (donors(50, 1) != donors(50, 2)).any()
+    assert (TokenWindows.donors(50, 1) == TokenWindows.donors(50, 1)).all() and (TokenWindows.donors(50, 1) != TokenWindows.donors(50, 2)).any()
 
 
 def test_patching_one_head_with_the_donors_codes_is_the_loss_computed_by_hand(tiny_llama, tmp_path):
@@ -99,7 +101,7 @@ def test_patching_one_head_with_the_donors_codes_is_the_loss_computed_by_hand(ti
     assert list(table.index) == [f"l1.h{head}" for head in range(4)]
     pretrained = load_pretrained(tiny_llama)
     ids = torch.from_numpy(corpus_token_windows(pretrained, "validation", SEQ_LEN, N, seed=0, extra=1))
-    donor = torch.from_numpy(donors(N, 0))
+    donor = torch.from_numpy(TokenWindows.donors(N, 0))
     eager = transformers.LlamaForCausalLM.from_pretrained(tiny_llama, attn_implementation="eager").eval()
     with torch.no_grad():
         before = loss_per_window(eager(input_ids=ids[:, :-1]).logits, ids)
@@ -152,7 +154,7 @@ def test_patching_an_offset_band_of_every_head_is_the_loss_computed_by_hand(tiny
     assert list(table.index) == [f"l1 {band}" for band in BANDS]
     pretrained = load_pretrained(tiny_llama)
     ids = torch.from_numpy(corpus_token_windows(pretrained, "validation", SEQ_LEN, N, seed=0, extra=1))
-    donor = torch.from_numpy(donors(N, 0))
+    donor = torch.from_numpy(TokenWindows.donors(N, 0))
     for band in ("previous k=q-1", "further 0<k<q-4"):
         mask = torch.zeros(SEQ_LEN, SEQ_LEN, dtype=torch.bool)
         for query, key in band_pairs(band, SEQ_LEN):
@@ -163,7 +165,7 @@ def test_patching_an_offset_band_of_every_head_is_the_loss_computed_by_hand(tiny
     # beside each band a control of as many random pairs of the layer outside it, where enough are left
     assert table.loc["l1 previous k=q-1", "control"] == "l1 random 14 pairs"
     assert table.loc["l1 further 0<k<q-4", "control"] == "l1 random 55 pairs"  # 81 of the 136 causal pairs left
-    groups, controls = swept_groups(plan_patch(str(tiny_llama), task={"seq_len": 32}, grid="offsets", layers=[1]))
+    groups, controls = groups_of(plan_patch(str(tiny_llama), task={"seq_len": 32}, grid="offsets", layers=[1]))
     assert controls[-1] is None and len(groups) == 2 * len(BANDS) - 1  # at T = 32 "further" has 351 of 528 pairs
     for band, control in zip(groups, controls[:-1], strict=False):
         band_set, drawn = set(band.selector.requests), set(groups[control].selector.requests)
@@ -180,8 +182,8 @@ def test_attribution_estimates_the_exact_loss_changes_where_they_are_small(tmp_p
 @pytest.mark.parametrize(("arguments", "python", "message"), [
     (["--n", "1"], {"n": 1}, "at least 2"),
     (["--layers", "2"], {"layers": [2]}, "the model has 2 layers (0..1)"),
-    (["--task", "seq_len=65"], {"task": {"seq_len": 65}}, "seq_len 65 is beyond the context of"),
-    (["--search"], {"search": True}, "reads windows of text, which have none"),
+    (["--task", "seq_len=65"], {"task": {"seq_len": 65}}, "seq_len=65 is beyond the context of"),
+    (["--variant", "odd"], {"variant": "odd"}, "variant 'odd' needs a run's task"),  # --search works: see below
     (["--grid", "rows"], {"grid": "rows"}, "a pretrained model is patched by (layer, head)"),
     (["--sites", "1:*:*", "--layers", "0"], {"sites": "1:*:*", "layers": [0]}, "name none of the layers swept"),
 ])
@@ -214,7 +216,7 @@ def test_outputs_already_there_are_kept(tiny_llama, tmp_path, capsys):
 
 def test_a_pretrained_model_plans_resample_ablation_and_a_run_refuses_its_task(tiny_llama):
     plan = plan_patch(str(tiny_llama), task={"seq_len": SEQ_LEN}, layers="1")
-    assert isinstance(plan, LanguagePatchPlan) and plan.layers == (1,) and plan.n == 32
+    assert isinstance(plan, PatchPlan) and isinstance(plan.inputs, WindowInputs) and plan.layers == (1,) and plan.n == 32
     assert plan.cost == {"groups": 4, "window_passes": 32 * 6, "passes": 6}
     with pytest.raises(LatentcodeError, match="a run's task is its own"):
         plan_patch("models/sraven-hyla", task={"seq_len": SEQ_LEN})

@@ -45,15 +45,13 @@ outputs checked first by the torch-free `plan_patch`, which the command line's c
     result = patch("models/sraven-hyla", grid="slot", layers=[2], n=64)     # -> PatchResult
     result.table, result.summary
 
-A pretrained causal LM has no counterfactual pairs: `patch("smollm2", task={"seq_len": 128}, layers=[3])`
-runs resample ablation instead (`language_patch`: each window with another window's codes, per (layer,
-head) or per relative-offset band, each beside a random control; planned by `language_plan`).
+A causal LM has no counterfactual pairs: `patch("smollm2", task={"seq_len": 128}, layers=[3])` runs
+resample ablation instead (each window with another window's codes, read on the next-token loss), through
+the same plan and loop: the heads grid with its random-head control, offset bands, --group, attribution
+and search alike (`plan`: PairInputs or WindowInputs; `measures`: what is measured on each).
 
-The modules: `plan` (plan_patch, PatchPlan), `run` (patch, PatchResult), `language_plan`
-(plan_language_patch, LanguagePatchPlan), `language_patch` (language_patch, donors, band groups), `site_groups` (SiteGroup, site_grid, head_grid), `partitions` (task_partitions,
-partition_grid, part_group), `search` (site_search, SiteSearch), `inputs` (base and donor batches, the
-metric), `layer_codes` (record_codes: the codes of one pass per layer), `sweep` (patching_sweep,
-PatchingSweep), `attribution` (attribution_patching, Attribution, compare_attribution).
+The modules: `plan` (plan_patch and the two inputs), `run` (patch, the controls), `measures` (what is
+measured on each input), `site_groups`, `partitions`, `search`, `inputs`, `layer_codes`, `sweep`, `attribution`.
 """
 
 from latentcode.lazy import lazy_exports

@@ -186,12 +186,16 @@ def attribution_patching(
 
 def compare_attribution(sweep: PatchingSweep, attribution: Attribution) -> dict[str, float]:
     """How well attribution estimates the exact sweep, over the sweep's groups: Pearson and Spearman
-    correlation of the mean effects, and the number of groups."""
+    correlation of the mean effects (NaN where undefined), and the number of groups."""
+    found = correlations(sweep.effects.mean(1), attribution.for_groups(sweep.groups).mean(1))
+    return {**{name: math.nan if value is None else value for name, value in found.items()}, "groups": len(sweep.groups)}
+
+
+def correlations(exact: np.ndarray, estimate: np.ndarray) -> dict[str, float | None]:
+    """Pearson and Spearman correlation of two per-group vectors; None where undefined (fewer than 3
+    groups or a constant vector), computed without scipy's warnings."""
+    if len(exact) < 3 or np.std(exact) == 0 or np.std(estimate) == 0:
+        return {"pearson": None, "spearman": None}
     from scipy.stats import pearsonr, spearmanr
 
-    exact = sweep.effects.mean(1)
-    estimate = attribution.for_groups(sweep.groups).mean(1)
-    if len(exact) < 3 or np.std(exact) == 0 or np.std(estimate) == 0:
-        return {"pearson": float("nan"), "spearman": float("nan"), "groups": len(exact)}
-    return {"pearson": float(pearsonr(exact, estimate)[0]), "spearman": float(spearmanr(exact, estimate)[0]),
-            "groups": len(exact)}
+    return {"pearson": float(pearsonr(exact, estimate)[0]), "spearman": float(spearmanr(exact, estimate)[0])}

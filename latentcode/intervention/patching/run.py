@@ -1,14 +1,16 @@
-"""`patch`: a patching sweep (or search) of a run directory, as `latentcode patch` runs it.
+"""`patch`: a patching sweep (or search) of any model, as `latentcode patch` runs it.
 
-    result = patch("models/sraven-hyla", grid="slot", layers=[2], n=64)
-    result.table                   # one row per group: follow (different/third/same), transfer, damage, ...
-    result.summary                 # what the command line writes as <out>.json (without `seconds`)
+    result = patch("models/sraven-hyla", grid="slot", layers=[2], n=64)     # a run: counterfactual pairs
+    result = patch("smollm2", task={"seq_len": 128}, grid="heads", layers=[3], n=32)   # resample ablation
+    result.table, result.summary   # a row per group (transfer, damage; or loss change); <out>.json's content
 
-Everything is checked first by `plan_patch` (torch-free; the command line's check builds the same
-plan and hands it here), so the Python API and the command line answer a mistake with one message.
-The pairs are the run's task's counterfactual pairs (`Task.counterfactual_pairs`), each group read
-against the third-sub-task donor baseline (`latentcode.intervention.transfer`). A pretrained causal LM
-is patched by resample ablation instead (`language_patch`: each window with another window's codes).
+`plan_patch` checks everything first (torch-free; the command line builds the same plan). One loop for
+every model: load the subject, draw its inputs (`plan.inputs.measure`), patch the groups (`measures`).
+Beside each head of the heads grid its control, another head of the same layer drawn at random (seeded)
+and patched from the same donors (one of the grid's own groups), and the layer's other heads' per-base
+median; beside each offset band as many random pairs of the layer outside it: `control EFFECT`,
+`EFFECT - control`, `EFFECT - others' median` (EFFECT: transfer or change), paired over the bases, mean ±
+std / sqrt(n). `attribution`: attribution patching's estimate of each group's objective beside the exact one.
 """
 
 from __future__ import annotations
@@ -18,8 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from latentcode.intervention.patching.language_plan import LanguagePatchPlan
-from latentcode.intervention.patching.plan import DONORS, PatchPlan, plan_patch
+from latentcode.intervention.patching.plan import PatchPlan, plan_patch
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -38,7 +39,7 @@ class PatchResult:
         return self.tables[0]
 
 
-def patch(run_or_plan: str | Path | PatchPlan | LanguagePatchPlan, *, progress: bool = False,
+def patch(run_or_plan: str | Path | PatchPlan, *, progress: bool = False,
           say: Callable[[str], None] | None = None, **options: Any) -> PatchResult:
     """The sweep `plan_patch(run_or_plan, **options)` describes (see there), or that of the plan
     given. `say`: called with the cost line before the work; `progress`: a bar (or lines) on stderr."""
@@ -46,105 +47,105 @@ def patch(run_or_plan: str | Path | PatchPlan | LanguagePatchPlan, *, progress: 
 
     from latentcode.intervention.patching.inputs import placement
     from latentcode.progress import Progress
-    from latentcode.provenance import sha256_of_file
-    from latentcode.training.run import Run
-    from latentcode.validation import place
 
-    plan = run_or_plan if isinstance(run_or_plan, (PatchPlan, LanguagePatchPlan)) else plan_patch(run_or_plan, **options)
-    if isinstance(plan, LanguagePatchPlan):
-        from latentcode.intervention.patching.language_patch import language_patch
-
-        return language_patch(plan, progress=progress, say=say)
-    record = Run(plan.source.path)
-    model = place(record.load_model(), plan.device, plan.dtype).eval()
-    task = record.task()
-    pairs = task.counterfactual_pairs(plan.n, plan.split, seed=plan.seed, variant=plan.variant,
-                                      prediction=plan.prediction)
-    what = "search" if plan.search else f"{plan.cost['groups']} groups"
+    plan = run_or_plan if isinstance(run_or_plan, PatchPlan) else plan_patch(run_or_plan, **options)
+    loaded = plan.subject.load(plan.device, plan.dtype, progress)
+    measure = plan.inputs.measure(loaded, plan.n, plan.seed)
     if say is not None:
-        say(f"cost: at most {plan.cost['groups']} groups patched, about {plan.cost['examples']:,} example forward "
-            f"passes ({what}; {len(pairs)} pairs x {'2 donors to select, 3 to confirm' if plan.search else '3 donors'})"
-            f" on {plan.split} ({plan.variant})")
-    bar = Progress(plan.cost["examples"], "patch", unit="example", enabled=progress)
+        say(measure.describe(plan))
+    bar = Progress(plan.cost.get("examples", plan.cost.get("window_passes", 0)), "patch", unit=measure.unit,
+                   enabled=progress)
     bar.start()
-    summary: dict[str, Any] = {"run": str(plan.source.path), "task": task.config(), "split": plan.split,
-                               "variant": plan.variant, "n": len(pairs), "prediction": pairs.prediction,
-                               "pairs": pairs.counts}
-    summary["checkpoint_sha256"] = sha256_of_file(record.directory.weights_path)  # a report shows it with this model only
-    summary.update(placement(model))
+    summary = {**measure.summary(plan, loaded), **placement(loaded.model)}
     try:
         with torch.no_grad():
-            if plan.search:
-                tables = _search(plan, model, task, pairs, bar, summary)
-            else:
-                tables = _sweep(plan, model, task, pairs, bar, summary)
+            run = _search if plan.search else _sweep
+            tables = run(plan, loaded, measure, bar, summary)
     finally:
         bar.close()
     return PatchResult(tables, summary)
 
 
-def groups_of(plan: PatchPlan, task) -> list:
-    """The site groups the plan sweeps (not for a search, which finds its own)."""
-    from latentcode.intervention.patching.partitions import partition_grid, task_partitions
-    from latentcode.intervention.patching.site_groups import SiteGroup, head_grid, site_grid
-    from latentcode.sources.sites import parse_selector
+def groups_of(plan: PatchPlan) -> tuple[list, list[int | None] | None]:
+    """The site groups the plan sweeps (not for a search, which finds its own): those reported first,
+    then any control groups; and for each reported group the index of its control (None: none), or
+    None for a grid without controls."""
+    from latentcode.intervention.patching import site_groups
+    from latentcode.intervention.patching.partitions import partition_grid
 
     if plan.partition_grid:
-        return partition_grid(task_partitions(task), *plan.partition_grid, layers=list(plan.layers),
-                              n_heads=plan.n_heads if plan.per_head else None)
+        return partition_grid(plan.inputs.partitions(), *plan.partition_grid, layers=list(plan.layers),
+                              n_heads=plan.n_heads if plan.per_head else None), None
     if plan.grid == "rows":
-        return site_grid(plan.n_layers, task.seq_len, layers=list(plan.layers), queries=list(plan.query_positions),
-                         key_blocks=plan.key_blocks)
+        return site_groups.site_grid(plan.n_layers, plan.task.seq_len, layers=list(plan.layers),
+                                     queries=list(plan.query_positions), key_blocks=plan.key_blocks), None
     if plan.grid == "heads":
-        return head_grid(plan.n_layers, plan.n_heads, sites=plan.sites)
-    return [SiteGroup(parse_selector(spec, task), coordinates={"spec": spec}) for spec in plan.groups]
+        return site_groups.heads_with_controls(plan.n_layers, plan.n_heads, plan.inputs.selector(plan.sites),
+                                               plan.layers, plan.seed)
+    if plan.grid == "offsets":
+        return site_groups.offsets_with_controls(plan.task.seq_len, plan.layers, plan.seed)
+    return [site_groups.SiteGroup(plan.inputs.selector(spec), coordinates={"spec": spec}) for spec in plan.groups], None
 
 
-def _correlations(exact, estimate) -> dict[str, float | None]:
-    """Pearson and Spearman correlation of two per-group vectors; None where undefined (fewer than 3
-    groups or a constant vector), computed without scipy's warnings."""
-    import numpy as np
+def _sweep(plan: PatchPlan, loaded: Any, measure: Any, progress: Any, summary: dict[str, Any]) -> tuple:
+    from latentcode.intervention.patching.attribution import correlations
+    from latentcode.intervention.patching.site_groups import CONTROLS
 
-    if len(exact) < 3 or np.std(exact) == 0 or np.std(estimate) == 0:
-        return {"pearson": None, "spearman": None}
-    from scipy.stats import pearsonr, spearmanr
-
-    return {"pearson": float(pearsonr(exact, estimate)[0]), "spearman": float(spearmanr(exact, estimate)[0])}
-
-
-def _sweep(plan, model, task, pairs, progress, summary):
-    from latentcode.intervention.patching.attribution import attribution_patching
-    from latentcode.intervention.transfer import (
-        counterfactual_metrics,
-        output_position,
-        per_example,
-        transfer_sweep,
-    )
-
-    groups = groups_of(plan, task)
-    progress.begin(f"{len(groups)} groups x {len(pairs)} pairs x {len(DONORS)} donors")
-    table = transfer_sweep(model, task, pairs, groups, relations=DONORS, on_pass=progress.advance)
+    groups, controls = groups_of(plan)
+    reported = len(groups) if controls is None else len(controls)
+    progress.begin(f"{len(groups)} groups x {len(measure)} {measure.unit}s")
+    table, effects = measure.sweep(loaded.model, groups, on_pass=progress.advance)
     summary.update({"groups": len(groups), "forward_passes": table.attrs["forward_passes"]})
     if plan.attribution:
         progress.begin("attribution")
-        metrics = counterfactual_metrics(pairs, task.objective, output_position(task, pairs.prediction))
-        attribution = attribution_patching(model, pairs.base.torch().x, pairs.donors["different"].torch().x,
-                                           metrics["logit_difference"], sites="*:*:*")
-        estimate = attribution.for_groups(groups)
-        exact = per_example(table, "different", "logit_difference") - table["logit_difference (unpatched)"].iloc[0]
-        table["logit_difference effect"] = exact.mean(1)
-        table["attribution estimate"] = estimate.mean(1)
-        summary["attribution_vs_exact"] = _correlations(exact.mean(1), estimate.mean(1))
+        estimate, exact = measure.attribution(loaded.model, groups, table)
+        table["attribution estimate"] = estimate
+        summary["attribution_vs_exact"] = correlations(exact[:reported], estimate[:reported])
+    if controls is not None:
+        summary["control"] = CONTROLS[plan.grid]
+        table = _with_controls(table, effects, controls, measure.effect, plan.grid == "heads")
+    measure.conclude(table, summary)
     return (table,)
 
 
-def _search(plan, model, task, pairs, progress, summary):
+def _with_controls(table: Any, effects: Any, controls: list[int | None], effect: str, heads: bool) -> Any:
+    """The reported rows with their controls' `effect` beside theirs, paired over the bases; for a heads
+    grid also against the per-base median of the layer's other heads."""
+    import numpy as np
+
+    from latentcode.intervention.next_token import mean_and_se
+
+    rows = table.iloc[:len(controls)].copy()
+    columns: dict[str, list] = {name: [] for name in ("control", f"control {effect}", f"control {effect} se",
+                                                       f"{effect} - control", f"{effect} - control se")}
+    for index, control in enumerate(controls):
+        against = np.full(effects.shape[1], np.nan) if control is None else effects[control]
+        values = ("" if control is None else table["group"].iloc[control], *mean_and_se(against),
+                  *mean_and_se(effects[index] - against))
+        for name, value in zip(columns, values, strict=True):
+            columns[name].append(value)
+    for name, values in columns.items():
+        rows[name] = values
+    if heads:  # beside one random head, the typical head of the layer: steadier
+        layer = rows["layer"].to_numpy()
+        typical = [np.median(effects[[other for other in range(len(rows)) if other != index
+                                      and layer[other] == layer[index]]], axis=0)
+                   if (layer == layer[index]).sum() > 1 else np.full(effects.shape[1], np.nan)
+                   for index in range(len(rows))]
+        rows[f"others' median {effect}"] = [float(values.mean()) for values in typical]
+        paired = [mean_and_se(effects[index] - values) for index, values in enumerate(typical)]
+        rows[f"{effect} - others' median"] = [mean for mean, _ in paired]
+        rows[f"{effect} - others' median se"] = [se for _, se in paired]
+    return rows
+
+
+def _search(plan: PatchPlan, loaded: Any, measure: Any, progress: Any, summary: dict[str, Any]) -> tuple:
     from latentcode.intervention.patching.search import site_search
 
-    confirmation = task.counterfactual_pairs(plan.confirm_n, plan.split, seed=plan.seed + 1, variant=plan.variant,
-                                             prediction=plan.prediction)
-    result = site_search(model, task, pairs, confirmation, layers=list(plan.layers), tolerance=plan.tolerance,
-                         on_pass=progress.advance, say=progress.begin)
+    confirmation = plan.inputs.measure(loaded, plan.confirm_n, plan.seed + 1)
+    result = site_search(loaded.model, plan.task, measure, confirmation, partitions=plan.inputs.partitions(),
+                         layers=list(plan.layers), tolerance=plan.tolerance, on_pass=progress.advance,
+                         say=progress.begin)
     summary.update({"search": result.settings, "confirmation_pairs": confirmation.counts,
                     "found": result.found.name, "examples": result.examples,
                     "route": result.confirmed.drop(columns=["group"]).to_dict("records")})

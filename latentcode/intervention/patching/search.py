@@ -15,7 +15,9 @@
 Every choice is made on the `selection` pairs; every reported number comes from the `confirmation`
 pairs, which no choice looked at. Transfer is `latentcode.intervention.transfer`'s: follow r' with
 the r' donor minus with a third-sub-task donor. Attribution ranks by the estimated change of the
-logit difference (r''s answer - the true one) with the r' donor minus that with the third donor.
+logit difference (r''s answer - the true one) with the r' donor minus that with the third donor. On a
+causal LM's windows (`measures.WindowsMeasure`) the transfer is the next-token loss change of resample
+ablation and the partitions the windows' (first token vs later ones, quarters).
 
     result = site_search(model, task, selection_pairs, confirmation_pairs)
     result.found            # the SiteGroup found
@@ -26,7 +28,7 @@ logit difference (r''s answer - the true one) with the r' donor minus that with 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,40 +79,20 @@ class SiteSearch:
 
 
 class _Exact:
-    """Exact transfer of candidates on the selection pairs, each patched once (a cache by group)."""
+    """Exact scores (transfer, or loss change) of candidates on the selection, each patched once (a cache)."""
 
-    def __init__(self, model, task, pairs, on_pass, groups_per_pass):
-        self.model, self.task, self.pairs = model, task, pairs
+    def __init__(self, model, selection, on_pass, groups_per_pass):
+        self.model, self.selection = model, selection
         self.options = {"on_pass": on_pass, "groups_per_pass": groups_per_pass}
         self.results: dict[tuple, tuple[float, float]] = {}
 
     def __call__(self, candidates: Sequence[Candidate]) -> list[tuple[float, float]]:
-        from latentcode.intervention.transfer import transfer_sweep
-
         todo = [c for c in dict.fromkeys(candidates) if c.key not in self.results]
         if todo:
-            table = transfer_sweep(self.model, self.task, self.pairs, [c.group() for c in todo], **self.options)
-            for candidate, transfer, se in zip(todo, table["transfer"], table["transfer se"], strict=True):
-                self.results[candidate.key] = (float(transfer), float(se))
+            scores = self.selection.scores(self.model, [c.group() for c in todo], **self.options)
+            for candidate, score in zip(todo, scores, strict=True):
+                self.results[candidate.key] = score
         return [self.results[c.key] for c in candidates]
-
-
-def _attribution_maps(model, task, pairs, layers: Iterable[int]) -> dict[int, np.ndarray]:
-    """Per layer `[query, key]`: the attribution estimate of patching each pair (all heads, mean
-    over examples) with the r' donor minus with the third donor, of the logit difference."""
-    from latentcode.intervention.patching.attribution import attribution_patching
-    from latentcode.intervention.transfer import counterfactual_metrics, output_position
-
-    metric = counterfactual_metrics(pairs, task.objective, output_position(task, pairs.prediction))["logit_difference"]
-    sites = ",".join(f"{layer}:*:*" for layer in layers)
-    base = pairs.base.torch().x
-    maps = {}
-    for sign, relation in ((1.0, "different"), (-1.0, "third")):
-        attribution = attribution_patching(model, base, pairs.donors[relation].torch().x, metric, sites=sites)
-        for layer in attribution.effects:
-            grid = np.nan_to_num(attribution.map(layer, task.seq_len))
-            maps[layer] = maps.get(layer, 0.0) + sign * grid
-    return maps
 
 
 def _estimate(maps: dict[int, np.ndarray], candidate: Candidate) -> float:
@@ -162,18 +144,24 @@ def site_search(
     say: Say | None = None,
 ) -> SiteSearch:
     """Search the site group whose patch transfers the donor's sub-task most (module docstring).
-    `selection`, `confirmation`: `CounterfactualPairs` of the task, drawn apart (e.g. two seeds);
-    `partitions` default `task_partitions(task)`; `layers` default every layer of the model."""
+    `selection`, `confirmation`: `CounterfactualPairs` of the task, drawn apart (e.g. two seeds), or
+    what `patch` measures on any model's inputs (`measures`: a causal LM's windows, each with another
+    window's codes, ranked by the next-token loss change instead of the transfer); `partitions` default
+    `task_partitions(task)`; `layers` default every layer of the model."""
     import pandas as pd
 
-    from latentcode.intervention.transfer import transfer_sweep
+    from latentcode.intervention.patching.measures import PairsMeasure
     from latentcode.sources.detect import detect_source
+
+    selection, confirmation = (inputs if hasattr(inputs, "scores") else PairsMeasure(task, inputs)
+                               for inputs in (selection, confirmation))
+    effect = selection.effect
 
     say = say or (lambda text: None)
     partitions = task_partitions(task) if partitions is None else partitions
     every = tuple(range(task.seq_len))
     layers = list(range(detect_source(model).n_layers())) if layers is None else list(layers)
-    exact = _Exact(model, task, selection, on_pass, groups_per_pass)
+    exact = _Exact(model, selection, on_pass, groups_per_pass)
     rows: list[dict] = []
 
     def record(candidates: Sequence[Candidate], estimates: Sequence[float | None], round_: int) -> None:
@@ -182,7 +170,7 @@ def site_search(
             rows.append({"stage": candidate.stage, "round": round_, "layer": candidate.layer, "how": candidate.how,
                          "n_queries": len(candidate.queries), "n_keys": len(candidate.keys),
                          "group": candidate.group().name, "estimate": estimate, "patched": candidate.key in exact.results,
-                         "transfer": transfer, "transfer se": se})
+                         effect: transfer, f"{effect} se": se})
 
     say(f"layers: patching each of {len(layers)} whole layers on {len(selection)} selection pairs")
     whole = [Candidate(layer, every, every, "layer", f"layer {layer}") for layer in layers]
@@ -193,7 +181,7 @@ def site_search(
     route = [whole[order[0]]]
 
     say(f"attribution: layers {kept_layers}, r' and third donors")
-    maps = _attribution_maps(model, task, selection, kept_layers)
+    maps = selection.attribution_maps(model, kept_layers)
     # Ranked within each layer: the first-order estimate is not comparable across layers (it
     # overstates the last layer's query row, whose patch mostly damages).
     blocks, estimates, best = [], [], []
@@ -237,10 +225,10 @@ def site_search(
     route = list(dict.fromkeys([route[0], route[1], route[-1]]))
     say(f"confirm: {len(route)} groups (best layer, best block, found) on {len(confirmation)} fresh pairs")
     groups = [candidate.group() for candidate in route]
-    confirmed = transfer_sweep(model, task, confirmation, groups, relations=("different", "third", "same"),
-                               on_pass=on_pass, groups_per_pass=groups_per_pass)
+    confirmed, _ = confirmation.sweep(model, groups, on_pass=on_pass, groups_per_pass=groups_per_pass)
     confirmed.insert(0, "step", [f"{c.stage}: {c.how}" for c in route])
-    examples = 2 * len(selection) * len(exact.results) + 3 * len(confirmation) * len(route)
+    examples = (selection.donors_scored * len(selection) * len(exact.results)
+                + confirmation.donors_confirmed * len(confirmation) * len(route))
     settings = {"layers": layers, "layers_kept": layers_kept, "per_step": per_step, "tolerance": tolerance,
                 "max_rounds": max_rounds, "partitions": {name: list(parts) for name, parts in partitions.items()},
                 "selection_pairs": len(selection), "confirmation_pairs": len(confirmation)}

@@ -82,3 +82,72 @@ def head_grid(n_layers: int, n_heads: int, sites: str | Selector = "*:*:*", laye
 
 def union_of(groups: Sequence[SiteGroup]) -> Selector:
     return Selector("explicit", requests=tuple(request for group in groups for request in group.selector.requests))
+
+
+# Relative-offset bands of the causal pairs (k <= q), disjoint and covering them all.
+BANDS = ("sink k=0", "self k=q", "previous k=q-1", "k=q-4..q-2", "further 0<k<q-4")
+CONTROLS = {
+    "heads": "another head of the same layer drawn at random (seeded), patched from the same donors",
+    "offsets": "as many pairs of the same layer (all heads) drawn at random (seeded) among its causal pairs outside "
+               "the band, patched from the same donors; none where fewer are left",
+}
+
+
+def band_pairs(band: str, seq_len: int) -> list[tuple[int, int]]:
+    """The (query, key) pairs of an offset band (BANDS) in a sequence of `seq_len` positions."""
+    def keys(query: int) -> range:
+        return {"sink k=0": range(0, 1 if query > 0 else 0), "self k=q": range(query, query + 1),
+                "previous k=q-1": range(query - 1, query) if query >= 2 else range(0),
+                "k=q-4..q-2": range(max(1, query - 4), max(1, query - 1)),
+                "further 0<k<q-4": range(1, max(1, query - 4))}[band]
+    return [(query, key) for query in range(seq_len) for key in keys(query)]
+
+
+def offset_groups(seq_len: int) -> int:
+    """Groups of one layer of the offsets grid: each band, and a control for each band that leaves at
+    least as many causal pairs outside it."""
+    causal = seq_len * (seq_len + 1) // 2
+    sizes = [len(band_pairs(band, seq_len)) for band in BANDS]
+    return len(BANDS) + sum(causal - size >= size for size in sizes)
+
+
+def control_heads(layers_and_heads: list[tuple[int, int]], n_heads: int, seed: int) -> list[int]:
+    """For each (layer, head), another head of the same layer drawn at random (seed `seed`)."""
+    rng = np.random.default_rng(seed)
+    return [int(rng.choice([other for other in range(n_heads) if other != head])) for _, head in layers_and_heads]
+
+
+def heads_with_controls(n_layers: int, n_heads: int, sites: str | Selector, layers: Iterable[int], seed: int
+                        ) -> tuple[list[SiteGroup], list[int | None]]:
+    """`head_grid`'s groups and, for each, the index of its control: another head of the same layer
+    (one of the grid's own groups, so it costs nothing)."""
+    groups = head_grid(n_layers, n_heads, sites=sites, layers=layers)
+    units = [(group.coordinates["layer"], group.coordinates["head"]) for group in groups]
+    row_of = {unit: index for index, unit in enumerate(units)}
+    if n_heads < 2:
+        return groups, [None] * len(groups)
+    heads = control_heads(units, n_heads, seed)
+    return groups, [row_of[(layer, head)] for (layer, _), head in zip(units, heads, strict=True)]
+
+
+def offsets_with_controls(seq_len: int, layers: Iterable[int], seed: int) -> tuple[list[SiteGroup], list[int | None]]:
+    """Per layer each band of BANDS (every head), then the control groups: for each band as many causal
+    pairs of the layer outside it, drawn at random (seed `seed`; None where fewer are left); and for
+    each band the index of its control."""
+    rng = np.random.default_rng(seed)
+    causal = [(query, key) for query in range(seq_len) for key in range(query + 1)]
+    groups, control_groups, controls = [], [], []
+    for layer in layers:
+        for band in BANDS:
+            pairs = band_pairs(band, seq_len)
+            groups.append(SiteGroup(Selector("explicit", requests=tuple((layer, q, k) for q, k in pairs)),
+                                    coordinates={"layer": layer, "band": band, "pairs": len(pairs)}))
+            outside = sorted(set(causal) - set(pairs))
+            if len(outside) < len(pairs):
+                controls.append(None)
+                continue
+            drawn = [outside[i] for i in sorted(rng.choice(len(outside), size=len(pairs), replace=False))]
+            controls.append(len(control_groups))
+            control_groups.append(SiteGroup(Selector("explicit", requests=tuple((layer, q, k) for q, k in drawn)),
+                                            coordinates={"layer": layer, "band": f"random {len(pairs)} pairs"}))
+    return groups + control_groups, [None if c is None else len(groups) + c for c in controls]
