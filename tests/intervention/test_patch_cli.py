@@ -41,7 +41,7 @@ def refused_without_torch(arguments):
     (["intervene", str(SRAVEN), "--split", "nope", "--zero-ablate", "all"],
      "--split: unknown split 'nope' for task 'sraven'; valid splits"),
     (["intervene", str(SRAVEN), "--sites", "*:40:*", "--zero-ablate", "all"], "position 40 is outside"),
-    (["intervene", str(SRAVEN), "--sites", "2:*:*", "--zero-ablate", "all"], "per_site=False (--no-per-site)"),
+    (["intervene", str(SRAVEN), "--sites", "2:*:*", "--alone", "sites", "--zero-ablate", "all"], "per_site=False (--no-per-site)"),
     (["extract", str(SRAVEN), "--sites", "*:*:*", "--n", "8"], "selects 5184 sites"),
 ])
 def test_bad_arguments_are_refused_before_torch_is_imported(tmp_path, arguments, message):
