@@ -46,25 +46,10 @@ def test_a_too_complex_function_is_found(tmp_path):
     assert any("C901" in line for line in findings) and any("PLR0912" in line for line in findings), findings
 
 
-# Files two helpers were rewriting when the 120-character limit came in (issue 47 item 6); the lead wraps them
-# after merging those rewrites and empties this list.
-NOT_YET_WRAPPED = (
-    "latentcode/intervention/patching/",
-    "latentcode/cli/patch.py",
-)
-
-
-def finding_path(finding: str) -> str:
-    """The file of one concise ruff finding (`path:line:column: CODE message`), relative to the repository."""
-    path = Path(finding.split(":", 1)[0])
-    return (REPOSITORY / path).resolve().relative_to(REPOSITORY).as_posix()
-
-
 def test_no_line_is_too_long():
     """Lines of at most 120 characters in the package, the analyses and the examples (wrap inside parentheses,
     split a long string into adjacent literals)."""
-    findings = [finding for finding in ruff_findings(LINE_RULES, *CHECKED)
-                if not finding_path(finding).startswith(NOT_YET_WRAPPED)]
+    findings = ruff_findings(LINE_RULES, *CHECKED)
     assert not findings, "wrap these lines:\n" + "\n".join(findings)
 
 
@@ -74,12 +59,6 @@ def test_a_too_long_line_is_found(tmp_path):
     assert len(findings) == 2 and all("E501" in line for line in findings), findings
     (tmp_path / "long.py").write_text(f"x = {'1' * 116}\n")  # 120 characters: within the limit
     assert not ruff_findings(LINE_RULES, tmp_path / "long.py")
-
-
-def test_the_files_not_yet_wrapped_exist():
-    """`NOT_YET_WRAPPED` names files and folders that are there: a renamed one would silently escape the check."""
-    missing = [name for name in NOT_YET_WRAPPED if not (REPOSITORY / name).exists()]
-    assert not missing, missing
 
 
 # --- Import direction -------------------------------------------------------------------------------

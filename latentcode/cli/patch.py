@@ -6,7 +6,8 @@ patching's estimate.
     latentcode patch models/sraven-hyla --search --out results/search          # find the group, no answer given
     latentcode patch runs/sraven-hyla --grid slot --layers 2 --out results/slots   # feature slot x feature slot
     latentcode patch runs/sraven-hyla --grid rows --layers 2 --key-blocks 9 --n 256 --out results/patch-l2
-    latentcode patch runs/sraven-hyla --grid heads --sites "2:3|7|11|15|19|23|27|31|35:3|7|11|15|19|23|27|31" --out results/heads
+    latentcode patch runs/sraven-hyla --grid heads --sites "2:3|7|11|15|19|23|27|31|35:3|7|11|15|19|23|27|31" \
+        --out results/heads
     latentcode patch runs/sraven-hyla --group "2:*:*" --group "*:35:*" --attribution --out results/two
     latentcode patch smollm2 --task seq_len=128 --n 32 --layers 0 5 10 --out results/smollm2   # resample ablation
 
@@ -57,7 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "next-token loss is read beside a control (another head of the same layer, drawn at random):\n"
         "  latentcode patch smollm2 --task seq_len=128 --n 16 --layers 0 5 10 15 20 25 29 --grid heads "
         "--out results/smollm2-heads\n"
-        "  latentcode patch smollm2 --task seq_len=64 --n 8 --layers 0 5 10 --grid offsets --out results/smollm2-offsets"
+        "  latentcode patch smollm2 --task seq_len=64 --n 8 --layers 0 5 10 --grid offsets "
+        "--out results/smollm2-offsets"
         "\n(--grid offsets: each band's control is as many random pairs of the layer outside it)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -72,15 +74,16 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "head: sink k=0, self k=q, previous k=q-1, k=q-4..q-2, further)")
     parser.add_argument("--per-head", action="store_true", help="partition grids: one group per head as well")
     parser.add_argument("--group", action="append", metavar="SPEC", help="one group of sites (repeatable)")
-    parser.add_argument("--layers", nargs="+", help="layers of the rows, heads, offsets and partition grids and of --search, "
-                        "e.g. 0,2 or 0 2 (default all)")
+    parser.add_argument("--layers", nargs="+", help="layers of the rows, heads, offsets and partition grids and of "
+                        "--search, e.g. 0,2 or 0 2 (default all)")
     parser.add_argument("--queries", default="*", help="query positions of the rows grid: *, an integer, A..B or "
                         "A|B|C (default *)")
     parser.add_argument("--key-blocks", type=integer(1), default=1, help="contiguous key blocks per query row "
                         "(default 1: the whole row)")
     parser.add_argument("--sites", default="*:*:*", help="sites of each head in the heads grid (default *:*:*)")
-    parser.add_argument("--n", type=integer(2), help="base/donor pairs (default 256; with --search, the selection pairs "
-                        "that choose the groups; a pretrained model: base windows, default 32, each with a donor)")
+    parser.add_argument("--n", type=integer(2), help="base/donor pairs (default 256; with --search, the selection "
+                        "pairs that choose the groups; a pretrained model: base windows, default 32, each with a "
+                        "donor)")
     parser.add_argument("--task", action="append", metavar="seq_len=T", help="a pretrained model: the window length "
                         f"(default {DEFAULT_SEQ_LEN} tokens)")
     parser.add_argument("--confirm-n", type=integer(2), default=512, help="--search: fresh pairs (seed + 1) on which "
@@ -110,8 +113,10 @@ def check(args: argparse.Namespace) -> None:
     from latentcode.cli.arguments import parse_assignments
     from latentcode.intervention.patching.plan import plan_patch
 
-    args.plan = plan_patch(args.run, task=parse_assignments(args.task, "--task") or None, search=args.search, grid=args.grid, groups=args.group, per_head=args.per_head,
-                           layers=None if args.layers is None else ",".join(args.layers), queries=args.queries, key_blocks=args.key_blocks, sites=args.sites,
+    args.plan = plan_patch(args.run, task=parse_assignments(args.task, "--task") or None, search=args.search,
+                           grid=args.grid, groups=args.group, per_head=args.per_head,
+                           layers=None if args.layers is None else ",".join(args.layers), queries=args.queries,
+                           key_blocks=args.key_blocks, sites=args.sites,
                            n=args.n, confirm_n=args.confirm_n, tolerance=args.tolerance, max_groups=args.max_groups,
                            split=args.split, variant=args.variant, prediction=args.prediction, seed=args.seed,
                            attribution=args.attribution, out=args.out, overwrite=args.overwrite, device=args.device,
@@ -218,7 +223,8 @@ def _draw(table, args, task, summary):
         figure = _draw_rows_grid(table, colormap, limit, grids)
     elif args.partition_grid:
         layers = sorted(table["layer"].unique())
-        rows = list(dict.fromkeys(table["query_part"] if not args.per_head else table["query_part"] + " x " + table["key_part"]))
+        rows = list(dict.fromkeys(table["query_part"] if not args.per_head
+                                  else table["query_part"] + " x " + table["key_part"]))
         columns = list(dict.fromkeys(table["key_part"])) if not args.per_head else sorted(table["head"].unique())
         figure = Figure(figsize=(max(7.0, (min(0.3 * len(columns), 8) + 1.6) * len(layers) + 1.2),
                                  min(0.25 * len(rows), 10) + 1.8),
@@ -229,7 +235,8 @@ def _draw(table, args, task, summary):
             grid = np.full((len(rows), len(columns)), np.nan)
             for _, row in table[table["layer"] == layer].iterrows():
                 if args.per_head:
-                    grid[rows.index(f"{row['query_part']} x {row['key_part']}"), columns.index(row["head"])] = row[effect]
+                    row_index = rows.index(f"{row['query_part']} x {row['key_part']}")
+                    grid[row_index, columns.index(row["head"])] = row[effect]
                 else:
                     grid[rows.index(row["query_part"]), columns.index(row["key_part"])] = row[effect]
             grids.append(grid)

@@ -45,7 +45,8 @@ class Attribution:
     differences: dict[int, Tensor]
     lengths: dict[int, tuple[int, int | None]]  # layer -> (keys, queries where they differ)
 
-    def map(self, layer: int, n_queries: int, n_keys: int | None = None, heads: Sequence[int] | None = None) -> np.ndarray:
+    def map(self, layer: int, n_queries: int, n_keys: int | None = None, heads: Sequence[int] | None = None
+            ) -> np.ndarray:
         """Mean effect over examples, summed over `heads` (default all), as `[query, key]` (NaN where
         no pair was measured)."""
         n_keys = n_queries if n_keys is None else n_keys
@@ -179,7 +180,8 @@ def attribution_patching(
         base = base_codes[layer].detach()
         gradient = torch.zeros_like(base) if gradient is None else gradient.detach()
         difference = donor_codes[layer].to(base.device, base.dtype) - base
-        effects[layer], grads[layer], differences[layer] = (gradient * difference).cpu(), gradient.cpu(), difference.cpu()
+        effects[layer], grads[layer] = (gradient * difference).cpu(), gradient.cpu()
+        differences[layer] = difference.cpu()
     return Attribution(effects, {layer: base_pairs.positions[layer] for layer in layers}, grads, differences,
                        {layer: base_pairs.lengths[layer] for layer in layers})
 
@@ -188,7 +190,8 @@ def compare_attribution(sweep: PatchingSweep, attribution: Attribution) -> dict[
     """How well attribution estimates the exact sweep, over the sweep's groups: Pearson and Spearman
     correlation of the mean effects (NaN where undefined), and the number of groups."""
     found = correlations(sweep.effects.mean(1), attribution.for_groups(sweep.groups).mean(1))
-    return {**{name: math.nan if value is None else value for name, value in found.items()}, "groups": len(sweep.groups)}
+    return {**{name: math.nan if value is None else value for name, value in found.items()},
+            "groups": len(sweep.groups)}
 
 
 def correlations(exact: np.ndarray, estimate: np.ndarray) -> dict[str, float | None]:

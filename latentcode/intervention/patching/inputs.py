@@ -24,7 +24,8 @@ def check_eval(model: nn.Module) -> None:
 def batch_size_of(inputs: Any) -> int:
     tensors = [inputs] if isinstance(inputs, Tensor) else [v for v in inputs.values() if isinstance(v, Tensor)]
     if not tensors:
-        raise UsageError(f"inputs must be a tensor or a dict of tensors (keyword arguments of the model), got {type(inputs).__name__}")
+        raise UsageError(f"inputs must be a tensor or a dict of tensors (keyword arguments of the model), got "
+                         f"{type(inputs).__name__}")
     return int(tensors[0].shape[0])
 
 
@@ -68,8 +69,12 @@ def repeat_batch(inputs: Any, times: int) -> Any:
 
 
 def check_same_shapes(base: Any, donor: Any) -> None:
-    base_shape = base.shape if isinstance(base, Tensor) else {k: tuple(v.shape) for k, v in base.items() if isinstance(v, Tensor)}
-    donor_shape = donor.shape if isinstance(donor, Tensor) else {k: tuple(v.shape) for k, v in donor.items() if isinstance(v, Tensor)}
+    def shape(inputs: Any) -> Any:
+        if isinstance(inputs, Tensor):
+            return inputs.shape
+        return {key: tuple(value.shape) for key, value in inputs.items() if isinstance(value, Tensor)}
+
+    base_shape, donor_shape = shape(base), shape(donor)
     if base_shape != donor_shape:
         raise UsageError(f"base and donor inputs must have the same shape (one donor per base example); got "
                          f"{tuple(base_shape) if isinstance(base_shape, torch.Size) else base_shape} and "

@@ -31,7 +31,8 @@ class LayerCodes:
         if layer not in self.positions:
             return
         all_queries, all_keys = self.positions[layer]
-        if len(queries) == len(all_queries) and torch.equal(queries.cpu(), all_queries) and torch.equal(keys.cpu(), all_keys):
+        if len(queries) == len(all_queries) and torch.equal(queries.cpu(), all_queries) \
+                and torch.equal(keys.cpu(), all_keys):
             self.codes[layer] = codes
             return
         column = {pair: index for index, pair in enumerate(zip(all_queries.tolist(), all_keys.tolist(), strict=True))}

@@ -58,7 +58,8 @@ class _Measure:
         """Per layer `[query, key]`: the estimate of patching each pair (all heads, mean over the bases), of
         the objective (a run's: with the r' donor minus with the third donor)."""
         maps: dict[int, Any] = {}
-        for weight, attribution in self.attributions(model, ",".join(f"{layer}:*:*" for layer in layers), contrast=True):
+        every_pair = ",".join(f"{layer}:*:*" for layer in layers)
+        for weight, attribution in self.attributions(model, every_pair, contrast=True):
             for layer in attribution.effects:
                 maps[layer] = maps.get(layer, 0.0) + weight * np.nan_to_num(attribution.map(layer, self.task.seq_len))
         return maps
@@ -161,7 +162,8 @@ class WindowsMeasure(_Measure):
 
     def bases(self, plan: Any) -> str:
         return (f"{len(self)} windows of {self.task.seq_len} tokens, each with a donor window, in passes of up to "
-                f"{self.inputs.batch_size}" + ("; then a backward pass per batch (attribution)" if plan.attribution else ""))
+                f"{self.inputs.batch_size}"
+                + ("; then a backward pass per batch (attribution)" if plan.attribution else ""))
 
     def summary(self, plan: Any, loaded: Any) -> dict[str, Any]:
         return {"model": loaded.name, "path": loaded.identity.get("model_path"), "method": "resample ablation",

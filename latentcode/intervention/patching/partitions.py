@@ -46,5 +46,6 @@ def partition_grid(partitions: Partitions, query_partition: str, key_partition: 
                 for head in [None] if n_heads is None else range(n_heads):
                     heads = None if head is None else (head,)
                     extra = {} if head is None else {"head": head}
-                    groups.append(part_group(layer, queries, keys, heads, query_part=query_name, key_part=key_name, **extra))
+                    groups.append(part_group(layer, queries, keys, heads, query_part=query_name, key_part=key_name,
+                                             **extra))
     return groups

@@ -221,8 +221,8 @@ def plan_patch(
     if sum(bool(choice) for choice in (grid, groups, search)) > 1:
         raise UsageError("give one of --search, --grid or --group")
     if search and attribution:
-        raise UsageError("--attribution goes with --grid or --group; --search ranks its candidates by attribution itself "
-                         "(the estimates are in <out>.candidates.csv)")
+        raise UsageError("--attribution goes with --grid or --group; --search ranks its candidates by attribution "
+                         "itself (the estimates are in <out>.candidates.csv)")
     with about("seed"):
         seed = check_integer("seed", seed, minimum=0)
     if task is not None and not subject.reads_text:
@@ -246,8 +246,8 @@ def plan_patch(
         if count > max_groups and not groups:
             with about("grid"):
                 raise UsageError(f"grid {grid} makes {count} groups, more than --max-groups {max_groups} (each "
-                                 f"costs {inputs.per_group.format(n=n)}); give --max-groups {count} to run them all, or fewer "
-                                 "layers, parts or blocks")
+                                 f"costs {inputs.per_group.format(n=n)}); give --max-groups {count} to run them all, "
+                                 "or fewer layers, parts or blocks")
         cost = inputs.cost(count, n)
     inputs.check_budget(cost, n)
     if out is not None:

@@ -67,8 +67,9 @@ class Candidate:
 class SiteSearch:
     """The result of `site_search`: `found` (the group), `route` (best layer, best block, found),
     `candidates` (pandas: every candidate with its attribution `estimate` and, where patched, its
-    selection-pair `transfer`, `transfer se`; `on route`: the accepted groups, coarse to fine), `confirmed` (pandas, `transfer_sweep` on the
-    confirmation pairs of the route), `examples` (example forward passes run by the exact sweeps)."""
+    selection-pair `transfer`, `transfer se`; `on route`: the accepted groups, coarse to fine), `confirmed`
+    (pandas, `transfer_sweep` on the confirmation pairs of the route), `examples` (example forward passes run
+    by the exact sweeps)."""
 
     found: SiteGroup
     route: list[Candidate]
@@ -121,7 +122,9 @@ def _refinements(partitions: Partitions, current: Candidate) -> list[Candidate]:
                 for verb, kept in (("only", positions & set(part)), ("without", positions - set(part))):
                     if not kept or kept == positions:
                         continue
-                    queries, keys = (tuple(sorted(kept)), current.keys) if side == "queries" else (current.queries, tuple(sorted(kept)))
+                    kept_positions = tuple(sorted(kept))
+                    queries, keys = ((kept_positions, current.keys) if side == "queries"
+                                     else (current.queries, kept_positions))
                     candidate = Candidate(current.layer, queries, keys, "refine", f"{side} {verb} {name}")
                     found.setdefault(candidate.key, candidate)
     return list(found.values())
@@ -169,7 +172,8 @@ def site_search(
             transfer, se = exact.results.get(candidate.key, (math.nan, math.nan))
             rows.append({"stage": candidate.stage, "round": round_, "layer": candidate.layer, "how": candidate.how,
                          "n_queries": len(candidate.queries), "n_keys": len(candidate.keys),
-                         "group": candidate.group().name, "estimate": estimate, "patched": candidate.key in exact.results,
+                         "group": candidate.group().name, "estimate": estimate,
+                         "patched": candidate.key in exact.results,
                          effect: transfer, f"{effect} se": se})
 
     say(f"layers: patching each of {len(layers)} whole layers on {len(selection)} selection pairs")
@@ -204,7 +208,8 @@ def site_search(
         # A cut that keeps the estimate while dropping many pairs ranks first: the estimate beyond the
         # current group's estimate shared out in proportion to size.
         current_estimate = _estimate(maps, current)
-        concentration = [e - current_estimate * c.size / current.size for e, c in zip(estimates, candidates, strict=True)]
+        concentration = [estimate - current_estimate * candidate.size / current.size
+                         for estimate, candidate in zip(estimates, candidates, strict=True)]
         best = [candidates[i] for i in np.argsort(concentration, kind="stable")[::-1][:per_step]]
         say(f"refine {round_}: {len(candidates)} cuts of {current.how} ({current.size} pairs), the best {len(best)} "
             "patched")

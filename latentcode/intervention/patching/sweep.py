@@ -110,7 +110,9 @@ class _GroupedPatch:
         if mask is None:
             return codes
         groups = mask.shape[0]
-        mask = mask.to(codes.device)[:, None].expand(groups, self.batch, *mask.shape[1:]).reshape(groups * self.batch, *mask.shape[1:])
+        pattern_shape = mask.shape[1:]
+        mask = mask.to(codes.device)[:, None].expand(groups, self.batch, *pattern_shape).reshape(groups * self.batch,
+                                                                                                  *pattern_shape)
         donor = donor.to(codes.device, codes.dtype).repeat(groups, 1, 1)
         return torch.where(mask, donor, codes)
 
