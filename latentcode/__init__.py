@@ -81,6 +81,7 @@ if TYPE_CHECKING:
     )
     from latentcode.pretrained import Pretrained, load_pretrained
     from latentcode.store import CodeFile, CodeWriter, InMemoryCodes, Site
+    from latentcode.subject import Subject, subject_of
     from latentcode.tasks import get_task
     from latentcode.training.config import TrainConfig
     from latentcode.training.presets import build_train_config
@@ -121,6 +122,8 @@ _WHERE = {
     "load_pretrained": "latentcode.pretrained",
     "Pretrained": "latentcode.pretrained",
     "keep_freed_memory": "latentcode.allocator",
+    "Subject": "latentcode.subject",
+    "subject_of": "latentcode.subject",
 }
 __all__ = [
     "ATTENTION_PRESETS",
@@ -136,6 +139,7 @@ __all__ = [
     "Recorder",
     "Run",
     "Site",
+    "Subject",
     "TrainConfig",
     "Viewer",
     "__version__",
@@ -152,6 +156,7 @@ __all__ = [
     "load_pretrained",
     "patch",
     "qk_attribution",
+    "subject_of",
     "train",
     "value_network_view",
 ]

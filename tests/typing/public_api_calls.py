@@ -23,6 +23,7 @@ from latentcode import (
     Recorder,
     Run,
     Site,
+    Subject,
     TrainConfig,
     Viewer,
 )
@@ -47,10 +48,12 @@ def uses_every_public_name(path: Path) -> None:
     result: PatchResult = latentcode.patch(run.path)
     patched: pd.DataFrame = result.table
     pretrained: Pretrained = latentcode.load_pretrained("smollm2", device="cpu", dtype="bfloat16")
+    subject: Subject = latentcode.subject_of(run.path)
+    n_heads: int = subject.n_heads
     with Recorder(model, "last-self") as recorder, Intervention(model, [], "last-self"):
         model(task.sample(2, "ood").x)
     recorded: dict[Site, object] = dict(recorder.pop())
     writer = CodeWriter(path / "codes.h5", sites, n_heads=4)
     writer.close()
     error: type[Exception] = LatentcodeError
-    print(presets, table, viewer, effects, patched, pretrained, recorded, error, latentcode.__version__)
+    print(presets, table, viewer, effects, patched, pretrained, n_heads, recorded, error, latentcode.__version__)
