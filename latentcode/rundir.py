@@ -331,17 +331,14 @@ PRETRAINED_NAMES = ("smollm2",)  # names that resolve to a causal LM a package s
 
 @dataclass(frozen=True)
 class ModelSource:
-    """What a path or name given for a model is, read from JSON alone (no torch).
-
-    kind: "run" (a run directory with its final model), "model" (a saved model directory:
-    config.json + model.safetensors, without its run), "pretrained" (a causal LM: a Hugging Face
-    directory, a `.gguf` file or a name such as "smollm2"; `latentcode.pretrained` loads it) or
-    "object" (a model object handed over in Python). `model_path` is the directory
-    `latentcode.models.load_model` reads; `task_config` the run's task (None without a run);
-    `model_config` the model's config as JSON (None for a pretrained model).
+    """Where a model given by path or name comes from, read from JSON alone (no torch): `path` as given
+    (None for a model object handed over in Python); `model_path` the directory
+    `latentcode.models.load_model` reads (a run's `model/`, a saved model directory itself; None for a
+    causal LM, which `latentcode.pretrained` loads); `task_config` the run's task (None without a run);
+    `model_config` the model's config as JSON (None for a causal LM). What kind of model it is, and so
+    what it reads, is `latentcode.subject.subject_of`'s to say.
     """
 
-    kind: str
     path: Path | None
     model_path: Path | None = None
     task_config: dict[str, Any] | None = None
@@ -380,15 +377,15 @@ def locate_model(path_or_name: str | Path) -> ModelSource:
     config.json is read as JSON (`model_config`; what it holds is checked by whoever builds from it)."""
     if is_pretrained(path_or_name):
         path = Path(path_or_name)
-        return ModelSource("pretrained", path)
+        return ModelSource(path)
     path = Path(path_or_name)
     run = RunDirectory(path)
     if path.is_dir() and run.looks_like_a_run():
         record = RunRecord.read(path)
-        return ModelSource("run", path, run.model_path, dict(record.task_config),
+        return ModelSource(path, run.model_path, dict(record.task_config),
                            record.config.get("resolved_model_config") or record.config["train"]["model"])
     if (path / WEIGHTS_FILE).is_file():
-        return ModelSource("model", path, path, None, _read_model_config(path / CONFIG_FILE))
+        return ModelSource(path, path, None, _read_model_config(path / CONFIG_FILE))
     raise RunDirectoryError(not_a_model(path))
 
 

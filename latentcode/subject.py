@@ -236,7 +236,7 @@ def _trained_subject(source: ModelSource, model_object: Any = None) -> TrainedSu
 
 def _object_subject(model: Any) -> TrainedSubject:
     info = resolve_model(model)[1]  # a latentcode Transformer, or the one line pointing to Recorder
-    return _trained_subject(ModelSource("object", None, model_config=info["model_config"]), model)
+    return _trained_subject(ModelSource(None, model_config=info["model_config"]), model)
 
 
 def task_of(source: ModelSource, task: Task | Mapping[str, Any] | None) -> Task:
@@ -259,7 +259,7 @@ def checked_model_config(source: ModelSource) -> dict[str, Any]:
 
     config = source.model_config
     with about("run_or_model"):
-        if source.kind == "model":
+        if source.path is not None and source.model_path == source.path:  # a saved model directory
             if not isinstance(config, dict):
                 raise UsageError(f"{source.path}/config.json holds a JSON {type(config).__name__}; expected an "
                                  "object of ModelConfig fields")
