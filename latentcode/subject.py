@@ -286,10 +286,12 @@ def resolve_model(run_or_model: str | Path | ModelSource | nn.Module) -> tuple[n
     if isinstance(run_or_model, nn.Module):
         model = run_or_model
         if not isinstance(model, Transformer):
-            raise TypeError(
-                f"extract() reads latentcode models, got a {type(model).__name__}; for other models use "
-                "latentcode.extraction.Recorder (it detects the source)"
-            )
+            with about("run_or_model"):
+                raise UsageError(
+                    f"run_or_model is a {type(model).__name__}; extract, intervene and patch take latentcode models "
+                    "and causal LMs (a run or model directory, a Transformer, 'smollm2', a Hugging Face directory, "
+                    "a .gguf file, a loaded Pretrained); for any other module record with "
+                    "latentcode.extraction.Recorder and edit with latentcode.intervention.Intervention")
         return model, {
             "model_name": model.config.attention_name,
             "model_config": model.config.to_dict(),
