@@ -53,6 +53,20 @@ class TokenWindows:
         """What a table's `variant` column says of these windows."""
         return f"T={self.seq_len}"
 
+    @property
+    def n_predictions(self) -> int:
+        """Every position predicts the next token."""
+        return self.seq_len
+
+    def position_partitions(self) -> dict[str, dict[str, tuple[int, ...]]]:
+        """Partitions of a window's positions (a text has no task structure, only position), as a task's
+        (`tasks.partitions.task_partitions`): the first token (where many heads park their attention) vs
+        the rest, and four contiguous quarters."""
+        edges = [round(self.seq_len * part / 4) for part in range(5)]
+        quarters = {f"quarter {part}": tuple(range(edges[part], edges[part + 1])) for part in range(4)}
+        return {"first": {"first token": (0,), "later tokens": tuple(range(1, self.seq_len))},
+                "quarter": {name: positions for name, positions in quarters.items() if positions}}
+
     def config(self) -> dict[str, Any]:
         return {"name": self.name, "seq_len": self.seq_len}
 

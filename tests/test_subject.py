@@ -51,3 +51,17 @@ def test_what_is_no_model_is_one_line(given, message):
     with pytest.raises(LatentcodeError) as raised:
         subject_of(given)
     assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("seq_len", [1, 7, 64])
+def test_a_windows_partitions_are_a_tasks_each_position_once(seq_len):
+    """Windows are a task like the others for patch's partition grids and search: `task_partitions` reads
+    them, each partition covers every position once, and every position predicts (no context part)."""
+    from latentcode.tasks.partitions import task_partitions
+
+    partitions = task_partitions(TokenWindows("m", seq_len))
+    assert set(partitions) == {"context", "first", "quarter"}
+    for parts in partitions.values():
+        assert sorted(p for positions in parts.values() for p in positions) == list(range(seq_len))
+    assert partitions["context"] == {"query": tuple(range(seq_len))}
+    assert partitions["first"]["first token"] == (0,)

@@ -64,6 +64,10 @@ class _Inputs:
     def check_budget(self, cost: Mapping[str, int], n: int) -> None:
         pass  # the groups are bounded by --max-groups, the pairs by memory
 
+    def partitions(self) -> dict[str, dict[str, tuple[int, ...]]]:
+        """The partitions of the task's positions its grids and the search read (`task_partitions`)."""
+        return task_partitions(self.task)
+
     def measure(self, loaded: Any, n: int, seed: int) -> Any:
         """`n` bases drawn with `seed` for `loaded`, and what is measured on them (`measures`)."""
         from latentcode.intervention.patching import measures
@@ -89,9 +93,6 @@ class PairInputs(_Inputs):
     def selector(self, spec: str) -> Any:
         return parse_selector(spec, self.task)
 
-    def partitions(self) -> dict[str, dict[str, tuple[int, ...]]]:
-        return task_partitions(self.task)
-
 
 @dataclass(frozen=True)
 class WindowInputs(_Inputs):
@@ -104,7 +105,7 @@ class WindowInputs(_Inputs):
     batch_size: int = 1
     variant = None
     prediction = None
-    grids = ("heads", "offsets")  # and the windows' partitions (window_partitions)
+    grids = ("heads", "offsets")  # and the windows' partitions (TokenWindows.position_partitions)
     effect = "change"
     unit, measured_by, per_group = "window", "WindowsMeasure", "--n {n} window forward passes"
 
@@ -114,9 +115,6 @@ class WindowInputs(_Inputs):
 
     def selector(self, spec: str) -> Any:
         return parse_selector(spec)
-
-    def partitions(self) -> dict[str, dict[str, tuple[int, ...]]]:
-        return window_partitions(self.task.seq_len)
 
     def at(self, first_query: int) -> WindowInputs:
         """The windows read from `first_query` (the first query the groups change) on."""
@@ -130,15 +128,6 @@ class WindowInputs(_Inputs):
                 raise UsageError(f"n={n} windows x ({cost['groups']} groups + 2) passes x {self.task.seq_len} tokens "
                                  f"is {tokens:,} tokens through the model, beyond the budget of {MAX_PATCH_TOKENS:,} "
                                  "(hours of a CPU); give a smaller --n, fewer --layers or a shorter --task seq_len")
-
-
-def window_partitions(seq_len: int) -> dict[str, dict[str, tuple[int, ...]]]:
-    """Partitions of a window's positions (a text has no task structure, only position): the first
-    token (where many heads park their attention) vs the rest, and four contiguous quarters."""
-    edges = [round(seq_len * part / 4) for part in range(5)]
-    quarters = {f"quarter {part}": tuple(range(edges[part], edges[part + 1])) for part in range(4)}
-    return {"first": {"first token": (0,), "later tokens": tuple(range(1, seq_len))},
-            "quarter": {name: positions for name, positions in quarters.items() if positions}}
 
 
 @dataclass(frozen=True)
