@@ -1,13 +1,12 @@
-"""`mean_and_se`: the summary over windows (or examples) of a per-window metric, as intervene, patch
-and the patching sweep report it. The metrics themselves are `latentcode.token_windows.window_metrics`."""
+"""`mean_and_se`: the summary over windows (or pairs) of a per-example effect, as patch and the patching
+sweep report it (intervene bootstraps instead: a task metric need not be a mean). The next-token metrics are
+`latentcode.token_windows.window_metrics`."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
-
-from latentcode.token_windows import METRICS, window_metrics  # noqa: F401 - where intervene and patch read them
 
 
 def mean_and_se(values: np.ndarray) -> tuple[float, float]:

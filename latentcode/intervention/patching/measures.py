@@ -20,8 +20,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from latentcode.intervention.next_token import METRICS, mean_and_se, window_metrics
+from latentcode.intervention.next_token import mean_and_se
 from latentcode.intervention.patching.plan import DONORS
+from latentcode.token_windows import METRICS, window_metrics
 
 ATTRIBUTION_SHARE = 4  # attribution's passes of windows hold a quarter of the sweep's (a backward pass keeps more)
 
