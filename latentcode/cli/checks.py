@@ -1,69 +1,15 @@
-"""Argument checks that several commands share: standard library, JSON and h5py only, so that a
-mistake is answered before torch or scikit-learn is imported.
-
-Inputs (`check_input_file`, `read_json_file`, `model_config_of`, `open_codes_files`, labels and splits
-of codes files), outputs (`check_output`, `check_stem_free`, `command_outputs`) and resources
-(`check_fits_in_memory`, `check_fits_on_disk`). Task splits and variants are checked by
-`latentcode.validation`, as the Python API checks them.
+"""What several commands share after their plan's checks (standard library only): notes on what
+they read (`note_caps`, `note_in_sample`), and outputs at a stem written as one set, refused where
+they would replace a result unless --overwrite (`check_stem_free`, `command_outputs`). Inputs are
+checked by `latentcode.analysis.checks`, outputs and resources by `latentcode.validation`, as the
+Python API checks them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-
-from latentcode.analysis.checks import (  # noqa: F401 - shared with the plan steps of the analyses; named here too
-    check_decodable,
-    check_input_file,
-    check_label,
-    check_one_column,
-    check_splits,
-    default_label,
-    label_name,
-    open_codes_files,
-)
-from latentcode.errors import UsageError
-from latentcode.validation import (  # noqa: F401 - shared with the plan steps of the Python API; named here too
-    check_fits_in_memory,
-    check_fits_on_disk,
-    check_output,
-    forward_pass_bytes,
-    machine_memory,
-)
-
-
-# -- inputs ---------------------------------------------------------------------------------------
-def read_json_file(path: str, flag: str, fields: str = "TrainConfig") -> dict:
-    """The JSON object in the file `path` names, refused in one line naming the file otherwise."""
-    text = check_input_file(path, flag).read_bytes()
-    try:
-        data = json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise UsageError(f"{flag} {path} is not a JSON file ({error})") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{flag} {path} holds a JSON {type(data).__name__}; expected an object of {fields} fields")
-    return data
-
-
-def model_config_of(path: Path) -> dict:
-    """The model config of a run directory or a saved model directory, from JSON (no torch), checked
-    as the plan steps check it (`latentcode.subject.checked_model_config`), named RUN_DIR."""
-    from latentcode.errors import LatentcodeError
-    from latentcode.rundir import locate_model
-    from latentcode.subject import checked_model_config
-
-    try:
-        return checked_model_config(locate_model(path))
-    except LatentcodeError as error:
-        raise UsageError(f"RUN_DIR {error}") from None
-
-
-def capped(code_files: Sequence, max_rows: int, seed: int = 0, command: str = "") -> list:
-    """Views of `code_files` that read at most `max_rows` examples of each split (`CodeFile.subsample`),
-    with a note on stdout for each split that is cut: the cap is never silent."""
-    return note_caps([code_file.subsample(max_rows, seed) for code_file in code_files], seed, command)
 
 
 def note_caps(views: Sequence, seed: int = 0, command: str = "") -> list:
@@ -83,7 +29,6 @@ def note_in_sample(fit_split: str, test_split: str) -> None:
               "held out (cross-validation folds)", flush=True)
 
 
-# -- outputs ---------------------------------------------------------------------------------------
 def check_stem_free(stem: str | Path, suffixes: Sequence[str], overwrite: bool, flag: str = "--out") -> None:
     """Refuse to replace files already written at `stem` + each suffix (tables, figures) unless
     --overwrite: a result written earlier is never lost by running a command again."""

@@ -6,9 +6,9 @@ import argparse
 import os
 
 from latentcode.cli.arguments import POSITIVE_INTEGER
-from latentcode.cli.checks import check_output
 from latentcode.cli.command import Command
 from latentcode.errors import UsageError
+from latentcode.validation import check_output
 
 SMOLLM2_DEMO = "smollm2"  # latentcode.relations.demo.DEMO_NAME, named here so that checking imports nothing
 

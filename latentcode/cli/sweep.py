@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 
 from latentcode.cli.arguments import POSITIVE_INTEGER, parse_value
-from latentcode.cli.checks import check_output
 from latentcode.cli.command import Command
 from latentcode.errors import UsageError
-from latentcode.validation import SEED_LIMIT, check_integer
+from latentcode.validation import SEED_LIMIT, check_integer, check_output
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -9,19 +9,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from latentcode.analysis.checks import check_input_file, check_label, check_splits, label_name, open_codes_files
 from latentcode.cli.arguments import POSITIVE_INTEGER, SEED
-from latentcode.cli.checks import (
-    check_input_file,
-    check_label,
-    check_output,
-    check_splits,
-    label_name,
-    open_codes_files,
-)
 from latentcode.cli.command import Command
 from latentcode.cli.view_tokens import add_arguments as add_token_arguments
 from latentcode.cli.view_tokens import check_token_view, run_token_view
 from latentcode.errors import UsageError
+from latentcode.validation import check_output
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
