@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -59,11 +59,11 @@ def command_modules() -> list[ModuleType]:
                   key=lambda module: module.COMMAND.order)
 
 
-class Registry(Mapping[str, Command]):
-    """The commands, each under the name of the parser it registered."""
+class Registry(dict[str, Command]):
+    """The commands, each under the name of the parser it registered (`parsers`: those parsers)."""
 
     def __init__(self) -> None:
-        self._commands: dict[str, Command] = {}
+        super().__init__()
         self.parsers: dict[str, argparse.ArgumentParser] = {}
 
     def add(self, subparsers: argparse._SubParsersAction, command: Command) -> argparse.ArgumentParser:
@@ -74,15 +74,6 @@ class Registry(Mapping[str, Command]):
         if len(names) != 1:
             raise TypeError(f"{command.register.__qualname__} returned a parser registered under {names}; "
                             "expected the one parser it added with subparsers.add_parser")
-        self._commands[names[0]] = command
+        self[names[0]] = command
         self.parsers[names[0]] = parser
         return parser
-
-    def __getitem__(self, name: str) -> Command:
-        return self._commands[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._commands)
-
-    def __len__(self) -> int:
-        return len(self._commands)
