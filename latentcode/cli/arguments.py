@@ -29,31 +29,21 @@ def integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     return parse
 
 
-def number(positive: bool) -> Callable[[str], float]:
-    """An argparse type: a finite positive (or non-negative) number."""
-    expected = "a positive number" if positive else "a non-negative number"
+def number(kind: str = "finite") -> Callable[[str], float]:
+    """An argparse type: a finite number (nan and inf would make every result NaN, silently), and
+    positive or non-negative where `kind` says so ("positive", "non-negative"; "finite": any)."""
+    expected = f"a {kind} number"
 
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            value = math.nan
+        if not math.isfinite(value) or (kind != "finite" and value < 0) or (kind == "positive" and value == 0):
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
         return value
 
     return parse
-
-
-def finite_number(text: str) -> float:
-    """An argparse type: any finite number (nan and inf would make every result NaN, silently)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    return value
 
 
 def one_of(values: Sequence[str]) -> Callable[[str], str]:
@@ -67,7 +57,7 @@ def one_of(values: Sequence[str]) -> Callable[[str], str]:
 
 POSITIVE_INTEGER, NON_NEGATIVE_INTEGER = integer(1), integer(0)
 SEED = integer(0, SEED_LIMIT - 1)
-POSITIVE_NUMBER, NON_NEGATIVE_NUMBER = number(positive=True), number(positive=False)
+POSITIVE_NUMBER, NON_NEGATIVE_NUMBER, FINITE_NUMBER = number("positive"), number("non-negative"), number()
 FIGURE_FORMATS = ("png", "svg", "pdf")
 
 

@@ -8,19 +8,17 @@ import math
 
 from latentcode.cli.arguments import (
     FIGURE_FORMATS,
+    FINITE_NUMBER,
     POSITIVE_INTEGER,
     add_instance_arguments,
     add_placement_arguments,
-    finite_number,
     formats,
     parse_assignments,
 )
-from latentcode.cli.checks import (
-    check_output,
-    check_stem_free,
-)
+from latentcode.cli.checks import check_stem_free
 from latentcode.cli.command import Command
 from latentcode.errors import UsageError
+from latentcode.validation import check_output
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -53,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                            help="set the codes of these heads to their mean in --codes")
     operation.add_argument("--set", metavar="VECTOR", help="set the codes to this vector (one value per head)")
     operation.add_argument("--add", metavar="VECTOR", help="add this vector to the codes (steering)")
-    operation.add_argument("--scale", type=finite_number, metavar="FACTOR", help="multiply the codes by FACTOR")
+    operation.add_argument("--scale", type=FINITE_NUMBER, metavar="FACTOR", help="multiply the codes by FACTOR")
     parser.add_argument("--heads", metavar="HEADS", help="heads --set/--add/--scale change (default all)")
     parser.add_argument("--codes", metavar="CODES.h5", help="codes file of this model for --mean-ablate")
     parser.add_argument("--by", metavar="LABEL", help="--mean-ablate with one mean per value of this label")

@@ -1,23 +1,10 @@
 """`latentcode patch`: where does patching latent codes transfer the donor's sub-task? A sweep over
 site groups of a trained model on counterfactual pairs from its task, each group read against the
 third-sub-task donor baseline (`latentcode.intervention.transfer`), optionally beside attribution
-patching's estimate.
-
-    latentcode patch models/sraven-hyla --search --out results/search          # find the group, no answer given
-    latentcode patch runs/sraven-hyla --grid slot --layers 2 --out results/slots   # feature slot x feature slot
-    latentcode patch runs/sraven-hyla --grid rows --layers 2 --key-blocks 9 --n 256 --out results/patch-l2
-    latentcode patch runs/sraven-hyla --grid heads --sites "2:3|7|11|15|19|23|27|31|35:3|7|11|15|19|23|27|31" \
-        --out results/heads
-    latentcode patch runs/sraven-hyla --group "2:*:*" --group "*:35:*" --attribution --out results/two
-    latentcode patch smollm2 --task seq_len=128 --n 32 --layers 0 5 10 --out results/smollm2   # resample ablation
-
-The arguments are checked with the standard library, JSON and numpy only (the run's config, the
-task, the sites, the number of groups against --max-groups), so a mistake is answered before torch is
-imported; the cost (groups x donors x pairs, in forward passes) is printed before the work starts.
-A pretrained causal LM has no pairs: it is patched by resample ablation (each window with another
-window's codes, `latentcode.intervention.patching.measures`), its map the loss change per layer x head
-(or offset band). One plan and one loop for both (`plan_patch`, `patch`); the table's effect column
-(`plan.inputs.effect`: transfer, or change) says what the map and the closing line show.
+patching's estimate; a pretrained causal LM, which has no pairs, by resample ablation (its map: the
+loss change per layer x head or offset band). One plan and one loop for both (`plan_patch`, `patch`);
+the table's effect column (`plan.inputs.effect`: transfer, or change) says what the map and the closing
+line show. Examples: docs/how-to/patch.md and the epilog.
 """
 
 from __future__ import annotations
@@ -29,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from latentcode.cli.arguments import SEED, add_placement_arguments, integer, number
+from latentcode.cli.arguments import POSITIVE_NUMBER, SEED, add_placement_arguments, integer
 from latentcode.cli.command import Command
 from latentcode.intervention.patching.plan import MAX_GROUPS
 from latentcode.token_windows import DEFAULT_SEQ_LEN
@@ -88,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         f"(default {DEFAULT_SEQ_LEN} tokens)")
     parser.add_argument("--confirm-n", type=integer(2), default=512, help="--search: fresh pairs (seed + 1) on which "
                         "the groups found are measured (default 512)")
-    parser.add_argument("--tolerance", type=number(positive=True), default=1.0, help="--search: a cut holds the effect "
+    parser.add_argument("--tolerance", type=POSITIVE_NUMBER, default=1.0, help="--search: a cut holds the effect "
                         "when its transfer is within this many s.e. of the best so far (default 1)")
     parser.add_argument("--max-groups", type=integer(1), default=MAX_GROUPS, help=f"refuse a grid of more groups "
                         f"(default {MAX_GROUPS}; each costs 3 x --n forward passes)")
@@ -152,7 +139,7 @@ def run(args: argparse.Namespace) -> None:
     summary["seconds"] = time.time() - started
     table = tables[0]
     effect = args.effect
-    figure = _draw_search(table, args, summary) if args.search else _draw(table, args, args.plan.task, summary)
+    figure = _draw_search(table, args, summary) if args.search else _draw(table, args, summary)
     stem = Path(args.out)
     paths = [stem.with_name(stem.name + suffix) for suffix in args.plan.suffixes if suffix != ".png"]
     with AtomicOutputs(lock=stem, purpose="latentcode patch") as outputs:
@@ -196,11 +183,11 @@ def transfer_colormap():
     return colormap.with_extremes(bad=UNMEASURED)
 
 
-def _draw(table, args, task, summary):
-    """The map: rows grid -> per layer, query x key block; heads grid -> layer x head; offsets grid ->
-    layer x band; groups -> bars. The effect (`args.effect`: a run's transfer, a causal LM's loss change)
-    on one signed scale, symmetric about 0 and white at 0; a cell with no group is grey, and the colour
-    bar's label says so."""
+def _draw(table, args, summary):
+    """The map: rows grid -> per layer, query x key block; partition grid -> per layer, query part x key
+    part (or head); heads grid -> layer x head; offsets grid -> layer x band; groups -> bars. The effect
+    (`args.effect`: a run's transfer, a causal LM's loss change) on one signed scale, symmetric about 0
+    and white at 0; a cell with no group is grey, and the colour bar's label says so."""
     import numpy as np
     from matplotlib.figure import Figure
 
@@ -218,51 +205,35 @@ def _draw(table, args, task, summary):
         title_lines = [f"{summary['model']}: resample ablation, next-token loss change (nats)",
                        f"T = {summary['seq_len']}, {args.split} split, n = {summary['n']} windows, "
                        f"positions {summary['positions']}"]
-    grids = []
     if args.grid == "rows":
-        figure = _draw_rows_grid(table, colormap, limit, grids)
+        figure = _layer_panels(table.assign(effect=table["transfer"]), "query", "key_start", colormap, limit,
+                               (3.2 * table["layer"].nunique() + 1.4, 3.6), _key_block_labels, ("keys", "query"))
     elif args.partition_grid:
-        layers = sorted(table["layer"].unique())
-        rows = list(dict.fromkeys(table["query_part"] if not args.per_head
-                                  else table["query_part"] + " x " + table["key_part"]))
-        columns = list(dict.fromkeys(table["key_part"])) if not args.per_head else sorted(table["head"].unique())
-        figure = Figure(figsize=(max(7.0, (min(0.3 * len(columns), 8) + 1.6) * len(layers) + 1.2),
-                                 min(0.25 * len(rows), 10) + 1.8),
-                        layout="constrained")
-        axes = figure.subplots(1, len(layers), squeeze=False)[0]
-        image = None
-        for axis, layer in zip(axes, layers, strict=True):
-            grid = np.full((len(rows), len(columns)), np.nan)
-            for _, row in table[table["layer"] == layer].iterrows():
-                if args.per_head:
-                    row_index = rows.index(f"{row['query_part']} x {row['key_part']}")
-                    grid[row_index, columns.index(row["head"])] = row[effect]
-                else:
-                    grid[rows.index(row["query_part"]), columns.index(row["key_part"])] = row[effect]
-            grids.append(grid)
-            image = axis.imshow(grid, cmap=colormap, vmin=-limit, vmax=limit, aspect="auto")
-            axis.set_title(f"layer {layer}", fontsize=9)
-            axis.set_yticks(range(len(rows)), rows, fontsize=6)
-            axis.set_xticks(range(len(columns)), [str(c) for c in columns], fontsize=6, rotation=90)
-            axis.set_xlabel("head" if args.per_head else f"keys ({args.partition_grid[1]})", fontsize=8)
-            axis.set_ylabel(f"queries ({args.partition_grid[0]})", fontsize=8)
-        figure.colorbar(image, ax=list(axes), shrink=0.8, label=_bar_label(grids))
+        if args.per_head:
+            table = table.assign(row=table["query_part"] + " x " + table["key_part"], column=table["head"])
+        else:
+            table = table.assign(row=table["query_part"], column=table["key_part"])
+        rows, columns = list(dict.fromkeys(table["row"])), list(dict.fromkeys(table["column"]))
+        columns = sorted(columns) if args.per_head else columns
+        size = (max(7.0, (min(0.3 * len(columns), 8) + 1.6) * table["layer"].nunique() + 1.2),
+                min(0.25 * len(rows), 10) + 1.8)
+        figure = _layer_panels(table.assign(effect=table[effect]), "row", "column", colormap, limit, size,
+                               lambda part: [str(column) for column in columns],
+                               ("head" if args.per_head else f"keys ({args.partition_grid[1]})",
+                                f"queries ({args.partition_grid[0]})"), rows, columns)
     elif args.grid in ("heads", "offsets"):
         heads, layers = args.grid == "heads", sorted(table["layer"].unique())
         columns = list(range(int(table["head"].max()) + 1)) if heads else list(BANDS)
-        grid = np.full((len(layers), len(columns)), np.nan)
-        for _, row in table.iterrows():
-            grid[layers.index(row["layer"]), columns.index(row["head"] if heads else row["band"])] = row[effect]
+        grid = _grid(table, "layer", "head" if heads else "band", effect, layers, columns)
         figure = Figure(figsize=((0.35 if heads else 0.9) * len(columns) + 2.5, 0.45 * len(layers) + 1.6),
                         layout="constrained")
         axis = figure.subplots()
-        grids.append(grid)
         image = axis.imshow(grid, cmap=colormap, vmin=-limit, vmax=limit, aspect="auto")
         axis.set_yticks(range(len(layers)), [f"layer {layer}" for layer in layers], fontsize=7)
         if not heads:
             axis.set_xticks(range(len(columns)), columns, fontsize=7, rotation=30)
         axis.set_xlabel("head" if heads else "relative-offset band (every head)", fontsize=8)
-        figure.colorbar(image, ax=axis, label=_bar_label(grids, effect))
+        figure.colorbar(image, ax=axis, label=_bar_label([grid], effect))
     else:
         figure = Figure(figsize=(7, 0.45 * len(table) + 1.6), layout="constrained")
         _transfer_and_damage(figure.subplots(), table, table["group"])
@@ -270,33 +241,41 @@ def _draw(table, args, task, summary):
     return figure
 
 
-def _draw_rows_grid(table, colormap, limit: float, grids: list):
-    """Per layer, the transfer of each query x key block on the signed scale (the grids drawn are added
-    to `grids`, for the colour bar's label)."""
-    import numpy as np
+def _grid(table, index: str, column: str, values: str, rows: list, columns: list):
+    """`table[values]` as a [row, column] array over `rows` x `columns`; NaN where no row of the table is."""
+    return (table.pivot_table(index=index, columns=column, values=values, aggfunc="last")
+            .reindex(index=rows, columns=columns).to_numpy(dtype=float))
+
+
+def _layer_panels(table, row: str, column: str, colormap, limit: float, size: tuple, column_labels, axis_labels,
+                  rows: list | None = None, columns: list | None = None):
+    """One panel per layer: `table["effect"]` on the grid of its `row` x `column` values (every layer's
+    sorted values, unless `rows`, `columns` are given), x ticks named `column_labels(the layer's rows)`,
+    on the signed scale; `axis_labels`: (x, y)."""
     from matplotlib.figure import Figure
 
     layers = sorted(table["layer"].unique())
-    figure = Figure(figsize=(3.2 * len(layers) + 1.4, 3.6), layout="constrained")
+    rows = rows if rows is not None else sorted(table[row].unique())
+    columns = columns if columns is not None else sorted(table[column].unique())
+    figure = Figure(figsize=size, layout="constrained")
     axes = figure.subplots(1, len(layers), squeeze=False)[0]
-    queries = sorted(table["query"].unique())
-    blocks = sorted(table["key_start"].unique())
-    image = None
+    grids, image = [], None
     for axis, layer in zip(axes, layers, strict=True):
         part = table[table["layer"] == layer]
-        grid = np.full((len(queries), len(blocks)), np.nan)
-        for _, row in part.iterrows():
-            grid[queries.index(row["query"]), blocks.index(row["key_start"])] = row["transfer"]
-        grids.append(grid)
-        image = axis.imshow(grid, cmap=colormap, vmin=-limit, vmax=limit, aspect="auto")
+        grids.append(_grid(part, row, column, "effect", rows, columns))
+        image = axis.imshow(grids[-1], cmap=colormap, vmin=-limit, vmax=limit, aspect="auto")
         axis.set_title(f"layer {layer}", fontsize=9)
-        axis.set_yticks(range(len(queries)), [str(q) for q in queries], fontsize=6)
-        labels = [f"{int(s)}–{int(e) - 1}" for s, e in part.groupby("key_start")["key_stop"].first().items()]
-        axis.set_xticks(range(len(blocks)), labels, fontsize=6, rotation=90)
-        axis.set_xlabel("keys", fontsize=8)
-        axis.set_ylabel("query", fontsize=8)
+        axis.set_yticks(range(len(rows)), [str(value) for value in rows], fontsize=6)
+        axis.set_xticks(range(len(columns)), column_labels(part), fontsize=6, rotation=90)
+        axis.set_xlabel(axis_labels[0], fontsize=8)
+        axis.set_ylabel(axis_labels[1], fontsize=8)
     figure.colorbar(image, ax=list(axes), shrink=0.8, label=_bar_label(grids))
     return figure
+
+
+def _key_block_labels(part) -> list[str]:
+    """The rows grid's key blocks, as first–last key."""
+    return [f"{int(start)}–{int(stop) - 1}" for start, stop in part.groupby("key_start")["key_stop"].first().items()]
 
 
 def _bar_label(grids, effect: str = "transfer") -> str:

@@ -27,7 +27,7 @@ def _heads_map(run_name):
                           "transfer": [0.0, 0.3, 0.0, 0.0, -0.1]})
     args = argparse.Namespace(run=f"runs/{run_name}", split="ood", variant="unpermuted", grid="heads",
                               partition_grid=None, per_head=False)
-    figure = _draw(table, args, task=None, summary={"n": 32, "prediction": 3})
+    figure = _draw(table, args, summary={"n": 32, "prediction": 3})
     FigureCanvasAgg(figure).draw()
     return figure
 
