@@ -61,17 +61,29 @@ POSITIVE_NUMBER, NON_NEGATIVE_NUMBER, FINITE_NUMBER = number("positive"), number
 FIGURE_FORMATS = ("png", "svg", "pdf")
 
 
-def add_instance_arguments(parser: argparse.ArgumentParser, batch_size: int | None = 256,
-                           batch_help: str = "default 256") -> None:
-    """The flags of commands that run a model on task instances (extract, intervene): the task's
-    variant, the batch size (default `batch_size`; None: the command decides, as `batch_help` says),
-    the sample seed and the task config of a saved model directory."""
+def add_instance_arguments(parser: argparse.ArgumentParser, n: int, language: str, sites: str = "site selector",
+                           batch_size: int | None = 256, batch_help: str = "default 256") -> None:
+    """The flags of commands that run a model on task instances (extract, intervene): the model (RUN_DIR;
+    `language` says what a pretrained causal LM is read on), the split, the instances (default `n`), the
+    sites, the task's variant, the batch size (default `batch_size`; None: the command decides, as
+    `batch_help` says), the sample seed, the task config of a saved model directory, the placement
+    (`add_placement_arguments`) and --quiet."""
+    parser.add_argument("run", metavar="RUN_DIR", help="a run directory (or a saved model directory with --task), or a "
+                        "pretrained causal LM: a Hugging Face directory, a .gguf file or smollm2 (windows of the "
+                        f"language corpus, --task seq_len=T, default 512; {language})")
+    parser.add_argument("--split", help="task split (default: the task's held-out split, ood; validation for "
+                        "language)")
+    parser.add_argument("--n", type=POSITIVE_INTEGER, default=n, help=f"instances (default {n})")
+    parser.add_argument("--sites", default="last-self", help=f"{sites} (default last-self)")
     parser.add_argument("--variant", help="task variant (default: the selector's, else the task's default)")
     parser.add_argument("--batch-size", type=POSITIVE_INTEGER, default=batch_size,
                         help=f"instances per forward pass ({batch_help})")
     parser.add_argument("--seed", type=SEED, help="sample seed (default: the split's evaluation seed)")
     parser.add_argument("--task", metavar="KEY=VALUE", action="append",
                         help="task config for a model directory, e.g. --task name=sraven --task n_features=4")
+    add_placement_arguments(parser)
+    parser.add_argument("--quiet", action="store_true", help="no progress (default: the work, then a bar on a "
+                        "terminal, a line every few seconds in a log)")
 
 
 def add_placement_arguments(parser: argparse.ArgumentParser, device: str = "cpu", dtype: str = "float32; codes are "

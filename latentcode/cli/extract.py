@@ -5,13 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from latentcode.cli.arguments import (
-    NON_NEGATIVE_NUMBER,
-    POSITIVE_INTEGER,
-    add_instance_arguments,
-    add_placement_arguments,
-    parse_assignments,
-)
+from latentcode.cli.arguments import NON_NEGATIVE_NUMBER, add_instance_arguments, parse_assignments
 from latentcode.cli.command import Command
 
 
@@ -31,18 +25,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--out codes.h5",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("run", metavar="RUN_DIR", help="a run directory (or a saved model directory with --task), or a "
-                        "pretrained causal LM: a Hugging Face directory, a .gguf file or smollm2 (windows of the "
-                        "language corpus, --task seq_len=T, default 512; every pair of every layer kept in a compact "
-                        "store)")
-    parser.add_argument("--split", help="task split (default: the task's held-out split, ood; validation for "
-                        "language)")
-    parser.add_argument("--n", type=POSITIVE_INTEGER, default=8192, help="instances (default 8192)")
-    parser.add_argument("--sites", default="last-self", help="site selector (default last-self)")
+    add_instance_arguments(parser, 8192, "every pair of every layer kept in a compact store", batch_size=None,
+                           batch_help="default 256; 1 window for a pretrained model")
     parser.add_argument("--out", required=True, help="the HDF5 file to write")
     parser.add_argument("--score", choices=("pattern", "scores"), default="pattern",
                         help="pattern: normalized latent codes (default); scores: raw scores before normalization")
-    add_instance_arguments(parser, None, "default 256; 1 window for a pretrained model")
     parser.add_argument("--append", action="store_true", help="add examples to an existing file with the same schema")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing file")
     parser.add_argument("--compression", choices=("gzip", "lzf", "none"), default=None,
@@ -53,9 +40,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "(default: for a pretrained causal LM, which has one; a latentcode model has none)")
     parser.add_argument("--wait-for-lock", type=NON_NEGATIVE_NUMBER, default=0.0, metavar="SECONDS",
                         help="wait this long while another process writes --out (default: refuse at once)")
-    add_placement_arguments(parser)
-    parser.add_argument("--quiet", action="store_true", help="no progress (default: the work, then a bar on a "
-                        "terminal, a line every few seconds in a log)")
     return parser
 
 

@@ -9,9 +9,7 @@ import math
 from latentcode.cli.arguments import (
     FIGURE_FORMATS,
     FINITE_NUMBER,
-    POSITIVE_INTEGER,
     add_instance_arguments,
-    add_placement_arguments,
     formats,
     parse_assignments,
 )
@@ -37,14 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--zero-ablate 3 --task seq_len=64 --n 32 --out results/smollm2-l10h3",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("run", metavar="RUN_DIR", help="a run directory (or a saved model directory with --task), or a "
-                        "pretrained causal LM: a Hugging Face directory, a .gguf file or smollm2 (windows of the "
-                        "language corpus, --task seq_len=T, default 512; read on its next-token loss, probability and "
-                        "accuracy beside a control edit of as many random heads of the same layers)")
-    parser.add_argument("--sites", default="last-self", help="site selector, as for extract (default last-self)")
-    parser.add_argument("--split", help="task split (default: the task's held-out split, ood; validation for "
-                        "language)")
-    parser.add_argument("--n", type=POSITIVE_INTEGER, default=1024, help="instances (default 1024)")
+    add_instance_arguments(parser, 1024, "read on its next-token loss, probability and accuracy beside a control "
+                           "edit of as many random heads of the same layers", "site selector, as for extract")
     operation = parser.add_mutually_exclusive_group(required=True)
     operation.add_argument("--zero-ablate", metavar="HEADS", help="set the codes of these heads to zero")
     operation.add_argument("--mean-ablate", metavar="HEADS",
@@ -57,8 +49,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--by", metavar="LABEL", help="--mean-ablate with one mean per value of this label")
     parser.add_argument("--codes-split", help="take the means over this split of --codes (default all examples)")
     parser.add_argument("--out", required=True, help="path stem of the table (.csv, .json) and the plot")
-    add_instance_arguments(parser)
-    add_placement_arguments(parser)
     parser.add_argument("--no-per-site", action="store_true", help="only all sites together, not each unit alone")
     parser.add_argument("--alone", choices=("sites", "heads"), help="the unit measured alone: each site, or each "
                         "(layer, head) at the sites of its layer (default: "
@@ -67,8 +57,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "at as many heads drawn at random in the same layers)")
     parser.add_argument("--format", action="append", choices=FIGURE_FORMATS, help="plot formats (default png)")
     parser.add_argument("--overwrite", action="store_true", help="replace the table and plot if --out has them")
-    parser.add_argument("--quiet", action="store_true", help="no progress (default: the work, then a bar on a "
-                        "terminal, a line every few seconds in a log)")
     return parser
 
 
