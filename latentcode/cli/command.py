@@ -38,6 +38,13 @@ class Command:
     parameters: Mapping[str, str] = field(default_factory=dict)
 
 
+def command_parser(subparsers: argparse._SubParsersAction, name: str, help: str, description: str,
+                   epilog: str | Callable[[], str]) -> argparse.ArgumentParser:
+    """The parser of the command `name`, its description and epilog (examples) printed as written."""
+    return subparsers.add_parser(name, help=help, description=description, epilog=epilog,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def nothing_to_check(reason: str) -> Check:
     """The check of a command whose argument types (argparse) already check every value; `reason` says why."""
 

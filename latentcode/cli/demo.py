@@ -24,8 +24,7 @@ def _demo_tasks_epilog() -> str:
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "demo",
-        help="the main job: models, latent codes, decoding, plots and a report, in a few minutes",
+        "demo", help="the main job: models, latent codes, decoding, plots and a report, in a few minutes",
         description="Take softmax, linear and HYLA models (the checkpoints shipped in models/, or --train new ones), "
         "extract their latent codes on in-distribution and OOD tasks (language: training and validation text), decode "
         "the sub-task (SRAVEN rule / fuzzy-logic terms / the class of the query byte), draw tSNE plots and the "

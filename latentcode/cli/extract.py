@@ -6,13 +6,12 @@ import argparse
 import os
 
 from latentcode.cli.arguments import NON_NEGATIVE_NUMBER, add_instance_arguments, parse_assignments
-from latentcode.cli.command import Command
+from latentcode.cli.command import Command, command_parser
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "extract",
-        help="record latent codes of a trained model into an HDF5 file",
+    parser = command_parser(
+        subparsers, "extract", help="record latent codes of a trained model into an HDF5 file",
         description="Run a trained model on task instances and record the latent codes a[:, q, k] at the selected "
         "sites, with every task label, the prediction and the target, into a self-describing HDF5 file (schema: "
         "latentcode/store/schema.py). Written atomically: an interrupted extraction leaves no file behind.",
@@ -22,9 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "  latentcode extract runs/sraven-hyla --split ood --n 8192 --sites sraven-rule --out codes.h5\n\n"
         "sharded, one shard per process (codes.shard-RANK-of-2.h5), codes.h5 presenting them as one file:\n"
         "  torchrun --standalone --nproc_per_node 2 -m latentcode.cli -- extract runs/sraven-hyla --n 8192 "
-        "--out codes.h5",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        "--out codes.h5")
     add_instance_arguments(parser, 8192, "every pair of every layer kept in a compact store", batch_size=None,
                            batch_help="default 256; 1 window for a pretrained model")
     parser.add_argument("--out", required=True, help="the HDF5 file to write")

@@ -14,15 +14,14 @@ from latentcode.cli.arguments import (
     parse_assignments,
 )
 from latentcode.cli.checks import check_stem_free
-from latentcode.cli.command import Command
+from latentcode.cli.command import Command, command_parser
 from latentcode.errors import UsageError
 from latentcode.validation import check_output
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "intervene",
-        help="edit latent codes of a trained model and measure the task metric before/after",
+    parser = command_parser(
+        subparsers, "intervene", help="edit latent codes of a trained model and measure the task metric before/after",
         description="Run a trained model on task instances with its latent codes a[:, q, k] edited at the selected "
         "sites (after the score normalization, before the value network), at all sites together and at each site "
         "alone, and write the task metrics without and with the edit as a tidy table (.csv, .json) and a plot.",
@@ -32,9 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--n 4096 --sites sraven-rule --out codes.h5\n  latentcode intervene runs/sraven-hyla --sites sraven-rule "
         "--mean-ablate all --codes codes.h5 --by rule --out results/mean-ablate\n\na pretrained causal LM (head 3 "
         "of layer 10 zero-ablated on 32 windows of 64 tokens):\n  latentcode intervene smollm2 --sites '10:*:*' "
-        "--zero-ablate 3 --task seq_len=64 --n 32 --out results/smollm2-l10h3",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        "--zero-ablate 3 --task seq_len=64 --n 32 --out results/smollm2-l10h3")
     add_instance_arguments(parser, 1024, "read on its next-token loss, probability and accuracy beside a control "
                            "edit of as many random heads of the same layers", "site selector, as for extract")
     operation = parser.add_mutually_exclusive_group(required=True)

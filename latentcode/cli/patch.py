@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from latentcode.cli.arguments import POSITIVE_NUMBER, SEED, add_placement_arguments, integer
-from latentcode.cli.command import Command
+from latentcode.cli.command import Command, command_parser
 from latentcode.intervention.patching.plan import MAX_GROUPS
 from latentcode.token_windows import DEFAULT_SEQ_LEN
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "patch",
+    parser = command_parser(
+        subparsers, "patch",
         help="sweep site groups: where does patching codes from a donor transfer its sub-task (vs a baseline)?",
         description="Patch the latent codes of each site group from donor instances into base instances of the "
         "model's task (counterfactual pairs: the donor's sub-task differs, and its answer on the base is well-posed) "
@@ -47,9 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--out results/smollm2-heads\n"
         "  latentcode patch smollm2 --task seq_len=64 --n 8 --layers 0 5 10 --grid offsets "
         "--out results/smollm2-offsets"
-        "\n(--grid offsets: each band's control is as many random pairs of the layer outside it)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        "\n(--grid offsets: each band's control is as many random pairs of the layer outside it)")
     parser.add_argument("run", metavar="RUN_DIR", help="a finished run directory (its task gives the pairs), or a "
                         "pretrained causal LM (a Hugging Face directory, a .gguf file or smollm2: resample ablation "
                         "per (layer, head) on windows of the language corpus, read on the next-token loss)")

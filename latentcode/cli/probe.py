@@ -14,22 +14,19 @@ from latentcode.cli.arguments import (
     progress_bars,
 )
 from latentcode.cli.checks import command_outputs, note_caps, note_in_sample
-from latentcode.cli.command import Command
+from latentcode.cli.command import Command, command_parser
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "probe",
-        help="decode a label from latent codes with linear probes",
+    parser = command_parser(
+        subparsers, "probe", help="decode a label from latent codes with linear probes",
         description="Fit a logistic regression (categorical or multi-hot labels; --ridge: ridge regression R^2) per "
         "layer on one split and score it on another, beside baselines (majority, prevalence-matched random, "
         "all-present for multi-hot labels, label-shuffled probe); the best layer is chosen by cross-validation on the "
         "fit split, never on the test split. Several files are compared side by side (one model each).",
         epilog="example:\n  latentcode probe softmax.h5 linear.h5 hyla.h5 --label rule --fit-split train --test-split "
                "ood "
-        "--out results/rule",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        "--out results/rule")
     parser.add_argument("files", nargs="+", metavar="CODES.h5")
     parser.add_argument("--label", help="label to decode; name, name[i] or name[-1] (default: rule for SRAVEN, "
                         "term_present for fuzzy logic)")

@@ -9,22 +9,20 @@ from pathlib import Path
 
 from latentcode.cli.arguments import POSITIVE_INTEGER, integer, progress_bars
 from latentcode.cli.checks import command_outputs
-from latentcode.cli.command import Command
+from latentcode.cli.command import Command, command_parser
 from latentcode.reuse import SUFFIXES  # torch-free: the table's files
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "reuse",
+    parser = command_parser(
+        subparsers, "reuse",
         help="code-reuse score of a trained model: are unseen compositions' codes built from training ones?",
         description="Measure how a trained model reuses its latent codes on unseen compositions (fuzzy logic): "
         "(a) a probe per term fitted on training compositions, scored on unseen ones; (b) the unseen compositions' "
         "mean codes predicted linearly from their terms, the map fitted on training compositions (R²); (c) a one-term "
         "training neighbour's codes patched into an unseen composition, how often the model computes the "
         "neighbour's function. Each beside its strongest trivial baseline; the score is their mean excess.",
-        epilog="example:\n  latentcode reuse runs/fuzzy-hyla --out results/reuse-hyla",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        epilog="example:\n  latentcode reuse runs/fuzzy-hyla --out results/reuse-hyla")
     parser.add_argument("run", metavar="RUN_DIR", help="a finished fuzzy-logic run directory (with model/)")
     parser.add_argument("--out", required=True, help="path stem of the table (.csv, .json); the codes go to "
                         "OUT-codes.h5 (reused when it is there)")

@@ -5,23 +5,20 @@ from __future__ import annotations
 import argparse
 
 from latentcode.cli.arguments import POSITIVE_INTEGER, parse_value
-from latentcode.cli.command import Command
+from latentcode.cli.command import Command, command_parser
 from latentcode.errors import UsageError
 from latentcode.validation import SEED_LIMIT, check_integer, check_output
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "sweep",
-        help="train a grid of runs and tabulate them",
+    parser = command_parser(
+        subparsers, "sweep", help="train a grid of runs and tabulate them",
         description="Run a grid of training runs (learning rate, weight decay, warmup, seeds, attention presets, "
         "depth, width, data size, ...) sequentially or as independent processes; write results.csv/json and "
         "best.json (chosen on the in-distribution test split, never on OOD).",
         epilog="example:\n  latentcode sweep --preset fuzzy_logic --scale tiny --grid attention=softmax,linear,hyla "
         "--grid learning_rate=1e-3,3e-3 --seeds 0,1 --out sweeps/fuzzy\n  latentcode sweep --preset sraven --grid "
-        "paper --out sweeps/sraven-paper",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        "paper --out sweeps/sraven-paper")
     parser.add_argument("--preset", required=True)
     parser.add_argument("--scale", default="cpu")
     parser.add_argument("--out", required=True, help="sweep directory (one run directory per grid point)")

@@ -15,7 +15,7 @@ from latentcode.cli.arguments import (
     one_of,
     parse_assignments,
 )
-from latentcode.cli.command import Command
+from latentcode.cli.command import Command, command_parser
 from latentcode.training.config import MIXED_PRECISION
 
 TRAIN_OVERRIDES = (
@@ -51,17 +51,14 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                 "\n\nexamples:\n  latentcode train --preset fuzzy_logic --attention hyla --scale cpu --out "
                 "runs/fuzzy-hyla\n  latentcode train --resume runs/fuzzy-hyla")
 
-    parser = subparsers.add_parser(
-        "train",
-        help="train a model on a task (presets from the paper)",
+    parser = command_parser(
+        subparsers, "train", help="train a model on a task (presets from the paper)",
         description="Train a hooked transformer with the paper's recipe (AdamW, linear warmup, cosine decay to "
         "0.1x, weight decay on matrices only, attention dropout 0.1). Runs on CPU, one GPU, several GPUs with "
         "`accelerate launch -m latentcode.cli train ...`, or several CPU processes with "
         "`torchrun --nproc_per_node 2 -m latentcode.cli train ...`. Writes a run directory with config.json, "
         "metrics.jsonl, checkpoints/, model/ and summary.json.",
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        epilog=epilog)
     parser.add_argument("--preset", help="the task to train on, by name (every task's preset is listed below)")
     parser.add_argument("--attention", default="softmax",
                         help="attention preset (softmax, linear, hyla, ... or NORMALIZATION+VALUE_NETWORK; "

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from latentcode.analysis.checks import check_input_file, check_label, check_splits, label_name, open_codes_files
 from latentcode.cli.arguments import POSITIVE_INTEGER, SEED
-from latentcode.cli.command import Command
+from latentcode.cli.command import Command, command_parser
 from latentcode.cli.view_tokens import add_arguments as add_token_arguments
 from latentcode.cli.view_tokens import check_token_view, run_token_view
 from latentcode.errors import UsageError
@@ -19,8 +19,8 @@ from latentcode.validation import check_output
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "view", help="an interactive offline HTML page of the latent codes of a codes file",
+    parser = command_parser(
+        subparsers, "view", help="an interactive offline HTML page of the latent codes of a codes file",
         description="Write one self-contained HTML page (plotly.js inline, no network request) that links: the "
         "PCA (or tSNE/UMAP) embedding of each layer's codes, hovered for an instance's labels and the model's "
         "answer, filtered by any label; the selected instance's codes as a layer x head grid and its attention from "
@@ -30,9 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--max-instances instances, drawn with --seed; codes rounded for display.",
         epilog="examples:\n  latentcode view codes.h5 --probes results/rule.csv --patching results/patch.csv --out "
                "codes.html\n"
-        "  latentcode view models/fuzzy_logic-hyla --sites '*:-1:*' --codes fuzzy-hyla.h5   # a run: extracted first",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        "  latentcode view models/fuzzy_logic-hyla --sites '*:-1:*' --codes fuzzy-hyla.h5   # a run: extracted first")
     parser.add_argument("file", metavar="CODES.h5|RUN_DIR",
                         help="a codes file, or a run or model directory whose codes are extracted first (latentcode "
                         "extract's defaults: the task's held-out split, --n 8192, --sites last-self)")
