@@ -21,24 +21,18 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "`latentcode train --preset NAME` trains it, and the optional capabilities it provides "
                         "(Task.provides).")
     ambiguity = commands.add_parser(
-        "ambiguity",
-        help="Monte Carlo estimate of the fraction of ambiguous SRAVEN instances",
+        "ambiguity", help="Monte Carlo estimate of the fraction of ambiguous SRAVEN instances",
         description="Estimate the fraction of SRAVEN instances whose 8 context panels admit "
-        "another rule assignment with a different answer (see latentcode.tasks.ambiguity).",
-    )
+        "another rule assignment with a different answer (see latentcode.tasks.ambiguity).")
     ambiguity.add_argument("--features", type=integer(1), default=4, help="M, features per panel (default 4)")
     ambiguity.add_argument("--values", type=integer(3), default=8, help="K, values per feature (default 8)")
     ambiguity.add_argument("--n", type=POSITIVE_INTEGER, default=4096, help="instances to check (default 4096)")
     ambiguity.add_argument("--seed", type=SEED, default=0)
-    ambiguity.add_argument(
-        "--criterion", choices=("all_features", "any_feature"), default="all_features",
-        help="all_features: the authors' criterion (default); any_feature: the paper's wording",
-    )
-    ambiguity.add_argument(
-        "--rules", choices=("strict", "authors"), default="strict",
-        help="when distribute_three fits: strict, only as the generator makes it (default); "
-        "authors, the authors' looser checker (with all_features: the paper's Table A2)",
-    )
+    ambiguity.add_argument("--criterion", choices=("all_features", "any_feature"), default="all_features",
+                           help="all_features: the authors' criterion (default); any_feature: the paper's wording")
+    ambiguity.add_argument("--rules", choices=("strict", "authors"), default="strict",
+                           help="when distribute_three fits: strict, only as the generator makes it (default); "
+                           "authors, the authors' looser checker (with all_features: the paper's Table A2)")
     counts = commands.add_parser("count", help="number of possible SRAVEN tasks and instances")
     counts.add_argument("--features", type=integer(2, MAX_COUNTED_FEATURES), default=4,
                         help=f"M, features per panel (default 4; at most {MAX_COUNTED_FEATURES:,}: the counts "
@@ -68,15 +62,11 @@ def _run_ambiguity(args: argparse.Namespace) -> None:
     from latentcode.tasks.sraven_counts import estimate_ambiguity
 
     start = time.perf_counter()
-    fraction, standard_error = estimate_ambiguity(
-        args.features, args.values, args.n, args.seed, args.criterion, args.rules
-    )
+    fraction, standard_error = estimate_ambiguity(args.features, args.values, args.n, args.seed, args.criterion,
+                                                  args.rules)
     seconds = time.perf_counter() - start
-    print(
-        f"M={args.features} K={args.values} n={args.n} criterion={args.criterion} "
-        f"rules={args.rules}: "
-        f"ambiguous fraction {fraction:.4f} ± {standard_error:.4f} (standard error), {seconds:.2f} s"
-    )
+    print(f"M={args.features} K={args.values} n={args.n} criterion={args.criterion} rules={args.rules}: "
+          f"ambiguous fraction {fraction:.4f} ± {standard_error:.4f} (standard error), {seconds:.2f} s")
 
 
 def _run_counts(args: argparse.Namespace) -> None:

@@ -87,18 +87,13 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return parser
 
 
-def _overrides(args: argparse.Namespace) -> dict:
-    """The TrainConfig fields the override flags (--seed, --lr, ...) set."""
-    return {field: getattr(args, field) for _, field, _, _ in TRAIN_OVERRIDES if getattr(args, field) is not None}
-
-
 def check(args: argparse.Namespace) -> None:
     """What can be checked without the model modules (which import torch): flags that go together,
     the preset, scale, variant and --set fields, the --config file, where the run goes, the run to
     resume: the plan `latentcode.train` makes too (`args.plan`)."""
     from latentcode.training.plan import plan_train
 
-    overrides = _overrides(args)
+    overrides = {field: getattr(args, field) for _, field, _, _ in TRAIN_OVERRIDES if getattr(args, field) is not None}
     named = [flag for flag, field, _, _ in TRAIN_OVERRIDES if field in overrides]
     named += ["--set"] * bool(args.set) + ["--compile"] * args.compile
     overrides |= parse_assignments(args.set, "--set") | ({"compile": True} if args.compile else {})
