@@ -6,13 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from latentcode.cli.arguments import (
-    FIGURE_FORMATS,
-    FINITE_NUMBER,
-    add_instance_arguments,
-    formats,
-    parse_assignments,
-)
+from latentcode.cli.arguments import FIGURE_FORMATS, FINITE_NUMBER, add_instance_arguments, formats, parse_assignments
 from latentcode.cli.checks import check_stem_free
 from latentcode.cli.command import Command, command_parser
 from latentcode.errors import UsageError
@@ -97,12 +91,12 @@ def check(args: argparse.Namespace) -> None:
     check_stem_free(args.out, (".csv", ".json", *(f".{fmt}" for fmt in formats(args))), args.overwrite)
     if args.mean_ablate is None and (args.codes or args.by or args.codes_split):
         raise UsageError("--codes, --by and --codes-split go with --mean-ablate")
-    if args.mean_ablate is not None and not args.codes:
-        raise UsageError("--mean-ablate needs --codes FILE: "
-                         "a codes file extracted from this model (latentcode extract)")
     if args.mean_ablate is not None:
         from latentcode.analysis.checks import open_codes_files
 
+        if not args.codes:
+            raise UsageError("--mean-ablate needs --codes FILE: a codes file extracted from this model (latentcode "
+                             "extract)")
         # Opened (and so validated: a damaged compact store's NaN keys or scale) before torch; the means
         # are read from this CodeFile in `run`.
         args.codes = open_codes_files([args.codes], "--codes")[0]
@@ -125,14 +119,7 @@ def check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from latentcode.intervention import (
-        AddVector,
-        ScaleHeads,
-        SetCode,
-        ZeroAblate,
-        intervention_effects,
-        write_effects,
-    )
+    from latentcode.intervention import AddVector, ScaleHeads, SetCode, ZeroAblate, intervention_effects, write_effects
     from latentcode.intervention.plan import mean_ablation
 
     heads, vector = args.edit_heads, args.edit_vector

@@ -5,14 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from latentcode.cli.arguments import (
-    FIGURE_FORMATS,
-    SEED,
-    add_max_rows_argument,
-    formats,
-    integer,
-    progress_bars,
-)
+from latentcode.cli.arguments import FIGURE_FORMATS, SEED, add_max_rows_argument, formats, integer, progress_bars
 from latentcode.cli.checks import command_outputs, note_caps, note_in_sample
 from latentcode.cli.command import Command, command_parser
 
@@ -56,14 +49,7 @@ def check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from latentcode.analysis import (
-        decode,
-        headline_lines,
-        plot_probe_scores,
-        regress,
-        summary_rows,
-        write_table,
-    )
+    from latentcode.analysis import decode, headline_lines, plot_probe_scores, regress, summary_rows, write_table
 
     label = args.label
     probe = regress if args.ridge else decode
