@@ -1,17 +1,11 @@
 """The `latentcode` command line: thin wrappers that parse arguments and call the public API.
 
-One module of this package per command (tasks, train, sweep, extract, intervene, patch, probe, reuse,
-plot, heatmap, samples, report, demo), each declaring a `Command` (latentcode/cli/command.py): how it
-registers its parser, how it checks its arguments, how it runs. `build_parser` finds them.
-
-A command first checks its arguments, with the standard library, JSON and h5py only: files exist and
-are what they should be, outputs can be written, codes files and runs belong together, labels and
-splits exist (`checks.py`; task splits, variants and integer ranges with `latentcode.validation`, as
-the Python API checks them). Only then does it import torch or scikit-learn and call the functions a
-Python user calls. So a mistake is answered at once, as one line, `error: ...`, with exit status 2,
-naming the flag, the value received and what is expected; errors the library raises for what only it
-can see are printed the same way (set LATENTCODE_DEBUG=1 for their traceback). Anything else is a
-bug and keeps its traceback.
+One module of this package per command, each declaring a `Command` (latentcode/cli/command.py) that
+`build_parser` finds. A command first checks its arguments with the plan the Python API makes too
+(standard library, JSON and h5py only); only then does it import torch or scikit-learn. So a mistake
+is answered at once as one line, `error: ...`, exit status 2, naming the flag, the value received and
+what is expected; errors the library raises for what only it can see are printed the same way (set
+LATENTCODE_DEBUG=1 for their traceback). Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -76,11 +70,10 @@ def one_line(message: str) -> str:
 
 
 def located(error: BaseException, args: argparse.Namespace, parser: argparse.ArgumentParser, command) -> str:
-    """The message of `error`, with the flag of the argument it is about (`LatentcodeError.parameter`,
-    a name of the Python API) in front, as the user typed it: the message is the Python API's, word
-    for word. `RUN_DIR runs/x is ...` and `--out c.h5 already exists` where the message starts with
-    the value given (or one of the values of a list); `--variant permuted: ...` where it starts with the argument's
-    name; else `--split: unknown split ...`."""
+    """The message of `error` (the Python API's, word for word) with the flag of the argument it is about
+    (`LatentcodeError.parameter`) in front: `RUN_DIR runs/x is ...`, `--out c.h5 already exists` where it
+    starts with the value given (or one of a list's); `--variant permuted: ...` where it starts with the
+    argument's name; else `--split: unknown split ...`."""
     message, parameter = str(error), getattr(error, "parameter", None)
     dest = command.parameters.get(parameter, parameter)
     action = next((action for action in parser._actions if parameter and action.dest == dest), None)
@@ -133,9 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     as_the_command = signal.getsignal(signal.SIGINT) is _interrupted_while_starting  # set by latentcode/__init__.py
     try:
         try:
-            if as_the_command:
-                # From here Ctrl-C is a KeyboardInterrupt again: the outputs a command holds are discarded
-                # as it unwinds (latentcode.files.AtomicOutputs), then one line and 130 below.
+            if as_the_command:  # Ctrl-C: a KeyboardInterrupt again, the command's outputs discarded as it unwinds
                 signal.signal(signal.SIGINT, _interrupt_unless_importing)
             check_switches()  # LATENTCODE_MKL_ON_AMD=yes and the like: refused before anything runs
             shown, warnings.formatwarning = warnings.formatwarning, _one_line_warning
@@ -145,10 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             finally:
                 warnings.formatwarning = shown
         finally:
-            if as_the_command:
-                # The command has ended (its outputs written or discarded): Ctrl-C from here to the
-                # process's exit (the lines below, the interpreter's shutdown) is one line and 130 at once,
-                # not a KeyboardInterrupt traceback from the console script.
+            if as_the_command:  # ended: Ctrl-C until the process exits is one line and 130, not a traceback
                 signal.signal(signal.SIGINT, _interrupted_while_starting)
     except USER_ERRORS as error:
         if os.environ.get("LATENTCODE_DEBUG"):
