@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -115,8 +114,7 @@ def _check_run(args: argparse.Namespace) -> None:
                          "task or a codes file: extract its codes first (latentcode extract) and view that file")
     # The temporary file is made by `run`; its directory is checked here through a name not taken.
     out = args.codes or Path(tempfile.gettempdir()) / f"latentcode-view-{os.getpid()}.h5"
-    args.extraction = dict(run_or_model=source, sites=args.sites or "last-self", split=args.split,
-                           n=args.n or 8192)
+    args.extraction = dict(run_or_model=source, sites=args.sites or "last-self", split=args.split, n=args.n or 8192)
     plan = plan_extract(**args.extraction, out=out)  # every mistake now, before torch
     args.split = plan.split  # the page shows the split extracted (the task's held-out one by default)
 
@@ -126,9 +124,8 @@ def _extracted(args: argparse.Namespace, directory: str) -> str:
     import latentcode
 
     out = args.codes or str(Path(directory) / f"{Path(args.file).resolve().name}.h5")
-    print(f"extracting the codes of {args.file}: {args.extraction['n']} instances of split "
-          f"{args.split} at {args.extraction['sites']} into "
-          f"{args.codes or 'a temporary file'}", flush=True)
+    print(f"extracting the codes of {args.file}: {args.extraction['n']} instances of split {args.split} at "
+          f"{args.extraction['sites']} into {args.codes or 'a temporary file'}", flush=True)
     latentcode.extract(**args.extraction, out=out, progress=False)
     if args.label is not None:
         from latentcode.store import CodeFile
@@ -140,11 +137,8 @@ def _extracted(args: argparse.Namespace, directory: str) -> str:
 def run(args: argparse.Namespace) -> None:
     if args.extraction is None:
         return _view(args, args.file)
-    directory = tempfile.mkdtemp(prefix="latentcode-view-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="latentcode-view-", ignore_cleanup_errors=True) as directory:
         return _view(args, _extracted(args, directory))
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _view(args: argparse.Namespace, codes: str) -> int | None:
