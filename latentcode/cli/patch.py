@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from latentcode.cli.arguments import POSITIVE_NUMBER, SEED, add_placement_arguments, integer
+from latentcode.cli.arguments import POSITIVE_NUMBER, SEED, add_placement_arguments, integer, parse_assignments
 from latentcode.cli.command import Command, command_parser
 from latentcode.intervention.patching.plan import MAX_GROUPS
 from latentcode.token_windows import DEFAULT_SEQ_LEN
@@ -95,7 +95,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def check(args: argparse.Namespace) -> None:
     """Everything that can be checked before torch: the plan `latentcode.intervention.patching.patch`
     makes too (`args.plan`: output, run, task, split, variant, groups and their cost)."""
-    from latentcode.cli.arguments import parse_assignments
     from latentcode.intervention.patching.plan import plan_patch
 
     args.plan = plan_patch(args.run, task=parse_assignments(args.task, "--task") or None, search=args.search,
