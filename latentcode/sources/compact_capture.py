@@ -16,8 +16,7 @@ cache) is refused with a `CompactError` naming the layer.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,14 +25,8 @@ import torch
 from torch import Tensor
 
 from latentcode.errors import LatentcodeError
-from latentcode.sources.attention_calls import (
-    additive_mask,
-    call_scores,
-    call_shape,
-    pattern_or_scores,
-)
-from latentcode.sources.attention_rows import check_pairs, codes_of_rows
-from latentcode.sources.source import PairsFor, Sink, check_score
+from latentcode.sources.attention_calls import additive_mask
+from latentcode.sources.source import PairsFor, Sink
 from latentcode.sources.torch_attention import TorchAttentionSource
 from latentcode.store.compact import LayerMask
 
@@ -137,26 +130,12 @@ class CompactAttentionSource(TorchAttentionSource):
         super().__init__(model)
         self.on_layer = on_layer
 
-    @contextmanager
-    def capture(self, pairs_for: PairsFor, score: str, sink: Sink) -> Iterator[None]:
-        check_score(score)
-
-        def on_call(layer: int, where: str, kind: str, call: dict[str, Any], result: Any) -> Any:
-            if kind not in ("sdpa", "eager"):
-                raise CompactError(f"{where}: an nn.MultiheadAttention call; the compact store reads SDPA calls "
-                                   "and transformers' eager attention")
+    def _on_call(self, pairs_for: PairsFor, score: str, sink: Sink, layer: int, where: str, kind: str,
+                 call: dict[str, Any], result: Any) -> Any:
+        if kind not in ("sdpa", "eager"):
+            raise CompactError(f"{where}: an nn.MultiheadAttention call; the compact store reads SDPA calls "
+                               "and transformers' eager attention")
+        if self.on_layer is not None:
             with torch.no_grad():
-                if self.on_layer is not None:
-                    self.on_layer(layer, compact_layer(call, where))
-                n_queries, n_keys = call_shape(kind, call)
-                pairs = pairs_for(layer, n_keys, n_queries)
-                if pairs is not None:
-                    check_pairs(pairs, n_queries, n_keys, where)
-                    rows, inverse = torch.unique(pairs[0], return_inverse=True)
-                    scores = call_scores(kind, call, rows)
-                    attention = pattern_or_scores(scores, score, call.get("sinks"))
-                    sink(layer, *pairs, codes_of_rows(attention, inverse, pairs[1]))
-            return result
-
-        with self._intercepted(on_call):
-            yield
+                self.on_layer(layer, compact_layer(call, where))
+        return super()._on_call(pairs_for, score, sink, layer, where, kind, call, result)

@@ -53,12 +53,13 @@ from latentcode.sources.attention_rows import (
     write_pairs,
 )
 from latentcode.sources.source import (
-    AttentionSource,
+    CallOrderSource,
     Editor,
     PairsFor,
+    PassLayers,
     Sink,
     check_score,
-    layer_kind,
+    removed_on_exit,
 )
 
 _SOFTMAXES = (torch.softmax, F.softmax, Tensor.softmax, torch.special.softmax)
@@ -116,7 +117,7 @@ class _Softmaxes(TorchFunctionMode):
         return result
 
 
-class SoftmaxSource(AttentionSource):
+class SoftmaxSource(CallOrderSource):
     """Latent codes of hand-written attention, at the softmax computed inside chosen modules; see the
     module docstring."""
 
@@ -134,46 +135,26 @@ class SoftmaxSource(AttentionSource):
                 "regular expression on their names (list them with model.named_modules()) or a predicate "
                 "(name, module) -> bool, as in SoftmaxSource(model, r'layers\\.\\d+\\.attn')"
             )
-        self._layer_names: list[str] | None = None
-        self._layers: list[dict] | None = None
-
-    def n_layers(self) -> int | None:
-        """Attention layers per forward pass, once a pass has run under `capture` (else None)."""
-        return None if self._layer_names is None else len(self._layer_names)
-
-    def layer_names(self) -> list[str] | None:
-        return None if self._layer_names is None else list(self._layer_names)
-
-    def layers(self) -> list[dict] | None:
-        """Name, kind ("self"/"cross", by module name) and query/key lengths of each layer of the last pass."""
-        return None if self._layers is None else [dict(layer) for layer in self._layers]
 
     @contextmanager
     def capture(self, pairs_for: PairsFor, score: str, sink: Sink) -> Iterator[None]:
         check_score(score)
 
-        def on_softmax(layer: int, where: str, scores: Tensor, probabilities: Tensor) -> Tensor:
-            n_queries, n_keys = probabilities.shape[-2:]
-            pairs = pairs_for(layer, n_keys, n_queries)
-            if pairs is not None:
-                check_pairs(pairs, n_queries, n_keys, where)
-                attention = probabilities if score == "pattern" else as_minus_infinity(scores.detach())
-                sink(layer, *pairs, slice_pairs(attention, pairs))
+        def on_pairs(layer: int, where: str, pairs: tuple[Tensor, Tensor], scores: Tensor, probabilities: Tensor
+                     ) -> Tensor:
+            attention = probabilities if score == "pattern" else as_minus_infinity(scores.detach())
+            sink(layer, *pairs, slice_pairs(attention, pairs))
             return probabilities
 
-        with self._intercepted(on_softmax):
+        with self._intercepted(pairs_for, on_pairs):
             yield
 
     @contextmanager
     def edit(self, pairs_for: PairsFor, editor: Editor) -> Iterator[None]:
         """The softmax returns its result with the editor's codes written at the pairs."""
 
-        def on_softmax(layer: int, where: str, scores: Tensor, probabilities: Tensor) -> Tensor:
-            n_queries, n_keys = probabilities.shape[-2:]
-            pairs = pairs_for(layer, n_keys, n_queries)
-            if pairs is None:
-                return probabilities
-            check_pairs(pairs, n_queries, n_keys, where)
+        def on_pairs(layer: int, where: str, pairs: tuple[Tensor, Tensor], scores: Tensor, probabilities: Tensor
+                     ) -> Tensor:
             queries, keys = (index.to(probabilities.device) for index in pairs)
             codes = probabilities[:, :, queries, keys]
             edited = editor(layer, *pairs, codes)
@@ -182,30 +163,25 @@ class SoftmaxSource(AttentionSource):
                                  f"expected {tuple(codes.shape)}")  # fmt: skip
             return write_pairs(probabilities, pairs, edited)
 
-        with self._intercepted(on_softmax):
+        with self._intercepted(pairs_for, on_pairs):
             yield
 
     @contextmanager
-    def _intercepted(self, on_softmax: Callable[[int, str, Tensor, Tensor], Tensor]) -> Iterator[None]:
-        """While active, `on_softmax(layer, where, scores, probabilities)` sees the attention softmax of
-        every chosen module and returns what the module gets."""
+    def _intercepted(self, pairs_for: PairsFor, on_pairs: Callable[..., Tensor]) -> Iterator[None]:
+        """While active, `on_pairs(layer, where, pairs, scores, probabilities)` sees the attention softmax of every
+        chosen module where `pairs_for` asks for pairs, and returns what the module gets."""
         running: list[str] = []  # chosen modules whose forward is running, outermost first
         softmaxes_in_call: list[int] = []  # per running chosen module, softmaxes seen so far
-        pass_names: list[str] = []
-        pass_layers: list[dict] = []  # name, kind and lengths of each layer in this pass
-        calls_per_module: dict[str, int] = {}
+        this_pass = PassLayers()
 
         def root_enter(module, args):  # a new forward pass (stale entries of one that raised go too)
-            pass_names.clear()
-            pass_layers.clear()
-            calls_per_module.clear()
+            this_pass.clear()
             running.clear()
             softmaxes_in_call.clear()
 
         def root_leave(module, args, output):
-            if pass_names:
-                self._layer_names = list(pass_names)
-                self._layers = list(pass_layers)
+            if this_pass.layers:
+                self._layers = list(this_pass.layers)
 
         def enter(module, args, name):
             running.append(name)
@@ -232,27 +208,21 @@ class SoftmaxSource(AttentionSource):
                     f"module {name!r} computed several softmaxes over [batch, head, query, key] tensors in "
                     "one call; choose the inner modules that compute one each"
                 )
-            count = calls_per_module.get(name, 0)
-            calls_per_module[name] = count + 1
-            layer = len(pass_names)
-            pass_names.append(name if count == 0 else f"{name}#{count}")
-            pass_layers.append({"name": pass_names[-1], "kind": layer_kind(name),
-                                "queries": result.shape[-2], "keys": result.shape[-1]})  # fmt: skip
-            scores = tensor if isinstance(tensor, Tensor) else result
-            return on_softmax(layer, f"attention layer {layer} ({pass_names[-1]})", scores, result)
+            layer = this_pass.add(name, *result.shape[-2:])
+            pairs = pairs_for(layer, result.shape[-1], result.shape[-2])
+            if pairs is None:
+                return result
+            where = f"attention layer {layer} ({this_pass.layers[-1]['name']})"
+            check_pairs(pairs, *result.shape[-2:], where)
+            return on_pairs(layer, where, pairs, tensor if isinstance(tensor, Tensor) else result, result)
 
-        handles = [
-            self.model.register_forward_pre_hook(root_enter),
+        with removed_on_exit() as handles:
+            handles.append(self.model.register_forward_pre_hook(root_enter))
             # Not always_call: a pass that raised names only the layers before the error, and must not
             # become the source's layers (a later Recorder would refuse valid sites of later layers).
-            self.model.register_forward_hook(root_leave),
-        ]
-        try:
+            handles.append(self.model.register_forward_hook(root_leave))
             for name, module in self.modules.items():
                 handles.append(module.register_forward_pre_hook(lambda m, a, name=name: enter(m, a, name)))
                 handles.append(module.register_forward_hook(lambda m, a, o, name=name: leave(m, a, o, name)))
             with _Softmaxes(intercept):
                 yield
-        finally:
-            for handle in handles:
-                handle.remove()

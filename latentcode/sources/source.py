@@ -32,6 +32,7 @@ import abc
 import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from functools import partial
 
 from torch import Tensor, nn
 
@@ -108,10 +109,61 @@ class AttentionSource(abc.ABC):
         raise CannotIntervene(f"the {self.name} source ({type(self).__name__}) cannot edit latent codes")
 
 
+class CallOrderSource(AttentionSource):
+    """A source whose layers are the attention calls of a forward pass in call order, known after the
+    first pass under `capture` (`_layers`: those of the last pass that completed, as `PassLayers` lists them)."""
+
+    _layers: list[dict] | None = None
+
+    def n_layers(self) -> int | None:
+        """Attention calls per forward pass, once a pass has run under `capture` (else None)."""
+        return None if self._layers is None else len(self._layers)
+
+    def layer_names(self) -> list[str] | None:
+        """The module that made each attention call of the last forward pass, by call order."""
+        return None if self._layers is None else [layer["name"] for layer in self._layers]
+
+    def layers(self) -> list[dict] | None:
+        """Name, kind ("self"/"cross") and query/key lengths of each attention call of the last forward pass."""
+        return None if self._layers is None else [dict(layer) for layer in self._layers]
+
+
+class PassLayers:
+    """The attention calls of one forward pass, in order: `{"name", "kind", "queries", "keys"}` each, named
+    by the module that made it (`#1`, `#2`... on a module's later calls in the pass)."""
+
+    def __init__(self):
+        self.layers: list[dict] = []
+        self._calls_per_module: dict[str, int] = {}
+
+    def clear(self) -> None:
+        self.layers.clear()
+        self._calls_per_module.clear()
+
+    def add(self, module_name: str, n_queries: int, n_keys: int, cross: bool = False) -> int:
+        """The layer number of a new call of `module_name` (`cross`: the call shows cross-attention)."""
+        count = self._calls_per_module.get(module_name, 0)
+        self._calls_per_module[module_name] = count + 1
+        name = module_name if count == 0 else f"{module_name}#{count}"
+        self.layers.append({"name": name, "kind": layer_kind(name, cross), "queries": n_queries, "keys": n_keys})
+        return len(self.layers) - 1
+
+
 def layer_kind(module_name: str, cross: bool = False) -> str:
     """The kind of an attention layer: "cross" for a cross-attention module (by its name, or `cross`
     where the call shows it), else "self"."""
     return "cross" if cross or CROSS_ATTENTION_NAMES.fullmatch(module_name.split("#")[0]) else "self"
+
+
+@contextmanager
+def removed_on_exit() -> Iterator[list]:
+    """A list for hook handles, each removed on leaving (whatever happens)."""
+    handles: list = []
+    try:
+        yield handles
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def check_score(score: str) -> str:
@@ -179,43 +231,27 @@ class HookPointSource(AttentionSource):
                 queries, keys = queries[in_block], keys[in_block]
             sink(layer, queries, keys, slice_pairs(block, (queries - query_start, keys)))
 
-        handles = []
-        try:
-            for layer in range(self._n_layers):
-                hook_point = self.hook_dict[self.hook_name(layer, score)]
-                handles.append(hook_point.register_forward_hook(QueryBlockHook(
-                    lambda block, query_start, layer=layer: record(layer, block, query_start)
-                )))
+        with self._hooked(score, lambda layer: QueryBlockHook(partial(record, layer))):
             yield
-        finally:
-            for handle in handles:
-                handle.remove()
 
     @contextmanager
     def edit(self, pairs_for: PairsFor, editor: Editor) -> Iterator[None]:
         """The hook on `hook_pattern` returns the edited pattern, which the rest of the layer (dropout,
         the value network) consumes; for our HYLA models `hook_pattern` is after RMSHead."""
 
-        def edit(layer, output):
+        def edit(layer, module, inputs, output):
             pairs = pairs_for(layer, output.shape[-1])
             if pairs is None:
                 return None
             return write_pairs(output, pairs, editor(layer, *pairs, gather_pairs(output, pairs)))
 
-        with self._hooked("pattern", edit):
+        with self._hooked("pattern", lambda layer: partial(edit, layer)):
             yield
 
     @contextmanager
-    def _hooked(self, score: str, hook: Callable[[int, Tensor], Tensor | None]) -> Iterator[None]:
-        """`hook(layer, output)` as a forward hook of every layer's hook point; removed on exit."""
-        handles = []
-        try:
+    def _hooked(self, score: str, hook_of: Callable[[int], Callable]) -> Iterator[None]:
+        """`hook_of(layer)` as a forward hook of every layer's hook point; removed on exit."""
+        with removed_on_exit() as handles:
             for layer in range(self._n_layers):
-                hook_point = self.hook_dict[self.hook_name(layer, score)]
-                handles.append(hook_point.register_forward_hook(
-                    lambda module, inputs, output, layer=layer: hook(layer, output)
-                ))
+                handles.append(self.hook_dict[self.hook_name(layer, score)].register_forward_hook(hook_of(layer)))
             yield
-        finally:
-            for handle in handles:
-                handle.remove()

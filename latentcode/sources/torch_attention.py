@@ -75,6 +75,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import torch
@@ -93,12 +94,13 @@ from latentcode.sources.attention_calls import (
 from latentcode.sources.attention_rows import check_pairs, codes_of_rows
 from latentcode.sources.eager_attention import check_eager_call, eager_calls, edited_eager_output
 from latentcode.sources.source import (
-    AttentionSource,
+    CallOrderSource,
     Editor,
     PairsFor,
+    PassLayers,
     Sink,
     check_score,
-    layer_kind,
+    removed_on_exit,
 )
 
 _SDPA = F.scaled_dot_product_attention
@@ -151,10 +153,11 @@ def mha_fastpath_disabled() -> Iterator[None]:
         backends.set_fastpath_enabled(was_enabled)
 
 
-class TorchAttentionSource(AttentionSource):
+class TorchAttentionSource(CallOrderSource):
     """Latent codes of any model whose attention goes through `F.scaled_dot_product_attention` or
     `nn.MultiheadAttention`; see the module docstring for what is recorded and how layers are
-    numbered and named."""
+    numbered and named (`layers()`: a MultiheadAttention called with a key that is not its query is
+    cross-attention)."""
 
     name = "torch"
 
@@ -162,40 +165,25 @@ class TorchAttentionSource(AttentionSource):
         if not isinstance(model, nn.Module):
             raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
         self.model = model
-        self._layer_names: list[str] | None = None
-        self._layers: list[dict] | None = None
-
-    def n_layers(self) -> int | None:
-        """Attention calls per forward pass, once a pass has run under `capture` (else None)."""
-        return None if self._layer_names is None else len(self._layer_names)
-
-    def layer_names(self) -> list[str] | None:
-        """The module that made each attention call of the last forward pass, by call order."""
-        return None if self._layer_names is None else list(self._layer_names)
-
-    def layers(self) -> list[dict] | None:
-        """Name, kind ("self"/"cross": by module name, or a MultiheadAttention called with a key that
-        is not its query) and query/key lengths of each attention call of the last forward pass."""
-        return None if self._layers is None else [dict(layer) for layer in self._layers]
 
     @contextmanager
     def capture(self, pairs_for: PairsFor, score: str, sink: Sink) -> Iterator[None]:
         check_score(score)
-
-        def on_call(layer: int, where: str, kind: str, call: dict[str, Any], result: Any) -> Any:
-            n_queries, n_keys = call_shape(kind, call)
-            pairs = pairs_for(layer, n_keys, n_queries)
-            if pairs is not None:
-                check_pairs(pairs, n_queries, n_keys, where)
-                rows, inverse = torch.unique(pairs[0], return_inverse=True)
-                with torch.no_grad():
-                    scores = call_scores(kind, call, rows)
-                    attention = pattern_or_scores(scores, score, call.get("sinks"))
-                    sink(layer, *pairs, codes_of_rows(attention, inverse, pairs[1]))
-            return result
-
-        with self._intercepted(on_call):
+        with self._intercepted(partial(self._on_call, pairs_for, score, sink)):
             yield
+
+    def _on_call(self, pairs_for: PairsFor, score: str, sink: Sink, layer: int, where: str, kind: str,
+                 call: dict[str, Any], result: Any) -> Any:
+        """Hand `sink` the codes of one intercepted call at the pairs `pairs_for` asks; the model gets `result`."""
+        n_queries, n_keys = call_shape(kind, call)
+        pairs = pairs_for(layer, n_keys, n_queries)
+        if pairs is not None:
+            check_pairs(pairs, n_queries, n_keys, where)
+            rows, inverse = torch.unique(pairs[0], return_inverse=True)
+            with torch.no_grad():
+                attention = pattern_or_scores(call_scores(kind, call, rows), score, call.get("sinks"))
+                sink(layer, *pairs, codes_of_rows(attention, inverse, pairs[1]))
+        return result
 
     @contextmanager
     def edit(self, pairs_for: PairsFor, editor: Editor) -> Iterator[None]:
@@ -228,9 +216,7 @@ class TorchAttentionSource(AttentionSource):
         """While active, `on_call(layer, where, kind, call, result)` sees every attention call the model
         makes and returns what the model gets; layers are numbered and named as the module docstring says."""
         running: list[str] = []  # names of the model's modules whose forward is running, outermost first
-        pass_names: list[str] = []  # the module name of each call in this pass
-        pass_layers: list[dict] = []  # name, kind and lengths of each call in this pass
-        calls_per_module: dict[str, int] = {}
+        this_pass = PassLayers()
         # The module whose forward just returned (its forward hooks are running). A pass that raised
         # reaches `leave` (always_call) without it: its layers, counted only up to the error, must not
         # become the source's layers, or a later Recorder would refuse valid sites of later layers.
@@ -240,9 +226,7 @@ class TorchAttentionSource(AttentionSource):
             if name == ROOT_NAME:
                 running.clear()  # stale entries of a pass that raised
             if not running:  # the outermost module starts: a new forward pass
-                pass_names.clear()
-                pass_layers.clear()
-                calls_per_module.clear()
+                this_pass.clear()
             running.append(name)
 
         def mark_returned(module, args, output, name):
@@ -252,31 +236,22 @@ class TorchAttentionSource(AttentionSource):
             completed, returned[0] = returned[0] == name, None
             if name in running:
                 del running[len(running) - 1 - running[::-1].index(name)]
-            if not running and pass_names and completed:
-                self._layer_names = list(pass_names)
-                self._layers = list(pass_layers)
+            if not running and this_pass.layers and completed:
+                self._layers = list(this_pass.layers)
 
         def intercept(kind: str, call: dict[str, Any], result: Any) -> Any:
             if not running:
                 return result  # not made by the model
-            module_name = running[-1]
-            count = calls_per_module.get(module_name, 0)
-            calls_per_module[module_name] = count + 1
-            layer = len(pass_names)
-            pass_names.append(module_name if count == 0 else f"{module_name}#{count}")
-            n_queries, n_keys = call_shape(kind, call)
             cross = kind == "mha" and call["query"] is not call["key"]
-            pass_layers.append({"name": pass_names[-1], "kind": layer_kind(pass_names[-1], cross),
-                                "queries": n_queries, "keys": n_keys})  # fmt: skip
-            return on_call(layer, f"attention call {layer} ({pass_names[-1]})", kind, call, result)
+            layer = this_pass.add(running[-1], *call_shape(kind, call), cross)
+            return on_call(layer, f"attention call {layer} ({this_pass.layers[-1]['name']})", kind, call, result)
 
         def intercept_eager(module: nn.Module, call: dict[str, Any], result: Any, made: tuple) -> Any:
             if running:  # made by the model: exact, or one line saying why not
-                check_eager_call(module, *made, call, f"attention call {len(pass_names)} ({running[-1]})")
+                check_eager_call(module, *made, call, f"attention call {len(this_pass.layers)} ({running[-1]})")
             return intercept("eager", call, result)
 
-        handles = []
-        try:
+        with removed_on_exit() as handles:
             for module_name, module in self.model.named_modules():
                 name = module_name or ROOT_NAME
                 handles.append(module.register_forward_pre_hook(lambda m, a, name=name: enter(m, a, name)))
@@ -287,6 +262,3 @@ class TorchAttentionSource(AttentionSource):
                 )
             with mha_fastpath_disabled(), _AttentionCalls(intercept), eager_calls(intercept_eager):
                 yield
-        finally:
-            for handle in handles:
-                handle.remove()
