@@ -60,6 +60,7 @@ from latentcode.sources.source import (
     PairsFor,
     Sink,
     check_score,
+    removed_on_exit,
 )
 
 ScoresFn = Callable[[nn.Module, tuple, dict, Any], Tensor]
@@ -153,9 +154,8 @@ class AdapterSource(AttentionSource):
                 "(score_kind='pattern'); record score='pattern', or give a scores_fn that returns raw "
                 "scores with score_kind='scores'"
             )
-        handles = []
         busy: set[int] = set()  # layers whose scores_fn is running: it may call the module again
-        try:
+        with removed_on_exit() as handles:
             for layer, module in enumerate(self.modules):
 
                 def record(module, args, kwargs, output, layer=layer):
@@ -187,6 +187,3 @@ class AdapterSource(AttentionSource):
 
                 handles.append(module.register_forward_hook(record, with_kwargs=True))
             yield
-        finally:
-            for handle in handles:
-                handle.remove()

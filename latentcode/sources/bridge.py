@@ -67,13 +67,14 @@ from latentcode.sources.attention_rows import (
 )
 from latentcode.sources.source import (
     PATTERN_HOOK,
-    AttentionSource,
     CannotIntervene,
     Editor,
+    HookPointSource,
     NoAttentionCaptured,
     PairsFor,
     Sink,
     check_score,
+    removed_on_exit,
 )
 
 
@@ -105,7 +106,7 @@ def _dropout_active(attention: nn.Module) -> bool:
     return False
 
 
-class BridgeSource(AttentionSource):
+class BridgeSource(HookPointSource):
     """A transformer-lens 4.x `TransformerBridge`; see the module docstring."""
 
     name = "transformer_bridge"
@@ -124,26 +125,24 @@ class BridgeSource(AttentionSource):
             )
         self._n_layers = max(layers) + 1
 
-    def n_layers(self) -> int:
-        return self._n_layers
-
-    def layer_names(self) -> list[str]:
-        return [f"blocks.{layer}.attn" for layer in range(self._n_layers)]
-
     def _hook(self, layer: int, name: str) -> nn.Module | None:
         return self.hook_dict.get(f"blocks.{layer}.attn.{name}")
+
+    def _pattern_hooks(self) -> Iterator[tuple[int, nn.Module]]:
+        """(layer, its hook_pattern) of the layers that have one, the hook points as they are now
+        (compatibility mode may have changed them)."""
+        self.hook_dict = self.model.hook_dict
+        for layer in range(self._n_layers):
+            hook_point = self._hook(layer, "hook_pattern")
+            if hook_point is not None:
+                yield layer, hook_point
 
     @contextmanager
     def capture(self, pairs_for: PairsFor, score: str, sink: Sink) -> Iterator[None]:
         check_score(score)
-        self.hook_dict = self.model.hook_dict  # as it is now (compatibility mode may have changed it)
-        handles = []
-        try:
+        with removed_on_exit() as handles:
             if score == "pattern":
-                for layer in range(self._n_layers):
-                    hook_point = self._hook(layer, "hook_pattern")
-                    if hook_point is None:
-                        continue
+                for layer, hook_point in self._pattern_hooks():
 
                     def record(module, inputs, output, layer=layer):
                         pattern = _converted(module, output)
@@ -153,23 +152,16 @@ class BridgeSource(AttentionSource):
 
                     handles.append(hook_point.register_forward_hook(record))
             else:
-                handles += self._capture_scores(pairs_for, sink)
+                self.hook_dict = self.model.hook_dict
+                self._capture_scores(pairs_for, sink, handles)
             yield
-        finally:
-            for handle in handles:
-                handle.remove()
 
     @contextmanager
     def edit(self, pairs_for: PairsFor, editor: Editor) -> Iterator[None]:
         """Return the edited pattern from `hook_pattern`, for bridges whose attention computes its
         output from the hooked pattern (see the module docstring); otherwise raise CannotIntervene."""
-        self.hook_dict = self.model.hook_dict
-        handles = []
-        try:
-            for layer in range(self._n_layers):
-                hook_point = self._hook(layer, "hook_pattern")
-                if hook_point is None:
-                    continue
+        with removed_on_exit() as handles:
+            for layer, hook_point in self._pattern_hooks():
                 attention = self.model.get_submodule(f"blocks.{layer}.attn")
                 wrapped = getattr(attention, "original_component", None)
                 state = {"wrapped_returned": False}  # this call: the wrapped HF module has returned
@@ -205,15 +197,12 @@ class BridgeSource(AttentionSource):
 
                 handles.append(hook_point.register_forward_hook(edit))
             yield
-        finally:
-            for handle in handles:
-                handle.remove()
 
     # -- raw scores -----------------------------------------------------------------------------------
-    def _capture_scores(self, pairs_for: PairsFor, sink: Sink) -> list:
+    def _capture_scores(self, pairs_for: PairsFor, sink: Sink, handles: list) -> None:
+        """Hooks (into `handles`) that hand `sink` each layer's raw scores, read or rebuilt."""
         seen: dict[int, dict[str, Tensor]] = {}  # per layer, this pass: q, k, hook_attn_scores, hook_pattern
         model_inputs: dict[str, Tensor | None] = {"attention_mask": None}
-        handles = []
 
         def remember_mask(module, args, kwargs):
             mask = kwargs.get("attention_mask")
@@ -251,7 +240,6 @@ class BridgeSource(AttentionSource):
                 sink(layer, *pairs, codes_of_rows(scores, inverse, pairs[1]))
 
             handles.append(attention.register_forward_hook(finish))
-        return handles
 
     def _raw_scores(
         self,
