@@ -140,10 +140,12 @@ def request_spec(request: SiteRequest) -> str:
 def expand_request(query: int | Positions, key: int | Positions, n_queries: int, n_keys: int,
                    axes: tuple[str, str] = ("sequence", "sequence")) -> list[tuple[int, int]]:
     """The absolute (query, key) pairs of one request on `n_queries` queries and `n_keys` keys."""
-    queries = (query.resolve(n_queries, axes[0]) if isinstance(query, Positions)
-               else resolve_positions((query,), n_queries, axes[0]))
-    keys = key.resolve(n_keys, axes[1]) if isinstance(key, Positions) else resolve_positions((key,), n_keys, axes[1])
+    queries, keys = _positions(query).resolve(n_queries, axes[0]), _positions(key).resolve(n_keys, axes[1])
     return [(q, k) for q in queries for k in keys]
+
+
+def _positions(field: int | Positions) -> Positions:
+    return field if isinstance(field, Positions) else Positions(items=(field,))
 
 
 def _as_positions(value: Any, what: str) -> int | Positions:
@@ -313,8 +315,8 @@ def layers_and_first_query(selector: Selector, n_layers: int, seq_len: int) -> t
         what = request_spec((layer, query, key))
         layers |= set(range(n_layers)) if layer is None else {check_layer(layer, n_layers, what)}
         try:
-            queries = (query if isinstance(query, Positions) else Positions(items=(query,))).resolve(seq_len)
-            (key if isinstance(key, Positions) else Positions(items=(key,))).resolve(seq_len)
+            queries = _positions(query).resolve(seq_len)
+            _positions(key).resolve(seq_len)
         except SiteError as error:
             raise SiteError(f"site {what}: {error}") from None
         first_query = min(first_query, min(queries))

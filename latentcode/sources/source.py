@@ -185,17 +185,12 @@ class HookPointSource(AttentionSource):
         hook_dict = getattr(model, "hook_dict", None)
         if not hook_dict:
             raise NoAttentionCaptured(f"{type(model).__name__} has no TransformerLens hook points (hook_dict)")
-        self.model = model
-        self.hook_points = {}
-        for hook_name, hook_point in hook_dict.items():
-            match = PATTERN_HOOK.match(hook_name)
-            if match:
-                self.hook_points[int(match.group(1))] = hook_point
-        if not self.hook_points:
+        self.model, self.hook_dict = model, hook_dict
+        layers = {int(match.group(1)) for name in hook_dict if (match := PATTERN_HOOK.match(name))}
+        if not layers:
             raise NoAttentionCaptured(f"{type(model).__name__} has no hook point named "
                                       "blocks.<layer>.attn.hook_pattern")
-        self._n_layers = max(self.hook_points) + 1
-        self.hook_dict = hook_dict
+        self._n_layers = max(layers) + 1
         if name is not None:
             self.name = name
 

@@ -202,7 +202,7 @@ class CodeWriter:
     def _open_contents(self) -> None:
         """A file appended to must match the codes to add (its compression kept); a new one is laid out."""
         if self.mode == "append":
-            self._check_compatible()
+            check_appendable(self.path, self.file, self.sites, self.heads_of, self.n_heads, self.metadata)
             self.compression = _compression_of(self.file[CODES.group][self.sites[0].name])
         else:
             self._initialize()
@@ -278,9 +278,6 @@ class CodeWriter:
             chunks=(min(_CHUNK_ROWS, max(1, 2**18 // max(1, int(np.prod(row_shape))))), *row_shape),
             **self._filters(),
         )
-
-    def _check_compatible(self) -> None:
-        check_appendable(self.path, self.file, self.sites, self.heads_of, self.n_heads, self.metadata)
 
     # -- writing -------------------------------------------------------------------------------
     def append(
@@ -408,8 +405,9 @@ class CodeWriter:
         try:
             self.flush()
             check_compact(self.path, self.file, from_json(self.file.attrs.get("compact", "{}")) or {}, self._n_rows)
-            with failed_writes(self.path):
-                self._record_provenance()
+            with failed_writes(self.path):  # one /provenance entry for this write: its rows, splits and seed
+                record_provenance(self.file, self.metadata, self._first_row, self._n_rows, self._splits_written,
+                                  self.mode, _package_version())
                 # Everything reaches the disk (or fails, e.g. no space left) here: a failed flush
                 # leaves the file to be thrown away cleanly; a failed close could not be undone.
                 self.file.flush()
@@ -437,11 +435,6 @@ class CodeWriter:
         """Drop everything written by this writer; an existing file under `path` stays as it was."""
         if not self._closed:
             self._discard()
-
-    def _record_provenance(self) -> None:
-        """One /provenance entry for this write: which rows, which splits, from which seed."""
-        record_provenance(self.file, self.metadata, self._first_row, self._n_rows, self._splits_written, self.mode,
-                          _package_version())
 
     def _discard(self) -> None:
         self._closed = True
