@@ -5,12 +5,10 @@
         model(inputs_2)
     codes = recorder.pop()        # {Site(layer, query, key): float32 [N, H]}, N over both passes
 
-Works for any model a source can read (see `latentcode.sources.source`): our models, TransformerLens
-models, and PyTorch models using scaled_dot_product_attention / nn.MultiheadAttention, or an
-adapter. Only the selected entries are kept, sliced while the forward pass runs. On hook points
-the Recorder's hooks are `QueryBlockHook`s: our attention layers, which compute long sequences in
-blocks of queries, hand each block over, so recording never assembles the whole
-`[batch, head, query, key]` pattern (see `latentcode.models.attention`).
+Works for any model a source can read (`latentcode.sources.source`). Only the selected entries are
+kept, sliced while the forward pass runs; on hook points the hooks are `QueryBlockHook`s, to which our
+attention layers hand long sequences a block of queries at a time, so recording never assembles the
+whole `[batch, head, query, key]` pattern (`latentcode.models.attention`).
 
 Hooks run in the order they were added: a Recorder reads a hook point's value before any hook
 added after it (e.g. a patching hook of a later `run_with_hooks`) changes it, and after hooks that

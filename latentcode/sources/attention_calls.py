@@ -1,13 +1,10 @@
-"""The arithmetic of one intercepted attention call, `F.scaled_dot_product_attention` ("sdpa"),
-`F.multi_head_attention_forward` ("mha", what `nn.MultiheadAttention` calls) or a transformers
-model's eager attention ("eager": an SDPA call with soft-capping and sinks,
-`latentcode.sources.eager_attention`), from the call's bound
-arguments: the raw scores and probabilities of selected query rows, and the call's output with the
-rows an edit changed recomputed. `latentcode.sources.torch_attention.TorchAttentionSource`
-intercepts the calls and uses these; its docstring says what is recorded and edited.
-
-Everything is computed in float32, for the requested query rows only, so memory stays
-O(batch x heads x requested queries x keys).
+"""The arithmetic of one intercepted attention call, from its bound arguments:
+`F.scaled_dot_product_attention` ("sdpa"), `F.multi_head_attention_forward` ("mha", what
+`nn.MultiheadAttention` calls) or a transformers model's eager attention ("eager": an SDPA call with
+soft-capping and sinks, `latentcode.sources.eager_attention`). The raw scores and probabilities of
+selected query rows, and the call's output with the rows an edit changed recomputed, in float32, for
+the requested rows only (memory O(batch x heads x requested queries x keys)). `TorchAttentionSource`
+intercepts the calls; its docstring says what is recorded and edited.
 """
 
 from __future__ import annotations
@@ -56,32 +53,22 @@ def as_batch_head(tensor: Tensor) -> Tensor:
     return tensor
 
 
-def sdpa_scores(
-    query: Tensor,
-    key: Tensor,
-    rows: Tensor,
-    attn_mask: Tensor | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    softcap: float | None = None,
-) -> Tensor:
-    """The raw scores of an SDPA call for the query positions `rows`: `[..., len(rows), key]`,
-    float32, with -inf where masked (by `attn_mask` or `is_causal`); `softcap` (an eager call's):
+def sdpa_scores(call: dict[str, Any], rows: Tensor) -> Tensor:
+    """The raw scores of an SDPA (or eager) call for the query positions `rows`: `[..., len(rows), key]`,
+    float32, with -inf where masked (by `attn_mask` or `is_causal`); an eager call's `softcap`:
     `softcap * tanh(s / softcap)` of the scaled scores, before the mask, as Gemma 2 computes it."""
+    query, key, softcap = call["query"], call["key"].float(), call.get("softcap")
     rows = rows.to(query.device)
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    key = key.float()
-    if enable_gqa and key.dim() >= 3 and key.shape[-3] != query.shape[-3]:
+    scale = 1.0 / math.sqrt(query.shape[-1]) if call.get("scale") is None else call["scale"]
+    if call.get("enable_gqa") and key.dim() >= 3 and key.shape[-3] != query.shape[-3]:
         key = key.repeat_interleave(query.shape[-3] // key.shape[-3], dim=-3)
     scores = torch.matmul(query.index_select(-2, rows).float(), key.transpose(-2, -1)) * scale
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
-    if is_causal:
-        n_keys = key.shape[-2]
-        scores = scores.masked_fill(torch.arange(n_keys, device=scores.device) > rows[:, None], float("-inf"))
-    if attn_mask is not None:
-        scores = scores + additive_mask(rows_of(attn_mask, rows), true_means="attend")
+    if call.get("is_causal"):
+        scores = scores.masked_fill(torch.arange(key.shape[-2], device=scores.device) > rows[:, None], float("-inf"))
+    if call.get("attn_mask") is not None:
+        scores = scores + additive_mask(rows_of(call["attn_mask"], rows), true_means="attend")
     return scores
 
 
@@ -133,13 +120,7 @@ def call_shape(kind: str, call: dict[str, Any]) -> tuple[int, int]:
 
 def call_scores(kind: str, call: dict[str, Any], rows: Tensor) -> Tensor:
     """Raw scores `[batch, head, len(rows), key]` of an intercepted call, float32, -inf where masked."""
-    if kind == "mha":
-        return mha_scores(call, rows)
-    return as_batch_head(sdpa_scores(
-        call["query"], call["key"], rows,
-        attn_mask=call.get("attn_mask"), is_causal=bool(call.get("is_causal", False)),
-        scale=call.get("scale"), enable_gqa=bool(call.get("enable_gqa", False)), softcap=call.get("softcap"),
-    ))  # fmt: skip
+    return mha_scores(call, rows) if kind == "mha" else as_batch_head(sdpa_scores(call, rows))
 
 
 # -- the arithmetic of an edit: outputs of the edited query rows ---------------------------------------
@@ -197,10 +178,17 @@ def edited_sdpa_output(call: dict[str, Any], output: Tensor, rows: Tensor, inver
                        edit: Callable[[Tensor], Tensor]) -> Tensor:
     """An SDPA call's output with `edited_probabilities @ value` in every (batch, head, query row)
     whose codes the edit changed, and the fused call's own output everywhere else."""
+    return edited_rows_and_output("sdpa", call, output, rows, inverse, keys, edit)[0]
+
+
+def edited_rows_and_output(kind: str, call: dict[str, Any], output: Tensor, rows: Tensor, inverse: Tensor,
+                           keys: Tensor, edit: Callable[[Tensor], Tensor]):
+    """`(output, edited_probabilities, changed_rows)` of an SDPA or eager call (`output` `[..., query, d]`),
+    as `edited_sdpa_output`; `(output, None, None)` where the edit changed nothing."""
     rows = rows.to(output.device)
-    probabilities, changed_rows = edit_rows(call_scores("sdpa", call, rows), inverse, keys, edit)
+    probabilities, changed_rows = edit_rows(call_scores(kind, call, rows), inverse, keys, edit, call.get("sinks"))
     if probabilities is None:
-        return output
+        return output, None, None
     value = call["value"]
     if call.get("enable_gqa") and value.dim() >= 3 and value.shape[-3] != call["query"].shape[-3]:
         value = value.repeat_interleave(call["query"].shape[-3] // value.shape[-3], dim=-3)
@@ -210,7 +198,7 @@ def edited_sdpa_output(call: dict[str, Any], output: Tensor, rows: Tensor, inver
     new_rows = torch.where(
         changed_rows.reshape(*leading, len(rows), 1), edited_rows.to(output.dtype), fused_rows
     )
-    return output.index_copy(output.dim() - 2, rows, new_rows)
+    return output.index_copy(output.dim() - 2, rows, new_rows), probabilities, changed_rows
 
 
 def edited_mha_output(call: dict[str, Any], result: tuple, rows: Tensor, inverse: Tensor, keys: Tensor,

@@ -2,15 +2,14 @@
 attention calls of transformers models that run only eagerly (`latentcode.sources.eager_attention`).
 
 `CompactAttentionSource` is `TorchAttentionSource` that also hands every intercepted call, as a
-`CompactLayer` (the queries and keys it received, its key/value grouping, scale and mask, and an
-eager call's soft-capping and sinks), to a
-callback, which writes it to disk before the next layer runs: memory holds one layer's queries and
-keys, never `[H, T, T]`. The site codes a Recorder asks for are recorded as by `TorchAttentionSource`.
+`CompactLayer` (its queries and keys, key/value grouping, scale and mask, and an eager call's
+soft-capping and sinks), to a callback that writes it to disk before the next layer runs: memory holds
+one layer's queries and keys, never `[H, T, T]`. Site codes are recorded as by `TorchAttentionSource`.
 
-The mask of a call is read as what the compact store can hold: `is_causal`, or a boolean/additive mask
-(shared by the heads, 0 or -inf) that is causal or not, with or without a sliding window, and with
-padding keys; anything else (a position bias, a mask that differs per head, cross-attention, a key
-cache) is refused with a `CompactError` naming the layer.
+A call's mask must be what the compact store holds: `is_causal`, or a boolean/additive mask (shared by
+the heads, 0 or -inf) that is causal or not, with or without a sliding window, with padding keys;
+anything else (a position bias, a mask per head, cross-attention, a key cache) is a `CompactError`
+naming the layer.
 """
 
 from __future__ import annotations

@@ -7,30 +7,22 @@
         model(inputs)
     source.layer_names()     # e.g. ['h.0.attn', 'h.1.attn']
 
-For models that compute attention themselves, scores = q·kᵀ, softmax, weighted sum of values, as
-Hugging Face `transformers` models do with `attn_implementation="eager"`. While `capture` is
-active, a `torch.overrides.TorchFunctionMode` sees every call to `torch.softmax`,
-`torch.nn.functional.softmax` and `Tensor.softmax`; a call made while a chosen module's forward
-runs, on a 4-D tensor `[batch, head, query, key]` over its last axis, is that module's attention:
+For models that compute scores = q·kᵀ, softmax and the weighted sum themselves (Hugging Face
+`transformers` with `attn_implementation="eager"`). While `capture` is active a
+`torch.overrides.TorchFunctionMode` sees every `torch.softmax`, `F.softmax` and `Tensor.softmax`; one
+made while a chosen module's forward runs, over the last axis of a 4-D `[batch, head, query, key]`
+tensor, is that module's attention: `score="pattern"` records the softmax's result (dropout, if any,
+comes after: call `model.eval()`), `score="scores"` its input in float32 (the model's mask included,
+its large negative numbers, at or below half the dtype's lowest value, as -inf).
 
-- `score="pattern"`: the softmax's own result (the probabilities the model goes on to use; dropout,
-  if any, comes after, so call `model.eval()` to compare with the model's attention outputs);
-- `score="scores"`: the softmax's input (scores plus whatever mask the model added), float32, with
-  the large negative numbers used as minus infinity (at or below half the dtype's lowest value)
-  turned into -inf.
+Layers: the chosen modules in the order they compute their attention in one pass, named by module
+(`layer_names()`, known after the first pass); of nested choices the innermost (GPT-Neo's
+`h.0.attn.attention`, not `h.0.attn`); cross-attention is a layer like any other. Each chosen module
+must compute exactly one such softmax per call, else `SoftmaxCaptureError` names it (one that calls
+`scaled_dot_product_attention` instead: use `TorchAttentionSource`).
 
-Layers: the chosen modules in the order they compute their attention in one forward pass, numbered
-from 0, named by module (`layer_names()`, known after the first pass). Nested choices keep the
-innermost (GPT-Neo's `h.0.attn.attention`, not its wrapper `h.0.attn`). Cross-attention is a layer
-like any other: its query axis is the decoder's, its key axis the encoder's.
-
-Each chosen module must compute exactly one such softmax per call: one that computes none (it may
-call `scaled_dot_product_attention`: use `TorchAttentionSource`) or several raises
-`SoftmaxCaptureError` naming the module.
-
-Interventions (`edit`): the softmax's result is returned with the editor's codes written at the
-pairs, so the rest of the module (dropout, the value sum) computes with them; an edit that changes
-nothing changes no bit.
+Interventions (`edit`): the softmax returns its result with the editor's codes written at the pairs,
+so the rest of the module computes with them; an edit that changes nothing changes no bit.
 """
 
 from __future__ import annotations
@@ -38,12 +30,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.overrides import TorchFunctionMode
 
 from latentcode.errors import LatentcodeError
 from latentcode.sources.attention_rows import (
@@ -55,6 +45,7 @@ from latentcode.sources.attention_rows import (
 from latentcode.sources.source import (
     CallOrderSource,
     Editor,
+    FunctionCalls,
     PairsFor,
     PassLayers,
     Sink,
@@ -93,28 +84,6 @@ def chosen_modules(model: nn.Module, modules: ModuleChoice | None) -> dict[str, 
     # Keep the innermost: drop a chosen module with a chosen descendant.
     return {name: module for name, module in chosen.items()
             if not any(other.startswith(name + ".") for other in chosen)}  # fmt: skip
-
-
-def _softmax_input_and_dim(func, args: tuple, kwargs: dict) -> tuple[Tensor | None, Any]:
-    tensor = args[0] if args else kwargs.get("input", kwargs.get("self"))
-    dim = args[1] if len(args) > 1 else kwargs.get("dim")
-    return tensor, dim
-
-
-class _Softmaxes(TorchFunctionMode):
-    """After each softmax call, `on_softmax(input, dim, result)`, whose return value the caller gets."""
-
-    def __init__(self, on_softmax):
-        super().__init__()
-        self.on_softmax = on_softmax
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        result = func(*args, **kwargs)
-        if func in _SOFTMAXES:
-            tensor, dim = _softmax_input_and_dim(func, args, kwargs)
-            return self.on_softmax(tensor, dim, result)
-        return result
 
 
 class SoftmaxSource(CallOrderSource):
@@ -198,7 +167,9 @@ class SoftmaxSource(CallOrderSource):
                     "TorchAttentionSource, else choose the modules that compute the softmax"
                 )
 
-        def intercept(tensor: Tensor | None, dim: Any, result: Tensor) -> Tensor:
+        def intercept(args: tuple, kwargs: dict, result: Tensor) -> Tensor:
+            tensor = args[0] if args else kwargs.get("input", kwargs.get("self"))
+            dim = args[1] if len(args) > 1 else kwargs.get("dim")
             if not running or not isinstance(result, Tensor) or result.dim() != 4 or dim not in (-1, 3):
                 return result
             name = running[-1]
@@ -224,5 +195,5 @@ class SoftmaxSource(CallOrderSource):
             for name, module in self.modules.items():
                 handles.append(module.register_forward_pre_hook(lambda m, a, name=name: enter(m, a, name)))
                 handles.append(module.register_forward_hook(lambda m, a, o, name=name: leave(m, a, o, name)))
-            with _Softmaxes(intercept):
+            with FunctionCalls(dict.fromkeys(_SOFTMAXES, intercept)):
                 yield

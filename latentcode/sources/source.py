@@ -8,21 +8,13 @@ sliced as the forward pass runs so that memory stays O(batch x sites x heads).
 Sources that can intervene also implement `edit(...)`: during each forward pass it calls
 `editor(layer, query_positions, key_positions, codes)` with the same codes (not detached, so
 gradients flow) and makes the rest of the layer compute with the codes the editor returns
-(`latentcode.intervention` builds on it). A source that cannot raises `CannotIntervene`.
+(`latentcode.intervention` builds on it); one that cannot raises `CannotIntervene`.
 
-Sources:
-
-- `HookPointSource` (this file): models whose attention passes through TransformerLens-style
-  HookPoints named `blocks.{l}.attn.hook_pattern` / `hook_attn_scores`: our models and
-  TransformerLens `HookedTransformer`s.
-- `latentcode.sources.bridge.BridgeSource`: transformer-lens 4.x `TransformerBridge`s.
-- `latentcode.sources.torch_attention.TorchAttentionSource`: any PyTorch model whose attention goes
-  through `torch.nn.functional.scaled_dot_product_attention` or `torch.nn.MultiheadAttention`.
-- `latentcode.sources.softmax_capture.SoftmaxSource`: attention written by hand, read at the
-  softmax computed inside chosen modules (Hugging Face models with `attn_implementation="eager"`).
-- `latentcode.sources.adapter.AdapterSource`: anything else, through a user-named module and a
-  function from its inputs/outputs to scores (records only; it cannot edit).
-
+Sources: `HookPointSource` (here: HookPoints `blocks.{l}.attn.hook_pattern` / `hook_attn_scores`, our
+models and TransformerLens `HookedTransformer`s), `bridge.BridgeSource` (transformer-lens 4.x
+`TransformerBridge`s), `torch_attention.TorchAttentionSource` (calls of `scaled_dot_product_attention`
+or `nn.MultiheadAttention`), `softmax_capture.SoftmaxSource` (the softmax inside chosen modules: attention
+written by hand) and `adapter.AdapterSource` (anything else, through a user's function; records only).
 `latentcode.sources.detect.detect_source(model)` picks the first that applies.
 """
 
@@ -33,8 +25,10 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from functools import partial
+from typing import Any
 
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from latentcode.errors import LatentcodeError, UsageError
 from latentcode.models.query_block_hook import QueryBlockHook
@@ -153,6 +147,21 @@ def layer_kind(module_name: str, cross: bool = False) -> str:
     """The kind of an attention layer: "cross" for a cross-attention module (by its name, or `cross`
     where the call shows it), else "self"."""
     return "cross" if cross or CROSS_ATTENTION_NAMES.fullmatch(module_name.split("#")[0]) else "self"
+
+
+class FunctionCalls(TorchFunctionMode):
+    """After each call of a function in `handlers`, `handlers[function](args, kwargs, result)`, whose return
+    value the caller gets; every other call as it is."""
+
+    def __init__(self, handlers: dict[Callable, Callable[[tuple, dict, Any], Any]]):
+        super().__init__()
+        self.handlers = handlers
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)  # the model's own result, from the original call
+        handler = self.handlers.get(func)
+        return result if handler is None else handler(args, kwargs, result)
 
 
 @contextmanager
