@@ -223,36 +223,28 @@ class CodeWriter:
         """Create what the schema lists for a new file: the root attributes, the groups, a codes
         dataset per site and /split (the other datasets come with the first batch that has them)."""
         sites = [[site.layer, site.query, site.key] for site in self.sites]
-        values = {
+        computed = {
             "format": FORMAT,
             "schema_version": SCHEMA_VERSION,
             "latentcode_version": _package_version(),
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "model_name": self.metadata.get("model_name", ""),
-            "model_config": self.metadata.get("model_config", {}),
-            "checkpoint_sha256": self.metadata.get("checkpoint_sha256", ""),
-            "model_path": str(self.metadata.get("model_path", "")),
-            "model_dtype": str(self.metadata.get("model_dtype", "float32")),
-            "task_config": self.metadata.get("task_config", {}),
+            "model_dtype": self.metadata.get("model_dtype", "float32"),
             "selector": self.metadata.get("selector", {"name": "explicit", "sites": sites}),
-            "score": self.metadata["score"],
-            "source": self.metadata.get("source", ""),
-            "seed": self.metadata.get("seed", ""),
             "splits": [],
             "n_heads": self.n_heads,
-            "task_analysis": self.metadata.get("task_analysis", {}),
-            "prediction_kind": self.metadata.get("prediction_kind", ""),
-            "attention_layers": list(self.metadata.get("attention_layers") or []),
-            "split_descriptions": self.metadata.get("split_descriptions", {}),
-            "position_names": list(self.metadata.get("position_names") or []),
-            "token_names": list(self.metadata.get("token_names") or []),
-            "compact": self.metadata.get("compact", {}),
             "file_id": os.urandom(16).hex(),
         }
-        written = [attribute for attribute in ROOT_ATTRIBUTES if attribute.name not in SHARDED_ONLY]
-        assert list(values) == [attribute.name for attribute in written], "the writer fills every root attribute"
-        for attribute in written:
-            self.file.attrs[attribute.name] = attribute.type.encode(values[attribute.name])
+        for attribute in ROOT_ATTRIBUTES:  # the rest from `metadata`, each its type's empty value where absent
+            name, kind = attribute.name, attribute.type
+            if name in SHARDED_ONLY:
+                continue
+            if name in computed:
+                value = computed[name]
+            elif kind.json is list:
+                value = list(self.metadata.get(name) or [])
+            else:
+                value = self.metadata.get(name, {} if kind.json is dict else "")
+            self.file.attrs[name] = kind.encode(value)
         for group in GROUPS:
             self.file.create_group(group.path)
             if group is not CODES_GROUP:
