@@ -34,6 +34,7 @@ import contextlib
 import math
 import os
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -91,9 +92,16 @@ def _process_group():
         distributed.destroy_process_group()
 
 
-def _raise_if_any_failed(error: BaseException | None, what: str) -> None:
-    """Every process says whether its step failed; a failure anywhere is raised everywhere (the
-    process that failed raises its own error), so that no process goes on, or waits, alone."""
+def _in_every_process(step: Callable[[], Any] | None, what: str) -> None:
+    """Run `step` (None: nothing to do in this process), then every process says whether its step failed:
+    a failure anywhere is raised everywhere (the process that failed raises its own error), so that no
+    process goes on, or waits, alone."""
+    error = None
+    try:
+        if step is not None:
+            step()
+    except Exception as failure:  # noqa: BLE001 - raised below, in every process
+        error = failure
     distributed = torch.distributed
     messages: list[str | None] = [None] * distributed.get_world_size()
     distributed.all_gather_object(messages, None if error is None else f"{type(error).__name__}: {error}")
@@ -310,20 +318,10 @@ def record_in_shards(out: str | Path | InMemoryCodes | None, n_batches: int,
 
     shards = [shard_path(out, of_rank, world_size) for of_rank in range(world_size) if share(of_rank)]
     with _process_group():
-        error = None
-        try:
-            if share(rank):
-                record(shard_path(out, rank, world_size), share(rank), False, progress and rank == 0)
-        except Exception as failure:  # noqa: BLE001 - raised below, in every process
-            error = failure
-        _raise_if_any_failed(error, "recording its shard")
-        error = None
-        if rank == 0:
-            try:
-                write_sharded_file(out, shards, overwrite=overwrite, wait_for_lock=wait_for_lock)
-            except Exception as failure:  # noqa: BLE001 - raised below, in every process
-                error = failure
-        _raise_if_any_failed(error, f"writing {out} over the shards")
+        _in_every_process(partial(record, shard_path(out, rank, world_size), share(rank), False, progress and rank == 0)
+                          if share(rank) else None, "recording its shard")
+        _in_every_process(partial(write_sharded_file, out, shards, overwrite=overwrite, wait_for_lock=wait_for_lock)
+                          if rank == 0 else None, f"writing {out} over the shards")
     return out
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from contextlib import ExitStack
 
 import numpy as np
 from torch import Tensor, nn
@@ -30,6 +31,7 @@ from latentcode.sources.source import (
     AttentionSource,
     NoAttentionCaptured,
     check_score,
+    removed_on_exit,
 )
 from latentcode.store import Site
 
@@ -73,8 +75,7 @@ class Recorder:
         self._layers_seen: set[int] = set()
         self._pass = 0  # forward passes seen by the root module's pre-hook
         self._pass_of_last: dict[Site, int] = {}
-        self._handles: list = []
-        self._capture = None
+        self._hooked: ExitStack | None = None  # the hooks and the source's capture, while recording
 
     # -- capture ------------------------------------------------------------------------------------
     def _sink(self, layer: int, queries: Tensor, keys: Tensor, codes: Tensor) -> None:
@@ -112,30 +113,18 @@ class Recorder:
         self.pairs_for.check_ran(self._layers_seen)
 
     def __enter__(self) -> Recorder:
-        self._handles = [
-            self.model.register_forward_pre_hook(self._before_forward),
-            self.model.register_forward_hook(self._after_forward),
-        ]
-        self._capture = self.source.capture(self.pairs_for, self.score, self._sink)
-        try:
-            self._capture.__enter__()
-        except BaseException:
-            self._remove_hooks()
-            raise
+        with ExitStack() as stack:  # on a failure here, what was set up is undone
+            handles = stack.enter_context(removed_on_exit())
+            handles += [self.model.register_forward_pre_hook(self._before_forward),
+                        self.model.register_forward_hook(self._after_forward)]
+            stack.enter_context(self.source.capture(self.pairs_for, self.score, self._sink))
+            self._hooked = stack.pop_all()
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> None:
-        try:
-            if self._capture is not None:
-                self._capture.__exit__(exc_type, exc, traceback)
-        finally:
-            self._capture = None
-            self._remove_hooks()
-
-    def _remove_hooks(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        hooked, self._hooked = self._hooked, None
+        if hooked is not None:  # the capture ends, then the hooks go
+            hooked.__exit__(exc_type, exc, traceback)
 
     # -- results ------------------------------------------------------------------------------------
     @property

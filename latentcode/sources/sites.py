@@ -40,7 +40,6 @@ PRESETS = ("last-self", "all-pairs")  # and the named site sets of the task (`Ta
 MAX_ALL_PAIRS = 4096
 
 
-
 @dataclass(frozen=True)
 class Positions:
     """A set of positions on one axis, resolved once the axis length is known: the half-open range
