@@ -1,27 +1,21 @@
 """Sites and selectors: which latent codes a[:, q, k] to record.
 
-A site is a (layer, query position, key position) choice (`latentcode.store.Site`); a selector
-names a set of sites. Requests may use negative positions, counted from the end of the sequence
-(-1 is the last token); recorded sites always carry absolute positions.
+A site is a (layer, query position, key position) choice (`latentcode.store.Site`); a selector names a
+set of sites. Requests may count positions from the end (-1 is the last token); recorded sites always
+carry absolute positions. Selector specs (strings, as on the command line; docs/concepts/sites.md):
 
-Selector specs (strings, as on the command line):
-
-- `last-self`: the last query position attending to itself, in every layer (the paper's
-  fuzzy-logic analysis).
-- a name the task defines (`Task.selectors`), e.g. SRAVEN's `sraven-rule`: the last query token
-  attending to the same feature in the two context panels of the last row, in every layer (the
-  paper's SRAVEN analysis), read on the task's analysis variant by default.
+- `last-self`: the last query attending to itself, in every layer (the paper's fuzzy-logic analysis).
+- a name the task defines (`Task.selectors`), e.g. SRAVEN's `sraven-rule` (the last query attending to
+  the same feature in the two context panels of the last row, in every layer), read on the task's
+  analysis variant by default.
 - `all-pairs:LAYER`: every (query, key) pair of one layer; refused above `MAX_ALL_PAIRS` sites.
-- an explicit list `LAYER:QUERY:KEY[,LAYER:QUERY:KEY...]`; each field is an integer, `*` (every
-  layer, every query or every key) or a half-open range `START..STOP` (as Python's `range`; either
-  end may be left out and negative ends count from the end: `-6..` is the last six positions):
-  `*:-1:-1` is `last-self`, `2:*:*` every pair of layer 2, `*:35:*` the whole row of query 35 in
-  every layer, `*:*:0` the column of key 0, `1:32..36:0..8` a block, `3:35:7|15|23` a list of keys. A field that is not
-  a single integer is expanded when the sequence length is known, so no list of thousands of sites is
-  written by hand.
+- `LAYER:QUERY:KEY[,...]`, each field an integer, `*` (every one), a half-open range `START..STOP`
+  (either end optional, negative ends from the end: `-6..` is the last six) or a list `A|B|C`:
+  `2:*:*` every pair of layer 2, `*:35:*` the row of query 35 in every layer, `1:32..36:0..8` a block;
+  expanded once the sequence length is known.
 
-In Python, `block(layers=..., queries=..., keys=...)` builds the same selectors from ints, `range`s,
-lists or None (every one).
+In Python, `block(layers=..., queries=..., keys=...)` builds the same from ints, `range`s, lists or
+None (every one).
 """
 
 from __future__ import annotations
