@@ -3,34 +3,29 @@
     latentcode.extract("runs/sraven-hyla", sites="sraven-rule", split="ood", n=8192, out="codes.h5")
     latentcode.extract("smollm2", task={"seq_len": 2048}, n=4, out="smollm2.h5")   # compact store too
 
-One loop for every model (`run_extraction`): the plan's inputs (`latentcode.inputs`: a
-task's instances, batch `i` drawn from `(seed, i)`, the split's evaluation seed by default; or a
-causal LM's windows of the corpus) are read batch by batch, each forward pass runs under a
-`Recorder`, and the codes of every site, the labels, the prediction and target where the task has
-them, and any extra arrays are appended to the writer. For SRAVEN, when all sites share one query
-position among the last M tokens, the label `rule` is added: the rule that governs that query
-position (what the paper decodes).
+One loop for every model (`run_extraction`): the plan's inputs (`latentcode.inputs`: a task's
+instances, batch `i` drawn from `(seed, i)`, the split's evaluation seed by default; or a causal LM's
+windows of the corpus) are read batch by batch, each forward pass runs under a `Recorder`, and the
+codes of every site, the labels, prediction and target where the task has them, and any extra arrays
+are appended to the writer. For SRAVEN, when all sites share one query position among the last M
+tokens, the label `rule` is added: the rule that governs that query position (what the paper decodes).
 
-With `compact` (a causal LM's default) `/compact` holds the post-RoPE queries and keys of every
-layer, from which `CodeFile.codes` rebuilds any other pair (`latentcode.store.compact`); each layer's
-queries and keys go to the writer as the layer's attention call returns
-(`latentcode.sources.compact_capture.CompactAttentionSource`), so memory holds one layer of them,
+With `compact` (a causal LM's default) `/compact` holds every layer's post-RoPE queries and keys, from
+which `CodeFile.codes` rebuilds any other pair (`latentcode.store.compact`); each layer goes to the
+writer as its attention call returns (`CompactAttentionSource`), so memory holds one layer of them,
 never `[H, T, T]`. A latentcode Transformer has none (`Subject.compact_store` says why).
 
-Sharded: launched as several processes (`torchrun --nproc_per_node 2 ...` or `accelerate launch`;
-the launcher's RANK and WORLD_SIZE, or a running torch.distributed process group, say so), each
-process records a contiguous share of the batches, rank by rank, into its own shard
-`OUT.shard-RANK-of-WORLD.h5` beside `out` (compact store included); after all have finished, rank 0
-writes `out` as one codes file of virtual datasets over the shards
-(`latentcode.store.write_sharded_file`). Batch `i` holds the same instances whichever process records
-it, so the file equals a one-process extraction row for row. A failure in any process is raised in
-every process. Every process loads the model (a GGUF's cache entry is filled by one of them).
+Sharded: launched as several processes (`torchrun` or `accelerate launch`: their RANK and WORLD_SIZE,
+or a running torch.distributed process group, say so), each process records a contiguous share of the
+batches into its own shard `OUT.shard-RANK-of-WORLD.h5` beside `out`; once all have finished, rank 0
+writes `out` as one codes file of virtual datasets over the shards (`write_sharded_file`). Batch `i`
+holds the same instances whichever process records it, so the file equals a one-process extraction
+row for row. A failure in any process is raised in every process; every process loads the model.
 
     torchrun --standalone --nproc_per_node 2 -m latentcode.cli -- extract RUN --n 8192 --out codes.h5
 
 (`--`: torchrun would take extract's `--n` for an abbreviation of its own options; `--standalone`
-picks a free port.) On CPU `accelerate launch` starts one process unless it is told to use MPI;
-torchrun starts several.
+picks a free port. On CPU `accelerate launch` starts one process unless told to use MPI.)
 """
 
 from __future__ import annotations
@@ -39,6 +34,7 @@ import contextlib
 import math
 import os
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -96,9 +92,16 @@ def _process_group():
         distributed.destroy_process_group()
 
 
-def _raise_if_any_failed(error: BaseException | None, what: str) -> None:
-    """Every process says whether its step failed; a failure anywhere is raised everywhere (the
-    process that failed raises its own error), so that no process goes on, or waits, alone."""
+def _in_every_process(step: Callable[[], Any] | None, what: str) -> None:
+    """Run `step` (None: nothing to do in this process), then every process says whether its step failed:
+    a failure anywhere is raised everywhere (the process that failed raises its own error), so that no
+    process goes on, or waits, alone."""
+    error = None
+    try:
+        if step is not None:
+            step()
+    except Exception as failure:  # noqa: BLE001 - raised below, in every process
+        error = failure
     distributed = torch.distributed
     messages: list[str | None] = [None] * distributed.get_world_size()
     distributed.all_gather_object(messages, None if error is None else f"{type(error).__name__}: {error}")
@@ -315,20 +318,10 @@ def record_in_shards(out: str | Path | InMemoryCodes | None, n_batches: int,
 
     shards = [shard_path(out, of_rank, world_size) for of_rank in range(world_size) if share(of_rank)]
     with _process_group():
-        error = None
-        try:
-            if share(rank):
-                record(shard_path(out, rank, world_size), share(rank), False, progress and rank == 0)
-        except Exception as failure:  # noqa: BLE001 - raised below, in every process
-            error = failure
-        _raise_if_any_failed(error, "recording its shard")
-        error = None
-        if rank == 0:
-            try:
-                write_sharded_file(out, shards, overwrite=overwrite, wait_for_lock=wait_for_lock)
-            except Exception as failure:  # noqa: BLE001 - raised below, in every process
-                error = failure
-        _raise_if_any_failed(error, f"writing {out} over the shards")
+        _in_every_process(partial(record, shard_path(out, rank, world_size), share(rank), False, progress and rank == 0)
+                          if share(rank) else None, "recording its shard")
+        _in_every_process(partial(write_sharded_file, out, shards, overwrite=overwrite, wait_for_lock=wait_for_lock)
+                          if rank == 0 else None, f"writing {out} over the shards")
     return out
 
 

@@ -4,14 +4,12 @@
     plan.subject, plan.inputs, plan.split, plan.variant, plan.sites    # what will be recorded
     latentcode.extraction.pipeline.run_extraction(plan)                # records it (torch)
 
-One plan for every model (`latentcode.subject.subject_of`: a run, a model directory, a causal LM, a
-model object): what it reads is its task's instances or a causal LM's windows of the corpus, one
-interface (`latentcode.inputs`). The command line's check builds this plan and its run
-executes it; `latentcode.extract` builds the same plan, so a mistake gets the same message from both
-(`errors.about` names the argument; the command line shows it as the flag the user typed). Checked
-here: the model, the task, the split, the variant, the sites, the compact store, the sizes (a forward
-pass in memory, the codes on disk) and the output (writable, not there already unless appended to or
-replaced, a codes file if appended to). JSON, numpy and h5py only.
+One plan for every model (`latentcode.subject.subject_of`), reading its task's instances or a causal
+LM's windows of the corpus through one interface (`latentcode.inputs`). The command line's check and
+`latentcode.extract` build the same plan, so a mistake gets the same message from both (`errors.about`
+names the argument, the command line its flag). Checked here: the model, task, split, variant, sites,
+compact store, sizes (a forward pass in memory, the codes on disk) and output (writable; not there
+unless appended to or replaced; a codes file if appended to). JSON, numpy and h5py only.
 """
 
 from __future__ import annotations

@@ -5,12 +5,10 @@
         model(inputs_2)
     codes = recorder.pop()        # {Site(layer, query, key): float32 [N, H]}, N over both passes
 
-Works for any model a source can read (see `latentcode.sources.source`): our models, TransformerLens
-models, and PyTorch models using scaled_dot_product_attention / nn.MultiheadAttention, or an
-adapter. Only the selected entries are kept, sliced while the forward pass runs. On hook points
-the Recorder's hooks are `QueryBlockHook`s: our attention layers, which compute long sequences in
-blocks of queries, hand each block over, so recording never assembles the whole
-`[batch, head, query, key]` pattern (see `latentcode.models.attention`).
+Works for any model a source can read (`latentcode.sources.source`). Only the selected entries are
+kept, sliced while the forward pass runs; on hook points the hooks are `QueryBlockHook`s, to which our
+attention layers hand long sequences a block of queries at a time, so recording never assembles the
+whole `[batch, head, query, key]` pattern (`latentcode.models.attention`).
 
 Hooks run in the order they were added: a Recorder reads a hook point's value before any hook
 added after it (e.g. a patching hook of a later `run_with_hooks`) changes it, and after hooks that
@@ -21,6 +19,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from contextlib import ExitStack
 
 import numpy as np
 from torch import Tensor, nn
@@ -32,6 +31,7 @@ from latentcode.sources.source import (
     AttentionSource,
     NoAttentionCaptured,
     check_score,
+    removed_on_exit,
 )
 from latentcode.store import Site
 
@@ -75,8 +75,7 @@ class Recorder:
         self._layers_seen: set[int] = set()
         self._pass = 0  # forward passes seen by the root module's pre-hook
         self._pass_of_last: dict[Site, int] = {}
-        self._handles: list = []
-        self._capture = None
+        self._hooked: ExitStack | None = None  # the hooks and the source's capture, while recording
 
     # -- capture ------------------------------------------------------------------------------------
     def _sink(self, layer: int, queries: Tensor, keys: Tensor, codes: Tensor) -> None:
@@ -114,30 +113,18 @@ class Recorder:
         self.pairs_for.check_ran(self._layers_seen)
 
     def __enter__(self) -> Recorder:
-        self._handles = [
-            self.model.register_forward_pre_hook(self._before_forward),
-            self.model.register_forward_hook(self._after_forward),
-        ]
-        self._capture = self.source.capture(self.pairs_for, self.score, self._sink)
-        try:
-            self._capture.__enter__()
-        except BaseException:
-            self._remove_hooks()
-            raise
+        with ExitStack() as stack:  # on a failure here, what was set up is undone
+            handles = stack.enter_context(removed_on_exit())
+            handles += [self.model.register_forward_pre_hook(self._before_forward),
+                        self.model.register_forward_hook(self._after_forward)]
+            stack.enter_context(self.source.capture(self.pairs_for, self.score, self._sink))
+            self._hooked = stack.pop_all()
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> None:
-        try:
-            if self._capture is not None:
-                self._capture.__exit__(exc_type, exc, traceback)
-        finally:
-            self._capture = None
-            self._remove_hooks()
-
-    def _remove_hooks(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        hooked, self._hooked = self._hooked, None
+        if hooked is not None:  # the capture ends, then the hooks go
+            hooked.__exit__(exc_type, exc, traceback)
 
     # -- results ------------------------------------------------------------------------------------
     @property

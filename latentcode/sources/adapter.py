@@ -1,38 +1,22 @@
-"""`AdapterSource`: latent codes of attention that no other source can see, through a module the
-user names and a function from that module's inputs/outputs to its attention.
+"""`AdapterSource`: latent codes of attention that no other source can see (explicit matmul/softmax,
+fused kernels, ...), through modules the user names and a function from a module's inputs/outputs to
+its attention. For modules that return `(output, weights)`, `weights` `[batch, head, query, key]`::
 
-Use it for attention written with explicit matmul/softmax, fused kernels, or anything else that
-neither passes through a TransformerLens HookPoint nor calls `scaled_dot_product_attention` /
-`nn.MultiheadAttention`. Example, for a model whose attention modules return
-`(output, weights)` with `weights` `[batch, head, query, key]`::
-
-    from latentcode.extraction import Recorder
-    from latentcode.sources import AdapterSource
-
-    source = AdapterSource(
-        model,
-        modules=[f"layers.{i}.attention" for i in range(len(model.layers))],
-        scores_fn=lambda module, args, kwargs, output: output[1],
-        score_kind="pattern",
-    )
+    source = AdapterSource(model, modules=[f"layers.{i}.attention" for i in range(len(model.layers))],
+                           scores_fn=lambda module, args, kwargs, output: output[1], score_kind="pattern")
     with Recorder(model, "last-self", source=source) as recorder:
         model(tokens)
-    codes = recorder.pop()
 
-`scores_fn(module, args, kwargs, output)` is called in a forward hook after each call of a named
-module (`args`/`kwargs` as the module received them) and returns `[batch, head, query, key]`:
-probabilities when `score_kind="pattern"`, raw pre-softmax scores (masked entries -inf) when
-`score_kind="scores"`. From raw scores the source can record both kinds (the pattern is their
-softmax over keys, computed for the requested queries only); from probabilities only the pattern.
-It may also recompute the attention from the module's inputs and weights, e.g. from the hidden
-states in `args[0]`, even by calling the module again (that inner call is not recorded).
+`scores_fn(module, args, kwargs, output)` runs in a forward hook after each call of a named module
+and returns `[batch, head, query, key]`: probabilities (`score_kind="pattern"`) or raw scores, masked
+entries -inf (`score_kind="scores"`). From raw scores both kinds are recorded (the pattern is their
+softmax over keys, for the requested queries only); from probabilities only the pattern. It may
+recompute the attention from the module's inputs and weights, even by calling the module again (that
+inner call is not recorded).
 
-It records only: the codes it reads were already used by the module, so an `Intervention`
-through an AdapterSource raises `CannotIntervene`.
-
-Layers are numbered in the order the modules are given (a dict keeps its order; its keys become
-the layer names). A module called several times in one forward pass reports each call under the
-same layer, and the last call's codes are kept.
+It records only: the module has already used the codes it reads, so editing raises `CannotIntervene`.
+Layers are numbered in the order the modules are given (a dict's keys become the layer names); a
+module called several times in one pass reports each call under its layer, and the last is kept.
 """
 
 from __future__ import annotations
@@ -60,6 +44,7 @@ from latentcode.sources.source import (
     PairsFor,
     Sink,
     check_score,
+    removed_on_exit,
 )
 
 ScoresFn = Callable[[nn.Module, tuple, dict, Any], Tensor]
@@ -153,9 +138,8 @@ class AdapterSource(AttentionSource):
                 "(score_kind='pattern'); record score='pattern', or give a scores_fn that returns raw "
                 "scores with score_kind='scores'"
             )
-        handles = []
         busy: set[int] = set()  # layers whose scores_fn is running: it may call the module again
-        try:
+        with removed_on_exit() as handles:
             for layer, module in enumerate(self.modules):
 
                 def record(module, args, kwargs, output, layer=layer):
@@ -187,6 +171,3 @@ class AdapterSource(AttentionSource):
 
                 handles.append(module.register_forward_hook(record, with_kwargs=True))
             yield
-        finally:
-            for handle in handles:
-                handle.remove()

@@ -1,13 +1,10 @@
-"""The arithmetic of one intercepted attention call, `F.scaled_dot_product_attention` ("sdpa"),
-`F.multi_head_attention_forward` ("mha", what `nn.MultiheadAttention` calls) or a transformers
-model's eager attention ("eager": an SDPA call with soft-capping and sinks,
-`latentcode.sources.eager_attention`), from the call's bound
-arguments: the raw scores and probabilities of selected query rows, and the call's output with the
-rows an edit changed recomputed. `latentcode.sources.torch_attention.TorchAttentionSource`
-intercepts the calls and uses these; its docstring says what is recorded and edited.
-
-Everything is computed in float32, for the requested query rows only, so memory stays
-O(batch x heads x requested queries x keys).
+"""The arithmetic of one intercepted attention call, from its bound arguments:
+`F.scaled_dot_product_attention` ("sdpa"), `F.multi_head_attention_forward` ("mha", what
+`nn.MultiheadAttention` calls) or a transformers model's eager attention ("eager": an SDPA call with
+soft-capping and sinks, `latentcode.sources.eager_attention`). The raw scores and probabilities of
+selected query rows, and the call's output with the rows an edit changed recomputed, in float32, for
+the requested rows only (memory O(batch x heads x requested queries x keys)). `TorchAttentionSource`
+intercepts the calls; its docstring says what is recorded and edited.
 """
 
 from __future__ import annotations
@@ -56,32 +53,22 @@ def as_batch_head(tensor: Tensor) -> Tensor:
     return tensor
 
 
-def sdpa_scores(
-    query: Tensor,
-    key: Tensor,
-    rows: Tensor,
-    attn_mask: Tensor | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    softcap: float | None = None,
-) -> Tensor:
-    """The raw scores of an SDPA call for the query positions `rows`: `[..., len(rows), key]`,
-    float32, with -inf where masked (by `attn_mask` or `is_causal`); `softcap` (an eager call's):
+def sdpa_scores(call: dict[str, Any], rows: Tensor) -> Tensor:
+    """The raw scores of an SDPA (or eager) call for the query positions `rows`: `[..., len(rows), key]`,
+    float32, with -inf where masked (by `attn_mask` or `is_causal`); an eager call's `softcap`:
     `softcap * tanh(s / softcap)` of the scaled scores, before the mask, as Gemma 2 computes it."""
+    query, key, softcap = call["query"], call["key"].float(), call.get("softcap")
     rows = rows.to(query.device)
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    key = key.float()
-    if enable_gqa and key.dim() >= 3 and key.shape[-3] != query.shape[-3]:
+    scale = 1.0 / math.sqrt(query.shape[-1]) if call.get("scale") is None else call["scale"]
+    if call.get("enable_gqa") and key.dim() >= 3 and key.shape[-3] != query.shape[-3]:
         key = key.repeat_interleave(query.shape[-3] // key.shape[-3], dim=-3)
     scores = torch.matmul(query.index_select(-2, rows).float(), key.transpose(-2, -1)) * scale
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
-    if is_causal:
-        n_keys = key.shape[-2]
-        scores = scores.masked_fill(torch.arange(n_keys, device=scores.device) > rows[:, None], float("-inf"))
-    if attn_mask is not None:
-        scores = scores + additive_mask(rows_of(attn_mask, rows), true_means="attend")
+    if call.get("is_causal"):
+        scores = scores.masked_fill(torch.arange(key.shape[-2], device=scores.device) > rows[:, None], float("-inf"))
+    if call.get("attn_mask") is not None:
+        scores = scores + additive_mask(rows_of(call["attn_mask"], rows), true_means="attend")
     return scores
 
 
@@ -89,49 +76,31 @@ def mha_scores(call: dict[str, Any], rows: Tensor) -> Tensor:
     """The raw scores of an `F.multi_head_attention_forward` call for the query positions `rows`:
     `[batch, head, len(rows), key]`, float32, -inf where masked. Follows PyTorch's implementation:
     in-projection, bias_k, static_k, add_zero_attn, attn_mask (2-D or 3-D) and key_padding_mask."""
-    query, key = call["query"], call["key"]
-    n_heads = call["num_heads"]
+    query, n_heads = call["query"], call["num_heads"]
+    padding_mask = call.get("key_padding_mask")
     if query.dim() == 2:  # unbatched [sequence, embed]
-        query, key = query.unsqueeze(1), key.unsqueeze(1)
-        if call.get("key_padding_mask") is not None:
-            call = {**call, "key_padding_mask": call["key_padding_mask"].unsqueeze(0)}
+        query = query.unsqueeze(1)
+        padding_mask = None if padding_mask is None else padding_mask.unsqueeze(0)
     n_queries, batch, embed = query.shape
     head_dim = embed // n_heads
     rows = rows.to(query.device)
-    if call.get("use_separate_proj_weight"):
-        w_q, w_k = call["q_proj_weight"], call["k_proj_weight"]
-    else:
-        w_q, w_k, _ = call["in_proj_weight"].chunk(3)
-    b_q = b_k = None
-    if call.get("in_proj_bias") is not None:
-        b_q, b_k, _ = call["in_proj_bias"].chunk(3)
+    w_q = call["q_proj_weight"] if call.get("use_separate_proj_weight") else call["in_proj_weight"].chunk(3)[0]
+    b_q = None if call.get("in_proj_bias") is None else call["in_proj_bias"].chunk(3)[0]
     # [query, batch, embed] -> [batch, head, rows, head_dim]
     q = F.linear(query.index_select(0, rows), w_q, b_q).float()
     q = q.reshape(len(rows), batch, n_heads, head_dim).permute(1, 2, 0, 3)
-    attn_mask, padding_mask = call.get("attn_mask"), call.get("key_padding_mask")
+    k = mha_projected(call, "k")
+    # Keys past the call's own (bias_k, the zero key) are attended wherever the masks say nothing.
+    extra_keys = (0, int(call.get("bias_k") is not None and call.get("static_k") is None)
+                  + int(bool(call.get("add_zero_attn"))))
+    attn_mask = call.get("attn_mask")
+    scores = torch.matmul(q * math.sqrt(1.0 / head_dim), k.transpose(-2, -1))
     if attn_mask is not None:  # [query, key] or [batch * head, query, key]; only the requested rows
         if attn_mask.dim() == 3:
             attn_mask = attn_mask.reshape(-1, n_heads, n_queries, attn_mask.shape[-1])
-        attn_mask = additive_mask(rows_of(attn_mask, rows), true_means="masked")
-    padding_mask = None if padding_mask is None else additive_mask(padding_mask, true_means="masked")
-    if call.get("static_k") is not None:
-        k = call["static_k"].float().reshape(batch, n_heads, -1, head_dim)
-    else:
-        k = F.linear(key, w_k, b_k).float()
-        if call.get("bias_k") is not None:
-            k = torch.cat([k, call["bias_k"].float().repeat(1, batch, 1)])
-            attn_mask = None if attn_mask is None else F.pad(attn_mask, (0, 1))
-            padding_mask = None if padding_mask is None else F.pad(padding_mask, (0, 1))
-        k = k.reshape(k.shape[0], batch, n_heads, head_dim).permute(1, 2, 0, 3)
-    if call.get("add_zero_attn"):
-        k = torch.cat([k, k.new_zeros(batch, n_heads, 1, head_dim)], dim=2)
-        attn_mask = None if attn_mask is None else F.pad(attn_mask, (0, 1))
-        padding_mask = None if padding_mask is None else F.pad(padding_mask, (0, 1))
-    scores = torch.matmul(q * math.sqrt(1.0 / head_dim), k.transpose(-2, -1))
-    if attn_mask is not None:
-        scores = scores + attn_mask
+        scores = scores + F.pad(additive_mask(rows_of(attn_mask, rows), true_means="masked"), extra_keys)
     if padding_mask is not None:
-        scores = scores + padding_mask[:, None, None, :]
+        scores = scores + F.pad(additive_mask(padding_mask, true_means="masked"), extra_keys)[:, None, None, :]
     return scores
 
 
@@ -151,36 +120,33 @@ def call_shape(kind: str, call: dict[str, Any]) -> tuple[int, int]:
 
 def call_scores(kind: str, call: dict[str, Any], rows: Tensor) -> Tensor:
     """Raw scores `[batch, head, len(rows), key]` of an intercepted call, float32, -inf where masked."""
-    if kind == "mha":
-        return mha_scores(call, rows)
-    return as_batch_head(sdpa_scores(
-        call["query"], call["key"], rows,
-        attn_mask=call.get("attn_mask"), is_causal=bool(call.get("is_causal", False)),
-        scale=call.get("scale"), enable_gqa=bool(call.get("enable_gqa", False)), softcap=call.get("softcap"),
-    ))  # fmt: skip
+    return mha_scores(call, rows) if kind == "mha" else as_batch_head(sdpa_scores(call, rows))
 
 
 # -- the arithmetic of an edit: outputs of the edited query rows ---------------------------------------
-def mha_values(call: dict[str, Any]) -> Tensor:
-    """The values of an `F.multi_head_attention_forward` call, `[batch, head, key, head_dim]`
-    float32, following PyTorch: in-projection, bias_v, static_v, add_zero_attn (as `mha_scores`)."""
-    query, value = call["query"], call["value"]
+def mha_projected(call: dict[str, Any], which: str) -> Tensor:
+    """The keys (`which="k"`) or values (`"v"`) of an `F.multi_head_attention_forward` call,
+    `[batch, head, key, head_dim]` float32, following PyTorch: in-projection, bias_k / bias_v,
+    static_k / static_v, add_zero_attn."""
+    query, given = call["query"], call["key" if which == "k" else "value"]
     if query.dim() == 2:  # unbatched [sequence, embed]
-        query, value = query.unsqueeze(1), value.unsqueeze(1)
+        query, given = query.unsqueeze(1), given.unsqueeze(1)
     batch, n_heads = query.shape[1], call["num_heads"]
     head_dim = query.shape[2] // n_heads
-    if call.get("static_v") is not None:
-        v = call["static_v"].float().reshape(batch, n_heads, -1, head_dim)
+    part = 1 if which == "k" else 2  # of the packed in-projection [q; k; v]
+    if call.get(f"static_{which}") is not None:
+        projected = call[f"static_{which}"].float().reshape(batch, n_heads, -1, head_dim)
     else:
-        w_v = call["v_proj_weight"] if call.get("use_separate_proj_weight") else call["in_proj_weight"].chunk(3)[2]
-        b_v = None if call.get("in_proj_bias") is None else call["in_proj_bias"].chunk(3)[2]
-        v = F.linear(value, w_v, b_v).float()
-        if call.get("bias_v") is not None:
-            v = torch.cat([v, call["bias_v"].float().repeat(1, batch, 1)])
-        v = v.reshape(v.shape[0], batch, n_heads, head_dim).permute(1, 2, 0, 3)
+        weight = call[f"{which}_proj_weight"] if call.get("use_separate_proj_weight") else \
+            call["in_proj_weight"].chunk(3)[part]
+        bias = None if call.get("in_proj_bias") is None else call["in_proj_bias"].chunk(3)[part]
+        projected = F.linear(given, weight, bias).float()
+        if call.get(f"bias_{which}") is not None:
+            projected = torch.cat([projected, call[f"bias_{which}"].float().repeat(1, batch, 1)])
+        projected = projected.reshape(projected.shape[0], batch, n_heads, head_dim).permute(1, 2, 0, 3)
     if call.get("add_zero_attn"):
-        v = torch.cat([v, v.new_zeros(batch, n_heads, 1, head_dim)], dim=2)
-    return v
+        projected = torch.cat([projected, projected.new_zeros(batch, n_heads, 1, head_dim)], dim=2)
+    return projected
 
 
 def edit_rows(scores: Tensor, inverse: Tensor, keys: Tensor, edit: Callable[[Tensor], Tensor],
@@ -212,10 +178,17 @@ def edited_sdpa_output(call: dict[str, Any], output: Tensor, rows: Tensor, inver
                        edit: Callable[[Tensor], Tensor]) -> Tensor:
     """An SDPA call's output with `edited_probabilities @ value` in every (batch, head, query row)
     whose codes the edit changed, and the fused call's own output everywhere else."""
+    return edited_rows_and_output("sdpa", call, output, rows, inverse, keys, edit)[0]
+
+
+def edited_rows_and_output(kind: str, call: dict[str, Any], output: Tensor, rows: Tensor, inverse: Tensor,
+                           keys: Tensor, edit: Callable[[Tensor], Tensor]):
+    """`(output, edited_probabilities, changed_rows)` of an SDPA or eager call (`output` `[..., query, d]`),
+    as `edited_sdpa_output`; `(output, None, None)` where the edit changed nothing."""
     rows = rows.to(output.device)
-    probabilities, changed_rows = edit_rows(call_scores("sdpa", call, rows), inverse, keys, edit)
+    probabilities, changed_rows = edit_rows(call_scores(kind, call, rows), inverse, keys, edit, call.get("sinks"))
     if probabilities is None:
-        return output
+        return output, None, None
     value = call["value"]
     if call.get("enable_gqa") and value.dim() >= 3 and value.shape[-3] != call["query"].shape[-3]:
         value = value.repeat_interleave(call["query"].shape[-3] // value.shape[-3], dim=-3)
@@ -225,7 +198,7 @@ def edited_sdpa_output(call: dict[str, Any], output: Tensor, rows: Tensor, inver
     new_rows = torch.where(
         changed_rows.reshape(*leading, len(rows), 1), edited_rows.to(output.dtype), fused_rows
     )
-    return output.index_copy(output.dim() - 2, rows, new_rows)
+    return output.index_copy(output.dim() - 2, rows, new_rows), probabilities, changed_rows
 
 
 def edited_mha_output(call: dict[str, Any], result: tuple, rows: Tensor, inverse: Tensor, keys: Tensor,
@@ -244,7 +217,7 @@ def edited_mha_output(call: dict[str, Any], result: tuple, rows: Tensor, inverse
         weights = None if weights is None else weights.unsqueeze(0)
     n_rows, (_, batch, embed) = len(rows), output.shape
     changed_query = changed_rows.any(dim=1)  # [batch, rows]
-    heads = torch.matmul(probabilities, mha_values(call))  # [batch, head, rows, head_dim]
+    heads = torch.matmul(probabilities, mha_projected(call, "v"))  # [batch, head, rows, head_dim]
     edited_rows = F.linear(heads.permute(2, 0, 1, 3).reshape(n_rows, batch, embed),
                            call["out_proj_weight"].float(), None if call.get("out_proj_bias") is None
                            else call["out_proj_bias"].float())  # fmt: skip

@@ -1,50 +1,34 @@
 """`BridgeSource`: latent codes of transformer-lens 4.x `TransformerBridge`s.
 
-transformer-lens 4.x replaced `HookedTransformer` with `TransformerBridge`, which wraps a Hugging
-Face model (`TransformerBridge.boot_transformers(name, hf_model=..., tokenizer=...)`) or a small
-TransformerLens-native one (`TransformerBridge.boot_native(TransformerBridgeConfig(...))`) and
-exposes the familiar hook names: `blocks.{l}.attn.hook_q`, `hook_k` `[batch, pos, head, d_head]`,
-`hook_attn_scores` and `hook_pattern` `[batch, head, query, key]`.
-
-    bridge = TransformerBridge.boot_native(TransformerBridgeConfig(d_model=64, d_head=16, n_layers=2,
-                                                                  n_ctx=32, n_heads=4, d_vocab=100))
-    with Recorder(bridge, "last-self") as recorder:      # detect_source picks BridgeSource
-        bridge(tokens)
-
-Layers are the blocks, `blocks.{l}.attn`, numbered as TransformerLens numbers them.
+A `TransformerBridge` wraps a Hugging Face model (`TransformerBridge.boot_transformers(name,
+hf_model=..., tokenizer=...)`) or a TransformerLens-native one (`boot_native(TransformerBridgeConfig(...))`)
+and exposes the familiar hook names: `blocks.{l}.attn.hook_q`, `hook_k` `[batch, pos, head, d_head]`,
+`hook_attn_scores` and `hook_pattern` `[batch, head, query, key]`. Layers are the blocks, numbered as
+TransformerLens numbers them; `detect_source` picks this source for a bridge.
 
 - `score="pattern"`: `hook_pattern` (the post-softmax probabilities).
-- `score="scores"`: in 4.x, `hook_attn_scores` carries the raw pre-softmax scores only for some
-  architectures (e.g. GPT-2's joint-QKV attention, rotary models); for others (boot_native models,
-  BERT, and any attention whose Hugging Face module computes the softmax itself) it carries the
-  post-softmax pattern, the very tensor `hook_pattern` sees. The source checks, per layer and
-  forward pass, whether the tensor at `hook_attn_scores` equals the one at `hook_pattern`; if not,
-  it records `hook_attn_scores`; if so, it rebuilds the raw scores from `hook_q` and `hook_k`:
-  q·kᵀ times the module's `scaling` (Hugging Face) or divided by `cfg.attn_scale` (sqrt(d_head)
-  by default), with -inf where the key is masked: after the query when `cfg.attention_dir ==
-  "causal"`, and where the `attention_mask` given to the model is 0. It then checks that the
-  softmax of those scores reproduces `hook_pattern` (for queries with at least one unmasked key)
-  and raises if not, so an architecture it cannot rebuild (ALiBi, soft-capping, local windows, a
-  mask it cannot see) fails loudly rather than silently; the check is skipped when dropout can
-  change the pattern (training mode with a dropout rate above 0). The check compares
-  probabilities, so it catches wrong masks and positional terms, not a slightly wrong scale on
-  near-uniform attention. In all cases masked entries are -inf (the large negative
-  numbers Hugging Face uses as minus infinity are turned into -inf).
+- `score="scores"`: in 4.x `hook_attn_scores` carries the raw scores only for some architectures
+  (GPT-2's joint-QKV attention, rotary models); for others (boot_native, BERT, any attention whose
+  Hugging Face module computes the softmax itself) it carries the pattern. Per layer and pass, where
+  the two tensors differ `hook_attn_scores` is recorded; where they agree the raw scores are rebuilt
+  from `hook_q` and `hook_k`: q·kᵀ times the module's `scaling` (Hugging Face) or divided by
+  `cfg.attn_scale` (sqrt(d_head) by default), -inf after the query when `cfg.attention_dir ==
+  "causal"` and where the model's `attention_mask` is 0. Their softmax must reproduce `hook_pattern`
+  (queries with an unmasked key; skipped while dropout can change the pattern), else it raises, so an
+  architecture it cannot rebuild (ALiBi, soft-capping, local windows, a mask it cannot see) fails
+  loudly; the check compares probabilities, so it misses a slightly wrong scale on near-uniform
+  attention. Masked entries are -inf (Hugging Face's large negative numbers included).
 
-The hooks are plain PyTorch forward hooks on the HookPoint modules (the HookPoint's own tensor
-conversion applied), invisible to TransformerLens's hook bookkeeping, so `run_with_hooks`,
-`run_with_cache` and `reset_hooks()` neither see nor remove them.
+The hooks are plain PyTorch forward hooks on the HookPoint modules (their tensor conversion applied),
+invisible to TransformerLens's bookkeeping: `run_with_hooks`, `run_with_cache` and `reset_hooks()`
+neither see nor remove them.
 
-Interventions (`edit`): the edit hook on `hook_pattern` returns the edited pattern. That reaches the
-layer's output where the bridge computes attention from the hooked pattern: `boot_native` models
-(the pattern passes through `hook_pattern` inside the computation) and bridges that rebuild the
-attention themselves (joint-QKV attention such as GPT-2's). Where the bridge delegates to the
-wrapped Hugging Face module and fires `hook_pattern` only after that module returned (e.g. BERT),
-an edit could not change anything, and the source raises `CannotIntervene` at the first forward
-pass that would edit such a layer.
-
-transformer-lens 3.x `HookedTransformer`s do not need this module: they have the same hook names
-as our models and `HookPointSource` reads them.
+Interventions (`edit`): the hook on `hook_pattern` returns the edited pattern, which reaches the
+output where the bridge computes attention from the hooked pattern (`boot_native` models, joint-QKV
+attention such as GPT-2's). Where the bridge delegates to the wrapped Hugging Face module and fires
+`hook_pattern` after it returned (e.g. BERT), an edit could change nothing: `CannotIntervene` at the
+first forward pass that would edit such a layer. (transformer-lens 3.x `HookedTransformer`s are read
+by `HookPointSource`.)
 """
 
 from __future__ import annotations
@@ -67,13 +51,14 @@ from latentcode.sources.attention_rows import (
 )
 from latentcode.sources.source import (
     PATTERN_HOOK,
-    AttentionSource,
     CannotIntervene,
     Editor,
+    HookPointSource,
     NoAttentionCaptured,
     PairsFor,
     Sink,
     check_score,
+    removed_on_exit,
 )
 
 
@@ -105,7 +90,7 @@ def _dropout_active(attention: nn.Module) -> bool:
     return False
 
 
-class BridgeSource(AttentionSource):
+class BridgeSource(HookPointSource):
     """A transformer-lens 4.x `TransformerBridge`; see the module docstring."""
 
     name = "transformer_bridge"
@@ -124,26 +109,24 @@ class BridgeSource(AttentionSource):
             )
         self._n_layers = max(layers) + 1
 
-    def n_layers(self) -> int:
-        return self._n_layers
-
-    def layer_names(self) -> list[str]:
-        return [f"blocks.{layer}.attn" for layer in range(self._n_layers)]
-
     def _hook(self, layer: int, name: str) -> nn.Module | None:
         return self.hook_dict.get(f"blocks.{layer}.attn.{name}")
+
+    def _pattern_hooks(self) -> Iterator[tuple[int, nn.Module]]:
+        """(layer, its hook_pattern) of the layers that have one, the hook points as they are now
+        (compatibility mode may have changed them)."""
+        self.hook_dict = self.model.hook_dict
+        for layer in range(self._n_layers):
+            hook_point = self._hook(layer, "hook_pattern")
+            if hook_point is not None:
+                yield layer, hook_point
 
     @contextmanager
     def capture(self, pairs_for: PairsFor, score: str, sink: Sink) -> Iterator[None]:
         check_score(score)
-        self.hook_dict = self.model.hook_dict  # as it is now (compatibility mode may have changed it)
-        handles = []
-        try:
+        with removed_on_exit() as handles:
             if score == "pattern":
-                for layer in range(self._n_layers):
-                    hook_point = self._hook(layer, "hook_pattern")
-                    if hook_point is None:
-                        continue
+                for layer, hook_point in self._pattern_hooks():
 
                     def record(module, inputs, output, layer=layer):
                         pattern = _converted(module, output)
@@ -153,23 +136,16 @@ class BridgeSource(AttentionSource):
 
                     handles.append(hook_point.register_forward_hook(record))
             else:
-                handles += self._capture_scores(pairs_for, sink)
+                self.hook_dict = self.model.hook_dict
+                self._capture_scores(pairs_for, sink, handles)
             yield
-        finally:
-            for handle in handles:
-                handle.remove()
 
     @contextmanager
     def edit(self, pairs_for: PairsFor, editor: Editor) -> Iterator[None]:
         """Return the edited pattern from `hook_pattern`, for bridges whose attention computes its
         output from the hooked pattern (see the module docstring); otherwise raise CannotIntervene."""
-        self.hook_dict = self.model.hook_dict
-        handles = []
-        try:
-            for layer in range(self._n_layers):
-                hook_point = self._hook(layer, "hook_pattern")
-                if hook_point is None:
-                    continue
+        with removed_on_exit() as handles:
+            for layer, hook_point in self._pattern_hooks():
                 attention = self.model.get_submodule(f"blocks.{layer}.attn")
                 wrapped = getattr(attention, "original_component", None)
                 state = {"wrapped_returned": False}  # this call: the wrapped HF module has returned
@@ -205,15 +181,12 @@ class BridgeSource(AttentionSource):
 
                 handles.append(hook_point.register_forward_hook(edit))
             yield
-        finally:
-            for handle in handles:
-                handle.remove()
 
     # -- raw scores -----------------------------------------------------------------------------------
-    def _capture_scores(self, pairs_for: PairsFor, sink: Sink) -> list:
+    def _capture_scores(self, pairs_for: PairsFor, sink: Sink, handles: list) -> None:
+        """Hooks (into `handles`) that hand `sink` each layer's raw scores, read or rebuilt."""
         seen: dict[int, dict[str, Tensor]] = {}  # per layer, this pass: q, k, hook_attn_scores, hook_pattern
         model_inputs: dict[str, Tensor | None] = {"attention_mask": None}
-        handles = []
 
         def remember_mask(module, args, kwargs):
             mask = kwargs.get("attention_mask")
@@ -251,7 +224,6 @@ class BridgeSource(AttentionSource):
                 sink(layer, *pairs, codes_of_rows(scores, inverse, pairs[1]))
 
             handles.append(attention.register_forward_hook(finish))
-        return handles
 
     def _raw_scores(
         self,

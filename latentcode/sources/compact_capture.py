@@ -2,22 +2,20 @@
 attention calls of transformers models that run only eagerly (`latentcode.sources.eager_attention`).
 
 `CompactAttentionSource` is `TorchAttentionSource` that also hands every intercepted call, as a
-`CompactLayer` (the queries and keys it received, its key/value grouping, scale and mask, and an
-eager call's soft-capping and sinks), to a
-callback, which writes it to disk before the next layer runs: memory holds one layer's queries and
-keys, never `[H, T, T]`. The site codes a Recorder asks for are recorded as by `TorchAttentionSource`.
+`CompactLayer` (its queries and keys, key/value grouping, scale and mask, and an eager call's
+soft-capping and sinks), to a callback that writes it to disk before the next layer runs: memory holds
+one layer's queries and keys, never `[H, T, T]`. Site codes are recorded as by `TorchAttentionSource`.
 
-The mask of a call is read as what the compact store can hold: `is_causal`, or a boolean/additive mask
-(shared by the heads, 0 or -inf) that is causal or not, with or without a sliding window, and with
-padding keys; anything else (a position bias, a mask that differs per head, cross-attention, a key
-cache) is refused with a `CompactError` naming the layer.
+A call's mask must be what the compact store holds: `is_causal`, or a boolean/additive mask (shared by
+the heads, 0 or -inf) that is causal or not, with or without a sliding window, with padding keys;
+anything else (a position bias, a mask per head, cross-attention, a key cache) is a `CompactError`
+naming the layer.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,14 +24,8 @@ import torch
 from torch import Tensor
 
 from latentcode.errors import LatentcodeError
-from latentcode.sources.attention_calls import (
-    additive_mask,
-    call_scores,
-    call_shape,
-    pattern_or_scores,
-)
-from latentcode.sources.attention_rows import check_pairs, codes_of_rows
-from latentcode.sources.source import PairsFor, Sink, check_score
+from latentcode.sources.attention_calls import additive_mask
+from latentcode.sources.source import PairsFor, Sink
 from latentcode.sources.torch_attention import TorchAttentionSource
 from latentcode.store.compact import LayerMask
 
@@ -137,26 +129,12 @@ class CompactAttentionSource(TorchAttentionSource):
         super().__init__(model)
         self.on_layer = on_layer
 
-    @contextmanager
-    def capture(self, pairs_for: PairsFor, score: str, sink: Sink) -> Iterator[None]:
-        check_score(score)
-
-        def on_call(layer: int, where: str, kind: str, call: dict[str, Any], result: Any) -> Any:
-            if kind not in ("sdpa", "eager"):
-                raise CompactError(f"{where}: an nn.MultiheadAttention call; the compact store reads SDPA calls "
-                                   "and transformers' eager attention")
+    def _on_call(self, pairs_for: PairsFor, score: str, sink: Sink, layer: int, where: str, kind: str,
+                 call: dict[str, Any], result: Any) -> Any:
+        if kind not in ("sdpa", "eager"):
+            raise CompactError(f"{where}: an nn.MultiheadAttention call; the compact store reads SDPA calls "
+                               "and transformers' eager attention")
+        if self.on_layer is not None:
             with torch.no_grad():
-                if self.on_layer is not None:
-                    self.on_layer(layer, compact_layer(call, where))
-                n_queries, n_keys = call_shape(kind, call)
-                pairs = pairs_for(layer, n_keys, n_queries)
-                if pairs is not None:
-                    check_pairs(pairs, n_queries, n_keys, where)
-                    rows, inverse = torch.unique(pairs[0], return_inverse=True)
-                    scores = call_scores(kind, call, rows)
-                    attention = pattern_or_scores(scores, score, call.get("sinks"))
-                    sink(layer, *pairs, codes_of_rows(attention, inverse, pairs[1]))
-            return result
-
-        with self._intercepted(on_call):
-            yield
+                self.on_layer(layer, compact_layer(call, where))
+        return super()._on_call(pairs_for, score, sink, layer, where, kind, call, result)

@@ -2,11 +2,11 @@
 and sliding-window layers; gpt-oss: attention sinks), read exactly at the call of their attention.
 
 Such a model computes its attention in its modeling file's `eager_attention_forward(module, query,
-key, value, attention_mask, ...)`, which each attention module looks up in transformers' attention
-registry (`ALL_ATTENTION_FUNCTIONS.get_interface("eager", eager_attention_forward)`). While
-`eager_calls` is active the registry answers "eager" with a wrapper that calls the module's own
-`eager_attention_forward` with the same arguments (the model computes exactly what it computes
-without us) and hands the call, read as an SDPA call with two more terms, to a callback:
+key, value, attention_mask, ...)`, looked up in transformers' attention registry
+(`ALL_ATTENTION_FUNCTIONS.get_interface("eager", ...)`). While `eager_calls` is active the registry
+answers "eager" with a wrapper that calls the module's own function with the same arguments (the
+model computes exactly what it computes without us) and hands the call, read as an SDPA call with two
+more terms, to a callback:
 
     query [B, H, T, d] and key [B, H_kv, T, d] (after RoPE, before transformers' repeat_kv),
     attn_mask (the additive mask: causal, sliding window, padding), scale (`scaling`),
@@ -14,15 +14,12 @@ without us) and hands the call, read as an SDPA call with two more terms, to a c
     sinks (gpt-oss: one learned logit per head in the softmax's denominator; rows sum to < 1).
 
 Exact, or refused: every call is checked against the model's own eager function, run again in float32
-on a few query rows of the same inputs (whatever the model's dtype), and a model whose eager attention
-computes something else (a term this reading does not know) raises `EagerAttentionError` in one line
-naming its model type and the layer, instead of recording codes that are not the model's.
-
-The registry entry is restored when the context ends (nested contexts restore in turn); while it is
-active every eager model of the process goes through the wrapper, which changes nothing of what
-they compute. A model that picks its eager function without the registry is not seen here: its
-attention calls are missing, which the callers report (`extract` refuses a model whose layers were
-not all read).
+on a few query rows of the same inputs, and one that computes something else raises
+`EagerAttentionError` naming its model type and layer, instead of recording codes that are not the
+model's. The registry entry is restored when the context ends (nested contexts in turn); meanwhile
+every eager model of the process goes through the wrapper, which changes nothing of what it computes.
+A model that picks its eager function without the registry is not seen: `extract` refuses a model
+whose layers were not all read.
 """
 
 from __future__ import annotations
@@ -37,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from latentcode.errors import LatentcodeError
-from latentcode.sources.attention_calls import call_scores, edit_rows
+from latentcode.sources.attention_calls import call_scores, edited_rows_and_output
 from latentcode.sources.attention_rows import softmax_rows
 
 # The most |rebuilt - the eager function's own probabilities| a call may show. Both are computed in float32
@@ -104,17 +101,11 @@ def eager_call(module: nn.Module, function: Callable[..., Any], args: tuple, kwa
             "sinks": None if sinks is None else sinks.detach().float().reshape(-1)}
 
 
-def eager_probabilities(call: dict[str, Any], rows: Tensor) -> Tensor:
-    """softmax(softcap(scale q.k) + mask) with the sinks in the denominator, for query `rows`:
-    float32 `[B, H, len(rows), T]` (the arithmetic of `latentcode.sources.attention_calls`)."""
-    return softmax_rows(call_scores("eager", call, rows), call.get("sinks"))
-
-
 def check_eager_call(module: nn.Module, function: Callable[..., Any], args: tuple, kwargs: dict,
                      call: dict[str, Any], where: str) -> None:
     """Refuse (one line) a call whose eager function computes other probabilities than this reading: the
     function is run again on float32 copies of its inputs for CHECKED_ROWS query rows, its returned
-    weights compared with `eager_probabilities` of the same rows."""
+    weights compared with softmax(softcap(scale q.k) + mask), the sinks in the denominator, of the same rows."""
     n_queries = call["query"].shape[-2]
     rows = torch.unique(torch.linspace(0, n_queries - 1, min(CHECKED_ROWS, n_queries)).round().long())
     rows = rows.to(call["query"].device)
@@ -136,12 +127,13 @@ def check_eager_call(module: nn.Module, function: Callable[..., Any], args: tupl
             own = None
         weights = own[1] if isinstance(own, tuple) and len(own) > 1 else None
         if isinstance(weights, Tensor):
-            rebuilt = eager_probabilities(call, rows)
+            scores = call_scores("eager", call, rows)
+            rebuilt = softmax_rows(scores, call["sinks"])
             shape = list(weights.shape)
             if weights.shape == rebuilt.shape and rebuilt.numel():
                 worst = float((rebuilt - weights.float()).abs().max())
                 if call["sinks"] is not None:
-                    unsunk = softmax_rows(call_scores("eager", call, rows))
+                    unsunk = softmax_rows(scores)
                     without_sinks = float((unsunk - weights.float()).abs().max())
     if worst <= CHECK_TOLERANCE or shape is not None and 0 in shape:
         return
@@ -198,19 +190,13 @@ def edited_eager_output(call: dict[str, Any], result: tuple, rows: Tensor, inver
     every (batch, head, query row) whose codes the edit changed, the call's own output elsewhere;
     the returned weights (`output_attentions`) follow the edit."""
     output, weights = result[0], result[1]
-    rows = rows.to(output.device)
-    probabilities, changed_rows = edit_rows(call_scores("eager", call, rows), inverse, keys, edit, call.get("sinks"))
+    output, probabilities, changed_rows = edited_rows_and_output("eager", call, output.transpose(1, 2), rows,
+                                                                 inverse, keys, edit)
     if probabilities is None:
         return result
-    value = call["value"]
-    if value.shape[1] != probabilities.shape[1]:  # transformers' repeat_kv: query head h reads h // group
-        value = value.repeat_interleave(probabilities.shape[1] // value.shape[1], dim=1)
-    edited_rows = torch.matmul(probabilities, value.float()).transpose(1, 2)  # [B, rows, H, d]
-    new_rows = torch.where(changed_rows.transpose(1, 2)[..., None], edited_rows.to(output.dtype),
-                           output.index_select(1, rows))
-    output = output.index_copy(1, rows, new_rows)
     if isinstance(weights, Tensor):
+        rows = rows.to(weights.device)
         new_weights = torch.where(changed_rows[..., None], probabilities.to(weights.dtype),
                                   weights.index_select(-2, rows))
         weights = weights.index_copy(weights.dim() - 2, rows, new_weights)
-    return (output, weights, *result[2:])
+    return (output.transpose(1, 2), weights, *result[2:])

@@ -1,27 +1,21 @@
 """Sites and selectors: which latent codes a[:, q, k] to record.
 
-A site is a (layer, query position, key position) choice (`latentcode.store.Site`); a selector
-names a set of sites. Requests may use negative positions, counted from the end of the sequence
-(-1 is the last token); recorded sites always carry absolute positions.
+A site is a (layer, query position, key position) choice (`latentcode.store.Site`); a selector names a
+set of sites. Requests may count positions from the end (-1 is the last token); recorded sites always
+carry absolute positions. Selector specs (strings, as on the command line; docs/concepts/sites.md):
 
-Selector specs (strings, as on the command line):
-
-- `last-self`: the last query position attending to itself, in every layer (the paper's
-  fuzzy-logic analysis).
-- a name the task defines (`Task.selectors`), e.g. SRAVEN's `sraven-rule`: the last query token
-  attending to the same feature in the two context panels of the last row, in every layer (the
-  paper's SRAVEN analysis), read on the task's analysis variant by default.
+- `last-self`: the last query attending to itself, in every layer (the paper's fuzzy-logic analysis).
+- a name the task defines (`Task.selectors`), e.g. SRAVEN's `sraven-rule` (the last query attending to
+  the same feature in the two context panels of the last row, in every layer), read on the task's
+  analysis variant by default.
 - `all-pairs:LAYER`: every (query, key) pair of one layer; refused above `MAX_ALL_PAIRS` sites.
-- an explicit list `LAYER:QUERY:KEY[,LAYER:QUERY:KEY...]`; each field is an integer, `*` (every
-  layer, every query or every key) or a half-open range `START..STOP` (as Python's `range`; either
-  end may be left out and negative ends count from the end: `-6..` is the last six positions):
-  `*:-1:-1` is `last-self`, `2:*:*` every pair of layer 2, `*:35:*` the whole row of query 35 in
-  every layer, `*:*:0` the column of key 0, `1:32..36:0..8` a block, `3:35:7|15|23` a list of keys. A field that is not
-  a single integer is expanded when the sequence length is known, so no list of thousands of sites is
-  written by hand.
+- `LAYER:QUERY:KEY[,...]`, each field an integer, `*` (every one), a half-open range `START..STOP`
+  (either end optional, negative ends from the end: `-6..` is the last six) or a list `A|B|C`:
+  `2:*:*` every pair of layer 2, `*:35:*` the row of query 35 in every layer, `1:32..36:0..8` a block;
+  expanded once the sequence length is known.
 
-In Python, `block(layers=..., queries=..., keys=...)` builds the same selectors from ints, `range`s,
-lists or None (every one).
+In Python, `block(layers=..., queries=..., keys=...)` builds the same from ints, `range`s, lists or
+None (every one).
 """
 
 from __future__ import annotations
@@ -38,7 +32,6 @@ from latentcode.tasks import Task, get_task
 
 PRESETS = ("last-self", "all-pairs")  # and the named site sets of the task (`Task.selectors`)
 MAX_ALL_PAIRS = 4096
-
 
 
 @dataclass(frozen=True)
@@ -140,10 +133,12 @@ def request_spec(request: SiteRequest) -> str:
 def expand_request(query: int | Positions, key: int | Positions, n_queries: int, n_keys: int,
                    axes: tuple[str, str] = ("sequence", "sequence")) -> list[tuple[int, int]]:
     """The absolute (query, key) pairs of one request on `n_queries` queries and `n_keys` keys."""
-    queries = (query.resolve(n_queries, axes[0]) if isinstance(query, Positions)
-               else resolve_positions((query,), n_queries, axes[0]))
-    keys = key.resolve(n_keys, axes[1]) if isinstance(key, Positions) else resolve_positions((key,), n_keys, axes[1])
+    queries, keys = _positions(query).resolve(n_queries, axes[0]), _positions(key).resolve(n_keys, axes[1])
     return [(q, k) for q in queries for k in keys]
+
+
+def _positions(field: int | Positions) -> Positions:
+    return field if isinstance(field, Positions) else Positions(items=(field,))
 
 
 def _as_positions(value: Any, what: str) -> int | Positions:
@@ -313,8 +308,8 @@ def layers_and_first_query(selector: Selector, n_layers: int, seq_len: int) -> t
         what = request_spec((layer, query, key))
         layers |= set(range(n_layers)) if layer is None else {check_layer(layer, n_layers, what)}
         try:
-            queries = (query if isinstance(query, Positions) else Positions(items=(query,))).resolve(seq_len)
-            (key if isinstance(key, Positions) else Positions(items=(key,))).resolve(seq_len)
+            queries = _positions(query).resolve(seq_len)
+            _positions(key).resolve(seq_len)
         except SiteError as error:
             raise SiteError(f"site {what}: {error}") from None
         first_query = min(first_query, min(queries))

@@ -7,30 +7,22 @@
         model(inputs)
     source.layer_names()     # e.g. ['h.0.attn', 'h.1.attn']
 
-For models that compute attention themselves, scores = q·kᵀ, softmax, weighted sum of values, as
-Hugging Face `transformers` models do with `attn_implementation="eager"`. While `capture` is
-active, a `torch.overrides.TorchFunctionMode` sees every call to `torch.softmax`,
-`torch.nn.functional.softmax` and `Tensor.softmax`; a call made while a chosen module's forward
-runs, on a 4-D tensor `[batch, head, query, key]` over its last axis, is that module's attention:
+For models that compute scores = q·kᵀ, softmax and the weighted sum themselves (Hugging Face
+`transformers` with `attn_implementation="eager"`). While `capture` is active a
+`torch.overrides.TorchFunctionMode` sees every `torch.softmax`, `F.softmax` and `Tensor.softmax`; one
+made while a chosen module's forward runs, over the last axis of a 4-D `[batch, head, query, key]`
+tensor, is that module's attention: `score="pattern"` records the softmax's result (dropout, if any,
+comes after: call `model.eval()`), `score="scores"` its input in float32 (the model's mask included,
+its large negative numbers, at or below half the dtype's lowest value, as -inf).
 
-- `score="pattern"`: the softmax's own result (the probabilities the model goes on to use; dropout,
-  if any, comes after, so call `model.eval()` to compare with the model's attention outputs);
-- `score="scores"`: the softmax's input (scores plus whatever mask the model added), float32, with
-  the large negative numbers used as minus infinity (at or below half the dtype's lowest value)
-  turned into -inf.
+Layers: the chosen modules in the order they compute their attention in one pass, named by module
+(`layer_names()`, known after the first pass); of nested choices the innermost (GPT-Neo's
+`h.0.attn.attention`, not `h.0.attn`); cross-attention is a layer like any other. Each chosen module
+must compute exactly one such softmax per call, else `SoftmaxCaptureError` names it (one that calls
+`scaled_dot_product_attention` instead: use `TorchAttentionSource`).
 
-Layers: the chosen modules in the order they compute their attention in one forward pass, numbered
-from 0, named by module (`layer_names()`, known after the first pass). Nested choices keep the
-innermost (GPT-Neo's `h.0.attn.attention`, not its wrapper `h.0.attn`). Cross-attention is a layer
-like any other: its query axis is the decoder's, its key axis the encoder's.
-
-Each chosen module must compute exactly one such softmax per call: one that computes none (it may
-call `scaled_dot_product_attention`: use `TorchAttentionSource`) or several raises
-`SoftmaxCaptureError` naming the module.
-
-Interventions (`edit`): the softmax's result is returned with the editor's codes written at the
-pairs, so the rest of the module (dropout, the value sum) computes with them; an edit that changes
-nothing changes no bit.
+Interventions (`edit`): the softmax returns its result with the editor's codes written at the pairs,
+so the rest of the module computes with them; an edit that changes nothing changes no bit.
 """
 
 from __future__ import annotations
@@ -38,12 +30,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.overrides import TorchFunctionMode
 
 from latentcode.errors import LatentcodeError
 from latentcode.sources.attention_rows import (
@@ -53,12 +43,14 @@ from latentcode.sources.attention_rows import (
     write_pairs,
 )
 from latentcode.sources.source import (
-    AttentionSource,
+    CallOrderSource,
     Editor,
+    FunctionCalls,
     PairsFor,
+    PassLayers,
     Sink,
     check_score,
-    layer_kind,
+    removed_on_exit,
 )
 
 _SOFTMAXES = (torch.softmax, F.softmax, Tensor.softmax, torch.special.softmax)
@@ -94,29 +86,7 @@ def chosen_modules(model: nn.Module, modules: ModuleChoice | None) -> dict[str, 
             if not any(other.startswith(name + ".") for other in chosen)}  # fmt: skip
 
 
-def _softmax_input_and_dim(func, args: tuple, kwargs: dict) -> tuple[Tensor | None, Any]:
-    tensor = args[0] if args else kwargs.get("input", kwargs.get("self"))
-    dim = args[1] if len(args) > 1 else kwargs.get("dim")
-    return tensor, dim
-
-
-class _Softmaxes(TorchFunctionMode):
-    """After each softmax call, `on_softmax(input, dim, result)`, whose return value the caller gets."""
-
-    def __init__(self, on_softmax):
-        super().__init__()
-        self.on_softmax = on_softmax
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        result = func(*args, **kwargs)
-        if func in _SOFTMAXES:
-            tensor, dim = _softmax_input_and_dim(func, args, kwargs)
-            return self.on_softmax(tensor, dim, result)
-        return result
-
-
-class SoftmaxSource(AttentionSource):
+class SoftmaxSource(CallOrderSource):
     """Latent codes of hand-written attention, at the softmax computed inside chosen modules; see the
     module docstring."""
 
@@ -134,46 +104,26 @@ class SoftmaxSource(AttentionSource):
                 "regular expression on their names (list them with model.named_modules()) or a predicate "
                 "(name, module) -> bool, as in SoftmaxSource(model, r'layers\\.\\d+\\.attn')"
             )
-        self._layer_names: list[str] | None = None
-        self._layers: list[dict] | None = None
-
-    def n_layers(self) -> int | None:
-        """Attention layers per forward pass, once a pass has run under `capture` (else None)."""
-        return None if self._layer_names is None else len(self._layer_names)
-
-    def layer_names(self) -> list[str] | None:
-        return None if self._layer_names is None else list(self._layer_names)
-
-    def layers(self) -> list[dict] | None:
-        """Name, kind ("self"/"cross", by module name) and query/key lengths of each layer of the last pass."""
-        return None if self._layers is None else [dict(layer) for layer in self._layers]
 
     @contextmanager
     def capture(self, pairs_for: PairsFor, score: str, sink: Sink) -> Iterator[None]:
         check_score(score)
 
-        def on_softmax(layer: int, where: str, scores: Tensor, probabilities: Tensor) -> Tensor:
-            n_queries, n_keys = probabilities.shape[-2:]
-            pairs = pairs_for(layer, n_keys, n_queries)
-            if pairs is not None:
-                check_pairs(pairs, n_queries, n_keys, where)
-                attention = probabilities if score == "pattern" else as_minus_infinity(scores.detach())
-                sink(layer, *pairs, slice_pairs(attention, pairs))
+        def on_pairs(layer: int, where: str, pairs: tuple[Tensor, Tensor], scores: Tensor, probabilities: Tensor
+                     ) -> Tensor:
+            attention = probabilities if score == "pattern" else as_minus_infinity(scores.detach())
+            sink(layer, *pairs, slice_pairs(attention, pairs))
             return probabilities
 
-        with self._intercepted(on_softmax):
+        with self._intercepted(pairs_for, on_pairs):
             yield
 
     @contextmanager
     def edit(self, pairs_for: PairsFor, editor: Editor) -> Iterator[None]:
         """The softmax returns its result with the editor's codes written at the pairs."""
 
-        def on_softmax(layer: int, where: str, scores: Tensor, probabilities: Tensor) -> Tensor:
-            n_queries, n_keys = probabilities.shape[-2:]
-            pairs = pairs_for(layer, n_keys, n_queries)
-            if pairs is None:
-                return probabilities
-            check_pairs(pairs, n_queries, n_keys, where)
+        def on_pairs(layer: int, where: str, pairs: tuple[Tensor, Tensor], scores: Tensor, probabilities: Tensor
+                     ) -> Tensor:
             queries, keys = (index.to(probabilities.device) for index in pairs)
             codes = probabilities[:, :, queries, keys]
             edited = editor(layer, *pairs, codes)
@@ -182,30 +132,25 @@ class SoftmaxSource(AttentionSource):
                                  f"expected {tuple(codes.shape)}")  # fmt: skip
             return write_pairs(probabilities, pairs, edited)
 
-        with self._intercepted(on_softmax):
+        with self._intercepted(pairs_for, on_pairs):
             yield
 
     @contextmanager
-    def _intercepted(self, on_softmax: Callable[[int, str, Tensor, Tensor], Tensor]) -> Iterator[None]:
-        """While active, `on_softmax(layer, where, scores, probabilities)` sees the attention softmax of
-        every chosen module and returns what the module gets."""
+    def _intercepted(self, pairs_for: PairsFor, on_pairs: Callable[..., Tensor]) -> Iterator[None]:
+        """While active, `on_pairs(layer, where, pairs, scores, probabilities)` sees the attention softmax of every
+        chosen module where `pairs_for` asks for pairs, and returns what the module gets."""
         running: list[str] = []  # chosen modules whose forward is running, outermost first
         softmaxes_in_call: list[int] = []  # per running chosen module, softmaxes seen so far
-        pass_names: list[str] = []
-        pass_layers: list[dict] = []  # name, kind and lengths of each layer in this pass
-        calls_per_module: dict[str, int] = {}
+        this_pass = PassLayers()
 
         def root_enter(module, args):  # a new forward pass (stale entries of one that raised go too)
-            pass_names.clear()
-            pass_layers.clear()
-            calls_per_module.clear()
+            this_pass.clear()
             running.clear()
             softmaxes_in_call.clear()
 
         def root_leave(module, args, output):
-            if pass_names:
-                self._layer_names = list(pass_names)
-                self._layers = list(pass_layers)
+            if this_pass.layers:
+                self._layers = list(this_pass.layers)
 
         def enter(module, args, name):
             running.append(name)
@@ -222,7 +167,9 @@ class SoftmaxSource(AttentionSource):
                     "TorchAttentionSource, else choose the modules that compute the softmax"
                 )
 
-        def intercept(tensor: Tensor | None, dim: Any, result: Tensor) -> Tensor:
+        def intercept(args: tuple, kwargs: dict, result: Tensor) -> Tensor:
+            tensor = args[0] if args else kwargs.get("input", kwargs.get("self"))
+            dim = args[1] if len(args) > 1 else kwargs.get("dim")
             if not running or not isinstance(result, Tensor) or result.dim() != 4 or dim not in (-1, 3):
                 return result
             name = running[-1]
@@ -232,27 +179,21 @@ class SoftmaxSource(AttentionSource):
                     f"module {name!r} computed several softmaxes over [batch, head, query, key] tensors in "
                     "one call; choose the inner modules that compute one each"
                 )
-            count = calls_per_module.get(name, 0)
-            calls_per_module[name] = count + 1
-            layer = len(pass_names)
-            pass_names.append(name if count == 0 else f"{name}#{count}")
-            pass_layers.append({"name": pass_names[-1], "kind": layer_kind(name),
-                                "queries": result.shape[-2], "keys": result.shape[-1]})  # fmt: skip
-            scores = tensor if isinstance(tensor, Tensor) else result
-            return on_softmax(layer, f"attention layer {layer} ({pass_names[-1]})", scores, result)
+            layer = this_pass.add(name, *result.shape[-2:])
+            pairs = pairs_for(layer, result.shape[-1], result.shape[-2])
+            if pairs is None:
+                return result
+            where = f"attention layer {layer} ({this_pass.layers[-1]['name']})"
+            check_pairs(pairs, *result.shape[-2:], where)
+            return on_pairs(layer, where, pairs, tensor if isinstance(tensor, Tensor) else result, result)
 
-        handles = [
-            self.model.register_forward_pre_hook(root_enter),
+        with removed_on_exit() as handles:
+            handles.append(self.model.register_forward_pre_hook(root_enter))
             # Not always_call: a pass that raised names only the layers before the error, and must not
             # become the source's layers (a later Recorder would refuse valid sites of later layers).
-            self.model.register_forward_hook(root_leave),
-        ]
-        try:
+            handles.append(self.model.register_forward_hook(root_leave))
             for name, module in self.modules.items():
                 handles.append(module.register_forward_pre_hook(lambda m, a, name=name: enter(m, a, name)))
                 handles.append(module.register_forward_hook(lambda m, a, o, name=name: leave(m, a, o, name)))
-            with _Softmaxes(intercept):
+            with FunctionCalls(dict.fromkeys(_SOFTMAXES, intercept)):
                 yield
-        finally:
-            for handle in handles:
-                handle.remove()

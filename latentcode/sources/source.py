@@ -8,21 +8,13 @@ sliced as the forward pass runs so that memory stays O(batch x sites x heads).
 Sources that can intervene also implement `edit(...)`: during each forward pass it calls
 `editor(layer, query_positions, key_positions, codes)` with the same codes (not detached, so
 gradients flow) and makes the rest of the layer compute with the codes the editor returns
-(`latentcode.intervention` builds on it). A source that cannot raises `CannotIntervene`.
+(`latentcode.intervention` builds on it); one that cannot raises `CannotIntervene`.
 
-Sources:
-
-- `HookPointSource` (this file): models whose attention passes through TransformerLens-style
-  HookPoints named `blocks.{l}.attn.hook_pattern` / `hook_attn_scores`: our models and
-  TransformerLens `HookedTransformer`s.
-- `latentcode.sources.bridge.BridgeSource`: transformer-lens 4.x `TransformerBridge`s.
-- `latentcode.sources.torch_attention.TorchAttentionSource`: any PyTorch model whose attention goes
-  through `torch.nn.functional.scaled_dot_product_attention` or `torch.nn.MultiheadAttention`.
-- `latentcode.sources.softmax_capture.SoftmaxSource`: attention written by hand, read at the
-  softmax computed inside chosen modules (Hugging Face models with `attn_implementation="eager"`).
-- `latentcode.sources.adapter.AdapterSource`: anything else, through a user-named module and a
-  function from its inputs/outputs to scores (records only; it cannot edit).
-
+Sources: `HookPointSource` (here: HookPoints `blocks.{l}.attn.hook_pattern` / `hook_attn_scores`, our
+models and TransformerLens `HookedTransformer`s), `bridge.BridgeSource` (transformer-lens 4.x
+`TransformerBridge`s), `torch_attention.TorchAttentionSource` (calls of `scaled_dot_product_attention`
+or `nn.MultiheadAttention`), `softmax_capture.SoftmaxSource` (the softmax inside chosen modules: attention
+written by hand) and `adapter.AdapterSource` (anything else, through a user's function; records only).
 `latentcode.sources.detect.detect_source(model)` picks the first that applies.
 """
 
@@ -32,8 +24,11 @@ import abc
 import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from functools import partial
+from typing import Any
 
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from latentcode.errors import LatentcodeError, UsageError
 from latentcode.models.query_block_hook import QueryBlockHook
@@ -108,10 +103,76 @@ class AttentionSource(abc.ABC):
         raise CannotIntervene(f"the {self.name} source ({type(self).__name__}) cannot edit latent codes")
 
 
+class CallOrderSource(AttentionSource):
+    """A source whose layers are the attention calls of a forward pass in call order, known after the
+    first pass under `capture` (`_layers`: those of the last pass that completed, as `PassLayers` lists them)."""
+
+    _layers: list[dict] | None = None
+
+    def n_layers(self) -> int | None:
+        """Attention calls per forward pass, once a pass has run under `capture` (else None)."""
+        return None if self._layers is None else len(self._layers)
+
+    def layer_names(self) -> list[str] | None:
+        """The module that made each attention call of the last forward pass, by call order."""
+        return None if self._layers is None else [layer["name"] for layer in self._layers]
+
+    def layers(self) -> list[dict] | None:
+        """Name, kind ("self"/"cross") and query/key lengths of each attention call of the last forward pass."""
+        return None if self._layers is None else [dict(layer) for layer in self._layers]
+
+
+class PassLayers:
+    """The attention calls of one forward pass, in order: `{"name", "kind", "queries", "keys"}` each, named
+    by the module that made it (`#1`, `#2`... on a module's later calls in the pass)."""
+
+    def __init__(self):
+        self.layers: list[dict] = []
+        self._calls_per_module: dict[str, int] = {}
+
+    def clear(self) -> None:
+        self.layers.clear()
+        self._calls_per_module.clear()
+
+    def add(self, module_name: str, n_queries: int, n_keys: int, cross: bool = False) -> int:
+        """The layer number of a new call of `module_name` (`cross`: the call shows cross-attention)."""
+        count = self._calls_per_module.get(module_name, 0)
+        self._calls_per_module[module_name] = count + 1
+        name = module_name if count == 0 else f"{module_name}#{count}"
+        self.layers.append({"name": name, "kind": layer_kind(name, cross), "queries": n_queries, "keys": n_keys})
+        return len(self.layers) - 1
+
+
 def layer_kind(module_name: str, cross: bool = False) -> str:
     """The kind of an attention layer: "cross" for a cross-attention module (by its name, or `cross`
     where the call shows it), else "self"."""
     return "cross" if cross or CROSS_ATTENTION_NAMES.fullmatch(module_name.split("#")[0]) else "self"
+
+
+class FunctionCalls(TorchFunctionMode):
+    """After each call of a function in `handlers`, `handlers[function](args, kwargs, result)`, whose return
+    value the caller gets; every other call as it is."""
+
+    def __init__(self, handlers: dict[Callable, Callable[[tuple, dict, Any], Any]]):
+        super().__init__()
+        self.handlers = handlers
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)  # the model's own result, from the original call
+        handler = self.handlers.get(func)
+        return result if handler is None else handler(args, kwargs, result)
+
+
+@contextmanager
+def removed_on_exit() -> Iterator[list]:
+    """A list for hook handles, each removed on leaving (whatever happens)."""
+    handles: list = []
+    try:
+        yield handles
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def check_score(score: str) -> str:
@@ -133,17 +194,12 @@ class HookPointSource(AttentionSource):
         hook_dict = getattr(model, "hook_dict", None)
         if not hook_dict:
             raise NoAttentionCaptured(f"{type(model).__name__} has no TransformerLens hook points (hook_dict)")
-        self.model = model
-        self.hook_points = {}
-        for hook_name, hook_point in hook_dict.items():
-            match = PATTERN_HOOK.match(hook_name)
-            if match:
-                self.hook_points[int(match.group(1))] = hook_point
-        if not self.hook_points:
+        self.model, self.hook_dict = model, hook_dict
+        layers = {int(match.group(1)) for name in hook_dict if (match := PATTERN_HOOK.match(name))}
+        if not layers:
             raise NoAttentionCaptured(f"{type(model).__name__} has no hook point named "
                                       "blocks.<layer>.attn.hook_pattern")
-        self._n_layers = max(self.hook_points) + 1
-        self.hook_dict = hook_dict
+        self._n_layers = max(layers) + 1
         if name is not None:
             self.name = name
 
@@ -179,43 +235,27 @@ class HookPointSource(AttentionSource):
                 queries, keys = queries[in_block], keys[in_block]
             sink(layer, queries, keys, slice_pairs(block, (queries - query_start, keys)))
 
-        handles = []
-        try:
-            for layer in range(self._n_layers):
-                hook_point = self.hook_dict[self.hook_name(layer, score)]
-                handles.append(hook_point.register_forward_hook(QueryBlockHook(
-                    lambda block, query_start, layer=layer: record(layer, block, query_start)
-                )))
+        with self._hooked(score, lambda layer: QueryBlockHook(partial(record, layer))):
             yield
-        finally:
-            for handle in handles:
-                handle.remove()
 
     @contextmanager
     def edit(self, pairs_for: PairsFor, editor: Editor) -> Iterator[None]:
         """The hook on `hook_pattern` returns the edited pattern, which the rest of the layer (dropout,
         the value network) consumes; for our HYLA models `hook_pattern` is after RMSHead."""
 
-        def edit(layer, output):
+        def edit(layer, module, inputs, output):
             pairs = pairs_for(layer, output.shape[-1])
             if pairs is None:
                 return None
             return write_pairs(output, pairs, editor(layer, *pairs, gather_pairs(output, pairs)))
 
-        with self._hooked("pattern", edit):
+        with self._hooked("pattern", lambda layer: partial(edit, layer)):
             yield
 
     @contextmanager
-    def _hooked(self, score: str, hook: Callable[[int, Tensor], Tensor | None]) -> Iterator[None]:
-        """`hook(layer, output)` as a forward hook of every layer's hook point; removed on exit."""
-        handles = []
-        try:
+    def _hooked(self, score: str, hook_of: Callable[[int], Callable]) -> Iterator[None]:
+        """`hook_of(layer)` as a forward hook of every layer's hook point; removed on exit."""
+        with removed_on_exit() as handles:
             for layer in range(self._n_layers):
-                hook_point = self.hook_dict[self.hook_name(layer, score)]
-                handles.append(hook_point.register_forward_hook(
-                    lambda module, inputs, output, layer=layer: hook(layer, output)
-                ))
+                handles.append(self.hook_dict[self.hook_name(layer, score)].register_forward_hook(hook_of(layer)))
             yield
-        finally:
-            for handle in handles:
-                handle.remove()

@@ -5,82 +5,60 @@ without editing the model's code.
     source = TorchAttentionSource(model)
     with Recorder(model, "last-self", source=source) as recorder:
         model(inputs)
-    codes = recorder.pop()
     source.layer_names()      # e.g. ['encoder.layer.0.attention.self', 'encoder.layer.1.attention.self']
 
 How: while `capture` is active, a `torch.overrides.TorchFunctionMode` sees every call to
-`F.scaled_dot_product_attention` and to `F.multi_head_attention_forward` (which
-`nn.MultiheadAttention` calls). The model always gets the result of the original function, called
-with the original arguments; beside it the source recomputes the attention of that call from the
-call's own inputs (q, k, mask, is_causal, scale, enable_gqa; for MultiheadAttention the in-projection
-weights, bias_k, add_zero_attn, attn_mask and key_padding_mask), for the requested query rows only,
-so memory stays O(batch x heads x requested queries x keys). That arithmetic, from a call's bound
-arguments, is `latentcode.sources.attention_calls`; this module intercepts the calls.
+`F.scaled_dot_product_attention` and `F.multi_head_attention_forward` (which `nn.MultiheadAttention`
+calls). The model always gets the original function's result; beside it the source recomputes the
+call's attention from its own inputs (q, k, mask, is_causal, scale, enable_gqa; for MultiheadAttention
+the in-projection, bias_k, add_zero_attn, attn_mask and key_padding_mask) for the requested query rows
+only, so memory stays O(batch x heads x requested queries x keys) (`latentcode.sources.attention_calls`).
 
-Layers: the intercepted calls made during one forward pass of the model, numbered from 0 in call
-order (the count restarts whenever the outermost module of the model starts a forward pass). Calls
-made while no module of the model is running are ignored. `layer_names()` names each layer by the
-innermost module of the model whose forward made the call (`encoder.layer.0.attention.self`, or
-the `nn.MultiheadAttention` module itself; `(root)` for the model's own forward); a module that
-makes several calls in one pass gets `#1`, `#2`... on its later calls. The names are known after
-the first forward pass under `capture`.
+Layers: the calls of one forward pass, numbered from 0 in call order (restarting whenever the model's
+outermost module starts a pass); calls made while no module of the model runs are ignored.
+`layer_names()` (known after the first pass) names each by the innermost module whose forward made it
+(`(root)` for the model's own forward), with `#1`, `#2`... on a module's later calls in one pass.
 
-What is recorded:
+What is recorded, in float32, without dropout (call `model.eval()` for the model's output to match):
 
-- `score="pattern"`: the attention probabilities softmax(scores) `[batch, head, query, key]`; a query
-  whose keys are all masked gets zeros (as PyTorch's SDPA returns there).
-- `score="scores"`: the raw scores q·kᵀ·scale plus the call's additive (float) mask; masked entries
-  are -inf: those excluded by a boolean mask, by `is_causal` (key > query) or by a
-  `key_padding_mask`, and additive-mask entries at or below half the mask dtype's lowest value
-  (the "minus infinity" that Hugging Face `transformers` uses).
-- Computed in float32. Dropout is not applied: the codes are the probabilities before dropout
-  (call `model.eval()` for the model's own output to match them).
-- Heads: a 4-D call `[batch, head, query, dim]` gives its heads; a 3-D call `[batch, query, dim]`
-  one head; more leading dimensions are flattened into the head axis. With `enable_gqa` the key
-  heads are repeated as SDPA does.
-- Query positions are indices into the call's query axis and key positions into its key axis;
-  the selector's positions are resolved against the number of keys (self-attention: the sequence).
+- `score="pattern"`: softmax(scores) `[batch, head, query, key]`; a query whose keys are all masked
+  gets zeros (as SDPA returns there).
+- `score="scores"`: q·kᵀ·scale plus the call's additive mask; -inf where masked (a boolean mask,
+  `is_causal`, `key_padding_mask`, and additive entries at or below half the dtype's lowest value,
+  the "minus infinity" of Hugging Face `transformers`).
+- Heads: a 4-D call `[batch, head, query, dim]` gives its heads, a 3-D call one head; more leading
+  dimensions are flattened into the head axis; with `enable_gqa` key heads are repeated as SDPA does.
+- Query positions index the call's query axis, key positions its key axis (cross-attention, e.g.
+  BART's `decoder.layers.0.encoder_attn`, is a layer like any other).
 
-The MultiheadAttention fast path: in eval mode `nn.MultiheadAttention` and
-`nn.TransformerEncoderLayer`/`nn.TransformerEncoder` may run a fused kernel
-(`torch._transformer_encoder_layer_fwd`, `torch._native_multi_head_attention`, nested tensors)
-that neither calls SDPA nor `F.multi_head_attention_forward`. While capturing, the fast path is
-switched off (`torch.backends.mha.set_fastpath_enabled(False)`, restored afterwards) so that every
-MultiheadAttention takes the standard path. Its outputs at real tokens are the same up to float
-rounding; note that the nested-tensor path of `nn.TransformerEncoder` returns zeros at padded
-positions, while the standard path returns ordinary values there.
+The MultiheadAttention fast path (eval-mode `nn.MultiheadAttention` / `nn.TransformerEncoder` fused
+kernels, nested tensors) calls neither function, so it is switched off while capturing
+(`torch.backends.mha.set_fastpath_enabled(False)`, restored afterwards); outputs at real tokens agree
+up to float rounding (the nested-tensor path returns zeros at padded positions, the standard path not).
 
-Interventions (`edit`): the intercepted call recomputes the probabilities of the requested query
-rows as above (float32, from the call's own inputs), hands the codes at the pairs to the editor,
-and where the edit changed a code returns `edited_probabilities @ value` for that (batch, head,
-query row); for MultiheadAttention the whole query row is recomputed through the out-projection
-(heads mix there) and `need_weights` weights follow the edit. Every other entry is the fused
-call's own result, so an edit that changes nothing changes no bit (with the fast path off, as
-above). Edited rows are computed without dropout, so calls with dropout are refused: intervene in
-eval mode.
+Interventions (`edit`): the call's probabilities of the requested rows are recomputed as above, the
+editor gets the codes at the pairs, and where it changed one the output of that (batch, head, query
+row) is `edited_probabilities @ value` (MultiheadAttention: the whole row through the out-projection,
+and `need_weights` weights follow). Every other entry is the fused call's own, so an edit that changes
+nothing changes no bit. Calls with dropout are refused: intervene in eval mode.
 
-Hugging Face `transformers` models are covered with their default `attn_implementation="sdpa"`,
-and with "eager" at the call of their eager attention function (kind "eager": the SDPA arithmetic
-plus soft-capping and sinks; `latentcode.sources.eager_attention`), which is how models that
-transformers runs only eagerly (Gemma 2, gpt-oss) are read exactly; `detect_source` picks
-`latentcode.sources.SoftmaxSource` for other eager models (the softmax they compute themselves). Cross-attention calls
-(queries of the decoder, keys of the encoder, e.g. BART's `decoder.layers.0.encoder_attn`) are layers like any other;
-their query positions are resolved against the call's queries and key positions against its keys.
-Not covered (use `SoftmaxSource` or `latentcode.sources.AdapterSource`): attention written with
-explicit matmul/softmax, `flex_attention`, fused kernels called directly (e.g. flash-attn), and compiled
-graphs (`torch.compile`) where the Python-level call never happens.
+Hugging Face models are read with `attn_implementation="sdpa"`, and models transformers runs only
+eagerly (Gemma 2, gpt-oss) at their eager attention call (`latentcode.sources.eager_attention`);
+`detect_source` picks `SoftmaxSource` for other eager models. Not covered (use `SoftmaxSource` or
+`AdapterSource`): explicit matmul/softmax, `flex_attention`, fused kernels called directly
+(flash-attn), and `torch.compile` graphs where the Python-level call never happens.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from latentcode.sources.attention_calls import (
     call_scores,
@@ -93,12 +71,14 @@ from latentcode.sources.attention_calls import (
 from latentcode.sources.attention_rows import check_pairs, codes_of_rows
 from latentcode.sources.eager_attention import check_eager_call, eager_calls, edited_eager_output
 from latentcode.sources.source import (
-    AttentionSource,
+    CallOrderSource,
     Editor,
+    FunctionCalls,
     PairsFor,
+    PassLayers,
     Sink,
     check_score,
-    layer_kind,
+    removed_on_exit,
 )
 
 _SDPA = F.scaled_dot_product_attention
@@ -109,31 +89,6 @@ _MHA_ARGS = (
     "bias_k", "bias_v", "add_zero_attn", "dropout_p", "out_proj_weight", "out_proj_bias",
 )  # fmt: skip
 ROOT_NAME = "(root)"
-
-
-# -- the interception ---------------------------------------------------------------------------------
-def bind(names: tuple[str, ...], args: tuple, kwargs: dict) -> dict[str, Any]:
-    bound = dict(zip(names, args, strict=False))
-    bound.update(kwargs)
-    return bound
-
-
-class _AttentionCalls(TorchFunctionMode):
-    """After each SDPA / multi_head_attention_forward call, `on_call(kind, bound_arguments, result)`,
-    whose return value the caller gets."""
-
-    def __init__(self, on_call):
-        super().__init__()
-        self.on_call = on_call
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        result = func(*args, **kwargs)  # the model's own result, from the original call
-        if func is _SDPA:
-            return self.on_call("sdpa", bind(_SDPA_ARGS, args, kwargs), result)
-        if func is _MHA:
-            return self.on_call("mha", bind(_MHA_ARGS, args, kwargs), result)
-        return result
 
 
 @contextmanager
@@ -151,10 +106,11 @@ def mha_fastpath_disabled() -> Iterator[None]:
         backends.set_fastpath_enabled(was_enabled)
 
 
-class TorchAttentionSource(AttentionSource):
+class TorchAttentionSource(CallOrderSource):
     """Latent codes of any model whose attention goes through `F.scaled_dot_product_attention` or
     `nn.MultiheadAttention`; see the module docstring for what is recorded and how layers are
-    numbered and named."""
+    numbered and named (`layers()`: a MultiheadAttention called with a key that is not its query is
+    cross-attention)."""
 
     name = "torch"
 
@@ -162,47 +118,30 @@ class TorchAttentionSource(AttentionSource):
         if not isinstance(model, nn.Module):
             raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
         self.model = model
-        self._layer_names: list[str] | None = None
-        self._layers: list[dict] | None = None
-
-    def n_layers(self) -> int | None:
-        """Attention calls per forward pass, once a pass has run under `capture` (else None)."""
-        return None if self._layer_names is None else len(self._layer_names)
-
-    def layer_names(self) -> list[str] | None:
-        """The module that made each attention call of the last forward pass, by call order."""
-        return None if self._layer_names is None else list(self._layer_names)
-
-    def layers(self) -> list[dict] | None:
-        """Name, kind ("self"/"cross": by module name, or a MultiheadAttention called with a key that
-        is not its query) and query/key lengths of each attention call of the last forward pass."""
-        return None if self._layers is None else [dict(layer) for layer in self._layers]
 
     @contextmanager
     def capture(self, pairs_for: PairsFor, score: str, sink: Sink) -> Iterator[None]:
         check_score(score)
-
-        def on_call(layer: int, where: str, kind: str, call: dict[str, Any], result: Any) -> Any:
-            n_queries, n_keys = call_shape(kind, call)
-            pairs = pairs_for(layer, n_keys, n_queries)
-            if pairs is not None:
-                check_pairs(pairs, n_queries, n_keys, where)
-                rows, inverse = torch.unique(pairs[0], return_inverse=True)
-                with torch.no_grad():
-                    scores = call_scores(kind, call, rows)
-                    attention = pattern_or_scores(scores, score, call.get("sinks"))
-                    sink(layer, *pairs, codes_of_rows(attention, inverse, pairs[1]))
-            return result
-
-        with self._intercepted(on_call):
+        with self._intercepted(partial(self._on_call, pairs_for, score, sink)):
             yield
+
+    def _on_call(self, pairs_for: PairsFor, score: str, sink: Sink, layer: int, where: str, kind: str,
+                 call: dict[str, Any], result: Any) -> Any:
+        """Hand `sink` the codes of one intercepted call at the pairs `pairs_for` asks; the model gets `result`."""
+        n_queries, n_keys = call_shape(kind, call)
+        pairs = pairs_for(layer, n_keys, n_queries)
+        if pairs is not None:
+            check_pairs(pairs, n_queries, n_keys, where)
+            rows, inverse = torch.unique(pairs[0], return_inverse=True)
+            with torch.no_grad():
+                attention = pattern_or_scores(call_scores(kind, call, rows), score, call.get("sinks"))
+                sink(layer, *pairs, codes_of_rows(attention, inverse, pairs[1]))
+        return result
 
     @contextmanager
     def edit(self, pairs_for: PairsFor, editor: Editor) -> Iterator[None]:
-        """Each intercepted call computes the probabilities of the requested query rows, edits them,
-        and returns `edited_probabilities @ value` in the rows the edit changed (for
-        MultiheadAttention, through the out-projection); every other entry is the fused call's own
-        result, so an edit that changes nothing changes no bit. Calls with dropout are refused."""
+        """`edited_probabilities @ value` in the rows the edit changed, the fused call's own result elsewhere
+        (see the module docstring); calls with dropout are refused (`CannotIntervene`)."""
 
         def on_call(layer: int, where: str, kind: str, call: dict[str, Any], result: Any) -> Any:
             n_queries, n_keys = call_shape(kind, call)
@@ -228,9 +167,7 @@ class TorchAttentionSource(AttentionSource):
         """While active, `on_call(layer, where, kind, call, result)` sees every attention call the model
         makes and returns what the model gets; layers are numbered and named as the module docstring says."""
         running: list[str] = []  # names of the model's modules whose forward is running, outermost first
-        pass_names: list[str] = []  # the module name of each call in this pass
-        pass_layers: list[dict] = []  # name, kind and lengths of each call in this pass
-        calls_per_module: dict[str, int] = {}
+        this_pass = PassLayers()
         # The module whose forward just returned (its forward hooks are running). A pass that raised
         # reaches `leave` (always_call) without it: its layers, counted only up to the error, must not
         # become the source's layers, or a later Recorder would refuse valid sites of later layers.
@@ -240,9 +177,7 @@ class TorchAttentionSource(AttentionSource):
             if name == ROOT_NAME:
                 running.clear()  # stale entries of a pass that raised
             if not running:  # the outermost module starts: a new forward pass
-                pass_names.clear()
-                pass_layers.clear()
-                calls_per_module.clear()
+                this_pass.clear()
             running.append(name)
 
         def mark_returned(module, args, output, name):
@@ -252,31 +187,25 @@ class TorchAttentionSource(AttentionSource):
             completed, returned[0] = returned[0] == name, None
             if name in running:
                 del running[len(running) - 1 - running[::-1].index(name)]
-            if not running and pass_names and completed:
-                self._layer_names = list(pass_names)
-                self._layers = list(pass_layers)
+            if not running and this_pass.layers and completed:
+                self._layers = list(this_pass.layers)
 
         def intercept(kind: str, call: dict[str, Any], result: Any) -> Any:
             if not running:
                 return result  # not made by the model
-            module_name = running[-1]
-            count = calls_per_module.get(module_name, 0)
-            calls_per_module[module_name] = count + 1
-            layer = len(pass_names)
-            pass_names.append(module_name if count == 0 else f"{module_name}#{count}")
-            n_queries, n_keys = call_shape(kind, call)
             cross = kind == "mha" and call["query"] is not call["key"]
-            pass_layers.append({"name": pass_names[-1], "kind": layer_kind(pass_names[-1], cross),
-                                "queries": n_queries, "keys": n_keys})  # fmt: skip
-            return on_call(layer, f"attention call {layer} ({pass_names[-1]})", kind, call, result)
+            layer = this_pass.add(running[-1], *call_shape(kind, call), cross)
+            return on_call(layer, f"attention call {layer} ({this_pass.layers[-1]['name']})", kind, call, result)
+
+        def intercept_bound(kind: str, names: tuple[str, ...], args: tuple, kwargs: dict, result: Any) -> Any:
+            return intercept(kind, {**dict(zip(names, args, strict=False)), **kwargs}, result)  # arguments by name
 
         def intercept_eager(module: nn.Module, call: dict[str, Any], result: Any, made: tuple) -> Any:
             if running:  # made by the model: exact, or one line saying why not
-                check_eager_call(module, *made, call, f"attention call {len(pass_names)} ({running[-1]})")
+                check_eager_call(module, *made, call, f"attention call {len(this_pass.layers)} ({running[-1]})")
             return intercept("eager", call, result)
 
-        handles = []
-        try:
+        with removed_on_exit() as handles:
             for module_name, module in self.model.named_modules():
                 name = module_name or ROOT_NAME
                 handles.append(module.register_forward_pre_hook(lambda m, a, name=name: enter(m, a, name)))
@@ -285,8 +214,7 @@ class TorchAttentionSource(AttentionSource):
                 handles.append(
                     module.register_forward_hook(lambda m, a, o, name=name: leave(m, a, o, name), always_call=True)
                 )
-            with mha_fastpath_disabled(), _AttentionCalls(intercept), eager_calls(intercept_eager):
+            calls = FunctionCalls({_SDPA: partial(intercept_bound, "sdpa", _SDPA_ARGS),
+                                   _MHA: partial(intercept_bound, "mha", _MHA_ARGS)})
+            with mha_fastpath_disabled(), calls, eager_calls(intercept_eager):
                 yield
-        finally:
-            for handle in handles:
-                handle.remove()

@@ -23,7 +23,7 @@ files give `s` (masked entries -inf) instead of `a`. numpy and h5py only; float3
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -172,17 +172,15 @@ class CompactCodes:
         key_valid_rows = self._dataset(KEY_VALID)
         examples = np.arange(key_valid_rows.shape[0]) if examples is None else np.asarray(examples).reshape(-1)
         query_rows = _read(self._dataset(query_name(layer)), examples, heads, unique)
-        keys = _read(self._dataset(key_name(layer)), examples, None if heads is None else
-                     sorted({h // (self.n_heads // self.n_kv_heads) for h in heads}), slice(0, n_keys))
+        group_size = self.n_heads // self.n_kv_heads
+        read_kv = None if heads is None else sorted({h // group_size for h in heads})
+        keys = _read(self._dataset(key_name(layer)), examples, read_kv, slice(0, n_keys))
         key_valid = np.stack([key_valid_rows[int(example), :n_keys] for example in examples]).astype(bool)
-        if heads is not None:  # the key head of each requested head, among those read
-            group_size = self.n_heads // self.n_kv_heads
-            read_kv = sorted({h // group_size for h in heads})
+        if heads is not None:  # the key head of each requested head, among those read; its sink
             keys = keys[:, [read_kv.index(h // group_size) for h in heads]]
-        sub = LayerMask(mask.scale, mask.causal, mask.window, mask.softcap,
-                        None if mask.sinks is None or heads is None else tuple(mask.sinks[h] for h in heads)) \
-            if heads is not None else mask
-        codes = rebuild_rows(query_rows, keys, unique, key_valid, sub, self.score)
+            if mask.sinks is not None:
+                mask = replace(mask, sinks=tuple(mask.sinks[h] for h in heads))
+        codes = rebuild_rows(query_rows, keys, unique, key_valid, mask, self.score)
         if n_keys < self.seq_len:
             fill = 0.0 if self.score == "pattern" else -np.inf
             codes = np.concatenate([codes, np.full((*codes.shape[:-1], self.seq_len - n_keys), fill, np.float32)], -1)

@@ -153,8 +153,8 @@ class Dataset:
     shape: str
     required: bool
     meaning: str
-    expected_shape: str
-    expected_dtype: str
+    expected_shape: str = "a dataset with one row per example"
+    expected_dtype: str = "numbers"
     ndim: int | None = None
     per_example: bool = True
     attributes: tuple[Attribute, ...] = ()
@@ -240,7 +240,6 @@ CODES = Dataset(
 )
 LABELS = Dataset(
     "/labels/<name>", NUMBERS, "[N, ...]", False, "one task label",
-    expected_shape="a dataset with one row per example", expected_dtype="numbers",
     attributes=(Attribute("value_names", JSON_STRINGS, False,
                           "the name of each integer value, where the task names them (e.g. the SRAVEN rules)"),
                 Attribute("column_names", JSON_STRINGS, False, "the name of each column of a multi-column "
@@ -248,15 +247,12 @@ LABELS = Dataset(
 )
 PREDICTION = Dataset(
     "/prediction", PREDICTIONS, "[N, ...]", False, "the model's output at the prediction positions",
-    expected_shape="a dataset with one row per example", expected_dtype="numbers",
     attributes=(Attribute("kind", TEXT, False, "as the root attribute prediction_kind"),),
 )
-TARGET = Dataset("/target", NUMBERS, "[N, ...]", False, "the task's target",
-                 expected_shape="a dataset with one row per example", expected_dtype="numbers")
+TARGET = Dataset("/target", NUMBERS, "[N, ...]", False, "the task's target")
 SPLIT = Dataset("/split", STRINGS, "[N]", True, "the split of each example",
                 expected_shape="a 1-D dataset of strings", expected_dtype="a 1-D dataset of strings", ndim=1)
-EXTRA = Dataset("/extra/<name>", NUMBERS, "[N, ...]", False, "a further per-example array the caller passed",
-                expected_shape="a dataset with one row per example", expected_dtype="numbers")
+EXTRA = Dataset("/extra/<name>", NUMBERS, "[N, ...]", False, "a further per-example array the caller passed")
 PROVENANCE = Dataset(
     "/provenance", STRINGS, "[W]", False,
     'one JSON object per write (the first and each append), in order: rows [start, stop), splits, seed, mode '
@@ -270,7 +266,6 @@ COMPACT = Dataset(
     "query_l{layer} float32 [N, H, T, d]: the queries of a layer as its attention call received them (after "
     "RoPE); key_l{layer} float32 [N, H_kv, T, d]: its keys, one per key/value head (query head h reads key head "
     "h // (H / H_kv)); key_valid bool [N, T]: the keys that are tokens (not padding)",
-    expected_shape="a dataset with one row per example", expected_dtype="numbers",
     attributes=(Attribute("scale", JSON_VALUE, False, "of query_l*: the factor of q.k (a number)"),
                 Attribute("causal", INTEGER, False, "of query_l*: 1 if query q attends only to keys k <= q"),
                 Attribute("window", INTEGER, False, "of query_l*: a sliding window, k > q - window (0: none)"),

@@ -10,23 +10,15 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
-import os
 import secrets
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 
 import h5py
 import numpy as np
 
-from latentcode.errors import LatentcodeError
-from latentcode.files import (
-    ExclusiveLock,
-    check_replaceable,
-    new_temporary_file,
-    remove_dead_temporaries,
-    write_error,
-)
+from latentcode.errors import OutputExistsError
+from latentcode.files import AtomicOutputs, check_replaceable
 from latentcode.store.reader import CodeFile
 from latentcode.store.schema import (
     CODES,
@@ -53,33 +45,17 @@ def write_sharded_file(path: str | Path, shards: Sequence[str | Path], *, overwr
     path = Path(path)
     shards = [Path(shard) for shard in shards]
     readers = _shard_readers(path, shards)
-    lock = ExclusiveLock(path, wait=wait_for_lock, purpose="writing latent codes",
-                         hint="wait until it has finished or choose another path").acquire()
-    temporary = None
-    try:
+    with AtomicOutputs(lock=path, wait=wait_for_lock, purpose="writing latent codes",
+                       hint="wait until it has finished or choose another path") as outputs:
         check_replaceable(path)
         exists = path.exists()
         if exists and not overwrite:
-            raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it, or choose another path")
-        remove_dead_temporaries(path)
-        temporary = new_temporary_file(path)
-        if exists:  # the rename must not change who may read the file
-            os.chmod(temporary, stat.S_IMODE(os.stat(path).st_mode))
+            raise OutputExistsError(f"{path} already exists; pass overwrite=True to replace it, or choose another "
+                                    "path")
         with contextlib.ExitStack() as stack:
             sources = [stack.enter_context(h5py.File(shard, "r")) for shard in shards]
-            out = stack.enter_context(h5py.File(temporary, "w"))
+            out = stack.enter_context(h5py.File(outputs.temporary(path), "w"))
             _write_virtual(out, shards, sources, readers, mode="overwrite" if exists else "new")
-        check_replaceable(path)  # a link planted while we wrote is not replaced either
-        os.replace(temporary, path)
-        temporary = None
-    except OSError as error:
-        if error.errno is None or isinstance(error, LatentcodeError):
-            raise
-        raise write_error(error, path) from None
-    finally:
-        if temporary is not None:
-            temporary.unlink(missing_ok=True)
-        lock.release()
     return path
 
 

@@ -86,7 +86,7 @@ def validate(path: str | Path, *, allow_external: bool = False, image: bytes | N
         check_compact(path, file, values["compact"], file[SPLIT.name].shape[0])
         check_compact_values(path, file, values["compact"])
         labels = file[LABELS.group]
-        contents = Contents(
+        return Contents(
             attrs=attrs, values=values, shards=shards, sites=list(heads_of), heads_of=heads_of,
             label_names=sorted(labels), extra_names=extra_names(file),
             has_prediction=PREDICTION.name in file, has_target=TARGET.name in file,
@@ -95,7 +95,6 @@ def validate(path: str | Path, *, allow_external: bool = False, image: bytes | N
             writes=checked_provenance(path, file),
             split_index=split_indices(path, file[SPLIT.name], values["splits"]),
         )
-    return contents
 
 
 def open_image(image: bytes) -> h5py.File:

@@ -202,7 +202,7 @@ class CodeWriter:
     def _open_contents(self) -> None:
         """A file appended to must match the codes to add (its compression kept); a new one is laid out."""
         if self.mode == "append":
-            self._check_compatible()
+            check_appendable(self.path, self.file, self.sites, self.heads_of, self.n_heads, self.metadata)
             self.compression = _compression_of(self.file[CODES.group][self.sites[0].name])
         else:
             self._initialize()
@@ -223,36 +223,28 @@ class CodeWriter:
         """Create what the schema lists for a new file: the root attributes, the groups, a codes
         dataset per site and /split (the other datasets come with the first batch that has them)."""
         sites = [[site.layer, site.query, site.key] for site in self.sites]
-        values = {
+        computed = {
             "format": FORMAT,
             "schema_version": SCHEMA_VERSION,
             "latentcode_version": _package_version(),
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "model_name": self.metadata.get("model_name", ""),
-            "model_config": self.metadata.get("model_config", {}),
-            "checkpoint_sha256": self.metadata.get("checkpoint_sha256", ""),
-            "model_path": str(self.metadata.get("model_path", "")),
-            "model_dtype": str(self.metadata.get("model_dtype", "float32")),
-            "task_config": self.metadata.get("task_config", {}),
+            "model_dtype": self.metadata.get("model_dtype", "float32"),
             "selector": self.metadata.get("selector", {"name": "explicit", "sites": sites}),
-            "score": self.metadata["score"],
-            "source": self.metadata.get("source", ""),
-            "seed": self.metadata.get("seed", ""),
             "splits": [],
             "n_heads": self.n_heads,
-            "task_analysis": self.metadata.get("task_analysis", {}),
-            "prediction_kind": self.metadata.get("prediction_kind", ""),
-            "attention_layers": list(self.metadata.get("attention_layers") or []),
-            "split_descriptions": self.metadata.get("split_descriptions", {}),
-            "position_names": list(self.metadata.get("position_names") or []),
-            "token_names": list(self.metadata.get("token_names") or []),
-            "compact": self.metadata.get("compact", {}),
             "file_id": os.urandom(16).hex(),
         }
-        written = [attribute for attribute in ROOT_ATTRIBUTES if attribute.name not in SHARDED_ONLY]
-        assert list(values) == [attribute.name for attribute in written], "the writer fills every root attribute"
-        for attribute in written:
-            self.file.attrs[attribute.name] = attribute.type.encode(values[attribute.name])
+        for attribute in ROOT_ATTRIBUTES:  # the rest from `metadata`, each its type's empty value where absent
+            name, kind = attribute.name, attribute.type
+            if name in SHARDED_ONLY:
+                continue
+            if name in computed:
+                value = computed[name]
+            elif kind.json is list:
+                value = list(self.metadata.get(name) or [])
+            else:
+                value = self.metadata.get(name, {} if kind.json is dict else "")
+            self.file.attrs[name] = kind.encode(value)
         for group in GROUPS:
             self.file.create_group(group.path)
             if group is not CODES_GROUP:
@@ -278,9 +270,6 @@ class CodeWriter:
             chunks=(min(_CHUNK_ROWS, max(1, 2**18 // max(1, int(np.prod(row_shape))))), *row_shape),
             **self._filters(),
         )
-
-    def _check_compatible(self) -> None:
-        check_appendable(self.path, self.file, self.sites, self.heads_of, self.n_heads, self.metadata)
 
     # -- writing -------------------------------------------------------------------------------
     def append(
@@ -408,8 +397,9 @@ class CodeWriter:
         try:
             self.flush()
             check_compact(self.path, self.file, from_json(self.file.attrs.get("compact", "{}")) or {}, self._n_rows)
-            with failed_writes(self.path):
-                self._record_provenance()
+            with failed_writes(self.path):  # one /provenance entry for this write: its rows, splits and seed
+                record_provenance(self.file, self.metadata, self._first_row, self._n_rows, self._splits_written,
+                                  self.mode, _package_version())
                 # Everything reaches the disk (or fails, e.g. no space left) here: a failed flush
                 # leaves the file to be thrown away cleanly; a failed close could not be undone.
                 self.file.flush()
@@ -437,11 +427,6 @@ class CodeWriter:
         """Drop everything written by this writer; an existing file under `path` stays as it was."""
         if not self._closed:
             self._discard()
-
-    def _record_provenance(self) -> None:
-        """One /provenance entry for this write: which rows, which splits, from which seed."""
-        record_provenance(self.file, self.metadata, self._first_row, self._n_rows, self._splits_written, self.mode,
-                          _package_version())
 
     def _discard(self) -> None:
         self._closed = True
