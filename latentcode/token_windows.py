@@ -28,6 +28,10 @@ from latentcode.validation import check_integer
 
 DEFAULT_SEQ_LEN = 512  # tokens per window, unless the task says (extract, intervene and patch alike)
 MAX_TOKENS_PER_PASS = 2048  # windows x tokens of one forward pass (intervene, patch): logits of 2048 x vocabulary
+# Tokens a whole patch of windows may run through the model (window passes x seq_len), refused up front as
+# groups beyond --max-groups are: 2^28 tokens are about 7 hours of SmolLM2-135M at 10^4 tokens a second.
+MAX_PATCH_TOKENS = 2**28
+LOGIT_BYTES_PER_TOKEN = 3 * 4 * 65_536  # logits, their log-softmax and a copy, float32, a vocabulary up to 64k
 METRICS = ("next-token loss", "next-token probability", "next-token accuracy")
 # The labels of a window, by its last token's text: its class, and whether it starts a word (a binary
 # label small files can probe).

@@ -48,9 +48,9 @@ outputs checked first by the torch-free `plan_patch`, which the command line's c
 A causal LM has no counterfactual pairs: `patch("smollm2", task={"seq_len": 128}, layers=[3])` runs
 resample ablation instead (each window with another window's codes, read on the next-token loss), through
 the same plan and loop: the heads grid with its random-head control, offset bands, --group, attribution
-and search alike (`plan`: PairInputs or WindowInputs; `measures`: what is measured on each).
+and search alike (`latentcode.inputs`: a task's pairs or a corpus's windows; `measures`: what is measured on each).
 
-The modules: `plan` (plan_patch and the two inputs), `run` (patch, the controls), `measures` (what is
+The modules: `plan` (plan_patch), `run` (patch, the controls), `measures` (what is
 measured on each input), `site_groups`, `partitions`, `search`, `inputs`, `layer_codes`, `sweep`, `attribution`.
 """
 
