@@ -50,6 +50,7 @@ from latentcode.token_windows import (
     MAX_TOKENS_PER_PASS,
     METRICS,
     TokenWindows,
+    window_metrics,
 )
 from latentcode.validation import check_fits_in_memory, check_integer, check_split, check_variant
 
@@ -284,7 +285,7 @@ class CorpusWindows(_Inputs):
         import torch
 
         target = torch.as_tensor(target[:, first_query:], device=logits.device)
-        return TokenWindows.metrics(logits[:, first_query:], target).cpu().numpy()
+        return window_metrics(logits[:, first_query:], target).cpu().numpy()
 
     @staticmethod
     def gathered(drawn: Sequence[Rows], split: str, variant: str | None) -> None:

@@ -48,7 +48,7 @@ from latentcode.errors import UsageError
 from latentcode.files import AtomicOutputs
 from latentcode.intervention.edits import Edit
 from latentcode.intervention.intervener import Intervention
-from latentcode.intervention.patching.inputs import placement
+from latentcode.intervention.patching.sweep import placement
 from latentcode.intervention.plan import InterventionPlan, Unit, plan_intervention
 from latentcode.progress import Progress
 

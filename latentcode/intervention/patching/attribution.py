@@ -14,18 +14,19 @@ import torch
 from torch import Tensor, nn
 
 from latentcode.errors import UsageError
-from latentcode.intervention.patching.inputs import (
+from latentcode.intervention.patching.site_groups import SiteGroup
+from latentcode.intervention.patching.sweep import (
+    LayerCodes,
     Metric,
+    PatchingSweep,
     batch_size_of,
     call_model,
     check_eval,
     check_same_shapes,
     per_example,
+    record_codes,
     to_numpy,
 )
-from latentcode.intervention.patching.layer_codes import LayerCodes, record_codes
-from latentcode.intervention.patching.site_groups import SiteGroup
-from latentcode.intervention.patching.sweep import PatchingSweep
 from latentcode.sources.detect import detect_source
 from latentcode.sources.site_pairs import SitePairs
 from latentcode.sources.sites import Selector, SiteError, parse_selector

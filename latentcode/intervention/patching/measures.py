@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from latentcode.inputs import DONORS
-from latentcode.intervention.next_token import mean_and_se
+from latentcode.intervention.patching.sweep import mean_and_se, patching_sweep
 from latentcode.token_windows import METRICS, window_metrics
 
 ATTRIBUTION_SHARE = 4  # attribution's passes of windows hold a quarter of the sweep's (a backward pass keeps more)
@@ -198,8 +198,6 @@ class WindowsMeasure(_Measure):
         """A row per group (the loss before and after, its change and those of the probability and the
         accuracy, mean ± s.e.) and the per-window loss change `[groups, n]`, batch by batch."""
         import pandas as pd
-
-        from latentcode.intervention.patching.sweep import patching_sweep
 
         sweeps = []
         for batch in self.batches:

@@ -45,8 +45,8 @@ def patch(run_or_plan: str | Path | PatchPlan, *, progress: bool = False,
     given. `say`: called with the cost line before the work; `progress`: a bar (or lines) on stderr."""
     import torch
 
-    from latentcode.intervention.patching.inputs import placement
     from latentcode.intervention.patching.measures import measure_of
+    from latentcode.intervention.patching.sweep import placement
     from latentcode.progress import Progress
 
     plan = run_or_plan if isinstance(run_or_plan, PatchPlan) else plan_patch(run_or_plan, **options)
@@ -72,10 +72,9 @@ def groups_of(plan: PatchPlan) -> tuple[list, list[int | None] | None]:
     then any control groups; and for each reported group the index of its control (None: none), or
     None for a grid without controls."""
     from latentcode.intervention.patching import site_groups
-    from latentcode.intervention.patching.partitions import partition_grid
 
     if plan.partition_grid:
-        return partition_grid(plan.inputs.partitions(), *plan.partition_grid, layers=list(plan.layers),
+        return site_groups.partition_grid(plan.inputs.partitions(), *plan.partition_grid, layers=list(plan.layers),
                               n_heads=plan.n_heads if plan.per_head else None), None
     if plan.grid == "rows":
         return site_groups.site_grid(plan.n_layers, plan.task.seq_len, layers=list(plan.layers),
@@ -114,7 +113,7 @@ def _with_controls(table: Any, effects: Any, controls: list[int | None], effect:
     grid also against the per-base median of the layer's other heads."""
     import numpy as np
 
-    from latentcode.intervention.next_token import mean_and_se
+    from latentcode.intervention.patching.sweep import mean_and_se
 
     rows = table.iloc[:len(controls)].copy()
     columns: dict[str, list] = {name: [] for name in ("control", f"control {effect}", f"control {effect} se",
