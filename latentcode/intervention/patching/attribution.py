@@ -23,6 +23,7 @@ from latentcode.intervention.patching.sweep import (
     call_model,
     check_eval,
     check_same_shapes,
+    frozen,
     per_example,
     record_codes,
     to_numpy,
@@ -161,11 +162,7 @@ def attribution_patching(
         differentiable_codes[layer] = codes
         return codes
 
-    # The parameters need no gradient: frozen for the pass, no weight gradient is computed or kept.
-    frozen = [(parameter, parameter.requires_grad) for parameter in model.parameters()]
-    try:
-        for parameter, _ in frozen:
-            parameter.requires_grad_(False)
+    with frozen(model):  # no weight gradient is computed or kept
         with torch.enable_grad(), source.edit(base_pairs.pairs_for, DifferentiableEditor(keep)):
             value = per_example(metric(call_model(model, base_inputs)), batch, "metric").sum()
         layers = sorted(differentiable_codes)
@@ -173,9 +170,6 @@ def attribution_patching(
             raise UsageError("the metric does not depend on any recorded code (no gradient): is the model's output "
                              "computed from its attention, and does the metric use the output?")
         gradients = torch.autograd.grad(value, [differentiable_codes[layer] for layer in layers], allow_unused=True)
-    finally:
-        for parameter, requires_grad in frozen:
-            parameter.requires_grad_(requires_grad)
     effects, grads, differences = {}, {}, {}
     for layer, gradient in zip(layers, gradients, strict=True):
         base = base_codes[layer].detach()

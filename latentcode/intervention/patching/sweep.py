@@ -7,7 +7,8 @@ the selected pairs per layer (`LayerCodes`, `record_codes`)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,20 @@ def check_eval(model: nn.Module) -> None:
     if model.training:
         raise UsageError(f"{type(model).__name__} is in training mode: patching compares forward passes, which "
                          "dropout would make random; call model.eval() first")
+
+
+@contextmanager
+def frozen(model: nn.Module) -> Iterator[None]:
+    """The model's parameters need no gradient inside (no weight gradient is computed or kept); their
+    `requires_grad` restored on exit, also when the block raises."""
+    kept = [(parameter, parameter.requires_grad) for parameter in model.parameters()]
+    try:
+        for parameter, _ in kept:
+            parameter.requires_grad_(False)
+        yield
+    finally:
+        for parameter, requires_grad in kept:
+            parameter.requires_grad_(requires_grad)
 
 
 def batch_size_of(inputs: Any) -> int:
