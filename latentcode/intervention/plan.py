@@ -202,8 +202,7 @@ def mean_ablate_from_compact(path: Any, plan: InterventionPlan, heads: Sequence[
     MODEL --task seq_len=T`; of `split`, all windows if None), rebuilt one window at a time."""
     import numpy as np
 
-    from latentcode.intervention.checkpoints import check_codes_file_matches
-    from latentcode.intervention.edits import MeanAblate
+    from latentcode.intervention.edits import MeanAblate, check_codes_file_matches
     from latentcode.pretrained import checkpoint_sha256, resolve
     from latentcode.store import CodeFile
 

@@ -68,17 +68,12 @@ def placement(model: nn.Module) -> dict[str, str]:
     return {"device": str(device_of(model)), "model_dtype": dtype}
 
 
-def to_device(inputs: Any, device: torch.device) -> Any:
-    """A tensor, or a dict's tensors, on `device` (the model's: the inputs follow the model)."""
-    if isinstance(inputs, Tensor):
-        return inputs.to(device)
-    return {key: value.to(device) if isinstance(value, Tensor) else value for key, value in inputs.items()}
-
-
 def call_model(model: nn.Module, inputs: Any) -> Any:
     """The model's output on `inputs` (a tensor, or keyword arguments), moved to the model's device first."""
-    inputs = to_device(inputs, device_of(model))
-    return model(inputs) if isinstance(inputs, Tensor) else model(**inputs)
+    device = device_of(model)
+    if isinstance(inputs, Tensor):
+        return model(inputs.to(device))
+    return model(**{key: value.to(device) if isinstance(value, Tensor) else value for key, value in inputs.items()})
 
 
 def to_numpy(tensor: Tensor) -> Any:
