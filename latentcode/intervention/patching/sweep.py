@@ -291,9 +291,8 @@ def patching_sweep(
     name, all read from the same passes) of the patched output; one row per group (see
     `PatchingSweep`). Several groups share one forward pass (`groups_per_pass`, by default as many
     as fit in `max_examples_per_pass` examples: passes of 256 SRAVEN examples keep their largest
-    tensors under glibc's 32 MB mmap limit and, where the caller ran `latentcode.keep_freed_memory()`
-    (`latentcode patch` does; this function never changes the process's allocator), reuse the last
-    pass's memory; passes of 1024 were no faster per example and spent as long in the kernel).
+    tensors under glibc's 32 MB mmap limit and reuse the last pass's memory where the caller ran
+    `latentcode.keep_freed_memory()`, as `latentcode patch` does; `benchmarks/bench_patching_allocator.py`).
     `on_pass(examples)` is called after each patched pass with its number of examples (progress)."""
     metrics = _metrics(metric)
     check_eval(model)
