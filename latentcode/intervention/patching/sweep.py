@@ -292,7 +292,8 @@ def patching_sweep(
     `PatchingSweep`). Several groups share one forward pass (`groups_per_pass`, by default as many
     as fit in `max_examples_per_pass` examples: passes of 256 SRAVEN examples keep their largest
     tensors under glibc's 32 MB mmap limit and reuse the last pass's memory where the caller ran
-    `latentcode.keep_freed_memory()`, as `latentcode patch` does; `benchmarks/bench_patching_allocator.py`).
+    `latentcode.keep_freed_memory()`, as `latentcode patch` does: this function never changes the
+    process's allocator; `benchmarks/bench_patching_allocator.py` measures it).
     `on_pass(examples)` is called after each patched pass with its number of examples (progress)."""
     metrics = _metrics(metric)
     check_eval(model)
