@@ -1,6 +1,6 @@
-"""What a model reads, with one interface for every model and every operation (extract, intervene):
-a task's instances (`TaskInstances`) or a causal LM's windows of the corpus (`CorpusWindows`, over
-`latentcode.token_windows.TokenWindows`).
+"""What a model reads, with one interface for every model and every operation (extract, intervene,
+patch): a task's instances (`TaskInstances`) or a causal LM's windows of the corpus (`CorpusWindows`,
+over `latentcode.token_windows.TokenWindows`).
 
     inputs = inputs_of(subject.task(task))               # the plans: torch-free checks through it
     inputs.check_split(split); inputs.selector(sites, variant)
@@ -8,6 +8,8 @@ a task's instances (`TaskInstances`) or a causal LM's windows of the corpus (`Co
         ...  # run_extraction: forward x, then writer.append(codes, prediction, **rows)
     kept = inputs.scores(logits, rows["target"], first_query)   # intervene: what its metrics need
     inputs.evaluate(kept, inputs.subset(everything, indices))   # the metrics of these instances
+    inputs.check_patch(split, variant, prediction, per_head, n)   # patch: its bases checked
+    inputs.patch_bases(loaded, split, n, seed, variant, prediction)   # pairs, or windows and donors
 
 `batches` yields the model's inputs `x` (token ids or features, numpy) and what the codes file keeps of
 them (`labels`, `split`, `target`, `extra`); `description` the file's task attributes (task config,
@@ -21,11 +23,16 @@ on any subset: a metric need not be a mean over instances); a window's next-toke
 and accuracy from the first query an edit can change on (`token_windows.window_metrics`), each a mean
 over windows. `scores` keeps only what they need of a pass, so a 49k-word vocabulary's logits never
 accumulate.
+
+What `patch` compares (`latentcode.intervention.patching.measures` measures it): a task's counterfactual
+pairs (donors of another sub-task, a third one as the baseline, the base's own for the damage; read on
+the `transfer`), or windows each taking the codes of another (`TokenWindows.donors`: resample ablation,
+read on the `change` of the next-token loss); `grids` beside the task's partitions (`partitions`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,11 +41,21 @@ import numpy as np
 from latentcode.errors import UsageError, about
 from latentcode.sources.sites import Selector, parse_selector
 from latentcode.store import Site
-from latentcode.tasks import Batch, Task, eval_seed
-from latentcode.token_windows import LABEL_VALUES, METRICS, TokenWindows
-from latentcode.validation import check_split, check_variant
+from latentcode.tasks import Batch, Task, eval_seed, task_class, task_names
+from latentcode.tasks.partitions import task_partitions
+from latentcode.token_windows import (
+    LABEL_VALUES,
+    LOGIT_BYTES_PER_TOKEN,
+    MAX_PATCH_TOKENS,
+    MAX_TOKENS_PER_PASS,
+    METRICS,
+    TokenWindows,
+    window_metrics,
+)
+from latentcode.validation import check_fits_in_memory, check_integer, check_split, check_variant
 
 Rows = tuple[np.ndarray, dict[str, Any]]  # the model's inputs, and the keyword arguments of CodeWriter.append
+DONORS = ("different", "third", "same")  # patch's donors of a pair: r', a third sub-task (the baseline), the base's
 
 
 def inputs_of(task: Task | TokenWindows) -> TaskInstances | CorpusWindows:
@@ -46,18 +63,35 @@ def inputs_of(task: Task | TokenWindows) -> TaskInstances | CorpusWindows:
     return CorpusWindows(task) if isinstance(task, TokenWindows) else TaskInstances(task)
 
 
-@dataclass(frozen=True)
-class TaskInstances:
-    """A Task's instances: `batch_size` 256 per forward pass unless given, the split's evaluation seed,
-    the model's prediction at the task's last `n_predictions` positions recorded beside the target."""
+class _Inputs:
+    """What both inputs answer alike."""
 
-    task: Task
-    batch_size = 256
-    labels_from_sites = True  # `batches` adds the labels of the sites' positions (task.derived_labels)
+    task: Any
 
     @property
     def seq_len(self) -> int:
         return self.task.seq_len
+
+    def partitions(self) -> dict[str, dict[str, tuple[int, ...]]]:
+        """The partitions of the task's positions that patch's grids and search read (`task_partitions`)."""
+        return task_partitions(self.task)
+
+    def check_budget(self, cost: Mapping[str, int], n: int) -> None:
+        """Refuse a patch whose `cost` is beyond what the inputs allow (nothing, unless said)."""
+
+
+@dataclass(frozen=True)
+class TaskInstances(_Inputs):
+    """A Task's instances: `batch_size` 256 per forward pass unless given, the split's evaluation seed,
+    the model's prediction at the task's last `n_predictions` positions recorded beside the target;
+    patched as counterfactual pairs."""
+
+    task: Task
+    batch_size = 256
+    labels_from_sites = True  # `batches` adds the labels of the sites' positions (task.derived_labels)
+    # patch: a base, what is read on it, the grids beside the task's partitions, the default number of bases
+    unit, effect, grids, default_n = "pair", "transfer", ("rows", "heads", "offsets"), 256
+    measured_by, per_group = "PairsMeasure", "3 x --n {n} forward passes"
 
     @property
     def n_predictions(self) -> int:
@@ -68,11 +102,15 @@ class TaskInstances:
         with about("split"):
             return check_split(self.task.analysis.held_out_split if split is None else split, self.task)
 
+    def parse(self, spec: Any) -> Selector:
+        """A selector of sites, the task's named ones (e.g. `sraven-rule`) among them."""
+        return parse_selector(spec, self.task)
+
     def selector(self, sites: Any, variant: str | None) -> tuple[Selector, str]:
         """The sites (the task places its own, e.g. `sraven-rule`) and the variant (default: the sites',
         else the task's first), checked together."""
         with about("sites"):
-            selector = parse_selector(sites, self.task)
+            selector = self.parse(sites)
         with about("variant"):
             variant = check_variant(variant or selector.default_variant or self.task.variants[0], self.task)
             selector.check_variant(variant, self.task)
@@ -81,6 +119,11 @@ class TaskInstances:
     @staticmethod
     def default_seed(split: str) -> int:
         return eval_seed(split)  # every model is read on the same instances
+
+    @staticmethod
+    def pass_size(batch_size: int, n: int) -> int:
+        """Instances per forward pass: `batch_size`."""
+        return batch_size
 
     def description(self, loaded: Any, split: str) -> dict[str, Any]:
         task = self.task
@@ -133,37 +176,80 @@ class TaskInstances:
         """The task's metrics of the predictions `kept` of `batch`'s instances."""
         return self.task.evaluate(kept, batch)
 
+    def check_patch(self, split: str | None, variant: str | None, prediction: int, per_head: bool, n: int
+                    ) -> tuple[str, str, int, int]:
+        """(split, variant, prediction, examples per pass) of `n` counterfactual pairs: the split and
+        variant to patch on (defaults: the held-out split, the task's first variant), after
+        checking that the task draws pairs, that they fit in memory and that `prediction` is one of the
+        task's prediction positions."""
+        task = self.task
+        if not task.provides("counterfactual_pairs"):
+            having = [name for name in task_names() if task_class(name).provides("counterfactual_pairs")]
+            raise UsageError(f"task {task.name!r} draws no counterfactual pairs (Task.counterfactual_pairs); patch "
+                             f"needs them: {' and '.join(having)} have them")
+        split = self.check_split(split)
+        with about("variant"):
+            variant = check_variant(variant or task.variants[0], task)
+        # The bases and their three donors are drawn before the first pass ([n, sequence, d_in] each, float32,
+        # with int64 indices of several times n while drawing them): what must fit, whatever the groups.
+        with about("n"):
+            check_fits_in_memory(4 * n * (1 + len(DONORS)) * task.seq_len * (task.d_in or 1) + 32 * n,
+                                 f"{n} base/donor pairs (sequences of {task.seq_len}, with {len(DONORS)} donors each)")
+        if not -task.n_predictions <= prediction < task.n_predictions:
+            with about("prediction"):
+                raise UsageError(f"prediction {prediction}: the task has {task.n_predictions} prediction positions "
+                                 f"(0..{task.n_predictions - 1}, or negative from the end)")
+        return split, variant, prediction, self.batch_size
+
+    @staticmethod
+    def patch_cost(groups: int, n: int, batch_size: int) -> dict[str, int]:
+        """Groups patched and example forward passes (three donors each, and the unpatched base)."""
+        return {"groups": groups, "examples": len(DONORS) * n * (groups + 2)}
+
+    def patch_bases(self, loaded: Any, split: str, n: int, seed: int, variant: str, prediction: int) -> Any:
+        """`n` counterfactual pairs of `split` (`Task.counterfactual_pairs`)."""
+        return self.task.counterfactual_pairs(n, split, seed=seed, variant=variant, prediction=prediction)
+
+    @staticmethod
+    def unknown_grid(grid: str, error: Exception) -> Exception:
+        return error  # the task's own message names its partitions
+
 
 @dataclass(frozen=True)
-class CorpusWindows:
+class CorpusWindows(_Inputs):
     """A causal LM's windows of the corpus: one window of thousands of tokens per forward pass unless
     given (memory, and a shard per process), seed 0; labelled by their last token (`LABEL_VALUES`); no
-    prediction recorded."""
+    prediction recorded; patched by resample ablation (each window with the codes of another)."""
 
-    windows: TokenWindows
+    task: TokenWindows
     batch_size = 1
     labels_from_sites = False  # a window is labelled by its last token alone
     n_predictions = 0
-
-    @property
-    def seq_len(self) -> int:
-        return self.windows.seq_len
+    unit, effect, grids, default_n = "window", "change", ("heads", "offsets"), 32
+    measured_by, per_group = "WindowsMeasure", "--n {n} window forward passes"
 
     def check_split(self, split: str | None) -> str:
-        return self.windows.check_split(split)
+        return self.task.check_split(split)
 
     @staticmethod
-    def selector(sites: Any, variant: str | None) -> tuple[Selector, None]:
+    def parse(spec: Any) -> Selector:
+        return parse_selector(spec)
+
+    def selector(self, sites: Any, variant: str | None) -> tuple[Selector, None]:
         with about("variant"):
             if variant is not None:
                 raise UsageError(f"a pretrained model reads windows of the language corpus, which have no variant; "
                                  f"got variant {variant!r}")
         with about("sites"):
-            return parse_selector(sites), None
+            return self.parse(sites), None
 
     @staticmethod
     def default_seed(split: str) -> int:
         return 0
+
+    def pass_size(self, batch_size: int, n: int) -> int:
+        """Windows per forward pass: at most `batch_size`, `n` and MAX_TOKENS_PER_PASS tokens (one at least)."""
+        return min(batch_size, n, max(1, MAX_TOKENS_PER_PASS // self.seq_len))
 
     def description(self, loaded: Any, split: str) -> dict[str, Any]:
         tokenizer = loaded.tokenizer
@@ -181,9 +267,9 @@ class CorpusWindows:
     def batches(self, loaded: Any, split: str, n: int, seed: int, variant: str | None, batch_size: int,
                 indices: range, sites: Sequence[Site], targets: bool = False) -> Iterator[Rows]:
         """`targets`: each window's next tokens too (`[batch, seq_len]`: one token more is drawn)."""
-        ids = self.windows.draw(loaded, split, n, seed, extra=int(targets))  # every process draws the same n
+        ids = self.task.draw(loaded, split, n, seed, extra=int(targets))  # every process draws the same n
         inputs = ids[:, :-1] if targets else ids
-        labels = self.windows.labels(loaded.tokenizer, inputs)
+        labels = self.task.labels(loaded.tokenizer, inputs)
         for index in indices:
             rows = slice(index * batch_size, min(n, (index + 1) * batch_size))
             kept = {"labels": {name: values[rows] for name, values in labels.items()}, "split": split,
@@ -199,7 +285,7 @@ class CorpusWindows:
         import torch
 
         target = torch.as_tensor(target[:, first_query:], device=logits.device)
-        return TokenWindows.metrics(logits[:, first_query:], target).cpu().numpy()
+        return window_metrics(logits[:, first_query:], target).cpu().numpy()
 
     @staticmethod
     def gathered(drawn: Sequence[Rows], split: str, variant: str | None) -> None:
@@ -213,3 +299,48 @@ class CorpusWindows:
     def evaluate(kept: np.ndarray, batch: None) -> dict[str, float]:
         """The mean METRICS over the windows of `kept`."""
         return dict(zip(METRICS, (float(value) for value in kept.mean(0)), strict=True))
+
+    def check_patch(self, split: str | None, variant: str | None, prediction: int, per_head: bool, n: int
+                    ) -> tuple[str, None, None, int]:
+        """(split, None, None, windows per pass) of `n` >= 2 windows of `split` (default validation), each
+        taking another's codes, in passes whose logits fit; what only a task's pairs can give refused."""
+        for option, value, default in (("variant", variant, None), ("prediction", prediction, -1),
+                                       ("per_head", per_head, False)):
+            if value != default:
+                with about(option):
+                    raise UsageError(f"{option} {value!r} needs a run's task; {self.task.model_name} is a pretrained "
+                                     "model, patched by resample ablation of its windows (--task seq_len=T)")
+        split = self.check_split(split)
+        with about("n"):
+            n = check_integer("n", n, minimum=1)
+            if n < 2:
+                raise UsageError(f"n={n}: resample ablation needs at least 2 windows (each takes the codes of another)")
+            batch_size = self.pass_size(n, n)
+            check_fits_in_memory(LOGIT_BYTES_PER_TOKEN * batch_size * self.seq_len,
+                                 f"passes of {batch_size} windows of {self.seq_len} tokens (their logits)")
+        return split, None, None, batch_size
+
+    @staticmethod
+    def patch_cost(groups: int, n: int, batch_size: int) -> dict[str, int]:
+        """Groups patched, window forward passes and forward passes (batches of `batch_size`)."""
+        return {"groups": groups, "window_passes": n * (groups + 2), "passes": -(-n // batch_size) * (groups + 2)}
+
+    def check_budget(self, cost: Mapping[str, int], n: int) -> None:
+        """Refuse a patch beyond MAX_PATCH_TOKENS tokens through the model."""
+        tokens = cost.get("window_passes", cost.get("examples", 0)) * self.seq_len
+        if tokens > MAX_PATCH_TOKENS:
+            with about("n"):
+                raise UsageError(f"n={n} windows x ({cost['groups']} groups + 2) passes x {self.seq_len} tokens "
+                                 f"is {tokens:,} tokens through the model, beyond the budget of {MAX_PATCH_TOKENS:,} "
+                                 "(hours of a CPU); give a smaller --n, fewer --layers or a shorter --task seq_len")
+
+    def patch_bases(self, loaded: Any, split: str, n: int, seed: int, variant: None, prediction: None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """int64 `[n, seq_len + 1]`: `n` windows of `split` and the next token of their last position, and
+        `[n]` the donor window of each (`TokenWindows.donors`)."""
+        return self.task.draw(loaded, split, n, seed, extra=1), self.task.donors(n, seed)
+
+    def unknown_grid(self, grid: str, error: Exception) -> Exception:
+        return UsageError(f"grid {grid!r}: a pretrained model is patched by (layer, head) (--grid heads), by "
+                          "relative-offset band (--grid offsets) or by its windows' partitions "
+                          f"({', '.join(self.partitions())}); rows need a run's task")

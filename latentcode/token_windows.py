@@ -3,7 +3,7 @@
     windows = subject.task({"seq_len": 64})          # LanguageModelSubject.task -> token_windows(...)
     windows.check_split(None)                        # "validation" (the held-out split), or one line
     ids = windows.draw(loaded, "validation", n=32, seed=0)   # int64 [32, 64 + 1]: inputs and next token
-    windows.metrics(logits[:, p0:], ids[:, 1 + p0:])         # [32, 3]: METRICS per window
+    window_metrics(logits[:, p0:], ids[:, 1 + p0:])          # [32, 3]: METRICS per window
     windows.donors(32, seed=0)                       # [32]: the donor window of each (resample ablation)
 
 Instances are windows of `seq_len` tokens of the language corpus's `split` (`latentcode.tasks.corpus`,
@@ -28,6 +28,10 @@ from latentcode.validation import check_integer
 
 DEFAULT_SEQ_LEN = 512  # tokens per window, unless the task says (extract, intervene and patch alike)
 MAX_TOKENS_PER_PASS = 2048  # windows x tokens of one forward pass (intervene, patch): logits of 2048 x vocabulary
+# Tokens a whole patch of windows may run through the model (window passes x seq_len), refused up front as
+# groups beyond --max-groups are: 2^28 tokens are about 7 hours of SmolLM2-135M at 10^4 tokens a second.
+MAX_PATCH_TOKENS = 2**28
+LOGIT_BYTES_PER_TOKEN = 3 * 4 * 65_536  # logits, their log-softmax and a copy, float32, a vocabulary up to 64k
 METRICS = ("next-token loss", "next-token probability", "next-token accuracy")
 # The labels of a window, by its last token's text: its class, and whether it starts a word (a binary
 # label small files can probe).
@@ -91,11 +95,6 @@ class TokenWindows:
         """LABEL_VALUES of windows `ids` `[n, T]`: int64 `[n]` each, from the text of their last token."""
         classes = np.asarray([token_class(tokenizer.decode([int(token)])) for token in ids[:, -1]], dtype=np.int64)
         return {"last_token_class": classes, "last_token_starts_word": (classes == 0).astype(np.int64)}
-
-    @staticmethod
-    def metrics(logits: Any, targets: Any) -> Any:
-        """`[batch, 3]` METRICS per window of logits `[batch, P, vocabulary]` and targets `[batch, P]`."""
-        return window_metrics(logits, targets)
 
     @staticmethod
     def donors(n: int, seed: int) -> np.ndarray:

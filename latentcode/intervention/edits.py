@@ -46,7 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from latentcode.errors import LatentcodeError, UsageError
-from latentcode.store import Site
+from latentcode.store import CodeFile, Site
 
 SiteSpec = Any  # a selector spec: str, Selector, or a list of Sites / (layer, query, key) tuples
 
@@ -56,6 +56,44 @@ __all__ = ["AddVector", "Edit", "EditError", "Interchange", "MeanAblate", "Scale
 
 class EditError(LatentcodeError, ValueError):
     """An edit that does not fit the codes it is applied to; names the value and what is expected."""
+
+
+class CodesOfAnotherModel(LatentcodeError, ValueError):
+    """A codes file extracted from another checkpoint than the model being edited: `extract` records the
+    SHA-256 of the weights file for run and model directories, and of the weights as safetensors bytes
+    for a model object (`latentcode.provenance`); `checkpoint_sha256_of` computes the same."""
+
+
+def checkpoint_sha256_of(run_or_model: str | Path | nn.Module) -> str:
+    """The SHA-256 `extract` records for this run directory, model directory or model object."""
+    from latentcode.models.persistence import WEIGHTS_FILE
+    from latentcode.provenance import sha256_of_file, sha256_of_state
+
+    if isinstance(run_or_model, nn.Module):
+        return sha256_of_state(run_or_model)
+    path = Path(run_or_model)
+    for weights in (path / "model" / WEIGHTS_FILE, path / WEIGHTS_FILE):
+        if weights.is_file():
+            return sha256_of_file(weights)
+    raise FileNotFoundError(
+        f"{path} is neither a run directory (with model/{WEIGHTS_FILE}) nor a model directory (with {WEIGHTS_FILE})"
+    )
+
+
+def check_codes_file_matches(
+    codes_file: CodeFile, model: str | Path | nn.Module | None = None, checkpoint_sha256: str | None = None
+) -> None:
+    """Raise `CodesOfAnotherModel` unless the file comes from `model` / `checkpoint_sha256` (no check
+    when neither is given or the file records no checkpoint)."""
+    recorded = str(codes_file.attrs.get("checkpoint_sha256") or "")
+    if not recorded or (model is None and checkpoint_sha256 is None):
+        return
+    expected = checkpoint_sha256 if checkpoint_sha256 is not None else checkpoint_sha256_of(model)
+    if recorded != expected:
+        raise CodesOfAnotherModel(
+            f"{codes_file.path} comes from checkpoint sha256 {recorded}, but the model being edited has sha256 "
+            f"{expected}; use codes extracted from this model (latentcode extract RUN_DIR ...)"
+        )
 
 
 def check_finite(values: Any, what: str) -> None:
@@ -250,9 +288,6 @@ class MeanAblate(Edit):
         object), or its checkpoint's SHA-256; when given, the file must come from that checkpoint.
         A codes file records the SHA-256 of the weights file for run and model directories and of the
         weights as safetensors bytes for model objects, so pass what the file was extracted from."""
-        from latentcode.intervention.checkpoints import check_codes_file_matches
-        from latentcode.store import CodeFile
-
         codes_file = path if isinstance(path, CodeFile) else CodeFile(path)  # a file, or codes in memory
         check_codes_file_matches(codes_file, model=model, checkpoint_sha256=checkpoint_sha256)
         if codes_file.attrs.get("score", "pattern") != "pattern":

@@ -8,21 +8,16 @@ model (`latentcode.subject`). `latentcode intervene` calls this.
     write_effects(table, "results/mean-ablate")        # .csv, .json and .png
 
 A trained model is read on its task's own metrics (`task.evaluate`) of `n` instances of the split (the
-split's evaluation seed unless `seed` is given); a causal LM on `n` windows of the language corpus
-and its next-token predictions from the first query an edit can change (earlier predictions cannot
-change: the model is causal) to the last, per window, then averaged over windows:
-
-    next-token loss          mean over p of -log P(token p+1 | tokens ..p)       (nats)
-    next-token probability   mean over p of P(token p+1 | tokens ..p)
-    next-token accuracy      mean over p of [argmax P(. | tokens ..p) = token p+1]
-
-(`latentcode.inputs`). Scopes: the edit at every site it writes together ("all
-sites"), and with `per_site` each unit alone: each site (`l{layer}_q{query}_k{key}`) or, with
-`alone="heads"`, each (layer, head) at the plan's pairs of its layer ("l10.h3"). Beside each scope,
-with `control`, a control edit of the same size: the same edit at as many heads of the same layers,
-drawn at random among the heads the scope does not edit (seeded; none where the scope edits every
-head of a layer). A `MeanAblate` with per-label means gets each batch's labels (task labels, and
-SRAVEN's `rule` of the sites' query).
+split's evaluation seed unless `seed` is given); a causal LM on `n` windows of the language corpus, by
+the next-token loss (nats), probability and accuracy of each window from the first query an edit can
+change (earlier predictions cannot change: the model is causal), averaged over windows
+(`latentcode.inputs`, `token_windows.window_metrics`). Scopes: the edit at every site it writes
+together ("all sites"), and with `per_site` each unit alone: each site (`l{layer}_q{query}_k{key}`)
+or, with `alone="heads"`, each (layer, head) at the plan's pairs of its layer ("l10.h3"). Beside each
+scope, with `control`, the same edit at as many heads of the same layers, drawn at random among the
+heads the scope does not edit (seeded; none where the scope edits every head of a layer). A
+`MeanAblate` with per-label means gets each batch's labels (task labels, and SRAVEN's `rule` of the
+sites' query).
 
 The table is tidy: one row per (scope, metric) with the columns `model`, `task`, `split`,
 `variant`, `n`, `edit`, `scope`, `role` ("edit" or "control"), `metric`, `before`, `after` and
@@ -48,7 +43,7 @@ from latentcode.errors import UsageError
 from latentcode.files import AtomicOutputs
 from latentcode.intervention.edits import Edit
 from latentcode.intervention.intervener import Intervention
-from latentcode.intervention.patching.inputs import placement
+from latentcode.intervention.patching.sweep import placement
 from latentcode.intervention.plan import InterventionPlan, Unit, plan_intervention
 from latentcode.progress import Progress
 

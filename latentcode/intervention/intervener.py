@@ -9,37 +9,21 @@ during forward passes, so that the rest of each layer computes with the edited c
         patched_output = model(inputs)
     downstream = intervention.pop()      # {Site: float32 [N, H]}, as Recorder.pop()
 
-Sites and selectors are the Recorder's (`"last-self"`, `"sraven-rule"`, `"all-pairs:0"`,
-`"0:-1:-1,1:35:27"`, lists of `Site`s); each edit applies at the intervention's `sites` unless it
-names its own (`ZeroAblate(sites="1:-1:-1")`). Edits run in the order given, each on the output of
-the one before.
+Sites and selectors are the Recorder's; each edit applies at the intervention's `sites` unless it names
+its own (`ZeroAblate(sites="1:-1:-1")`). Edits run in the order given, each on the output of the one
+before. The code is edited after σ and before the value network (for HYLA after RMSHead), where
+`hook_pattern` carries it, through the sources of `latentcode.sources.source` (docs/how-to/intervene.md
+says which models each reaches): the `hook_pattern` hook's return (our models, TransformerLens, bridges
+that compute from it, `latentcode.sources.bridge`; others raise `CannotIntervene`); an intercepted
+`scaled_dot_product_attention` or `nn.MultiheadAttention` call, which recomputes the affected query rows
+and returns `edited probabilities @ value` there and its own output elsewhere (eval mode: calls with
+dropout refused); the softmax of a `SoftmaxSource`; cross-attention layers alike. `AdapterSource` cannot
+edit (`CannotIntervene`). An edit that sets every code to its own value changes no output bit.
 
-Where the edit happens: on the latent code after σ and before the value network (for HYLA: after
-RMSHead), i.e. on what `hook_pattern` carries. Sources (`latentcode.sources.source`):
-
-- our models and TransformerLens `HookedTransformer`s: the forward hook on `blocks.{l}.attn.hook_pattern`
-  returns the edited pattern, which the value network consumes;
-- transformer-lens 4.x `TransformerBridge`s: the same, where the bridge computes attention from the
-  hooked pattern (boot_native models, joint-QKV attention such as GPT-2's); others raise
-  `CannotIntervene` (see `latentcode.sources.bridge`);
-- models calling `F.scaled_dot_product_attention` or `nn.MultiheadAttention`: the intercepted call
-  recomputes the probabilities of the affected query rows from its own inputs, edits them and
-  returns `edited_probabilities @ value` there (through the out-projection for MultiheadAttention);
-  all other entries are the fused call's own output. Eval mode only: calls with dropout are refused;
-- `SoftmaxSource` (hand-written attention): the softmax inside the chosen module returns its result
-  with the edited codes written at the sites, which the rest of the module (dropout, the value sum)
-  consumes; cross-attention layers are edited like self-attention layers by every source;
-- `AdapterSource`: cannot edit (it reads attention after the module used it): `CannotIntervene`.
-
-An edit that sets every code to its own value changes no output bit, for every source.
-
-Recording in the same pass: `record=` (a selector) records the codes at those sites as this
-pass computes them, i.e. the EDITED codes where a recorded site was edited and, downstream, the
-codes that the edited model then computes. A separate `Recorder` active at the same time is not
-coordinated with the edit (it may see a layer's codes before the edit), so use `record=`.
-
-Hooks (and the SDPA interception) exist only inside the `with` block and are removed on exit,
-also when the block raises.
+`record=` (a selector) records the codes at those sites as this pass computes them: the edited codes
+where edited and, downstream, what the edited model computes (a separate `Recorder` active at the same
+time is not coordinated with the edit). Hooks (and the SDPA interception) exist only inside the `with`
+block and are removed on exit, also when the block raises.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from latentcode.sources.sites import (
 )
 from latentcode.store import Site
 from latentcode.subject import Subject, subject_of
-from latentcode.token_windows import MAX_TOKENS_PER_PASS, TokenWindows
+from latentcode.token_windows import TokenWindows
 from latentcode.validation import (
     check_fits_in_memory,
     check_integer,
@@ -54,7 +54,6 @@ class InterventionPlan:
     many heads of the same layers drawn at random (seed `seed`; none where a scope edits every head)."""
 
     subject: Subject
-    task: Any  # a Task, or TokenWindows
     inputs: TaskInstances | CorpusWindows  # how the task's inputs are drawn and scored
     split: str
     variant: str
@@ -69,6 +68,8 @@ class InterventionPlan:
     control: bool
     device: str | None = None  # None: the CPU for a model loaded here, where it is for a model object
     dtype: str | None = None  # None: float32 for a model loaded here, its own for a model object
+
+    task = property(lambda self: self.inputs.task)  # a Task, or TokenWindows
 
     @property
     def seq_len(self) -> int:
@@ -131,12 +132,11 @@ def plan_intervention(
         n = check_integer("n", n, minimum=1)
     with about("batch_size"):
         batch_size = check_integer("batch_size", batch_size, minimum=1)
-    task = subject.task(task)
-    inputs = inputs_of(task)
+    inputs = inputs_of(subject.task(task))
     split = inputs.check_split(split)
     selector, variant = inputs.selector(sites, variant)
-    variant = task.variant if variant is None else variant  # a causal LM's windows: "T=seq_len"
-    seq_len = int(task.seq_len)
+    variant = inputs.task.variant if variant is None else variant  # a causal LM's windows: "T=seq_len"
+    seq_len = int(inputs.seq_len)
     with about("sites"):
         layers, first_query = layers_and_first_query(selector, subject.n_layers, seq_len)
         count = _site_count(selector, subject.n_layers, seq_len)
@@ -147,14 +147,13 @@ def plan_intervention(
                 f"{selector.spec()!r} selects {count} sites, and each would be measured alone (more than "
                 f"{MAX_PER_SITE_SCOPES}); edit them together with per_site=False (--no-per-site), measure each "
                 "(layer, head) alone with alone='heads' (--alone heads), or sweep groups of them with latentcode patch")
-    batch_size = min(batch_size, n, max(1, MAX_TOKENS_PER_PASS // seq_len)) if isinstance(task, TokenWindows) \
-        else batch_size
+    batch_size = inputs.pass_size(batch_size, n)
     if subject.model_config:  # a latentcode model: its instances are drawn before the first pass
         drawn = 4 * n * seq_len * int(subject.model_config.get("d_in") or 1)
         with about("n"):
             check_fits_in_memory(drawn + forward_pass_bytes(min(batch_size, n), seq_len, subject.model_config),
                                  f"{n} instances (sequences of {seq_len}) in passes of {min(batch_size, n)}")
-    return InterventionPlan(subject, task, inputs, split, variant, selector, layers, first_query, n, batch_size, seed,
+    return InterventionPlan(subject, inputs, split, variant, selector, layers, first_query, n, batch_size, seed,
                             per_site, alone, control, device, dtype)
 
 
@@ -203,8 +202,7 @@ def mean_ablate_from_compact(path: Any, plan: InterventionPlan, heads: Sequence[
     MODEL --task seq_len=T`; of `split`, all windows if None), rebuilt one window at a time."""
     import numpy as np
 
-    from latentcode.intervention.checkpoints import check_codes_file_matches
-    from latentcode.intervention.edits import MeanAblate
+    from latentcode.intervention.edits import MeanAblate, check_codes_file_matches
     from latentcode.pretrained import checkpoint_sha256, resolve
     from latentcode.store import CodeFile
 

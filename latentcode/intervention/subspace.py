@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from latentcode.errors import UsageError
 from latentcode.intervention.edits import Edit, EditError, Interchange, _codes_at
+from latentcode.intervention.patching.sweep import frozen
 from latentcode.store import Site
 
 
@@ -106,11 +107,8 @@ def learn_subspace(
         raise UsageError(f"rank={rank!r}: expected an integer from 1 to the {n_heads} heads of the code space")
     basis = nn.Parameter(torch.randn(n_heads, rank, generator=generator, dtype=torch.float32))
     optimizer = torch.optim.Adam([basis], lr=learning_rate)
-    frozen = [(parameter, parameter.requires_grad) for parameter in model.parameters()]
     losses = []
-    try:
-        for parameter, _ in frozen:
-            parameter.requires_grad_(False)
+    with frozen(model):
         for _ in range(steps):
             rows = torch.randint(n, (min(batch_size, n),), generator=generator)
             edit = SubspaceInterchange.from_inputs(model, donor_inputs[rows], basis, sites, task_config=task_config)
@@ -120,9 +118,6 @@ def learn_subspace(
             value.backward()
             optimizer.step()
             losses.append(float(value.detach()))
-    finally:
-        for parameter, requires_grad in frozen:
-            parameter.requires_grad_(requires_grad)
     return SubspaceFit(orthonormal(basis.detach()), losses)
 
 

@@ -33,8 +33,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from latentcode.intervention.next_token import mean_and_se
 from latentcode.intervention.patching import SiteGroup, patching_sweep
+from latentcode.intervention.patching.sweep import mean_and_se
 
 METRICS = ("follow", "keep", "logit_difference")
 

@@ -12,8 +12,9 @@ import transformers
 
 from latentcode.cli import main
 from latentcode.errors import LatentcodeError
+from latentcode.inputs import CorpusWindows
 from latentcode.intervention.patching import patch, plan_patch
-from latentcode.intervention.patching.plan import PatchPlan, WindowInputs
+from latentcode.intervention.patching.plan import PatchPlan
 from latentcode.intervention.patching.run import groups_of
 from latentcode.intervention.patching.site_groups import BANDS, band_pairs, control_heads
 from latentcode.pretrained import corpus_token_windows, load_pretrained
@@ -216,7 +217,8 @@ def test_outputs_already_there_are_kept(tiny_llama, tmp_path, capsys):
 
 def test_a_pretrained_model_plans_resample_ablation_and_a_run_refuses_its_task(tiny_llama):
     plan = plan_patch(str(tiny_llama), task={"seq_len": SEQ_LEN}, layers="1")
-    assert isinstance(plan, PatchPlan) and isinstance(plan.inputs, WindowInputs) and plan.layers == (1,) and plan.n == 32
+    assert isinstance(plan, PatchPlan) and isinstance(plan.inputs, CorpusWindows)
+    assert plan.layers == (1,) and plan.n == 32
     assert plan.cost == {"groups": 4, "window_passes": 32 * 6, "passes": 6}
     with pytest.raises(LatentcodeError, match="a run's task is its own"):
         plan_patch("models/sraven-hyla", task={"seq_len": SEQ_LEN})

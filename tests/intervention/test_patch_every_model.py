@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from latentcode.inputs import CorpusWindows, TaskInstances
 from latentcode.intervention.patching import head_grid, patch, plan_patch
-from latentcode.intervention.patching.plan import PairInputs, WindowInputs
 from latentcode.intervention.patching.site_groups import BANDS, band_pairs, control_heads
 from tests.pretrained_models import save_tiny_llama
 
@@ -44,7 +44,7 @@ def paired(values: np.ndarray) -> tuple[float, float]:
 
 def test_one_plan_for_both_inputs():
     plan = plan_patch(SRAVEN, grid="heads", layers=[0], n=8)
-    assert isinstance(plan.inputs, PairInputs) and plan.inputs.effect == "transfer"
+    assert isinstance(plan.inputs, TaskInstances) and plan.inputs.effect == "transfer"
     assert plan.layers == (0,) and plan.cost == {"groups": 16, "examples": 3 * 8 * 18}
 
 
@@ -65,7 +65,7 @@ def test_the_heads_grid_has_a_random_head_control_on_every_model(model, llama):
         assert row[f"{effect} - control"] == pytest.approx(row[effect] - row[f"control {effect}"], abs=1e-9)
     assert result.summary["control"].startswith("another head of the same layer")
     if model == "llama":
-        assert isinstance(plan.inputs, WindowInputs) and table["change"].abs().max() > 1e-2
+        assert isinstance(plan.inputs, CorpusWindows) and table["change"].abs().max() > 1e-2
         return
     # on the run, each head's numbers are transfer_sweep's on the same pairs, and the paired control and
     # others' median columns are those of its per-pair transfers, by hand

@@ -48,10 +48,11 @@ outputs checked first by the torch-free `plan_patch`, which the command line's c
 A causal LM has no counterfactual pairs: `patch("smollm2", task={"seq_len": 128}, layers=[3])` runs
 resample ablation instead (each window with another window's codes, read on the next-token loss), through
 the same plan and loop: the heads grid with its random-head control, offset bands, --group, attribution
-and search alike (`plan`: PairInputs or WindowInputs; `measures`: what is measured on each).
+and search alike (`latentcode.inputs`: a task's pairs or a corpus's windows; `measures`: what is measured on each).
 
-The modules: `plan` (plan_patch and the two inputs), `run` (patch, the controls), `measures` (what is
-measured on each input), `site_groups`, `partitions`, `search`, `inputs`, `layer_codes`, `sweep`, `attribution`.
+The modules: `plan` (plan_patch), `run` (patch, the controls), `measures` (what is
+measured on each input), `site_groups` (with the task's partitions), `search`, `sweep` (the forward passes compared, and
+the exact sweep), `attribution`.
 """
 
 from latentcode.lazy import lazy_exports
@@ -61,10 +62,10 @@ _WHERE = {
     "Attribution": "latentcode.intervention.patching.attribution",
     "attribution_patching": "latentcode.intervention.patching.attribution",
     "compare_attribution": "latentcode.intervention.patching.attribution",
-    "record_codes": "latentcode.intervention.patching.layer_codes",
-    "part_group": "latentcode.intervention.patching.partitions",
-    "partition_grid": "latentcode.intervention.patching.partitions",
-    "task_partitions": "latentcode.intervention.patching.partitions",
+    "record_codes": "latentcode.intervention.patching.sweep",
+    "part_group": "latentcode.intervention.patching.site_groups",
+    "partition_grid": "latentcode.intervention.patching.site_groups",
+    "task_partitions": "latentcode.tasks.partitions",
     "PatchPlan": "latentcode.intervention.patching.plan",
     "plan_patch": "latentcode.intervention.patching.plan",
     "PatchResult": "latentcode.intervention.patching.run",

@@ -14,18 +14,20 @@ import torch
 from torch import Tensor, nn
 
 from latentcode.errors import UsageError
-from latentcode.intervention.patching.inputs import (
+from latentcode.intervention.patching.site_groups import SiteGroup
+from latentcode.intervention.patching.sweep import (
+    LayerCodes,
     Metric,
+    PatchingSweep,
     batch_size_of,
     call_model,
     check_eval,
     check_same_shapes,
+    frozen,
     per_example,
+    record_codes,
     to_numpy,
 )
-from latentcode.intervention.patching.layer_codes import LayerCodes, record_codes
-from latentcode.intervention.patching.site_groups import SiteGroup
-from latentcode.intervention.patching.sweep import PatchingSweep
 from latentcode.sources.detect import detect_source
 from latentcode.sources.site_pairs import SitePairs
 from latentcode.sources.sites import Selector, SiteError, parse_selector
@@ -160,11 +162,7 @@ def attribution_patching(
         differentiable_codes[layer] = codes
         return codes
 
-    # The parameters need no gradient: frozen for the pass, no weight gradient is computed or kept.
-    frozen = [(parameter, parameter.requires_grad) for parameter in model.parameters()]
-    try:
-        for parameter, _ in frozen:
-            parameter.requires_grad_(False)
+    with frozen(model):  # no weight gradient is computed or kept
         with torch.enable_grad(), source.edit(base_pairs.pairs_for, DifferentiableEditor(keep)):
             value = per_example(metric(call_model(model, base_inputs)), batch, "metric").sum()
         layers = sorted(differentiable_codes)
@@ -172,9 +170,6 @@ def attribution_patching(
             raise UsageError("the metric does not depend on any recorded code (no gradient): is the model's output "
                              "computed from its attention, and does the metric use the output?")
         gradients = torch.autograd.grad(value, [differentiable_codes[layer] for layer in layers], allow_unused=True)
-    finally:
-        for parameter, requires_grad in frozen:
-            parameter.requires_grad_(requires_grad)
     effects, grads, differences = {}, {}, {}
     for layer, gradient in zip(layers, gradients, strict=True):
         base = base_codes[layer].detach()

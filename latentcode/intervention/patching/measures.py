@@ -1,7 +1,7 @@
 """What `patch` measures on a subject's inputs, drawn, with the same operations on counterfactual pairs
 and on token windows, so that the sweep, its controls, attribution and the search are one loop:
 
-    measure = plan.inputs.measure(loaded, n, seed)         # PairsMeasure or WindowsMeasure
+    measure = measure_of(plan, loaded, n, seed)            # PairsMeasure or WindowsMeasure
     table, effects = measure.sweep(model, groups, on_pass)  # a row per group; [groups, n] per-base effect
     measure.scores(model, groups), measure.attribution_maps(model, layers)   # what a search ranks by
 
@@ -20,11 +20,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from latentcode.intervention.next_token import mean_and_se
-from latentcode.intervention.patching.plan import DONORS
+from latentcode.inputs import DONORS
+from latentcode.intervention.patching.sweep import mean_and_se, patching_sweep
 from latentcode.token_windows import METRICS, window_metrics
 
 ATTRIBUTION_SHARE = 4  # attribution's passes of windows hold a quarter of the sweep's (a backward pass keeps more)
+
+
+def measure_of(plan: Any, loaded: Any, n: int, seed: int) -> PairsMeasure | WindowsMeasure:
+    """`n` bases of the plan's inputs drawn with `seed` for `loaded` (`patch_bases`), and what is measured
+    on them."""
+    bases = plan.inputs.patch_bases(loaded, plan.split, n, seed, plan.variant, plan.prediction)
+    return globals()[plan.inputs.measured_by].of(plan, loaded, bases)
 
 
 class _Measure:
@@ -67,7 +74,7 @@ class _Measure:
 
 
 class PairsMeasure(_Measure):
-    """`pairs`: `n` counterfactual pairs of the run's task (`inputs`: a PairInputs)."""
+    """`pairs`: `n` counterfactual pairs of the run's task."""
 
     effect = "transfer"
     unit = "example"
@@ -78,9 +85,8 @@ class PairsMeasure(_Measure):
         self.task, self.pairs = task, pairs
 
     @classmethod
-    def draw(cls, inputs: Any, loaded: Any, n: int, seed: int) -> PairsMeasure:
-        return cls(inputs.task, inputs.task.counterfactual_pairs(n, inputs.split, seed=seed, variant=inputs.variant,
-                                                                prediction=inputs.prediction))
+    def of(cls, plan: Any, loaded: Any, pairs: Any) -> PairsMeasure:
+        return cls(plan.task, pairs)
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -132,22 +138,22 @@ class PairsMeasure(_Measure):
 
 class WindowsMeasure(_Measure):
     """`ids`: `n` token windows `[n, seq_len + 1]` (on the model's device) of a causal LM, each patched
-    with the codes of window `donor[i]` (`inputs`: a WindowInputs)."""
+    with the codes of window `donor[i]`, read from the plan's `first_query` on in passes of its `batch_size`."""
 
     effect = "change"
     unit = "window"
     donors_scored = donors_confirmed = 1
 
-    def __init__(self, inputs: Any, loaded: Any, ids: Tensor, donor: np.ndarray):
-        self.inputs, self.task, self.loaded = inputs, inputs.task, loaded
-        self.windows, self.targets = ids[:, :-1], ids[:, 1 + inputs.first_query:]
+    def __init__(self, plan: Any, loaded: Any, ids: Tensor, donor: np.ndarray):
+        self.plan, self.task, self.loaded = plan, plan.task, loaded
+        self.windows, self.targets = ids[:, :-1], ids[:, 1 + plan.first_query:]
         self.donor = donor
-        self.batches = [slice(start, start + inputs.batch_size) for start in range(0, len(ids), inputs.batch_size)]
+        self.batches = [slice(start, start + plan.batch_size) for start in range(0, len(ids), plan.batch_size)]
 
     @classmethod
-    def draw(cls, inputs: Any, loaded: Any, n: int, seed: int) -> WindowsMeasure:
-        ids = torch.from_numpy(inputs.task.draw(loaded, inputs.split, n, seed, extra=1)).to(loaded.device)
-        return cls(inputs, loaded, ids, inputs.task.donors(n, seed))
+    def of(cls, plan: Any, loaded: Any, bases: tuple[np.ndarray, np.ndarray]) -> WindowsMeasure:
+        ids, donor = bases
+        return cls(plan, loaded, torch.from_numpy(ids).to(loaded.device), donor)
 
     def __len__(self) -> int:
         return len(self.windows)
@@ -163,19 +169,19 @@ class WindowsMeasure(_Measure):
 
     def bases(self, plan: Any) -> str:
         return (f"{len(self)} windows of {self.task.seq_len} tokens, each with a donor window, in passes of up to "
-                f"{self.inputs.batch_size}"
+                f"{self.plan.batch_size}"
                 + ("; then a backward pass per batch (attribution)" if plan.attribution else ""))
 
     def summary(self, plan: Any, loaded: Any) -> dict[str, Any]:
         return {"model": loaded.name, "path": loaded.identity.get("model_path"), "method": "resample ablation",
                 "split": plan.split, "seq_len": self.task.seq_len, "n": len(self), "seed": plan.seed,
                 "layers": list(plan.layers or []), "sites": plan.sites,
-                "positions": f"{self.inputs.first_query}..{self.task.seq_len - 1}", "donors": self.donor.tolist()}
+                "positions": f"{self.plan.first_query}..{self.task.seq_len - 1}", "donors": self.donor.tolist()}
 
     def _metrics(self, part: slice | np.ndarray) -> dict[str, Callable[[Any], Tensor]]:
         """METRICS as functions of a model output of the windows `part`; the three read one log-softmax
         (kept with the output it came from, so a later output never reads a stale one)."""
-        targets, first_query, kept = self.targets[part], self.inputs.first_query, [None, None]
+        targets, first_query, kept = self.targets[part], self.plan.first_query, [None, None]
 
         def metric(index: int) -> Callable[[Any], Tensor]:
             def of(output: Any) -> Tensor:
@@ -193,13 +199,11 @@ class WindowsMeasure(_Measure):
         accuracy, mean ± s.e.) and the per-window loss change `[groups, n]`, batch by batch."""
         import pandas as pd
 
-        from latentcode.intervention.patching.sweep import patching_sweep
-
         sweeps = []
         for batch in self.batches:
             sweeps.append(patching_sweep(model, self.loaded.inputs(self.windows[batch]),
                                          self.loaded.inputs(self.windows[self.donor[batch]]), groups,
-                                         self._metrics(batch), max_examples_per_pass=self.inputs.batch_size,
+                                         self._metrics(batch), max_examples_per_pass=self.plan.batch_size,
                                          on_pass=on_pass))
             if on_pass is not None:
                 on_pass(2 * len(self.windows[batch]))  # the base and the donor
@@ -208,10 +212,10 @@ class WindowsMeasure(_Measure):
         change = {name: patched[name] - base[name][None] for name in METRICS}  # [groups, n]
         rows = []
         for index, group in enumerate(groups):
-            row = {"model": self.loaded.name, "split": self.inputs.split, "T": self.task.seq_len, "n": len(self),
+            row = {"model": self.loaded.name, "split": self.plan.split, "T": self.task.seq_len, "n": len(self),
                    **group.coordinates, "group": group_name(group),
                    "sites": group.selector.spec() if "head" in group.coordinates else "",
-                   "positions": f"{self.inputs.first_query}..{self.task.seq_len - 1}",
+                   "positions": f"{self.plan.first_query}..{self.task.seq_len - 1}",
                    "metric": "next-token loss (nats)", "before": float(base[METRICS[0]].mean()),
                    "after": float(patched[METRICS[0]][index].mean())}
             row["change"], row["change se"] = mean_and_se(change[METRICS[0]][index])
@@ -227,7 +231,7 @@ class WindowsMeasure(_Measure):
         batch (a backward pass keeps every activation)."""
         from latentcode.intervention.patching.attribution import attribution_patching
 
-        step, found = max(1, self.inputs.batch_size // ATTRIBUTION_SHARE), []
+        step, found = max(1, self.plan.batch_size // ATTRIBUTION_SHARE), []
         for start in range(0, len(self), step):
             part = slice(start, start + step)
             with torch.enable_grad():

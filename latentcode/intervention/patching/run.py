@@ -5,7 +5,7 @@
     result.table, result.summary   # a row per group (transfer, damage; or loss change); <out>.json's content
 
 `plan_patch` checks everything first (torch-free; the command line builds the same plan). One loop for
-every model: load the subject, draw its inputs (`plan.inputs.measure`), patch the groups (`measures`).
+every model: load the subject, draw its inputs' bases (`measures.measure_of`), patch the groups.
 Beside each head of the heads grid its control, another head of the same layer drawn at random (seeded)
 and patched from the same donors (one of the grid's own groups), and the layer's other heads' per-base
 median; beside each offset band as many random pairs of the layer outside it: `control EFFECT`,
@@ -45,12 +45,13 @@ def patch(run_or_plan: str | Path | PatchPlan, *, progress: bool = False,
     given. `say`: called with the cost line before the work; `progress`: a bar (or lines) on stderr."""
     import torch
 
-    from latentcode.intervention.patching.inputs import placement
+    from latentcode.intervention.patching.measures import measure_of
+    from latentcode.intervention.patching.sweep import placement
     from latentcode.progress import Progress
 
     plan = run_or_plan if isinstance(run_or_plan, PatchPlan) else plan_patch(run_or_plan, **options)
     loaded = plan.subject.load(plan.device, plan.dtype, progress)
-    measure = plan.inputs.measure(loaded, plan.n, plan.seed)
+    measure = measure_of(plan, loaded, plan.n, plan.seed)
     if say is not None:
         say(measure.describe(plan))
     bar = Progress(plan.cost.get("examples", plan.cost.get("window_passes", 0)), "patch", unit=measure.unit,
@@ -71,20 +72,19 @@ def groups_of(plan: PatchPlan) -> tuple[list, list[int | None] | None]:
     then any control groups; and for each reported group the index of its control (None: none), or
     None for a grid without controls."""
     from latentcode.intervention.patching import site_groups
-    from latentcode.intervention.patching.partitions import partition_grid
 
     if plan.partition_grid:
-        return partition_grid(plan.inputs.partitions(), *plan.partition_grid, layers=list(plan.layers),
+        return site_groups.partition_grid(plan.inputs.partitions(), *plan.partition_grid, layers=list(plan.layers),
                               n_heads=plan.n_heads if plan.per_head else None), None
     if plan.grid == "rows":
         return site_groups.site_grid(plan.n_layers, plan.task.seq_len, layers=list(plan.layers),
                                      queries=list(plan.query_positions), key_blocks=plan.key_blocks), None
     if plan.grid == "heads":
-        return site_groups.heads_with_controls(plan.n_layers, plan.n_heads, plan.inputs.selector(plan.sites),
+        return site_groups.heads_with_controls(plan.n_layers, plan.n_heads, plan.inputs.parse(plan.sites),
                                                plan.layers, plan.seed)
     if plan.grid == "offsets":
         return site_groups.offsets_with_controls(plan.task.seq_len, plan.layers, plan.seed)
-    return [site_groups.SiteGroup(plan.inputs.selector(spec), coordinates={"spec": spec}) for spec in plan.groups], None
+    return [site_groups.SiteGroup(plan.inputs.parse(spec), coordinates={"spec": spec}) for spec in plan.groups], None
 
 
 def _sweep(plan: PatchPlan, loaded: Any, measure: Any, progress: Any, summary: dict[str, Any]) -> tuple:
@@ -113,7 +113,7 @@ def _with_controls(table: Any, effects: Any, controls: list[int | None], effect:
     grid also against the per-base median of the layer's other heads."""
     import numpy as np
 
-    from latentcode.intervention.next_token import mean_and_se
+    from latentcode.intervention.patching.sweep import mean_and_se
 
     rows = table.iloc[:len(controls)].copy()
     columns: dict[str, list] = {name: [] for name in ("control", f"control {effect}", f"control {effect} se",
@@ -140,9 +140,10 @@ def _with_controls(table: Any, effects: Any, controls: list[int | None], effect:
 
 
 def _search(plan: PatchPlan, loaded: Any, measure: Any, progress: Any, summary: dict[str, Any]) -> tuple:
+    from latentcode.intervention.patching.measures import measure_of
     from latentcode.intervention.patching.search import site_search
 
-    confirmation = plan.inputs.measure(loaded, plan.confirm_n, plan.seed + 1)
+    confirmation = measure_of(plan, loaded, plan.confirm_n, plan.seed + 1)
     result = site_search(loaded.model, plan.task, measure, confirmation, partitions=plan.inputs.partitions(),
                          layers=list(plan.layers), tolerance=plan.tolerance, on_pass=progress.advance,
                          say=progress.begin)

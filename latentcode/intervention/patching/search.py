@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from latentcode.intervention.patching.partitions import Partitions, part_group, task_partitions
-from latentcode.intervention.patching.site_groups import SiteGroup
+from latentcode.intervention.patching.site_groups import SiteGroup, part_group
+from latentcode.tasks.partitions import Partitions, task_partitions
 
 Say = Callable[[str], None]
 

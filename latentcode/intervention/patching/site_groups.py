@@ -1,5 +1,17 @@
 """Groups of sites patched together: `SiteGroup`, and the grids a sweep runs over (`site_grid`: layer x
-query x key block; `head_grid`: layer x head)."""
+query x key block; `head_grid`: layer x head; offset bands; `partition_grid`: query part x key part).
+
+A task cuts its positions into parts in several ways (its *partitions*, `task_partitions`: SRAVEN's
+feature slots, panels, panel rows and columns, context vs query; fuzzy logic's examples and the
+query), and a group is one layer's (or head's) codes from a query part to a key part:
+
+    group(layer, Q, K) = {(layer, q, k) : q in Q, k in K}
+
+so a group can be the queried feature's cells (every M-th position), not only a run of contiguous keys.
+
+    partitions = task_partitions(task)                 # {"slot": {"slot 0": (0, 4, 8, ...), ...}, ...}
+    groups = partition_grid(partitions, "slot", "slot", layers=[2])      # 16 groups: slot i x slot j
+"""
 
 from __future__ import annotations
 
@@ -9,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from latentcode.errors import UsageError
 from latentcode.sources.sites import Selector, SiteError, block, parse_selector
+from latentcode.tasks.partitions import Partitions, parse_grid
 
 
 @dataclass(frozen=True)
@@ -77,7 +91,6 @@ def head_grid(n_layers: int, n_heads: int, sites: str | Selector = "*:*:*", laye
         for head in range(n_heads):
             groups.append(SiteGroup(in_layer, heads=(head,), coordinates={"layer": layer, "head": head}))
     return groups
-
 
 
 def union_of(groups: Sequence[SiteGroup]) -> Selector:
@@ -151,3 +164,31 @@ def offsets_with_controls(seq_len: int, layers: Iterable[int], seed: int) -> tup
             control_groups.append(SiteGroup(Selector("explicit", requests=tuple((layer, q, k) for q, k in drawn)),
                                             coordinates={"layer": layer, "band": f"random {len(pairs)} pairs"}))
     return groups + control_groups, [None if c is None else len(groups) + c for c in controls]
+
+
+def part_group(layer: int, queries: Iterable[int], keys: Iterable[int], heads: tuple[int, ...] | None = None,
+               **coordinates: Any) -> SiteGroup:
+    """The codes of `layer` from every query in `queries` to every key in `keys` (and `heads`)."""
+    queries, keys = sorted(set(queries)), sorted(set(keys))
+    if not queries or not keys:
+        raise UsageError(f"a site group needs at least one query and one key; got queries {queries}, keys {keys}")
+    coordinates = {"layer": layer, **coordinates, "n_queries": len(queries), "n_keys": len(keys)}
+    return SiteGroup(block(layer, queries, keys), heads=heads, coordinates=coordinates)
+
+
+def partition_grid(partitions: Partitions, query_partition: str, key_partition: str | None = None, *,
+                   layers: Iterable[int], n_heads: int | None = None) -> list[SiteGroup]:
+    """One group per layer x query part x key part (x head, where `n_heads` is given): coordinates
+    layer, query_part, key_part (the part names), n_queries, n_keys (and head)."""
+    key_partition = query_partition if key_partition is None else key_partition
+    parse_grid(f"{query_partition}/{key_partition}", partitions)
+    groups = []
+    for layer in layers:
+        for query_name, queries in partitions[query_partition].items():
+            for key_name, keys in partitions[key_partition].items():
+                for head in [None] if n_heads is None else range(n_heads):
+                    heads = None if head is None else (head,)
+                    extra = {} if head is None else {"head": head}
+                    groups.append(part_group(layer, queries, keys, heads, query_part=query_name, key_part=key_name,
+                                             **extra))
+    return groups
