@@ -91,7 +91,7 @@ class TaskInstances(_Inputs):
     labels_from_sites = True  # `batches` adds the labels of the sites' positions (task.derived_labels)
     # patch: a base, what is read on it, the grids beside the task's partitions, the default number of bases
     unit, effect, grids, default_n = "pair", "transfer", ("rows", "heads", "offsets"), 256
-    measured_by, per_group = "PairsMeasure", "3 x --n {n} forward passes"
+    per_group = "3 x --n {n} forward passes"
 
     @property
     def n_predictions(self) -> int:
@@ -226,7 +226,7 @@ class CorpusWindows(_Inputs):
     labels_from_sites = False  # a window is labelled by its last token alone
     n_predictions = 0
     unit, effect, grids, default_n = "window", "change", ("heads", "offsets"), 32
-    measured_by, per_group = "WindowsMeasure", "--n {n} window forward passes"
+    per_group = "--n {n} window forward passes"
 
     def check_split(self, split: str | None) -> str:
         return self.task.check_split(split)

@@ -288,3 +288,17 @@ def test_the_sweep_and_attribution_leave_the_processs_allocator_alone(monkeypatc
     monkeypatch.setattr(allocator, "_mallopt", lambda: lambda option, value: calls.append((option, value)) or 1)
     assert latentcode.keep_freed_memory()
     assert calls == [(-3, 32 * 2**20), (-1, 2**30)]  # glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD
+
+
+def test_the_heads_grid_reads_a_negative_layer_from_the_end_and_all_pairs_as_every_pair():
+    # --grid heads --sites -1:*:* made no group (the plan counted n_heads of them): the requested layer -1 was
+    # compared with the swept layer 3 as it was written.
+    def cells(groups):
+        return [(group.coordinates, group.selector.requests) for group in groups]
+
+    last = head_grid(4, 2, sites="3:*:*")
+    assert len(last) == 2
+    assert cells(head_grid(4, 2, sites="-1:*:*")) == cells(last)
+    assert cells(head_grid(4, 2, sites="-1:*:*", layers=[3])) == cells(last)
+    assert cells(head_grid(4, 2, sites="all-pairs:-1")) == cells(last)
+    assert head_grid(4, 2, sites="-1:*:*", layers=[0, 1, 2]) == []

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from latentcode.inputs import DONORS
+from latentcode.inputs import DONORS, CorpusWindows
 from latentcode.intervention.patching.sweep import mean_and_se, patching_sweep
 from latentcode.token_windows import METRICS, window_metrics
 
@@ -31,7 +31,8 @@ def measure_of(plan: Any, loaded: Any, n: int, seed: int) -> PairsMeasure | Wind
     """`n` bases of the plan's inputs drawn with `seed` for `loaded` (`patch_bases`), and what is measured
     on them."""
     bases = plan.inputs.patch_bases(loaded, plan.split, n, seed, plan.variant, plan.prediction)
-    return globals()[plan.inputs.measured_by].of(plan, loaded, bases)
+    measure = WindowsMeasure if isinstance(plan.inputs, CorpusWindows) else PairsMeasure
+    return measure.of(plan, loaded, bases)
 
 
 class _Measure:

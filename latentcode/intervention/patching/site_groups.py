@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from latentcode.errors import UsageError
-from latentcode.sources.sites import Selector, SiteError, block, parse_selector
+from latentcode.sources.sites import EVERY, Selector, SiteError, block, parse_selector
 from latentcode.tasks.partitions import Partitions, parse_grid
 
 
@@ -80,12 +80,16 @@ def site_grid(
 
 def head_grid(n_layers: int, n_heads: int, sites: str | Selector = "*:*:*", layers: Iterable[int] | None = None
               ) -> list[SiteGroup]:
-    """One group per (layer, head): that head's codes at `sites` within the layer (default every pair)."""
+    """One group per (layer, head): that head's codes at `sites` within the layer (default every pair;
+    a negative layer counts from the end, `all-pairs:L` is every pair of layer L)."""
     selector = parse_selector(sites)
+    requests = selector.requests
+    if selector.all_pairs_layer is not None:
+        requests = ((selector.all_pairs_layer, EVERY, EVERY),)
     groups = []
     for layer in range(n_layers) if layers is None else layers:
-        in_layer = Selector("explicit", requests=tuple((layer, q, k) for request_layer, q, k in selector.requests
-                                                      if request_layer in (None, layer)))
+        in_layer = Selector("explicit", requests=tuple((layer, q, k) for request_layer, q, k in requests
+                                                      if request_layer is None or request_layer % n_layers == layer))
         if not in_layer.requests:
             continue
         for head in range(n_heads):
