@@ -4,14 +4,8 @@ Panels, rules and tasks
 -----------------------
 A panel is a vector of M features, each an integer in ``0..K-1``. A 3x3 grid of panels is made
 feature by feature: each feature follows one of the 8 rules of ``RULES`` (indices in that
-order), which generates its three rows of three values, each row sampled independently:
-
-- ``constant``: one value repeated;
-- ``progression+1``, ``progression+2``, ``progression-1``, ``progression-2``: a uniform start,
-  then that step (mod K);
-- ``sum``: a, b uniform, third = (a + b) mod K;  ``difference``: third = (a - b) mod K;
-- ``distribute_three``: three distinct values, shared by the grid's rows; each row is an
-  independent random ordering of them.
+order), which generates its three rows of three values, each row sampled independently
+(`latentcode.tasks.sraven_rules` defines each rule).
 
 A *task* is the multiset of the M rules (``combinations_with_replacement(range(8), M)`` order is
 the canonical list ``SRaven.all_combinations``; 330 multisets for M=4). An instance assigns the
@@ -69,7 +63,7 @@ from latentcode.tasks.base import (
     check_fraction,
     check_integer,
 )
-from latentcode.tasks.combinations import enumerate_combinations, fraction_of, hold_out_combinations
+from latentcode.tasks.combinations import fraction_of, hold_out_combinations
 from latentcode.tasks.registry import register_task
 from latentcode.tasks.sraven_rules import (
     GRID_SIZE,
@@ -77,6 +71,7 @@ from latentcode.tasks.sraven_rules import (
     STEPLESS_RULES,
     check_n_values,
     permute_columns,
+    rule_multisets,
     sample_feature_grids,
     sample_panels,
 )
@@ -219,12 +214,7 @@ class SRaven(Task):
         return {"rules": list(RULES), "query_rule": list(RULES), "rule": list(RULES), "task_index": multisets}
 
     def _make_splits(self) -> None:
-        self.all_combinations = enumerate_combinations(
-            len(RULES),
-            self.n_features,
-            with_replacement=True,
-            what=f"multisets of {self.n_features} rules",
-        )
+        self.all_combinations = rule_multisets(self.n_features)
         self.all_combinations.flags.writeable = False
         count = len(self.all_combinations)
         n_ood = fraction_of(self.frac_ood, count)

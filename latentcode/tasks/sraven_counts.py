@@ -7,14 +7,14 @@ import math
 
 import numpy as np
 
-from latentcode.tasks.ambiguity import CRITERIA, check_ambiguity_feasible, check_rules, is_ambiguous
-from latentcode.tasks.base import TaskError, check_integer
-from latentcode.tasks.combinations import enumerate_combinations
+from latentcode.tasks.ambiguity import check_ambiguity_feasible, check_criterion, check_rules, is_ambiguous
+from latentcode.tasks.base import check_integer
 from latentcode.tasks.sraven_rules import (
     GRID_SIZE,
     RULES,
     check_n_values,
     permute_columns,
+    rule_multisets,
     sample_panels,
 )
 
@@ -42,18 +42,10 @@ def grids_per_rule(n_values: int) -> dict[str, int]:
     free cells per row), C(K, 3) * 6**3 for distribute_three (a set of three, an ordering per
     row)."""
     n_values = check_n_values(n_values)
-    per_start = n_values**3
-    per_two_cells = n_values**6
-    return {
-        "constant": per_start,
-        "progression+1": per_start,
-        "progression+2": per_start,
-        "progression-1": per_start,
-        "progression-2": per_start,
-        "sum": per_two_cells,
-        "difference": per_two_cells,
-        "distribute_three": math.comb(n_values, 3) * 6**3,
-    }
+    grids = dict.fromkeys(RULES, n_values**3)  # constant and the progressions: a start per row
+    grids["sum"] = grids["difference"] = n_values**6
+    grids["distribute_three"] = math.comb(n_values, 3) * 6**3
+    return grids
 
 
 def count_instances(n_features: int, n_values: int) -> int:
@@ -98,15 +90,12 @@ def estimate_ambiguity(
     n_values = check_n_values(n_values)
     n_instances = check_integer("n_instances", n_instances, minimum=1)
     seed = check_integer("seed", seed, minimum=0)
-    if criterion not in CRITERIA:
-        raise TaskError(f"unknown criterion {criterion!r}; valid criteria: {list(CRITERIA)}")
+    check_criterion(criterion)
     check_rules(rules)
     check_ambiguity_feasible(n_instances, n_features)
 
     rng = np.random.default_rng([seed, AMBIGUITY_STREAM])
-    multisets = enumerate_combinations(
-        len(RULES), n_features, with_replacement=True, what=f"multisets of {n_features} rules"
-    )
+    multisets = rule_multisets(n_features)
     chosen = multisets[rng.integers(len(multisets), size=n_instances)]
     _, panels, column_permutations = sample_panels(chosen, n_values, rng)
     ambiguous = is_ambiguous(

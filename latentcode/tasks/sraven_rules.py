@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from latentcode.tasks.base import TaskError, check_integer
+from latentcode.tasks.combinations import enumerate_combinations
 
 __all__ = [
     "DIFFERENCE",
@@ -32,6 +33,7 @@ __all__ = [
     "check_n_values",
     "permute_columns",
     "random_permutations",
+    "rule_multisets",
     "sample_feature_grids",
     "sample_panels",
 ]
@@ -67,6 +69,12 @@ def check_n_values(n_values) -> int:
             f"n_values={n_values} is too small: distribute_three needs at least 3 distinct values"
         )
     return n_values
+
+
+def rule_multisets(n_features: int) -> np.ndarray:
+    """Every multiset of ``n_features`` rules, ``[count, M]`` int64 sorted rows in canonical order (a SRAVEN task)."""
+    return enumerate_combinations(len(RULES), n_features, with_replacement=True,
+                                  what=f"multisets of {n_features} rules")
 
 
 def _distinct_triples(rng: np.random.Generator, n: int, n_values: int) -> np.ndarray:
