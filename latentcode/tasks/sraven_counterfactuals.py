@@ -44,16 +44,7 @@ def counterfactual_answer(task: Task, batch: Batch, feature, rule) -> tuple[np.n
         ``(answers, defined)``: int64 ``[n]`` in ``0..K-1`` (-1 where undefined) and bool
         ``[n]``, False where the rule cannot be applied.
     """
-    grids = task.feature_grids(batch)
-    n = len(batch)
-    feature = _per_instance_index("feature", feature, n, task.n_features)
-    if isinstance(rule, str):
-        if rule not in RULES:
-            raise TaskError(f"unknown rule {rule!r}; valid rules: {list(RULES)}")
-        rule = RULES.index(rule)
-    rule = _per_instance_index("rule", rule, n, len(RULES))
-
-    grid = grids[np.arange(n), feature]  # [n, row, column]
+    grid, rule = _grid_and_rule(task, batch, feature, rule)
     first, second = grid[:, -1, 0], grid[:, -1, 1]
     unwrapped = np.select(
         [rule == RULES.index("constant"), rule == SUM, rule == DIFFERENCE],
@@ -80,21 +71,15 @@ def completes_a_valid_row(task: Task, batch: Batch, feature, rule, answer) -> np
     ``feature``, ``rule``: as for ``counterfactual_answer``; ``answer``: int ``[n]``. Returns bool ``[n]``.
     The question "does the model follow rule r' here" is well-posed only where this holds for
     r''s counterfactual answer."""
-    grids = task.feature_grids(batch)
+    grid, rule = _grid_and_rule(task, batch, feature, rule)
     n, K = len(batch), task.n_values
-    feature = _per_instance_index("feature", feature, n, task.n_features)
-    if isinstance(rule, str):
-        rule = RULES.index(rule) if rule in RULES else _per_instance_index("rule", -1, n, len(RULES))
-    rule = _per_instance_index("rule", rule, n, len(RULES))
     answer = np.asarray(answer, dtype=np.int64).reshape(n)
-    grid = grids[np.arange(n), feature]
     a, b = grid[:, -1, 0], grid[:, -1, 1]
     step = STEP[rule]
     progression = ((b - a - step) % K == 0) & ((answer - b - step) % K == 0)
     valid = np.select([rule == SUM, rule == DIFFERENCE], [(answer - a - b) % K == 0, (answer - a + b) % K == 0],
                       default=progression)
-    values = np.arange(K)
-    first_rows = (grid[:, :-1, :, None] == values).any(axis=(1, 2))  # [n, K]
+    first_rows = _values_of_first_rows(grid, K)
     row = np.stack([a, b, answer], axis=1)
     distinct = (a != b) & (a != answer) & (b != answer)
     in_set = np.take_along_axis(first_rows, np.clip(row, 0, K - 1), axis=1).all(axis=1) & (row >= 0).all(axis=1)
@@ -168,11 +153,24 @@ def counterfactual_pairs(task: Task, n: int, split: str = "ood", *, seed: int = 
 def _missing_from_value_set(n_values: int, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For grids ``[n, 3, 3]``: the values of the first two rows that are not among the
     last row's first two cells; ``(value [n], unique [n])``, value meaningful where unique."""
-    values = np.arange(n_values)
-    in_first_rows = (grid[:, :-1, :, None] == values).any(axis=(1, 2))  # [n, K]
-    in_last_row = (grid[:, -1, :-1, None] == values).any(axis=1)  # [n, K]
-    candidates = in_first_rows & ~in_last_row
+    in_last_row = (grid[:, -1, :-1, None] == np.arange(n_values)).any(axis=1)  # [n, K]
+    candidates = _values_of_first_rows(grid, n_values) & ~in_last_row
     return candidates.argmax(axis=1), candidates.sum(axis=1) == 1
+
+def _values_of_first_rows(grid: np.ndarray, n_values: int) -> np.ndarray:
+    """Which values ``0..K-1`` the first two rows of grids ``[n, 3, 3]`` hold: bool ``[n, K]``."""
+    return (grid[:, :-1, :, None] == np.arange(n_values)).any(axis=(1, 2))
+
+def _grid_and_rule(task: Task, batch: Batch, feature, rule) -> tuple[np.ndarray, np.ndarray]:
+    """The grid ``[n, 3, 3]`` of ``feature`` of each instance and ``rule`` (an index, a name, or ``[n]``) as
+    int64 ``[n]``, both checked."""
+    grids, n = task.feature_grids(batch), len(batch)
+    feature = _per_instance_index("feature", feature, n, task.n_features)
+    if isinstance(rule, str):
+        if rule not in RULES:
+            raise TaskError(f"unknown rule {rule!r}; valid rules: {list(RULES)}")
+        rule = RULES.index(rule)
+    return grids[np.arange(n), feature], _per_instance_index("rule", rule, n, len(RULES))
 
 def _per_instance_index(name: str, index, n: int, count: int) -> np.ndarray:
     """``index`` (an int or ints ``[n]``) as int64 ``[n]``, each in ``0..count-1``."""
