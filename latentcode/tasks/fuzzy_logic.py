@@ -169,10 +169,9 @@ class FuzzyLogic(Task):
         fixed_inputs = np.random.default_rng([self.seed, FIXED_INPUT_STREAM]).random(
             (self.seq_len, self.n_variables), dtype=np.float32
         )
-        self._fixed_context = fixed_inputs[:-1]
-        self._fixed_query = fixed_inputs[-1]
-        self._fixed_context.flags.writeable = False
-        self._fixed_query.flags.writeable = False
+        fixed_inputs.flags.writeable = False
+        self.fixed_context = fixed_inputs[:-1]  # float32 [N-1, L]: the context of the fixed_context variant
+        self.fixed_query = fixed_inputs[-1]  # float32 [L]: the query input of the fixed_query variant
 
     def position_names(self) -> list[str]:
         """``example i`` for the N-1 context pairs (x, f(x)), then ``query`` (x, target hidden)."""
@@ -263,24 +262,14 @@ class FuzzyLogic(Task):
         if not np.isin(terms_in_ood, terms_in_training).all():
             raise AssertionError("an ood combination contains a term that training never shows")
 
-    @property
-    def fixed_context(self) -> np.ndarray:
-        """float32 ``[N-1, L]``: the context inputs of the ``fixed_context`` variant."""
-        return self._fixed_context
-
-    @property
-    def fixed_query(self) -> np.ndarray:
-        """float32 ``[L]``: the query input of the ``fixed_query`` variant."""
-        return self._fixed_query
-
     def _generate(self, n: int, split: str, variant: str, rng: np.random.Generator) -> Batch:
         task_index = self._draw_task_indices(rng, n, split)
         terms = self.all_combinations[task_index]  # [n, K]
         inputs = rng.random((n, self.seq_len, self.n_variables), dtype=np.float32)
         if variant == "fixed_context":
-            inputs[:, :-1] = self._fixed_context
+            inputs[:, :-1] = self.fixed_context
         elif variant == "fixed_query":
-            inputs[:, -1] = self._fixed_query
+            inputs[:, -1] = self.fixed_query
 
         negation_bits = negation_bits_of_terms(terms, self.n_variables)  # [n, K, L]
         targets = evaluate_disjunction(inputs, negation_bits)  # [n, N]
