@@ -6,7 +6,7 @@ A codes file records where its codes came from: the SHA-256 of the weights file 
 from another checkpoint, or a probe table that compares files of different tasks under one label,
 would print numbers that mean nothing, so both are refused with one line naming the two inputs.
 
-A checkpoint's identity is the SHA-256 of its weights: `sha256_of_file` of a saved weights file, and
+A checkpoint's identity is the SHA-256 of its weights: `safe_reads.sha256_of_file` of a saved weights file, and
 `sha256_of_state` (the same bytes safetensors would write) of a model that was never saved; extraction
 records it, interventions and reports check it.
 
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from latentcode.errors import LatentcodeError
 from latentcode.rundir import RunDirectory, RunRecord
+from latentcode.safe_reads import sha256_of_file
 from latentcode.store import CodeFile
 
 if TYPE_CHECKING:
@@ -59,15 +60,6 @@ def check_one_task(code_files: Sequence[CodeFile] = (), runs: Sequence[RunRecord
                 "codes and runs of one task at a time"
             )
     return task_name_of(items[0]) if items else None
-
-
-def sha256_of_file(path: Path) -> str:
-    """SHA-256 of a file's bytes (read 1 MiB at a time): the identity of a saved checkpoint."""
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def sha256_of_state(model: nn.Module) -> str:
