@@ -385,9 +385,7 @@ class FuzzyLogic(Task):
             take,
         )
 
-        prediction = check_pair_request(n, prediction, self.n_predictions, pool)
-        if not np.isfinite(min_difference) or min_difference < 0:
-            raise TaskError(f"min_difference={min_difference!r} must be a finite number >= 0")
+        prediction = check_pair_request(n, prediction, self.n_predictions, pool, min_difference)
         variant = self._check_variant(variant)
         n_candidates = 2 * n
         candidates = self.sample(n_candidates, split, seed=(seed, 1), variant=variant)

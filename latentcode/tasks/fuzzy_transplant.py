@@ -27,6 +27,7 @@ from latentcode.tasks.counterfactuals import (
     CounterfactualPairs,
     check_pair_request,
     choose_third,
+    draw_among,
     draw_from_pool,
     first_kept,
     take,
@@ -41,9 +42,7 @@ def transplant_pairs(task, n: int, *, seed: int = 0, variant: str | None = None,
     if not task.provides("transplant_pairs"):
         raise TaskError(f"the transplant needs a task whose compositions are sets of terms (fuzzy_logic); "
                         f"got {task.name!r}")
-    check_pair_request(n, 0, task.n_predictions, pool)
-    if not np.isfinite(min_difference) or min_difference < 0:
-        raise TaskError(f"min_difference={min_difference!r} must be a finite number >= 0")
+    check_pair_request(n, 0, task.n_predictions, pool, min_difference)
     variant = check_variant(task.variants[0] if variant is None else variant, task, error=TaskError)
     candidates = task.sample(4 * n, "ood", seed=(seed, 11), variant=variant)
     donor_pool = task.sample(pool * n, "train", seed=(seed, 12), variant=variant)
@@ -55,8 +54,7 @@ def transplant_pairs(task, n: int, *, seed: int = 0, variant: str | None = None,
     neighbours = {t: np.isin(tasks, task.tasks_differing_by_one_term(task.all_combinations[t], split="train"))
                   for t in np.unique(base_task)}
     target_ok = np.stack([neighbours[t] for t in base_task]) & (np.abs(functions - truth[:, None]) > min_difference)
-    scores = np.where(target_ok, rng.random(target_ok.shape), -1.0)
-    target = scores.argmax(axis=1)
+    target = draw_among(rng, target_ok)
     donor_different = draw_from_pool(rng, pool_part, target)
     target_value = functions[np.arange(len(truth)), target]
     third_ok = (np.abs(functions - target_value[:, None]) > min_difference)
