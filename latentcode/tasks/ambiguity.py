@@ -57,22 +57,10 @@ Which number is the paper's
 ---------------------------
 The paper's Table A2 (the fraction of ambiguous instances) comes from the authors' checker, so
 it corresponds to ``criterion="all_features", rules="authors"``. This module's Monte Carlo
-estimates (``latentcode tasks ambiguity --features 4 --values K --n 4096 --rules R``: seed 0,
-rule multisets uniform over all 330, the default ``all_features``; fraction +- standard error):
-
-====  ===============  ===============
-K     rules="authors"  rules="strict"
-====  ===============  ===============
-4     5.69% +- 0.36%   4.20% +- 0.31%
-8     0.17% +- 0.06%   0.17% +- 0.06%
-16    0 of 4096        0 of 4096
-====  ===============  ===============
-
-At K=4 the authors' definition gives about 6%, as the authors' code does (the issue's figure;
-their code samples from the train/test/ood splits rather than uniformly); the strict figure is
-lower because the extra distribute_three fits are alternatives the generator could never have
-drawn. With more values repeats are rare and the two nearly agree (K=8, ``--n 65536``:
-0.23% +- 0.02% authors, 0.21% +- 0.02% strict).
+estimates under both definitions are in ``analyses/RESULTS.md`` (Table A2): at K=4 the authors'
+definition gives about 6%, as the authors' code does; the strict figure is lower, as the extra
+distribute_three fits are alternatives the generator could never have drawn; with more values
+repeats are rare and the two nearly agree.
 
 How permutations are enumerated
 -------------------------------
@@ -229,23 +217,16 @@ def check_ambiguity_feasible(n_instances: int, n_features: int) -> None:
     """Raise a ValueError when an exhaustive check of ``n_instances`` would be infeasible."""
     if n_features > 20:  # (21!)^2 alone is 2.6e39: computed exactly, a large M takes minutes to print
         log10_checks = math.log10(n_instances) + 2 * math.lgamma(n_features + 1) / math.log(10) + math.log10(n_features)
-        raise TaskError(
-            f"an exhaustive ambiguity check of {n_instances} instances with n_features={n_features} enumerates "
-            f"{n_instances} x ({n_features}!)^2 column permutation pairs x {n_features} features = about "
-            f"10^{log10_checks:,.0f} checks, more than the limit of {MAX_PERMUTATION_CHECKS:,}; check fewer "
-            "instances or use fewer features"
-        )
-    pairs = math.factorial(n_features) ** 2
-    checks = n_instances * pairs * n_features
-    if checks > MAX_PERMUTATION_CHECKS:
-        raise TaskError(
-            f"an exhaustive ambiguity check of {n_instances} instances with "
-            f"n_features={n_features} "
-            f"enumerates {n_instances} x ({n_features}!)^2 = {n_instances * pairs:,} column "
-            f"permutation pairs x {n_features} features = {checks:,} checks, more than the limit "
-            f"of {MAX_PERMUTATION_CHECKS:,} (the first column's permutation is fixed without loss "
-            "of generality); check fewer instances or use fewer features"
-        )
+        checks = f"about 10^{log10_checks:,.0f}"
+    else:
+        count = n_instances * math.factorial(n_features) ** 2 * n_features
+        if count <= MAX_PERMUTATION_CHECKS:
+            return
+        checks = f"{count:,}"
+    raise TaskError(f"an exhaustive ambiguity check of {n_instances} instances with n_features={n_features} enumerates "
+                    f"{n_instances} x ({n_features}!)^2 column permutation pairs x {n_features} features = {checks} "
+                    f"checks, more than the limit of {MAX_PERMUTATION_CHECKS:,} (the first column's permutation is "
+                    "fixed without loss of generality); check fewer instances or use fewer features")
 
 
 def is_ambiguous(
