@@ -130,10 +130,7 @@ def entry_problem(entry: Path, sha256: str, names: tuple[str, ...] | None = None
         if present != set(sizes) or set(digests) != set(sizes):
             extra, missing = sorted(present - set(sizes)), sorted(set(sizes) - present)
             return f"{entry} holds {extra or 'no'} files beyond its record and lacks {missing or 'none'} (written anew)"
-        for name, size in sizes.items():
-            foreign = _own_plain(entry / name, "file")
-            if foreign:
-                return f"{foreign} (not used)"
+        for name, size in sizes.items():  # each this user's own plain file (not_ours above)
             if (entry / name).stat().st_size != size:
                 return (f"{entry / name} is {(entry / name).stat().st_size} bytes, "
                         f"not the {size} recorded (written anew)")
