@@ -72,9 +72,6 @@ def plan_reuse(run: str | Path, *, codes: str | Path | CodeFile, n_codes: int = 
     with about("run"):
         if not (path.is_dir() and RunDirectory(path).looks_like_a_run()):
             raise CodeReuseError(f"{path} is not a run directory (config.json, model/); expected a finished run")
-        if not (path / "model" / "model.safetensors").is_file():
-            raise CodeReuseError(f"{path} has no final model (model/model.safetensors): the run has not finished, "
-                                 "or was recorded without weights")
         record = RunRecord.read(path)
         task = get_task(**record.task_config)
         problem = reuse_task_problem(task)

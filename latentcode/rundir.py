@@ -125,14 +125,10 @@ class RunDirectory:
             existing = self.read_raw_config()["train"]
             wanted = json.loads(json.dumps(record["train"], sort_keys=True, default=str))  # as stored
             if existing == wanted:
-                if self.is_finished:
-                    raise RunDirectoryError(
-                        f"{self.path} already holds this run, finished; choose another output directory"
-                    )
-                raise RunDirectoryError(
-                    f"{self.path} already holds this run, unfinished; continue it with "
-                    f"`latentcode train --resume {self.path}` or choose another output directory"
-                )
+                state, resume = ("finished", "") if self.is_finished else (
+                    "unfinished", f"continue it with `latentcode train --resume {self.path}` or ")
+                raise RunDirectoryError(f"{self.path} already holds this run, {state}; {resume}choose another output "
+                                        "directory")
             differences = [
                 f"{key}: {value!r} there, {wanted.get(key)!r} here"
                 for key, value in existing.items()

@@ -32,7 +32,7 @@ def fraction_of(fraction: float, count: int) -> int:
 def enumerate_combinations(
     n_items: int, k: int, *, with_replacement: bool, what: str
 ) -> np.ndarray:
-    """All k-combinations of ``range(n_items)`` in lexicographic order, ``[count, k]`` int64.
+    """All k-combinations of ``range(n_items)`` in lexicographic order, ``[count, k]`` int64, read-only.
 
     Each row is sorted; the order is that of ``itertools.combinations`` (or
     ``combinations_with_replacement``). ``what`` names the combinations in the error raised
@@ -50,6 +50,7 @@ def enumerate_combinations(
     flat = np.fromiter(
         itertools.chain.from_iterable(combine(range(n_items), k)), dtype=np.int64, count=count * k
     )
+    flat.flags.writeable = False
     return flat.reshape(count, k)
 
 

@@ -233,7 +233,6 @@ class FuzzyLogic(Task):
             with_replacement=False,
             what=f"{K}-combinations of {self.n_all_terms} terms",
         )
-        self.all_combinations.flags.writeable = False
         only_unseen = is_unseen_term[self.all_combinations].all(axis=1)
         only_seen = (~is_unseen_term[self.all_combinations]).all(axis=1)
         seen_pool = np.flatnonzero(only_seen)

@@ -215,7 +215,6 @@ class SRaven(Task):
 
     def _make_splits(self) -> None:
         self.all_combinations = rule_multisets(self.n_features)
-        self.all_combinations.flags.writeable = False
         count = len(self.all_combinations)
         n_ood = fraction_of(self.frac_ood, count)
         if n_ood < 1:
