@@ -55,10 +55,8 @@ def check_one_task(code_files: Sequence[CodeFile] = (), runs: Sequence[RunRecord
     items = [item for item in [*runs, *code_files] if task_name_of(item) != "unknown"]
     for item in items[1:]:
         if task_name_of(item) != task_name_of(items[0]):
-            raise MismatchError(
-                f"{_describe(items[0])} and {_describe(item)} come from different tasks; compare the "
-                "codes and runs of one task at a time"
-            )
+            raise MismatchError(f"{_describe(items[0])} and {_describe(item)} come from different tasks; compare the "
+                                "codes and runs of one task at a time")
     return task_name_of(items[0]) if items else None
 
 
@@ -115,8 +113,6 @@ def check_codes_from_runs(runs: Sequence[RunRecord], code_files: Sequence[CodeFi
         else:
             run = candidates[0]
             differences = "; ".join(task_differences(run.task_config, code_file.task_config))
-            raise MismatchError(
-                f"{_describe(code_file)} was extracted on another task than {_describe(run)} was "
-                f"trained on ({differences}); give codes extracted on the run's task"
-            )
+            raise MismatchError(f"{_describe(code_file)} was extracted on another task than {_describe(run)} was "
+                                f"trained on ({differences}); give codes extracted on the run's task")
     return matched

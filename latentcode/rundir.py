@@ -148,9 +148,7 @@ class RunDirectory:
 
     def read_raw_config(self) -> dict[str, Any]:
         if not self.config_path.is_file():
-            raise RunDirectoryError(
-                f"{self.path} is not a latentcode run directory ({CONFIG_FILE} is missing)"
-            )
+            raise RunDirectoryError(f"{self.path} is not a latentcode run directory ({CONFIG_FILE} is missing)")
         try:
             data = json.loads(self.config_path.read_text())
         except json.JSONDecodeError as error:

@@ -98,9 +98,7 @@ _CHUNK_ENTRIES = 2**23
 def check_rules(rules: str) -> str:
     """Refuse a rule definition other than those of ``RULE_DEFINITIONS``."""
     if rules not in RULE_DEFINITIONS:
-        raise TaskError(
-            f"unknown rules {rules!r}; valid rule definitions: {list(RULE_DEFINITIONS)}"
-        )
+        raise TaskError(f"unknown rules {rules!r}; valid rule definitions: {list(RULE_DEFINITIONS)}")
     return rules
 
 
@@ -111,9 +109,7 @@ def check_criterion(criterion: str) -> str:
     return criterion
 
 
-def fit_rules(
-    grids: np.ndarray, n_values: int, rules: str = "strict"
-) -> tuple[np.ndarray, np.ndarray]:
+def fit_rules(grids: np.ndarray, n_values: int, rules: str = "strict") -> tuple[np.ndarray, np.ndarray]:
     """Which rule families fit each grid's 8 context cells, and what each then predicts.
 
     Args:
@@ -136,16 +132,12 @@ def fit_rules(
     within_row_steps = (full_rows[..., 1:] - full_rows[..., :-1]) % n_values  # [..., 2, 2]
     step = (second - first) % n_values
     allowed_steps = np.array(sorted({1, 2, n_values - 1, n_values - 2}))
-    progression = (within_row_steps == step[..., None, None]).all(axis=(-1, -2)) & np.isin(
-        step, allowed_steps
-    )
+    progression = (within_row_steps == step[..., None, None]).all(axis=(-1, -2)) & np.isin(step, allowed_steps)
 
     sum_rule = ((full_rows[..., 0] + full_rows[..., 1]) % n_values == full_rows[..., 2]).all(-1)
     difference = ((full_rows[..., 0] - full_rows[..., 1]) % n_values == full_rows[..., 2]).all(-1)
 
-    distribute_three, distribute_three_answer = _fit_distribute_three(
-        full_rows, first, second, check_rules(rules)
-    )
+    distribute_three, distribute_three_answer = _fit_distribute_three(full_rows, first, second, check_rules(rules))
 
     fits = np.stack([constant, progression, sum_rule, difference, distribute_three], axis=-1)
     answers = np.stack(
@@ -198,9 +190,7 @@ def strand_grids(panels: np.ndarray) -> np.ndarray:
     column_0 = by_position[:, :, None, None, :, 0]
     column_1 = by_position[:, None, :, None, :, 1]
     column_2 = by_position[:, None, None, :, :, 2]
-    return np.stack(
-        [np.broadcast_to(column, shape) for column in (column_0, column_1, column_2)], axis=-1
-    )
+    return np.stack([np.broadcast_to(column, shape) for column in (column_0, column_1, column_2)], axis=-1)
 
 
 def _permutation_pair_strands(n_features: int) -> np.ndarray:
@@ -229,12 +219,8 @@ def check_ambiguity_feasible(n_instances: int, n_features: int) -> None:
                     "fixed without loss of generality); check fewer instances or use fewer features")
 
 
-def is_ambiguous(
-    panels: np.ndarray,
-    n_values: int,
-    criterion: str = "all_features",
-    rules: str = "strict",
-) -> np.ndarray:
+def is_ambiguous(panels: np.ndarray, n_values: int, criterion: str = "all_features",
+                 rules: str = "strict") -> np.ndarray:
     """Exhaustively check each instance for a different answer (see the module docstring).
 
     Args:
@@ -259,15 +245,11 @@ def is_ambiguous(
         or panels.shape[1:3] != (3, 3)
         or not np.issubdtype(panels.dtype, np.integer)
     ):
-        raise TaskError(
-            f"panels must be an integer array [n, 3, 3, M]; got dtype {panels.dtype} and "
-            f"shape {panels.shape}"
-        )
+        raise TaskError(f"panels must be an integer array [n, 3, 3, M]; got dtype {panels.dtype} and "
+                        f"shape {panels.shape}")
     if panels.size and (panels.min() < 0 or panels.max() >= n_values):
-        raise TaskError(
-            f"panel values range over [{panels.min()}, {panels.max()}], outside 0..{n_values - 1} "
-            f"for n_values={n_values}"
-        )
+        raise TaskError(f"panel values range over [{panels.min()}, {panels.max()}], outside 0..{n_values - 1} "
+                        f"for n_values={n_values}")
     n, n_features = len(panels), panels.shape[-1]
     check_ambiguity_feasible(n, n_features)
     pair_strands = _permutation_pair_strands(n_features)  # [P, M]

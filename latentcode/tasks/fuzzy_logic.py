@@ -141,19 +141,9 @@ class FuzzyLogic(Task):
         scales={"tiny": {"d_model": 32, "d_mlp": 64}},
     )
 
-    def __init__(
-        self,
-        *,
-        n_variables: int = 4,
-        n_terms: int = 2,
-        seq_len: int = 32,
-        frac_test: float = 0.3,
-        frac_unseen_terms: float = 0.25,
-        seed: int = 0,
-    ) -> None:
-        self.n_variables = check_integer(
-            "n_variables", n_variables, minimum=1, maximum=MAX_VARIABLES
-        )
+    def __init__(self, *, n_variables: int = 4, n_terms: int = 2, seq_len: int = 32, frac_test: float = 0.3,
+                 frac_unseen_terms: float = 0.25, seed: int = 0) -> None:
+        self.n_variables = check_integer("n_variables", n_variables, minimum=1, maximum=MAX_VARIABLES)
         self.n_all_terms = 2**self.n_variables
         self.n_terms = check_integer("n_terms", n_terms, minimum=1, maximum=self.n_all_terms)
         # R^2 needs the variance of a sequence's targets, so at least one context example.
@@ -212,17 +202,13 @@ class FuzzyLogic(Task):
 
         n_unseen = fraction_of(self.frac_unseen_terms, self.n_all_terms)
         if n_unseen < K:
-            raise TaskError(
-                f"frac_unseen_terms={self.frac_unseen_terms} holds out {n_unseen} of the "
-                f"{self.n_all_terms} terms, fewer than the n_terms={K} a task needs: the "
-                "unseen_terms split would be empty; use a larger fraction"
-            )
+            raise TaskError(f"frac_unseen_terms={self.frac_unseen_terms} holds out {n_unseen} of the "
+                            f"{self.n_all_terms} terms, fewer than the n_terms={K} a task needs: the "
+                            "unseen_terms split would be empty; use a larger fraction")
         n_seen = self.n_all_terms - n_unseen
         if n_seen < K + 1:
-            raise TaskError(
-                f"frac_unseen_terms={self.frac_unseen_terms} leaves {n_seen} seen terms, too few "
-                f"to form both training and ood combinations of n_terms={K}; use a smaller fraction"
-            )
+            raise TaskError(f"frac_unseen_terms={self.frac_unseen_terms} leaves {n_seen} seen terms, too few "
+                            f"to form both training and ood combinations of n_terms={K}; use a smaller fraction")
         is_unseen_term = np.zeros(self.n_all_terms, dtype=bool)
         is_unseen_term[rng.permutation(self.n_all_terms)[:n_unseen]] = True
         self.unseen_terms = np.flatnonzero(is_unseen_term)
@@ -239,10 +225,8 @@ class FuzzyLogic(Task):
 
         n_ood = fraction_of(self.frac_test, len(seen_pool))
         if n_ood < 1:
-            raise TaskError(
-                f"frac_test={self.frac_test} holds out 0 of the {len(seen_pool)} combinations of "
-                "seen terms: the ood split would be empty; use a larger fraction"
-            )
+            raise TaskError(f"frac_test={self.frac_test} holds out 0 of the {len(seen_pool)} combinations of "
+                            "seen terms: the ood split would be empty; use a larger fraction")
         kept, held_out = hold_out_combinations(
             self.all_combinations[seen_pool],
             n_ood,
@@ -325,9 +309,7 @@ class FuzzyLogic(Task):
         n = len(batch)
         expected = (n, self.seq_len, self.d_in)
         if batch.x.shape != expected:
-            raise TaskError(
-                f"batch.x has shape {batch.x.shape}; expected {expected} [n, N, L + 1] for {self!r}"
-            )
+            raise TaskError(f"batch.x has shape {batch.x.shape}; expected {expected} [n, N, L + 1] for {self!r}")
         terms = self._check_terms(terms)
         if terms.ndim == 1:
             terms = np.broadcast_to(terms, (n, len(terms)))
@@ -351,10 +333,8 @@ class FuzzyLogic(Task):
         """
         terms = self._check_terms(terms)
         if terms.shape != (self.n_terms,) or len(np.unique(terms)) != self.n_terms:
-            raise TaskError(
-                f"terms={terms.tolist()} must be {self.n_terms} distinct term indices, a task's "
-                "term set"
-            )
+            raise TaskError(f"terms={terms.tolist()} must be {self.n_terms} distinct term indices, a task's "
+                            "term set")
         n_shared = np.isin(self.all_combinations, terms).sum(axis=1)
         neighbours = np.flatnonzero(n_shared == self.n_terms - 1)
         if split is not None:
@@ -439,8 +419,6 @@ class FuzzyLogic(Task):
             raise TaskError(f"terms has shape {array.shape}; expected [k] or [n, k] with k >= 1")
         outside = (array < 0) | (array >= self.n_all_terms)
         if outside.any():
-            raise TaskError(
-                f"term {array[outside][0]} is out of range; expected 0..{self.n_all_terms - 1} "
-                f"for n_variables={self.n_variables}"
-            )
+            raise TaskError(f"term {array[outside][0]} is out of range; expected 0..{self.n_all_terms - 1} "
+                            f"for n_variables={self.n_variables}")
         return array.astype(np.int64)

@@ -135,15 +135,8 @@ class SRaven(Task):
         scales={"tiny": {"n_layers": 2, "d_model": 32, "n_heads": 4, "kqv_dim": 16, "d_mlp": 64}},
     )
 
-    def __init__(
-        self,
-        *,
-        n_features: int = 4,
-        n_values: int = 8,
-        frac_ood: float = 0.25,
-        seed: int = 0,
-        hold_out: str = "greedy",
-    ) -> None:
+    def __init__(self, *, n_features: int = 4, n_values: int = 8, frac_ood: float = 0.25, seed: int = 0,
+                 hold_out: str = "greedy") -> None:
         self.n_features = check_integer("n_features", n_features, minimum=1)
         self.n_values = check_n_values(n_values)
         self.frac_ood = check_fraction("frac_ood", frac_ood)
@@ -218,10 +211,8 @@ class SRaven(Task):
         count = len(self.all_combinations)
         n_ood = fraction_of(self.frac_ood, count)
         if n_ood < 1:
-            raise TaskError(
-                f"frac_ood={self.frac_ood} holds out 0 of the {count} rule multisets: the ood "
-                "split would be empty; use a larger fraction"
-            )
+            raise TaskError(f"frac_ood={self.frac_ood} holds out 0 of the {count} rule multisets: the ood "
+                            "split would be empty; use a larger fraction")
         rng = np.random.default_rng([self.seed, SPLIT_STREAM])
         strata = None
         if self.hold_out == "stratified":  # the number of stepless (hard) rules in each multiset
@@ -234,9 +225,7 @@ class SRaven(Task):
     def _generate(self, n: int, split: str, variant: str, rng: np.random.Generator) -> Batch:
         M, K = self.n_features, self.n_values
         task_index = self._draw_task_indices(rng, n, split)
-        rules, panels, column_permutations = sample_panels(
-            self.all_combinations[task_index], K, rng
-        )
+        rules, panels, column_permutations = sample_panels(self.all_combinations[task_index], K, rng)
         if variant == "unpermuted":
             column_permutations = np.broadcast_to(np.arange(M), (n, GRID_SIZE, M)).copy()
         presented = permute_columns(panels, column_permutations)
@@ -255,9 +244,7 @@ class SRaven(Task):
             "query_rule": np.take_along_axis(rules, column_permutations[:, -1, :], axis=1),
             "task_index": task_index,
         }
-        return Batch(
-            x=x, y=presented[:, -1, -1, :].copy(), labels=labels, split=split, variant=variant
-        )
+        return Batch(x=x, y=presented[:, -1, -1, :].copy(), labels=labels, split=split, variant=variant)
 
     def evaluate(self, prediction: np.ndarray, batch: Batch) -> dict[str, float]:
         """Accuracy from logits ``[n, M, K]`` at the query positions.
@@ -289,15 +276,11 @@ class SRaven(Task):
         M, K = self.n_features, self.n_values
         n = len(batch)
         if batch.x.shape != (n, self.seq_len, K):
-            raise TaskError(
-                f"batch.x has shape {batch.x.shape}; expected {(n, self.seq_len, K)} "
-                f"[n, 9M, K] for {self!r}"
-            )
+            raise TaskError(f"batch.x has shape {batch.x.shape}; expected {(n, self.seq_len, K)} "
+                            f"[n, 9M, K] for {self!r}")
         if "column_permutations" not in batch.labels:
-            raise TaskError(
-                f"the batch has labels {sorted(batch.labels)}, without 'column_permutations'; "
-                "expected a batch of this task"
-            )
+            raise TaskError(f"the batch has labels {sorted(batch.labels)}, without 'column_permutations'; "
+                            "expected a batch of this task")
         n_context_cells = GRID_SIZE**2 - 1
         context = batch.x[:, : n_context_cells * M].reshape(n, n_context_cells, M, K).argmax(-1)
         presented = np.concatenate([context, batch.y[:, None, :]], axis=1)  # [n, 9, M]

@@ -31,9 +31,7 @@ def count_tasks(n_features: int, n_rules: int = len(RULES)) -> int:
     """
     n_features = check_integer("n_features", n_features, minimum=2)
     n_rules = check_integer("n_rules", n_rules, minimum=1)
-    return math.comb(n_rules + n_features - 1, n_features) * (
-        math.factorial(n_features) ** 2 - n_features
-    )
+    return math.comb(n_rules + n_features - 1, n_features) * (math.factorial(n_features) ** 2 - n_features)
 
 
 def grids_per_rule(n_values: int) -> dict[str, int]:
@@ -66,14 +64,8 @@ def count_instances(n_features: int, n_values: int) -> int:
     return grids_per_feature**n_features * math.factorial(n_features) ** GRID_SIZE
 
 
-def estimate_ambiguity(
-    n_features: int,
-    n_values: int,
-    n_instances: int,
-    seed: int = 0,
-    criterion: str = "all_features",
-    rules: str = "strict",
-) -> tuple[float, float]:
+def estimate_ambiguity(n_features: int, n_values: int, n_instances: int, seed: int = 0, criterion: str = "all_features",
+                       rules: str = "strict") -> tuple[float, float]:
     """Monte Carlo estimate of the fraction of ambiguous SRAVEN instances.
 
     Draws ``n_instances`` permuted instances with rule multisets uniform over all of them
@@ -98,8 +90,6 @@ def estimate_ambiguity(
     multisets = rule_multisets(n_features)
     chosen = multisets[rng.integers(len(multisets), size=n_instances)]
     _, panels, column_permutations = sample_panels(chosen, n_values, rng)
-    ambiguous = is_ambiguous(
-        permute_columns(panels, column_permutations), n_values, criterion, rules
-    )
+    ambiguous = is_ambiguous(permute_columns(panels, column_permutations), n_values, criterion, rules)
     fraction = float(ambiguous.mean())
     return fraction, math.sqrt(fraction * (1.0 - fraction) / n_instances)

@@ -38,16 +38,8 @@ __all__ = [
     "sample_panels",
 ]
 
-RULES = (
-    "constant",
-    "progression+1",
-    "progression+2",
-    "progression-1",
-    "progression-2",
-    "sum",
-    "difference",
-    "distribute_three",
-)
+RULES = ("constant", "progression+1", "progression+2", "progression-1", "progression-2", "sum", "difference",
+         "distribute_three")
 GRID_SIZE = 3
 SUM = RULES.index("sum")
 DIFFERENCE = RULES.index("difference")
@@ -56,18 +48,14 @@ DISTRIBUTE_THREE = RULES.index("distribute_three")
 STEP = np.array([0, 1, 2, -1, -2, 0, 0, 0], dtype=np.int64)
 STEP.flags.writeable = False
 STEPLESS_RULES = (SUM, DIFFERENCE, DISTRIBUTE_THREE)
-_ORDERINGS_OF_THREE = np.array(
-    [[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]], dtype=np.int64
-)
+_ORDERINGS_OF_THREE = np.array([[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]], dtype=np.int64)
 
 
 def check_n_values(n_values) -> int:
     """K as an int, refusing K < 3 (distribute_three needs three distinct values)."""
     n_values = check_integer("n_values", n_values)
     if n_values < 3:
-        raise TaskError(
-            f"n_values={n_values} is too small: distribute_three needs at least 3 distinct values"
-        )
+        raise TaskError(f"n_values={n_values} is too small: distribute_three needs at least 3 distinct values")
     return n_values
 
 
