@@ -73,13 +73,7 @@ if TYPE_CHECKING:
     from latentcode.intervention.intervener import Intervention
     from latentcode.intervention.patching.run import PatchResult, patch
     from latentcode.intervention.qk.report import qk_attribution
-    from latentcode.models import (
-        ATTENTION_PRESETS,
-        ModelConfig,
-        build_model,
-        load_model,
-        value_network_view,
-    )
+    from latentcode.models import ATTENTION_PRESETS, ModelConfig, build_model, load_model, value_network_view
     from latentcode.pretrained import Pretrained, load_pretrained
     from latentcode.store import CodeFile, CodeWriter, InMemoryCodes, Site
     from latentcode.subject import Subject, subject_of

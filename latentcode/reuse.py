@@ -132,12 +132,7 @@ def code_reuse(run: str | Path, *, codes: str | Path | CodeFile, n_codes: int = 
     import pandas as pd
 
     import latentcode
-    from latentcode.analysis.reuse import (
-        combined_score,
-        decodability_part,
-        reconstruction_part,
-        transplant_part,
-    )
+    from latentcode.analysis.reuse import combined_score, decodability_part, reconstruction_part, transplant_part
     from latentcode.intervention.patching import SiteGroup
     from latentcode.intervention.transfer import per_example, transfer_sweep
     from latentcode.sources.sites import parse_selector
