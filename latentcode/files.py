@@ -269,11 +269,6 @@ def _read_holder(descriptor: int) -> dict[str, Any] | None:
 
 
 # -- temporary files ---------------------------------------------------------------------------------
-def _temporary_pattern(target: Path) -> re.Pattern[str]:
-    # The random part holds no dot, so another target's temporaries (".NAME.x.<random>.tmp") never match.
-    return re.compile(rf"^\.{re.escape(target.name)}\.[^./]+\.tmp$")
-
-
 def new_temporary_file(target: str | Path) -> Path:
     """Create an empty `.NAME.<random>.tmp` beside `target`, with the mode a new file gets under the
     process umask (tempfile.mkstemp would make it 0600, and the rename would keep that)."""
@@ -292,18 +287,16 @@ def new_temporary_file(target: str | Path) -> Path:
     raise FileExistsError(f"could not create a temporary file beside {target}")
 
 
-def remove_dead_temporaries(target: str | Path) -> list[Path]:
+def remove_dead_temporaries(target: str | Path) -> None:
     """Remove temporary files of `target` left by killed writers; call only while holding its lock."""
     target = Path(target)
     if not target.parent.is_dir():
-        return []
-    pattern = _temporary_pattern(target)
-    removed = []
+        return
+    # The random part holds no dot, so another target's temporaries (".NAME.x.<random>.tmp") never match.
+    pattern = re.compile(rf"^\.{re.escape(target.name)}\.[^./]+\.tmp$")
     for path in target.parent.iterdir():
         if pattern.match(path.name) and (path.is_symlink() or path.is_file()):
             path.unlink(missing_ok=True)  # unlink removes a link itself, never what it points to
-            removed.append(path)
-    return removed
 
 
 # -- writing outputs ---------------------------------------------------------------------------------

@@ -45,7 +45,6 @@ from latentcode.pretrained_checks import (  # noqa: F401 - PretrainedError: this
     refuse_remote_code,
 )
 from latentcode.rundir import PRETRAINED_NAMES as NAMES
-from latentcode.rundir import is_pretrained  # noqa: F401 - the one test, beside the one loader (rundir.locate_model)
 from latentcode.safe_reads import sha256_of_file
 from latentcode.validation import check_integer
 
