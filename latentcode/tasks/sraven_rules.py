@@ -1,5 +1,5 @@
-"""SRAVEN's rules and how they fill a grid: what `sraven` (the task), `sraven_counterfactuals` (the
-answer another rule gives) and `sraven_counts` (how many instances, how many ambiguous) all read.
+"""SRAVEN's rules and how they fill a grid: what `sraven` (the task, and the answer another rule gives)
+and `sraven_counts` (how many instances, how many ambiguous) both read.
 
 A feature's 3x3 grid follows one of the 8 ``RULES`` (indices in that order), row by row, each row
 sampled independently (values in ``0..K-1``):
