@@ -12,7 +12,7 @@ the constituents are the task's probe label, ``term_present``):
   layer, side by side) on its analysis variant (``fixed_query``), `n_codes` instances of ``train``
   and of the held-out split ``ood`` each, extracted into `codes` (or read from it when it has both
   splits): parts (a) decodability and (b) reconstruction;
-- (c) transplant: `n_pairs` pairs of `Task.transplant_pairs` (`latentcode.tasks.fuzzy_transplant`: an unseen
+- (c) transplant: `n_pairs` pairs of `Task.transplant_pairs` (`latentcode.tasks.FuzzyLogic.transplant_pairs`: an unseen
   composition as base, a training composition that swaps one term as donor, a third training composition as
   baseline) on the run's training variant (``uniform``; why not ``fixed_query``: that module), the
   codes of the same sites patched from donor to base (`transfer_sweep`).

@@ -340,7 +340,7 @@ class Task(abc.ABC):
         """``n`` pairs of an unseen composition (``ood``) as the base and a training composition that
         swaps one of its constituents as the donor, for a task whose compositions are sets of
         constituents (fuzzy logic: a function is a set of terms): the code-reuse score's transplant
-        (`latentcode.tasks.fuzzy_transplant`). Without the capability: a TaskError."""
+        (`FuzzyLogic.transplant_pairs`). Without the capability: a TaskError."""
         raise TaskError(f"the transplant needs a task whose compositions are sets of constituents; "
                         f"task {self.name!r} is not one (Task.transplant_pairs)")
 

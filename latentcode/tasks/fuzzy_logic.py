@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from latentcode.tasks import fuzzy_transplant
 from latentcode.tasks.base import (
     FIXED_INPUT_STREAM,
     SPLIT_STREAM,
@@ -61,6 +60,17 @@ from latentcode.tasks.base import (
     check_integer,
 )
 from latentcode.tasks.combinations import enumerate_combinations, fraction_of, hold_out_combinations
+from latentcode.tasks.counterfactuals import (
+    CounterfactualPairs,
+    check_pair_request,
+    choose_donors,
+    choose_third,
+    donors_at,
+    draw_among,
+    draw_from_pool,
+    first_kept,
+    take,
+)
 from latentcode.tasks.registry import register_task
 
 # The term_present label has 2**L columns; past this it stops being a sensible probe target.
@@ -354,16 +364,6 @@ class FuzzyLogic(Task):
         differs from T''s by more than ``min_difference``. Donors come from ``pool * n`` fresh
         instances of the same split and variant (default: the task's training variant, whose query
         inputs vary)."""
-        from latentcode.tasks.counterfactuals import (
-            CounterfactualPairs,
-            check_pair_request,
-            choose_donors,
-            choose_third,
-            donors_at,
-            first_kept,
-            take,
-        )
-
         prediction = check_pair_request(n, prediction, self.n_predictions, pool, min_difference)
         variant = self._check_variant(variant)
         n_candidates = 2 * n
@@ -404,11 +404,55 @@ class FuzzyLogic(Task):
             counts=counts)
 
     def transplant_pairs(self, n: int, *, seed: int = 0, variant: str | None = None, pool: int = 8,
-                         min_difference: float = 0.1):
-        """``n`` pairs of an ``ood`` base and a training donor that swaps one of its terms (the
-        code-reuse transplant); see ``latentcode.tasks.fuzzy_transplant.transplant_pairs``."""
-        return fuzzy_transplant.transplant_pairs(self, n, seed=seed, variant=variant, pool=pool,
-                                                 min_difference=min_difference)
+                         min_difference: float = 0.1) -> CounterfactualPairs:
+        """``n`` pairs for the code-reuse transplant: an unseen composition as the base, a training composition
+        that swaps one of its terms as the donor; donors from ``pool * n`` training instances.
+
+        The base is an instance of an ``ood`` task {a, b} (an unseen set of seen terms). The "different" donor is
+        a training instance of a task that differs from it by one term, {a, c} (`tasks_differing_by_one_term`),
+        whose function at the base's query differs from the base's answer by more than ``min_difference``; its
+        counterfactual answer is that function at the base's query. The "third" donor is a training instance of
+        any other training task whose function there differs from both by more than ``min_difference`` (the
+        baseline of `latentcode.intervention.transfer`). Patching the donor's codes into the base and finding the
+        prediction at {a, c}'s answer more often than with the third donor says the model reads a training
+        composition's code in an unseen one as it reads it in training: the code is reused, not rebuilt.
+
+        Both sides are drawn from the same variant, by default the training variant (``uniform``: every input
+        fresh), as `counterfactual_pairs` draws them. Not ``fixed_query``: at its one query input the 16 terms
+        take four values (0.09, 0.39, 0.44, 0.56 with task seed 0), so almost no third task differs from both the
+        base's and the donor's function there by more than 0.1 (none of 1,024 candidates with frac_test 0.7)."""
+        check_pair_request(n, 0, self.n_predictions, pool, min_difference)
+        variant = self._check_variant(variant)
+        candidates = self.sample(4 * n, "ood", seed=(seed, 11), variant=variant)
+        donor_pool = self.sample(pool * n, "train", seed=(seed, 12), variant=variant)
+        rng = np.random.default_rng([seed, 13])
+        tasks, pool_part = np.unique(donor_pool.labels["task_index"], return_inverse=True)
+        functions = np.stack([self.counterfactual_target(candidates, self.all_combinations[t]) for t in tasks], 1)
+        truth = candidates.y[:, 0]
+        base_task = candidates.labels["task_index"]
+        neighbours = {t: np.isin(tasks, self.tasks_differing_by_one_term(self.all_combinations[t], split="train"))
+                      for t in np.unique(base_task)}
+        target_ok = np.stack([neighbours[t] for t in base_task]) & (np.abs(functions - truth[:, None]) > min_difference)
+        target = draw_among(rng, target_ok)
+        donor_different = draw_from_pool(rng, pool_part, target)
+        target_value = functions[np.arange(len(truth)), target]
+        third_ok = (np.abs(functions - target_value[:, None]) > min_difference)
+        third_ok &= np.abs(functions - truth[:, None]) > min_difference
+        third_ok[np.arange(len(truth)), target] = False
+        has_third, third, donor_third = choose_third(rng, third_ok, pool_part)
+        kept = target_ok.any(axis=1) & has_third
+        rows = first_kept(kept, n, f"ood instances have a one-term training neighbour and a third training task whose "
+                                   f"functions differ by more than {min_difference} at the query; ask for fewer pairs "
+                                   f"than {n}, a larger pool or a smaller min_difference")
+        counts = {"candidates": len(truth), "training tasks in the donor pool": len(tasks),
+                  "with a one-term neighbour that differs at the query": int(target_ok.any(1).sum()),
+                  "kept (both donors found)": int(kept.sum()), "pairs": n}
+        return CounterfactualPairs(
+            base=take(candidates, rows),
+            donors={"different": take(donor_pool, donor_different[rows]), "third": take(donor_pool, donor_third[rows])},
+            prediction=0, base_answer=truth[rows], counterfactual_answer=target_value[rows], base_part=base_task[rows],
+            donor_parts={"different": tasks[target[rows]], "third": tasks[third[rows]]},
+            part_names=self.function_names(), counts=counts)
 
     def _check_terms(self, terms) -> np.ndarray:
         """``terms`` as int64 ``[k]`` or ``[n, k]`` (k >= 1), each in ``0..2**L-1``."""
