@@ -52,15 +52,12 @@ TOKENIZER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "sp
 FILL_WAIT_SECONDS = 900
 
 
-def cache_root() -> Path:
-    """`$LATENTCODE_CACHE`, or `~/.cache/latentcode`."""
-    return Path(os.environ.get(CACHE_VARIABLE) or Path.home() / ".cache" / "latentcode")
-
-
 def entry_of(gguf_path: Path, root: str | Path | None = None) -> tuple[Path, str]:
-    """The cache directory of a `.gguf` file and the file's SHA-256."""
+    """The cache directory of a `.gguf` file (under `root`, default `$LATENTCODE_CACHE` or `~/.cache/latentcode`)
+    and the file's SHA-256."""
     sha256 = sha256_of_file(gguf_path)
-    return (Path(root) if root else cache_root()) / "gguf" / f"{gguf_path.stem}-{sha256[:16]}", sha256
+    root = Path(root or os.environ.get(CACHE_VARIABLE) or Path.home() / ".cache" / "latentcode")
+    return root / "gguf" / f"{gguf_path.stem}-{sha256[:16]}", sha256
 
 
 def usable(entry: Path, sha256: str, names: tuple[str, ...] | None = None) -> bool:
