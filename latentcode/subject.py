@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from latentcode.errors import UsageError, about
 from latentcode.rundir import ModelSource, is_pretrained, locate_model
 from latentcode.tasks import Task, get_task
-from latentcode.validation import check_fits_in_memory
+from latentcode.validation import check_fits_in_memory, place
 
 if TYPE_CHECKING:
     from torch import nn
@@ -128,8 +128,6 @@ class TrainedSubject(Subject):
         return forward_pass_bytes(batch, seq_len, self.model_config)
 
     def load(self, device: str | None = None, dtype: str | None = None, progress: bool = False) -> Loaded:
-        from latentcode.validation import place
-
         model, info = resolve_model(self.source if self.model_object is None else self.model_object)
         model = place(model, device, dtype).eval()
         return Loaded(model, info["model_name"], info)
@@ -152,8 +150,6 @@ class LanguageModelSubject(Subject):
 
     def load(self, device: str | None = None, dtype: str | None = None, progress: bool = False) -> Loaded:
         from latentcode.pretrained import checkpoint_sha256, load_pretrained
-        from latentcode.validation import place
-
         if self.preloaded is not None:
             pretrained = self.preloaded
             place(pretrained.model, device, dtype)
