@@ -86,19 +86,10 @@ def make_fresh_directory(path: str | Path) -> Path:
     raise UsageError(f"{path} and 10,000 numbered directories beside it exist; choose another out")
 
 
-def run_demo(
-    task: str = DEMO_TASK,
-    out: str | Path = "latentcode-demo",
-    train: bool = False,
-    scale: str = "demo",
-    attentions: Sequence[str] = ATTENTIONS,
-    n_codes: int = 2048,
-    max_points: int = 1000,
-    progress: bool = True,
-    model_overrides: dict | None = None,
-    models_dir: str | Path | None = None,
-    checkpoints: str | None = None,
-) -> Report:
+def run_demo(task: str = DEMO_TASK, out: str | Path = "latentcode-demo", train: bool = False, scale: str = "demo",
+             attentions: Sequence[str] = ATTENTIONS, n_codes: int = 2048, max_points: int = 1000, progress: bool = True,
+             model_overrides: dict | None = None, models_dir: str | Path | None = None,
+             checkpoints: str | None = None) -> Report:
     """Run the demo (see the module docstring) and return its report.
 
     train: train the models here at `scale` instead of using the shipped checkpoints

@@ -223,27 +223,32 @@ class ExclusiveLock:
                 pass
 
 
-def _open_lock_file(path: Path) -> int:
-    """Open (creating, 0644 under umask 022) the sidecar lock file without following a link, and
-    refuse anything but a regular file with one name: a planted `.NAME.lock` pointing at another
-    file would otherwise get that file truncated and overwritten with the holder's JSON."""
-    check_replaceable(path, "lock file")  # devices and FIFOs are refused before they are opened
-    flags = (os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
-             | getattr(os, "O_NONBLOCK", 0))
+def _open_regular(path: Path, flags: int, what: str = "", one_name: bool = False) -> int:
+    """Open (creating, 0644 under umask 022) the regular file `path` without following a link and without
+    blocking on a FIFO, and refuse anything else (with `one_name`, also a file with other hard links)."""
+    check_replaceable(path, what)  # devices and FIFOs are refused before they are opened
+    named = f"{what} {path}" if what else str(path)
+    flags |= os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
         descriptor = os.open(path, flags, 0o666)
     except OSError as error:
         if error.errno == errno.ELOOP:  # a link planted between the check and the open
-            raise UnsafePath(f"lock file {path} is a symbolic link; latentcode never follows one; remove it "
-                             "or choose another path") from None
+            raise UnsafePath(f"{named} is a symbolic link; latentcode never follows one; remove it or choose "
+                             "another path") from None
         raise write_error(error, path) from None
     info = os.fstat(descriptor)
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+    if not stat.S_ISREG(info.st_mode) or (one_name and info.st_nlink > 1):
         os.close(descriptor)
-        what = kind_of(info.st_mode) if not stat.S_ISREG(info.st_mode) else f"a file with {info.st_nlink} hard links"
-        raise UnsafePath(f"lock file {path} is {what}; expected a regular file of its own; remove it or choose "
-                         "another path")
+        kind = kind_of(info.st_mode) if not stat.S_ISREG(info.st_mode) else f"a file with {info.st_nlink} hard links"
+        raise UnsafePath(f"{named} is {kind}; expected a regular file of its own; remove it or choose another path")
+    os.set_blocking(descriptor, True)
     return descriptor
+
+
+def _open_lock_file(path: Path) -> int:
+    """The sidecar lock file, opened read-write: a regular file with one name, so that a planted `.NAME.lock`
+    pointing at another file never gets that file truncated and overwritten with the holder's JSON."""
+    return _open_regular(path, os.O_RDWR, "lock file", one_name=True)
 
 
 def _same_file(descriptor: int, path: Path) -> bool:
@@ -264,11 +269,6 @@ def _read_holder(descriptor: int) -> dict[str, Any] | None:
 
 
 # -- temporary files ---------------------------------------------------------------------------------
-def _temporary_pattern(target: Path) -> re.Pattern[str]:
-    # The random part holds no dot, so another target's temporaries (".NAME.x.<random>.tmp") never match.
-    return re.compile(rf"^\.{re.escape(target.name)}\.[^./]+\.tmp$")
-
-
 def new_temporary_file(target: str | Path) -> Path:
     """Create an empty `.NAME.<random>.tmp` beside `target`, with the mode a new file gets under the
     process umask (tempfile.mkstemp would make it 0600, and the rename would keep that)."""
@@ -287,18 +287,16 @@ def new_temporary_file(target: str | Path) -> Path:
     raise FileExistsError(f"could not create a temporary file beside {target}")
 
 
-def remove_dead_temporaries(target: str | Path) -> list[Path]:
+def remove_dead_temporaries(target: str | Path) -> None:
     """Remove temporary files of `target` left by killed writers; call only while holding its lock."""
     target = Path(target)
     if not target.parent.is_dir():
-        return []
-    pattern = _temporary_pattern(target)
-    removed = []
+        return
+    # The random part holds no dot, so another target's temporaries (".NAME.x.<random>.tmp") never match.
+    pattern = re.compile(rf"^\.{re.escape(target.name)}\.[^./]+\.tmp$")
     for path in target.parent.iterdir():
         if pattern.match(path.name) and (path.is_symlink() or path.is_file()):
             path.unlink(missing_ok=True)  # unlink removes a link itself, never what it points to
-            removed.append(path)
-    return removed
 
 
 # -- writing outputs ---------------------------------------------------------------------------------
@@ -465,20 +463,7 @@ def atomic_write_text(target: str | Path, text: str, *, lock: bool = False) -> P
 
 def open_for_append(path: str | Path, mode: str = "a"):
     """`open(path, "a")` (or "w") refusing links and non-regular files: for files written as they go (logs, metrics)."""
-    path = Path(path)
-    check_replaceable(path)
-    ending = {"a": os.O_APPEND, "w": os.O_TRUNC}[mode]
-    try:
-        descriptor = os.open(path, os.O_WRONLY | ending | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-                             | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0), 0o666)
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            raise UnsafePath(f"{path} is a symbolic link; latentcode never follows one") from None
-        raise write_error(error, path) from None
-    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-        os.close(descriptor)
-        raise UnsafePath(f"{path} is not a regular file; latentcode writes only regular files")
-    os.set_blocking(descriptor, True)
+    descriptor = _open_regular(Path(path), os.O_WRONLY | {"a": os.O_APPEND, "w": os.O_TRUNC}[mode])
     return os.fdopen(descriptor, mode)
 
 

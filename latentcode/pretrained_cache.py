@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from latentcode.errors import LatentcodeError
+from latentcode.safe_reads import sha256_of_file
 
 CACHE_VARIABLE = "LATENTCODE_CACHE"
 ENTRY_FILE = "entry.json"
@@ -51,23 +52,12 @@ TOKENIZER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "sp
 FILL_WAIT_SECONDS = 900
 
 
-def cache_root() -> Path:
-    """`$LATENTCODE_CACHE`, or `~/.cache/latentcode`."""
-    return Path(os.environ.get(CACHE_VARIABLE) or Path.home() / ".cache" / "latentcode")
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def entry_of(gguf_path: Path, root: str | Path | None = None) -> tuple[Path, str]:
-    """The cache directory of a `.gguf` file and the file's SHA-256."""
-    sha256 = file_sha256(gguf_path)
-    return (Path(root) if root else cache_root()) / "gguf" / f"{gguf_path.stem}-{sha256[:16]}", sha256
+    """The cache directory of a `.gguf` file (under `root`, default `$LATENTCODE_CACHE` or `~/.cache/latentcode`)
+    and the file's SHA-256."""
+    sha256 = sha256_of_file(gguf_path)
+    root = Path(root or os.environ.get(CACHE_VARIABLE) or Path.home() / ".cache" / "latentcode")
+    return root / "gguf" / f"{gguf_path.stem}-{sha256[:16]}", sha256
 
 
 def usable(entry: Path, sha256: str, names: tuple[str, ...] | None = None) -> bool:
@@ -137,15 +127,12 @@ def entry_problem(entry: Path, sha256: str, names: tuple[str, ...] | None = None
         if present != set(sizes) or set(digests) != set(sizes):
             extra, missing = sorted(present - set(sizes)), sorted(set(sizes) - present)
             return f"{entry} holds {extra or 'no'} files beyond its record and lacks {missing or 'none'} (written anew)"
-        for name, size in sizes.items():
-            foreign = _own_plain(entry / name, "file")
-            if foreign:
-                return f"{foreign} (not used)"
+        for name, size in sizes.items():  # each this user's own plain file (not_ours above)
             if (entry / name).stat().st_size != size:
                 return (f"{entry / name} is {(entry / name).stat().st_size} bytes, "
                         f"not the {size} recorded (written anew)")
         for name in sizes if names is None else [name for name in sizes if name in names]:
-            if file_sha256(entry / name) != digests[name]:
+            if sha256_of_file(entry / name) != digests[name]:
                 return (f"{entry / name} has changed since it was written: "
                         "its SHA-256 differs from the one recorded (written anew)")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
@@ -219,7 +206,7 @@ def write_entry(entry: Path, sha256: str, source: Path, model: Any, tokenizer: A
             weights_file = outputs.temporary(entry / "model.safetensors")
             sizes["model.safetensors"] = os.path.getsize(weights_file)
             digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
-            digests["model.safetensors"] = file_sha256(weights_file)
+            digests["model.safetensors"] = sha256_of_file(weights_file)
             outputs.write_text(entry / ENTRY_FILE, json.dumps(
                 {"format": ENTRY_FORMAT, "source": str(source), "source_sha256": sha256, "files": sizes,
                  "sha256": digests}, indent=1))

@@ -6,7 +6,7 @@ A codes file records where its codes came from: the SHA-256 of the weights file 
 from another checkpoint, or a probe table that compares files of different tasks under one label,
 would print numbers that mean nothing, so both are refused with one line naming the two inputs.
 
-A checkpoint's identity is the SHA-256 of its weights: `sha256_of_file` of a saved weights file, and
+A checkpoint's identity is the SHA-256 of its weights: `safe_reads.sha256_of_file` of a saved weights file, and
 `sha256_of_state` (the same bytes safetensors would write) of a model that was never saved; extraction
 records it, interventions and reports check it.
 
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from latentcode.errors import LatentcodeError
 from latentcode.rundir import RunDirectory, RunRecord
+from latentcode.safe_reads import sha256_of_file
 from latentcode.store import CodeFile
 
 if TYPE_CHECKING:
@@ -54,20 +55,9 @@ def check_one_task(code_files: Sequence[CodeFile] = (), runs: Sequence[RunRecord
     items = [item for item in [*runs, *code_files] if task_name_of(item) != "unknown"]
     for item in items[1:]:
         if task_name_of(item) != task_name_of(items[0]):
-            raise MismatchError(
-                f"{_describe(items[0])} and {_describe(item)} come from different tasks; compare the "
-                "codes and runs of one task at a time"
-            )
+            raise MismatchError(f"{_describe(items[0])} and {_describe(item)} come from different tasks; compare the "
+                                "codes and runs of one task at a time")
     return task_name_of(items[0]) if items else None
-
-
-def sha256_of_file(path: Path) -> str:
-    """SHA-256 of a file's bytes (read 1 MiB at a time): the identity of a saved checkpoint."""
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def sha256_of_state(model: nn.Module) -> str:
@@ -123,8 +113,6 @@ def check_codes_from_runs(runs: Sequence[RunRecord], code_files: Sequence[CodeFi
         else:
             run = candidates[0]
             differences = "; ".join(task_differences(run.task_config, code_file.task_config))
-            raise MismatchError(
-                f"{_describe(code_file)} was extracted on another task than {_describe(run)} was "
-                f"trained on ({differences}); give codes extracted on the run's task"
-            )
+            raise MismatchError(f"{_describe(code_file)} was extracted on another task than {_describe(run)} was "
+                                f"trained on ({differences}); give codes extracted on the run's task")
     return matched

@@ -12,7 +12,7 @@ the constituents are the task's probe label, ``term_present``):
   layer, side by side) on its analysis variant (``fixed_query``), `n_codes` instances of ``train``
   and of the held-out split ``ood`` each, extracted into `codes` (or read from it when it has both
   splits): parts (a) decodability and (b) reconstruction;
-- (c) transplant: `n_pairs` pairs of `Task.transplant_pairs` (`latentcode.tasks.fuzzy_transplant`: an unseen
+- (c) transplant: `n_pairs` pairs of `Task.transplant_pairs` (`latentcode.tasks.FuzzyLogic.transplant_pairs`: an unseen
   composition as base, a training composition that swaps one term as donor, a third training composition as
   baseline) on the run's training variant (``uniform``; why not ``fixed_query``: that module), the
   codes of the same sites patched from donor to base (`transfer_sweep`).
@@ -72,9 +72,6 @@ def plan_reuse(run: str | Path, *, codes: str | Path | CodeFile, n_codes: int = 
     with about("run"):
         if not (path.is_dir() and RunDirectory(path).looks_like_a_run()):
             raise CodeReuseError(f"{path} is not a run directory (config.json, model/); expected a finished run")
-        if not (path / "model" / "model.safetensors").is_file():
-            raise CodeReuseError(f"{path} has no final model (model/model.safetensors): the run has not finished, "
-                                 "or was recorded without weights")
         record = RunRecord.read(path)
         task = get_task(**record.task_config)
         problem = reuse_task_problem(task)
@@ -135,12 +132,7 @@ def code_reuse(run: str | Path, *, codes: str | Path | CodeFile, n_codes: int = 
     import pandas as pd
 
     import latentcode
-    from latentcode.analysis.reuse import (
-        combined_score,
-        decodability_part,
-        reconstruction_part,
-        transplant_part,
-    )
+    from latentcode.analysis.reuse import combined_score, decodability_part, reconstruction_part, transplant_part
     from latentcode.intervention.patching import SiteGroup
     from latentcode.intervention.transfer import per_example, transfer_sweep
     from latentcode.sources.sites import parse_selector

@@ -87,31 +87,12 @@ class RunDirectory:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-
-    # -- files -----------------------------------------------------------------------------------
-    @property
-    def config_path(self) -> Path:
-        return self.path / CONFIG_FILE
-
-    @property
-    def metrics_path(self) -> Path:
-        return self.path / METRICS_FILE
-
-    @property
-    def summary_path(self) -> Path:
-        return self.path / SUMMARY_FILE
-
-    @property
-    def model_path(self) -> Path:
-        return self.path / MODEL_DIR
-
-    @property
-    def weights_path(self) -> Path:
-        return self.model_path / WEIGHTS_FILE
-
-    @property
-    def checkpoints_path(self) -> Path:
-        return self.path / CHECKPOINT_DIR
+        self.config_path = self.path / CONFIG_FILE
+        self.metrics_path = self.path / METRICS_FILE
+        self.summary_path = self.path / SUMMARY_FILE
+        self.model_path = self.path / MODEL_DIR
+        self.weights_path = self.model_path / WEIGHTS_FILE
+        self.checkpoints_path = self.path / CHECKPOINT_DIR
 
     @property
     def is_finished(self) -> bool:
@@ -144,14 +125,10 @@ class RunDirectory:
             existing = self.read_raw_config()["train"]
             wanted = json.loads(json.dumps(record["train"], sort_keys=True, default=str))  # as stored
             if existing == wanted:
-                if self.is_finished:
-                    raise RunDirectoryError(
-                        f"{self.path} already holds this run, finished; choose another output directory"
-                    )
-                raise RunDirectoryError(
-                    f"{self.path} already holds this run, unfinished; continue it with "
-                    f"`latentcode train --resume {self.path}` or choose another output directory"
-                )
+                state, resume = ("finished", "") if self.is_finished else (
+                    "unfinished", f"continue it with `latentcode train --resume {self.path}` or ")
+                raise RunDirectoryError(f"{self.path} already holds this run, {state}; {resume}choose another output "
+                                        "directory")
             differences = [
                 f"{key}: {value!r} there, {wanted.get(key)!r} here"
                 for key, value in existing.items()
@@ -171,9 +148,7 @@ class RunDirectory:
 
     def read_raw_config(self) -> dict[str, Any]:
         if not self.config_path.is_file():
-            raise RunDirectoryError(
-                f"{self.path} is not a latentcode run directory ({CONFIG_FILE} is missing)"
-            )
+            raise RunDirectoryError(f"{self.path} is not a latentcode run directory ({CONFIG_FILE} is missing)")
         try:
             data = json.loads(self.config_path.read_text())
         except json.JSONDecodeError as error:
@@ -375,10 +350,9 @@ def locate_model(path_or_name: str | Path) -> ModelSource:
     """The run directory, saved model directory or pretrained model that `path_or_name` names; a
     RunDirectoryError (the one message, `not_a_model`) for anything else. A model directory's
     config.json is read as JSON (`model_config`; what it holds is checked by whoever builds from it)."""
-    if is_pretrained(path_or_name):
-        path = Path(path_or_name)
-        return ModelSource(path)
     path = Path(path_or_name)
+    if is_pretrained(path_or_name):
+        return ModelSource(path)
     run = RunDirectory(path)
     if path.is_dir() and run.looks_like_a_run():
         record = RunRecord.read(path)

@@ -11,6 +11,7 @@ whose header gives the size of a figure, before the bytes go into a page.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 import struct
@@ -61,6 +62,16 @@ def read_regular_file(path: str | Path, what: str, max_bytes: int, check_head=No
             return head + file.read(max_bytes - len(head))
     finally:
         os.close(descriptor)
+
+
+def sha256_of_file(path: str | Path) -> str:
+    """SHA-256 of a file's bytes, read 1 MiB at a time: a checkpoint's identity (`latentcode.provenance`), a GGUF
+    cache entry's key and check (`latentcode.pretrained_cache`)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def png_size(data: bytes) -> tuple[int, int] | None:

@@ -20,12 +20,12 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from latentcode.errors import UsageError, about
 from latentcode.rundir import ModelSource, is_pretrained, locate_model
 from latentcode.tasks import Task, get_task
-from latentcode.validation import check_fits_in_memory
+from latentcode.validation import check_fits_in_memory, place
 
 if TYPE_CHECKING:
     from torch import nn
@@ -88,6 +88,13 @@ class Subject(abc.ABC):
     n_heads: int
     n_ctx: int | None
     model_config: Mapping[str, Any] = field(default_factory=dict)
+    reads_text: ClassVar[bool] = False
+    """Whether its inputs are token windows of text (a causal LM) rather than a task's instances."""
+    compact_store: ClassVar[bool] = False
+    """Whether its codes can be kept as a compact store (`latentcode.store.compact`: every pair of every layer as
+    its queries and keys): where its attention is softmax(q k^T) read at SDPA calls or transformers' eager registry
+    (a causal LM). A latentcode Transformer's codes are read at its hook points and its sigma is not always a
+    softmax over keys (HYLA's rms over heads, linear), so no."""
 
     @abc.abstractmethod
     def task(self, task: Any, default_seq_len: int | None = None) -> Any:
@@ -98,19 +105,6 @@ class Subject(abc.ABC):
     def load(self, device: str | None = None, dtype: str | None = None, progress: bool = False) -> Loaded:
         """The model, in eval mode, on `device` in `dtype` (None: a model loaded here on the CPU in
         float32, a model object where and as it is)."""
-
-    @property
-    def reads_text(self) -> bool:
-        """Whether its inputs are token windows of text (a causal LM) rather than a task's instances."""
-        return False
-
-    @property
-    def compact_store(self) -> bool:
-        """Whether its codes can be kept as a compact store (`latentcode.store.compact`: every pair of
-        every layer as its queries and keys): where its attention is softmax(q k^T) read at SDPA calls or
-        transformers' eager registry (a causal LM). A latentcode Transformer's codes are read at its hook
-        points and its sigma is not always a softmax over keys (HYLA's rms over heads, linear), so no."""
-        return False
 
     def forward_pass_bytes(self, batch: int, seq_len: int) -> int:
         """A lower bound on the memory of one forward pass of `batch` sequences (0: not known)."""
@@ -134,8 +128,6 @@ class TrainedSubject(Subject):
         return forward_pass_bytes(batch, seq_len, self.model_config)
 
     def load(self, device: str | None = None, dtype: str | None = None, progress: bool = False) -> Loaded:
-        from latentcode.validation import place
-
         model, info = resolve_model(self.source if self.model_object is None else self.model_object)
         model = place(model, device, dtype).eval()
         return Loaded(model, info["model_name"], info)
@@ -148,14 +140,8 @@ class LanguageModelSubject(Subject):
 
     n_kv_heads: int = 0
     preloaded: Any = None
-
-    @property
-    def reads_text(self) -> bool:
-        return True
-
-    @property
-    def compact_store(self) -> bool:
-        return True
+    reads_text = True
+    compact_store = True
 
     def task(self, task: Any, default_seq_len: int | None = None) -> Any:
         from latentcode.token_windows import token_windows
@@ -164,8 +150,6 @@ class LanguageModelSubject(Subject):
 
     def load(self, device: str | None = None, dtype: str | None = None, progress: bool = False) -> Loaded:
         from latentcode.pretrained import checkpoint_sha256, load_pretrained
-        from latentcode.validation import place
-
         if self.preloaded is not None:
             pretrained = self.preloaded
             place(pretrained.model, device, dtype)
@@ -281,7 +265,8 @@ def resolve_model(run_or_model: str | Path | ModelSource | nn.Module) -> tuple[n
 
     from latentcode.models import load_model
     from latentcode.models.transformer import Transformer
-    from latentcode.provenance import sha256_of_file, sha256_of_state
+    from latentcode.provenance import sha256_of_state
+    from latentcode.safe_reads import sha256_of_file
 
     if isinstance(run_or_model, nn.Module):
         model = run_or_model
@@ -292,20 +277,13 @@ def resolve_model(run_or_model: str | Path | ModelSource | nn.Module) -> tuple[n
                     "and causal LMs (a run or model directory, a Transformer, 'smollm2', a Hugging Face directory, "
                     "a .gguf file, a loaded Pretrained); for any other module record with "
                     "latentcode.extraction.Recorder and edit with latentcode.intervention.Intervention")
-        return model, {
-            "model_name": model.config.attention_name,
-            "model_config": model.config.to_dict(),
-            "checkpoint_sha256": sha256_of_state(model),
-            "task_config": None,
-        }
-    with about("run_or_model"):
-        source = run_or_model if isinstance(run_or_model, ModelSource) else locate_model(run_or_model)
-        if source.model_path is None:
-            raise UsageError(f"{source.path} is a pretrained model; expected a latentcode run or model directory")
-    model = load_model(source.model_path)
-    return model, {
-        "model_name": model.config.attention_name,
-        "model_config": model.config.to_dict(),
-        "checkpoint_sha256": sha256_of_file(source.weights_path),
-        "task_config": source.task_config,
-    }
+        checkpoint_sha256, task_config = sha256_of_state(model), None
+    else:
+        with about("run_or_model"):
+            source = run_or_model if isinstance(run_or_model, ModelSource) else locate_model(run_or_model)
+            if source.model_path is None:
+                raise UsageError(f"{source.path} is a pretrained model; expected a latentcode run or model directory")
+        model = load_model(source.model_path)
+        checkpoint_sha256, task_config = sha256_of_file(source.weights_path), source.task_config
+    return model, {"model_name": model.config.attention_name, "model_config": model.config.to_dict(),
+                   "checkpoint_sha256": checkpoint_sha256, "task_config": task_config}

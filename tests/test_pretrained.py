@@ -8,13 +8,8 @@ import pytest
 import torch
 
 from latentcode.errors import LatentcodeError
-from latentcode.pretrained import (
-    PretrainedError,
-    corpus_token_windows,
-    is_pretrained,
-    load_pretrained,
-    smollm2_path,
-)
+from latentcode.pretrained import PretrainedError, corpus_token_windows, load_pretrained, smollm2_path
+from latentcode.rundir import is_pretrained
 from tests.pretrained_models import save_tiny_llama
 
 

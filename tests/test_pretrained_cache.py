@@ -95,11 +95,16 @@ def test_a_cache_on_a_file_warns_instead_of_failing_the_load(tiny, source, tmp_p
     assert blocker.read_text() == "in the way of the cache directory"
 
 
-def test_the_cache_root_is_the_environment_variable_or_the_home_cache(monkeypatch, tmp_path):
+def test_the_cache_root_is_the_environment_variable_or_the_home_cache(source, monkeypatch, tmp_path):
+    def root():
+        entry, sha256 = pretrained_cache.entry_of(source)
+        assert entry.name == f"model-{sha256[:16]}" and entry.parent.name == "gguf"
+        return entry.parent.parent
+
     monkeypatch.setenv("LATENTCODE_CACHE", str(tmp_path))
-    assert pretrained_cache.cache_root() == tmp_path
+    assert root() == tmp_path
     monkeypatch.delenv("LATENTCODE_CACHE")
-    assert pretrained_cache.cache_root() == pretrained_cache.Path.home() / ".cache" / "latentcode"
+    assert root() == pretrained_cache.Path.home() / ".cache" / "latentcode"
 
 
 def test_a_cache_given_as_text_is_a_directory(source, tmp_path):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from latentcode.pretrained import PretrainedError, load_pretrained, load_tokenizer
+from latentcode.safe_reads import sha256_of_file
 from tests.pretrained_models import save_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +70,7 @@ def cache_entry_with_remote_code(tmp_path: Path, file_name: str, marker: Path) -
     record = json.loads((entry / pretrained_cache.ENTRY_FILE).read_text())
     names = sorted(name for name in os.listdir(entry) if name != pretrained_cache.ENTRY_FILE)
     record["files"] = {name: (entry / name).stat().st_size for name in names}
-    record["sha256"] = {name: pretrained_cache.file_sha256(entry / name) for name in names}
+    record["sha256"] = {name: sha256_of_file(entry / name) for name in names}
     (entry / pretrained_cache.ENTRY_FILE).write_text(json.dumps(record))
     assert pretrained_cache.usable(entry, sha256)
     return source, cache

@@ -67,7 +67,8 @@ class CodesOfAnotherModel(LatentcodeError, ValueError):
 def checkpoint_sha256_of(run_or_model: str | Path | nn.Module) -> str:
     """The SHA-256 `extract` records for this run directory, model directory or model object."""
     from latentcode.models.persistence import WEIGHTS_FILE
-    from latentcode.provenance import sha256_of_file, sha256_of_state
+    from latentcode.provenance import sha256_of_state
+    from latentcode.safe_reads import sha256_of_file
 
     if isinstance(run_or_model, nn.Module):
         return sha256_of_state(run_or_model)

@@ -12,14 +12,7 @@ below on first use.
 """
 
 from latentcode.lazy import lazy_exports
-from latentcode.tasks.base import (
-    CAPABILITIES,
-    AnalysisDefaults,
-    Batch,
-    Task,
-    TrainingSetup,
-    eval_seed,
-)
+from latentcode.tasks.base import CAPABILITIES, AnalysisDefaults, Batch, Task, TrainingSetup, eval_seed
 from latentcode.tasks.registry import get_task, register_task, task_class, task_names
 
 # The task of `latentcode demo`, the main job's embedded default (its models are shipped).

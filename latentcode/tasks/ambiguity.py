@@ -57,22 +57,10 @@ Which number is the paper's
 ---------------------------
 The paper's Table A2 (the fraction of ambiguous instances) comes from the authors' checker, so
 it corresponds to ``criterion="all_features", rules="authors"``. This module's Monte Carlo
-estimates (``latentcode tasks ambiguity --features 4 --values K --n 4096 --rules R``: seed 0,
-rule multisets uniform over all 330, the default ``all_features``; fraction +- standard error):
-
-====  ===============  ===============
-K     rules="authors"  rules="strict"
-====  ===============  ===============
-4     5.69% +- 0.36%   4.20% +- 0.31%
-8     0.17% +- 0.06%   0.17% +- 0.06%
-16    0 of 4096        0 of 4096
-====  ===============  ===============
-
-At K=4 the authors' definition gives about 6%, as the authors' code does (the issue's figure;
-their code samples from the train/test/ood splits rather than uniformly); the strict figure is
-lower because the extra distribute_three fits are alternatives the generator could never have
-drawn. With more values repeats are rare and the two nearly agree (K=8, ``--n 65536``:
-0.23% +- 0.02% authors, 0.21% +- 0.02% strict).
+estimates under both definitions are in ``analyses/RESULTS.md`` (Table A2): at K=4 the authors'
+definition gives about 6%, as the authors' code does; the strict figure is lower, as the extra
+distribute_three fits are alternatives the generator could never have drawn; with more values
+repeats are rare and the two nearly agree.
 
 How permutations are enumerated
 -------------------------------
@@ -110,9 +98,7 @@ _CHUNK_ENTRIES = 2**23
 def check_rules(rules: str) -> str:
     """Refuse a rule definition other than those of ``RULE_DEFINITIONS``."""
     if rules not in RULE_DEFINITIONS:
-        raise TaskError(
-            f"unknown rules {rules!r}; valid rule definitions: {list(RULE_DEFINITIONS)}"
-        )
+        raise TaskError(f"unknown rules {rules!r}; valid rule definitions: {list(RULE_DEFINITIONS)}")
     return rules
 
 
@@ -123,9 +109,7 @@ def check_criterion(criterion: str) -> str:
     return criterion
 
 
-def fit_rules(
-    grids: np.ndarray, n_values: int, rules: str = "strict"
-) -> tuple[np.ndarray, np.ndarray]:
+def fit_rules(grids: np.ndarray, n_values: int, rules: str = "strict") -> tuple[np.ndarray, np.ndarray]:
     """Which rule families fit each grid's 8 context cells, and what each then predicts.
 
     Args:
@@ -148,16 +132,12 @@ def fit_rules(
     within_row_steps = (full_rows[..., 1:] - full_rows[..., :-1]) % n_values  # [..., 2, 2]
     step = (second - first) % n_values
     allowed_steps = np.array(sorted({1, 2, n_values - 1, n_values - 2}))
-    progression = (within_row_steps == step[..., None, None]).all(axis=(-1, -2)) & np.isin(
-        step, allowed_steps
-    )
+    progression = (within_row_steps == step[..., None, None]).all(axis=(-1, -2)) & np.isin(step, allowed_steps)
 
     sum_rule = ((full_rows[..., 0] + full_rows[..., 1]) % n_values == full_rows[..., 2]).all(-1)
     difference = ((full_rows[..., 0] - full_rows[..., 1]) % n_values == full_rows[..., 2]).all(-1)
 
-    distribute_three, distribute_three_answer = _fit_distribute_three(
-        full_rows, first, second, check_rules(rules)
-    )
+    distribute_three, distribute_three_answer = _fit_distribute_three(full_rows, first, second, check_rules(rules))
 
     fits = np.stack([constant, progression, sum_rule, difference, distribute_three], axis=-1)
     answers = np.stack(
@@ -210,9 +190,7 @@ def strand_grids(panels: np.ndarray) -> np.ndarray:
     column_0 = by_position[:, :, None, None, :, 0]
     column_1 = by_position[:, None, :, None, :, 1]
     column_2 = by_position[:, None, None, :, :, 2]
-    return np.stack(
-        [np.broadcast_to(column, shape) for column in (column_0, column_1, column_2)], axis=-1
-    )
+    return np.stack([np.broadcast_to(column, shape) for column in (column_0, column_1, column_2)], axis=-1)
 
 
 def _permutation_pair_strands(n_features: int) -> np.ndarray:
@@ -229,31 +207,20 @@ def check_ambiguity_feasible(n_instances: int, n_features: int) -> None:
     """Raise a ValueError when an exhaustive check of ``n_instances`` would be infeasible."""
     if n_features > 20:  # (21!)^2 alone is 2.6e39: computed exactly, a large M takes minutes to print
         log10_checks = math.log10(n_instances) + 2 * math.lgamma(n_features + 1) / math.log(10) + math.log10(n_features)
-        raise TaskError(
-            f"an exhaustive ambiguity check of {n_instances} instances with n_features={n_features} enumerates "
-            f"{n_instances} x ({n_features}!)^2 column permutation pairs x {n_features} features = about "
-            f"10^{log10_checks:,.0f} checks, more than the limit of {MAX_PERMUTATION_CHECKS:,}; check fewer "
-            "instances or use fewer features"
-        )
-    pairs = math.factorial(n_features) ** 2
-    checks = n_instances * pairs * n_features
-    if checks > MAX_PERMUTATION_CHECKS:
-        raise TaskError(
-            f"an exhaustive ambiguity check of {n_instances} instances with "
-            f"n_features={n_features} "
-            f"enumerates {n_instances} x ({n_features}!)^2 = {n_instances * pairs:,} column "
-            f"permutation pairs x {n_features} features = {checks:,} checks, more than the limit "
-            f"of {MAX_PERMUTATION_CHECKS:,} (the first column's permutation is fixed without loss "
-            "of generality); check fewer instances or use fewer features"
-        )
+        checks = f"about 10^{log10_checks:,.0f}"
+    else:
+        count = n_instances * math.factorial(n_features) ** 2 * n_features
+        if count <= MAX_PERMUTATION_CHECKS:
+            return
+        checks = f"{count:,}"
+    raise TaskError(f"an exhaustive ambiguity check of {n_instances} instances with n_features={n_features} enumerates "
+                    f"{n_instances} x ({n_features}!)^2 column permutation pairs x {n_features} features = {checks} "
+                    f"checks, more than the limit of {MAX_PERMUTATION_CHECKS:,} (the first column's permutation is "
+                    "fixed without loss of generality); check fewer instances or use fewer features")
 
 
-def is_ambiguous(
-    panels: np.ndarray,
-    n_values: int,
-    criterion: str = "all_features",
-    rules: str = "strict",
-) -> np.ndarray:
+def is_ambiguous(panels: np.ndarray, n_values: int, criterion: str = "all_features",
+                 rules: str = "strict") -> np.ndarray:
     """Exhaustively check each instance for a different answer (see the module docstring).
 
     Args:
@@ -278,15 +245,11 @@ def is_ambiguous(
         or panels.shape[1:3] != (3, 3)
         or not np.issubdtype(panels.dtype, np.integer)
     ):
-        raise TaskError(
-            f"panels must be an integer array [n, 3, 3, M]; got dtype {panels.dtype} and "
-            f"shape {panels.shape}"
-        )
+        raise TaskError(f"panels must be an integer array [n, 3, 3, M]; got dtype {panels.dtype} and "
+                        f"shape {panels.shape}")
     if panels.size and (panels.min() < 0 or panels.max() >= n_values):
-        raise TaskError(
-            f"panel values range over [{panels.min()}, {panels.max()}], outside 0..{n_values - 1} "
-            f"for n_values={n_values}"
-        )
+        raise TaskError(f"panel values range over [{panels.min()}, {panels.max()}], outside 0..{n_values - 1} "
+                        f"for n_values={n_values}")
     n, n_features = len(panels), panels.shape[-1]
     check_ambiguity_feasible(n, n_features)
     pair_strands = _permutation_pair_strands(n_features)  # [P, M]

@@ -230,13 +230,7 @@ class Task(abc.ABC):
 
     # --- sampling -----------------------------------------------------------------------------
 
-    def sample(
-        self,
-        n: int,
-        split: str = "train",
-        seed: int | Sequence[int] = 0,
-        variant: str | None = None,
-    ) -> Batch:
+    def sample(self, n: int, split: str = "train", seed: int | Sequence[int] = 0, variant: str | None = None) -> Batch:
         """Draw ``n`` fresh instances of ``split``; a pure function of its arguments and the task.
 
         ``seed`` is a non-negative int or a sequence of them, e.g.
@@ -247,9 +241,7 @@ class Task(abc.ABC):
         split_index = self._split_index(split)
         variant = self._check_variant(variant)
         sample_seed = normalize_seed(seed)
-        rng = np.random.default_rng(
-            [self.seed, SAMPLE_STREAM, split_index, len(sample_seed), *sample_seed]
-        )
+        rng = np.random.default_rng([self.seed, SAMPLE_STREAM, split_index, len(sample_seed), *sample_seed])
         return self._generate(n, split, variant, rng)
 
     def eval_set(self, split: str, n: int, variant: str | None = None) -> Batch:
@@ -348,7 +340,7 @@ class Task(abc.ABC):
         """``n`` pairs of an unseen composition (``ood``) as the base and a training composition that
         swaps one of its constituents as the donor, for a task whose compositions are sets of
         constituents (fuzzy logic: a function is a set of terms): the code-reuse score's transplant
-        (`latentcode.tasks.fuzzy_transplant`). Without the capability: a TaskError."""
+        (`FuzzyLogic.transplant_pairs`). Without the capability: a TaskError."""
         raise TaskError(f"the transplant needs a task whose compositions are sets of constituents; "
                         f"task {self.name!r} is not one (Task.transplant_pairs)")
 
@@ -366,10 +358,8 @@ class Task(abc.ABC):
         prediction = np.asarray(prediction)
         expected = (len(batch), self.n_predictions, self.d_out)
         if prediction.shape != expected:
-            raise TaskError(
-                f"prediction has shape {prediction.shape}; expected {expected} "
-                "[n, n_predictions, d_out] for this batch"
-            )
+            raise TaskError(f"prediction has shape {prediction.shape}; expected {expected} "
+                            "[n, n_predictions, d_out] for this batch")
         return prediction
 
 
@@ -399,7 +389,5 @@ def normalize_seed(seed: int | Sequence[int]) -> tuple[int, ...]:
         isinstance(part, bool) or not isinstance(part, numbers.Integral) or part < 0
         for part in parts
     ):
-        raise TaskError(
-            f"seed={seed!r} must be a non-negative integer or a non-empty sequence of them"
-        )
+        raise TaskError(f"seed={seed!r} must be a non-negative integer or a non-empty sequence of them")
     return tuple(int(part) for part in parts)

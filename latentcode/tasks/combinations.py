@@ -29,10 +29,8 @@ def fraction_of(fraction: float, count: int) -> int:
     return math.floor(fraction * count + 0.5)
 
 
-def enumerate_combinations(
-    n_items: int, k: int, *, with_replacement: bool, what: str
-) -> np.ndarray:
-    """All k-combinations of ``range(n_items)`` in lexicographic order, ``[count, k]`` int64.
+def enumerate_combinations(n_items: int, k: int, *, with_replacement: bool, what: str) -> np.ndarray:
+    """All k-combinations of ``range(n_items)`` in lexicographic order, ``[count, k]`` int64, read-only.
 
     Each row is sorted; the order is that of ``itertools.combinations`` (or
     ``combinations_with_replacement``). ``what`` names the combinations in the error raised
@@ -40,23 +38,16 @@ def enumerate_combinations(
     """
     count = math.comb(n_items + k - 1, k) if with_replacement else math.comb(n_items, k)
     if count > MAX_ENUMERATED_COMBINATIONS:
-        raise TaskError(
-            f"there are {count:,} {what}, more than the {MAX_ENUMERATED_COMBINATIONS:,} "
-            "this generator enumerates; choose fewer items or a smaller combination size"
-        )
-    combine = (
-        itertools.combinations_with_replacement if with_replacement else itertools.combinations
-    )
-    flat = np.fromiter(
-        itertools.chain.from_iterable(combine(range(n_items), k)), dtype=np.int64, count=count * k
-    )
+        raise TaskError(f"there are {count:,} {what}, more than the {MAX_ENUMERATED_COMBINATIONS:,} "
+                        "this generator enumerates; choose fewer items or a smaller combination size")
+    combine = itertools.combinations_with_replacement if with_replacement else itertools.combinations
+    flat = np.fromiter(itertools.chain.from_iterable(combine(range(n_items), k)), dtype=np.int64, count=count * k)
+    flat.flags.writeable = False
     return flat.reshape(count, k)
 
 
-def hold_out_combinations(
-    combinations: np.ndarray, n_held_out: int, rng: np.random.Generator, *, what: str, parts: str,
-    strata: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+def hold_out_combinations(combinations: np.ndarray, n_held_out: int, rng: np.random.Generator, *, what: str, parts: str,
+                          strata: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Split the rows of ``combinations`` ``[count, k]`` into kept and held-out row indices.
 
     Every item that occurs in ``combinations`` also occurs in some kept row, so held-out
@@ -85,11 +76,9 @@ def hold_out_combinations(
             reserved.append(row)
             covered |= items
     if count - n_held_out < len(reserved):
-        raise TaskError(
-            f"{what}: holding out {n_held_out} of {count} combinations leaves {count - n_held_out} "
-            f"for training, but {len(reserved)} are needed for every one of the "
-            f"{len(items_to_cover)} {parts} to occur in training; hold out a smaller fraction"
-        )
+        raise TaskError(f"{what}: holding out {n_held_out} of {count} combinations leaves {count - n_held_out} "
+                        f"for training, but {len(reserved)} are needed for every one of the "
+                        f"{len(items_to_cover)} {parts} to occur in training; hold out a smaller fraction")
     is_reserved = np.zeros(count, dtype=bool)
     is_reserved[reserved] = True
     unreserved_in_order = order[~is_reserved[order]]

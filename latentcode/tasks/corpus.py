@@ -83,13 +83,9 @@ def database_file() -> tuple[Path, str]:
     return path, distribution.version
 
 
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def check_checksum(what: str, data: bytes, expected: str, version: str) -> None:
     """A CorpusError naming the package, its version and both checksums unless ``data`` matches."""
-    actual = sha256(data)
+    actual = hashlib.sha256(data).hexdigest()
     if actual != expected:
         raise CorpusError(
             f"the language corpus {what} from {PACKAGE} {version} has SHA-256 {actual}, expected {expected} "

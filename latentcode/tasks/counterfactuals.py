@@ -87,17 +87,19 @@ def choose_donors(rng: np.random.Generator, base_part: np.ndarray, target_ok: np
     own, and only sub-tasks the donor pool holds), a pool donor of r' and a pool donor of the base's
     own sub-task. Returns `(kept [n] bool, target [n], donor_different [n], donor_same [n])`, donors
     as pool indices; a base is kept where both donors exist."""
-    n, n_parts = target_ok.shape
-    in_pool = np.bincount(pool_part, minlength=n_parts) > 0
+    in_pool = np.bincount(pool_part, minlength=target_ok.shape[1]) > 0
     target_ok = target_ok & in_pool[None, :]
-    target_ok[np.arange(n), base_part] = False
-    has_same = in_pool[base_part]
-    scores = np.where(target_ok, rng.random(target_ok.shape), -1.0)
-    target = scores.argmax(axis=1)
-    kept = target_ok.any(axis=1) & has_same
+    target_ok[np.arange(len(target_ok)), base_part] = False
+    target = draw_among(rng, target_ok)
+    kept = target_ok.any(axis=1) & in_pool[base_part]
     donor_different = draw_from_pool(rng, pool_part, np.where(kept, target, base_part))
     donor_same = draw_from_pool(rng, pool_part, base_part)
     return kept, target, donor_different, donor_same
+
+
+def draw_among(rng: np.random.Generator, ok: np.ndarray) -> np.ndarray:
+    """For each row of `ok [n, P]`, a column drawn uniformly among its True ones (0 where there is none)."""
+    return np.where(ok, rng.random(ok.shape), -1.0).argmax(axis=1)
 
 
 def draw_from_pool(rng: np.random.Generator, pool_part: np.ndarray, wanted: np.ndarray) -> np.ndarray:
@@ -115,11 +117,8 @@ def choose_third(rng: np.random.Generator, third_ok: np.ndarray,
                  pool_part: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A third sub-task per base among `third_ok [n, P]` that the pool holds, and a pool donor of it:
     `(kept [n], part [n], donor [n])`; a base is kept where both exist."""
-    n_parts = third_ok.shape[1]
-    in_pool = np.bincount(pool_part, minlength=n_parts) > 0
-    third_ok = third_ok & in_pool[None, :]
-    scores = np.where(third_ok, rng.random(third_ok.shape), -1.0)
-    part = scores.argmax(axis=1)
+    third_ok = third_ok & (np.bincount(pool_part, minlength=third_ok.shape[1]) > 0)[None, :]
+    part = draw_among(rng, third_ok)
     donor = draw_from_pool(rng, pool_part, part)
     return third_ok.any(axis=1) & (donor >= 0), part, donor
 
@@ -138,13 +137,16 @@ def donors_at(donor_pool: Batch, donors: dict[str, np.ndarray]) -> dict[str, Bat
     return {relation: take(donor_pool, rows) for relation, rows in donors.items()}
 
 
-def check_pair_request(n: int, prediction: int, n_predictions: int, pool: int) -> int:
+def check_pair_request(n: int, prediction: int, n_predictions: int, pool: int, min_difference: float = 0.0) -> int:
     """The prediction position in 0..n_predictions-1, once `n` (pairs) and `pool` (donors per base)
-    are positive integers and `prediction` one of the task's positions (negative: from the end)."""
+    are positive integers, `prediction` one of the task's positions (negative: from the end) and
+    `min_difference` (fuzzy logic's) a finite number >= 0."""
     check_integer("n", n, minimum=1, error=TaskError)
     check_integer("pool", pool, minimum=1, error=TaskError)
     if isinstance(prediction, bool) or not isinstance(prediction, (int, np.integer)) \
             or not -n_predictions <= prediction < n_predictions:
         raise TaskError(f"prediction={prediction!r} is outside the task's {n_predictions} prediction positions "
                         f"(valid: 0..{n_predictions - 1}, or negative from the end)")
+    if not np.isfinite(min_difference) or min_difference < 0:
+        raise TaskError(f"min_difference={min_difference!r} must be a finite number >= 0")
     return int(prediction) % n_predictions

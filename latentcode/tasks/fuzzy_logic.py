@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from latentcode.tasks import fuzzy_transplant
 from latentcode.tasks.base import (
     FIXED_INPUT_STREAM,
     SPLIT_STREAM,
@@ -61,6 +60,17 @@ from latentcode.tasks.base import (
     check_integer,
 )
 from latentcode.tasks.combinations import enumerate_combinations, fraction_of, hold_out_combinations
+from latentcode.tasks.counterfactuals import (
+    CounterfactualPairs,
+    check_pair_request,
+    choose_donors,
+    choose_third,
+    donors_at,
+    draw_among,
+    draw_from_pool,
+    first_kept,
+    take,
+)
 from latentcode.tasks.registry import register_task
 
 # The term_present label has 2**L columns; past this it stops being a sensible probe target.
@@ -141,19 +151,9 @@ class FuzzyLogic(Task):
         scales={"tiny": {"d_model": 32, "d_mlp": 64}},
     )
 
-    def __init__(
-        self,
-        *,
-        n_variables: int = 4,
-        n_terms: int = 2,
-        seq_len: int = 32,
-        frac_test: float = 0.3,
-        frac_unseen_terms: float = 0.25,
-        seed: int = 0,
-    ) -> None:
-        self.n_variables = check_integer(
-            "n_variables", n_variables, minimum=1, maximum=MAX_VARIABLES
-        )
+    def __init__(self, *, n_variables: int = 4, n_terms: int = 2, seq_len: int = 32, frac_test: float = 0.3,
+                 frac_unseen_terms: float = 0.25, seed: int = 0) -> None:
+        self.n_variables = check_integer("n_variables", n_variables, minimum=1, maximum=MAX_VARIABLES)
         self.n_all_terms = 2**self.n_variables
         self.n_terms = check_integer("n_terms", n_terms, minimum=1, maximum=self.n_all_terms)
         # R^2 needs the variance of a sequence's targets, so at least one context example.
@@ -169,10 +169,9 @@ class FuzzyLogic(Task):
         fixed_inputs = np.random.default_rng([self.seed, FIXED_INPUT_STREAM]).random(
             (self.seq_len, self.n_variables), dtype=np.float32
         )
-        self._fixed_context = fixed_inputs[:-1]
-        self._fixed_query = fixed_inputs[-1]
-        self._fixed_context.flags.writeable = False
-        self._fixed_query.flags.writeable = False
+        fixed_inputs.flags.writeable = False
+        self.fixed_context = fixed_inputs[:-1]  # float32 [N-1, L]: the context of the fixed_context variant
+        self.fixed_query = fixed_inputs[-1]  # float32 [L]: the query input of the fixed_query variant
 
     def position_names(self) -> list[str]:
         """``example i`` for the N-1 context pairs (x, f(x)), then ``query`` (x, target hidden)."""
@@ -213,17 +212,13 @@ class FuzzyLogic(Task):
 
         n_unseen = fraction_of(self.frac_unseen_terms, self.n_all_terms)
         if n_unseen < K:
-            raise TaskError(
-                f"frac_unseen_terms={self.frac_unseen_terms} holds out {n_unseen} of the "
-                f"{self.n_all_terms} terms, fewer than the n_terms={K} a task needs: the "
-                "unseen_terms split would be empty; use a larger fraction"
-            )
+            raise TaskError(f"frac_unseen_terms={self.frac_unseen_terms} holds out {n_unseen} of the "
+                            f"{self.n_all_terms} terms, fewer than the n_terms={K} a task needs: the "
+                            "unseen_terms split would be empty; use a larger fraction")
         n_seen = self.n_all_terms - n_unseen
         if n_seen < K + 1:
-            raise TaskError(
-                f"frac_unseen_terms={self.frac_unseen_terms} leaves {n_seen} seen terms, too few "
-                f"to form both training and ood combinations of n_terms={K}; use a smaller fraction"
-            )
+            raise TaskError(f"frac_unseen_terms={self.frac_unseen_terms} leaves {n_seen} seen terms, too few "
+                            f"to form both training and ood combinations of n_terms={K}; use a smaller fraction")
         is_unseen_term = np.zeros(self.n_all_terms, dtype=bool)
         is_unseen_term[rng.permutation(self.n_all_terms)[:n_unseen]] = True
         self.unseen_terms = np.flatnonzero(is_unseen_term)
@@ -234,17 +229,14 @@ class FuzzyLogic(Task):
             with_replacement=False,
             what=f"{K}-combinations of {self.n_all_terms} terms",
         )
-        self.all_combinations.flags.writeable = False
         only_unseen = is_unseen_term[self.all_combinations].all(axis=1)
         only_seen = (~is_unseen_term[self.all_combinations]).all(axis=1)
         seen_pool = np.flatnonzero(only_seen)
 
         n_ood = fraction_of(self.frac_test, len(seen_pool))
         if n_ood < 1:
-            raise TaskError(
-                f"frac_test={self.frac_test} holds out 0 of the {len(seen_pool)} combinations of "
-                "seen terms: the ood split would be empty; use a larger fraction"
-            )
+            raise TaskError(f"frac_test={self.frac_test} holds out 0 of the {len(seen_pool)} combinations of "
+                            "seen terms: the ood split would be empty; use a larger fraction")
         kept, held_out = hold_out_combinations(
             self.all_combinations[seen_pool],
             n_ood,
@@ -263,24 +255,14 @@ class FuzzyLogic(Task):
         if not np.isin(terms_in_ood, terms_in_training).all():
             raise AssertionError("an ood combination contains a term that training never shows")
 
-    @property
-    def fixed_context(self) -> np.ndarray:
-        """float32 ``[N-1, L]``: the context inputs of the ``fixed_context`` variant."""
-        return self._fixed_context
-
-    @property
-    def fixed_query(self) -> np.ndarray:
-        """float32 ``[L]``: the query input of the ``fixed_query`` variant."""
-        return self._fixed_query
-
     def _generate(self, n: int, split: str, variant: str, rng: np.random.Generator) -> Batch:
         task_index = self._draw_task_indices(rng, n, split)
         terms = self.all_combinations[task_index]  # [n, K]
         inputs = rng.random((n, self.seq_len, self.n_variables), dtype=np.float32)
         if variant == "fixed_context":
-            inputs[:, :-1] = self._fixed_context
+            inputs[:, :-1] = self.fixed_context
         elif variant == "fixed_query":
-            inputs[:, -1] = self._fixed_query
+            inputs[:, -1] = self.fixed_query
 
         negation_bits = negation_bits_of_terms(terms, self.n_variables)  # [n, K, L]
         targets = evaluate_disjunction(inputs, negation_bits)  # [n, N]
@@ -337,9 +319,7 @@ class FuzzyLogic(Task):
         n = len(batch)
         expected = (n, self.seq_len, self.d_in)
         if batch.x.shape != expected:
-            raise TaskError(
-                f"batch.x has shape {batch.x.shape}; expected {expected} [n, N, L + 1] for {self!r}"
-            )
+            raise TaskError(f"batch.x has shape {batch.x.shape}; expected {expected} [n, N, L + 1] for {self!r}")
         terms = self._check_terms(terms)
         if terms.ndim == 1:
             terms = np.broadcast_to(terms, (n, len(terms)))
@@ -363,10 +343,8 @@ class FuzzyLogic(Task):
         """
         terms = self._check_terms(terms)
         if terms.shape != (self.n_terms,) or len(np.unique(terms)) != self.n_terms:
-            raise TaskError(
-                f"terms={terms.tolist()} must be {self.n_terms} distinct term indices, a task's "
-                "term set"
-            )
+            raise TaskError(f"terms={terms.tolist()} must be {self.n_terms} distinct term indices, a task's "
+                            "term set")
         n_shared = np.isin(self.all_combinations, terms).sum(axis=1)
         neighbours = np.flatnonzero(n_shared == self.n_terms - 1)
         if split is not None:
@@ -386,19 +364,7 @@ class FuzzyLogic(Task):
         differs from T''s by more than ``min_difference``. Donors come from ``pool * n`` fresh
         instances of the same split and variant (default: the task's training variant, whose query
         inputs vary)."""
-        from latentcode.tasks.counterfactuals import (
-            CounterfactualPairs,
-            check_pair_request,
-            choose_donors,
-            choose_third,
-            donors_at,
-            first_kept,
-            take,
-        )
-
-        prediction = check_pair_request(n, prediction, self.n_predictions, pool)
-        if not np.isfinite(min_difference) or min_difference < 0:
-            raise TaskError(f"min_difference={min_difference!r} must be a finite number >= 0")
+        prediction = check_pair_request(n, prediction, self.n_predictions, pool, min_difference)
         variant = self._check_variant(variant)
         n_candidates = 2 * n
         candidates = self.sample(n_candidates, split, seed=(seed, 1), variant=variant)
@@ -438,11 +404,55 @@ class FuzzyLogic(Task):
             counts=counts)
 
     def transplant_pairs(self, n: int, *, seed: int = 0, variant: str | None = None, pool: int = 8,
-                         min_difference: float = 0.1):
-        """``n`` pairs of an ``ood`` base and a training donor that swaps one of its terms (the
-        code-reuse transplant); see ``latentcode.tasks.fuzzy_transplant.transplant_pairs``."""
-        return fuzzy_transplant.transplant_pairs(self, n, seed=seed, variant=variant, pool=pool,
-                                                 min_difference=min_difference)
+                         min_difference: float = 0.1) -> CounterfactualPairs:
+        """``n`` pairs for the code-reuse transplant: an unseen composition as the base, a training composition
+        that swaps one of its terms as the donor; donors from ``pool * n`` training instances.
+
+        The base is an instance of an ``ood`` task {a, b} (an unseen set of seen terms). The "different" donor is
+        a training instance of a task that differs from it by one term, {a, c} (`tasks_differing_by_one_term`),
+        whose function at the base's query differs from the base's answer by more than ``min_difference``; its
+        counterfactual answer is that function at the base's query. The "third" donor is a training instance of
+        any other training task whose function there differs from both by more than ``min_difference`` (the
+        baseline of `latentcode.intervention.transfer`). Patching the donor's codes into the base and finding the
+        prediction at {a, c}'s answer more often than with the third donor says the model reads a training
+        composition's code in an unseen one as it reads it in training: the code is reused, not rebuilt.
+
+        Both sides are drawn from the same variant, by default the training variant (``uniform``: every input
+        fresh), as `counterfactual_pairs` draws them. Not ``fixed_query``: at its one query input the 16 terms
+        take four values (0.09, 0.39, 0.44, 0.56 with task seed 0), so almost no third task differs from both the
+        base's and the donor's function there by more than 0.1 (none of 1,024 candidates with frac_test 0.7)."""
+        check_pair_request(n, 0, self.n_predictions, pool, min_difference)
+        variant = self._check_variant(variant)
+        candidates = self.sample(4 * n, "ood", seed=(seed, 11), variant=variant)
+        donor_pool = self.sample(pool * n, "train", seed=(seed, 12), variant=variant)
+        rng = np.random.default_rng([seed, 13])
+        tasks, pool_part = np.unique(donor_pool.labels["task_index"], return_inverse=True)
+        functions = np.stack([self.counterfactual_target(candidates, self.all_combinations[t]) for t in tasks], 1)
+        truth = candidates.y[:, 0]
+        base_task = candidates.labels["task_index"]
+        neighbours = {t: np.isin(tasks, self.tasks_differing_by_one_term(self.all_combinations[t], split="train"))
+                      for t in np.unique(base_task)}
+        target_ok = np.stack([neighbours[t] for t in base_task]) & (np.abs(functions - truth[:, None]) > min_difference)
+        target = draw_among(rng, target_ok)
+        donor_different = draw_from_pool(rng, pool_part, target)
+        target_value = functions[np.arange(len(truth)), target]
+        third_ok = (np.abs(functions - target_value[:, None]) > min_difference)
+        third_ok &= np.abs(functions - truth[:, None]) > min_difference
+        third_ok[np.arange(len(truth)), target] = False
+        has_third, third, donor_third = choose_third(rng, third_ok, pool_part)
+        kept = target_ok.any(axis=1) & has_third
+        rows = first_kept(kept, n, f"ood instances have a one-term training neighbour and a third training task whose "
+                                   f"functions differ by more than {min_difference} at the query; ask for fewer pairs "
+                                   f"than {n}, a larger pool or a smaller min_difference")
+        counts = {"candidates": len(truth), "training tasks in the donor pool": len(tasks),
+                  "with a one-term neighbour that differs at the query": int(target_ok.any(1).sum()),
+                  "kept (both donors found)": int(kept.sum()), "pairs": n}
+        return CounterfactualPairs(
+            base=take(candidates, rows),
+            donors={"different": take(donor_pool, donor_different[rows]), "third": take(donor_pool, donor_third[rows])},
+            prediction=0, base_answer=truth[rows], counterfactual_answer=target_value[rows], base_part=base_task[rows],
+            donor_parts={"different": tasks[target[rows]], "third": tasks[third[rows]]},
+            part_names=self.function_names(), counts=counts)
 
     def _check_terms(self, terms) -> np.ndarray:
         """``terms`` as int64 ``[k]`` or ``[n, k]`` (k >= 1), each in ``0..2**L-1``."""
@@ -453,8 +463,6 @@ class FuzzyLogic(Task):
             raise TaskError(f"terms has shape {array.shape}; expected [k] or [n, k] with k >= 1")
         outside = (array < 0) | (array >= self.n_all_terms)
         if outside.any():
-            raise TaskError(
-                f"term {array[outside][0]} is out of range; expected 0..{self.n_all_terms - 1} "
-                f"for n_variables={self.n_variables}"
-            )
+            raise TaskError(f"term {array[outside][0]} is out of range; expected 0..{self.n_all_terms - 1} "
+                            f"for n_variables={self.n_variables}")
         return array.astype(np.int64)

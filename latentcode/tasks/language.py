@@ -43,14 +43,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from latentcode.tasks import corpus
-from latentcode.tasks.base import (
-    AnalysisDefaults,
-    Batch,
-    Task,
-    TaskError,
-    TrainingSetup,
-    check_integer,
-)
+from latentcode.tasks.base import AnalysisDefaults, Batch, Task, TaskError, TrainingSetup, check_integer
 from latentcode.tasks.registry import register_task
 
 VOCABULARY = 256  # bytes

@@ -81,9 +81,7 @@ def get_task(name: str, **params: Any) -> Task:
     valid = cls.parameter_names()
     unknown = sorted(set(params) - set(valid))
     if unknown:
-        raise TaskError(
-            f"unknown parameter(s) {unknown} for task {name!r}; valid parameters: {list(valid)}"
-        )
+        raise TaskError(f"unknown parameter(s) {unknown} for task {name!r}; valid parameters: {list(valid)}")
     seq_len = params.get("seq_len")
     if isinstance(seq_len, int) and not isinstance(seq_len, bool) and seq_len > MAX_SEQ_LEN:
         # Checked before the task is built: a task makes arrays of seq_len rows as it starts (fuzzy_logic's

@@ -7,14 +7,14 @@ import math
 
 import numpy as np
 
-from latentcode.tasks.ambiguity import CRITERIA, check_ambiguity_feasible, check_rules, is_ambiguous
-from latentcode.tasks.base import TaskError, check_integer
-from latentcode.tasks.combinations import enumerate_combinations
+from latentcode.tasks.ambiguity import check_ambiguity_feasible, check_criterion, check_rules, is_ambiguous
+from latentcode.tasks.base import check_integer
 from latentcode.tasks.sraven_rules import (
     GRID_SIZE,
     RULES,
     check_n_values,
     permute_columns,
+    rule_multisets,
     sample_panels,
 )
 
@@ -31,9 +31,7 @@ def count_tasks(n_features: int, n_rules: int = len(RULES)) -> int:
     """
     n_features = check_integer("n_features", n_features, minimum=2)
     n_rules = check_integer("n_rules", n_rules, minimum=1)
-    return math.comb(n_rules + n_features - 1, n_features) * (
-        math.factorial(n_features) ** 2 - n_features
-    )
+    return math.comb(n_rules + n_features - 1, n_features) * (math.factorial(n_features) ** 2 - n_features)
 
 
 def grids_per_rule(n_values: int) -> dict[str, int]:
@@ -42,18 +40,10 @@ def grids_per_rule(n_values: int) -> dict[str, int]:
     free cells per row), C(K, 3) * 6**3 for distribute_three (a set of three, an ordering per
     row)."""
     n_values = check_n_values(n_values)
-    per_start = n_values**3
-    per_two_cells = n_values**6
-    return {
-        "constant": per_start,
-        "progression+1": per_start,
-        "progression+2": per_start,
-        "progression-1": per_start,
-        "progression-2": per_start,
-        "sum": per_two_cells,
-        "difference": per_two_cells,
-        "distribute_three": math.comb(n_values, 3) * 6**3,
-    }
+    grids = dict.fromkeys(RULES, n_values**3)  # constant and the progressions: a start per row
+    grids["sum"] = grids["difference"] = n_values**6
+    grids["distribute_three"] = math.comb(n_values, 3) * 6**3
+    return grids
 
 
 def count_instances(n_features: int, n_values: int) -> int:
@@ -74,14 +64,8 @@ def count_instances(n_features: int, n_values: int) -> int:
     return grids_per_feature**n_features * math.factorial(n_features) ** GRID_SIZE
 
 
-def estimate_ambiguity(
-    n_features: int,
-    n_values: int,
-    n_instances: int,
-    seed: int = 0,
-    criterion: str = "all_features",
-    rules: str = "strict",
-) -> tuple[float, float]:
+def estimate_ambiguity(n_features: int, n_values: int, n_instances: int, seed: int = 0, criterion: str = "all_features",
+                       rules: str = "strict") -> tuple[float, float]:
     """Monte Carlo estimate of the fraction of ambiguous SRAVEN instances.
 
     Draws ``n_instances`` permuted instances with rule multisets uniform over all of them
@@ -98,19 +82,14 @@ def estimate_ambiguity(
     n_values = check_n_values(n_values)
     n_instances = check_integer("n_instances", n_instances, minimum=1)
     seed = check_integer("seed", seed, minimum=0)
-    if criterion not in CRITERIA:
-        raise TaskError(f"unknown criterion {criterion!r}; valid criteria: {list(CRITERIA)}")
+    check_criterion(criterion)
     check_rules(rules)
     check_ambiguity_feasible(n_instances, n_features)
 
     rng = np.random.default_rng([seed, AMBIGUITY_STREAM])
-    multisets = enumerate_combinations(
-        len(RULES), n_features, with_replacement=True, what=f"multisets of {n_features} rules"
-    )
+    multisets = rule_multisets(n_features)
     chosen = multisets[rng.integers(len(multisets), size=n_instances)]
     _, panels, column_permutations = sample_panels(chosen, n_values, rng)
-    ambiguous = is_ambiguous(
-        permute_columns(panels, column_permutations), n_values, criterion, rules
-    )
+    ambiguous = is_ambiguous(permute_columns(panels, column_permutations), n_values, criterion, rules)
     fraction = float(ambiguous.mean())
     return fraction, math.sqrt(fraction * (1.0 - fraction) / n_instances)

@@ -1,5 +1,5 @@
-"""SRAVEN's rules and how they fill a grid: what `sraven` (the task), `sraven_counterfactuals` (the
-answer another rule gives) and `sraven_counts` (how many instances, how many ambiguous) all read.
+"""SRAVEN's rules and how they fill a grid: what `sraven` (the task, and the answer another rule gives)
+and `sraven_counts` (how many instances, how many ambiguous) both read.
 
 A feature's 3x3 grid follows one of the 8 ``RULES`` (indices in that order), row by row, each row
 sampled independently (values in ``0..K-1``):
@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from latentcode.tasks.base import TaskError, check_integer
+from latentcode.tasks.combinations import enumerate_combinations
 
 __all__ = [
     "DIFFERENCE",
@@ -32,20 +33,13 @@ __all__ = [
     "check_n_values",
     "permute_columns",
     "random_permutations",
+    "rule_multisets",
     "sample_feature_grids",
     "sample_panels",
 ]
 
-RULES = (
-    "constant",
-    "progression+1",
-    "progression+2",
-    "progression-1",
-    "progression-2",
-    "sum",
-    "difference",
-    "distribute_three",
-)
+RULES = ("constant", "progression+1", "progression+2", "progression-1", "progression-2", "sum", "difference",
+         "distribute_three")
 GRID_SIZE = 3
 SUM = RULES.index("sum")
 DIFFERENCE = RULES.index("difference")
@@ -54,19 +48,21 @@ DISTRIBUTE_THREE = RULES.index("distribute_three")
 STEP = np.array([0, 1, 2, -1, -2, 0, 0, 0], dtype=np.int64)
 STEP.flags.writeable = False
 STEPLESS_RULES = (SUM, DIFFERENCE, DISTRIBUTE_THREE)
-_ORDERINGS_OF_THREE = np.array(
-    [[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]], dtype=np.int64
-)
+_ORDERINGS_OF_THREE = np.array([[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]], dtype=np.int64)
 
 
 def check_n_values(n_values) -> int:
     """K as an int, refusing K < 3 (distribute_three needs three distinct values)."""
     n_values = check_integer("n_values", n_values)
     if n_values < 3:
-        raise TaskError(
-            f"n_values={n_values} is too small: distribute_three needs at least 3 distinct values"
-        )
+        raise TaskError(f"n_values={n_values} is too small: distribute_three needs at least 3 distinct values")
     return n_values
+
+
+def rule_multisets(n_features: int) -> np.ndarray:
+    """Every multiset of ``n_features`` rules, ``[count, M]`` int64 sorted rows in canonical order (a SRAVEN task)."""
+    return enumerate_combinations(len(RULES), n_features, with_replacement=True,
+                                  what=f"multisets of {n_features} rules")
 
 
 def _distinct_triples(rng: np.random.Generator, n: int, n_values: int) -> np.ndarray:

@@ -8,7 +8,6 @@ import pytest
 
 from latentcode.tasks import get_task
 from latentcode.tasks.base import TaskError
-from latentcode.tasks.fuzzy_transplant import transplant_pairs
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +16,7 @@ def task():
 
 
 def test_pairs_join_an_unseen_composition_to_a_training_one_a_term_away(task):
-    pairs = transplant_pairs(task, 64, seed=3)
+    pairs = task.transplant_pairs(64, seed=3)
     assert len(pairs) == 64 and pairs.base.split == "ood"
     assert all(batch.split == "train" for batch in pairs.donors.values())
     train_tasks = set(task._split_pools["train"].tolist())
@@ -41,16 +40,16 @@ def test_pairs_join_an_unseen_composition_to_a_training_one_a_term_away(task):
 
 
 def test_pairs_are_a_function_of_the_seed(task):
-    first, again = transplant_pairs(task, 16, seed=5), transplant_pairs(task, 16, seed=5)
+    first, again = task.transplant_pairs(16, seed=5), task.transplant_pairs(16, seed=5)
     np.testing.assert_array_equal(first.base.x, again.base.x)
     np.testing.assert_array_equal(first.donors["different"].x, again.donors["different"].x)
 
 
 def test_a_task_without_term_sets_is_refused():
-    with pytest.raises(TaskError, match="sets of terms"):
-        transplant_pairs(get_task("sraven", n_features=2), 8)
+    with pytest.raises(TaskError, match="sets of constituents; task 'sraven' is not one"):
+        get_task("sraven", n_features=2).transplant_pairs(8)
 
 
 def test_too_many_pairs_asked_is_one_line(task):
     with pytest.raises(TaskError, match="ask for fewer pairs"):
-        transplant_pairs(task, 64, variant="fixed_query")
+        task.transplant_pairs(64, variant="fixed_query")
