@@ -10,7 +10,7 @@ import numpy as np
 from matplotlib.lines import Line2D
 
 from latentcode.analysis.captions import codes_context, wrap_lines
-from latentcode.analysis.embed import DEFAULT_MAX_POINTS, Embedding, embed
+from latentcode.analysis.embed import DEFAULT_MAX_POINTS, METHOD_NAMES, Embedding, embed
 from latentcode.analysis.labels import select_label, value_names
 from latentcode.analysis.picture_plan import plan_picture
 from latentcode.analysis.plots.colours import (
@@ -77,7 +77,7 @@ def plot_embedding(
     if embedding is None:
         embedding = embed(code_file, method, split, layers, max_points, seed, stratify, progress=progress)
     values = values[embedding.indices]
-    method_name = {"tsne": "tSNE", "umap": "UMAP"}.get(embedding.method, embedding.method)
+    method_name = METHOD_NAMES.get(embedding.method, embedding.method)
     drawn = [layer for layer in embedding.layers if layer not in embedding.constant_layers]
     n_rows, n_columns = panel_grid(len(drawn))
     categorical = is_categorical_label(values)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -24,17 +23,7 @@ from latentcode.analysis.labels import select_label
 from latentcode.analysis.probes.estimators import ProbeError, classes_too_rare
 from latentcode.store import CodeFile
 
-__all__ = ["ProbeLabels", "ProbeSite", "as_code_files", "decoding_labels", "probe_codes", "probe_sites",
-           "regression_labels"]
-
-
-def as_code_files(code_files) -> list[CodeFile]:
-    if isinstance(code_files, (str, Path, CodeFile)):
-        code_files = [code_files]
-    files = [item if isinstance(item, CodeFile) else CodeFile(item) for item in code_files]
-    if not files:
-        raise ProbeError("no codes files given")
-    return files
+__all__ = ["ProbeLabels", "ProbeSite", "decoding_labels", "probe_codes", "probe_sites", "regression_labels"]
 
 
 @dataclass
