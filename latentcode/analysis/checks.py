@@ -1,5 +1,5 @@
-"""The checks of the inputs of an analysis, written once for the plan steps (`latentcode.analysis.plan`)
-and the command line (`latentcode.cli.checks` names them too): input files, codes files, their labels
+"""The checks of the inputs of an analysis, written once for the plans (`plan_probe`, `plan_picture`,
+`plan_report`) and the command line (`latentcode.cli.checks` names them too): input files, codes files, their labels
 and splits. Standard library, JSON and h5py only, so that a mistake is answered before pandas,
 scikit-learn or matplotlib is imported.
 

@@ -6,14 +6,9 @@ For each run directory it reads `config.json`, `metrics.jsonl` and `summary.json
 torch needed), and for each codes file (given, or found as `RUN_DIR/codes/*.h5`) it decodes the
 task's sub-task label from the latent codes (fit on `fit_split`, scored on `test_split`), and
 draws the tSNE of the codes, raw code samples, and one cosine-similarity heatmap of mean codes
-comparing every model and layer on one colour scale. Several runs share one metrics table, one
-curves figure and one probe figure.
-
-The page explains itself (`latentcode.analysis.narrative`): a plain-language summary of the
-findings at the top, then the task, the variants the models were trained on and the codes
-extracted on, the sites, what each split holds and what it is used for, and where every number
-comes from (the run directories' own training, or this report). Every figure has a caption.
-Images are embedded as data URIs and the page has no JavaScript, so it reads offline as one file.
+comparing every model and layer on one colour scale. The words around them, a summary of the
+findings first, are `latentcode.analysis.narrative`'s. Images are embedded as data URIs and the
+page has no JavaScript, so it reads offline as one file.
 """
 
 from __future__ import annotations
@@ -47,6 +42,7 @@ from latentcode.analysis.plots import (
     plot_probe_scores,
     plot_similarity,
 )
+from latentcode.analysis.plots.figure import save_figure
 from latentcode.analysis.probes import (
     decode,
     headline_lines,
@@ -116,10 +112,7 @@ def plot_training_curves(runs: Sequence[RunRecord], path_stem: Path, dpi: float 
         axis.set(title=f"{split}: {metric}", xlabel="step", ylabel=metric)
     axes[0].legend(fontsize="small")
     figure.tight_layout()
-    path = path_stem.with_suffix(".png")
-    with AtomicOutputs(lock=path_stem) as outputs:
-        outputs.write_figure(path_stem, figure)
-    return path
+    return save_figure(figure, path_stem, ("png",), dpi)[0]
 
 
 # -- HTML ------------------------------------------------------------------------------------------

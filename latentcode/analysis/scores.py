@@ -50,16 +50,12 @@ def balanced_accuracy(truth: np.ndarray, predicted: np.ndarray) -> float:
     return float(np.mean([np.mean(predicted[truth == value] == value) for value in classes]))
 
 
-def macro_f1(truth: np.ndarray, predicted: np.ndarray) -> float:
-    return float(f1_score(truth, predicted, average="macro", zero_division=0.0))
-
-
 def categorical_scores(truth: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
     """`CATEGORICAL_METRICS` of class predictions ``[N]`` against the true classes ``[N]``."""
     return {
         "accuracy": accuracy(truth, predicted),
         "balanced_accuracy": balanced_accuracy(truth, predicted),
-        "macro_f1": macro_f1(truth, predicted),
+        "macro_f1": float(f1_score(truth, predicted, average="macro", zero_division=0.0)),
     }
 
 

@@ -67,11 +67,6 @@ class Similarity:
         return float(off_diagonal.min()), float(off_diagonal.max())
 
 
-def _cosine(vectors: np.ndarray) -> np.ndarray:
-    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
-    return np.clip(unit @ unit.T, -1.0, 1.0)
-
-
 def similarity_of_means(
     codes: np.ndarray, labels: np.ndarray, centre: bool = False
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -130,7 +125,8 @@ def similarity_of_means(
     else:
         order = np.arange(len(values))
     mean_codes = mean_codes[order]
-    return _cosine(mean_codes), values[order], order, counts[order], mean_codes
+    unit = mean_codes / np.linalg.norm(mean_codes, axis=1, keepdims=True)
+    return np.clip(unit @ unit.T, -1.0, 1.0), values[order], order, counts[order], mean_codes
 
 
 def mean_code_similarity(

@@ -11,6 +11,7 @@ from matplotlib.lines import Line2D
 from latentcode.analysis.captions import site_set, split_descriptions, variant_of, wrap_lines
 from latentcode.analysis.plots.figure import new_figure, save_figure
 from latentcode.analysis.probes import HEADLINE_METRICS
+from latentcode.analysis.probes.table import headline_metric
 from latentcode.errors import AnalysisError
 from latentcode.store import CodeFile
 
@@ -25,21 +26,15 @@ NEAR_TRIVIAL_GAP = 0.02
 BASELINE_MARKERS = {"majority": "o", "shuffled_labels": "s", "prevalence_random": "^", "all_present": "v"}
 
 
-def _files_of_table(rows: pd.DataFrame) -> list[CodeFile]:
-    """The codes files a probe table was made from, where they can still be read."""
-    files = []
-    for path in dict.fromkeys(rows["file"].astype(str)) if "file" in rows else ():
-        try:
-            files.append(CodeFile(path))
-        except (OSError, ValueError):  # moved or deleted since: the title just says less
-            pass
-    return files
-
-
 def _caption(rows: pd.DataFrame, fit: str, test: str) -> str:
     """The site sets and variants of the files of a table and what its splits hold, e.g. 'last-self sites (...)
     · fixed_query variant; train: in-distribution functions; ood: unseen combinations'."""
-    files = _files_of_table(rows)
+    files = []  # those the table was made from, where they can still be read
+    for path in dict.fromkeys(rows["file"].astype(str)) if "file" in rows else ():
+        try:
+            files.append(CodeFile(path))
+        except (OSError, ValueError):  # moved or deleted since: the caption just says less
+            pass
     contexts = [site_set(code_file) + (f" · {variant} variant" if (variant := variant_of(code_file)) else "")
                 for code_file in files]
     descriptions = split_descriptions(files)
@@ -131,11 +126,10 @@ def _metric_rows(table: pd.DataFrame | str | Path, metric: str | None) -> tuple[
         path = Path(table)
         table = pd.read_json(path) if path.suffix == ".json" else pd.read_csv(path)
     if metric is None:
-        present = [name for name in HEADLINE_METRICS if (table["metric"] == name).any()]
-        if not present:
+        metric = headline_metric(table)
+        if metric is None:
             raise AnalysisError(f"the table has no metric of {HEADLINE_METRICS}; pass metric= one of "
                                 f"{sorted(table['metric'].unique())}")
-        metric = present[0]
     rows = table[table["metric"] == metric]
     if rows.empty:
         raise AnalysisError(f"the table has no rows with metric {metric!r}; it has {sorted(table['metric'].unique())}")
