@@ -26,7 +26,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from latentcode.analysis.checks import default_label
+from latentcode.analysis.checks import default_label, label_name
 from latentcode.analysis.embed import METHOD_NAMES
 from latentcode.analysis.narrative import (
     CANONICAL_SPLITS,
@@ -36,20 +36,9 @@ from latentcode.analysis.narrative import (
     training_variants,
 )
 from latentcode.analysis.patch_outputs import PatchOutput
-from latentcode.analysis.plots import (
-    plot_code_samples,
-    plot_embedding,
-    plot_probe_scores,
-    plot_similarity,
-)
+from latentcode.analysis.plots import plot_code_samples, plot_embedding, plot_probe_scores, plot_similarity
 from latentcode.analysis.plots.figure import save_figure
-from latentcode.analysis.probes import (
-    decode,
-    headline_lines,
-    headline_rows,
-    summary_rows,
-    write_table,
-)
+from latentcode.analysis.probes import decode, headline_lines, headline_rows, summary_rows, write_table
 from latentcode.analysis.report_plan import (  # noqa: F401 - ReportError: importable from here, as tests do
     ReportError,
     ReportPlan,
@@ -222,7 +211,9 @@ def run_report(plan: ReportPlan, progress: bool = True) -> Report:
 def _write_report(plan: ReportPlan, progress: bool) -> Report:
     """run_report's work, under the lock of `plan.out`."""
     runs, code_files, out, files_dir = list(plan.runs), list(plan.code_files), plan.out, plan.files_dir
-    label, fit_split, test_split, embedding_split = plan.label, plan.fit_split, plan.test_split, plan.embedding_split
+    label, fit_split, test_split = plan.label, plan.fit_split, plan.test_split
+    # The split the figures of codes show: the one asked for, else the test split where the files have it.
+    picture_split = plan.embedding_split or (test_split if code_files and test_split in code_files[0].splits else None)
     try:
         files_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -291,7 +282,7 @@ def _write_report(plan: ReportPlan, progress: bool) -> Report:
         sections.append("<h2>Decoding the sub-task from latent codes</h2>" + probe_html)
 
         picture_label = plan.picture_label or label or code_files[0].task_analysis.get("picture_label", probe_label)
-        picture_html = _pictures(code_files, picture_label, files_dir, embedding_split, test_split, plan.methods,
+        picture_html = _pictures(code_files, picture_label, files_dir, picture_split, plan.methods,
                                  plan.max_points, steps, figures)
         sections.append("<h2>Latent codes</h2>" + picture_html)
 
@@ -301,7 +292,6 @@ def _write_report(plan: ReportPlan, progress: bool) -> Report:
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     inputs = "".join(f"<li>{html.escape(str(path))}</li>"
                      for path in [*plan.run_dirs, *(code_file.path for code_file in code_files)])
-    picture_split = embedding_split or (test_split if code_files and test_split in code_files[0].splits else None)
     summary = findings_paragraph(runs, code_files, probe_table, fit_split, test_split,
                                  picture_label if code_files else None, picture_split)
     context = context_line(runs, code_files)
@@ -379,17 +369,16 @@ def _caption(text: str) -> str:
 
 
 def _pictures(
-    code_files: Sequence[CodeFile], picture_label: str, files_dir: Path, embedding_split: str | None,
-    test_split: str, methods: Sequence[str], max_points: int, steps: Progress, figures: list[Path],
+    code_files: Sequence[CodeFile], picture_label: str, files_dir: Path, split: str | None, methods: Sequence[str],
+    max_points: int, steps: Progress, figures: list[Path],
 ) -> str:
     """The 'Latent codes' section: one similarity heatmap of every model and layer (one colour
     scale), then per model its embeddings and raw code samples, each with a caption."""
     parts = []
     first = code_files[0]
-    split = embedding_split or (test_split if test_split in first.splits else None)
     split_words = "every split" if split is None else f"the {split} split" + (
         f" ({first.split_descriptions[split]})" if split in first.split_descriptions else "")
-    one_value = all(picture_label.split("[")[0] in code_file.label_names for code_file in code_files)
+    one_value = all(label_name(picture_label) in code_file.label_names for code_file in code_files)
     if one_value:
         steps.begin("similarity heatmap")
         try:
