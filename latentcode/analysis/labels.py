@@ -17,15 +17,8 @@ import numpy as np
 
 from latentcode.store import CodeFile, CodeFileError
 
-__all__ = [
-    "available_labels",
-    "display_value",
-    "is_categorical",
-    "label_spec_name",
-    "parse_label_spec",
-    "select_label",
-    "value_names",
-]
+__all__ = ["available_labels", "display_value", "is_categorical", "label_spec_name", "parse_label_spec", "select_label",
+           "value_names"]
 
 _SPEC = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(?:\[\s*(-?\d+(?:\s*,\s*-?\d+)*)\s*\])?\s*$")
 # At most this many distinct integer values make a label categorical (legend, not colour bar).

@@ -17,13 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from latentcode.analysis.checks import (
-    check_decodable,
-    check_label,
-    check_splits,
-    code_files_to_read,
-    default_label,
-)
+from latentcode.analysis.checks import check_decodable, check_label, check_splits, code_files_to_read, default_label
 from latentcode.errors import about
 from latentcode.provenance import check_one_task
 from latentcode.store import CodeFile

@@ -18,13 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from latentcode.analysis.checks import (
-    MissingInput,
-    check_input_file,
-    check_label,
-    default_label,
-    open_codes_files,
-)
+from latentcode.analysis.checks import MissingInput, check_input_file, check_label, default_label, open_codes_files
 from latentcode.analysis.patch_outputs import PatchOutput, check_patch_provenance, read_patch_output
 from latentcode.errors import LatentcodeError, OutputExistsError, about
 from latentcode.files import check_replaceable

@@ -26,15 +26,8 @@ import numpy as np
 from scipy.stats import rankdata
 from sklearn.metrics import f1_score
 
-__all__ = [
-    "BINARY_METRICS",
-    "CATEGORICAL_METRICS",
-    "auroc",
-    "binary_scores",
-    "categorical_scores",
-    "r2_per_output",
-    "why_undefined",
-]
+__all__ = ["BINARY_METRICS", "CATEGORICAL_METRICS", "auroc", "binary_scores", "categorical_scores", "r2_per_output",
+           "why_undefined"]
 
 CATEGORICAL_METRICS = ("accuracy", "balanced_accuracy", "macro_f1")
 BINARY_METRICS = ("f1", "balanced_accuracy", "auroc")

@@ -25,9 +25,7 @@ from latentcode.analysis.labels import select_label
 from latentcode.errors import AnalysisError
 from latentcode.store import CodeFile, Site
 
-__all__ = [
-    "MAX_VALUES", "Similarity", "between_value_variance_share", "mean_code_similarity", "similarity_of_means",
-]
+__all__ = ["MAX_VALUES", "Similarity", "between_value_variance_share", "mean_code_similarity", "similarity_of_means"]
 
 # A heatmap of more values than this is unreadable, and a label with more is likely continuous.
 MAX_VALUES = 64

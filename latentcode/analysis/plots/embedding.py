@@ -13,17 +13,8 @@ from latentcode.analysis.captions import codes_context, wrap_lines
 from latentcode.analysis.embed import DEFAULT_MAX_POINTS, METHOD_NAMES, Embedding, embed
 from latentcode.analysis.labels import is_categorical, select_label, value_names
 from latentcode.analysis.picture_plan import plan_picture
-from latentcode.analysis.plots.colours import (
-    OTHER_COLOUR,
-    category_groups,
-    colour_scale,
-)
-from latentcode.analysis.plots.figure import (
-    new_figure,
-    one_column,
-    panel_grid,
-    save_figure,
-)
+from latentcode.analysis.plots.colours import OTHER_COLOUR, category_groups, colour_scale
+from latentcode.analysis.plots.figure import new_figure, one_column, panel_grid, save_figure
 from latentcode.store import CodeFile
 
 __all__ = ["plot_embedding"]

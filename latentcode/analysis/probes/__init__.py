@@ -68,19 +68,6 @@ from latentcode.analysis.probes.table import (
     write_table,
 )
 
-__all__ = [
-    "COLUMNS",
-    "DEFAULT_ALPHAS",
-    "DEFAULT_CS",
-    "HEADLINE_METRICS",
-    "LogisticProbe",
-    "MultiHotProbe",
-    "ProbeError",
-    "RidgeProbe",
-    "decode",
-    "headline_lines",
-    "headline_rows",
-    "regress",
-    "summary_rows",
-    "write_table",
-]
+__all__ = ["COLUMNS", "DEFAULT_ALPHAS", "DEFAULT_CS", "HEADLINE_METRICS", "LogisticProbe", "MultiHotProbe",
+           "ProbeError", "RidgeProbe", "decode", "headline_lines", "headline_rows", "regress", "summary_rows",
+           "write_table"]

@@ -10,18 +10,8 @@ from threadpoolctl import threadpool_limits
 
 from latentcode.analysis.probe_plan import plan_probe
 from latentcode.analysis.probes.estimators import DEFAULT_ALPHAS, DEFAULT_CS
-from latentcode.analysis.probes.inputs import (
-    decoding_labels,
-    probe_codes,
-    probe_sites,
-    regression_labels,
-)
-from latentcode.analysis.probes.rows import (
-    categorical_rows,
-    join_notes,
-    multi_hot_rows,
-    regression_rows,
-)
+from latentcode.analysis.probes.inputs import decoding_labels, probe_codes, probe_sites, regression_labels
+from latentcode.analysis.probes.rows import categorical_rows, join_notes, multi_hot_rows, regression_rows
 from latentcode.analysis.probes.table import assemble_table
 from latentcode.store import CodeFile
 

@@ -14,11 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from latentcode.analysis.baselines import (
-    binary_baselines,
-    categorical_baselines,
-    regression_baselines,
-)
+from latentcode.analysis.baselines import binary_baselines, categorical_baselines, regression_baselines
 from latentcode.analysis.labels import select_label
 from latentcode.analysis.probes.estimators import ProbeError, classes_too_rare
 from latentcode.store import CodeFile
