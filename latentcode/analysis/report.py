@@ -49,7 +49,7 @@ from latentcode.files import AtomicOutputs, ExclusiveLock, check_replaceable, wr
 from latentcode.progress import Progress
 from latentcode.rundir import RunRecord
 from latentcode.safe_reads import read_png
-from latentcode.store import DEFAULT_MAX_ROWS, CodeFile
+from latentcode.store import CodeFile
 
 
 @dataclass
@@ -128,12 +128,9 @@ def _table(frame: pd.DataFrame, float_format: str = "{:.3f}") -> str:
 
 
 def _metrics_frame(runs: Sequence[RunRecord]) -> pd.DataFrame:
-    rows = []
-    for run in runs:
-        for split, values in run.final_metrics().items():
-            rows.append({"model": run.name, "split": split, **{k: v for k, v in values.items()
-                                                                   if not k.startswith("feature_accuracy_")}})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"model": run.name, "split": split,
+                          **{k: v for k, v in values.items() if not k.startswith("feature_accuracy_")}}
+                         for run in runs for split, values in run.final_metrics().items()])
 
 
 def _settings_frame(runs: Sequence[RunRecord]) -> pd.DataFrame:
@@ -154,23 +151,15 @@ def build_report(
     run_dirs: Sequence[str | Path] = (),
     codes_files: Sequence[str | Path] = (),
     out: str | Path = "report.html",
-    label: str | None = None,
-    fit_split: str = "train",
-    test_split: str = "ood",
-    embedding_split: str | None = None,
-    methods: Sequence[str] = ("tsne",),
-    max_points: int = 1000,
-    title: str = "latentcode report",
-    overwrite: bool = False,
+    *,
     progress: bool = True,
-    notes: Sequence[str] = (),
-    patches: Sequence[str | Path] = (),
-    max_rows: int = DEFAULT_MAX_ROWS,
-    picture_label: str | None = None,
+    **options,
 ) -> Report:
     """Write the report to `out` (figures and tables beside it in `<out stem>_files/`); a name
     without an .html (or .htm) suffix gets .html, so that a browser opens it. Every argument is
-    checked first, by the plan `latentcode report` makes too (`plan_report`).
+    checked first, by the plan `latentcode report` makes too: `options` are `plan_report`'s (label,
+    fit_split, test_split, embedding_split, methods, max_points, title, overwrite, notes, patches,
+    max_rows, picture_label; its defaults), of which:
 
     patches: path stems written by `latentcode patch` (STEM.csv, STEM.json, STEM.png): an
         'Interventions' section shows where patching codes transferred the donor's sub-task.
@@ -184,11 +173,7 @@ def build_report(
     notes: sentences for the 'Where the numbers come from' list, e.g. that the runs are shipped
         checkpoints whose training happened elsewhere (`latentcode demo` says so).
     """
-    plan = plan_report(run_dirs, codes_files, out, label=label, fit_split=fit_split, test_split=test_split,
-                       embedding_split=embedding_split, methods=methods, max_points=max_points, title=title,
-                       overwrite=overwrite, notes=notes, patches=patches, max_rows=max_rows,
-                       picture_label=picture_label)
-    return run_report(plan, progress=progress)
+    return run_report(plan_report(run_dirs, codes_files, out, **options), progress=progress)
 
 
 def run_report(plan: ReportPlan, progress: bool = True) -> Report:
