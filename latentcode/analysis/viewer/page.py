@@ -16,7 +16,7 @@ from pathlib import Path
 
 from latentcode.analysis.embed import Embedding
 from latentcode.analysis.viewer.data import DEFAULT_MAX_INSTANCES, viewer_data
-from latentcode.analysis.viewer.tables import patching_map, probe_table
+from latentcode.analysis.viewer.tables import patching_map, probe_table, read_table
 from latentcode.files import AtomicOutputs, check_replaceable
 from latentcode.store import CodeFile
 
@@ -121,8 +121,9 @@ def build_viewer(
     payload = viewer_data(code_file, split, max_instances, seed, embeddings, token_names=token_names)
     glue = resources.files("latentcode.analysis.viewer").joinpath("glue.js").read_text(encoding="utf-8")
     payload["default_label"] = label or code_file.task_analysis.get("picture_label")
-    payload["tables"] = [probe_table(table, title) for title, table in _titled(probe_tables)]
-    best = _best_probe_layer(_titled(probe_tables), payload["layers"])
+    probes = [(title, read_table(table, "probe table")) for title, table in _titled(probe_tables)]  # read once
+    payload["tables"] = [probe_table(frame, title) for title, frame in probes]
+    best = _best_probe_layer(probes, payload["layers"])
     if best is not None:
         payload["default_layer"], payload["default_layer_reason"] = best
     payload["patching"] = [patching_map(table, title) for title, table in _titled(patching)]
@@ -153,10 +154,7 @@ def build_viewer(
 def _best_probe_layer(tables: list[tuple[str, object]], layers: Sequence[int]) -> tuple[int, str] | None:
     """The layer where the first probe table given (`latentcode probe`'s: columns layer, metric, value)
     decodes best on its first metric, with the reason shown on the page; None without such a table."""
-    from latentcode.analysis.viewer.tables import _read
-
-    for title, table in tables:
-        frame = _read(table, "probe table")
+    for title, frame in tables:
         if not {"layer", "metric", "value"} <= set(frame.columns):
             continue
         rows = frame[(frame["metric"] == frame["metric"].iloc[0])
