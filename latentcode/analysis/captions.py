@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 from latentcode.store import CodeFile
 
-__all__ = ["codes_context", "position_ranges", "site_set", "split_phrase", "variant_of", "wrap_lines"]
+__all__ = ["codes_context", "position_ranges", "site_set", "split_descriptions", "split_phrase", "variant_of",
+           "wrap_lines"]
 
 
 # Beyond this many (query, key) pairs of several queries, a title summarises them rather than lists them.
@@ -79,6 +80,14 @@ def site_set(code_file: CodeFile, layer: int | None = None) -> str:
 def variant_of(code_file: CodeFile) -> str | None:
     """The task's input variant the codes were extracted on (None where the file does not say)."""
     return code_file.selector.get("variant") or None
+
+
+def split_descriptions(code_files: Sequence[CodeFile]) -> dict[str, str]:
+    """What each split holds, as the codes files record it (first file wins)."""
+    descriptions: dict[str, str] = {}
+    for code_file in code_files:
+        descriptions = {**code_file.split_descriptions, **descriptions}
+    return descriptions
 
 
 def split_phrase(code_file: CodeFile, split: str | None) -> str:

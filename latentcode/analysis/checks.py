@@ -1,5 +1,5 @@
-"""The checks of the inputs of an analysis, written once for the plan steps (`latentcode.analysis.plan`)
-and the command line: input files, codes files, their labels
+"""The checks of the inputs of an analysis, written once for the plans (`plan_probe`, `plan_picture`,
+`plan_report`) and the command line: input files, codes files, their labels
 and splits. Standard library, JSON and h5py only, so that a mistake is answered before pandas,
 scikit-learn or matplotlib is imported.
 
@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from latentcode.analysis.labels import available_labels
 from latentcode.errors import LatentcodeError, UsageError
 from latentcode.safe_reads import prefixed
 
@@ -66,13 +67,6 @@ def code_files_to_read(code_files, max_rows: int | None, seed: int, expected: st
     return files
 
 
-def available_label_names(code_file) -> list[str]:
-    """Every label name a spec may start with: labels, prediction and target, extra arrays; each once."""
-    present = [name for name, has in (("prediction", code_file.has_prediction), ("target", code_file.has_target))
-               if has]
-    return list(dict.fromkeys([*code_file.label_names, *present, *code_file.extra_names]))
-
-
 def label_name(spec: str) -> str:
     """The label a spec such as `term_present[2]` reads."""
     return str(spec).split("[", 1)[0].strip()
@@ -91,9 +85,9 @@ def default_label(code_files: Sequence, label: str | None, flag: str = "--label"
 
 def check_label(code_file, spec: str, what: str) -> None:
     """The label spec names a per-example array of the file (its index is checked when read)."""
-    if label_name(spec) not in available_label_names(code_file):
+    if label_name(spec) not in available_labels(code_file):
         raise UsageError(f"{prefixed(what, spec)}: {code_file.path} has no label {label_name(spec)!r}; "
-                         f"its labels are {available_label_names(code_file)}")
+                         f"its labels are {available_labels(code_file)}")
 
 
 def check_one_column(code_file, spec: str, what: str) -> None:

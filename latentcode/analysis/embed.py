@@ -8,11 +8,9 @@ compared point for point; `Embedding.n_used` of `Embedding.n_total` says how man
 Embeddings run on the raw codes (no standardization), the codes of all sites of a layer
 concatenated, single-threaded. tSNE is scikit-learn's (Barnes-Hut, PCA initialization); UMAP is
 umap-learn's, imported on first use (it compiles with numba on the first call of a process, some
-seconds). A layer takes tens of seconds (2000 SRAVEN codes of 32 values: about 23 s with tSNE,
-29 s with UMAP, on 2 busy CPU cores; minutes under load), so `embed` says how far it is on
-stderr: a bar over the layers where stderr is a terminal, else a plain line as each layer starts
-and ends (a log or a pipe gets no carriage returns or escape codes, as training's log lines);
-``progress=False`` says nothing (`latentcode report` has its own bar).
+seconds). A layer takes tens of seconds, so `embed` says how far it is on stderr: a bar over the
+layers on a terminal, else a plain line as each layer starts and ends; ``progress=False`` says
+nothing (`latentcode report` has its own bar).
 """
 
 from __future__ import annotations

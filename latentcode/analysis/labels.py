@@ -17,15 +17,8 @@ import numpy as np
 
 from latentcode.store import CodeFile, CodeFileError
 
-__all__ = [
-    "available_labels",
-    "display_value",
-    "is_categorical",
-    "label_spec_name",
-    "parse_label_spec",
-    "select_label",
-    "value_names",
-]
+__all__ = ["available_labels", "display_value", "is_categorical", "label_spec_name", "parse_label_spec", "select_label",
+           "value_names"]
 
 _SPEC = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(?:\[\s*(-?\d+(?:\s*,\s*-?\d+)*)\s*\])?\s*$")
 # At most this many distinct integer values make a label categorical (legend, not colour bar).
@@ -55,12 +48,9 @@ def label_spec_name(name: str, index: Sequence[int]) -> str:
 
 def available_labels(code_file: CodeFile) -> list[str]:
     """Every name `select_label` accepts for this file, labels first."""
-    names = list(code_file.label_names)
-    for name, present in (("prediction", code_file.has_prediction), ("target", code_file.has_target)):
-        if present and name not in names:
-            names.append(name)
-    names += [name for name in code_file.extra_names if name not in names]
-    return names
+    present = [name for name, has in (("prediction", code_file.has_prediction), ("target", code_file.has_target))
+               if has]
+    return list(dict.fromkeys([*code_file.label_names, *present, *code_file.extra_names]))
 
 
 def _read(code_file: CodeFile, name: str, split) -> np.ndarray:

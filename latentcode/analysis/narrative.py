@@ -13,13 +13,13 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from latentcode.analysis.captions import site_set, variant_of
+from latentcode.analysis.captions import site_set, split_descriptions, variant_of
 from latentcode.analysis.probes import headline_rows
 from latentcode.analysis.similarity import mean_code_similarity
 from latentcode.rundir import RunRecord
 from latentcode.store import CodeFile
 
-__all__ = ["about_html", "context_line", "findings_paragraph", "split_descriptions", "training_variants"]
+__all__ = ["about_html", "context_line", "findings_paragraph", "training_variants"]
 
 CANONICAL_SPLITS = ("train", "test", "ood", "unseen_terms")
 
@@ -38,16 +38,16 @@ def _variant_words(variant: str) -> str:
     return "the task's default variant" if variant == "default" else f"the {variant} variant"
 
 
-def split_descriptions(code_files: Sequence[CodeFile]) -> dict[str, str]:
-    """What each split holds, as the codes files record it (first file wins)."""
-    descriptions: dict[str, str] = {}
-    for code_file in code_files:
-        descriptions = {**code_file.split_descriptions, **descriptions}
-    return descriptions
+def _training_words(runs: Sequence[RunRecord]) -> str:
+    """``"the unpermuted variant and the task's default variant"``: what the runs were trained on."""
+    return _and([_variant_words(variant) for variant in training_variants(runs)])
 
 
-def _codes_variants(code_files: Sequence[CodeFile]) -> list[str]:
-    return list(dict.fromkeys(variant_of(code_file) or "unrecorded" for code_file in code_files))
+def _codes_words(code_files: Sequence[CodeFile]) -> tuple[str, str]:
+    """The codes files' sites (``" | "``-joined) and their recorded variants in words ("" where none is)."""
+    sites = " | ".join(dict.fromkeys(site_set(code_file) for code_file in code_files))
+    variants = list(dict.fromkeys(variant for code_file in code_files if (variant := variant_of(code_file))))
+    return sites, _and([_variant_words(variant) for variant in variants]) if variants else ""
 
 
 def context_line(runs: Sequence[RunRecord], code_files: Sequence[CodeFile]) -> str:
@@ -57,12 +57,10 @@ def context_line(runs: Sequence[RunRecord], code_files: Sequence[CodeFile]) -> s
     task = (runs[0].task if runs else code_files[0].task_config.get("name")) if runs or code_files else "?"
     parts = []
     if runs:
-        parts.append("trained and evaluated on " + _and([_variant_words(v) for v in training_variants(runs)]))
+        parts.append("trained and evaluated on " + _training_words(runs))
     if code_files:
-        sites = list(dict.fromkeys(site_set(code_file) for code_file in code_files))
-        variants = [v for v in _codes_variants(code_files) if v != "unrecorded"]
-        parts.append("latent codes at " + " | ".join(sites)
-                     + (f" on {_and([_variant_words(v) for v in variants])}" if variants else ""))
+        sites, variants = _codes_words(code_files)
+        parts.append("latent codes at " + sites + (f" on {variants}" if variants else ""))
     return f"{task}: " + "; ".join(parts)
 
 
@@ -135,17 +133,13 @@ def findings_paragraph(
     models = list(dict.fromkeys([run.name for run in runs] + [code_file.model_name for code_file in code_files]))
     task = runs[0].task if runs else code_files[0].task_config.get("name", "an unnamed task")
     sentences = [f"This report compares {_and(models)} attention on {task}"
-                 + (f", trained and evaluated on {_and([_variant_words(v) for v in training_variants(runs)])}."
-                    if runs else ".")]
+                 + (f", trained and evaluated on {_training_words(runs)}." if runs else ".")]
     if runs:
         sentences.append(_task_sentence(runs, descriptions))
     if code_files:
-        variants = [v for v in _codes_variants(code_files) if v != "unrecorded"]
-        sentences.append(
-            "Their latent codes (the attention scores of all heads at one query-key pair) were recorded at "
-            + " | ".join(dict.fromkeys(site_set(code_file) for code_file in code_files))
-            + (f", on {_and([_variant_words(v) for v in variants])}" if variants else "") + "."
-        )
+        sites, variants = _codes_words(code_files)
+        sentences.append("Their latent codes (the attention scores of all heads at one query-key pair) were recorded "
+                         f"at {sites}" + (f", on {variants}" if variants else "") + ".")
     if probe_table is not None and len(probe_table):
         sentences.append(_probe_sentence(probe_table, fit_split, test_split, descriptions))
     similarity = _similarity_panels(code_files, picture_label, picture_split) if picture_label else {}
@@ -214,8 +208,7 @@ def about_html(
         items.append(f"<b>Task</b>: {html.escape(str(task_config.get('name')))} ({html.escape(settings)}).")
     if runs:
         items.append("<b>Models</b>: " + html.escape(", ".join(run.name for run in runs))
-                     + ", trained and evaluated on "
-                     + html.escape(_and([_variant_words(v) for v in training_variants(runs)])) + ".")
+                     + ", trained and evaluated on " + html.escape(_training_words(runs)) + ".")
     for code_file in code_files:
         variant = variant_of(code_file)
         counts = ", ".join(f"{split} {int((code_file.split_of_examples() == split).sum())}"

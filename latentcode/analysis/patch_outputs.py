@@ -93,12 +93,10 @@ def read_patch_output(stem: str | Path, what: str = "--patch") -> PatchOutput:
                                            f"{value[:40]!r}; "
                                            "expected a number") from None
     summary = _read_summary(summary_path, what)
-    png = read_png(image_path, f"{what} map" if what else "", MAX_FIGURE_BYTES) if _exists(image_path) else None
+    # A dangling link is refused by the read, not skipped.
+    present = image_path.is_symlink() or image_path.exists()
+    png = read_png(image_path, f"{what} map" if what else "", MAX_FIGURE_BYTES) if present else None
     return PatchOutput(stem, text, columns, len(body), summary, png)
-
-
-def _exists(path: Path) -> bool:
-    return path.is_symlink() or path.exists()  # a dangling link is refused by the read, not skipped
 
 
 def _read_summary(path: Path, what: str) -> dict[str, Any]:

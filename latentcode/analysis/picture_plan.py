@@ -4,10 +4,9 @@ samples), resolved and checked before matplotlib or scikit-learn is imported.
     plan = plan_picture("codes.h5", "rule", "figures/tsne", kind="tsne", split="ood")
     plot_embedding(plan.code_files[0], plan.label, plan.out, split=plan.split)
 
-`latentcode plot`, `heatmap` and `samples` check their arguments by building this plan;
-`plot_embedding`, `plot_similarity` and `plot_code_samples` build it too before they read any codes,
-so a mistake gets the same message from both (`errors.about` names the argument; the command line
-shows its flag in its place). Checked here: the codes file(s), the label (each file has it; one
+`latentcode plot`, `heatmap` and `samples` build this plan, and so do `plot_embedding`,
+`plot_similarity` and `plot_code_samples` before they read any codes: a mistake gets the same
+message from both (`latentcode.analysis.checks`). Checked here: the codes file(s), the label (each file has it; one
 value per example for an embedding's colours), the split, the layer, and the figure's stem
 (writable, no link followed, nothing replaced unless `overwrite`). h5py only.
 """

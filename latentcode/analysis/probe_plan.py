@@ -4,9 +4,8 @@
     plan.code_files, plan.label          # what is decoded (views of at most max_rows rows a split)
     decode(plan.code_files, plan.label, plan.fit_split, plan.test_split)
 
-`latentcode probe` checks its arguments by building this plan; `decode` and `regress` build it too
-before they read any codes, so a mistake gets the same message from both (`errors.about` names the
-argument; the command line shows its flag in its place). Checked here: the codes files (there,
+`latentcode probe` builds this plan, and so do `decode` and `regress` before they read any codes: a
+mistake gets the same message from both (`latentcode.analysis.checks`). Checked here: the codes files (there,
 readable, of one task), the label (each file has it, and it is not one value for every example of
 the fitting split), both splits, the folds and the output stem (writable, nothing replaced unless
 `overwrite`). h5py only.
@@ -18,13 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from latentcode.analysis.checks import (
-    check_decodable,
-    check_label,
-    check_splits,
-    code_files_to_read,
-    default_label,
-)
+from latentcode.analysis.checks import check_decodable, check_label, check_splits, code_files_to_read, default_label
 from latentcode.errors import about
 from latentcode.provenance import check_one_task
 from latentcode.store import CodeFile

@@ -6,14 +6,9 @@ For each run directory it reads `config.json`, `metrics.jsonl` and `summary.json
 torch needed), and for each codes file (given, or found as `RUN_DIR/codes/*.h5`) it decodes the
 task's sub-task label from the latent codes (fit on `fit_split`, scored on `test_split`), and
 draws the tSNE of the codes, raw code samples, and one cosine-similarity heatmap of mean codes
-comparing every model and layer on one colour scale. Several runs share one metrics table, one
-curves figure and one probe figure.
-
-The page explains itself (`latentcode.analysis.narrative`): a plain-language summary of the
-findings at the top, then the task, the variants the models were trained on and the codes
-extracted on, the sites, what each split holds and what it is used for, and where every number
-comes from (the run directories' own training, or this report). Every figure has a caption.
-Images are embedded as data URIs and the page has no JavaScript, so it reads offline as one file.
+comparing every model and layer on one colour scale. The words around them, a summary of the
+findings first, are `latentcode.analysis.narrative`'s. Images are embedded as data URIs and the
+page has no JavaScript, so it reads offline as one file.
 """
 
 from __future__ import annotations
@@ -31,27 +26,21 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from latentcode.analysis.checks import default_label, label_name
+from latentcode.analysis.embed import METHOD_NAMES
 from latentcode.analysis.narrative import (
+    CANONICAL_SPLITS,
     about_html,
     context_line,
     findings_paragraph,
     training_variants,
 )
 from latentcode.analysis.patch_outputs import PatchOutput
-from latentcode.analysis.plots import (
-    plot_code_samples,
-    plot_embedding,
-    plot_probe_scores,
-    plot_similarity,
-)
-from latentcode.analysis.probes import (
-    decode,
-    headline_lines,
-    headline_rows,
-    summary_rows,
-    write_table,
-)
-from latentcode.analysis.report_plan import (  # noqa: F401 - ReportError: raised here too, where it always was
+from latentcode.analysis.plots import plot_code_samples, plot_embedding, plot_probe_scores, plot_similarity
+from latentcode.analysis.plots.figure import save_figure
+from latentcode.analysis.plots.heatmap import WEAK_SHARE
+from latentcode.analysis.probes import decode, headline_lines, headline_rows, summary_rows, write_table
+from latentcode.analysis.report_plan import (  # noqa: F401 - ReportError: importable from here, as tests do
     ReportError,
     ReportPlan,
     check_report_outputs_free,
@@ -61,7 +50,7 @@ from latentcode.files import AtomicOutputs, ExclusiveLock, check_replaceable, wr
 from latentcode.progress import Progress
 from latentcode.rundir import RunRecord
 from latentcode.safe_reads import read_png
-from latentcode.store import DEFAULT_MAX_ROWS, CodeFile
+from latentcode.store import CodeFile
 
 
 @dataclass
@@ -92,8 +81,7 @@ def plot_training_curves(runs: Sequence[RunRecord], path_stem: Path, dpi: float 
     """Training loss, and the task metric of every evaluated split, against steps; one line per run."""
     seen = {split for run in runs for record in run.metrics if record.get("event") == "eval"
             for split in record["splits"]}
-    canonical = ["train", "test", "ood", "unseen_terms"]
-    splits = [split for split in canonical if split in seen] + sorted(seen - set(canonical))
+    splits = [split for split in CANONICAL_SPLITS if split in seen] + sorted(seen - set(CANONICAL_SPLITS))
     task = runs[0].task
     metric = runs[0].headline_metric
     figure = Figure(figsize=(4.2 * (1 + len(splits)), 3.6), dpi=dpi)
@@ -114,10 +102,7 @@ def plot_training_curves(runs: Sequence[RunRecord], path_stem: Path, dpi: float 
         axis.set(title=f"{split}: {metric}", xlabel="step", ylabel=metric)
     axes[0].legend(fontsize="small")
     figure.tight_layout()
-    path = path_stem.with_suffix(".png")
-    with AtomicOutputs(lock=path_stem) as outputs:
-        outputs.write_figure(path_stem, figure)
-    return path
+    return save_figure(figure, path_stem, ("png",), dpi)[0]
 
 
 # -- HTML ------------------------------------------------------------------------------------------
@@ -144,12 +129,9 @@ def _table(frame: pd.DataFrame, float_format: str = "{:.3f}") -> str:
 
 
 def _metrics_frame(runs: Sequence[RunRecord]) -> pd.DataFrame:
-    rows = []
-    for run in runs:
-        for split, values in run.final_metrics().items():
-            rows.append({"model": run.name, "split": split, **{k: v for k, v in values.items()
-                                                                   if not k.startswith("feature_accuracy_")}})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"model": run.name, "split": split,
+                          **{k: v for k, v in values.items() if not k.startswith("feature_accuracy_")}}
+                         for run in runs for split, values in run.final_metrics().items()])
 
 
 def _settings_frame(runs: Sequence[RunRecord]) -> pd.DataFrame:
@@ -170,23 +152,15 @@ def build_report(
     run_dirs: Sequence[str | Path] = (),
     codes_files: Sequence[str | Path] = (),
     out: str | Path = "report.html",
-    label: str | None = None,
-    fit_split: str = "train",
-    test_split: str = "ood",
-    embedding_split: str | None = None,
-    methods: Sequence[str] = ("tsne",),
-    max_points: int = 1000,
-    title: str = "latentcode report",
-    overwrite: bool = False,
+    *,
     progress: bool = True,
-    notes: Sequence[str] = (),
-    patches: Sequence[str | Path] = (),
-    max_rows: int = DEFAULT_MAX_ROWS,
-    picture_label: str | None = None,
+    **options,
 ) -> Report:
     """Write the report to `out` (figures and tables beside it in `<out stem>_files/`); a name
     without an .html (or .htm) suffix gets .html, so that a browser opens it. Every argument is
-    checked first, by the plan `latentcode report` makes too (`plan_report`).
+    checked first, by the plan `latentcode report` makes too: `options` are `plan_report`'s (label,
+    fit_split, test_split, embedding_split, methods, max_points, title, overwrite, notes, patches,
+    max_rows, picture_label; its defaults), of which:
 
     patches: path stems written by `latentcode patch` (STEM.csv, STEM.json, STEM.png): an
         'Interventions' section shows where patching codes transferred the donor's sub-task.
@@ -200,11 +174,7 @@ def build_report(
     notes: sentences for the 'Where the numbers come from' list, e.g. that the runs are shipped
         checkpoints whose training happened elsewhere (`latentcode demo` says so).
     """
-    plan = plan_report(run_dirs, codes_files, out, label=label, fit_split=fit_split, test_split=test_split,
-                       embedding_split=embedding_split, methods=methods, max_points=max_points, title=title,
-                       overwrite=overwrite, notes=notes, patches=patches, max_rows=max_rows,
-                       picture_label=picture_label)
-    return run_report(plan, progress=progress)
+    return run_report(plan_report(run_dirs, codes_files, out, **options), progress=progress)
 
 
 def run_report(plan: ReportPlan, progress: bool = True) -> Report:
@@ -217,38 +187,35 @@ def run_report(plan: ReportPlan, progress: bool = True) -> Report:
             check_replaceable(files_dir / f"patch_{output.stem.name}.png")
         made_files_dir = not files_dir.exists()
         try:
-            return _write_report(list(plan.runs), list(plan.code_files), plan.run_dirs, out, files_dir, plan.label,
-                                 plan.fit_split, plan.test_split, plan.embedding_split, plan.methods,
-                                 plan.max_points, plan.title, progress, plan.notes, plan.patches,
-                                 plan.picture_label)
+            return _write_report(plan, progress)
         except BaseException:
             if made_files_dir:  # a failed report leaves nothing behind
                 shutil.rmtree(files_dir, ignore_errors=True)
             raise
 
 
-def _write_report(
-    runs: list[RunRecord], code_files: list[CodeFile], run_dirs: Sequence[str | Path], out: Path, files_dir: Path,
-    label: str | None, fit_split: str, test_split: str, embedding_split: str | None, methods: Sequence[str],
-    max_points: int, title: str, progress: bool, notes: Sequence[str], patches: Sequence[PatchOutput] = (),
-    picture_label: str | None = None,
-) -> Report:
-    """build_report's work, under the lock of `out`."""
-    codes_paths = [code_file.path for code_file in code_files]
+def _write_report(plan: ReportPlan, progress: bool) -> Report:
+    """run_report's work, under the lock of `plan.out`."""
+    runs, code_files, out, files_dir = list(plan.runs), list(plan.code_files), plan.out, plan.files_dir
+    label, fit_split, test_split = plan.label, plan.fit_split, plan.test_split
+    # The split the figures of codes show: the one asked for, else the test split where the files have it.
+    picture_split = plan.embedding_split or (test_split if code_files and test_split in code_files[0].splits else None)
     try:
         files_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise write_error(error, files_dir) from None
 
     # Steps: curves, probes (one per file), and per file its embeddings and samples, then the heatmap.
-    steps = _Steps(progress, total=(1 if runs else 0) + len(code_files) * (2 + len(methods)) + bool(code_files))
+    total = (1 if runs else 0) + len(code_files) * (2 + len(plan.methods)) + bool(code_files)
+    steps = Progress(total, "report", unit="step", enabled=progress and total > 0, interval=0.0)
+    steps.start()
     sections: list[str] = []
     figures: list[Path] = []
     if runs:
-        steps.start("training curves")
+        steps.begin("training curves")
         curves = plot_training_curves(runs, files_dir / "training_curves")
         figures.append(curves)
-        steps.advance("training curves")
+        steps.advance(note="training curves")
         variants = ", ".join(training_variants(runs))
         sections.append(
             "<h2>Training (as recorded in the run directories)</h2>"
@@ -263,19 +230,15 @@ def _write_report(
 
     probe_table = probe_plot = None
     if code_files:
-        task_names = {code_file.task_config.get("name") for code_file in code_files}
-        probe_labels = {code_file.task_analysis.get("probe_label") for code_file in code_files}
-        probe_label = label or (probe_labels.pop() if len(probe_labels) == 1 else None)
-        if probe_label is None:
-            raise ReportError(f"give a label to decode (--label); the codes files come from tasks {sorted(task_names)}")
+        probe_label = default_label(code_files, label)  # as the plan chose it
         usable = [f for f in code_files if fit_split in f.splits and test_split in f.splits]
         skipped = [f for f in code_files if f not in usable]
         probe_html = ""
         if usable:
-            steps.start(f"probes ({probe_label})")
+            steps.begin(f"probes ({probe_label})")
             probe_table = decode(usable, probe_label, fit_split=fit_split, test_split=test_split,
-                                 progress=steps.bars)
-            steps.advance(f"probes ({probe_label})", len(usable))
+                                 progress=steps.enabled and steps.interactive)  # its own bar, only where ours is one
+            steps.advance(len(usable), note=f"probes ({probe_label})")
             write_table(probe_table, files_dir / "probes")
             probe_plot = plot_probe_scores(probe_table, files_dir / "probe_scores")[0]
             figures.append(probe_plot)
@@ -304,31 +267,31 @@ def _write_report(
                 f": it lacks {html.escape(repr(fit_split))} or {html.escape(repr(test_split))}.</p>")
         sections.append("<h2>Decoding the sub-task from latent codes</h2>" + probe_html)
 
-        picture_label = picture_label or label or code_files[0].task_analysis.get("picture_label", probe_label)
-        picture_html = _pictures(code_files, picture_label, files_dir, embedding_split, test_split, methods,
-                                 max_points, steps, figures)
+        picture_label = plan.picture_label or label or code_files[0].task_analysis.get("picture_label", probe_label)
+        picture_html = _pictures(code_files, picture_label, files_dir, picture_split, plan.methods,
+                                 plan.max_points, steps, figures)
         sections.append("<h2>Latent codes</h2>" + picture_html)
 
-    if patches:
-        sections.append(_interventions(patches, files_dir, figures))
+    if plan.patches:
+        sections.append(_interventions(plan.patches, files_dir, figures))
 
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    inputs = "".join(f"<li>{html.escape(str(p))}</li>" for p in [*map(str, run_dirs), *map(str, codes_paths)])
-    picture_split = embedding_split or (test_split if code_files and test_split in code_files[0].splits else None)
+    inputs = "".join(f"<li>{html.escape(str(path))}</li>"
+                     for path in [*plan.run_dirs, *(code_file.path for code_file in code_files)])
     summary = findings_paragraph(runs, code_files, probe_table, fit_split, test_split,
                                  picture_label if code_files else None, picture_split)
     context = context_line(runs, code_files)
     page = (
-        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(plan.title)}</title>"
+        f"<style>{_STYLE}</style></head><body><h1>{html.escape(plan.title)}</h1>"
         f"<p class=note>{html.escape(context)}</p>"
         + _headline(probe_table, probe_plot)
         + f"<h2>In brief</h2><p>{html.escape(summary)}</p>"
-        + about_html(runs, code_files, fit_split, test_split, picture_split, notes)
+        + about_html(runs, code_files, fit_split, test_split, picture_split, plan.notes)
         + "".join(sections)
         + f"<p class=note>Written {created} by latentcode. Inputs:</p><ul class=note>{inputs}</ul></body></html>"
     )
-    with AtomicOutputs() as outputs:  # the lock of `out` is held by build_report
+    with AtomicOutputs() as outputs:  # the lock of `out` is held by run_report
         outputs.write_text(out, page)
     steps.close()
     return Report(out, runs, probe_table, figures, context=context, summary=summary)
@@ -351,7 +314,7 @@ def _interventions(patches: Sequence[PatchOutput], files_dir: Path, figures: lis
         shown = ""
         if output.png is not None:  # checked as a PNG at open; copied as every output is written
             copy = files_dir / f"patch_{stem.name}.png"
-            with AtomicOutputs() as outputs:  # the lock of `out` is held by build_report
+            with AtomicOutputs() as outputs:  # the lock of `out` is held by run_report
                 outputs.write_bytes(copy, output.png)
             figures.append(copy)
             shown = _image(copy, f"patching map {stem.name}")
@@ -392,19 +355,18 @@ def _caption(text: str) -> str:
 
 
 def _pictures(
-    code_files: Sequence[CodeFile], picture_label: str, files_dir: Path, embedding_split: str | None,
-    test_split: str, methods: Sequence[str], max_points: int, steps: _Steps, figures: list[Path],
+    code_files: Sequence[CodeFile], picture_label: str, files_dir: Path, split: str | None, methods: Sequence[str],
+    max_points: int, steps: Progress, figures: list[Path],
 ) -> str:
     """The 'Latent codes' section: one similarity heatmap of every model and layer (one colour
     scale), then per model its embeddings and raw code samples, each with a caption."""
     parts = []
     first = code_files[0]
-    split = embedding_split or (test_split if test_split in first.splits else None)
     split_words = "every split" if split is None else f"the {split} split" + (
         f" ({first.split_descriptions[split]})" if split in first.split_descriptions else "")
-    one_value = all(picture_label.split("[")[0] in code_file.label_names for code_file in code_files)
+    one_value = all(label_name(picture_label) in code_file.label_names for code_file in code_files)
     if one_value:
-        steps.start("similarity heatmap")
+        steps.begin("similarity heatmap")
         try:
             heatmap = plot_similarity(code_files, picture_label, files_dir / "similarity", split=split)
         except ValueError as error:  # e.g. a continuous label: no heatmap, and the page says why
@@ -420,17 +382,18 @@ def _pictures(
                     "cosine similarity; one row of panels per model, one panel per layer, one colour scale and one "
                     "row order for all. The title says whether the grand mean code was subtracted first (centred) "
                     "and why: where the codes share a large common part, plain cosines all sit near 1. Each "
-                    f"panel's title gives the share of the code variance that {picture_label} explains, and its "
-                    "colours fade towards white where that share is small (full strength from 10%), so that "
+                    f"panel's title gives the share of the code variance that {picture_label} explains; a panel where "
+                    f"that share is under {WEAK_SHARE:.0%} is marked weak (its title says so, its frame is "
+                    "dashed), so that "
                     "differences between value means that are a sliver of the variance never look like structure.")
             )
-        steps.advance("similarity heatmap")
+        steps.advance(note="similarity heatmap")
     for code_file in code_files:
         stem = code_file.path.stem
         name = html.escape(code_file.model_name)
         for method in methods:
-            method_name = {"tsne": "tSNE", "umap": "UMAP"}.get(method, method)
-            steps.start(f"{method_name} of {code_file.model_name} ({len(code_file.layers)} layers)")
+            method_name = METHOD_NAMES.get(method, method)
+            steps.begin(f"{method_name} of {code_file.model_name} ({len(code_file.layers)} layers)")
             paths = plot_embedding(code_file, picture_label, files_dir / f"{stem}_{method}", method=method,
                                    split=split, max_points=max_points, progress=False)  # the report has its bar
             figures.extend(paths)
@@ -441,9 +404,9 @@ def _pictures(
                            f"{split_words}. Points of one colour that gather show codes that carry "
                            f"{picture_label}; {method_name} distances between clusters mean little.")
             )
-            steps.advance(f"{method} {stem}")
+            steps.advance(note=f"{method} {stem}")
         if one_value:
-            steps.start(f"code samples of {code_file.model_name}")
+            steps.begin(f"code samples of {code_file.model_name}")
             try:
                 samples = plot_code_samples(code_file, picture_label, files_dir / f"{stem}_samples", split=split)
             except ValueError as error:
@@ -457,25 +420,5 @@ def _pictures(
                                "line; a layer of many sites shows a window of them, grouped by head, as its title "
                                "says). Signed codes are drawn with 0 white.")
                 )
-        steps.advance(f"samples {stem}")
+        steps.advance(note=f"samples {stem}")
     return "".join(parts)
-
-
-class _Steps:
-    """How far the report is over its long steps: a bar on a terminal, a line as each step starts
-    and ends in a log (latentcode.progress), or nothing."""
-
-    def __init__(self, enabled: bool, total: int):
-        self.progress = Progress(total, "report", unit="step", enabled=enabled and total > 0, interval=0.0)
-        self.progress.start()
-        self.bars = self.progress.enabled and self.progress.interactive  # for the probes' own bar
-
-    def start(self, what: str) -> None:
-        """Say what is running now (the bar advances only when it is done)."""
-        self.progress.begin(what)
-
-    def advance(self, what: str, n: int = 1) -> None:
-        self.progress.advance(n, note=what)
-
-    def close(self) -> None:
-        self.progress.close()

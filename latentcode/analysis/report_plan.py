@@ -4,13 +4,12 @@
     plan.runs, plan.code_files, plan.patches, plan.out     # what the page shows, where it goes
     latentcode.analysis.report.run_report(plan)           # draws and writes it
 
-The command line's check (`latentcode report`) builds this plan and its run executes it;
-`build_report(...)` builds the same plan, so a mistake gets the same message from both
-(`errors.about` names the argument; the command line shows its flag in its place). Checked here:
-that there is something to report, the run directories and codes files (there, readable, of one
-task, the codes of the runs given), the outputs of `latentcode patch` to show (whole, of the same
-task and model), the label to decode, the options, and the page and its files' directory (writable,
-nothing already there replaced unless `overwrite`, no link followed). JSON and h5py only.
+`latentcode report` and `build_report(...)` build this plan, so a mistake gets the same message
+from both (`latentcode.analysis.checks`). Checked here: that there is something to report, the run
+directories and codes files (there, readable, of one task, the codes of the runs given), the outputs
+of `latentcode patch` to show (whole, of the same task and model), the label to decode, the options,
+and the page and its files' directory (writable, nothing already there replaced unless `overwrite`,
+no link followed). JSON and h5py only.
 """
 
 from __future__ import annotations
@@ -19,13 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from latentcode.analysis.checks import (
-    MissingInput,
-    check_input_file,
-    check_label,
-    default_label,
-    open_codes_files,
-)
+from latentcode.analysis.checks import MissingInput, check_input_file, check_label, default_label, open_codes_files
 from latentcode.analysis.patch_outputs import PatchOutput, check_patch_provenance, read_patch_output
 from latentcode.errors import LatentcodeError, OutputExistsError, about
 from latentcode.files import check_replaceable
@@ -142,14 +135,11 @@ def plan_report(
         for output in outputs:
             check_patch_provenance(output, code_files, runs, "")
     if code_files:
-        probe_label = default_label(code_files, label, "a label (label=, or --label)")
-        with about("label"):
-            for code_file in code_files:
-                check_label(code_file, probe_label, "label")
-        if picture_label is not None:
-            with about("picture_label"):
-                for code_file in code_files:
-                    check_label(code_file, picture_label, "picture_label")
+        for what, spec in (("label", default_label(code_files, label, "a label (label=, or --label)")),
+                           ("picture_label", picture_label)):
+            for code_file in code_files if spec is not None else ():
+                with about(what):
+                    check_label(code_file, spec, what)
     out = html_path(out)
     with about("out"):
         check_output(out)

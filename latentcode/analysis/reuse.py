@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from latentcode.analysis.topography import mean_codes_by_task
 from latentcode.errors import LatentcodeError
 
 __all__ = ["ReusePart", "ReuseError", "combined_score", "composition_means", "decodability_part",
@@ -106,10 +107,7 @@ def composition_means(codes: np.ndarray, constituents: np.ndarray) -> tuple[np.n
     rows of ``constituents`` (in sorted order)."""
     codes, constituents = _check(codes, constituents, "codes")
     compositions, which = np.unique(constituents, axis=0, return_inverse=True)
-    which = np.asarray(which).reshape(-1)
-    sums = np.zeros((len(compositions), codes.shape[1]))
-    np.add.at(sums, which, codes)
-    return sums / np.bincount(which)[:, None], compositions
+    return mean_codes_by_task(codes, np.asarray(which).reshape(-1))[1], compositions
 
 
 def decodability_part(codes_fit, constituents_fit, codes_test, constituents_test, *, seed: int = 0,

@@ -26,15 +26,8 @@ import numpy as np
 from scipy.stats import rankdata
 from sklearn.metrics import f1_score
 
-__all__ = [
-    "BINARY_METRICS",
-    "CATEGORICAL_METRICS",
-    "auroc",
-    "binary_scores",
-    "categorical_scores",
-    "r2_per_output",
-    "why_undefined",
-]
+__all__ = ["BINARY_METRICS", "CATEGORICAL_METRICS", "auroc", "binary_scores", "categorical_scores", "r2_per_output",
+           "why_undefined"]
 
 CATEGORICAL_METRICS = ("accuracy", "balanced_accuracy", "macro_f1")
 BINARY_METRICS = ("f1", "balanced_accuracy", "auroc")
@@ -50,16 +43,12 @@ def balanced_accuracy(truth: np.ndarray, predicted: np.ndarray) -> float:
     return float(np.mean([np.mean(predicted[truth == value] == value) for value in classes]))
 
 
-def macro_f1(truth: np.ndarray, predicted: np.ndarray) -> float:
-    return float(f1_score(truth, predicted, average="macro", zero_division=0.0))
-
-
 def categorical_scores(truth: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
     """`CATEGORICAL_METRICS` of class predictions ``[N]`` against the true classes ``[N]``."""
     return {
         "accuracy": accuracy(truth, predicted),
         "balanced_accuracy": balanced_accuracy(truth, predicted),
-        "macro_f1": macro_f1(truth, predicted),
+        "macro_f1": float(f1_score(truth, predicted, average="macro", zero_division=0.0)),
     }
 
 

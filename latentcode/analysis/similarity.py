@@ -25,9 +25,7 @@ from latentcode.analysis.labels import select_label
 from latentcode.errors import AnalysisError
 from latentcode.store import CodeFile, Site
 
-__all__ = [
-    "MAX_VALUES", "Similarity", "between_value_variance_share", "mean_code_similarity", "similarity_of_means",
-]
+__all__ = ["MAX_VALUES", "Similarity", "between_value_variance_share", "mean_code_similarity", "similarity_of_means"]
 
 # A heatmap of more values than this is unreadable, and a label with more is likely continuous.
 MAX_VALUES = 64
@@ -65,11 +63,6 @@ class Similarity:
             return 1.0, 1.0
         off_diagonal = self.matrix[~np.eye(len(self.values), dtype=bool)]
         return float(off_diagonal.min()), float(off_diagonal.max())
-
-
-def _cosine(vectors: np.ndarray) -> np.ndarray:
-    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
-    return np.clip(unit @ unit.T, -1.0, 1.0)
 
 
 def similarity_of_means(
@@ -130,7 +123,8 @@ def similarity_of_means(
     else:
         order = np.arange(len(values))
     mean_codes = mean_codes[order]
-    return _cosine(mean_codes), values[order], order, counts[order], mean_codes
+    unit = mean_codes / np.linalg.norm(mean_codes, axis=1, keepdims=True)
+    return np.clip(unit @ unit.T, -1.0, 1.0), values[order], order, counts[order], mean_codes
 
 
 def mean_code_similarity(

@@ -30,15 +30,8 @@ from scipy.stats import rankdata
 
 from latentcode.errors import LatentcodeError
 
-__all__ = [
-    "ALTERNATIVES",
-    "CODE_METRICS",
-    "Topography",
-    "TopographyError",
-    "composition_counts",
-    "mean_codes_by_task",
-    "topographic_similarity",
-]
+__all__ = ["ALTERNATIVES", "CODE_METRICS", "Topography", "TopographyError", "composition_counts", "mean_codes_by_task",
+           "topographic_similarity"]
 
 CODE_METRICS = ("cosine", "euclidean")
 ALTERNATIVES = ("greater", "less", "two-sided")
@@ -100,23 +93,13 @@ def topographic_similarity(
 
     composition_ranks = rankdata(pdist(compositions, metric="cityblock"))
     if np.ptp(composition_ranks) == 0:
-        raise TopographyError(
-            "every pair of tasks has the same composition distance, so rho is undefined; "
-            "expected compositions that differ by varying amounts"
-        )
+        raise TopographyError("every pair of tasks has the same composition distance, so rho is undefined; "
+                              "expected compositions that differ by varying amounts")
     code_distances = pdist(mean_codes, metric=code_metric)
     if np.ptp(code_distances) == 0:
         nan = float("nan")
-        return Topography(
-            nan,
-            nan,
-            n_tasks,
-            n_permutations,
-            code_metric,
-            alternative,
-            seed,
-            np.full(n_permutations, nan),
-        )
+        return Topography(nan, nan, n_tasks, n_permutations, code_metric, alternative, seed,
+                          np.full(n_permutations, nan))
 
     # Spearman's rho is Pearson's r of the (average) ranks. Permuting task identities only
     # rearranges the code-distance entries among the pairs, so the code ranks are computed once
@@ -147,9 +130,7 @@ def topographic_similarity(
     else:
         extreme = np.abs(null_rhos) >= abs(rho) - tolerance
     p_value = (1 + int(extreme.sum())) / (1 + n_permutations)
-    return Topography(
-        rho, p_value, n_tasks, n_permutations, code_metric, alternative, seed, null_rhos
-    )
+    return Topography(rho, p_value, n_tasks, n_permutations, code_metric, alternative, seed, null_rhos)
 
 
 def mean_codes_by_task(codes: np.ndarray, task_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -164,10 +145,8 @@ def mean_codes_by_task(codes: np.ndarray, task_index: np.ndarray) -> tuple[np.nd
     """
     codes, task_index = np.asarray(codes, dtype=np.float64), np.asarray(task_index)
     if codes.ndim != 2 or task_index.shape != (len(codes),):
-        raise TopographyError(
-            f"codes {codes.shape} and task_index {task_index.shape} do not match; expected "
-            "[n_examples, dim] and [n_examples]"
-        )
+        raise TopographyError(f"codes {codes.shape} and task_index {task_index.shape} do not match; expected "
+                              "[n_examples, dim] and [n_examples]")
     if not np.issubdtype(task_index.dtype, np.integer):
         raise TopographyError(f"task_index has dtype {task_index.dtype}; expected integers")
     tasks, example_task = np.unique(task_index, return_inverse=True)
@@ -184,15 +163,11 @@ def composition_counts(combinations: np.ndarray, n_parts: int) -> np.ndarray:
     """
     combinations = np.asarray(combinations)
     if combinations.ndim != 2 or not np.issubdtype(combinations.dtype, np.integer):
-        raise TopographyError(
-            f"combinations has shape {combinations.shape} and dtype {combinations.dtype}; "
-            "expected integer part indices [n_combinations, k]"
-        )
+        raise TopographyError(f"combinations has shape {combinations.shape} and dtype {combinations.dtype}; "
+                              "expected integer part indices [n_combinations, k]")
     if combinations.size and (combinations.min() < 0 or combinations.max() >= n_parts):
-        raise TopographyError(
-            f"combinations hold parts {combinations.min()}..{combinations.max()}; expected "
-            f"0..{n_parts - 1} (n_parts={n_parts})"
-        )
+        raise TopographyError(f"combinations hold parts {combinations.min()}..{combinations.max()}; expected "
+                              f"0..{n_parts - 1} (n_parts={n_parts})")
     counts = np.zeros((len(combinations), n_parts), dtype=np.int64)
     rows = np.repeat(np.arange(len(combinations)), combinations.shape[1])
     np.add.at(counts, (rows, combinations.ravel()), 1)
@@ -201,14 +176,10 @@ def composition_counts(combinations: np.ndarray, n_parts: int) -> np.ndarray:
 
 def _check_arguments(mean_codes, compositions, code_metric, n_permutations, seed, alternative):
     if mean_codes.ndim != 2 or compositions.ndim != 2 or len(mean_codes) != len(compositions):
-        raise TopographyError(
-            f"mean_codes {mean_codes.shape} and compositions {compositions.shape} do not match; "
-            "expected [n_tasks, dim] and [n_tasks, n_parts]"
-        )
+        raise TopographyError(f"mean_codes {mean_codes.shape} and compositions {compositions.shape} do not match; "
+                              "expected [n_tasks, dim] and [n_tasks, n_parts]")
     if len(mean_codes) < 3:
-        raise TopographyError(
-            f"{len(mean_codes)} tasks give too few pairs for a rank correlation; expected at least 3"
-        )
+        raise TopographyError(f"{len(mean_codes)} tasks give too few pairs for a rank correlation; expected at least 3")
     if not (np.isfinite(mean_codes).all() and np.isfinite(compositions).all()):
         raise TopographyError("mean_codes or compositions hold NaN or infinite values")
     if code_metric not in CODE_METRICS:
@@ -216,10 +187,8 @@ def _check_arguments(mean_codes, compositions, code_metric, n_permutations, seed
     if code_metric == "cosine":
         zero = np.flatnonzero(~np.any(mean_codes, axis=1))
         if len(zero):
-            raise TopographyError(
-                f"the mean code of task row {zero[0]} is zero, which has no cosine distance; "
-                "use code_metric='euclidean'"
-            )
+            raise TopographyError(f"the mean code of task row {zero[0]} is zero, which has no cosine distance; "
+                                  "use code_metric='euclidean'")
     if alternative not in ALTERNATIVES:
         raise TopographyError(f"alternative={alternative!r}; expected one of {list(ALTERNATIVES)}")
     for name, value, minimum in (("n_permutations", n_permutations, 1), ("seed", seed, 0)):

@@ -14,12 +14,7 @@ Decoding and figures are torch-free: `latentcode.analysis.relation_decoding` and
 """
 
 from latentcode.relations.codes import RelationCodes, relation_codes
-from latentcode.relations.induction import (
-           ablation_effect,
-           induction_attribution,
-           induction_pairs,
-           random_pairs,
-)
+from latentcode.relations.induction import ablation_effect, induction_attribution, induction_pairs, random_pairs
 
 __all__ = ["RelationCodes", "ablation_effect", "induction_attribution", "induction_pairs", "random_pairs",
            "relation_codes"]

@@ -28,12 +28,7 @@ def run_smollm2_demo(out: str | Path = "latentcode-demo-smollm2", n_sequences: i
     from latentcode.analysis.plots.relations import plot_attribution
     from latentcode.demo import fresh_directory
     from latentcode.pretrained import load_pretrained
-    from latentcode.relations.induction import (
-        ablation_effect,
-        induction_attribution,
-        induction_pairs,
-        random_pairs,
-    )
+    from latentcode.relations.induction import ablation_effect, induction_attribution, induction_pairs, random_pairs
     from latentcode.tasks.token_sequences import repeated_random_tokens
 
     say = print if progress else (lambda *args, **kwargs: None)

@@ -9,10 +9,9 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.colors import Normalize
 
-from latentcode.analysis.labels import display_value, is_categorical
+from latentcode.analysis.labels import display_value
 
-__all__ = ["MAX_LEGEND_VALUES", "OTHER_COLOUR", "TOP_VALUES", "category_groups", "colour_scale",
-           "is_categorical_label", "palette"]
+__all__ = ["MAX_LEGEND_VALUES", "OTHER_COLOUR", "TOP_VALUES", "category_groups", "colour_scale", "palette"]
 
 
 def palette(n: int, without_grey: bool = False) -> list:
@@ -31,12 +30,6 @@ def palette(n: int, without_grey: bool = False) -> list:
 MAX_LEGEND_VALUES = 20
 TOP_VALUES = 9
 OTHER_COLOUR = (0.78, 0.78, 0.78, 1.0)
-
-
-def is_categorical_label(values: np.ndarray) -> bool:
-    """Integer (or bool) labels are categories, however many values they take (a task index, a
-    rule); float labels are continuous unless they hold a few integer values."""
-    return values.dtype.kind in "biu" or is_categorical(values)
 
 
 def category_groups(values: np.ndarray, names: Sequence[str] | None) -> tuple[list[tuple[str, np.ndarray, tuple]], str]:

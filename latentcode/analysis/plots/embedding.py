@@ -10,21 +10,11 @@ import numpy as np
 from matplotlib.lines import Line2D
 
 from latentcode.analysis.captions import codes_context, wrap_lines
-from latentcode.analysis.embed import DEFAULT_MAX_POINTS, Embedding, embed
-from latentcode.analysis.labels import select_label, value_names
+from latentcode.analysis.embed import DEFAULT_MAX_POINTS, METHOD_NAMES, Embedding, embed
+from latentcode.analysis.labels import is_categorical, select_label, value_names
 from latentcode.analysis.picture_plan import plan_picture
-from latentcode.analysis.plots.colours import (
-    OTHER_COLOUR,
-    category_groups,
-    colour_scale,
-    is_categorical_label,
-)
-from latentcode.analysis.plots.figure import (
-    new_figure,
-    one_column,
-    panel_grid,
-    save_figure,
-)
+from latentcode.analysis.plots.colours import OTHER_COLOUR, category_groups, colour_scale
+from latentcode.analysis.plots.figure import new_figure, one_column, panel_grid, save_figure
 from latentcode.store import CodeFile
 
 __all__ = ["plot_embedding"]
@@ -77,10 +67,12 @@ def plot_embedding(
     if embedding is None:
         embedding = embed(code_file, method, split, layers, max_points, seed, stratify, progress=progress)
     values = values[embedding.indices]
-    method_name = {"tsne": "tSNE", "umap": "UMAP"}.get(embedding.method, embedding.method)
+    method_name = METHOD_NAMES.get(embedding.method, embedding.method)
     drawn = [layer for layer in embedding.layers if layer not in embedding.constant_layers]
     n_rows, n_columns = panel_grid(len(drawn))
-    categorical = is_categorical_label(values)
+    # Integer (or bool) labels are categories however many values they take (a task index, a rule);
+    # float labels are continuous unless they hold a few integer values.
+    categorical = values.dtype.kind in "biu" or is_categorical(values)
     width = figsize[0] if figsize else max(7.0, 3.6 * n_columns + (2.6 if categorical else 1.4))
     figure = new_figure(figsize or (width, 3.6 * n_rows + 1.3), dpi)
     grid = figure.subplots(n_rows, n_columns, squeeze=False)
@@ -101,11 +93,7 @@ def plot_embedding(
                 axis.scatter(xy[members, 0], xy[members, 1], s=size, color=colour, linewidths=0, alpha=0.85)
         else:
             mappable = axis.scatter(xy[:, 0], xy[:, 1], c=values, s=size, cmap=colours, norm=norm, linewidths=0)
-        axis.set_title(f"layer {layer}")
-        axis.set_xlabel(f"{method_name} 1")
-        axis.set_ylabel(f"{method_name} 2")
-        axis.set_xticks([])
-        axis.set_yticks([])
+        axis.set(title=f"layer {layer}", xlabel=f"{method_name} 1", ylabel=f"{method_name} 2", xticks=[], yticks=[])
     constant = _constant_sentence(embedding.constant_layers, "embed")
     if not drawn:  # every layer constant: the sentence is the figure
         axes[0].set_axis_off()

@@ -18,9 +18,8 @@ from matplotlib.figure import Figure
 
 from latentcode.errors import AnalysisError
 from latentcode.files import AtomicOutputs
-from latentcode.store import CodeFile
 
-__all__ = ["FORMATS", "MAX_COLUMNS", "new_figure", "one_column", "open_codes", "panel_grid", "save_figure"]
+__all__ = ["FORMATS", "MAX_COLUMNS", "new_figure", "one_column", "panel_grid", "save_figure"]
 
 FORMATS = ("png", "svg", "pdf")
 # Panels per row of a figure with one panel per layer: a 30-layer model in one row was 11,000 px wide.
@@ -53,10 +52,6 @@ def save_figure(figure: Figure, path_stem: str | Path, formats: Sequence[str], d
         outputs.write_figure(stem, figure, formats, dpi=dpi)
     figure.clear()  # drop the artists now rather than whenever the figure is collected
     return outputs.written
-
-
-def open_codes(code_file: CodeFile | str | Path) -> CodeFile:
-    return code_file if isinstance(code_file, CodeFile) else CodeFile(code_file)
 
 
 def one_column(values: np.ndarray, label: str) -> np.ndarray:

@@ -29,14 +29,8 @@ CENTRE_BELOW_SPREAD = 0.2
 # centring magnifies differences between value means that are a sliver of the variance.
 CENTRE_ABOVE_SHARE = 0.01
 # Below this share of the code variance explained by the label, a panel is marked weak (its title says
-# so, its frame is dashed): 0.2% must not read as structure. Its colours stay those of the colour bar
-# (they were faded towards white once, which put colours on the panel that the bar does not have).
+# so, its frame is dashed): 0.2% must not read as structure. Its colours stay those of the colour bar.
 WEAK_SHARE = 0.1
-
-
-def _heatmap_side(n_values: int) -> float:
-    """Inches per panel: room for the tick names, at most 7 (a comparison has several rows)."""
-    return min(max(3.6, 0.42 * n_values + 2.0), 7.0)
 
 
 def _should_centre(panels: Sequence) -> tuple[bool, str]:
@@ -113,15 +107,16 @@ def plot_similarity(
     plan = plan_picture(code_files, label, path_stem, kind="similarity", split=split, formats=formats, overwrite=True)
     files, label = list(plan.code_files), plan.label  # checked as `latentcode heatmap` checks them
     layers_of = [list(code_file.layers if layers is None else layers) for code_file in files]
-    plain = [[mean_code_similarity(code_file, label, layer, split) for layer in file_layers]
-             for code_file, file_layers in zip(files, layers_of, strict=True)]
-    reason = ""
+
+    def similarities(centred: bool) -> list[list]:  # [file][layer]
+        return [[mean_code_similarity(code_file, label, layer, split, centre=centred) for layer in file_layers]
+                for code_file, file_layers in zip(files, layers_of, strict=True)]
+
+    rows, reason = similarities(False), ""
     if centre is None:
-        centre, reason = _should_centre([panel for row in plain for panel in row])
-    rows = plain if not centre else [
-        [mean_code_similarity(code_file, label, layer, split, centre=True) for layer in file_layers]
-        for code_file, file_layers in zip(files, layers_of, strict=True)
-    ]
+        centre, reason = _should_centre([panel for row in rows for panel in row])
+    if centre:
+        rows = similarities(True)
     # One order for every panel: the clustered order of the first model's last drawn layer.
     reference = next((panel for panel in reversed(rows[0]) if not panel.constant), None)
     if reference is not None:
@@ -132,10 +127,11 @@ def plot_similarity(
     n_values = max(len(panel.values) for panel in panels)
     if annotate is None:
         annotate = n_values <= ANNOTATE_MAX_VALUES
-    # Room beside each panel for long tick names (a fuzzy-logic task is its function), so that the
-    # squares keep their size; names of up to 18 characters fit in the panel's own margin.
+    # Inches per panel: room for the tick names, at most 7 (a comparison has several rows), and beside
+    # it for long tick names (a fuzzy-logic task is its function), so that the squares keep their
+    # size; names of up to 18 characters fit in the panel's own margin.
     longest = max((len(display_value(value, names)) for panel in panels for value in panel.values), default=0)
-    side = _heatmap_side(n_values) + min(2.5, max(0.0, 0.055 * (longest - 18)))
+    side = min(max(3.6, 0.42 * n_values + 2.0), 7.0) + min(2.5, max(0.0, 0.055 * (longest - 18)))
     # Each file's layers on rows of at most MAX_COLUMNS panels; a new file starts a new row.
     n_columns = panel_grid(max(len(row) for row in rows))[1]
     lines = [(row[start:start + n_columns], code_file) for row, code_file in zip(rows, files, strict=True)
@@ -183,8 +179,7 @@ def _draw_panel(axis, panel, title: str, label: str, names, *, square: float, co
     framed dashed, values written in the cells where `annotate`); its image, for the colour bar."""
     if panel.explained_variance is not None:
         share = panel.explained_variance
-        title += f" ({label} explains {share:.1%} of code variance)" if share < 0.1 else \
-            f" ({label} explains {share:.0%} of code variance)"
+        title += f" ({label} explains {share:.{1 if share < 0.1 else 0}%} of code variance)"
         if _is_weak(panel):
             title = "weak: " + title
     # Wrapped to the square, not the panel: a title wider than its axes runs into the next panel
@@ -198,8 +193,7 @@ def _draw_panel(axis, panel, title: str, label: str, names, *, square: float, co
     positions = np.arange(len(ticks))
     axis.set_xticks(positions, ticks, rotation=90, fontsize="small" if len(ticks) <= 30 else "x-small")
     axis.set_yticks(positions, ticks, fontsize="small" if len(ticks) <= 30 else "x-small")
-    axis.set_xlabel(label)
-    axis.set_ylabel(label)
+    axis.set(xlabel=label, ylabel=label)
     if annotate:
         font = max(4.0, min(9.0, 80.0 / len(ticks)))
         for (row_index, column), value in np.ndenumerate(panel.matrix):

@@ -8,9 +8,10 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.lines import Line2D
 
-from latentcode.analysis.captions import site_set, variant_of, wrap_lines
+from latentcode.analysis.captions import site_set, split_descriptions, variant_of, wrap_lines
 from latentcode.analysis.plots.figure import new_figure, save_figure
 from latentcode.analysis.probes import HEADLINE_METRICS
+from latentcode.analysis.probes.table import headline_metric
 from latentcode.errors import AnalysisError
 from latentcode.store import CodeFile
 
@@ -25,39 +26,21 @@ NEAR_TRIVIAL_GAP = 0.02
 BASELINE_MARKERS = {"majority": "o", "shuffled_labels": "s", "prevalence_random": "^", "all_present": "v"}
 
 
-def _files_of_table(rows: pd.DataFrame) -> list[CodeFile]:
-    """The codes files a probe table was made from, where they can still be read."""
-    files = []
+def _caption(rows: pd.DataFrame, fit: str, test: str) -> str:
+    """The site sets and variants of the files of a table and what its splits hold, e.g. 'last-self sites (...)
+    · fixed_query variant; train: in-distribution functions; ood: unseen combinations'."""
+    files = []  # those the table was made from, where they can still be read
     for path in dict.fromkeys(rows["file"].astype(str)) if "file" in rows else ():
         try:
             files.append(CodeFile(path))
-        except (OSError, ValueError):  # moved or deleted since: the title just says less
+        except (OSError, ValueError):  # moved or deleted since: the caption just says less
             pass
-    return files
-
-
-def _table_context(rows: pd.DataFrame) -> str:
-    """The site sets and variants of the files of a table, e.g. 'last-self sites (...) · fixed_query variant'."""
-    contexts = []
-    for code_file in _files_of_table(rows):
-        variant = variant_of(code_file)
-        contexts.append(site_set(code_file) + (f" · {variant} variant" if variant else ""))
-    return " | ".join(dict.fromkeys(contexts))
-
-
-def _described_splits(rows: pd.DataFrame, splits: str) -> str:
-    """``"ood"`` -> ``"ood (held-out rule multisets)"`` where the table's files describe the split."""
-    descriptions = {}
-    for code_file in _files_of_table(rows):
-        descriptions = {**code_file.split_descriptions, **descriptions}
-    return "/".join(f"{split} ({descriptions[split]})" if split in descriptions else split
-                    for split in splits.split("/"))
-
-
-def _split_caption(rows: pd.DataFrame, fit: str, test: str) -> str:
-    """``"train: in-distribution functions; ood: unseen combinations"`` where the files describe them."""
-    described = [_described_splits(rows, split) for split in dict.fromkeys([*fit.split("/"), *test.split("/")])]
-    return "; ".join(text.replace(" (", ": ", 1)[:-1] for text in described if text.endswith(")"))
+    contexts = [site_set(code_file) + (f" · {variant} variant" if (variant := variant_of(code_file)) else "")
+                for code_file in files]
+    descriptions = split_descriptions(files)
+    splits = [f"{split}: {descriptions[split]}" for split in dict.fromkeys([*fit.split("/"), *test.split("/")])
+              if split in descriptions]
+    return "; ".join(part for part in (" | ".join(dict.fromkeys(contexts)), "; ".join(splits)) if part)
 
 
 def plot_probe_scores(
@@ -131,7 +114,7 @@ def plot_probe_scores(
                               fontsize_points=11),
                    fontsize="medium")
     # The details a title would bury: the sites, the variant and what the splits hold.
-    caption = "; ".join(part for part in (_table_context(rows), _split_caption(rows, fit, test)) if part)
+    caption = _caption(rows, fit, test)
     if caption:
         figure.supxlabel(wrap_lines([caption], figsize[0], fontsize_points=8), fontsize="x-small", color="0.3")
     return save_figure(figure, path_stem, formats, dpi)
@@ -143,11 +126,10 @@ def _metric_rows(table: pd.DataFrame | str | Path, metric: str | None) -> tuple[
         path = Path(table)
         table = pd.read_json(path) if path.suffix == ".json" else pd.read_csv(path)
     if metric is None:
-        present = [name for name in HEADLINE_METRICS if (table["metric"] == name).any()]
-        if not present:
+        metric = headline_metric(table)
+        if metric is None:
             raise AnalysisError(f"the table has no metric of {HEADLINE_METRICS}; pass metric= one of "
                                 f"{sorted(table['metric'].unique())}")
-        metric = present[0]
     rows = table[table["metric"] == metric]
     if rows.empty:
         raise AnalysisError(f"the table has no rows with metric {metric!r}; it has {sorted(table['metric'].unique())}")

@@ -79,8 +79,7 @@ def plot_code_samples(
         # wrapped to the panel: a fuzzy-logic task's name is its whole function
         axis.set_title(wrap_lines([f"{label} = {display_value(category, names)} (n={count})"], 3.2,
                                   fontsize_points=9), fontsize="small")
-        axis.set_ylabel("example")
-        axis.set_yticks(range(len(block)))
+        axis.set(ylabel="example", yticks=range(len(block)))
         axis.tick_params(labelsize="x-small")
         window.label_axis(axis, code_file.n_heads, separator, code_file.position_names)
     for axis in axes[len(samples):]:

@@ -5,11 +5,9 @@ tasks of unseen composition. `decode` does that per layer (all sites of a layer 
 each site alone), for one codes file or several models side by side; `regress` is the ridge
 counterpart for continuous labels (R²).
 
-Fitting. Every probe is a scikit-learn ``Pipeline(StandardScaler, estimator)`` (`LogisticProbe`,
-`MultiHotProbe`, `RidgeProbe`) whose regularization is chosen by k-fold cross-validation
-(stratified for classification) on the fitting split only, each fold standardized with its own
-training part: C by accuracy for a categorical label, by F1 for each column of a multi-hot one;
-alpha by R². Fitting is single-threaded (one BLAS thread): at these sizes threads only add overhead.
+Fitting (`estimators`): a scikit-learn ``Pipeline(StandardScaler, estimator)`` whose regularization
+is chosen by cross-validation on the fitting split only: C by accuracy for a categorical label, by
+F1 for each column of a multi-hot one; alpha by R². One BLAS thread: at these sizes more only cost.
 
 Choosing the layer, never on the test split. ``validation`` is the score, on the fitting split,
 of the probe's out-of-fold predictions at the chosen regularization (every example predicted by
@@ -25,11 +23,10 @@ binary probe per column, metrics ``f1``, ``balanced_accuracy`` and ``auroc`` per
 (label ``term_present``); F1 alone can sit near zero for every baseline, so it is never the
 headline. Ridge: ``r2`` per output, ``mean_r2``.
 
-Baselines beside every score, on the same test split (`latentcode.analysis.baselines`):
-``shuffled_labels`` (the fitting labels permuted by whole rows with
-``np.random.default_rng(seed).permutation``, a probe fitted to them exactly as the real one, scored
-on the true test labels), ``majority``, ``prevalence_random`` and, for multi-hot labels,
-``all_present`` (NaN where a baseline does not apply). ``strongest_baseline`` names the highest
+Baselines beside every score, on the same test split (`latentcode.analysis.baselines`): ``majority``,
+``prevalence_random``, ``all_present`` (multi-hot labels; NaN where a baseline does not apply) and
+``shuffled_labels`` (a probe fitted exactly as the real one to the fitting labels permuted by whole
+rows, ``np.random.default_rng(seed).permutation``). ``strongest_baseline`` names the highest
 of them, ``strongest_baseline_value`` is its score and ``beats_baselines`` says whether ``value``
 is above it (NA where either is undefined).
 
@@ -71,19 +68,6 @@ from latentcode.analysis.probes.table import (
     write_table,
 )
 
-__all__ = [
-    "COLUMNS",
-    "DEFAULT_ALPHAS",
-    "DEFAULT_CS",
-    "HEADLINE_METRICS",
-    "LogisticProbe",
-    "MultiHotProbe",
-    "ProbeError",
-    "RidgeProbe",
-    "decode",
-    "headline_lines",
-    "headline_rows",
-    "regress",
-    "summary_rows",
-    "write_table",
-]
+__all__ = ["COLUMNS", "DEFAULT_ALPHAS", "DEFAULT_CS", "HEADLINE_METRICS", "LogisticProbe", "MultiHotProbe",
+           "ProbeError", "RidgeProbe", "decode", "headline_lines", "headline_rows", "regress", "summary_rows",
+           "write_table"]

@@ -10,19 +10,8 @@ from threadpoolctl import threadpool_limits
 
 from latentcode.analysis.probe_plan import plan_probe
 from latentcode.analysis.probes.estimators import DEFAULT_ALPHAS, DEFAULT_CS
-from latentcode.analysis.probes.inputs import (
-    as_code_files,
-    decoding_labels,
-    probe_codes,
-    probe_sites,
-    regression_labels,
-)
-from latentcode.analysis.probes.rows import (
-    categorical_rows,
-    join_notes,
-    multi_hot_rows,
-    regression_rows,
-)
+from latentcode.analysis.probes.inputs import decoding_labels, probe_codes, probe_sites, regression_labels
+from latentcode.analysis.probes.rows import categorical_rows, join_notes, multi_hot_rows, regression_rows
 from latentcode.analysis.probes.table import assemble_table
 from latentcode.store import CodeFile
 
@@ -33,9 +22,9 @@ def _probe_table(kind: str, code_files, label, fit_split, test_split, layers, pe
     """Files x layers x sites -> table: the loop `decode` (kind "decode") and `regress` share, after
     the checks `latentcode probe` makes too (`plan_probe`)."""
     plan = plan_probe(code_files, label, fit_split, test_split, cv=cv, seed=seed)
-    files, label = as_code_files(plan.code_files), plan.label
+    label = plan.label  # the files opened and checked by the plan
     read_labels = decoding_labels if kind == "decode" else regression_labels
-    labelled_files = [read_labels(code_file, label, fit_split, test_split, cv) for code_file in files]
+    labelled_files = [read_labels(code_file, label, fit_split, test_split, cv) for code_file in plan.code_files]
     sites = probe_sites(labelled_files, layers, per_site)
     rows = []
     # The probes are small (thousands x tens): BLAS / OpenMP threads only add overhead, which

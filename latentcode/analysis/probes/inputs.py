@@ -11,30 +11,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from latentcode.analysis.baselines import (
-    binary_baselines,
-    categorical_baselines,
-    regression_baselines,
-)
+from latentcode.analysis.baselines import binary_baselines, categorical_baselines, regression_baselines
 from latentcode.analysis.labels import select_label
 from latentcode.analysis.probes.estimators import ProbeError, classes_too_rare
 from latentcode.store import CodeFile
 
-__all__ = ["ProbeLabels", "ProbeSite", "as_code_files", "decoding_labels", "probe_codes", "probe_sites",
-           "regression_labels"]
-
-
-def as_code_files(code_files) -> list[CodeFile]:
-    if isinstance(code_files, (str, Path, CodeFile)):
-        code_files = [code_files]
-    files = [item if isinstance(item, CodeFile) else CodeFile(item) for item in code_files]
-    if not files:
-        raise ProbeError("no codes files given")
-    return files
+__all__ = ["ProbeLabels", "ProbeSite", "decoding_labels", "probe_codes", "probe_sites", "regression_labels"]
 
 
 @dataclass
@@ -160,17 +145,13 @@ def _as_class_labels(values: np.ndarray, name: str) -> np.ndarray:
     return values
 
 
-def _is_multi_hot(values: np.ndarray) -> bool:
-    return values.ndim == 2 and values.dtype.kind in "biuf" and bool(np.isin(values, (0, 1)).all())
-
-
 def decoding_labels(code_file: CodeFile, label: str, fit_split: str, test_split: str, cv: int) -> ProbeLabels:
     """The label of a file to decode, checked: class labels ``[N]`` or 0/1 labels ``[N, C]``."""
     y_fit, name = select_label(code_file, label, fit_split)
     y_test, _ = select_label(code_file, label, test_split)
     labels = ProbeLabels(code_file, name, y_fit, y_test, baselines={})
     _check_sizes(labels, cv, fit_split, test_split)
-    if _is_multi_hot(y_fit):
+    if y_fit.ndim == 2 and y_fit.dtype.kind in "biuf" and np.isin(y_fit, (0, 1)).all():  # multi-hot
         labels.fit, labels.test = y_fit.astype(np.int64), y_test.astype(np.int64)
         for column in range(y_fit.shape[1]):
             if 0 < labels.fit[:, column].sum() < len(labels.fit):  # a constant column is handled, not refused

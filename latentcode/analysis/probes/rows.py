@@ -83,14 +83,14 @@ def multi_hot_rows(labels: ProbeLabels, codes_fit, codes_test, Cs, cv, seed, tes
                 regularization=probe.C_[column],
                 note=join_notes(no_probe, why_undefined(metric, truth, test_split) if np.isnan(test[metric]) else ""),
             ))
-    fit_has = {"f1": labels.fit.any(axis=0), "both": (labels.fit.min(axis=0) == 0) & (labels.fit.max(axis=0) == 1)}
-    test_has = {"f1": labels.test.any(axis=0), "both": (labels.test.min(axis=0) == 0) & (labels.test.max(axis=0) == 1)}
+    def defined_in(values: np.ndarray, metric: str) -> np.ndarray:  # [C]: where the metric is defined
+        return values.any(axis=0) if metric == "f1" else (values.min(axis=0) == 0) & (values.max(axis=0) == 1)
+
     n_columns = labels.fit.shape[1]
     for metric in BINARY_METRICS:
-        kind = "f1" if metric == "f1" else "both"
-        what = "a 1" if kind == "f1" else "both values"
+        what = "a 1" if metric == "f1" else "both values"
         rows_of_metric = [row for row in per_column if row["metric"] == metric]
-        defined, defined_in_fit = test_has[kind], fit_has[kind]
+        defined, defined_in_fit = defined_in(labels.test, metric), defined_in(labels.fit, metric)
         note = (f"mean over the {int(defined.sum())} of {n_columns} columns with {what} in split {test_split!r}"
                 if defined.any() else f"mean_{metric} undefined: no column has {what} in split {test_split!r}")
         rows.append(dict(

@@ -27,10 +27,10 @@ MAX_FILTER_VALUES = 400
 # A per-example array wider than this (a window's input tokens, `token_ids` [N, T]) is no label to read in
 # a hover: left out (the tokens at the recorded positions are shown as `tokens` instead).
 MAX_LABEL_COLUMNS = 64
-TOKEN_IDS = "token_ids"
+TOKEN_IDS = "token_ids"  # the extra array of each example's input tokens [N, T], where a file keeps them
 # A layer whose codes differ by no more than this between any two instances (at every site and head) has
 # the same code for every instance.
-CONSTANT_SPREAD = 1e-6  # the extra array of each example's input tokens [N, T], where a file keeps them
+CONSTANT_SPREAD = 1e-6
 
 
 def _number(value: float) -> str:

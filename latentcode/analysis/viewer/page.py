@@ -16,7 +16,7 @@ from pathlib import Path
 
 from latentcode.analysis.embed import Embedding
 from latentcode.analysis.viewer.data import DEFAULT_MAX_INSTANCES, viewer_data
-from latentcode.analysis.viewer.tables import patching_map, probe_table
+from latentcode.analysis.viewer.tables import patching_map, probe_table, read_table
 from latentcode.files import AtomicOutputs, check_replaceable
 from latentcode.store import CodeFile
 
@@ -96,15 +96,6 @@ class Viewer:
         return path
 
 
-def _glue() -> str:
-    return resources.files("latentcode.analysis.viewer").joinpath("glue.js").read_text(encoding="utf-8")
-
-
-def _json_block(payload: dict) -> str:
-    """JSON safe inside <script>: no "</" can end the element."""
-    return json.dumps(payload, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
-
-
 def build_viewer(
     code_file: CodeFile | str | Path,
     split: str | None = None,
@@ -128,9 +119,11 @@ def build_viewer(
 
     code_file = code_file if isinstance(code_file, CodeFile) else CodeFile(code_file)
     payload = viewer_data(code_file, split, max_instances, seed, embeddings, token_names=token_names)
+    glue = resources.files("latentcode.analysis.viewer").joinpath("glue.js").read_text(encoding="utf-8")
     payload["default_label"] = label or code_file.task_analysis.get("picture_label")
-    payload["tables"] = [probe_table(table, title) for title, table in _titled(probe_tables)]
-    best = _best_probe_layer(_titled(probe_tables), payload["layers"])
+    probes = [(title, read_table(table, "probe table")) for title, table in _titled(probe_tables)]  # read once
+    payload["tables"] = [probe_table(frame, title) for title, frame in probes]
+    best = _best_probe_layer(probes, payload["layers"])
     if best is not None:
         payload["default_layer"], payload["default_layer_reason"] = best
     payload["patching"] = [patching_map(table, title) for title, table in _titled(patching)]
@@ -143,14 +136,15 @@ def build_viewer(
               + f"; codes rounded to {payload['decimals']} decimals for display; this file {SIZE_PLACEHOLDER}, "
               f"self-contained (plotly.js {plotly.__version__ if hasattr(plotly, '__version__') else ''} inline, no "
               "network requests). Hover a point for its labels and the model's answer; click it to select it.")
+    data = json.dumps(payload, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")  # no "</" ends the element
     document = (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<meta http-equiv=\"Content-Security-Policy\" content=\"{CONTENT_SECURITY_POLICY}\">"
         f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"
         + BODY.format(title=html.escape(title), n_shown=payload["n_shown"], footer=html.escape(footer))
         # The scripts last: the title, controls and footer are painted while plotly.js is parsed.
-        + f"<script type=\"application/json\" id=\"viewer-data\">{_json_block(payload)}</script>"
-        f"<script>{get_plotlyjs()}</script><script>{_glue()}</script></body></html>\n"
+        + f"<script type=\"application/json\" id=\"viewer-data\">{data}</script>"
+        f"<script>{get_plotlyjs()}</script><script>{glue}</script></body></html>\n"
     )
     size = len(document.encode("utf-8")) - len(SIZE_PLACEHOLDER)
     document = document.replace(SIZE_PLACEHOLDER, f"{size / 1e6:.1f} MB", 1)
@@ -160,10 +154,7 @@ def build_viewer(
 def _best_probe_layer(tables: list[tuple[str, object]], layers: Sequence[int]) -> tuple[int, str] | None:
     """The layer where the first probe table given (`latentcode probe`'s: columns layer, metric, value)
     decodes best on its first metric, with the reason shown on the page; None without such a table."""
-    from latentcode.analysis.viewer.tables import _read
-
-    for title, table in tables:
-        frame = _read(table, "probe table")
+    for title, frame in tables:
         if not {"layer", "metric", "value"} <= set(frame.columns):
             continue
         rows = frame[(frame["metric"] == frame["metric"].iloc[0])

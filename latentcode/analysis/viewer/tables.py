@@ -10,13 +10,15 @@ import numpy as np
 
 from latentcode.errors import AnalysisError
 
-__all__ = ["patching_map", "probe_table"]
+__all__ = ["patching_map", "probe_table", "read_table"]
 
 # What `latentcode patch` writes in every table, whichever grid it ran.
 PATCHING_COLUMNS = ("group", "transfer", "transfer se")
 
 
-def _read(table, what: str):
+def read_table(table, what: str):
+    """`table` itself if it is a pandas table, else the CSV file it names, read; refused in one line
+    where it is missing or no CSV."""
     import pandas as pd
 
     if isinstance(table, pd.DataFrame):
@@ -39,7 +41,7 @@ def _text(value) -> str:
 
 def probe_table(table, title: str) -> dict:
     """`{title, columns, rows}`: every cell as text, numbers to 3 decimals."""
-    frame = _read(table, "probe table")
+    frame = read_table(table, "probe table")
     return {"title": title, "columns": [str(column) for column in frame.columns],
             "rows": [[_text(value) for value in row] for row in frame.itertuples(index=False)]}
 
@@ -47,7 +49,7 @@ def probe_table(table, title: str) -> dict:
 def patching_map(table, title: str) -> dict:
     """`{title, kind, rows, columns, values, errors, value}`: kind "grid" (values `[rows][columns]`,
     null where not patched) or "bars" (values `[[transfer of each group]]`, errors their s.e.)."""
-    frame = _read(table, "patching table")
+    frame = read_table(table, "patching table")
     missing = [column for column in PATCHING_COLUMNS if column not in frame.columns]
     if missing:
         raise AnalysisError(f"the patching table {title!r} has no column(s) {missing}; expected a table written by "
