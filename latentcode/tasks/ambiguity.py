@@ -1,75 +1,37 @@
 """Is a SRAVEN instance ambiguous? An exhaustive, vectorized check over column permutations.
 
 An instance is *ambiguous* when an assignment of rules and column permutations other than the
-one that generated it fits all 8 context panels but prescribes a different 9th panel. Two
-questions decide what that means: which assignments count (``criterion``) and when a rule fits
-a feature's cells (``rules``). The two are independent; every pair is allowed.
+one that generated it fits all 8 context panels but prescribes a different 9th panel. Which
+assignments count (``criterion``) and when a rule fits a feature's cells (``rules``) are
+independent choices:
 
-``criterion``
--------------
-``all_features`` (default)
-    There is a column permutation (any of the ``(M!)**3``) under which, for *every* feature, some
-    rule fits that feature's 8 context cells and predicts an answer different from the true
-    one. This is the criterion of the authors' public estimator (``check_is_ambiguous`` in
-    ``hyla/data/raven.py`` of smonsays/hypernetwork-attention; an instance counts when at least
-    one permutation qualifies).
-``any_feature``
-    The paper's wording: there is a column permutation and a choice of fitting rules, one for
-    every feature, whose predicted 9th panel differs from the true one in at least one feature.
+``criterion``: ``all_features`` (default), the authors' public estimator (``check_is_ambiguous`` in
+``hyla/data/raven.py`` of smonsays/hypernetwork-attention): some column permutation (of the
+``(M!)**3``) under which, for *every* feature, some rule fits its 8 context cells and predicts an
+answer other than the true one. ``any_feature``, the paper's wording: some column permutation and
+fitting rules, one per feature, whose 9th panel differs from the true one in at least one feature.
+``all_features`` implies ``any_feature``.
 
-``all_features`` implies ``any_feature``, so its fraction is never larger.
+``rules``: a rule *fits* a feature's 3x3 grid when it holds on both full rows and on the last row's
+two cells; its *answer* is the 9th cell it prescribes (the true 9th cell is not looked at).
+constant: every row constant; progression: one step s in {+1, +2, -1, -2} (mod K) for every
+within-row step (the four progression rules as one family); sum / difference: third = first ± second
+(mod K) in both full rows. distribute_three is where the two definitions differ:
 
-``rules``: when a rule fits
----------------------------
-A feature's cells form a 3x3 grid (rows, columns); the last cell is the answer and is not looked
-at. A rule *fits* when it holds on both full rows and on the last row's two cells as below; its
-*answer* is the 9th cell it prescribes. Four families read the same under both definitions:
+- ``strict`` (default): only what the generator can produce: both full rows are orderings of one set
+  of 3 distinct values and the last row's two cells are two different members; answer: the missing one.
+- ``authors``: the authors' checker (``is_distribute_three``): both full rows are orderings of one
+  *multiset* of 3 values and each of the last row's cells occurs in it; answer: the multiset's value
+  that occurs least often among those two cells, the first such in sorted order.
 
-- constant: every row constant (the last row's two cells equal); answer: that value.
-- progression: one step s in {+1, +2, -1, -2} (mod K) for every within-row step of all three
-  rows (the four progression rules of ``sraven.RULES`` as one family, the step read off the
-  grid); answer: the last row's second cell + s.
-- sum: third = first + second (mod K) in both full rows; answer: the sum of the last row's cells.
-- difference: third = first - second (mod K); answer: their difference.
+Where ``strict`` fits, ``authors`` fits with the same answer, so ``authors`` is never less ambiguous;
+its extra fits (multisets with a repeat) make the difference at small K. The paper's Table A2 is
+``criterion="all_features", rules="authors"``; both estimates are in analyses/RESULTS.md (Table A2).
 
-distribute_three is where they differ:
-
-``strict`` (default)
-    Only what the generator can produce: both full rows are orderings of one set of 3 distinct
-    values and the last row's two cells are two different members of it; answer: the missing
-    member. Every rule then fits exactly when its answer completes the last row to a row the
-    generator could have drawn under that rule.
-``authors``
-    The authors' checker: both full rows are orderings of one *multiset* of 3 values (repeats
-    allowed, so rows like (a, a, b) pass) and each of the last row's two cells occurs in it (the
-    two may be equal); answer: the value of the sorted multiset that occurs least often among
-    the last row's two cells, the first such in sorted order (``is_distribute_three`` in the
-    authors' file; the other four families there read as above).
-
-Where the strict rule fits, the authors' one fits too and gives the same answer, so every
-verdict under ``authors`` is at least as ambiguous as under ``strict``. The authors' rule also
-fits grids the generator's distribute_three never makes (two rows of a sum feature, or of a
-strand mixing features under a wrong permutation, that happen to share a multiset with a
-repeat), and each such fit is one more way to a different answer: that is why the strict
-fraction is lower, the more so the smaller K, where repeats are common.
-
-Which number is the paper's
----------------------------
-The paper's Table A2 (the fraction of ambiguous instances) comes from the authors' checker, so
-it corresponds to ``criterion="all_features", rules="authors"``. This module's Monte Carlo
-estimates under both definitions are in ``analyses/RESULTS.md`` (Table A2): at K=4 the authors'
-definition gives about 6%, as the authors' code does; the strict figure is lower, as the extra
-distribute_three fits are alternatives the generator could never have drawn; with more values
-repeats are rare and the two nearly agree.
-
-How permutations are enumerated
--------------------------------
-Both criteria only ask "for every feature" / "for some feature", so relabelling the features
-changes nothing: the triple ``(p0, p1, p2)`` of column permutations gives the same verdict as
-``(id, p1 p0^-1, p2 p0^-1)``. The check therefore fixes the first column's permutation and
-enumerates the ``(M!)**2`` others. A candidate feature is a *strand*: one position ``a`` in the
-first column's panels, ``b`` in the second's, ``c`` in the third's. The rules are fitted once
-to each of the ``M**3`` strands of an instance; a permutation pair then picks M strands
+Relabelling features changes neither criterion, so the permutations ``(p0, p1, p2)`` and
+``(id, p1 p0^-1, p2 p0^-1)`` agree: the check fixes the first column and enumerates the ``(M!)**2``
+others. The rules are fitted once to each of the ``M**3`` *strands* (position a of the first
+column's panels, b of the second's, c of the third's); a permutation pair picks M strands
 ``(f, p1[f], p2[f])`` and the criteria reduce to ``all``/``any`` over a gathered
 ``[instances, permutation pairs, M]`` table, chunked over instances to bound memory.
 """
@@ -113,11 +75,9 @@ def fit_rules(grids: np.ndarray, n_values: int, rules: str = "strict") -> tuple[
     """Which rule families fit each grid's 8 context cells, and what each then predicts.
 
     Args:
-        grids: integer ``[..., 3, 3]`` (row, column) single-feature grids; ``[..., 2, 2]``, the
-            answer cell, is ignored.
+        grids: integer ``[..., 3, 3]`` (row, column) single-feature grids; the answer cell is ignored.
         n_values: K, the number of values.
-        rules: ``"strict"`` or ``"authors"``, the definition of distribute_three (see the module
-            docstring).
+        rules: ``"strict"`` or ``"authors"``, the definition of distribute_three.
 
     Returns:
         ``fits`` bool ``[..., 5]`` and ``answers`` int ``[..., 5]``, in the order of
@@ -140,22 +100,13 @@ def fit_rules(grids: np.ndarray, n_values: int, rules: str = "strict") -> tuple[
     distribute_three, distribute_three_answer = _fit_distribute_three(full_rows, first, second, check_rules(rules))
 
     fits = np.stack([constant, progression, sum_rule, difference, distribute_three], axis=-1)
-    answers = np.stack(
-        [
-            first,
-            (second + step) % n_values,
-            (first + second) % n_values,
-            (first - second) % n_values,
-            distribute_three_answer,
-        ],
-        axis=-1,
-    )
+    answers = np.stack([first, (second + step) % n_values, (first + second) % n_values,
+                        (first - second) % n_values, distribute_three_answer], axis=-1)
     return fits, answers
 
 
-def _fit_distribute_three(
-    full_rows: np.ndarray, first: np.ndarray, second: np.ndarray, rules: str
-) -> tuple[np.ndarray, np.ndarray]:
+def _fit_distribute_three(full_rows: np.ndarray, first: np.ndarray, second: np.ndarray,
+                          rules: str) -> tuple[np.ndarray, np.ndarray]:
     """distribute_three's fit and answer ``[...]`` from the full rows ``[..., 2, 3]`` and the
     last row's two cells ``[...]``, under either definition."""
     sorted_rows = np.sort(full_rows, axis=-1)
@@ -165,9 +116,7 @@ def _fit_distribute_three(
     matches = last_cells[..., :, None] == value_multiset[..., None, :]  # [..., cell, value]
     members = matches.any(-1).all(-1)
     if rules == "strict":
-        three_distinct = (value_multiset[..., 0] < value_multiset[..., 1]) & (
-            value_multiset[..., 1] < value_multiset[..., 2]
-        )
+        three_distinct = (np.diff(value_multiset, axis=-1) > 0).all(-1)  # sorted, so strictly increasing
         fits = three_distinct & same_multiset & members & (first != second)
         return fits, value_multiset.sum(-1) - first - second
     # The authors' answer: the multiset's value the last row's cells hit least often, the first
@@ -227,11 +176,8 @@ def is_ambiguous(panels: np.ndarray, n_values: int, criterion: str = "all_featur
         panels: integer ``[n, 3, 3, M]`` grids of panels (row, column, position in the panel),
             as presented or unpermuted: the verdict does not depend on column permutations.
         n_values: K; every value must lie in ``0..K-1``.
-        criterion: ``"all_features"`` (the authors' estimator) or ``"any_feature"`` (the
-            paper's wording).
-        rules: ``"strict"`` (only fits the generator can produce) or ``"authors"`` (the
-            authors' checker, looser on distribute_three). With ``criterion="all_features"``,
-            ``"authors"`` reproduces the authors' estimator and the paper's Table A2.
+        criterion: ``"all_features"`` (the authors' estimator) or ``"any_feature"`` (the paper's wording).
+        rules: ``"strict"`` (only fits the generator can produce) or ``"authors"`` (the authors' checker).
 
     Returns:
         bool ``[n]``.
@@ -240,11 +186,7 @@ def is_ambiguous(panels: np.ndarray, n_values: int, criterion: str = "all_featur
     check_rules(rules)
     n_values = check_integer("n_values", n_values, minimum=3)
     panels = np.asarray(panels)
-    if (
-        panels.ndim != 4
-        or panels.shape[1:3] != (3, 3)
-        or not np.issubdtype(panels.dtype, np.integer)
-    ):
+    if panels.ndim != 4 or panels.shape[1:3] != (3, 3) or not np.issubdtype(panels.dtype, np.integer):
         raise TaskError(f"panels must be an integer array [n, 3, 3, M]; got dtype {panels.dtype} and "
                         f"shape {panels.shape}")
     if panels.size and (panels.min() < 0 or panels.max() >= n_values):

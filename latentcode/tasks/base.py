@@ -1,42 +1,11 @@
 """What every in-context learning task shares: the batch and the task interface (the registry of
 tasks is `latentcode.tasks.registry`).
 
-Batches
--------
-``Task.sample`` returns a :class:`Batch`: the model input ``x`` ``[n, seq_len, d_in]`` (or integer
-tokens ``[n, seq_len]`` for a task with a ``d_vocab``), the targets ``y`` ``[n, n_predictions]`` and
-``labels``, a dict of named per-example arrays that
-describe what generated each instance. Labels travel with the data so that later stages
-(extraction, probes, plots) never recompute them.
-
-Seed scheme
------------
-A task has its own integer ``seed`` (default 0). What defines the task -- which combinations
-fall in which split, and the fixed context / fixed query of the fuzzy-logic variants -- is drawn
-from ``np.random.default_rng([task_seed, stream])`` with a constant ``stream`` per purpose
-(``SPLIT_STREAM``, ``FIXED_INPUT_STREAM``) and depends on nothing else, in particular not on the
-training seed.
-
-``Task.sample(n, split, seed, variant)`` is a pure function of the task's config and its
-arguments. Its generator is::
-
-    np.random.default_rng([task_seed, SAMPLE_STREAM, split_index, len(seed), *seed])
-
-where ``seed`` is a non-negative int or a tuple of them, so a training loop can pass
-``seed=(training_seed, step, process_index)`` and get independent, reproducible streams with
-nothing stored. ``len(seed)`` is part of the entropy so that seeds differing only by trailing
-zeros never coincide (``SeedSequence`` zero-pads short entropy: ``[1, 2]`` and ``[1, 2, 0]``
-give one stream). The variant is deliberately *not* part of the entropy: the
-variants of one ``(split, seed)`` are views of the same instances (same task combinations, same
-random draws) that differ only in what the variant changes, e.g. the SRAVEN ``unpermuted``
-variant shows exactly the instances of the ``permuted`` one without their column permutations.
-
-``Task.eval_set(split, n)`` is ``Task.sample(n, split, seed=eval_seed(split))`` with
-``eval_seed(split) = zlib.crc32(b"eval/" + split.encode())``: a fixed set of instances per
-``(task config, split, n, variant)``, so every model is scored on the same examples. Sets of
-different ``n`` are different sets, not prefixes of each other.
-
-How a task enumerates its combinations and holds some out: `latentcode.tasks.combinations`.
+``Task.sample(n, split, seed, variant)`` is a pure function of the task's config and its arguments;
+its generator is ``np.random.default_rng([task_seed, SAMPLE_STREAM, split_index, len(seed), *seed])``
+(``seed``: a non-negative int or a tuple of them). The variants of one ``(split, seed)`` are views of
+the same instances. What defines the task (the splits, fixed inputs) is drawn from
+``default_rng([task_seed, stream])`` alone. The whole seed scheme, and why, is in docs/concepts/tasks.md.
 """
 
 from __future__ import annotations
@@ -92,9 +61,7 @@ class Batch:
 
     def torch(self, device=None) -> Batch:
         """The same batch with ``x`` and ``y`` as torch tensors on ``device`` (default CPU, sharing
-        memory with the arrays there), for a model: ``model(batch.torch().x)``. Labels stay numpy
-        arrays: they describe the instances, for the analysis. Imports torch only when called, so
-        tasks stay free of it."""
+        memory with the arrays), for a model: ``model(batch.torch().x)``; labels stay numpy arrays."""
         import torch
 
         return replace(self, x=torch.as_tensor(self.x, device=device),
@@ -287,9 +254,8 @@ class Task(abc.ABC):
         return []
 
     def token_names(self) -> list[str]:
-        """The text of each token id, for a task whose inputs are tokens of a text (one per id of the
-        vocabulary): an extraction then keeps each example's input tokens (`/extra/token_ids`) and
-        these names, so that the viewer names a key by its token; [] otherwise."""
+        """The text of each token id, for a task whose inputs are tokens of a text: an extraction then
+        keeps each example's input tokens (`/extra/token_ids`) and these names; [] otherwise."""
         return []
 
     def prediction_kind(self) -> str:
@@ -298,9 +264,8 @@ class Task(abc.ABC):
 
     @property
     def n_recorded_predictions(self) -> int:
-        """How many of the last prediction positions a codes file keeps the model's outputs of:
-        all ``n_predictions``, unless a task keeps fewer (a language model's logits at every
-        position would outweigh everything else in the file)."""
+        """How many of the last prediction positions a codes file keeps the model's outputs of
+        (all ``n_predictions`` unless a task keeps fewer)."""
         return self.n_predictions
 
     # --- optional capabilities ----------------------------------------------------------------
@@ -315,10 +280,9 @@ class Task(abc.ABC):
         return getattr(cls, capability) is not getattr(Task, capability)
 
     def derived_labels(self, batch: Batch, sites: Sequence) -> dict[str, np.ndarray]:
-        """Labels that depend on the recorded sites (objects with ``.query`` and ``.key``), e.g.
-        the rule of the sites' common query position; added to the codes file beside ``labels``.
-        Their names are in `derived_label_names` (or `label_names`, recomputed at another query).
-        Without the capability: none."""
+        """Labels that depend on the recorded sites (objects with ``.query`` and ``.key``), added to the
+        codes file beside ``labels``; named in `derived_label_names` (or `label_names`, recomputed at
+        another query). Without the capability: none."""
         return {}
 
     def position_partitions(self) -> dict[str, dict[str, tuple[int, ...]]]:
@@ -329,17 +293,14 @@ class Task(abc.ABC):
 
     def counterfactual_pairs(self, n: int, split: str = "ood", *, seed: int = 0, variant: str | None = None,
                              prediction: int = -1, pool: int = 8, **options):
-        """``n`` base instances of ``split``, each with a donor per relation (``different``,
-        ``third``, ``same``) at the prediction position ``prediction``: a
-        `latentcode.tasks.counterfactuals.CounterfactualPairs`, what patching and intervention
-        transfer measure on. ``options``: the task's own (e.g. SRAVEN's ``well_posed``). Without
-        the capability: a TaskError."""
+        """``n`` base instances of ``split``, each with a donor per relation at the prediction position
+        ``prediction``: a `latentcode.tasks.counterfactuals.CounterfactualPairs`. ``options``: the task's
+        own (e.g. SRAVEN's ``well_posed``). Without the capability: a TaskError."""
         raise TaskError(f"task {self.name!r} draws no counterfactual pairs (Task.counterfactual_pairs)")
 
     def transplant_pairs(self, n: int, *, seed: int = 0, variant: str | None = None, **options):
         """``n`` pairs of an unseen composition (``ood``) as the base and a training composition that
-        swaps one of its constituents as the donor, for a task whose compositions are sets of
-        constituents (fuzzy logic: a function is a set of terms): the code-reuse score's transplant
+        swaps one of its constituents as the donor: the code-reuse score's transplant
         (`FuzzyLogic.transplant_pairs`). Without the capability: a TaskError."""
         raise TaskError(f"the transplant needs a task whose compositions are sets of constituents; "
                         f"task {self.name!r} is not one (Task.transplant_pairs)")
@@ -367,13 +328,12 @@ class Task(abc.ABC):
 
 
 def check_integer(name: str, value, minimum: int | None = None, maximum: int | None = None) -> int:
-    """``value`` as an int, or a TaskError naming ``name``, the value and the allowed range
-    (``latentcode.validation.check_integer``, raising the tasks' error)."""
+    """``value`` as an int, or a TaskError naming ``name``, the value and the allowed range."""
     return validation.check_integer(name, value, minimum, maximum, error=TaskError)
 
 
 def check_fraction(name: str, value) -> float:
-    """``value`` as a float strictly between 0 and 1, or a ValueError."""
+    """``value`` as a float strictly between 0 and 1, or a TaskError."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TaskError(f"{name}={value!r} must be a number strictly between 0 and 1")
     value = float(value)

@@ -1,12 +1,5 @@
-"""How a task enumerates its combinations and splits them (numpy only).
-
-Split sizes
------------
-A fraction ``f`` of ``count`` items is ``round_half_up(f * count)`` items, i.e.
-``floor(f * count + 0.5)``. Held-out combinations are chosen so that every item (a fuzzy-logic
-term, a SRAVEN rule) still occurs in some training combination; see
-:func:`hold_out_combinations`.
-"""
+"""How a task enumerates its combinations and splits them (numpy only): a fraction ``f`` of ``count``
+items is ``round_half_up(f * count)``; held-out combinations leave every item in training."""
 
 from __future__ import annotations
 
@@ -30,12 +23,8 @@ def fraction_of(fraction: float, count: int) -> int:
 
 
 def enumerate_combinations(n_items: int, k: int, *, with_replacement: bool, what: str) -> np.ndarray:
-    """All k-combinations of ``range(n_items)`` in lexicographic order, ``[count, k]`` int64, read-only.
-
-    Each row is sorted; the order is that of ``itertools.combinations`` (or
-    ``combinations_with_replacement``). ``what`` names the combinations in the error raised
-    when there are more than ``MAX_ENUMERATED_COMBINATIONS``.
-    """
+    """All k-combinations of ``range(n_items)`` in ``itertools`` order (rows sorted), ``[count, k]`` int64,
+    read-only. ``what`` names them in the error raised past ``MAX_ENUMERATED_COMBINATIONS``."""
     count = math.comb(n_items + k - 1, k) if with_replacement else math.comb(n_items, k)
     if count > MAX_ENUMERATED_COMBINATIONS:
         raise TaskError(f"there are {count:,} {what}, more than the {MAX_ENUMERATED_COMBINATIONS:,} "
@@ -57,11 +46,9 @@ def hold_out_combinations(combinations: np.ndarray, n_held_out: int, rng: np.ran
     order are held out and the rest are kept. With ``strata`` (``[count]``, a label per row, e.g.
     how hard the combination is), the held-out rows are drawn stratum by stratum, as many from each
     as its share of the rows (largest remainders; a stratum short of unreserved rows passes its
-    quota on, in that order), so that the held-out set has the mix of the whole; without it, the
-    draw is exactly as it always was (the splits of trained models depend on it).
-    Returns sorted ``(kept, held_out)`` indices.
-    Raises a ValueError, naming the setting ``what`` and the items ``parts`` (e.g. "rules"),
-    when too few rows are left for the cover.
+    quota on, in that order), so that the held-out set has the mix of the whole.
+    Returns sorted ``(kept, held_out)`` indices. Raises a TaskError, naming the setting ``what`` and
+    the items ``parts`` (e.g. "rules"), when too few rows are left for the cover.
     """
     count = len(combinations)
     order = rng.permutation(count)
