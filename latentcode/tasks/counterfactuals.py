@@ -1,25 +1,20 @@
-"""Base/donor pairs for patching experiments: which donor to patch codes from, and what answer a
-model that took the donor's sub-task would give on the base instance.
+"""Base/donor pairs for patching experiments (`Task.counterfactual_pairs`: SRAVEN, fuzzy logic).
 
-A causal claim "the codes at these sites carry the sub-task" is tested by patching the codes of a
-*donor* instance into a *base* instance and asking whether the prediction moves to the answer that
-the donor's sub-task (rule, term set) gives on the base's own inputs, the *counterfactual answer*.
-Three relations of donor to base, drawn for the same base instances and the same target answer:
+"The codes at these sites carry the sub-task" is tested by patching the codes of a *donor* instance
+into a *base* instance and asking whether the prediction moves to the *counterfactual answer*: what
+the donor's sub-task (rule, term set) gives on the base's own inputs. Three relations of donor to
+base, drawn for the same bases and the same target answer:
 
     different   the donor's sub-task r' differs from the base's r at the measured prediction, and
-                the counterfactual answer is well-posed (for SRAVEN: the completed last row is a
-                valid row of r'; for fuzzy logic: the two functions differ at the query by more
-                than `min_difference`) and differs from the base's answer
-    third       a donor of a third sub-task r'' (neither r nor r'), whose own answer on the base
-                differs from r''s: how often a patch lands on r''s answer without carrying r' (the
-                baseline every "different" number is read against)
+                its answer on the base is well-posed (SRAVEN: the completed last row is a valid row
+                of r'; fuzzy logic: the functions differ at the query by more than `min_difference`)
+                and differs from the base's answer
+    third       a donor of a third sub-task r'' (neither r nor r') whose own answer on the base
+                differs from r''s: the baseline every "different" number is read against
     same        a donor of the base's own sub-task r: patching should keep the answer
 
-`CounterfactualPairs.counts` says how many candidate bases each step keeps, so that a reader knows
-how well-posed the question is on a task (e.g. for SRAVEN's constant rule and the progressions a
-counterfactual row is valid only for a few percent of instances).
-
-Tasks implement `counterfactual_pairs(n, split, seed=..., ...)` (SRAVEN, fuzzy logic).
+`CounterfactualPairs.counts` says how many candidate bases each step keeps: how well-posed the
+question is on a task.
 """
 
 from __future__ import annotations

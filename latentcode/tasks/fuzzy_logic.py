@@ -62,12 +62,6 @@ def negation_bits_of_terms(terms: np.ndarray, n_variables: int) -> np.ndarray:
     return ((np.asarray(terms)[..., None] >> shifts) & 1).astype(np.int8)
 
 
-def term_name(term: int, n_variables: int) -> str:
-    """A term as its conjunction of literals, e.g. ``x0∧¬x1∧x2∧x3`` (1 bits are negations)."""
-    bits = negation_bits_of_terms(np.asarray(term), n_variables)
-    return "∧".join(("¬" if bit else "") + f"x{variable}" for variable, bit in enumerate(bits))
-
-
 def evaluate_disjunction(inputs: np.ndarray, negation_bits: np.ndarray) -> np.ndarray:
     """Zadeh value of an OR of AND-terms: ``max_k min_l literal(k, l)``.
 
@@ -182,7 +176,8 @@ class FuzzyLogic(Task):
 
     def term_names(self) -> list[str]:
         """Each term as its conjunction, e.g. ``x0∧¬x1∧x2∧x3``, by term index."""
-        return [term_name(term, self.n_variables) for term in range(self.n_all_terms)]
+        bits = negation_bits_of_terms(np.arange(self.n_all_terms), self.n_variables)
+        return ["∧".join(("¬" if bit else "") + f"x{variable}" for variable, bit in enumerate(row)) for row in bits]
 
     def _make_splits(self) -> None:
         K = self.n_terms

@@ -142,11 +142,10 @@ class Language(Task):
         self.n_predictions = seq_len
         self._split_bytes = {split: corpus.corpus_split(split) for split in self.splits}
         shortest = min(self._split_bytes, key=lambda split: len(self._split_bytes[split]))
-        if len(self._split_bytes[shortest]) < seq_len + 1:
-            raise TaskError(
-                f"seq_len={seq_len} is longer than the {shortest} split ({len(self._split_bytes[shortest])} bytes); "
-                f"expected at most {len(self._split_bytes[shortest]) - 1}"
-            )
+        n_bytes = len(self._split_bytes[shortest])
+        if n_bytes < seq_len + 1:
+            raise TaskError(f"seq_len={seq_len} is longer than the {shortest} split ({n_bytes} bytes); "
+                            f"expected at most {n_bytes - 1}")
 
     # --- what later stages need ----------------------------------------------------------------
 

@@ -1,10 +1,6 @@
-"""The task's partitions of its positions, for site groups shaped by the task (standard library only,
-so the command line checks a grid name before torch is imported).
-
-A task may provide `position_partitions()` (an optional capability, `Task.provides`):
-`{partition: {part: positions}}`, each partition cutting 0..seq_len-1 into parts (SRAVEN: feature
-slots, panels, panel rows and columns, context vs query). `latentcode.intervention.patching.partition_grid` makes site
-groups of them (a query part x a key part per layer).
+"""The task's partitions of its positions (`Task.position_partitions`), of which
+`latentcode.intervention.patching.partition_grid` makes site groups (a query part x a key part per
+layer). Standard library only, so the command line checks a grid name before torch is imported.
 """
 
 from __future__ import annotations

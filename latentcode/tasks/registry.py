@@ -1,11 +1,8 @@
 """Which tasks there are: found, not listed.
 
-A task is a `Task` subclass decorated with `@register_task` in a module of this package. The first
-question to the registry (`task_names`, `task_class`, `get_task`) imports every module of
-``latentcode.tasks`` once (`discover_tasks`), so their decorators run: adding a task is adding one
-module, and no list anywhere names it. ``import latentcode.tasks`` alone imports none of them. A
-task defined outside the package (a test, a user's code) is registered when its module is imported.
-Numpy only, like every task: discovery never imports torch.
+A task is a `Task` subclass decorated with `@register_task`. The registry's first question imports
+every module of ``latentcode.tasks`` once (`discover_tasks`), so their decorators run; a task defined
+outside the package registers when its module is imported. Discovery never imports torch.
 """
 
 from __future__ import annotations
@@ -84,8 +81,7 @@ def get_task(name: str, **params: Any) -> Task:
         raise TaskError(f"unknown parameter(s) {unknown} for task {name!r}; valid parameters: {list(valid)}")
     seq_len = params.get("seq_len")
     if isinstance(seq_len, int) and not isinstance(seq_len, bool) and seq_len > MAX_SEQ_LEN:
-        # Checked before the task is built: a task makes arrays of seq_len rows as it starts (fuzzy_logic's
-        # fixed inputs), so 10^9 would allocate and fill gigabytes before any memory check could refuse it.
+        # Checked before the task is built, which may allocate seq_len rows (fuzzy_logic's fixed inputs).
         raise TaskError(f"seq_len={seq_len} for task {name!r} is beyond {MAX_SEQ_LEN:,} tokens; expected at most "
                         f"{MAX_SEQ_LEN:,} (attention keeps [heads, T, T] scores: 4 TiB per head at that length)")
     return cls(**params)

@@ -306,10 +306,11 @@ class SRaven(Task):
         )
         answers = unwrapped % self.n_values
 
-        missing_value, unique_missing = _missing_from_value_set(self.n_values, grid)
+        in_last_row = (grid[:, -1, :-1, None] == np.arange(self.n_values)).any(axis=1)  # [n, K]
+        missing = _values_of_first_rows(grid, self.n_values) & ~in_last_row  # distribute_three's candidates
         is_distribute = rule == DISTRIBUTE_THREE
-        answers = np.where(is_distribute, missing_value, answers)
-        defined = ~is_distribute | unique_missing
+        answers = np.where(is_distribute, missing.argmax(axis=1), answers)
+        defined = ~is_distribute | (missing.sum(axis=1) == 1)
         return np.where(defined, answers, -1).astype(np.int64), defined
 
     def completes_a_valid_row(self, batch: Batch, feature, rule, answer) -> np.ndarray:
@@ -416,14 +417,6 @@ class SRaven(Task):
 def _values_of_first_rows(grid: np.ndarray, n_values: int) -> np.ndarray:
     """Which values ``0..K-1`` the first two rows of grids ``[n, 3, 3]`` hold: bool ``[n, K]``."""
     return (grid[:, :-1, :, None] == np.arange(n_values)).any(axis=(1, 2))
-
-
-def _missing_from_value_set(n_values: int, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For grids ``[n, 3, 3]``: the values of the first two rows that are not among the
-    last row's first two cells; ``(value [n], unique [n])``, value meaningful where unique."""
-    in_last_row = (grid[:, -1, :-1, None] == np.arange(n_values)).any(axis=1)  # [n, K]
-    candidates = _values_of_first_rows(grid, n_values) & ~in_last_row
-    return candidates.argmax(axis=1), candidates.sum(axis=1) == 1
 
 
 def _per_instance_index(name: str, index, n: int, count: int) -> np.ndarray:

@@ -25,10 +25,8 @@ AMBIGUITY_STREAM = 3  # the Monte Carlo draw's stream: default_rng([seed, AMBIGU
 
 def count_tasks(n_features: int, n_rules: int = len(RULES)) -> int:
     """The paper's number of possible SRAVEN tasks on the 3x3 grid:
-    ``C(R + M - 1, M) * ((M!)**2 - M)`` (rule multisets times column-permutation patterns).
-
-    The formula is the paper's; it is zero for M=1, so M >= 2 is required.
-    """
+    ``C(R + M - 1, M) * ((M!)**2 - M)`` (rule multisets times column-permutation patterns); M >= 2
+    (the formula is zero for M=1)."""
     n_features = check_integer("n_features", n_features, minimum=2)
     n_rules = check_integer("n_rules", n_rules, minimum=1)
     return math.comb(n_rules + n_features - 1, n_features) * (math.factorial(n_features) ** 2 - n_features)
@@ -69,11 +67,9 @@ def estimate_ambiguity(n_features: int, n_values: int, n_instances: int, seed: i
     """Monte Carlo estimate of the fraction of ambiguous SRAVEN instances.
 
     Draws ``n_instances`` permuted instances with rule multisets uniform over all of them
-    (ignoring the split) from ``np.random.default_rng([seed, 3])`` and checks each exhaustively
-    with :func:`is_ambiguous` under ``criterion`` and ``rules`` (see
-    ``latentcode.tasks.ambiguity``; ``criterion="all_features", rules="authors"`` is the
-    authors' estimator behind the paper's Table A2, ``rules="strict"`` counts only fits the
-    generator can produce and gives a lower fraction).
+    (ignoring the split) from ``np.random.default_rng([seed, AMBIGUITY_STREAM])`` and checks each
+    exhaustively with :func:`is_ambiguous` under ``criterion`` and ``rules``
+    (``latentcode.tasks.ambiguity``; ``"all_features", "authors"`` is the paper's Table A2).
 
     Returns:
         ``(fraction, standard_error)``, the standard error being ``sqrt(f (1 - f) / n)``.

@@ -1,5 +1,4 @@
-"""SRAVEN's rules and how they fill a grid: what `sraven` (the task, and the answer another rule gives)
-and `sraven_counts` (how many instances, how many ambiguous) both read.
+"""SRAVEN's rules and how they fill a grid (read by `sraven` and `sraven_counts`).
 
 A feature's 3x3 grid follows one of the 8 ``RULES`` (indices in that order), row by row, each row
 sampled independently (values in ``0..K-1``):
@@ -10,9 +9,6 @@ sampled independently (values in ``0..K-1``):
 - ``sum``: a, b uniform, third = (a + b) mod K;  ``difference``: third = (a - b) mod K;
 - ``distribute_three``: three distinct values, shared by the grid's rows; each row is an
   independent random ordering of them.
-
-Column permutations are gathers: position j of a presented panel in column c shows feature
-``p_c[j]`` (`permute_columns`). Numpy only.
 """
 
 from __future__ import annotations
@@ -78,16 +74,8 @@ def _distinct_triples(rng: np.random.Generator, n: int, n_values: int) -> np.nda
 
 
 def sample_feature_grids(rules: np.ndarray, n_values: int, rng: np.random.Generator) -> np.ndarray:
-    """Values of each feature's 3x3 grid under its rule.
-
-    Args:
-        rules: int ``[n, M]`` rule indices into ``RULES``.
-        n_values: K.
-        rng: the generator to draw from.
-
-    Returns:
-        int64 ``[n, M, 3, 3]`` (instance, feature, row, column).
-    """
+    """Values of each feature's 3x3 grid under its rule: int64 ``[n, M, 3, 3]`` (instance, feature, row,
+    column) from rule indices ``rules`` ``[n, M]`` into ``RULES`` and K ``n_values``."""
     rules = np.asarray(rules)
     row_start = rng.integers(n_values, size=(*rules.shape, GRID_SIZE))  # [n, M, row]
     row_second = rng.integers(n_values, size=(*rules.shape, GRID_SIZE))  # used by sum, difference
@@ -122,9 +110,8 @@ def random_permutations(rng: np.random.Generator, shape: tuple[int, ...], n_item
     return np.argsort(rng.random((*shape, n_items)), axis=-1)
 
 
-def sample_panels(
-    multisets: np.ndarray, n_values: int, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def sample_panels(multisets: np.ndarray, n_values: int,
+                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rules in feature order ``[n, M]``, panels ``[n, 3, 3, M]`` and column permutations
     ``[n, 3, M]`` for instances of the given rule multisets ``[n, M]``: the rules of each multiset
     in a random feature order, a grid per feature, a random permutation per column."""
