@@ -56,15 +56,9 @@ def _converted(hook_point: nn.Module, tensor: Any) -> Any:
 
 def _dropout_active(attention: nn.Module) -> bool:
     """Whether dropout may change this attention's pattern (training mode and a dropout rate > 0)."""
-    if not attention.training:
-        return False
-    for module in attention.modules():
-        if isinstance(module, nn.Dropout) and module.p > 0:
-            return True
-        rate = getattr(module, "attention_dropout", None)
-        if isinstance(rate, float) and rate > 0:
-            return True
-    return False
+    rates = [float(module.p) if isinstance(module, nn.Dropout) else getattr(module, "attention_dropout", None)
+             for module in attention.modules()]
+    return attention.training and any(isinstance(rate, float) and rate > 0 for rate in rates)
 
 
 class BridgeSource(HookPointSource):
@@ -202,15 +196,8 @@ class BridgeSource(HookPointSource):
 
             handles.append(attention.register_forward_hook(finish))
 
-    def _raw_scores(
-        self,
-        layer: int,
-        attention: nn.Module,
-        tensors: dict[str, Tensor],
-        pattern: Tensor,
-        rows: Tensor,
-        attention_mask: Tensor | None,
-    ) -> Tensor:
+    def _raw_scores(self, layer: int, attention: nn.Module, tensors: dict[str, Tensor], pattern: Tensor, rows: Tensor,
+                    attention_mask: Tensor | None) -> Tensor:
         """Raw scores `[batch, head, len(rows), key]` of the query positions `rows`."""
         given = tensors.get("hook_attn_scores")
         if (
