@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,11 +86,10 @@ def read_patch_output(stem: str | Path, what: str = "--patch") -> PatchOutput:
             if column in columns:
                 value = row[columns.index(column)]
                 try:
-                    float(value) if value else math.nan
+                    float(value or "nan")  # an empty cell is a missing number
                 except ValueError:
                     raise PatchOutputError(f"{prefixed(what, table_path)} line {number}: column {column!r} holds "
-                                           f"{value[:40]!r}; "
-                                           "expected a number") from None
+                                           f"{value[:40]!r}; expected a number") from None
     summary = _read_summary(summary_path, what)
     # A dangling link is refused by the read, not skipped.
     present = image_path.is_symlink() or image_path.exists()

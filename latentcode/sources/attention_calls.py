@@ -4,7 +4,7 @@
 soft-capping and sinks, `latentcode.sources.eager_attention`). The raw scores and probabilities of
 selected query rows, and the call's output with the rows an edit changed recomputed, in float32, for
 the requested rows only (memory O(batch x heads x requested queries x keys)). `TorchAttentionSource`
-intercepts the calls; its docstring says what is recorded and edited.
+intercepts the calls; docs/concepts/sources.md says what is recorded and edited.
 """
 
 from __future__ import annotations

@@ -1,34 +1,11 @@
 """`BridgeSource`: latent codes of transformer-lens 4.x `TransformerBridge`s.
 
-A `TransformerBridge` wraps a Hugging Face model (`TransformerBridge.boot_transformers(name,
-hf_model=..., tokenizer=...)`) or a TransformerLens-native one (`boot_native(TransformerBridgeConfig(...))`)
-and exposes the familiar hook names: `blocks.{l}.attn.hook_q`, `hook_k` `[batch, pos, head, d_head]`,
-`hook_attn_scores` and `hook_pattern` `[batch, head, query, key]`. Layers are the blocks, numbered as
-TransformerLens numbers them; `detect_source` picks this source for a bridge.
-
-- `score="pattern"`: `hook_pattern` (the post-softmax probabilities).
-- `score="scores"`: in 4.x `hook_attn_scores` carries the raw scores only for some architectures
-  (GPT-2's joint-QKV attention, rotary models); for others (boot_native, BERT, any attention whose
-  Hugging Face module computes the softmax itself) it carries the pattern. Per layer and pass, where
-  the two tensors differ `hook_attn_scores` is recorded; where they agree the raw scores are rebuilt
-  from `hook_q` and `hook_k`: q·kᵀ times the module's `scaling` (Hugging Face) or divided by
-  `cfg.attn_scale` (sqrt(d_head) by default), -inf after the query when `cfg.attention_dir ==
-  "causal"` and where the model's `attention_mask` is 0. Their softmax must reproduce `hook_pattern`
-  (queries with an unmasked key; skipped while dropout can change the pattern), else it raises, so an
-  architecture it cannot rebuild (ALiBi, soft-capping, local windows, a mask it cannot see) fails
-  loudly; the check compares probabilities, so it misses a slightly wrong scale on near-uniform
-  attention. Masked entries are -inf (Hugging Face's large negative numbers included).
-
-The hooks are plain PyTorch forward hooks on the HookPoint modules (their tensor conversion applied),
-invisible to TransformerLens's bookkeeping: `run_with_hooks`, `run_with_cache` and `reset_hooks()`
-neither see nor remove them.
-
-Interventions (`edit`): the hook on `hook_pattern` returns the edited pattern, which reaches the
-output where the bridge computes attention from the hooked pattern (`boot_native` models, joint-QKV
-attention such as GPT-2's). Where the bridge delegates to the wrapped Hugging Face module and fires
-`hook_pattern` after it returned (e.g. BERT), an edit could change nothing: `CannotIntervene` at the
-first forward pass that would edit such a layer. (transformer-lens 3.x `HookedTransformer`s are read
-by `HookPointSource`.)
+A bridge (`TransformerBridge.boot_transformers(name, hf_model=..., tokenizer=...)` or
+`boot_native(TransformerBridgeConfig(...))`) is read through forward hooks on its HookPoints
+`blocks.{l}.attn.hook_pattern` (and `hook_q`, `hook_k`, `hook_attn_scores` for raw scores, rebuilt
+and checked against the pattern where `hook_attn_scores` holds the pattern); `detect_source` picks this
+source for a bridge. Which architectures give raw scores and which can be edited: docs/concepts/sources.md
+("`BridgeSource`"). (transformer-lens 3.x `HookedTransformer`s are read by `HookPointSource`.)
 """
 
 from __future__ import annotations
@@ -79,19 +56,13 @@ def _converted(hook_point: nn.Module, tensor: Any) -> Any:
 
 def _dropout_active(attention: nn.Module) -> bool:
     """Whether dropout may change this attention's pattern (training mode and a dropout rate > 0)."""
-    if not attention.training:
-        return False
-    for module in attention.modules():
-        if isinstance(module, nn.Dropout) and module.p > 0:
-            return True
-        rate = getattr(module, "attention_dropout", None)
-        if isinstance(rate, float) and rate > 0:
-            return True
-    return False
+    rates = [float(module.p) if isinstance(module, nn.Dropout) else getattr(module, "attention_dropout", None)
+             for module in attention.modules()]
+    return attention.training and any(isinstance(rate, float) and rate > 0 for rate in rates)
 
 
 class BridgeSource(HookPointSource):
-    """A transformer-lens 4.x `TransformerBridge`; see the module docstring."""
+    """A transformer-lens 4.x `TransformerBridge`; see docs/concepts/sources.md."""
 
     name = "transformer_bridge"
 
@@ -143,7 +114,7 @@ class BridgeSource(HookPointSource):
     @contextmanager
     def edit(self, pairs_for: PairsFor, editor: Editor) -> Iterator[None]:
         """Return the edited pattern from `hook_pattern`, for bridges whose attention computes its
-        output from the hooked pattern (see the module docstring); otherwise raise CannotIntervene."""
+        output from the hooked pattern (docs/concepts/sources.md); otherwise raise CannotIntervene."""
         with removed_on_exit() as handles:
             for layer, hook_point in self._pattern_hooks():
                 attention = self.model.get_submodule(f"blocks.{layer}.attn")
@@ -225,15 +196,8 @@ class BridgeSource(HookPointSource):
 
             handles.append(attention.register_forward_hook(finish))
 
-    def _raw_scores(
-        self,
-        layer: int,
-        attention: nn.Module,
-        tensors: dict[str, Tensor],
-        pattern: Tensor,
-        rows: Tensor,
-        attention_mask: Tensor | None,
-    ) -> Tensor:
+    def _raw_scores(self, layer: int, attention: nn.Module, tensors: dict[str, Tensor], pattern: Tensor, rows: Tensor,
+                    attention_mask: Tensor | None) -> Tensor:
         """Raw scores `[batch, head, len(rows), key]` of the query positions `rows`."""
         given = tensors.get("hook_attn_scores")
         if (

@@ -1,25 +1,11 @@
 """Hugging Face `transformers` models that run only with eager attention (Gemma 2: soft-capped scores
 and sliding-window layers; gpt-oss: attention sinks), read exactly at the call of their attention.
 
-Such a model computes its attention in its modeling file's `eager_attention_forward(module, query,
-key, value, attention_mask, ...)`, looked up in transformers' attention registry
-(`ALL_ATTENTION_FUNCTIONS.get_interface("eager", ...)`). While `eager_calls` is active the registry
-answers "eager" with a wrapper that calls the module's own function with the same arguments (the
-model computes exactly what it computes without us) and hands the call, read as an SDPA call with two
-more terms, to a callback:
-
-    query [B, H, T, d] and key [B, H_kv, T, d] (after RoPE, before transformers' repeat_kv),
-    attn_mask (the additive mask: causal, sliding window, padding), scale (`scaling`),
-    softcap (Gemma 2's `attn_logit_softcapping`: s <- softcap * tanh(s / softcap), before the mask),
-    sinks (gpt-oss: one learned logit per head in the softmax's denominator; rows sum to < 1).
-
-Exact, or refused: every call is checked against the model's own eager function, run again in float32
-on a few query rows of the same inputs, and one that computes something else raises
-`EagerAttentionError` naming its model type and layer, instead of recording codes that are not the
-model's. The registry entry is restored when the context ends (nested contexts in turn); meanwhile
-every eager model of the process goes through the wrapper, which changes nothing of what it computes.
-A model that picks its eager function without the registry is not seen: `extract` refuses a model
-whose layers were not all read.
+While `eager_calls` is active, transformers' attention registry answers "eager" with a wrapper that
+calls the module's own `eager_attention_forward` unchanged and hands the call, read as an SDPA call
+with a soft-cap and sinks, to a callback; every call is checked against the model's own function
+(`EagerAttentionError` where it differs). The terms read and the checks: docs/concepts/sources.md
+("Models transformers runs only eagerly").
 """
 
 from __future__ import annotations

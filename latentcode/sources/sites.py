@@ -147,9 +147,7 @@ def _as_positions(value: Any, what: str) -> int | Positions:
         return EVERY
     if isinstance(value, Positions):
         return value
-    if isinstance(value, (bool, np.bool_)):
-        raise SiteError(f"{what} must be a position, a range, a list of positions or None (every one); got {value!r}")
-    if isinstance(value, (int, np.integer)):
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):  # np.bool_ is no np.integer
         return int(value)
     if isinstance(value, (range, slice)):
         if value.step not in (None, 1):

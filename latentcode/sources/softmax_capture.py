@@ -7,22 +7,10 @@
         model(inputs)
     source.layer_names()     # e.g. ['h.0.attn', 'h.1.attn']
 
-For models that compute scores = q·kᵀ, softmax and the weighted sum themselves (Hugging Face
-`transformers` with `attn_implementation="eager"`). While `capture` is active a
-`torch.overrides.TorchFunctionMode` sees every `torch.softmax`, `F.softmax` and `Tensor.softmax`; one
-made while a chosen module's forward runs, over the last axis of a 4-D `[batch, head, query, key]`
-tensor, is that module's attention: `score="pattern"` records the softmax's result (dropout, if any,
-comes after: call `model.eval()`), `score="scores"` its input in float32 (the model's mask included,
-its large negative numbers, at or below half the dtype's lowest value, as -inf).
-
-Layers: the chosen modules in the order they compute their attention in one pass, named by module
-(`layer_names()`, known after the first pass); of nested choices the innermost (GPT-Neo's
-`h.0.attn.attention`, not `h.0.attn`); cross-attention is a layer like any other. Each chosen module
-must compute exactly one such softmax per call, else `SoftmaxCaptureError` names it (one that calls
-`scaled_dot_product_attention` instead: use `TorchAttentionSource`).
-
-Interventions (`edit`): the softmax returns its result with the editor's codes written at the pairs,
-so the rest of the module computes with them; an edit that changes nothing changes no bit.
+The one softmax over the last axis of a 4-D `[batch, head, query, key]` tensor that a chosen module
+computes per call is its attention: its result (`score="pattern"`) or its input in float32
+(`score="scores"`), edited in place by `edit`. Layers, nesting and what is refused:
+docs/concepts/sources.md ("How each source reads and edits").
 """
 
 from __future__ import annotations
@@ -88,7 +76,7 @@ def chosen_modules(model: nn.Module, modules: ModuleChoice | None) -> dict[str, 
 
 class SoftmaxSource(CallOrderSource):
     """Latent codes of hand-written attention, at the softmax computed inside chosen modules; see the
-    module docstring."""
+    module docstring and docs/concepts/sources.md."""
 
     name = "softmax"
 

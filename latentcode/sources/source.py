@@ -10,11 +10,8 @@ Sources that can intervene also implement `edit(...)`: during each forward pass 
 gradients flow) and makes the rest of the layer compute with the codes the editor returns
 (`latentcode.intervention` builds on it); one that cannot raises `CannotIntervene`.
 
-Sources: `HookPointSource` (here: HookPoints `blocks.{l}.attn.hook_pattern` / `hook_attn_scores`, our
-models and TransformerLens `HookedTransformer`s), `bridge.BridgeSource` (transformer-lens 4.x
-`TransformerBridge`s), `torch_attention.TorchAttentionSource` (calls of `scaled_dot_product_attention`
-or `nn.MultiheadAttention`), `softmax_capture.SoftmaxSource` (the softmax inside chosen modules: attention
-written by hand) and `adapter.AdapterSource` (anything else, through a user's function; records only).
+Sources: `HookPointSource` (here), `bridge.BridgeSource`, `torch_attention.TorchAttentionSource`,
+`softmax_capture.SoftmaxSource` and `adapter.AdapterSource`, compared in docs/concepts/sources.md;
 `latentcode.sources.detect.detect_source(model)` picks the first that applies.
 """
 

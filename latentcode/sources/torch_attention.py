@@ -7,46 +7,10 @@ without editing the model's code.
         model(inputs)
     source.layer_names()      # e.g. ['encoder.layer.0.attention.self', 'encoder.layer.1.attention.self']
 
-How: while `capture` is active, a `torch.overrides.TorchFunctionMode` sees every call to
-`F.scaled_dot_product_attention` and `F.multi_head_attention_forward` (which `nn.MultiheadAttention`
-calls). The model always gets the original function's result; beside it the source recomputes the
-call's attention from its own inputs (q, k, mask, is_causal, scale, enable_gqa; for MultiheadAttention
-the in-projection, bias_k, add_zero_attn, attn_mask and key_padding_mask) for the requested query rows
-only, so memory stays O(batch x heads x requested queries x keys) (`latentcode.sources.attention_calls`).
-
-Layers: the calls of one forward pass, numbered from 0 in call order (restarting whenever the model's
-outermost module starts a pass); calls made while no module of the model runs are ignored.
-`layer_names()` (known after the first pass) names each by the innermost module whose forward made it
-(`(root)` for the model's own forward), with `#1`, `#2`... on a module's later calls in one pass.
-
-What is recorded, in float32, without dropout (call `model.eval()` for the model's output to match):
-
-- `score="pattern"`: softmax(scores) `[batch, head, query, key]`; a query whose keys are all masked
-  gets zeros (as SDPA returns there).
-- `score="scores"`: q·kᵀ·scale plus the call's additive mask; -inf where masked (a boolean mask,
-  `is_causal`, `key_padding_mask`, and additive entries at or below half the dtype's lowest value,
-  the "minus infinity" of Hugging Face `transformers`).
-- Heads: a 4-D call `[batch, head, query, dim]` gives its heads, a 3-D call one head; more leading
-  dimensions are flattened into the head axis; with `enable_gqa` key heads are repeated as SDPA does.
-- Query positions index the call's query axis, key positions its key axis (cross-attention, e.g.
-  BART's `decoder.layers.0.encoder_attn`, is a layer like any other).
-
-The MultiheadAttention fast path (eval-mode `nn.MultiheadAttention` / `nn.TransformerEncoder` fused
-kernels, nested tensors) calls neither function, so it is switched off while capturing
-(`torch.backends.mha.set_fastpath_enabled(False)`, restored afterwards); outputs at real tokens agree
-up to float rounding (the nested-tensor path returns zeros at padded positions, the standard path not).
-
-Interventions (`edit`): the call's probabilities of the requested rows are recomputed as above, the
-editor gets the codes at the pairs, and where it changed one the output of that (batch, head, query
-row) is `edited_probabilities @ value` (MultiheadAttention: the whole row through the out-projection,
-and `need_weights` weights follow). Every other entry is the fused call's own, so an edit that changes
-nothing changes no bit. Calls with dropout are refused: intervene in eval mode.
-
-Hugging Face models are read with `attn_implementation="sdpa"`, and models transformers runs only
-eagerly (Gemma 2, gpt-oss) at their eager attention call (`latentcode.sources.eager_attention`);
-`detect_source` picks `SoftmaxSource` for other eager models. Not covered (use `SoftmaxSource` or
-`AdapterSource`): explicit matmul/softmax, `flex_attention`, fused kernels called directly
-(flash-attn), and `torch.compile` graphs where the Python-level call never happens.
+A `TorchFunctionMode` sees each call; the model gets the original result, and the source recomputes
+the call's attention from its inputs for the requested query rows only (memory O(batch x heads x
+requested queries x keys)). What is recorded, how layers are numbered and named, the MultiheadAttention
+fast path and how edits reach the output: docs/concepts/sources.md ("How each source reads and edits").
 """
 
 from __future__ import annotations
@@ -108,7 +72,7 @@ def mha_fastpath_disabled() -> Iterator[None]:
 
 class TorchAttentionSource(CallOrderSource):
     """Latent codes of any model whose attention goes through `F.scaled_dot_product_attention` or
-    `nn.MultiheadAttention`; see the module docstring for what is recorded and how layers are
+    `nn.MultiheadAttention`; see docs/concepts/sources.md for what is recorded and how layers are
     numbered and named (`layers()`: a MultiheadAttention called with a key that is not its query is
     cross-attention)."""
 
@@ -141,7 +105,7 @@ class TorchAttentionSource(CallOrderSource):
     @contextmanager
     def edit(self, pairs_for: PairsFor, editor: Editor) -> Iterator[None]:
         """`edited_probabilities @ value` in the rows the edit changed, the fused call's own result elsewhere
-        (see the module docstring); calls with dropout are refused (`CannotIntervene`)."""
+        (docs/concepts/sources.md); calls with dropout are refused (`CannotIntervene`)."""
 
         def on_call(layer: int, where: str, kind: str, call: dict[str, Any], result: Any) -> Any:
             n_queries, n_keys = call_shape(kind, call)
@@ -165,7 +129,7 @@ class TorchAttentionSource(CallOrderSource):
     @contextmanager
     def _intercepted(self, on_call: Callable[[int, str, str, dict[str, Any], Any], Any]) -> Iterator[None]:
         """While active, `on_call(layer, where, kind, call, result)` sees every attention call the model
-        makes and returns what the model gets; layers are numbered and named as the module docstring says."""
+        makes and returns what the model gets; layers are numbered and named as docs/concepts/sources.md says."""
         running: list[str] = []  # names of the model's modules whose forward is running, outermost first
         this_pass = PassLayers()
         # The module whose forward just returned (its forward hooks are running). A pass that raised

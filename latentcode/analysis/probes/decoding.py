@@ -64,7 +64,7 @@ def decode(
         code_files: one codes file (path or `CodeFile`) or several (models side by side).
         label: a label spec (see `latentcode.analysis.labels`): a categorical ``[N]`` label (e.g.
             ``rule``, ``query_rule[-1]``) gets one multinomial probe; a multi-hot ``[N, C]`` 0/1
-            label (e.g. ``term_present``) one binary probe per column (metrics: `latentcode.analysis.probes`).
+            label (e.g. ``term_present``) one binary probe per column (metrics: docs/how-to/probe.md).
         fit_split, test_split: the split the probes are fitted (and their layer chosen) on, and
             the one they are scored on.
         layers: the layers to probe (default: all).

@@ -5,12 +5,9 @@ per column) and `RidgeProbe` (targets ``[N]`` or ``[N, K]``) are each ``Pipeline
 estimator)`` with C or alpha chosen on the data they are fitted on, and keep the out-of-fold
 predictions at that choice (``validation_predictions_``), to score a probe on its own fitting data.
 
-They are scikit-learn estimators: `sklearn.utils.estimator_checks.check_estimator` passes for
-each (for `MultiHotProbe` all but the checks that assume single-output labels;
-tests/analysis/test_probe_estimators.py lists them with the reason each fails). `fit(X, y)`
-validates its input and sets ``n_features_in_``; `predict` before `fit` raises `NotFittedError`;
-``random_state`` seeds the folds; a grid, fold count or labels they cannot fit raise `ProbeError`,
-a `ValueError`.
+They pass scikit-learn's `check_estimator` (`MultiHotProbe`: all but the single-output checks, listed in
+tests/analysis/test_probe_estimators.py); ``random_state`` seeds the folds; `predict` before `fit` raises
+`NotFittedError`; a grid, fold count or labels they cannot fit raise `ProbeError`, a `ValueError`.
 """
 
 from __future__ import annotations
@@ -67,11 +64,8 @@ class LogisticProbe(ClassifierMixin, BaseEstimator):
     over stratified `cv`-fold cross-validation on the data it is fitted on (ties: the smaller C),
     refitted on all of it.
 
-    The grid search is `GridSearchCV`'s, done by hand for speed (benchmarks/bench_probes.py: about
-    twice as fast): each fold standardizes once (with its own training part) rather than once per
-    C, and walks the grid from strong to weak regularization, each fit starting from the previous
-    solution (warm start). It also keeps the out-of-fold predictions at the chosen C, to score the
-    probe on its own fitting data, which `GridSearchCV` would need a second cross-validation for.
+    The search is `GridSearchCV`'s done by hand, about twice as fast (benchmarks/bench_probes.py): each
+    fold standardizes once and walks the grid with warm starts, keeping the out-of-fold predictions.
 
     Parameters: ``Cs``, the grid of inverse regularization strengths; ``cv``, the folds;
     ``random_state``, the seed of the folds' shuffle; ``selection_score(y_true, y_pred) -> float``,
@@ -113,10 +107,8 @@ class LogisticProbe(ClassifierMixin, BaseEstimator):
             logistic = _logistic(warm_start=True)
             for index, C in enumerate(Cs):
                 logistic.set_params(C=C).fit(fold_train, y[train])
-                # Every class occurs in every training part (>= cv examples each, stratified),
-                # so the columns of predict_proba are self.classes_.
+                # every class is in every training part (>= cv each, stratified): columns are self.classes_
                 probabilities[index, validation] = logistic.predict_proba(fold_validation)
-                # the most probable class is what predict() returns, without a second pass
                 predictions[index, validation] = self.classes_[probabilities[index, validation].argmax(axis=1)]
                 scores[index] += self.selection_score(y[validation], predictions[index, validation])
         best = int(np.argmax(scores))

@@ -49,16 +49,11 @@ def _label_texts(code_file: CodeFile, name: str, values: np.ndarray) -> list[str
     if value_names is not None:
         return [" | ".join(display_value(value, value_names) for value in row) for row in flat]
     if column_names is not None and len(column_names) == flat.shape[1]:
-        binary = np.isin(flat, (0, 1)).all()
-        texts = []
-        for row in flat:
-            present = [column for column, value in zip(column_names, row, strict=True) if value != 0]
-            if binary:
-                texts.append(", ".join(present) or "none")
-            else:
-                texts.append(", ".join(f"{column}={_number(float(value))}"
-                                       for column, value in zip(column_names, row, strict=True) if value != 0))
-        return texts
+        if np.isin(flat, (0, 1)).all():  # multi-hot: the columns present
+            return [", ".join(column for column, value in zip(column_names, row, strict=True) if value) or "none"
+                    for row in flat]
+        return [", ".join(f"{column}={_number(float(value))}" for column, value in zip(column_names, row, strict=True)
+                          if value != 0) for row in flat]
     if values.ndim == 3 and values.dtype.kind in "biu":  # e.g. negation bits [n, terms, variables]
         return [" | ".join("".join(str(int(v)) for v in part) for part in row) for row in values]
     return ["[" + ", ".join(_number(float(value)) for value in row) + "]" for row in flat]
@@ -220,12 +215,10 @@ def viewer_data(
                              for layer, points in embedding.coordinates.items()}
 
     positions = code_file.position_names
-    # The page opens on the layer whose codes vary most over the instances, and at the (query, key) pair of
-    # that layer that varies most: a layer or pair whose code is the same for every instance (a fixed
-    # query attending to tokens that do not vary, at layer 0) shows nothing. Such layers are named on the page.
+    # The page opens on the layer, and its (query, key) pair, whose codes vary most over the instances: a
+    # constant one (a fixed query on tokens that do not vary) shows nothing; constant layers are named on the page.
     spread = np.nan_to_num(np.nanstd(codes.astype(np.float64), axis=0))  # [n_sites, heads]; float32 sums are not exact
-    # Same code for every instance: no difference between the largest and smallest (a standard deviation of
-    # equal float32 values need not be 0).
+    # constant: max - min, since a standard deviation of equal float32 values need not be 0
     code_range = np.nan_to_num(np.nanmax(codes, axis=0) - np.nanmin(codes, axis=0))  # [n_sites, heads]
     layer_of = np.array([site.layer for site in sites])
     layer_spread = {layer: float(spread[layer_of == layer].mean()) for layer in code_file.layers}
