@@ -6,12 +6,9 @@
     window_metrics(logits[:, p0:], ids[:, 1 + p0:])          # [32, 3]: METRICS per window
     windows.donors(32, seed=0)                       # [32]: the donor window of each (resample ablation)
 
-Instances are windows of `seq_len` tokens of the language corpus's `split` (`latentcode.tasks.corpus`,
-train or validation), each the tokenisation by the model's own tokenizer of the text from the start of
-a line drawn with `seed` (`pretrained.corpus_token_windows`), one token more for the last position's
-target. The metric is next-token prediction (`window_metrics`: METRICS, the loss, probability and
-accuracy per window, from the first position an edit can change). A text has no counterfactual
-pairs; its donors are other windows (`donors`: a seeded derangement). Torch-free until `draw`.
+Instances are windows of the language corpus's `split` tokenised by the model's own tokenizer
+(`pretrained.corpus_token_windows`); the metric is next-token prediction (`window_metrics`); a text has no
+counterfactual pairs, so its donors are other windows (`donors`). Torch-free until `draw`.
 """
 
 from __future__ import annotations

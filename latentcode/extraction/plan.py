@@ -4,12 +4,8 @@
     plan.subject, plan.inputs, plan.split, plan.variant, plan.sites    # what will be recorded
     latentcode.extraction.pipeline.run_extraction(plan)                # records it (torch)
 
-One plan for every model (`latentcode.subject.subject_of`), reading its task's instances or a causal
-LM's windows of the corpus through one interface (`latentcode.inputs`). The command line's check and
-`latentcode.extract` build the same plan, so a mistake gets the same message from both (`errors.about`
-names the argument, the command line its flag). Checked here: the model, task, split, variant, sites,
-compact store, sizes (a forward pass in memory, the codes on disk) and output (writable; not there
-unless appended to or replaced; a codes file if appended to). JSON, numpy and h5py only.
+The command line's check and `latentcode.extract` build the same plan, so a mistake gets the same message
+from both (`errors.about` names the argument, the command line its flag). JSON, numpy and h5py only.
 """
 
 from __future__ import annotations
