@@ -397,22 +397,16 @@ class AtomicOutputs:
     def discard(self) -> None:
         """Remove the temporaries not yet renamed and let go of the lock (a joined set: its own files
         leave the enclosing set)."""
-        if self._enclosing is not None:
-            self._enclosing._drop(self.written)
-            self.written = []
-            return
-        for temporary in self._temporaries.values():
-            with contextlib.suppress(OSError):
-                temporary.unlink(missing_ok=True)
-        self._temporaries.clear()
-        self._release()
-
-    def _drop(self, targets: Iterable[Path]) -> None:
-        for target in targets:
-            temporary = self._temporaries.pop(target, None)
+        owner = self if self._enclosing is None else self._enclosing
+        for target in list(self._temporaries) if self._enclosing is None else self.written:
+            temporary = owner._temporaries.pop(target, None)
             if temporary is not None:
                 with contextlib.suppress(OSError):
                     temporary.unlink(missing_ok=True)
+        if self._enclosing is None:
+            self._release()
+        else:
+            self.written = []
 
     def _release(self) -> None:
         if self._lock is not None:
