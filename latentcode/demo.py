@@ -130,13 +130,13 @@ def run_demo(task: str = DEMO_TASK, out: str | Path = "latentcode-demo", train: 
         codes = run_dir / "codes" / f"{attention}.h5"
         codes.parent.mkdir(parents=True, exist_ok=True)
         # In the batches the run evaluated in: a language model's long windows are slower in larger ones.
-        batch_size = latentcode.Run(run_dir).config.eval_batch_size
-        task_config = dict(latentcode.Run(run_dir).config.task)
+        run_config = latentcode.Run(run_dir).config
+        task_config = dict(run_config.task)
         if task in DEMO_MAX_SEQ_LEN:
             task_config["seq_len"] = min(task_config["seq_len"], DEMO_MAX_SEQ_LEN[task])
         for index, split in enumerate(("train", held_out)):
             latentcode.extract(run_dir, task_config, sites=selector, split=split, n=n_codes, out=codes, variant=variant,
-                               batch_size=batch_size, append=index > 0, progress=progress)
+                               batch_size=run_config.eval_batch_size, append=index > 0, progress=progress)
         say(f"  {attention}: latent codes of {n_codes} train + {n_codes} {held_out} instances -> {codes}")
 
     first_run = latentcode.Run(run_dirs[0])  # the variant the models were trained on (None: the task's default)

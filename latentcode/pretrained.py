@@ -174,8 +174,7 @@ def checkpoint_sha256(path: Path) -> str:
 
 def load_tokenizer(path_or_name: str | Path, cache: str | Path | None = None) -> Any:
     """The tokenizer alone of a pretrained model, no weights read: a directory's; a `.gguf` file's from
-    its cache entry when there is one (SmolLM2: 1 s, after the 11 s transformers spends on its first
-    tokenizer of a process, load 7 on 2 cores), else parsed from the file (16-23 s)."""
+    its cache entry when there is one (SmolLM2: 1 s), else parsed from the file (16-23 s)."""
     import transformers
 
     from latentcode import pretrained_cache

@@ -245,10 +245,8 @@ class CompactWriting:
 
 
 def _check_every_layer_read(loaded: Loaded, layers_read: int | None, n_layers: int) -> None:
-    """One line where a forward pass made fewer attention calls than the model has layers: a model whose
-    attention goes neither through scaled_dot_product_attention nor transformers' eager attention
-    registry, whose missing layers would otherwise shift the layers of the codes (and leave the compact
-    store without them)."""
+    """One line where a forward pass made fewer attention calls than the model has layers (attention that
+    latentcode does not read), which would otherwise shift the layers of the codes."""
     if layers_read is not None and layers_read != n_layers:
         config = loaded.model.config
         raise CompactError(

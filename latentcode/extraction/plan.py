@@ -78,10 +78,8 @@ def plan_extract(
     device: str | None = None,
     dtype: str | None = None,
 ) -> ExtractPlan:
-    """The plan of `latentcode.extract` with these arguments (see there), or the first mistake in
-    them. `run_or_model`: what `subject_of` takes (a path or name, a `ModelSource`, a model object, a
-    `Pretrained`, a Subject). compact None: where the model has one (a causal LM); compression None:
-    none for a compact store, else gzip; batch_size None: 256, or 1 window of a causal LM."""
+    """The plan of `latentcode.extract` with these arguments (see there for their defaults), or the first
+    mistake in them. `run_or_model`: what `subject_of` takes (also a `ModelSource` or a Subject)."""
     with about("run_or_model"):
         subject = subject_of(run_or_model)
     with about("n"):
