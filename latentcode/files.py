@@ -6,8 +6,8 @@ ends, so a stale lock cannot exist, and the holder's pid, host and start time in
 second writer. Temporaries `.NAME.<random>.tmp` found by the next holder are a dead writer's and are
 removed. Nothing here follows a symbolic link (`O_NOFOLLOW`, `O_EXCL`, `check_replaceable`), so a second
 user who can write in the directory cannot redirect a write; an `OSError` becomes a one-line `WriteError`
-and leaves no half-written file. New files get the usual modes under the process umask (0644 under umask
-022), not tempfile's private 0600.
+and leaves no half-written file. New files and directories get the usual modes under the process umask
+(0644 and 0755 under umask 022), not tempfile's private 0600 and 0700.
 """
 
 from __future__ import annotations

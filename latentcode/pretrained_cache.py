@@ -6,10 +6,11 @@ Where: `$LATENTCODE_CACHE/gguf/<file stem>-<first 16 hex digits of the file's SH
 `~/.cache/latentcode`): `config.json` (without its GGUF quantization entry), `model.safetensors` (tied
 weights once), the tokenizer's files and `entry.json`, written last, naming the source file, its SHA-256
 and the size and SHA-256 of every file. An entry is used only where it is this user's own and intact
-(`entry_problem`); else one warning line says why, and it is written anew or, another user's or a link,
-left alone. Every file goes through `latentcode.files.AtomicOutputs` under the entry's lock, held by
-`filling` while one process dequantises, so processes loading one GGUF at once dequantise it once. A cache
-that cannot be written is not an error: the model loads from the GGUF file and a warning says why.
+(`entry_problem`); else one warning line says why, and it is written anew (incomplete, damaged or edited)
+or left alone (another user's, or a link). Every file goes through `latentcode.files.AtomicOutputs` under
+the entry's lock, held by `filling` while one process dequantises, so processes loading one GGUF at once
+dequantise it once. A cache that cannot be written is not an error: the model loads from the GGUF file and
+a warning says why.
 """
 
 from __future__ import annotations

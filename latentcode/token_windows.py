@@ -121,8 +121,8 @@ def token_windows(subject: Any, task: Mapping[str, Any] | None, default_seq_len:
     seq_len = DEFAULT_SEQ_LEN if default_seq_len is None else default_seq_len
     with about("task"):
         if task is not None:
-            if not isinstance(task, Mapping) or set(task) - {"seq_len", "name"} or \
-                    task.get("name", "language") != "language":
+            if (not isinstance(task, Mapping) or set(task) - {"seq_len", "name"}
+                    or task.get("name", "language") != "language"):
                 raise UsageError(f"a pretrained model reads windows of the language corpus: the task may give only "
                                  f"seq_len (e.g. {{'seq_len': 2048}}, --task seq_len=2048), got {task!r}")
             seq_len = check_integer("seq_len", task.get("seq_len", seq_len), minimum=1)  # "long", 64.5: refused
