@@ -47,9 +47,9 @@ class Loaded:
         return x if self.tokenizer is None else {"input_ids": x, "use_cache": False}
 
     def logits(self, x: Any) -> Any:
-        inputs = self.inputs(x)
-        output = self.model(inputs) if self.tokenizer is None else self.model(**inputs)
-        return output if self.tokenizer is None else output.logits
+        if self.tokenizer is None:
+            return self.model(x)
+        return self.model(**self.inputs(x)).logits
 
     def last_logits(self, x: Any, positions: int = 1) -> Any:
         """`[batch, positions, vocabulary]`: the logits of the last `positions` of inputs `x`; a causal LM
