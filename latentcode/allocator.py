@@ -1,23 +1,12 @@
 """Keep freed memory in the process: glibc's heap reuses it instead of the kernel faulting it in again.
 
-glibc returns a freed block above its mmap threshold (at most 32 MB) to the kernel at once, and trims
-the heap's free top beyond its trim threshold; the next use of that much memory faults its pages in
-again, one by one. On the virtual machines we measure on that costs about 3 µs a page: allocating and
-filling a `[128, 16, 36, 36]` float tensor (10.6 MB) took 8.4 ms against 0.3 ms to fill one already
-mapped. Every training step and every patching pass allocates such tensors afresh:
-- a patching sweep's passes of `[1024, 16, 36, 36]` codes (85 MB) spent as much time in the kernel as
-  in user code (benchmarks/bench_patching_allocator.py);
-- a training step of the paper's models spent a quarter of its time faulting its activations in
-  (benchmarks/bench_model_step.py --allocator glibc against kept).
-
-`keep_freed_memory()` sets the mmap threshold to its maximum (blocks under 32 MB come from the heap)
-and trims the heap only beyond 1 GiB free, so a pass or step reuses the last one's pages; the process
-keeps its peak heap until it exits. glibc only; elsewhere nothing changes.
-
-It changes malloc for the whole process, so no library function calls it: the command-line entry points
-do (`latentcode train`, `latentcode patch`), and a Python user who wants the same speed calls
-`latentcode.keep_freed_memory()` once. A run's record says which setting it ran with
-(`freed_memory_setting()`).
+glibc returns a freed block above its mmap threshold to the kernel at once and trims the heap's free top,
+so the next pass or training step faults the same pages in again, one by one (measured:
+docs/how-to/train.md). `keep_freed_memory()` sets the mmap threshold to its maximum (32 MB) and trims the
+heap only beyond 1 GiB free; the process keeps its peak heap until it exits. glibc only; elsewhere nothing
+changes. It changes malloc for the whole process, so no library function calls it: the command-line entry
+points do (`latentcode train`, `latentcode patch`), a Python user may (`latentcode.keep_freed_memory()`),
+and a run's record says which setting it ran with (`freed_memory_setting()`).
 """
 
 from __future__ import annotations

@@ -29,23 +29,16 @@ from latentcode.shipped import SHIPPED_ATTENTIONS, shipped_run
 from latentcode.tasks import DEMO_TASK, task_class, task_names
 
 ATTENTIONS = SHIPPED_ATTENTIONS
-# The language models were trained on 512-byte windows; the demo reads their codes on 128-byte ones.
-# A causal model with rotary positions computes position 127 from bytes 0..127 alone, so the codes of
-# the last query of a 128-byte window are exactly its codes at query 127 of any 512-byte window that
-# starts with those bytes (tests/test_demo.py checks it): the same model, on windows drawn the same way,
-# with 127 bytes of context instead of 511, and the same 2,048 windows per split (so the probes' and
-# baselines' scores keep their precision). Extraction: 0.7-0.9 CPU-s per 128 windows instead of
-# 2.6-4.5 at 512.
+# Why 128 is exact: the note below (tests/test_demo.py checks it); extraction takes 0.7-0.9 CPU-s per 128
+# windows instead of 2.6-4.5 at 512, with the same 2,048 windows per split.
 DEMO_MAX_SEQ_LEN = {"language": 128}
 DEMO_MAX_SEQ_LEN_NOTE = {
     "language": "The codes were extracted on 128-byte windows (the models were trained on 512): with causal attention "
     "and rotary positions they are exactly the models' codes at query 127 of 512-byte windows, the last "
     "token with 127 bytes of context.",
 }
-# What the demo's pictures colour by, where the task's own picture label would leave most points grey: fuzzy
-# logic's function (`task_index`) takes 46 values on the held-out split, so a legend of 9 left 75% of the points
-# grey; its first term (`terms[0]`, 10 values) colours every point with what the codes carry (the paper's Fig. 3
-# colours fuzzy logic by the terms; analyses/latent_tsne.py does the same).
+# What the demo's pictures colour by, where the task's own label would leave most points grey: fuzzy logic's
+# function takes 46 values on the held-out split (a legend of 9 left 75% grey), its first term 10 (as Fig. 3).
 DEMO_PICTURE_LABEL = {"fuzzy_logic": "terms[0]"}
 __all__ = ["ATTENTIONS", "demo_tasks", "fresh_directory", "run_demo", "shipped_run"]
 
@@ -137,13 +130,13 @@ def run_demo(task: str = DEMO_TASK, out: str | Path = "latentcode-demo", train: 
         codes = run_dir / "codes" / f"{attention}.h5"
         codes.parent.mkdir(parents=True, exist_ok=True)
         # In the batches the run evaluated in: a language model's long windows are slower in larger ones.
-        batch_size = latentcode.Run(run_dir).config.eval_batch_size
-        task_config = dict(latentcode.Run(run_dir).config.task)
+        run_config = latentcode.Run(run_dir).config
+        task_config = dict(run_config.task)
         if task in DEMO_MAX_SEQ_LEN:
             task_config["seq_len"] = min(task_config["seq_len"], DEMO_MAX_SEQ_LEN[task])
         for index, split in enumerate(("train", held_out)):
             latentcode.extract(run_dir, task_config, sites=selector, split=split, n=n_codes, out=codes, variant=variant,
-                               batch_size=batch_size, append=index > 0, progress=progress)
+                               batch_size=run_config.eval_batch_size, append=index > 0, progress=progress)
         say(f"  {attention}: latent codes of {n_codes} train + {n_codes} {held_out} instances -> {codes}")
 
     first_run = latentcode.Run(run_dirs[0])  # the variant the models were trained on (None: the task's default)

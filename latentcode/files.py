@@ -1,27 +1,13 @@
 """Files that several processes may write: one writer at a time, the process umask, no litter.
 
-A writer of a codes file or of a run directory holds an exclusive lock on a sidecar file beside it,
-`.NAME.lock`, from before it looks at the target until its last rename. The lock is
-`fcntl.flock`: the kernel drops it when the holding process ends, however it ends (SIGKILL, a
-crash, a lost machine), so a stale lock cannot exist by construction; a sidecar file left behind
-by a killed writer holds no lock and is taken over by the next one. The holder writes its pid, host
-and start time into the sidecar, so a second writer is refused with one line naming them; it waits
-for the lock only when asked (`wait` seconds).
-
-Temporary files of a target, `.NAME.<random>.tmp`, found by the next lock holder belong to a dead
-writer and are removed (only the lock holder writes them).
-
-Hostile directories (a second user who can write in the same directory): nothing here follows a
-symbolic link. The lock file is opened with `O_NOFOLLOW` and refused unless it is a regular file
-with one name; temporaries are created with `O_EXCL` (which never follows a link) under random
-names; a target is replaced only if it is missing or a regular file, never a link, a directory,
-a device or a FIFO (`check_replaceable`). `AtomicOutputs` writes the files of one command as a
-set: each into a temporary beside it, all renamed only when all are written. An `OSError` while
-writing (no space left, a name too long) becomes a one-line `WriteError`, and no half-written file
-is left under the target's name.
-
-New files and directories get the usual modes under the process umask (0644 and 0755 under umask
-022), not tempfile's private 0600 and 0700.
+A writer holds `fcntl.flock` on a sidecar `.NAME.lock` beside its target (`ExclusiveLock`) from before it
+looks at the target until its last rename: the kernel drops the lock when its process ends, however it
+ends, so a stale lock cannot exist, and the holder's pid, host and start time in the sidecar name it to a
+second writer. Temporaries `.NAME.<random>.tmp` found by the next holder are a dead writer's and are
+removed. Nothing here follows a symbolic link (`O_NOFOLLOW`, `O_EXCL`, `check_replaceable`), so a second
+user who can write in the directory cannot redirect a write; an `OSError` becomes a one-line `WriteError`
+and leaves no half-written file. New files and directories get the usual modes under the process umask
+(0644 and 0755 under umask 022), not tempfile's private 0600 and 0700.
 """
 
 from __future__ import annotations
@@ -150,7 +136,9 @@ class ExclusiveLock:
             return self._acquire_with_filelock()
         started = time.monotonic()
         while True:
-            descriptor = _open_lock_file(self.path)
+            # A regular file with one name: a planted `.NAME.lock` pointing at another file never gets that
+            # file truncated and overwritten with the holder's JSON.
+            descriptor = _open_regular(self.path, os.O_RDWR, "lock file", one_name=True)
             try:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -243,12 +231,6 @@ def _open_regular(path: Path, flags: int, what: str = "", one_name: bool = False
         raise UnsafePath(f"{named} is {kind}; expected a regular file of its own; remove it or choose another path")
     os.set_blocking(descriptor, True)
     return descriptor
-
-
-def _open_lock_file(path: Path) -> int:
-    """The sidecar lock file, opened read-write: a regular file with one name, so that a planted `.NAME.lock`
-    pointing at another file never gets that file truncated and overwritten with the holder's JSON."""
-    return _open_regular(path, os.O_RDWR, "lock file", one_name=True)
 
 
 def _same_file(descriptor: int, path: Path) -> bool:
@@ -415,22 +397,16 @@ class AtomicOutputs:
     def discard(self) -> None:
         """Remove the temporaries not yet renamed and let go of the lock (a joined set: its own files
         leave the enclosing set)."""
-        if self._enclosing is not None:
-            self._enclosing._drop(self.written)
-            self.written = []
-            return
-        for temporary in self._temporaries.values():
-            with contextlib.suppress(OSError):
-                temporary.unlink(missing_ok=True)
-        self._temporaries.clear()
-        self._release()
-
-    def _drop(self, targets: Iterable[Path]) -> None:
-        for target in targets:
-            temporary = self._temporaries.pop(target, None)
+        owner = self if self._enclosing is None else self._enclosing
+        for target in list(self._temporaries) if self._enclosing is None else self.written:
+            temporary = owner._temporaries.pop(target, None)
             if temporary is not None:
                 with contextlib.suppress(OSError):
                     temporary.unlink(missing_ok=True)
+        if self._enclosing is None:
+            self._release()
+        else:
+            self.written = []
 
     def _release(self) -> None:
         if self._lock is not None:

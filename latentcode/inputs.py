@@ -11,23 +11,11 @@ over `latentcode.token_windows.TokenWindows`).
     inputs.check_patch(split, variant, prediction, per_head, n)   # patch: its bases checked
     inputs.patch_bases(loaded, split, n, seed, variant, prediction)   # pairs, or windows and donors
 
-`batches` yields the model's inputs `x` (token ids or features, numpy) and what the codes file keeps of
-them (`labels`, `split`, `target`, `extra`); `description` the file's task attributes (task config,
-label value names, split descriptions, token names); `selector_record` how the file names its sites.
-A task's batch `i` is drawn from `(seed, i)`, so a sharded extraction equals a one-process one; a
-corpus's windows are drawn all at once from `seed` and cut into batches (with `targets`, one token
-more each: the next token of every position).
-
-The metrics: a task's own (`task.evaluate` of the predictions at its prediction positions, re-evaluated
-on any subset: a metric need not be a mean over instances); a window's next-token loss, probability
-and accuracy from the first query an edit can change on (`token_windows.window_metrics`), each a mean
-over windows. `scores` keeps only what they need of a pass, so a 49k-word vocabulary's logits never
-accumulate.
-
-What `patch` compares (`latentcode.intervention.patching.measures` measures it): a task's counterfactual
-pairs (donors of another sub-task, a third one as the baseline, the base's own for the damage; read on
-the `transfer`), or windows each taking the codes of another (`TokenWindows.donors`: resample ablation,
-read on the `change` of the next-token loss); `grids` beside the task's partitions (`partitions`).
+A task's batch `i` is drawn from `(seed, i)`, so a sharded extraction equals a one-process one; a corpus's
+windows are drawn all at once from `seed` and cut into batches. `scores` keeps only what the metrics need
+of a pass (a task's outputs at its prediction positions, a window's `window_metrics`), so a large
+vocabulary's logits never accumulate. Patch compares a task's counterfactual pairs, or windows each taking
+the codes of another (`TokenWindows.donors`: resample ablation).
 """
 
 from __future__ import annotations

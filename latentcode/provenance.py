@@ -1,17 +1,11 @@
 """Which codes files and runs belong together: one task per comparison, codes shown with their runs.
 
-A codes file records where its codes came from: the SHA-256 of the weights file (root attribute
-`checkpoint_sha256`) and the task's config (`task_config`); a run directory holds its weights
-(`model/model.safetensors`) and the task it was trained on. A report that shows a run beside codes
-from another checkpoint, or a probe table that compares files of different tasks under one label,
-would print numbers that mean nothing, so both are refused with one line naming the two inputs.
-
-A checkpoint's identity is the SHA-256 of its weights: `safe_reads.sha256_of_file` of a saved weights file, and
-`sha256_of_state` (the same bytes safetensors would write) of a model that was never saved; extraction
-records it, interventions and reports check it.
-
-Reads JSON and HDF5 attributes only (no torch, no scikit-learn; `sha256_of_state` imports safetensors
-when called): the command line checks its arguments with it before any heavy import.
+A codes file records the SHA-256 of the weights it came from (`checkpoint_sha256`: `safe_reads.sha256_of_file`
+of a saved weights file, `sha256_of_state` of a model never saved) and its task's config (`task_config`). A
+report showing a run beside codes of another checkpoint, or a probe table comparing files of different
+tasks under one label, would print numbers that mean nothing, so both are refused in one line naming the
+two inputs. JSON and HDF5 attributes only (`sha256_of_state` imports safetensors when called): the command
+line checks its arguments with it before any heavy import.
 """
 
 from __future__ import annotations

@@ -4,21 +4,12 @@
     table = code_reuse("runs/fuzzy-hyla", codes="runs/fuzzy-hyla/codes/reuse.h5")
     table[["part", "value", "baseline", "excess"]]; table.attrs["score"]
 
-What the parts and the combined score mean: `latentcode.analysis.reuse`. Here they are measured on one
-run of a task whose compositions are sets of constituents (fuzzy logic: a function is a set of terms;
-the constituents are the task's probe label, ``term_present``):
-
-- the codes of the task's analysis sites (``last-self``: the last token attending to itself, every
-  layer, side by side) on its analysis variant (``fixed_query``), `n_codes` instances of ``train``
-  and of the held-out split ``ood`` each, extracted into `codes` (or read from it when it has both
-  splits): parts (a) decodability and (b) reconstruction;
-- (c) transplant: `n_pairs` pairs of `Task.transplant_pairs` (`latentcode.tasks.FuzzyLogic.transplant_pairs`: an unseen
-  composition as base, a training composition that swaps one term as donor, a third training composition as
-  baseline) on the run's training variant (``uniform``; why not ``fixed_query``: that module), the
-  codes of the same sites patched from donor to base (`transfer_sweep`).
-
-`latentcode reuse RUN` calls this function. It combines the stages (extraction, intervention,
-analysis) as `latentcode.demo` does, so it lives at the package's top level.
+What the parts and the combined score mean: `latentcode.analysis.reuse`. Here (a) decodability and (b)
+reconstruction read the codes of the task's analysis sites on its analysis variant (fuzzy logic:
+``last-self`` on ``fixed_query``), `n_codes` instances of ``train`` and of ``ood`` each, extracted into
+`codes` (or read from it when it has both splits); (c) transplant patches the same sites from donor to base
+in `n_pairs` pairs of `Task.transplant_pairs` on the run's training variant (`transfer_sweep`). It combines
+extraction, intervention and analysis, as `latentcode.demo` does, so it lives at the package's top level.
 """
 
 from __future__ import annotations
@@ -124,10 +115,9 @@ def _arrays(code_file, label: str, split: str):
 def code_reuse(run: str | Path, *, codes: str | Path | CodeFile, n_codes: int = 2048, n_pairs: int = 256, seed: int = 0,
                batch_size: int = 256, progress: bool = False):
     """The three parts and the combined score of the run `run` (module docstring), after the checks of
-    `plan_reuse` (the command line's, too), as a pandas table
-    with one row per part (columns of `ReusePart.row`, plus ``follow_different_se``-style detail in
-    ``note``); ``table.attrs``: ``score`` (the combined score), ``ood_r2`` (the run's final OOD R²
-    where recorded), ``codes`` (the codes file), ``pairs`` (the transplant pairs' counts)."""
+    `plan_reuse` (the command line's, too), as a pandas table with one row per part (columns of
+    `ReusePart.row`, detail in ``note``); ``table.attrs``: ``score`` (the combined score), ``ood_r2`` (the
+    run's final OOD R² where recorded), ``codes`` (the codes file), ``pairs`` (the transplant pairs' counts)."""
     import numpy as np
     import pandas as pd
 

@@ -6,10 +6,8 @@
                          defaults (`task_analysis`), latentcode and torch versions, creation time
       metrics.jsonl      one JSON object per logging step ({"event": "train", ...}) and per
                          evaluation ({"event": "eval", "step": ..., "splits": {split: metrics}})
-      checkpoints/       step_XXXXXXXX/: model and optimizer tensors (safetensors) plus
-                         trainer_state.json (step = data-stream position, scheduler and loop
-                         state; see training/checkpoint.py; no pickles); each written to a
-                         temporary directory and renamed, the last few kept
+      checkpoints/       step_XXXXXXXX/: model and optimizer tensors (safetensors) and
+                         trainer_state.json (training/checkpoint.py), the last few kept
       model/             the final model (config.json + model.safetensors, see models.persistence)
       summary.json       final metrics per split, steps, wall time; present once the run finished
 
@@ -17,10 +15,8 @@ A directory is never reused for a different run, and nothing in it is overwritte
 `--resume` of the same run. Training writes it (`latentcode.training`); extraction, the report and
 `models/ship.py` read it through `RunRecord`, which needs neither torch nor the trainer.
 
-One writer at a time: `train` and `train --resume` hold `RunDirectory.lock()`, the lock file
-`.RUN_DIR.lock` beside the directory (beside, so that a fresh directory stays empty until the run
-writes it), for the whole run; a second train into the same directory is refused naming the first
-(pid, host, since when). The kernel drops the lock when its process dies (`latentcode.files`).
+One writer at a time: `train` and `train --resume` hold `RunDirectory.lock()` for the whole run, the
+lock file `.RUN_DIR.lock` beside the directory, so that a fresh directory stays empty until the run writes it.
 """
 
 from __future__ import annotations

@@ -7,10 +7,9 @@
     loaded = subject.load(device="cuda", dtype="bfloat16")          # the model (eval, placed), identity
 
 A trained latentcode model reads its task's instances; a causal LM reads windows of the language
-corpus's tokens (`latentcode.token_windows.TokenWindows`, a task like the others: its
-instances, a next-token metric, donors for patching). The plans of extract, intervene and patch take
-a Subject and ask it what they need (its shape, its task, its model); `subject_of` is the one place
-that tells models apart. JSON and numpy only until `load`.
+corpus's tokens (`latentcode.token_windows.TokenWindows`, a task like the others). The plans of extract,
+intervene and patch ask a Subject what they need; `subject_of` is the one place that tells models apart.
+JSON and numpy only until `load`.
 """
 
 from __future__ import annotations
@@ -48,9 +47,9 @@ class Loaded:
         return x if self.tokenizer is None else {"input_ids": x, "use_cache": False}
 
     def logits(self, x: Any) -> Any:
-        inputs = self.inputs(x)
-        output = self.model(inputs) if self.tokenizer is None else self.model(**inputs)
-        return output if self.tokenizer is None else output.logits
+        if self.tokenizer is None:
+            return self.model(x)
+        return self.model(**self.inputs(x)).logits
 
     def last_logits(self, x: Any, positions: int = 1) -> Any:
         """`[batch, positions, vocabulary]`: the logits of the last `positions` of inputs `x`; a causal LM
@@ -91,10 +90,9 @@ class Subject(abc.ABC):
     reads_text: ClassVar[bool] = False
     """Whether its inputs are token windows of text (a causal LM) rather than a task's instances."""
     compact_store: ClassVar[bool] = False
-    """Whether its codes can be kept as a compact store (`latentcode.store.compact`: every pair of every layer as
-    its queries and keys): where its attention is softmax(q k^T) read at SDPA calls or transformers' eager registry
-    (a causal LM). A latentcode Transformer's codes are read at its hook points and its sigma is not always a
-    softmax over keys (HYLA's rms over heads, linear), so no."""
+    """Whether its codes can be kept as a compact store (`latentcode.store.compact`): where its attention is
+    softmax(q k^T) read at SDPA calls or transformers' eager registry (a causal LM; not a latentcode
+    Transformer, whose sigma is not always a softmax over keys)."""
 
     @abc.abstractmethod
     def task(self, task: Any, default_seq_len: int | None = None) -> Any:
@@ -119,8 +117,17 @@ class TrainedSubject(Subject):
     model_object: Any = None
 
     def task(self, task: Any, default_seq_len: int | None = None) -> Any:
+        """`task` (a Task or its config), else the run's own."""
+        if isinstance(task, Task):
+            return task
         with about("task"):
-            return task_of(self.source, task)
+            if task:
+                return get_task(**task)
+            if not self.source.task_config:
+                what = f"{self.source.path} is a model directory" if self.source.path else "the model object comes"
+                raise UsageError(f"{what} without its run: give its task, e.g. task={{'name': 'sraven'}} "
+                                 "(--task name=sraven)")
+            return get_task(**self.source.task_config)
 
     def forward_pass_bytes(self, batch: int, seq_len: int) -> int:
         from latentcode.validation import forward_pass_bytes
@@ -180,7 +187,8 @@ def subject_of(run_or_model: Any) -> Subject:
         return run_or_model
     torch = sys.modules.get("torch")  # a model object comes with torch imported; a path needs none
     if torch is not None and isinstance(run_or_model, torch.nn.Module):
-        return _object_subject(run_or_model)
+        info = resolve_model(run_or_model)[1]  # a latentcode Transformer, or the one line pointing to Recorder
+        return _trained_subject(ModelSource(None, model_config=info["model_config"]), run_or_model)
     if type(run_or_model).__name__ == "Pretrained" and hasattr(run_or_model, "tokenizer"):
         pretrained = run_or_model
         return LanguageModelSubject(locate_model(pretrained.path), pretrained.name, pretrained.n_layers,
@@ -216,24 +224,6 @@ def _trained_subject(source: ModelSource, model_object: Any = None) -> TrainedSu
     heads = int(config.get("n_heads") or 1) * int(config.get("width_factor") or 1)  # ModelConfig scales them
     return TrainedSubject(source, name, int(config["n_layers"]), heads,
                           config.get("n_ctx"), config, model_object)
-
-
-def _object_subject(model: Any) -> TrainedSubject:
-    info = resolve_model(model)[1]  # a latentcode Transformer, or the one line pointing to Recorder
-    return _trained_subject(ModelSource(None, model_config=info["model_config"]), model)
-
-
-def task_of(source: ModelSource, task: Task | Mapping[str, Any] | None) -> Task:
-    """`task` (a Task or its config), else the run's own."""
-    if isinstance(task, Task):
-        return task
-    if task:
-        return get_task(**task)
-    if not source.task_config:
-        what = f"{source.path} is a model directory" if source.path else "the model object comes"
-        raise UsageError(f"{what} without its run: give its task, e.g. task={{'name': 'sraven'}} "
-                         "(--task name=sraven)")
-    return get_task(**source.task_config)
 
 
 def checked_model_config(source: ModelSource) -> dict[str, Any]:

@@ -6,12 +6,9 @@
     window_metrics(logits[:, p0:], ids[:, 1 + p0:])          # [32, 3]: METRICS per window
     windows.donors(32, seed=0)                       # [32]: the donor window of each (resample ablation)
 
-Instances are windows of `seq_len` tokens of the language corpus's `split` (`latentcode.tasks.corpus`,
-train or validation), each the tokenisation by the model's own tokenizer of the text from the start of
-a line drawn with `seed` (`pretrained.corpus_token_windows`), one token more for the last position's
-target. The metric is next-token prediction (`window_metrics`: METRICS, the loss, probability and
-accuracy per window, from the first position an edit can change). A text has no counterfactual
-pairs; its donors are other windows (`donors`: a seeded derangement). Torch-free until `draw`.
+Instances are windows of the language corpus's `split` tokenised by the model's own tokenizer
+(`pretrained.corpus_token_windows`); the metric is next-token prediction (`window_metrics`); a text has no
+counterfactual pairs, so its donors are other windows (`donors`). Torch-free until `draw`.
 """
 
 from __future__ import annotations
@@ -118,22 +115,17 @@ def token_class(text: str) -> int:
     return 2
 
 
-def window_length(task: Mapping[str, Any] | None, default: int = DEFAULT_SEQ_LEN) -> int:
-    """The window length a task config gives a pretrained model: `task["seq_len"]` (a mapping with
-    nothing else but the language task's name), else `default`."""
-    if task is None:
-        return default
-    if not isinstance(task, Mapping) or set(task) - {"seq_len", "name"} or task.get("name", "language") != "language":
-        raise UsageError(f"a pretrained model reads windows of the language corpus: the task may give only seq_len "
-                         f"(e.g. {{'seq_len': 2048}}, --task seq_len=2048), got {task!r}")
-    return check_integer("seq_len", task.get("seq_len", default), minimum=1)  # "long", 64.5: refused, not cut
-
-
 def token_windows(subject: Any, task: Mapping[str, Any] | None, default_seq_len: int | None = None) -> TokenWindows:
-    """The windows `subject` (a causal LM) reads for `task` (None, or {"seq_len": T}), the length checked
-    against its context; one line naming what was wrong."""
+    """The windows `subject` (a causal LM) reads for `task` (None, or {"seq_len": T}: a mapping with nothing
+    else but the language task's name), the length checked against its context; one line naming what was wrong."""
+    seq_len = DEFAULT_SEQ_LEN if default_seq_len is None else default_seq_len
     with about("task"):
-        seq_len = window_length(task, DEFAULT_SEQ_LEN if default_seq_len is None else default_seq_len)
+        if task is not None:
+            if (not isinstance(task, Mapping) or set(task) - {"seq_len", "name"}
+                    or task.get("name", "language") != "language"):
+                raise UsageError(f"a pretrained model reads windows of the language corpus: the task may give only "
+                                 f"seq_len (e.g. {{'seq_len': 2048}}, --task seq_len=2048), got {task!r}")
+            seq_len = check_integer("seq_len", task.get("seq_len", seq_len), minimum=1)  # "long", 64.5: refused
         if subject.n_ctx and seq_len > subject.n_ctx:
             raise UsageError(f"seq_len={seq_len} is beyond the context of {subject.name} ({subject.n_ctx} positions); "
                              f"expected <= {subject.n_ctx}")

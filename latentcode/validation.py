@@ -1,13 +1,6 @@
 """The checks of values a user passes, written once: the command line and the Python API call the
 same function, so both refuse a value with the same message.
 
-- `check_split`, `check_variant`: a split or a variant of a task (a `Task`, or its class);
-- `check_integer`: an integer in a range (`describe_integer_range` says the range in words, as the
-  command line's argument types print it);
-- `check_output`: an output that can be written where asked (`check_output_stem`: the files of a
-  stem, none replaced unless asked); `check_fits_in_memory`,
-  `check_fits_on_disk` (with `forward_pass_bytes`): work the machine can hold.
-
 Standard library only (no numpy, no torch): the command line calls these before it imports anything
 heavy. Each check returns the value or raises `UsageError` (or the `error` class its caller names: a
 task raises its `TaskError`) saying what was wrong, the value received and what is expected. `flag`
@@ -121,7 +114,6 @@ def check_output(path: str | Path, flag: str | None = None, kind: str = "file") 
     return path
 
 
-
 def check_output_stem(out: str | Path, suffixes: tuple[str, ...], overwrite: bool) -> Path:
     """A stem whose files (stem + each suffix: a table, its figures) can be written: a place that can
     be written (`check_output`), none of them anything but a regular file, and none there already
@@ -140,6 +132,7 @@ def check_output_stem(out: str | Path, suffixes: tuple[str, ...], overwrite: boo
         raise OutputExistsError(f"{stem}: {', '.join(existing)} already exist; pass overwrite=True (--overwrite) to "
                                 "replace them, or choose another path")
     return stem
+
 
 # -- resources -------------------------------------------------------------------------------------
 def machine_memory() -> int | None:
@@ -234,11 +227,9 @@ def available_device(device: Any) -> str:
 
 
 def check_placement(device: Any, dtype: Any) -> tuple[str | None, str | None]:
-    """`device` and `dtype` as every entry point that runs a model takes them (extract, intervene, patch,
-    attribution, qk, train), checked once here: the dtype one of `DTYPES`, the device a device name
-    present on this machine (torch is imported only for a device other than the CPU). None stays None:
-    the caller's default (the CPU and float32 for a model it loads, where and as it is for a model
-    object). Each refusal is one line naming the value and what is accepted."""
+    """`device` and `dtype` as every entry point that runs a model takes them, checked once here: the dtype
+    one of `DTYPES`, the device present on this machine (torch is imported only for a device other than the
+    CPU). None stays None: the caller's default. Each refusal is one line naming the value and what is accepted."""
     with about("device"):
         device = None if device is None else available_device(device)
     with about("dtype"):

@@ -3,29 +3,12 @@
     latentcode.extract("runs/sraven-hyla", sites="sraven-rule", split="ood", n=8192, out="codes.h5")
     latentcode.extract("smollm2", task={"seq_len": 2048}, n=4, out="smollm2.h5")   # compact store too
 
-One loop for every model (`run_extraction`): the plan's inputs (`latentcode.inputs`: a task's
-instances, batch `i` drawn from `(seed, i)`, the split's evaluation seed by default; or a causal LM's
-windows of the corpus) are read batch by batch, each forward pass runs under a `Recorder`, and the
-codes of every site, the labels, prediction and target where the task has them, and any extra arrays
-are appended to the writer. For SRAVEN, when all sites share one query position among the last M
-tokens, the label `rule` is added: the rule that governs that query position (what the paper decodes).
-
-With `compact` (a causal LM's default) `/compact` holds every layer's post-RoPE queries and keys, from
-which `CodeFile.codes` rebuilds any other pair (`latentcode.store.compact`); each layer goes to the
-writer as its attention call returns (`CompactAttentionSource`), so memory holds one layer of them,
-never `[H, T, T]`. A latentcode Transformer has none (`Subject.compact_store` says why).
-
-Sharded: launched as several processes (`torchrun` or `accelerate launch`: their RANK and WORLD_SIZE,
-or a running torch.distributed process group, say so), each process records a contiguous share of the
-batches into its own shard `OUT.shard-RANK-of-WORLD.h5` beside `out`; once all have finished, rank 0
-writes `out` as one codes file of virtual datasets over the shards (`write_sharded_file`). Batch `i`
-holds the same instances whichever process records it, so the file equals a one-process extraction
-row for row. A failure in any process is raised in every process; every process loads the model.
-
-    torchrun --standalone --nproc_per_node 2 -m latentcode.cli -- extract RUN --n 8192 --out codes.h5
-
-(`--`: torchrun would take extract's `--n` for an abbreviation of its own options; `--standalone`
-picks a free port. On CPU `accelerate launch` starts one process unless told to use MPI.)
+One loop for every model (`run_extraction`): the plan's inputs (`latentcode.inputs`) are read batch by
+batch, each forward pass runs under a `Recorder`, and its codes, labels, prediction and target go to the
+writer. With `compact`, each layer's post-RoPE queries and keys go to the writer as its attention call
+returns (`CompactWriting`), so memory never holds `[H, T, T]`. Launched as several processes, each records
+a contiguous share of the batches into its own shard and rank 0 writes `out` over them (`record_in_shards`;
+docs/how-to/extract.md, "Several processes").
 """
 
 from __future__ import annotations
@@ -262,10 +245,8 @@ class CompactWriting:
 
 
 def _check_every_layer_read(loaded: Loaded, layers_read: int | None, n_layers: int) -> None:
-    """One line where a forward pass made fewer attention calls than the model has layers: a model whose
-    attention goes neither through scaled_dot_product_attention nor transformers' eager attention
-    registry, whose missing layers would otherwise shift the layers of the codes (and leave the compact
-    store without them)."""
+    """One line where a forward pass made fewer attention calls than the model has layers (attention that
+    latentcode does not read), which would otherwise shift the layers of the codes."""
     if layers_read is not None and layers_read != n_layers:
         config = loaded.model.config
         raise CompactError(

@@ -4,12 +4,8 @@
     plan.subject, plan.inputs, plan.split, plan.variant, plan.sites    # what will be recorded
     latentcode.extraction.pipeline.run_extraction(plan)                # records it (torch)
 
-One plan for every model (`latentcode.subject.subject_of`), reading its task's instances or a causal
-LM's windows of the corpus through one interface (`latentcode.inputs`). The command line's check and
-`latentcode.extract` build the same plan, so a mistake gets the same message from both (`errors.about`
-names the argument, the command line its flag). Checked here: the model, task, split, variant, sites,
-compact store, sizes (a forward pass in memory, the codes on disk) and output (writable; not there
-unless appended to or replaced; a codes file if appended to). JSON, numpy and h5py only.
+The command line's check and `latentcode.extract` build the same plan, so a mistake gets the same message
+from both (`errors.about` names the argument, the command line its flag). JSON, numpy and h5py only.
 """
 
 from __future__ import annotations
@@ -82,10 +78,8 @@ def plan_extract(
     device: str | None = None,
     dtype: str | None = None,
 ) -> ExtractPlan:
-    """The plan of `latentcode.extract` with these arguments (see there), or the first mistake in
-    them. `run_or_model`: what `subject_of` takes (a path or name, a `ModelSource`, a model object, a
-    `Pretrained`, a Subject). compact None: where the model has one (a causal LM); compression None:
-    none for a compact store, else gzip; batch_size None: 256, or 1 window of a causal LM."""
+    """The plan of `latentcode.extract` with these arguments (see there for their defaults), or the first
+    mistake in them. `run_or_model`: what `subject_of` takes (also a `ModelSource` or a Subject)."""
     with about("run_or_model"):
         subject = subject_of(run_or_model)
     with about("n"):
