@@ -18,19 +18,10 @@ The edits:
     Interchange(codes)       a[h] = the code of the same site   on a second (source) input: activation patching
 
 Vectors are whole latent codes, one entry per head (width H); `heads` picks which entries are
-written.
-
-An edit kind is one subclass of `Edit` here (and its test): it writes `replacement`, and where it
-needs more than the codes it overrides `for_batch` (something of each batch, as MeanAblate's labels)
-or `check_call` (a check of each forward pass, as Interchange's input shape). `Intervention` and
-`intervention_effects` know no edit kind by name. Values given as torch tensors are used as they are, graph included: a
-gradient of the output flows to an `AddVector`/`SetCode`/`ScaleHeads` tensor that requires grad, so an edit can be
-optimised (attribution patching and learned interventions are built on this,
-`latentcode.intervention.patching` and `latentcode.intervention.subspace`).
-
-For softmax attention an edited row of probabilities need not sum to one any more: that
-is intended (an intervention asks what the layer computes with *this* code), and nothing
-renormalizes it.
+written. An edit kind is one subclass of `Edit` (its `replacement`, and `for_batch` / `check_call`
+where it needs more than the codes); nothing else knows edit kinds by name. Torch tensor values keep
+their graph, so an edit can be optimised (`latentcode.intervention.patching`, `.subspace`). An edited
+softmax row need not sum to one: that is intended, and nothing renormalizes it.
 """
 
 from __future__ import annotations
@@ -59,13 +50,12 @@ class EditError(LatentcodeError, ValueError):
 
 
 class CodesOfAnotherModel(LatentcodeError, ValueError):
-    """A codes file extracted from another checkpoint than the model being edited: `extract` records the
-    SHA-256 of the weights file for run and model directories, and of the weights as safetensors bytes
-    for a model object (`latentcode.provenance`); `checkpoint_sha256_of` computes the same."""
+    """A codes file extracted from another checkpoint than the model being edited (see `checkpoint_sha256_of`)."""
 
 
 def checkpoint_sha256_of(run_or_model: str | Path | nn.Module) -> str:
-    """The SHA-256 `extract` records for this run directory, model directory or model object."""
+    """The SHA-256 `extract` records for this run directory, model directory or model object: of the
+    weights file for a directory, of the weights as safetensors bytes for a model object."""
     from latentcode.models.persistence import WEIGHTS_FILE
     from latentcode.provenance import sha256_of_state
     from latentcode.safe_reads import sha256_of_file
@@ -286,9 +276,8 @@ class MeanAblate(Edit):
         per value of the label `by` if given.
 
         model / checkpoint_sha256: the model that will be edited (a run or model directory, or a model
-        object), or its checkpoint's SHA-256; when given, the file must come from that checkpoint.
-        A codes file records the SHA-256 of the weights file for run and model directories and of the
-        weights as safetensors bytes for model objects, so pass what the file was extracted from."""
+        object: what the file was extracted from), or its checkpoint's SHA-256; when given, the file must
+        come from that checkpoint (else `CodesOfAnotherModel`)."""
         codes_file = path if isinstance(path, CodeFile) else CodeFile(path)  # a file, or codes in memory
         check_codes_file_matches(codes_file, model=model, checkpoint_sha256=checkpoint_sha256)
         if codes_file.attrs.get("score", "pattern") != "pattern":
@@ -358,9 +347,8 @@ class MeanAblate(Edit):
                     f"MeanAblate was given labels for {len(labels)} examples but this forward pass has "
                     f"{codes.shape[0]} examples; give one label per example"
                 )
-            rows = np.searchsorted(self.label_values, labels)
-            known = ((rows < len(self.label_values))
-                     & (self.label_values[np.minimum(rows, len(self.label_values) - 1)] == labels))
+            rows = np.searchsorted(self.label_values, labels)  # sorted and unique: np.unique's
+            known = np.isin(labels, self.label_values)
             if not known.all():
                 unknown = labels[~known][0].item()
                 raise EditError(

@@ -7,17 +7,11 @@ model (`latentcode.subject`). `latentcode intervene` calls this.
     table = intervention_effects("smollm2", ZeroAblate(heads=[3]), sites="10:*:*", task={"seq_len": 64}, n=32)
     write_effects(table, "results/mean-ablate")        # .csv, .json and .png
 
-A trained model is read on its task's own metrics (`task.evaluate`) of `n` instances of the split (the
-split's evaluation seed unless `seed` is given); a causal LM on `n` windows of the language corpus, by
-the next-token loss (nats), probability and accuracy of each window from the first query an edit can
-change (earlier predictions cannot change: the model is causal), averaged over windows
-(`latentcode.inputs`, `token_windows.window_metrics`). Scopes: the edit at every site it writes
-together ("all sites"), and with `per_site` each unit alone: each site (`l{layer}_q{query}_k{key}`)
-or, with `alone="heads"`, each (layer, head) at the plan's pairs of its layer ("l10.h3"). Beside each
-scope, with `control`, the same edit at as many heads of the same layers, drawn at random among the
-heads the scope does not edit (seeded; none where the scope edits every head of a layer). A
-`MeanAblate` with per-label means gets each batch's labels (task labels, and SRAVEN's `rule` of the
-sites' query).
+A trained model is read on its task's metrics (`task.evaluate`), a causal LM on the next-token loss,
+probability and accuracy of `n` corpus windows from the first query an edit can change
+(`latentcode.inputs`). Scopes: "all sites", and with `per_site` each site (`l{layer}_q{query}_k{key}`)
+or, with `alone="heads"`, each (layer, head) alone ("l10.h3"); with `control`, beside each the same
+edit at as many random heads of the same layers that the scope leaves alone (docs/how-to/intervene.md).
 
 The table is tidy: one row per (scope, metric) with the columns `model`, `task`, `split`,
 `variant`, `n`, `edit`, `scope`, `role` ("edit" or "control"), `metric`, `before`, `after` and
@@ -142,16 +136,13 @@ def intervention_effects(
     dtype: str | Any | None = None,
 ) -> pd.DataFrame:
     """The metrics of `n` instances of `split` (None: the task's held-out split, `ood`, or a causal
-    LM's `validation` windows) without and with `edits` at `sites` (all at once, each unit alone with
-    `per_site`, a random-head control beside each with `control`); returns the tidy pandas table of
-    the module docstring. The edits' own `sites` are replaced by each scope. Everything is checked
-    first by `plan_intervention`; `run_or_model` may be such a plan (the command line's), and then the
-    other arguments are the plan's. run_or_model: anything `latentcode.subject.subject_of` takes (a run
-    or model directory, a model object, "smollm2", a Hugging Face directory, a .gguf file).
-    device, dtype: where and in what the model runs ("cpu", "cuda", "cuda:1"; "float32", "bfloat16",
+    LM's `validation` windows) without and with `edits` at `sites`, per scope (`InterventionPlan`; the
+    edits' own `sites` are replaced by each scope's); returns the tidy pandas table of the module
+    docstring. Everything is checked first by `plan_intervention`; `run_or_model` may be such a plan,
+    and then the other arguments are the plan's; else anything `latentcode.subject.subject_of` takes.
+    device, dtype: where and in what the model runs ("cpu", "cuda:1"; "float32", "bfloat16",
     "float16"); None: a model loaded here on the CPU in float32, a model object where and as it is
-    (given, the object is moved and cast, as `nn.Module.to` does). The inputs follow the model's device;
-    the metrics are computed from its outputs in float32."""
+    (given, the object is moved and cast as `nn.Module.to` does). Metrics are computed in float32."""
     import pandas as pd
 
     edits = (edits,) if isinstance(edits, Edit) else tuple(edits)
@@ -231,9 +222,7 @@ def intervention_effects(
 
 
 def write_effects(table, path_stem: str | Path, formats: Sequence[str] = ("png",)) -> list[Path]:
-    """Write the table as `<stem>.csv` and `<stem>.json` and draw it (`<stem>.png`: one panel per
-    metric, the metric after the edit per scope with its bootstrap s.e., all sites together in red and
-    each site alone in orange, the metric before it as a dashed line in a ± s.e. band)."""
+    """Write the table as `<stem>.csv` and `<stem>.json` and draw it (`<stem>.png`, `draw_effects`)."""
     stem = Path(path_stem)
     figure = draw_effects(table)
     # The table and its plots as one set: all or none, through temporaries, one writer of a stem at a time.

@@ -11,14 +11,9 @@ during forward passes, so that the rest of each layer computes with the edited c
 
 Sites and selectors are the Recorder's; each edit applies at the intervention's `sites` unless it names
 its own (`ZeroAblate(sites="1:-1:-1")`). Edits run in the order given, each on the output of the one
-before. The code is edited after σ and before the value network (for HYLA after RMSHead), where
-`hook_pattern` carries it, through the sources of `latentcode.sources.source` (docs/how-to/intervene.md
-says which models each reaches): the `hook_pattern` hook's return (our models, TransformerLens, bridges
-that compute from it, `latentcode.sources.bridge`; others raise `CannotIntervene`); an intercepted
-`scaled_dot_product_attention` or `nn.MultiheadAttention` call, which recomputes the affected query rows
-and returns `edited probabilities @ value` there and its own output elsewhere (eval mode: calls with
-dropout refused); the softmax of a `SoftmaxSource`; cross-attention layers alike. `AdapterSource` cannot
-edit (`CannotIntervene`). An edit that sets every code to its own value changes no output bit.
+before. The code is edited after σ and before the value network, through the sources of
+`latentcode.sources.source` (docs/how-to/intervene.md says which models each reaches; others raise
+`CannotIntervene`). An edit that sets every code to its own value changes no output bit.
 
 `record=` (a selector) records the codes at those sites as this pass computes them: the edited codes
 where edited and, downstream, what the edited model computes (a separate `Recorder` active at the same

@@ -5,14 +5,10 @@
     plan.subject, plan.task, plan.split, plan.variant, plan.layers    # what will be edited and measured
     plan.units(heads=[3])                  # [(10, 3)]: the (layer, head)s an edit of heads 3 writes
 
-One plan for every model (`latentcode.subject`): a trained model is edited on its task's instances and
-read on the task's metrics; a causal LM on windows of the language corpus (`TokenWindows`) and read on
-its next-token predictions from the first query an edit can change. The command line's check
-(`latentcode intervene`) builds this plan and its run hands it to `intervention_effects`, which builds
-the same plan when called from Python: one message for one mistake (`errors.about` names the argument;
-the command line shows its flag). Checked here: the model, the task (or window length), the split, the
-variant, the sites against the model's layers and the sequence, what is measured alone, and memory.
-JSON and numpy only.
+One plan for every model (`latentcode.subject`), built by `latentcode intervene`'s check and by
+`intervention_effects` alike: one message for one mistake (`errors.about` names the argument). Checked
+here: the model, the task (or window length), the split, the variant, the sites against the model's
+layers and the sequence, what is measured alone, and memory. JSON and numpy only.
 """
 
 from __future__ import annotations

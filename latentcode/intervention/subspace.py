@@ -102,7 +102,10 @@ def learn_subspace(
     if model.training:
         raise UsageError(f"{type(model).__name__} is in training mode; call model.eval() first")
     generator = torch.Generator().manual_seed(seed)
-    n_heads = _n_heads_at(model, base_inputs[:1], donor_inputs[:1], sites, task_config)
+    codes = Interchange.from_inputs(model, donor_inputs[:1], sites=sites, task_config=task_config).codes
+    if not codes:
+        raise UsageError(f"no latent code at sites {sites!r}")
+    n_heads = int(np.asarray(next(iter(codes.values()))).shape[-1])
     if not isinstance(rank, int) or not 1 <= rank <= n_heads:
         raise UsageError(f"rank={rank!r}: expected an integer from 1 to the {n_heads} heads of the code space")
     basis = nn.Parameter(torch.randn(n_heads, rank, generator=generator, dtype=torch.float32))
@@ -119,13 +122,6 @@ def learn_subspace(
             optimizer.step()
             losses.append(float(value.detach()))
     return SubspaceFit(orthonormal(basis.detach()), losses)
-
-
-def _n_heads_at(model: nn.Module, base: Tensor, donor: Tensor, sites: Any, task_config: dict | None) -> int:
-    codes = Interchange.from_inputs(model, donor, sites=sites, task_config=task_config).codes
-    if not codes:
-        raise UsageError(f"no latent code at sites {sites!r}")
-    return int(np.asarray(next(iter(codes.values()))).shape[-1])
 
 
 def patched_outputs(model: nn.Module, base_inputs: Tensor, donor_inputs: Tensor, sites: Any,

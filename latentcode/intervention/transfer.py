@@ -95,7 +95,6 @@ def transfer_sweep(model: nn.Module, task: Any, pairs: Any, groups: Sequence[Sit
     sweeps = {relation: patching_sweep(model, base_x, pairs.donors[relation].torch().x, groups, metrics,
                                        **sweep_options)
               for relation in relations}
-    unpatched_keep = sweeps[relations[0]].base["keep"]
     first = sweeps[relations[0]]
     n = len(pairs)
     rows = []
@@ -111,7 +110,7 @@ def transfer_sweep(model: nn.Module, task: Any, pairs: Any, groups: Sequence[Sit
             paired = sweeps["different"].patched["follow"][index] - sweeps["third"].patched["follow"][index]
             row["transfer"], row["transfer se"] = mean_and_se(paired)
         if "same" in sweeps:
-            row["damage"], row["damage se"] = mean_and_se(unpatched_keep - sweeps["same"].patched["keep"][index])
+            row["damage"], row["damage se"] = mean_and_se(first.base["keep"] - sweeps["same"].patched["keep"][index])
         rows.append(row)
     table = pd.DataFrame(rows)
     table.attrs["per_example"] = PerExample({relation: sweep.patched for relation, sweep in sweeps.items()})

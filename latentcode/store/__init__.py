@@ -12,22 +12,10 @@ in batches, so a file of a million examples is never held in memory. Compression
 "gzip" (default, with byte shuffling: every HDF5 build, h5dump, HDFView, netCDF, MATLAB, R and Julia
 read it), "lzf" (somewhat faster, but only h5py ships its filter) or "none"; an appended file keeps its own.
 
-A codes file refers to nothing outside itself: the reader refuses external links, virtual datasets
-with sources in other files and external raw storage, which h5py would follow silently
-(`CodeFile(path, allow_external=True)` reads such a file anyway). The one exception is a sharded file
-(`write_sharded_file`, one shard per process of a sharded extraction): its per-example datasets and
-/split are virtual datasets over shard files `NAME.shard-RANK-of-WORLD.h5` beside it, listed in its
-root attribute `shards` and checked at open (`latentcode.store.shards`). Move the shards with the file;
-a sharded file cannot be appended to.
-
-Writers: one at a time. `CodeWriter` holds the lock `.NAME.lock` beside the file (`latentcode.files`)
-from before it looks at the file until its final rename; a second writer is refused naming the first
-(pid, host, since when), or waits `wait_for_lock` seconds. It writes a temporary `.NAME.<random>.tmp`
-beside the target (when appending, a copy of it) and renames it over the target only when closed
-without error, so an interrupted extraction leaves the previous file intact and no file under the
-final name; the next writer removes a killed writer's temporaries. A new file gets the umask's mode,
-an appended or overwritten one keeps its own. A target that is a symbolic link (dangling or not), a
-directory, a device or a FIFO is refused; a full disk is one `WriteError` and leaves nothing behind.
+A codes file refers to nothing outside itself (the reader refuses external links and virtual or
+external storage unless `allow_external=True`), except a sharded file over its shards
+(`write_sharded_file`, `latentcode.store.shards`). Writers: one at a time, under a lock, through a
+temporary renamed over the target on success; details in docs/concepts/codes-file.md.
 
 Reading: `CodeFile` checks the file against the schema at open (`validate`: groups, datasets and
 attributes, their ranks, dtypes and row counts, the JSON attributes and their types) and refuses a

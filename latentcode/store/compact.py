@@ -1,15 +1,10 @@
 """The compact store: latent codes a[h, q, k] of every pair of a layer, rebuilt on demand from what
-determines them, instead of `[H, T, T]` per layer and example.
+determines them (per recorded layer, the queries `[N, H, T, d]` and keys `[N, H_kv, T, d]` as the
+attention call received them, after RoPE; its scale, mask, softcap and sinks), instead of `[H, T, T]`
+per layer and example. numpy and h5py only; float32 throughout.
 
-What is kept, per recorded layer (datasets of /compact, declared in `latentcode.store.schema`):
-the queries `[N, H, T, d]` and keys `[N, H_kv, T, d]` exactly as the attention call received them
-(after RoPE), the key/value grouping (query head h reads key head h // (H / H_kv)), the scale, the
-mask as causal / sliding window / padding (`key_valid [N, T]`), and a softcap and per-head sinks
-where a model has them. Size: (H + H_kv) T d instead of H T² floats per layer and example, a
-fraction (H + H_kv) d / (H T) of dense (SmolLM2-135M, H 9, H_kv 3, d 64: 85 / T; 4.2% at
-T = 2,048, 1.0% at T = 8,192).
-
-The arithmetic of a row, as the attention call computes it:
+The arithmetic of a row, as the attention call computes it (sizes and the schema's datasets:
+docs/concepts/codes-file.md, `latentcode.store.schema`):
 
     s[h, q, k] = scale * q[h, q] . k[h // group, k]            (group = H / H_kv)
     s <- softcap * tanh(s / softcap)                          (softcap > 0)
@@ -17,11 +12,12 @@ The arithmetic of a row, as the attention call computes it:
     a[h, q, :] = softmax over the keys (and the sink logit of head h, which takes no key)
 
 A row whose keys are all masked gets zeros, as `TorchAttentionSource` records it. `score="scores"`
-files give `s` (masked entries -inf) instead of `a`. numpy and h5py only; float32 throughout.
+files give `s` (masked entries -inf) instead of `a`.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -56,8 +52,6 @@ class LayerMask:
     sinks: tuple[float, ...] | None = None
 
     def attributes(self) -> dict[str, Any]:
-        import json
-
         return {"scale": json.dumps(float(self.scale)), "causal": int(self.causal), "window": int(self.window),
                 "softcap": json.dumps(float(self.softcap)), "sinks": json.dumps(list(self.sinks or []))}
 

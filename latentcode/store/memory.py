@@ -9,11 +9,8 @@
 
 The writer (`CodeWriter(None, ...)`) builds the HDF5 file in memory and the reader opens those
 bytes, so a file saved from the object and the object itself are read by one code path and give
-identical arrays. `.save(path)` writes the bytes through `latentcode.files` (a temporary, a rename,
-the target's lock); an existing file is refused unless `overwrite=True`.
-
-The object is not a path: where a file is needed (a command line, `os.fspath`, `open`) it raises
-one `InMemoryCodesError` saying to `.save()` it first.
+identical arrays. The object is not a path: where a file is needed (a command line, `os.fspath`,
+`open`) it raises one `InMemoryCodesError` saying to `.save()` it first.
 """
 
 from __future__ import annotations

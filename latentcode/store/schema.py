@@ -1,10 +1,6 @@
 """The codes file's schema, declared once: every root attribute, group and dataset, with its type,
-shape, whether a reader needs it, and what it means.
-
-The writer creates what this table lists, validation checks a file against it, and the package's
-documentation (`help(latentcode.store)`) is `documentation()` of it. "Required" entries are the
-ones a reader refuses a file without; every other entry is written by every writer, and read with
-its default where absent (a file from before it existed, or a file written by hand).
+shape, whether a reader needs it, and what it means. The writer creates what it lists, validation
+checks a file against it, and `help(latentcode.store)` shows `documentation()` of it.
 """
 
 from __future__ import annotations

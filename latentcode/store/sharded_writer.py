@@ -1,9 +1,5 @@
-"""Writing a sharded codes file: one file over the codes files of a sharded extraction's processes.
-
-Its per-example datasets, /split and the datasets of a compact store (/compact: queries, keys,
-key_valid, with their attributes) are virtual datasets over the shards' rows; everything else
-(groups, attributes, /provenance) is its own, as in any codes file (see `latentcode.store.shards`).
-"""
+"""Writing a sharded codes file: one file over the codes files of a sharded extraction's processes
+(`write_sharded_file`; how it is read: `latentcode.store.shards`)."""
 
 from __future__ import annotations
 

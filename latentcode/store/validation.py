@@ -1,11 +1,8 @@
 """Checking a codes file against its schema (`latentcode.store.schema`), once, at open.
 
 `validate(path)` refuses a file that differs from the schema with one `CodeFileError` naming the
-file, the attribute or dataset, the value found and what is expected, and returns what the reader
-needs to know about the file (`Contents`). It also refuses a file that refers to other files
-(external links, virtual datasets with sources in other files, external raw storage), which h5py
-would otherwise follow silently, unless `allow_external=True`; a sharded file's own shards are
-not "other files" (see `latentcode.store.shards`).
+file, the attribute or dataset, the value found and what is expected, or one that refers to other
+files (`references_outside`) unless `allow_external=True`; it returns what the reader needs (`Contents`).
 """
 
 from __future__ import annotations

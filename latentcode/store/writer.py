@@ -49,8 +49,7 @@ from latentcode.store.writer_history import check_appendable, record_provenance
 
 COMPRESSIONS = ("gzip", "lzf", "none")
 DEFAULT_COMPRESSION = "gzip"
-# Deflate level 1: writing the SRAVEN benchmark's 8192 examples took 0.43 s (lzf 0.38 s, level 4
-# 0.47 s) for 3.80 MiB (lzf 4.17, level 4 3.77); higher levels buy almost nothing on float codes.
+# Deflate level 1: higher levels buy almost nothing on float codes (docs/benchmarks.md).
 _GZIP_LEVEL = 1
 #: what a writer or reader of codes in memory calls its file in messages
 MEMORY_NAME = "<codes in memory>"
@@ -74,10 +73,6 @@ def check_compression(compression: str | None) -> str | None:
     return compression
 
 
-def _compression_of(dataset: h5py.Dataset) -> str | None:
-    return dataset.compression if dataset.compression in COMPRESSIONS else None
-
-
 def _heads_per_site(sites: Sequence[Site], n_heads: int | Mapping[Site, int]) -> dict[Site, int]:
     """The number of heads at each site (one number for all, or one per site), checked."""
     if not sites:
@@ -99,10 +94,8 @@ class CodeWriter:
     ...     for batch in batches:
     ...         writer.append(codes={site: array [B, H]}, labels={...}, split="ood", ...)
 
-    `metadata` fills the root attributes that describe where the codes came from (see `latentcode.store.schema`:
-    `model_name`, `model_config`, `checkpoint_sha256`, `task_config`, `selector`, `score`, `source`, `seed`,
-    `task_analysis`, `prediction_kind`, `attention_layers`, `split_descriptions`, `position_names`,
-    `token_names`) and, as `value_names` / `column_names` (label -> names), the attributes of /labels/<name>.
+    `metadata` fills the root attributes that describe where the codes came from (`latentcode.store.schema`)
+    and, as `value_names` / `column_names` (label -> names), the attributes of /labels/<name>.
     With `append=True` an existing file is extended if its schema is compatible (same sites, heads, score, labels,
     model, checkpoint and task), otherwise refused; with `append=False` an existing file is refused (nothing already
     written is overwritten) unless `overwrite=True`. `compression`: "gzip" (default), "lzf" or "none" (None) for a new
@@ -139,7 +132,15 @@ class CodeWriter:
             self._open_in_memory(path, append)  # type: ignore[arg-type]
         else:
             self._open_on_disk(append, overwrite, wait_for_lock)
-        self._start_rows()
+        self.n_appended = 0
+        self._first_row = len(self.file[SPLIT.name])
+        self._splits_written: list[str] = []
+        # Rows wait in memory and go to HDF5 in blocks: one h5py write per dataset per block,
+        # not per batch (with many sites, per-call overhead otherwise dominates).
+        self._pending: dict[str, list[np.ndarray]] = {}
+        self._open_datasets: dict[str, h5py.Dataset] = {}
+        self._pending_rows = self._pending_bytes = 0
+        self._n_rows = self._first_row
 
     def _open_in_memory(self, image: bytes | None, append: bool) -> None:
         """Build the file in memory: a new one, or a copy of `image` to append to."""
@@ -203,20 +204,10 @@ class CodeWriter:
         """A file appended to must match the codes to add (its compression kept); a new one is laid out."""
         if self.mode == "append":
             check_appendable(self.path, self.file, self.sites, self.heads_of, self.n_heads, self.metadata)
-            self.compression = _compression_of(self.file[CODES.group][self.sites[0].name])
+            compression = self.file[CODES.group][self.sites[0].name].compression
+            self.compression = compression if compression in COMPRESSIONS else None
         else:
             self._initialize()
-
-    def _start_rows(self) -> None:
-        self.n_appended = 0
-        self._first_row = len(self.file[SPLIT.name])
-        self._splits_written: list[str] = []
-        # Rows wait in memory and go to HDF5 in blocks: one h5py write per dataset per block,
-        # not per batch (with many sites, per-call overhead otherwise dominates).
-        self._pending: dict[str, list[np.ndarray]] = {}
-        self._open_datasets: dict[str, h5py.Dataset] = {}
-        self._pending_rows = self._pending_bytes = 0
-        self._n_rows = self._first_row
 
     # -- setup ---------------------------------------------------------------------------------
     def _initialize(self) -> None:
@@ -287,14 +278,13 @@ class CodeWriter:
         codes, batch_size = self._checked_codes(codes)
         arrays = _per_example_arrays(labels, extra, prediction, target, batch_size)
         splits = _split_names(split, batch_size)
-        existing = {name for name in arrays if name in self.file}
         if self._n_rows:
             self._check_same_per_example_arrays(arrays)
         for name, array in codes.items():
             _warn_if_not_finite(name, array, batch_size)
             self._queue(f"{CODES.group}/{name}", array.astype(CODES.dtype.written, copy=False))
         for name, array in arrays.items():
-            if name not in existing:
+            if name not in self.file:
                 self._create_per_example(name, array)
             dataset = self.file[name]
             if dataset.shape[1:] != array.shape[1:]:
@@ -303,7 +293,9 @@ class CodeWriter:
                 )
             self._queue(name, array)
         self._queue(SPLIT.name, np.asarray(splits, dtype=object))
-        self._record_splits(splits)
+        known = json.loads(self.file.attrs["splits"])  # in order of first appearance
+        self.file.attrs["splits"] = json.dumps(list(dict.fromkeys(known + splits)))
+        self._splits_written = list(dict.fromkeys(self._splits_written + splits))
         self.n_appended += batch_size
         self._n_rows += batch_size
         self._pending_rows += batch_size
@@ -341,15 +333,6 @@ class CodeWriter:
             for attribute in PREDICTION.attributes:  # kind: the root attribute prediction_kind
                 dataset.attrs[attribute.name] = attribute.type.encode(self.file.attrs.get("prediction_kind", ""))
 
-    def _record_splits(self, splits: list[str]) -> None:
-        known = json.loads(self.file.attrs["splits"])
-        for name in dict.fromkeys(splits):
-            if name not in known:
-                known.append(name)
-            if name not in self._splits_written:
-                self._splits_written.append(name)
-        self.file.attrs["splits"] = json.dumps(known)
-
     def write_compact(self, name: str, rows: np.ndarray, attributes: Mapping[str, Any] | None = None) -> None:
         """Rows of /compact/`name` (`latentcode.store.compact`) for the next batch, before its `append`:
         written at once, so that one layer's queries and keys at a time are in memory."""
@@ -368,26 +351,20 @@ class CodeWriter:
                 # its cached chunks cannot be written (a full disk) stays half-open in HDF5 for good.
                 if name not in self._open_datasets:
                     self._open_datasets[name] = self.file[name]
-                self._extend(self._open_datasets[name], blocks[0] if len(blocks) == 1 else np.concatenate(blocks))
+                dataset = self._open_datasets[name]
+                n = dataset.shape[0]
+                dataset.resize(n + sum(map(len, blocks)), axis=0)
+                dataset[n:] = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
         self._pending, self._pending_rows, self._pending_bytes = {}, 0, 0
 
     def _check_same_per_example_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
-        def per_example(group: str) -> set[str]:
-            return {f"{group}/{name}" for name in self.file[group]}
-
-        stored = per_example(LABELS.group) | per_example(EXTRA.group)
+        stored = {f"{group}/{name}" for group in (LABELS.group, EXTRA.group) for name in self.file[group]}
         stored |= {name for name in (PREDICTION.name, TARGET.name) if name in self.file}
         if stored != set(arrays):
             raise CodeFileError(
                 f"the file holds per-example arrays {sorted(stored)} but this batch has {sorted(arrays)}; "
                 "every batch needs the same labels, prediction, target and extras"
             )
-
-    @staticmethod
-    def _extend(dataset: h5py.Dataset, rows: np.ndarray) -> None:
-        n = dataset.shape[0]
-        dataset.resize(n + len(rows), axis=0)
-        dataset[n:] = rows
 
     # -- finishing -----------------------------------------------------------------------------
     def close(self) -> Path:

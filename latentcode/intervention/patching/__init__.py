@@ -20,35 +20,14 @@ linear toy model); elsewhere compare it with the exact sweep (`compare_attributi
     attribution = attribution_patching(model, base_x, donor_x, metric)     # -> Attribution
     attribution.for_groups(groups)                # the same table, estimated
 
-The codes are edited where `Intervention` edits them (after σ, before the value network; for HYLA
-after RMSHead), through the same sources, so every model the `Intervention` edits can be swept:
-our models, TransformerLens models, SDPA / `nn.MultiheadAttention` models and hand-written softmaxes
-(`SoftmaxSource`). Models must be in eval mode (dropout would make the comparison noisy).
+The codes are edited where `Intervention` edits them, through the same sources, so every model the
+`Intervention` edits can be swept; models must be in eval mode. A sweep costs about `groups x` a bare
+forward pass (`groups_per_pass` groups share one), attribution one forward pass of the donor and one
+forward and backward pass of the base (`benchmarks/bench_patching.py`).
 
-Cost: a sweep runs `ceil(groups / groups_per_pass)` forward passes of `groups_per_pass x batch`
-examples (the base batch repeated, each copy patched at one group), plus one pass each for the base
-and the donor: about `groups x` a bare forward pass, with the Python overhead of one pass shared by
-`groups_per_pass` groups. Attribution costs one forward pass of the donor, and one forward and one
-backward pass of the base (`benchmarks/bench_patching.py` measures both).
-
-Groups shaped by the task (`partitions`: a query part x a key part of the task's partitions of its
-positions, e.g. the queried feature's cells) and a search over them that needs no answer
-(`search`: whole layers, then blocks, then cuts of the best block, chosen on selection pairs and
-confirmed on fresh ones):
-
-    groups = partition_grid(task_partitions(task), "slot", "slot", layers=[2])
-    result = site_search(model, task, selection_pairs, confirmation_pairs)    # -> SiteSearch
-
-A sweep of a run directory, as `latentcode patch` runs it (the pairs drawn from the run's task, the
-outputs checked first by the torch-free `plan_patch`, which the command line's check builds too):
-
-    result = patch("models/sraven-hyla", grid="slot", layers=[2], n=64)     # -> PatchResult
-    result.table, result.summary
-
-A causal LM has no counterfactual pairs: `patch("smollm2", task={"seq_len": 128}, layers=[3])` runs
-resample ablation instead (each window with another window's codes, read on the next-token loss), through
-the same plan and loop: the heads grid with its random-head control, offset bands, --group, attribution
-and search alike (`latentcode.inputs`: a task's pairs or a corpus's windows; `measures`: what is measured on each).
+Groups shaped by the task's partitions (`partition_grid`), a search over them (`site_search`), the
+sweep of a run directory or a causal LM's windows as `latentcode patch` runs it (`patch`, checked
+first by the torch-free `plan_patch`): docs/how-to/patch.md.
 
 The modules: `plan` (plan_patch), `run` (patch, the controls), `measures` (what is
 measured on each input), `site_groups` (with the task's partitions), `search`, `sweep` (the forward passes compared, and

@@ -5,12 +5,10 @@
     result.table, result.summary   # a row per group (transfer, damage; or loss change); <out>.json's content
 
 `plan_patch` checks everything first (torch-free; the command line builds the same plan). One loop for
-every model: load the subject, draw its inputs' bases (`measures.measure_of`), patch the groups.
-Beside each head of the heads grid its control, another head of the same layer drawn at random (seeded)
-and patched from the same donors (one of the grid's own groups), and the layer's other heads' per-base
-median; beside each offset band as many random pairs of the layer outside it: `control EFFECT`,
-`EFFECT - control`, `EFFECT - others' median` (EFFECT: transfer or change), paired over the bases, mean ±
-std / sqrt(n). `attribution`: attribution patching's estimate of each group's objective beside the exact one.
+every model: load the subject, draw its inputs' bases (`measures.measure_of`), patch the groups, and
+put the controls of the heads and offsets grids beside them (`site_groups.CONTROLS`, `_with_controls`;
+docs/how-to/patch.md). `attribution`: attribution patching's estimate of each group's objective beside
+the exact one.
 """
 
 from __future__ import annotations

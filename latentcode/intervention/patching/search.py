@@ -13,11 +13,10 @@
                 damage (same-sub-task keep), with n and s.e.
 
 Every choice is made on the `selection` pairs; every reported number comes from the `confirmation`
-pairs, which no choice looked at. Transfer is `latentcode.intervention.transfer`'s: follow r' with
-the r' donor minus with a third-sub-task donor. Attribution ranks by the estimated change of the
-logit difference (r''s answer - the true one) with the r' donor minus that with the third donor. On a
-causal LM's windows (`measures.WindowsMeasure`) the transfer is the next-token loss change of resample
-ablation and the partitions the windows' (first token vs later ones, quarters).
+pairs, which no choice looked at. Transfer and the logit difference are `latentcode.intervention.transfer`'s;
+attribution ranks by the estimated change of the logit difference with the r' donor minus that with
+the third donor. On a causal LM's windows (`measures.WindowsMeasure`) the transfer is the next-token
+loss change of resample ablation and the partitions the windows' (first token vs later ones, quarters).
 
     result = site_search(model, task, selection_pairs, confirmation_pairs)
     result.found            # the SiteGroup found

@@ -92,14 +92,12 @@ def repeat_batch(inputs: Any, times: int) -> Any:
 def check_same_shapes(base: Any, donor: Any) -> None:
     def shape(inputs: Any) -> Any:
         if isinstance(inputs, Tensor):
-            return inputs.shape
+            return tuple(inputs.shape)
         return {key: tuple(value.shape) for key, value in inputs.items() if isinstance(value, Tensor)}
 
-    base_shape, donor_shape = shape(base), shape(donor)
-    if base_shape != donor_shape:
+    if shape(base) != shape(donor):
         raise UsageError(f"base and donor inputs must have the same shape (one donor per base example); got "
-                         f"{tuple(base_shape) if isinstance(base_shape, torch.Size) else base_shape} and "
-                         f"{tuple(donor_shape) if isinstance(donor_shape, torch.Size) else donor_shape}")
+                         f"{shape(base)} and {shape(donor)}")
 
 
 def per_example(values: Any, batch: int, what: str) -> Tensor:
@@ -257,12 +255,8 @@ class _GroupedPatch:
         mask = self.mask(layer, queries, keys, codes.shape[1])
         if mask is None:
             return codes
-        groups = mask.shape[0]
-        pattern_shape = mask.shape[1:]
-        mask = mask.to(codes.device)[:, None].expand(groups, self.batch, *pattern_shape).reshape(groups * self.batch,
-                                                                                                  *pattern_shape)
-        donor = donor.to(codes.device, codes.dtype).repeat(groups, 1, 1)
-        return torch.where(mask, donor, codes)
+        donor = donor.to(codes.device, codes.dtype).repeat(len(mask), 1, 1)
+        return torch.where(mask.to(codes.device).repeat_interleave(self.batch, dim=0), donor, codes)
 
 
 def _metrics(metric: Metric | Mapping[str, Metric]) -> dict[str, Metric]:
@@ -290,11 +284,10 @@ def patching_sweep(
     example i's codes) and measure `metric` (one number per example; or a dict of such metrics by
     name, all read from the same passes) of the patched output; one row per group (see
     `PatchingSweep`). Several groups share one forward pass (`groups_per_pass`, by default as many
-    as fit in `max_examples_per_pass` examples: passes of 256 SRAVEN examples keep their largest
-    tensors under glibc's 32 MB mmap limit and reuse the last pass's memory where the caller ran
-    `latentcode.keep_freed_memory()`, as `latentcode patch` does: this function never changes the
-    process's allocator; `benchmarks/bench_patching_allocator.py` measures it).
-    `on_pass(examples)` is called after each patched pass with its number of examples (progress)."""
+    as fit in `max_examples_per_pass` examples: 256 SRAVEN examples stay under glibc's mmap threshold;
+    the allocator is left as it is, see `latentcode.keep_freed_memory()` and
+    `benchmarks/bench_patching_allocator.py`). `on_pass(examples)` is called after each patched pass
+    with its number of examples (progress)."""
     metrics = _metrics(metric)
     check_eval(model)
     if not groups:
