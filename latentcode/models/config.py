@@ -79,9 +79,7 @@ def resolve_attention(attention: str | tuple[str, str] | list[str]) -> tuple[str
         )
     normalization, value_network = attention
     if normalization not in normalizations:
-        raise ConfigError(
-            f"unknown score normalization {normalization!r}; expected one of {normalizations}"
-        )
+        raise ConfigError(f"unknown score normalization {normalization!r}; expected one of {normalizations}")
     if value_network not in value_networks:
         raise ConfigError(f"unknown value network {value_network!r}; expected one of {value_networks}")
     return normalization, value_network
@@ -191,12 +189,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        known = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(
-                f"unknown ModelConfig field(s) {unknown}; valid fields: {sorted(known)}"
-            )
+        check_field_names(cls, data)
         return cls(**data)
 
     @classmethod
@@ -208,6 +201,20 @@ class ModelConfig:
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
+
+
+def check_field_names(cls: type, data: dict[str, Any]) -> None:
+    """Refuse keys of `data` that are no field of the dataclass `cls`, and fields it requires that are missing."""
+    fields = dataclasses.fields(cls)
+    known = {field.name for field in fields}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"unknown {cls.__name__} field(s) {unknown}; valid fields: {sorted(known)}")
+    required = {field.name for field in fields
+                if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING}
+    if required - set(data):
+        raise ConfigError(f"missing {cls.__name__} field(s) {sorted(required - set(data))}; required: "
+                          f"{sorted(required)}")
 
 
 def check_fields(config) -> None:
@@ -228,9 +235,7 @@ def check_fields(config) -> None:
         positive_int("n_experts")
         positive_int("top_k_experts")
         if config.top_k_experts > config.n_experts:
-            raise ConfigError(
-                f"top_k_experts={config.top_k_experts} exceeds n_experts={config.n_experts}"
-            )
+            raise ConfigError(f"top_k_experts={config.top_k_experts} exceeds n_experts={config.n_experts}")
     if config.positions not in POSITIONS:
         raise ConfigError(f"unknown positions {config.positions!r}; expected one of {POSITIONS}")
     if (config.d_in is None) == (config.d_vocab is None):
@@ -277,15 +282,8 @@ def check_model_config(data: Any) -> None:
     object of known fields, none missing, each as `check_fields` wants it; a preset's name known."""
     if not isinstance(data, dict):
         raise ConfigError(f"it holds a JSON {type(data).__name__}; expected an object of ModelConfig fields")
-    fields = {field.name: field for field in dataclasses.fields(ModelConfig)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown ModelConfig field(s) {unknown}; valid fields: {sorted(fields)}")
-    missing = [name for name, field in fields.items() if name not in data
-               and field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING]
-    if missing:
-        raise ConfigError(f"missing ModelConfig field(s) {missing}")
-    values = {name: data.get(name, field.default) for name, field in fields.items()}
+    check_field_names(ModelConfig, data)
+    values = {field.name: data.get(field.name, field.default) for field in dataclasses.fields(ModelConfig)}
     check_fields(SimpleNamespace(**values))
     attention = values["attention"]
     if isinstance(attention, str) and "+" not in attention and attention not in ATTENTION_PRESETS:
