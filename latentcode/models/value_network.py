@@ -20,14 +20,9 @@ The hyper variants are two-layer (or three-layer) networks per key-query pair wh
 latent code generates. Their hidden activation `[batch, query, key, d_head_v]` passes through
 `hook_hidden` (and `hook_hidden2` for hyper_deep).
 
-Each value network is one class that knows its `config_name`, its forward, and the network it
-applies to each key input x_k for a pair (q, k) (`generated_layers`, `floats_per_pair`): the
-hypernetwork view (`latentcode.models.hypernetwork`) only asks it. `VALUE_NETWORKS` is the one
-table of names. Each declares whether it is the plain weighted sum of values (`is_weighted_sum_of_values`:
-then fused attention kernels and linear attention's reassociation compute it) and, for the attention
-layer's blockwise path, whether z is a sum of one term per key (`sums_over_keys`: then a block's
-keys may be split into tiles) and how many floats its forward holds per (batch, query, key) pair
-besides the latent code (`floats_held_per_pair`).
+Each value network is one class (`VALUE_NETWORKS`, the one table of names) that declares, as class
+attributes, what the attention layer's paths need to know of it, and gives the network it applies to
+each pair for the hypernetwork view (`generated_layers`, `floats_per_pair`).
 """
 
 from __future__ import annotations
@@ -91,9 +86,7 @@ class ValueNetwork(nn.Module):
     def forward(self, latent_codes: Tensor, values: Tensor) -> Tensor:
         raise NotImplementedError
 
-    def generated_layers(
-        self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor
-    ) -> GeneratedLayers:
+    def generated_layers(self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor) -> GeneratedLayers:
         """The network of each pair, from latent codes `[batch, head, query, key]` and the attention
         layer's `W_V` `[head, d_model, d_head_v]`, `b_V` `[head, d_head_v]`, `W_O`
         `[head, d_head_v, d_model]` (TransformerLens's shapes)."""
@@ -128,12 +121,9 @@ class LinearValueNetwork(ValueNetwork):
     def forward(self, latent_codes: Tensor, values: Tensor) -> Tensor:
         return torch.einsum("bhqk,bkhd->bqhd", latent_codes, values)
 
-    def generated_layers(
-        self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor
-    ) -> GeneratedLayers:
-        out_times_value = einsum(
-            W_O, W_V, "head d_head_v d_out, head d_in d_head_v -> head d_out d_in"
-        )  # W_h^out W_h^value
+    def generated_layers(self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor) -> GeneratedLayers:
+        # W_h^out W_h^value
+        out_times_value = einsum(W_O, W_V, "head d_head_v d_out, head d_in d_head_v -> head d_out d_in")
         out_times_bias = einsum(W_O, b_V, "head d_head_v d_out, head d_head_v -> head d_out")
         return GeneratedLayers(
             weights=[_generate(latent_codes, out_times_value)],
@@ -163,9 +153,7 @@ class ReluLinearValueNetwork(ValueNetwork):
             f"that acts per key-query pair ({others})"
         )
 
-    def generated_layers(
-        self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor
-    ) -> GeneratedLayers:
+    def generated_layers(self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor) -> GeneratedLayers:
         raise self._refuse()
 
     def floats_per_pair(self, d_model: int) -> int:
@@ -205,9 +193,7 @@ class HyperValueNetwork(ValueNetwork):
     def forward(self, latent_codes: Tensor, values: Tensor) -> Tensor:
         return self.last_layer(latent_codes, self.first_layer(latent_codes, values))
 
-    def generated_layers(
-        self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor
-    ) -> GeneratedLayers:
+    def generated_layers(self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor) -> GeneratedLayers:
         value_weight = rearrange(W_V, "head d_model d_head_v -> head d_head_v d_model")
         out_weight = rearrange(W_O, "head d_head_v d_model -> head d_model d_head_v")
         return GeneratedLayers(
@@ -260,7 +246,15 @@ class HyperValueNetwork(ValueNetwork):
         of `sum(forward(latent_codes, values) * grad_z)` for a tile, recomputing its hidden activation;
         where `grad_values` is given, d values is added to it (and it is returned)."""
         if self.fuses(values) and latent_codes.dtype == values.dtype:
-            return fused_hyper.backward(latent_codes, values, grad_z, self.activation == "relu", grad_values)
+            grad_codes, tile_grad_values = fused_hyper.backward(latent_codes, values, grad_z, self.activation == "relu")
+        else:
+            grad_codes, tile_grad_values = self._backward_by_products(latent_codes, values, grad_z)
+        if grad_values is None:
+            return grad_codes, tile_grad_values
+        grad_values += tile_grad_values
+        return grad_codes, grad_values
+
+    def _backward_by_products(self, latent_codes: Tensor, values: Tensor, grad_z: Tensor) -> tuple[Tensor, Tensor]:
         codes_by_key, hidden = self._tile_hidden(latent_codes, values)
         grad_codes = latent_codes.new_empty(latent_codes.shape)
         tile_grad_values = values.new_empty(values.shape)
@@ -276,10 +270,7 @@ class HyperValueNetwork(ValueNetwork):
             grad_codes[index] = through_last.permute(1, 0, 2) + through_first.permute(2, 1, 0)
             # d v[k, h] = sum_q a[h, q, k] d hidden[k, q]
             tile_grad_values[index] = torch.bmm(codes_by_key[index].transpose(1, 2), grad_hidden)
-        if grad_values is None:
-            return grad_codes, tile_grad_values
-        grad_values += tile_grad_values
-        return grad_codes, grad_values
+        return grad_codes, tile_grad_values
 
 
 class HyperLinearValueNetwork(HyperValueNetwork):
@@ -323,12 +314,8 @@ class HyperDeepValueNetwork(HyperValueNetwork):
         hidden = self.hook_hidden2(torch.relu(second))
         return self.last_layer(latent_codes, hidden)
 
-    def generated_layers(
-        self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor
-    ) -> GeneratedLayers:
-        (first, last), (first_bias, _), activations = super().generated_layers(
-            latent_codes, W_V, b_V, W_O
-        )
+    def generated_layers(self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor) -> GeneratedLayers:
+        (first, last), (first_bias, _), activations = super().generated_layers(latent_codes, W_V, b_V, W_O)
         second = rearrange(self.W_value2, "head d_in d_out -> head d_out d_in")
         return GeneratedLayers(
             weights=[first, _generate(latent_codes, second), last],
