@@ -1,23 +1,10 @@
 """The hypernetwork view of attention: the latent code a[:, q, k] configures a value network.
 
 For one layer and one key-query pair (q, k), attention applies to the key's input x_k a network
-whose weights are linear in the latent code (column-vector convention, W_h^value = W_V[h]^T
-`[d_head_v, d_model]`, W_h^out = W_O[h]^T `[d_model, d_head_v]`):
-
-- linear value network (softmax / linear attention):
-      W_{q,k} = sum_h a[h,q,k] W_h^out W_h^value               one layer [d_model, d_model]
-      bias_{q,k} = sum_h a[h,q,k] W_h^out b_h^value
-- hyper_linear / hyper_relu (HYLA) / hyper_deep:
-      first layer   sum_h a[h,q,k] W_h^value  [d_head_v, d_model], bias sum_h a[h,q,k] b_h^value
-      (hyper_deep)  sum_h a[h,q,k] W_h^value2^T  [d_head_v, d_head_v]
-      last layer    sum_h a[h,q,k] W_h^out    [d_model, d_head_v]
-  with relu between layers (none for hyper_linear).
-
-Then the layer's output is exactly y_q = sum_k network_{q,k}(x_k) + b^out. `relu_linear` applies
-its nonlinearity after the sum over keys, so it has no per-pair network and no exact view.
-
-Each value network class (`latentcode.models.value_network`) writes its own generated layers and
-their size; this module selects the pairs, runs the model and bounds the memory.
+whose weights are linear in the latent code (`latentcode.models.value_network` writes each value
+network's layers), so that the layer's output is exactly y_q = sum_k network_{q,k}(x_k) + b^out.
+`relu_linear` applies its nonlinearity after the sum over keys: it has no per-pair network and no
+exact view. This module selects the pairs, runs the model and bounds the memory.
 """
 
 from __future__ import annotations
@@ -144,19 +131,7 @@ def value_network_view(
         model.train(was_training)
     attention_input, pattern = cache[names[0]], cache[names[1]]
     codes = pattern[:, :, query_index][:, :, :, key_index]  # [batch, head, n_queries, n_keys]
-    weights, biases, activations = value_network.generated_layers(
-        codes, attention.W_V, attention.b_V, attention.W_O
-    )
-
-    return GeneratedValueNetwork(
-        value_network=value_network.config_name,
-        layer=layer,
-        queries=query_index,
-        keys=key_index,
-        latent_codes=codes,
-        weights=weights,
-        biases=biases,
-        activations=activations,
-        key_inputs=attention_input[:, key_index],
-        output_bias=attention.b_O.detach().clone(),
-    )
+    weights, biases, activations = value_network.generated_layers(codes, attention.W_V, attention.b_V, attention.W_O)
+    return GeneratedValueNetwork(value_network.config_name, layer, query_index, key_index, codes, weights, biases,
+                                 activations, key_inputs=attention_input[:, key_index],
+                                 output_bias=attention.b_O.detach().clone())

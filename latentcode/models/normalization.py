@@ -13,10 +13,7 @@ Masked pairs (`allowed[q, k] == False`) contribute nothing to any variant: they 
 softmax and exactly zero otherwise.
 
 Each is a `ScoreNormalization` that declares what it is, so that the attention layer picks its
-faster paths by what sigma does, never by its name (`latentcode.models.path_policy`): whether it
-is exactly a softmax over keys (fused attention kernels compute it), exactly the identity (linear
-attention can be reassociated), and whether it acts on each query row alone (blocks of queries can
-be computed apart).
+faster paths by what sigma does, never by its name (`latentcode.models.path_policy`).
 """
 
 from __future__ import annotations

@@ -34,12 +34,6 @@ class ModelFileError(LatentcodeError, ValueError):
     """A model directory that cannot be loaded; the message says what is wrong."""
 
 
-def _package_version() -> str:
-    from latentcode import __version__
-
-    return __version__
-
-
 def save_safetensors(tensors: dict, path: str | Path, metadata: dict[str, str] | None = None) -> None:
     """safetensors' `save_file`, with its I/O failures (no space left, ...) as the one-line WriteError:
     safetensors raises its own SafetensorError, not an OSError, so callers' `except OSError` missed them."""
@@ -58,13 +52,13 @@ def save_model(model: torch.nn.Module, path: str | Path, overwrite: bool = False
     """Write the model directory of a `Transformer` (see the module docstring); `dtype` (e.g.
     torch.float16) stores the weights in a smaller type, which `load_model` turns back into the
     model's float32."""
+    from latentcode import __version__
+
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"cannot save a model to {path}: it exists and is not a directory")
     if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise FileExistsError(
-            f"{path} already exists and is not empty; choose another path or pass overwrite=True"
-        )
+        raise FileExistsError(f"{path} already exists and is not empty; choose another path or pass overwrite=True")
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     give_umask_mode(staging, directory=True)  # mkdtemp's 0700 would survive the rename
@@ -73,7 +67,7 @@ def save_model(model: torch.nn.Module, path: str | Path, overwrite: bool = False
         state = {name: tensor.detach().cpu().to(dtype or tensor.dtype).contiguous()
                  for name, tensor in model.state_dict().items()}
         save_safetensors(state, staging / WEIGHTS_FILE,
-                         metadata={"format": FORMAT, "latentcode_version": _package_version()})
+                         metadata={"format": FORMAT, "latentcode_version": __version__})
         give_umask_mode(staging / WEIGHTS_FILE)  # safetensors writes 0600 whatever the umask
         if path.exists():
             # a random name: a fixed `.NAME.old` could be a planted link or another writer's backup

@@ -98,33 +98,26 @@ def _step_seed(seed: int, step: int, process: int) -> int:
 
 
 class _Progress:
-    """A tqdm bar on a terminal, plain log lines otherwise."""
+    """A tqdm bar on a terminal, plain log lines otherwise; nothing where not enabled."""
 
-    def __init__(self, total: int, initial: int, enabled: bool, interactive: bool | None = None):
-        self.enabled = enabled
-        self.interactive = sys.stderr.isatty() if interactive is None else interactive
-        self.bar = None
-        if enabled and self.interactive:
+    def __init__(self, total: int, initial: int, enabled: bool):
+        self.enabled, self.total, self.bar = enabled, total, None
+        if enabled and sys.stderr.isatty():
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
-        self.total = total
 
     def update(self, step: int, loss: float, rate: float, lr: float) -> None:
-        if not self.enabled:
-            return
-        if self.bar is not None:
+        if self.bar is None:
+            self.message(f"step {step}/{self.total}  loss {loss:.5g}  lr {lr:.3e}  {rate:.0f} instances/s")
+        else:
             self.bar.n = step
             self.bar.set_postfix(loss=f"{loss:.4g}", inst_per_s=f"{rate:.0f}", lr=f"{lr:.2e}")
-        else:
-            print(f"step {step}/{self.total}  loss {loss:.5g}  lr {lr:.3e}  {rate:.0f} instances/s", flush=True)
 
     def message(self, text: str) -> None:
-        if not self.enabled:
-            return
         if self.bar is not None:
             self.bar.write(text)
-        else:
+        elif self.enabled:
             print(text, flush=True)
 
     def close(self) -> None:
@@ -410,11 +403,10 @@ def _save_checkpoint(accelerator, directory: RunDirectory, model, optimizer, sch
             if final.exists():
                 shutil.rmtree(final)
             os.replace(temporary, final)
-        except OSError as error:
+        except BaseException as error:
             shutil.rmtree(temporary, ignore_errors=True)
-            raise write_error(error, final) from None
-        except BaseException:
-            shutil.rmtree(temporary, ignore_errors=True)
+            if isinstance(error, OSError):
+                raise write_error(error, final) from None
             raise
         directory.prune_checkpoints(keep)
     accelerator.wait_for_everyone()
