@@ -209,10 +209,8 @@ class Attention(nn.Module):
     @query_block_size.setter
     def query_block_size(self, size: int | None) -> None:
         if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
-            raise AttentionPathError(
-                f"query_block_size must be a positive integer (queries per block) or None (chosen "
-                f"from the sequence length), got {size!r}"
-            )
+            raise AttentionPathError(f"query_block_size must be a positive integer (queries per block) or None (chosen "
+                                     f"from the sequence length), got {size!r}")
         self._query_block_size = size
 
 

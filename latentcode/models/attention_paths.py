@@ -108,13 +108,17 @@ def block_value_network(value_network: ValueNetwork, codes: Tensor, values: Tens
     tile by tile over keys (without gradients: the tiles' z are added in place)."""
     forward = value_network.forward_tile if value_network.has_tile_kernels else value_network
     n_keys = codes.shape[-1]
-    if not value_network.sums_over_keys or value_network.fuses(values):
-        key_tile = n_keys
+    key_tile = _key_tile(value_network, values, key_tile, n_keys)
     z = forward(codes[..., :key_tile], values[:, :key_tile])
     for key_start in range(key_tile, n_keys, key_tile):
         key_end = key_start + key_tile
         z += forward(codes[..., key_start:key_end], values[:, key_start:key_end])
     return z
+
+
+def _key_tile(value_network: ValueNetwork, values: Tensor, key_tile: int, n_keys: int) -> int:
+    """Keys per tile of a block: all of them where z is no sum over keys or the fused kernels compute it."""
+    return n_keys if not value_network.sums_over_keys or value_network.fuses(values) else key_tile
 
 
 def query_blocks(n_positions: int, plan: BlockPlan, causal: bool) -> list[tuple[int, int, int]]:
@@ -211,8 +215,7 @@ class BlockwiseAttention(torch.autograd.Function):
                 codes = drop_out(codes, None if keep is None else keep[..., query_start:query_end, :n_keys])
             codes_detached = codes.detach()
             with recompute()[1]:  # the fused kernels do not run under autocast
-                whole_block = not value_network.sums_over_keys or value_network.fuses(v)
-            key_tile = n_keys if whole_block else plan.key_tile
+                key_tile = _key_tile(value_network, v, plan.key_tile, n_keys)
             # d codes: the one tile's gradient where the block is one tile, else filled tile by tile
             grad_codes = torch.empty_like(codes_detached) if codes.requires_grad and key_tile < n_keys else None
             for key_start in range(0, n_keys, key_tile):

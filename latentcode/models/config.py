@@ -68,11 +68,9 @@ def resolve_attention(attention: str | tuple[str, str] | list[str]) -> tuple[str
         elif "+" in attention:
             attention = tuple(attention.split("+", 1))
         else:
-            raise ConfigError(
-                f"unknown attention preset {attention!r}; valid presets: "
-                f"{', '.join(ATTENTION_PRESETS)}; or give a pair '<normalization>+<value_network>' "
-                f"with normalization in {normalizations} and value network in {value_networks}"
-            )
+            raise ConfigError(f"unknown attention preset {attention!r}; valid presets: "
+                              f"{', '.join(ATTENTION_PRESETS)}; or give a pair '<normalization>+<value_network>' "
+                              f"with normalization in {normalizations} and value network in {value_networks}")
     if not isinstance(attention, (tuple, list)) or len(attention) != 2:
         raise ConfigError(
             f"attention must be a preset name or a (normalization, value_network) pair, got {attention!r}"
@@ -164,13 +162,8 @@ class ModelConfig:
         f = self.width_factor
         n_heads = self.n_heads * f
         v_dim = self.kqv_dim if self.v_dim is None else self.v_dim
-        return ModelSizes(
-            d_model=self.d_model * f,
-            n_heads=n_heads,
-            d_head=self.kqv_dim * f // n_heads,
-            d_head_v=v_dim * f // n_heads,
-            d_mlp=self.d_mlp * f,
-        )
+        return ModelSizes(d_model=self.d_model * f, n_heads=n_heads, d_head=self.kqv_dim * f // n_heads,
+                          d_head_v=v_dim * f // n_heads, d_mlp=self.d_mlp * f)
 
     # -- validation ----------------------------------------------------------------------------
     def validate(self) -> None:
@@ -239,10 +232,8 @@ def check_fields(config) -> None:
     if config.positions not in POSITIONS:
         raise ConfigError(f"unknown positions {config.positions!r}; expected one of {POSITIONS}")
     if (config.d_in is None) == (config.d_vocab is None):
-        raise ConfigError(
-            f"give exactly one of d_in (continuous or one-hot tokens) and d_vocab (integer "
-            f"tokens), got d_in={config.d_in!r}, d_vocab={config.d_vocab!r}"
-        )
+        raise ConfigError(f"give exactly one of d_in (continuous or one-hot tokens) and d_vocab (integer "
+                          f"tokens), got d_in={config.d_in!r}, d_vocab={config.d_vocab!r}")
     for name in ("d_in", "d_vocab", "d_out"):
         if getattr(config, name) is not None:
             positive_int(name)
@@ -266,15 +257,11 @@ def _check_head_widths(config) -> None:
                 if config.width_factor != 1
                 else ""
             )
-            raise ConfigError(
-                f"{name}={total} is not divisible by n_heads={config.n_heads}{scaled_note}: "
-                f"{name} is the total width over heads"
-            )
+            raise ConfigError(f"{name}={total} is not divisible by n_heads={config.n_heads}{scaled_note}: "
+                              f"{name} is the total width over heads")
     if config.positions == "rotary" and (config.kqv_dim // config.n_heads) % 2:
-        raise ConfigError(
-            f"rotary positions need an even head width, got d_head={config.kqv_dim // config.n_heads} "
-            f"(kqv_dim={config.kqv_dim} / n_heads={config.n_heads})"
-        )
+        raise ConfigError(f"rotary positions need an even head width, got d_head={config.kqv_dim // config.n_heads} "
+                          f"(kqv_dim={config.kqv_dim} / n_heads={config.n_heads})")
 
 
 def check_model_config(data: Any) -> None:

@@ -76,10 +76,8 @@ def _positions(selection: Sequence[int] | Tensor | None, n_positions: int, what:
         raise ViewSelectionError(f"{what} selection is empty")
     bad = positions[(positions < -n_positions) | (positions >= n_positions)]
     if bad.numel():
-        raise ViewSelectionError(
-            f"{what} positions {bad.tolist()} are outside the sequence of {n_positions} positions "
-            f"(valid: -{n_positions}..{n_positions - 1})"
-        )
+        raise ViewSelectionError(f"{what} positions {bad.tolist()} are outside the sequence of {n_positions} positions "
+                                 f"(valid: -{n_positions}..{n_positions - 1})")
     return positions % n_positions
 
 
@@ -116,11 +114,9 @@ def value_network_view(
     pairs = tokens.shape[0] * len(query_index) * len(key_index)
     needed = pairs * floats_per_pair * attention.W_O.element_size()
     if needed > max_bytes:
-        raise ViewTooLarge(
-            f"the generated weights of {pairs} (batch x query x key) pairs need "
-            f"{needed / 2**30:.2f} GiB ({needed} bytes), above max_bytes={max_bytes / 2**30:.2f} GiB "
-            f"({max_bytes} bytes); select fewer queries/keys or a smaller batch, or raise max_bytes"
-        )
+        raise ViewTooLarge(f"the generated weights of {pairs} (batch x query x key) pairs need "
+                           f"{needed / 2**30:.2f} GiB ({needed} bytes), above max_bytes={max_bytes / 2**30:.2f} GiB "
+                           f"({max_bytes} bytes); select fewer queries/keys or a smaller batch, or raise max_bytes")
 
     was_training = model.training
     model.eval()

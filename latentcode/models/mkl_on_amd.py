@@ -70,9 +70,6 @@ class AnswerLibrary:
     where it cannot be built or is refused (`failure()` says why)."""
 
     def __init__(self):
-        self.forget()
-
-    def forget(self) -> None:
         self._library: ctypes.CDLL | None = None
         self._failure: str | None = None
 

@@ -87,10 +87,8 @@ def load_config(path: str | Path) -> ModelConfig:
     path = Path(path)
     config_path = path / CONFIG_FILE
     if not config_path.is_file():
-        raise ModelFileError(
-            f"{path} is not a latentcode model directory: {CONFIG_FILE} is missing "
-            f"(expected {CONFIG_FILE} and {WEIGHTS_FILE}, as written by model.save)"
-        )
+        raise ModelFileError(f"{path} is not a latentcode model directory: {CONFIG_FILE} is missing "
+                             f"(expected {CONFIG_FILE} and {WEIGHTS_FILE}, as written by model.save)")
     try:
         return ModelConfig.from_dict(json.loads(config_path.read_text()))
     except json.JSONDecodeError as error:

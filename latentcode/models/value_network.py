@@ -125,11 +125,9 @@ class LinearValueNetwork(ValueNetwork):
         # W_h^out W_h^value
         out_times_value = einsum(W_O, W_V, "head d_head_v d_out, head d_in d_head_v -> head d_out d_in")
         out_times_bias = einsum(W_O, b_V, "head d_head_v d_out, head d_head_v -> head d_out")
-        return GeneratedLayers(
-            weights=[_generate(latent_codes, out_times_value)],
-            biases=[_generate(latent_codes, out_times_bias)],
-            activations=[],
-        )
+        return GeneratedLayers(weights=[_generate(latent_codes, out_times_value)],
+                               biases=[_generate(latent_codes, out_times_bias)],
+                               activations=[])
 
     def floats_per_pair(self, d_model: int) -> int:
         return d_model * d_model + d_model
@@ -147,11 +145,9 @@ class ReluLinearValueNetwork(ValueNetwork):
 
     def _refuse(self) -> NoExactView:
         others = ", ".join(name for name in VALUE_NETWORKS if name != self.config_name)
-        return NoExactView(
-            f"the {self.config_name!r} value network has no key-query specific network: it applies "
-            f"its nonlinearity after summing over keys; a hypernetwork view needs a value network "
-            f"that acts per key-query pair ({others})"
-        )
+        return NoExactView(f"the {self.config_name!r} value network has no key-query specific network: it applies "
+                           f"its nonlinearity after summing over keys; a hypernetwork view needs a value network "
+                           f"that acts per key-query pair ({others})")
 
     def generated_layers(self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor) -> GeneratedLayers:
         raise self._refuse()
@@ -196,11 +192,9 @@ class HyperValueNetwork(ValueNetwork):
     def generated_layers(self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor) -> GeneratedLayers:
         value_weight = rearrange(W_V, "head d_model d_head_v -> head d_head_v d_model")
         out_weight = rearrange(W_O, "head d_head_v d_model -> head d_model d_head_v")
-        return GeneratedLayers(
-            weights=[_generate(latent_codes, value_weight), _generate(latent_codes, out_weight)],
-            biases=[_generate(latent_codes, b_V), None],
-            activations=[self.activation],
-        )
+        return GeneratedLayers(weights=[_generate(latent_codes, value_weight), _generate(latent_codes, out_weight)],
+                               biases=[_generate(latent_codes, b_V), None],
+                               activations=[self.activation])
 
     def floats_per_pair(self, d_model: int) -> int:
         return 2 * self.d_head_v * d_model + self.d_head_v
@@ -317,11 +311,9 @@ class HyperDeepValueNetwork(HyperValueNetwork):
     def generated_layers(self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor) -> GeneratedLayers:
         (first, last), (first_bias, _), activations = super().generated_layers(latent_codes, W_V, b_V, W_O)
         second = rearrange(self.W_value2, "head d_in d_out -> head d_out d_in")
-        return GeneratedLayers(
-            weights=[first, _generate(latent_codes, second), last],
-            biases=[first_bias, None, None],
-            activations=[*activations, "relu"],
-        )
+        return GeneratedLayers(weights=[first, _generate(latent_codes, second), last],
+                               biases=[first_bias, None, None],
+                               activations=[*activations, "relu"])
 
     def floats_per_pair(self, d_model: int) -> int:
         return super().floats_per_pair(d_model) + self.d_head_v**2
@@ -333,12 +325,7 @@ class HyperDeepValueNetwork(HyperValueNetwork):
 
 VALUE_NETWORKS: dict[str, type[ValueNetwork]] = {
     network.config_name: network
-    for network in (
-        LinearValueNetwork,
-        ReluLinearValueNetwork,
-        HyperLinearValueNetwork,
-        HyperReluValueNetwork,
-        HyperDeepValueNetwork,
-    )
+    for network in (LinearValueNetwork, ReluLinearValueNetwork, HyperLinearValueNetwork, HyperReluValueNetwork,
+                    HyperDeepValueNetwork)
 }
 """Value network name -> class: the one place the names live (`ModelConfig` validates with it)."""

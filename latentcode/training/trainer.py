@@ -86,10 +86,8 @@ def _make_accelerator(config: TrainConfig, device: str | None = None):
                          "configuration decides); expected the device asked for")
     if accelerator.mixed_precision != "no" and not accelerator.native_amp:
         # accelerate would silently train in float32 (fp16 autocast needs a GPU).
-        raise ConfigError(
-            f"mixed_precision={config.mixed_precision!r} is not available on {accelerator.device.type}; "
-            "use 'bf16' or 'no' there"
-        )
+        raise ConfigError(f"mixed_precision={config.mixed_precision!r} is not available on {accelerator.device.type}; "
+                          "use 'bf16' or 'no' there")
     return accelerator
 
 
@@ -207,10 +205,8 @@ def _train(config, out, *, resume, progress, stop_after_step, on_step, device=No
     n_processes = accelerator.num_processes
     micro_batch = config.batch_size // (n_processes * config.gradient_accumulation_steps)
     if micro_batch < 1:
-        raise UsageError(
-            f"batch_size={config.batch_size} is too small for {n_processes} processes x "
-            f"{config.gradient_accumulation_steps} accumulation steps"
-        )
+        raise UsageError(f"batch_size={config.batch_size} is too small for {n_processes} processes x "
+                         f"{config.gradient_accumulation_steps} accumulation steps")
     eval_sets = eval_sets_of(task, config.eval_instances, config.variant) if accelerator.is_main_process else {}
     bar = _Progress(config.steps, start_step, enabled=progress and accelerator.is_main_process)
     if start_step:
