@@ -24,20 +24,14 @@ which faster path (blockwise, sdpa, associative: `latentcode.models.attention_pa
 `Attention.path` (default "auto") or the context manager `attention_path(model, path)` forces one;
 `query_block_size` (None: chosen so that a block's codes take about 2 MiB) sets the queries per block.
 
-What each hook costs (hook points of this layer):
-
-    hook_q, hook_k, hook_v, hook_rot_q, hook_rot_k, hook_z
-                        nothing: [batch, pos, ...] tensors, whole in every path
-    hook_attn_scores, hook_pattern
-                        a `QueryBlockHook` (read only; the Recorder's site recording uses it):
-                        nothing, it reads each block `[batch, head, block, key]` with its first
-                        query (a causal block pads its masked keys: codes 0; a reader of the scores
-                        makes each block also score its masked keys). Any other hook (TransformerLens
-                        hooks, run_with_cache, interventions that edit codes, backward hooks): the
-                        full path, T^2 floats per batch element and head, forward and backward
-    value_network.hook_hidden, hook_hidden2 (hyper_*), or any hook on the value network module
-                        the full path, with whole hidden activations `[batch, query, key, d_head_v]`
-                        (T^2 d_head_v floats per batch element each, several kept for the backward)
+What each hook costs: on hook_q, hook_k, hook_v, hook_rot_q, hook_rot_k, hook_z nothing (whole
+`[batch, pos, ...]` tensors in every path). On hook_attn_scores and hook_pattern a `QueryBlockHook`
+(read only; the Recorder's site recording uses it) costs nothing: it reads each block `[batch, head,
+block, key]` with its first query (a causal block pads its masked keys: codes 0; a reader of the
+scores makes each block also score its masked keys). Any other hook there (TransformerLens hooks,
+run_with_cache, interventions that edit codes, backward hooks), or any hook on the value network
+(hook_hidden, hook_hidden2), takes the full path: T^2 floats per batch element and head (T^2 d_head_v
+for the hidden activations), forward and backward.
 """
 
 from __future__ import annotations

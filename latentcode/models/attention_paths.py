@@ -44,8 +44,7 @@ BLOCK_BYTES = 2 * 2**20
 FUSED_BLOCK_BYTES, FUSED_QUERY_BLOCK = 8 * 2**20, 64
 """With the fused kernels (`latentcode.models.fused_hyper`: nothing held per pair) a block holds up to
 64 queries, its codes up to 8 MiB: every block passes over the keys and values before it, and blocks of
-16 queries (the 2 MiB rule at T = 4096) made those passes dominate (bench_long_sequences.py: 12.5 s
-against 8.7 s a step at T = 4096)."""
+16 queries (the 2 MiB rule at T = 4096) made those passes dominate (bench_long_sequences.py)."""
 MIN_QUERY_BLOCK, MAX_QUERY_BLOCK, MIN_KEY_TILE = 8, 512, 16
 LINEAR_CHUNK = 64  # queries per chunk of causal linear attention
 
@@ -123,11 +122,9 @@ def _key_tile(value_network: ValueNetwork, values: Tensor, key_tile: int, n_keys
 
 def query_blocks(n_positions: int, plan: BlockPlan, causal: bool) -> list[tuple[int, int, int]]:
     """`(query_start, query_end, n_keys)` of each block: a causal block needs keys `< query_end`."""
-    return [
-        (start, min(start + plan.query_block, n_positions), min(start + plan.query_block, n_positions)
-         if causal else n_positions)
-        for start in range(0, n_positions, plan.query_block)
-    ]
+    return [(start, min(start + plan.query_block, n_positions),
+             min(start + plan.query_block, n_positions) if causal else n_positions)
+            for start in range(0, n_positions, plan.query_block)]
 
 
 def blockwise_forward(step: ScoresToCodes, value_network: ValueNetwork, plan: BlockPlan, queries_by_head: Tensor,

@@ -252,11 +252,8 @@ def _check_head_widths(config) -> None:
     for name, total in (("kqv_dim", config.kqv_dim), ("v_dim", v_dim)):
         scaled = total * config.width_factor
         if scaled % scaled_heads:
-            scaled_note = (
-                f" (after width_factor={config.width_factor}: {scaled} and {scaled_heads})"
-                if config.width_factor != 1
-                else ""
-            )
+            after = f" (after width_factor={config.width_factor}: {scaled} and {scaled_heads})"
+            scaled_note = after if config.width_factor != 1 else ""
             raise ConfigError(f"{name}={total} is not divisible by n_heads={config.n_heads}{scaled_note}: "
                               f"{name} is the total width over heads")
     if config.positions == "rotary" and (config.kqv_dim // config.n_heads) % 2:

@@ -39,10 +39,7 @@ use_fused = KERNELS.switched  # use_fused(False): within the block, the MLP in t
 def available(x: Tensor) -> bool:
     """Whether the fused kernels compute gelu of `x`: float32 on the CPU, no autocast, and the extension loaded
     (also under torch.compile: the kernels are operators it keeps in its graph)."""
-    return (
-        KERNELS.enabled and x.dtype == torch.float32 and x.device.type == "cpu"
-        and not torch.is_autocast_enabled("cpu") and loaded()
-    )
+    return KERNELS.enabled and not torch.is_autocast_enabled("cpu") and _applies(x)
 
 
 def _applies(x: Tensor) -> bool:

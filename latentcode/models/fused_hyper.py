@@ -46,11 +46,9 @@ def available(values: Tensor) -> bool:
     """Whether the fused kernels compute these values `[batch, key, head, d_head_v]` (and latent codes
     of their dtype): float32 on the CPU, d_head_v a multiple of `CHUNK`, at most `MAX_HEADS` heads, no
     autocast to another dtype, and the extension loaded."""
-    return (
-        KERNELS.enabled and values.dtype == torch.float32 and values.device.type == "cpu"
-        and values.shape[-1] % CHUNK == 0 and values.shape[-2] <= MAX_HEADS
-        and not torch.is_autocast_enabled("cpu") and loaded()
-    )
+    return (KERNELS.enabled and values.dtype == torch.float32 and values.device.type == "cpu"
+            and values.shape[-1] % CHUNK == 0 and values.shape[-2] <= MAX_HEADS
+            and not torch.is_autocast_enabled("cpu") and loaded())
 
 
 def _value_layout(values: Tensor) -> Tensor:

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from torch import nn
 from torch.nn.modules import module as torch_module
 
-_GLOBAL_REGISTRIES = (
-    "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks", "_global_backward_pre_hooks",
-)
+_GLOBAL_REGISTRIES = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                      "_global_backward_pre_hooks")
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,7 @@ A `HookPoint` is an identity module whose `name` is its path in the model; every
 activation passes through one, so caching, patching and ablation need no special code. A
 `HookedRootModule` names its hook points (`setup()`) and runs the model with temporary hooks.
 This is TransformerLens's interface (`transformer_lens.hook_points`, `transformer_lens.HookedRootModule`),
-so that a TransformerLens user is at home, without importing TransformerLens: its package imports
-Hugging Face transformers, datasets and pandas (seconds), which building one of our models does not need.
+so that a TransformerLens user is at home, without importing TransformerLens (seconds of imports).
 `tests/models/test_hooks_match_transformer_lens.py` runs the same calls on both and compares them.
 
 Both have TransformerLens's signatures and semantics (`add_hook`, `hooks()`, `run_with_hooks`,

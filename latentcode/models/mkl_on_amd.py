@@ -64,10 +64,9 @@ FLAGS = ("-O2", "-shared", "-fPIC")
 
 
 class AnswerLibrary:
-    """`SOURCE` compiled once per machine with the system C compiler into the trusted kernel cache (named by
-    the hash of the source, the flags and the CPU; its digest recorded when built and checked before it is
-    loaded, `latentcode.models.kernel_cache`) and loaded with ctypes: `load()` -> the `ctypes.CDLL`, or None
-    where it cannot be built or is refused (`failure()` says why)."""
+    """`SOURCE` compiled once per machine and CPU into the trusted kernel cache (`latentcode.models.kernel_cache`),
+    loaded with ctypes: `load()` -> the `ctypes.CDLL`, or None where it cannot be built or is refused
+    (`failure()` says why)."""
 
     def __init__(self):
         self._library: ctypes.CDLL | None = None

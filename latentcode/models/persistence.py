@@ -114,19 +114,11 @@ def check_weights_fit(state: dict[str, torch.Tensor], expected: dict[str, torch.
     """Refuse stored weights whose names or shapes differ from what the config implies; names each."""
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
-    wrong_shape = [
-        f"{name}: file {list(state[name].shape)}, config {list(expected[name].shape)}"
-        for name in sorted(set(state) & set(expected))
-        if state[name].shape != expected[name].shape
-    ]
-    if missing or unexpected or wrong_shape:
-        problems = []
-        if missing:
-            problems.append(f"missing weights {missing}")
-        if unexpected:
-            problems.append(f"weights the config does not have {unexpected}")
-        if wrong_shape:
-            problems.append("shapes differ: " + "; ".join(wrong_shape))
-        raise ModelFileError(
-            f"the weights in {Path(path) / WEIGHTS_FILE} do not match {CONFIG_FILE}: " + ", ".join(problems)
-        )
+    wrong_shape = [f"{name}: file {list(state[name].shape)}, config {list(expected[name].shape)}"
+                   for name in sorted(set(state) & set(expected)) if state[name].shape != expected[name].shape]
+    problems = [problem for problem, found in ((f"missing weights {missing}", missing),
+                                               (f"weights the config does not have {unexpected}", unexpected),
+                                               ("shapes differ: " + "; ".join(wrong_shape), wrong_shape)) if found]
+    if problems:
+        raise ModelFileError(f"the weights in {Path(path) / WEIGHTS_FILE} do not match {CONFIG_FILE}: "
+                             + ", ".join(problems))

@@ -131,10 +131,8 @@ class Transformer(HookedRootModule):
         super().__init__()
         self.config = config
         sizes = config.sizes
-        if config.d_in is not None:
-            self.embed: nn.Module = Embed(config.d_in, sizes.d_model)
-        else:
-            self.embed = TokenEmbed(config.d_vocab, sizes.d_model)
+        linear = config.d_in is not None
+        self.embed = Embed(config.d_in, sizes.d_model) if linear else TokenEmbed(config.d_vocab, sizes.d_model)
         self.hook_embed = HookPoint()
         self.blocks = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
         self.ln_final = LayerNorm(sizes.d_model, config.layer_norm_eps)

@@ -3,18 +3,9 @@
 Every value network maps latent codes `a` `[batch, head, query, key]` and per-head values
 `v[b, k, h] = W_h^value x_k + b_h^value` `[batch, key, head, d_head_v]` to
 `z` `[batch, query, head, d_head_v]`; the attention layer then applies the output projection,
-`y_q = sum_h W_h^out z[q, h] + b^out`. Written out for one query q:
-
-- `linear` (standard multi-head attention):
-      y_q = sum_h W_h^out sum_k a[h,q,k] W_h^value x_k
-- `relu_linear`:
-      y_q = sum_h W_h^out relu(sum_k a[h,q,k] W_h^value x_k)
-- `hyper_linear`:
-      y_q = sum_k (sum_h a[h,q,k] W_h^out) (sum_h a[h,q,k] W_h^value x_k)
-- `hyper_relu` (HYLA):
-      y_q = sum_k (sum_h a[h,q,k] W_h^out) relu(sum_h a[h,q,k] W_h^value x_k)
-- `hyper_deep`: hyper_relu with one more generated layer,
-      relu(sum_h a[h,q,k] W_h^value2 relu(sum_h a[h,q,k] W_h^value x_k)).
+`y_q = sum_h W_h^out z[q, h] + b^out`. For one query q, `linear` (standard attention) gives
+y_q = sum_h W_h^out sum_k a[h,q,k] W_h^value x_k, and `hyper_relu` (HYLA)
+y_q = sum_k (sum_h a[h,q,k] W_h^out) relu(sum_h a[h,q,k] W_h^value x_k); each class writes its own.
 
 The hyper variants are two-layer (or three-layer) networks per key-query pair whose weights the
 latent code generates. Their hidden activation `[batch, query, key, d_head_v]` passes through
@@ -203,13 +194,10 @@ class HyperValueNetwork(ValueNetwork):
         return self.d_head_v  # the hidden activation (its gradient takes its place in the backward)
 
     # -- the blockwise path's kernels for one tile of keys ------------------------------------------
-    # forward() through einsum is slow for these shapes (the head axis it sums over is short). The
-    # fused C kernels (`latentcode.models.fused_hyper`) never form the hidden activation; where they
-    # cannot run (no kernels built, float64, autocast, d_head_v not a multiple of 8) the batched products
-    # below keep it in the layout [batch, key, query, d_head_v], where every product is a plain
-    # batched matrix product, and skip autograd: the backward is written out. All equal forward()
-    # and its autograd gradients to float tolerance (tests/models/test_attention_paths.py,
-    # tests/models/test_fused_hyper.py).
+    # forward() through einsum is slow for these shapes (it sums over the short head axis). The fused C
+    # kernels (`fused_hyper`) never form the hidden activation; where they cannot run, the batched products
+    # below keep it as [batch, key, query, d_head_v] (plain batched matrix products) and write the backward
+    # out. Both equal forward() and its autograd gradients to float tolerance.
     has_tile_kernels = True
 
     def fuses(self, values: Tensor) -> bool:
