@@ -9,9 +9,7 @@
 sigma (`latentcode.models.normalization`): softmax over keys, rms over heads (HYLA), the identity
 (linear attention), or softmax then rms; the value networks: `latentcode.models.value_network`.
 
-Parameters carry TransformerLens's names and shapes: `W_Q, W_K` `[n_heads, d_model, d_head]`,
-`W_V` `[n_heads, d_model, d_head_v]`, `W_O` `[n_heads, d_head_v, d_model]`, `b_Q, b_K`
-`[n_heads, d_head]`, `b_V` `[n_heads, d_head_v]`, `b_O` `[d_model]`.
+Parameters carry TransformerLens's names and shapes (`W_Q` `[n_heads, d_model, d_head]`, ...: `__init__`).
 
 The scores, sigma and dropout are written once, in `latentcode.models.scores`, for every path.
 Attention dropout (training mode only) multiplies the latent codes after `hook_pattern`, so
@@ -168,8 +166,7 @@ class Attention(nn.Module):
                 self.normalization.fused_code, self.value_network.fused_code, self.rms_head_eps)
         plan = plan_blocks(self.value_network, self.n_heads, batch, n_positions, self.query_block_size,
                            choice.score_readers, choice.pattern_readers, fused=self.value_network.fuses(v))
-        return blockwise_z(self.scores_to_codes(), self.value_network, plan, q, k, v,
-                           self.dropout_mask(n_positions, q))
+        return blockwise_z(self.scores_to_codes(), self.value_network, plan, q, k, v, self.dropout_mask(n_positions, q))
 
     def scores_to_codes(self) -> ScoresToCodes:
         """This layer's scores -> sigma step (`latentcode.models.scores`), on its current device."""

@@ -197,34 +197,32 @@ class BlockwiseAttention(torch.autograd.Function):
         grad_score_parameters: list[Tensor | None] = [None] * len(score_parameters)
         grad_value_parameters: list[Tensor | None] = [None] * len(value_parameters)
 
-        def recompute():
-            return torch.enable_grad(), torch.autocast(device_type, autocast_dtype, enabled=autocast_enabled)
+        def autocast():  # the forward's autocast, for each recomputation
+            return torch.autocast(device_type, autocast_dtype, enabled=autocast_enabled)
 
         for query_start, query_end, n_keys in query_blocks(n_positions, plan, step.allowed is not None):
             grad_z_block = grad_z[:, query_start:query_end]
-            with recompute()[1]:
+            with autocast():
                 product = step.product_block(queries_by_head, keys_by_head, batch, query_start, query_end, n_keys)
-            grad_mode, autocast = recompute()
-            with grad_mode, autocast:
+            with torch.enable_grad(), autocast():
                 # q . k differentiated by hand below (batched products that add into grad_keys in place)
                 product = product.detach().requires_grad_(need_q or need_k)
                 codes = step.codes(step.with_position_bias(product, query_start), query_start)
                 codes = drop_out(codes, None if keep is None else keep[..., query_start:query_end, :n_keys])
             codes_detached = codes.detach()
-            with recompute()[1]:  # the fused kernels do not run under autocast
+            with autocast():  # the fused kernels do not run under autocast
                 key_tile = _key_tile(value_network, v, plan.key_tile, n_keys)
             # d codes: the one tile's gradient where the block is one tile, else filled tile by tile
             grad_codes = torch.empty_like(codes_detached) if codes.requires_grad and key_tile < n_keys else None
             for key_start in range(0, n_keys, key_tile):
                 key_end = min(key_start + key_tile, n_keys)
                 if value_network.has_tile_kernels:  # written-out backward, no graph; adds to grad_v
-                    with recompute()[1]:
+                    with autocast():
                         tile_codes_grad, _ = value_network.backward_tile(
                             codes_detached[..., key_start:key_end], v[:, key_start:key_end], grad_z_block,
                             grad_v[:, key_start:key_end] if need_v else None)
                 else:
-                    grad_mode, autocast = recompute()
-                    with grad_mode, autocast:
+                    with torch.enable_grad(), autocast():
                         tile_codes = codes_detached[..., key_start:key_end].detach().requires_grad_(codes.requires_grad)
                         tile_values = v[:, key_start:key_end].detach().requires_grad_(need_v)
                         z_tile = value_network(tile_codes, tile_values)
@@ -248,11 +246,9 @@ class BlockwiseAttention(torch.autograd.Function):
                     if need_k:  # d k += d product^T . q / sqrt(d_head)
                         grad_keys[:, :n_keys].baddbmm_(product_grad.transpose(1, 2),
                                                        queries_by_head[:, query_start:query_end])
-        grad_q = grad_k = None
-        if need_q:
-            grad_q = grad_queries.view(batch, n_heads, n_positions, -1).transpose(1, 2) * score_scale(step.d_head)
-        if need_k:
-            grad_k = grad_keys.view(batch, n_heads, n_positions, -1).transpose(1, 2)
+        by_position = (batch, n_heads, n_positions, -1)
+        grad_q = grad_queries.view(by_position).transpose(1, 2) * score_scale(step.d_head) if need_q else None
+        grad_k = grad_keys.view(by_position).transpose(1, 2) if need_k else None
         return (None, None, None, grad_q, grad_k, grad_v, None, *grad_score_parameters, *grad_value_parameters)
 
 

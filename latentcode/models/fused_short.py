@@ -69,9 +69,8 @@ def short_attention(queries: Tensor, keys: Tensor, values: Tensor, bias: Tensor 
     """z `[batch, query, head, d_head_v]` from scaled queries and keys `[batch, pos, head, d_head]`, values
     `[batch, pos, head, d_head_v]`, the position bias `[head, query, key]` (or None), the allowed pairs
     (bool `[query, key]` or None) and the dropout mask (`[..., query, key]` or None); `sigma` and `network`
-    are kernel codes (module docstring). Differentiable once, in the queries, keys, values and bias: a
-    backward that would build a graph (`create_graph=True`) is refused, never computed as if the gradient
-    did not depend on the inputs."""
+    are kernel codes (module docstring). Differentiable once, in the queries, keys, values and bias (a
+    second derivative, `create_graph=True`, is refused)."""
     n_positions = queries.shape[1]
     KERNELS.count()
     return ops().short_attention(

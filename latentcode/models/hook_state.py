@@ -37,8 +37,7 @@ def attached_hooks(module: nn.Module) -> AttachedHooks:
     """The forward, forward-pre, backward and backward-pre hooks attached to `module` itself (not to
     its children), as registered with `register_forward_hook` and friends (TransformerLens's
     `add_hook` registers through them too)."""
-    return AttachedHooks(tuple(module._forward_hooks.values()),
-                         tuple(module._forward_pre_hooks.values()),
+    return AttachedHooks(tuple(module._forward_hooks.values()), tuple(module._forward_pre_hooks.values()),
                          tuple(module._backward_hooks.values()),
                          tuple(module._backward_pre_hooks.values()))
 

@@ -66,8 +66,7 @@ def save_model(model: torch.nn.Module, path: str | Path, overwrite: bool = False
         (staging / CONFIG_FILE).write_text(model.config.to_json() + "\n")
         state = {name: tensor.detach().cpu().to(dtype or tensor.dtype).contiguous()
                  for name, tensor in model.state_dict().items()}
-        save_safetensors(state, staging / WEIGHTS_FILE,
-                         metadata={"format": FORMAT, "latentcode_version": __version__})
+        save_safetensors(state, staging / WEIGHTS_FILE, metadata={"format": FORMAT, "latentcode_version": __version__})
         give_umask_mode(staging / WEIGHTS_FILE)  # safetensors writes 0600 whatever the umask
         if path.exists():
             # a random name: a fixed `.NAME.old` could be a planted link or another writer's backup

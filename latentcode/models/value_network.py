@@ -299,8 +299,7 @@ class HyperDeepValueNetwork(HyperValueNetwork):
     def generated_layers(self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor) -> GeneratedLayers:
         (first, last), (first_bias, _), activations = super().generated_layers(latent_codes, W_V, b_V, W_O)
         second = rearrange(self.W_value2, "head d_in d_out -> head d_out d_in")
-        return GeneratedLayers(weights=[first, _generate(latent_codes, second), last],
-                               biases=[first_bias, None, None],
+        return GeneratedLayers(weights=[first, _generate(latent_codes, second), last], biases=[first_bias, None, None],
                                activations=[*activations, "relu"])
 
     def floats_per_pair(self, d_model: int) -> int:
