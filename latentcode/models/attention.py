@@ -85,11 +85,8 @@ class Attention(nn.Module):
         relative, rotary = config.positions == "relative", config.positions == "rotary"
         self.relative_position_bias = RelativePositionBias(self.n_heads, config.n_ctx) if relative else None
         self.rotary = Rotary(self.d_head, config.n_ctx, config.rotary_base) if rotary else None
-        if config.causal:
-            allowed = torch.ones(config.n_ctx, config.n_ctx, dtype=torch.bool).tril()
-            self.register_buffer("allowed", allowed, persistent=False)
-        else:
-            self.allowed = None
+        allowed = torch.ones(config.n_ctx, config.n_ctx, dtype=torch.bool).tril() if config.causal else None
+        self.register_buffer("allowed", allowed, persistent=False)  # the keys each query may see, or None
 
         self.hook_q = HookPoint()  # [batch, pos, head, d_head]
         self.hook_k = HookPoint()  # [batch, pos, head, d_head]

@@ -83,15 +83,6 @@ def resolve_attention(attention: str | tuple[str, str] | list[str]) -> tuple[str
     return normalization, value_network
 
 
-def attention_name(attention: str | tuple[str, str]) -> str:
-    """The preset name of an attention choice if it has one, else `"<normalization>+<value_network>"`."""
-    pair = resolve_attention(attention)
-    for name, preset_pair in ATTENTION_PRESETS.items():
-        if preset_pair == pair:
-            return name
-    return "+".join(pair)
-
-
 @dataclass(frozen=True)
 class ModelSizes:
     """The sizes the modules are built with, after width scaling."""
@@ -151,7 +142,9 @@ class ModelConfig:
 
     @property
     def attention_name(self) -> str:
-        return attention_name(self.attention)
+        """The preset name of this attention if it has one, else `"<normalization>+<value_network>"`."""
+        pair = resolve_attention(self.attention)
+        return next((name for name, preset_pair in ATTENTION_PRESETS.items() if preset_pair == pair), "+".join(pair))
 
     @property
     def output_dim(self) -> int:

@@ -1,10 +1,8 @@
 """Feed-forward layers: a one-hidden-layer GELU MLP (default) or a top-k mixture of such MLPs.
 
-GELU uses the tanh approximation, Flax's default and so the authors'. In training mode (float32 on
-the CPU) it runs as fused C kernels (`latentcode.models.fused_gelu`: the same function to float32
-tolerance, faster forward and backward); in evaluation mode always as `F.gelu`, the computation
-that produced the shipped results. Parameter names follow TransformerLens: `W_in` `[d_model,
-d_mlp]`, `b_in`, `W_out` `[d_mlp, d_model]`, `b_out`, and for the mixture the router `W_gate`
+GELU uses the tanh approximation, Flax's default and so the authors' (in training, float32 on the
+CPU, through `latentcode.models.fused_gelu`). Parameter names follow TransformerLens: `W_in`
+`[d_model, d_mlp]`, `b_in`, `W_out` `[d_mlp, d_model]`, `b_out`, and the router's `W_gate`
 `[d_model, n_experts]`.
 """
 

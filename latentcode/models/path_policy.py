@@ -121,8 +121,7 @@ def block_readers(hook_point: nn.Module) -> tuple[Reader, ...] | None:
     """The `read` functions of the `QueryBlockHook`s on `hook_point`, or None when another hook is
     there (a forward hook of another kind, a pre-hook or a backward hook): it needs the whole tensor."""
     hooks = attached_hooks(hook_point)
-    if hooks.forward_pre or hooks.backward or hooks.backward_pre:
-        return None
-    if not all(isinstance(hook, QueryBlockHook) for hook in hooks.forward):
+    if hooks.forward_pre or hooks.backward or hooks.backward_pre or not all(
+            isinstance(hook, QueryBlockHook) for hook in hooks.forward):
         return None
     return tuple(hook.read for hook in hooks.forward)

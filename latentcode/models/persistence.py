@@ -82,24 +82,18 @@ def save_model(model: torch.nn.Module, path: str | Path, overwrite: bool = False
     return path
 
 
-def load_config(path: str | Path) -> ModelConfig:
-    path = Path(path)
-    config_path = path / CONFIG_FILE
-    if not config_path.is_file():
-        raise ModelFileError(f"{path} is not a latentcode model directory: {CONFIG_FILE} is missing "
-                             f"(expected {CONFIG_FILE} and {WEIGHTS_FILE}, as written by model.save)")
-    try:
-        return ModelConfig.from_dict(json.loads(config_path.read_text()))
-    except json.JSONDecodeError as error:
-        raise ModelFileError(f"{config_path} is not valid JSON: {error}") from error
-
-
 def read_model_files(path: str | Path,
                      device: str | torch.device = "cpu") -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """The config and the stored weights of a model directory (see `latentcode.models.load_model`)."""
     path = Path(path)
-    config = load_config(path)
-    weights_path = path / WEIGHTS_FILE
+    config_path, weights_path = path / CONFIG_FILE, path / WEIGHTS_FILE
+    if not config_path.is_file():
+        raise ModelFileError(f"{path} is not a latentcode model directory: {CONFIG_FILE} is missing "
+                             f"(expected {CONFIG_FILE} and {WEIGHTS_FILE}, as written by model.save)")
+    try:
+        config = ModelConfig.from_dict(json.loads(config_path.read_text()))
+    except json.JSONDecodeError as error:
+        raise ModelFileError(f"{config_path} is not valid JSON: {error}") from error
     if not weights_path.is_file():
         raise ModelFileError(f"{path} has {CONFIG_FILE} but no {WEIGHTS_FILE}")
     try:

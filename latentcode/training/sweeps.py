@@ -46,12 +46,8 @@ def selection_metric(preset: str) -> tuple[str, str]:
 
 def expand_grid(grid: dict[str, list[Any]], seeds: list[int]) -> list[dict[str, Any]]:
     """Every combination of the grid's values, once per seed."""
-    keys = list(grid)
-    points = []
-    for values in itertools.product(*(grid[key] for key in keys)):
-        for seed in seeds:
-            points.append({**dict(zip(keys, values, strict=True)), "seed": seed})
-    return points
+    return [{**dict(zip(grid, values, strict=True)), "seed": seed}
+            for values in itertools.product(*grid.values()) for seed in seeds]
 
 
 def run_name(point: dict[str, Any]) -> str:

@@ -79,13 +79,10 @@ def choose_threads(threads: int | None) -> Callable[[int, float], None] | None:
     if chosen is None:
         return None
     torch.set_num_threads(chosen)
-    note = contention_note(default, chosen, busy_cores)
-    said = False
+    unsaid = [contention_note(default, chosen, busy_cores)]
 
     def say_once(step: int, loss: float) -> None:
-        nonlocal said
-        if not said:
-            print(note, file=sys.stderr, flush=True)
-            said = True
+        while unsaid:
+            print(unsaid.pop(), file=sys.stderr, flush=True)
 
     return say_once

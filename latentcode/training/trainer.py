@@ -11,11 +11,9 @@ number, and 2 processes draw the same batch as 1 process accumulating 2 micro-ba
 
 Reproducibility: the model is initialized from `seed`, and every step reseeds torch's RNG (which
 drives attention dropout) from `(seed, step, process)`. A run killed and resumed from a checkpoint
-therefore takes exactly the steps an uninterrupted run takes. Checkpoints (`checkpoint.py`) hold
-the model, optimizer, scheduler and grad scaler in safetensors and JSON, never a pickle, and the
-loop's own progress (last evaluation, the open logging interval), so that a run killed at any
-moment resumes to the same weights, metrics rows, final metrics and summary; one killed before
-its first checkpoint resumes from step 0.
+therefore takes exactly the steps an uninterrupted run takes: with the loop's own progress in its
+checkpoints (`checkpoint.py`), a run killed at any moment resumes to the same weights, metrics rows,
+final metrics and summary; one killed before its first checkpoint resumes from step 0.
 """
 
 from __future__ import annotations
@@ -124,12 +122,9 @@ class _Progress:
 
 
 def _format_metrics(metrics: dict[str, dict[str, float]]) -> str:
-    keys = ("r2", "accuracy", "loss")
-    parts = []
-    for split, values in metrics.items():
-        shown = [f"{key} {values[key]:.4f}" for key in keys if key in values][:2]
-        parts.append(f"{split}: {', '.join(shown)}")
-    return " | ".join(parts)
+    shown = {split: [f"{key} {values[key]:.4f}" for key in ("r2", "accuracy", "loss") if key in values][:2]
+             for split, values in metrics.items()}
+    return " | ".join(f"{split}: {', '.join(parts)}" for split, parts in shown.items())
 
 
 def train(
