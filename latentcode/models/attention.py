@@ -7,56 +7,29 @@
     out[q]         = sum_h z[q,h] W_O[h] + b_O
 
 sigma (`latentcode.models.normalization`): softmax over keys, rms over heads (HYLA), the identity
-(linear attention), or softmax then rms. The value network (`latentcode.models.value_network`)
-makes out[q] of one query, for example:
+(linear attention), or softmax then rms; the value networks: `latentcode.models.value_network`.
 
-    linear         out[q] = sum_k (sum_h a[h,q,k] W_O[h] W_V[h]) x_k  (+ biases)
-    hyper_relu     out[q] = sum_k (sum_h a[h,q,k] W_O[h]) relu(sum_h a[h,q,k] W_V[h] x_k)  (HYLA)
-
-Parameters carry TransformerLens's names and shapes: `W_Q, W_K` `[n_heads, d_model, d_head]`,
-`W_V` `[n_heads, d_model, d_head_v]`, `W_O` `[n_heads, d_head_v, d_model]`, `b_Q, b_K`
-`[n_heads, d_head]`, `b_V` `[n_heads, d_head_v]`, `b_O` `[d_model]`.
+Parameters carry TransformerLens's names and shapes (`W_Q` `[n_heads, d_model, d_head]`, ...: `__init__`).
 
 The scores, sigma and dropout are written once, in `latentcode.models.scores`, for every path.
-
 Attention dropout (training mode only) multiplies the latent codes after `hook_pattern`, so
-recorded codes are never dropped out. As in the authors' public configuration (Flax's
-`broadcast_dropout=True`), one dropout mask `[query, key]` is shared by all batch elements and
-heads of a forward pass: a dropped pair loses its whole latent code.
+recorded codes are never dropped out; as in the authors' configuration (Flax's
+`broadcast_dropout=True`), one mask `[query, key]` is shared by all batch elements and heads.
 
-Paths. `forward` writes the formulas above (the full path); on long sequences the same z comes
-blockwise (one block of queries at a time), through `F.scaled_dot_product_attention` (softmax) or
-in associative form (linear attention), all equal to float tolerance in outputs and gradients
-(`latentcode.models.attention_paths`); in training on short sequences it comes from one C kernel per
-batch element (`latentcode.models.fused_short`, the same numbers to float tolerance). `latentcode.models.path_policy`
-chooses from what sigma and the value network declare, the hooks attached, the length and the mode; `Attention.path`
-(default "auto") or the context manager `attention_path(model, path)` forces one. `query_block_size` (None:
-chosen so that a block's codes take about 2 MiB) sets the queries per block.
+Paths. `forward` writes the formulas above (the full path); `latentcode.models.path_policy` says
+which faster path (blockwise, sdpa, associative: `latentcode.models.attention_paths`; fused:
+`latentcode.models.fused_short`) computes the same z when, and which hooks force the full path.
+`Attention.path` (default "auto") or the context manager `attention_path(model, path)` forces one;
+`query_block_size` (None: chosen so that a block's codes take about 2 MiB) sets the queries per block.
 
-What each hook costs (hook points of this layer):
-
-    hook_q, hook_k, hook_v, hook_rot_q, hook_rot_k, hook_z
-                        nothing: [batch, pos, ...] tensors, whole in every path
-    hook_attn_scores, hook_pattern
-                        a `QueryBlockHook` (read only; the Recorder's site recording uses it):
-                        nothing, it reads each block `[batch, head, block, key]` with its first
-                        query (a causal block pads its masked keys: codes 0; a reader of the scores
-                        makes each block also score its masked keys). Any other hook (TransformerLens
-                        hooks, run_with_cache, interventions that edit codes, backward hooks): the
-                        full path, T^2 floats per batch element and head, forward and backward
-    value_network.hook_hidden, hook_hidden2 (hyper_*), or any hook on the value network module
-                        the full path, with whole hidden activations `[batch, query, key, d_head_v]`
-                        (T^2 d_head_v floats per batch element each, several kept for the backward)
-
-What the full path costs where a faster one exists (benchmarks/bench_long_sequences.py; 2 layers,
-d_model 256, 4 heads of width 64, batch 2, T=1024, causal, one forward+backward on one CPU
-thread): HYLA 3.0 GB and 5.7x the time of the blockwise path (0.09 GB; measured before the fused
-kernels of `fused_hyper`, which brought blockwise HYLA from 3.2x to 1.2x softmax's sdpa time);
-softmax 2.1x the memory and 1.6x the time of sdpa; linear 1.8x the memory and 1.8x the time of the
-associative form.
-
-Global module hooks (`torch.nn.modules.module.register_module_forward_hook` and friends) also
-select the full path: they would see blocks.
+What each hook costs: on hook_q, hook_k, hook_v, hook_rot_q, hook_rot_k, hook_z nothing (whole
+`[batch, pos, ...]` tensors in every path). On hook_attn_scores and hook_pattern a `QueryBlockHook`
+(read only; the Recorder's site recording uses it) costs nothing: it reads each block `[batch, head,
+block, key]` with its first query (a causal block pads its masked keys: codes 0; a reader of the
+scores makes each block also score its masked keys). Any other hook there (TransformerLens hooks,
+run_with_cache, interventions that edit codes, backward hooks), or any hook on the value network
+(hook_hidden, hook_hidden2), takes the full path: T^2 floats per batch element and head (T^2 d_head_v
+for the hidden activations), forward and backward.
 """
 
 from __future__ import annotations
@@ -70,6 +43,7 @@ from torch import Tensor, nn
 from latentcode.errors import LatentcodeError
 from latentcode.models.attention_paths import associative_z, blockwise_z, plan_blocks, sdpa_z
 from latentcode.models.config import ModelConfig
+from latentcode.models.feedforward import affine
 from latentcode.models.fused_short import short_attention
 from latentcode.models.hooks import HookPoint
 from latentcode.models.initializers import lecun_normal_
@@ -95,9 +69,8 @@ class Attention(nn.Module):
         self.W_Q = nn.Parameter(lecun_normal_(torch.empty(self.n_heads, d_model, self.d_head), d_model))
         self.W_K = nn.Parameter(lecun_normal_(torch.empty(self.n_heads, d_model, self.d_head), d_model))
         self.W_V = nn.Parameter(lecun_normal_(torch.empty(self.n_heads, d_model, self.d_head_v), d_model))
-        self.W_O = nn.Parameter(
-            lecun_normal_(torch.empty(self.n_heads, self.d_head_v, d_model), self.n_heads * self.d_head_v)
-        )
+        self.W_O = nn.Parameter(lecun_normal_(torch.empty(self.n_heads, self.d_head_v, d_model),
+                                              self.n_heads * self.d_head_v))
         self.b_Q = nn.Parameter(torch.zeros(self.n_heads, self.d_head))
         self.b_K = nn.Parameter(torch.zeros(self.n_heads, self.d_head))
         self.b_V = nn.Parameter(torch.zeros(self.n_heads, self.d_head_v))
@@ -109,17 +82,11 @@ class Attention(nn.Module):
         self.attn_dropout = config.attn_dropout
         self.rms_head_eps = config.rms_head_eps
 
-        self.relative_position_bias = (
-            RelativePositionBias(self.n_heads, config.n_ctx) if config.positions == "relative" else None
-        )
-        self.rotary = (
-            Rotary(self.d_head, config.n_ctx, config.rotary_base) if config.positions == "rotary" else None
-        )
-        if config.causal:
-            allowed = torch.ones(config.n_ctx, config.n_ctx, dtype=torch.bool).tril()
-            self.register_buffer("allowed", allowed, persistent=False)
-        else:
-            self.allowed = None
+        relative, rotary = config.positions == "relative", config.positions == "rotary"
+        self.relative_position_bias = RelativePositionBias(self.n_heads, config.n_ctx) if relative else None
+        self.rotary = Rotary(self.d_head, config.n_ctx, config.rotary_base) if rotary else None
+        allowed = torch.ones(config.n_ctx, config.n_ctx, dtype=torch.bool).tril() if config.causal else None
+        self.register_buffer("allowed", allowed, persistent=False)  # the keys each query may see, or None
 
         self.hook_q = HookPoint()  # [batch, pos, head, d_head]
         self.hook_k = HookPoint()  # [batch, pos, head, d_head]
@@ -141,9 +108,11 @@ class Attention(nn.Module):
         choice = choose_path(self, x.shape[1])  # latentcode.models.path_policy
         self.last_path = choice.path
         if choice.path == "full":
-            scores = self.hook_attn_scores(self.scores(q, k))  # [batch, head, query, key]
-            latent_codes = self.hook_pattern(self.sigma(scores))  # a = sigma(scores)
-            z = self.value_network(self.drop_out(latent_codes), v)  # [batch, query, head, d_head_v]
+            step = self.scores_to_codes()
+            scores = self.hook_attn_scores(step.scores(q, k))  # [batch, head, query, key]
+            latent_codes = self.hook_pattern(step.codes(scores))  # a = sigma(scores)
+            keep = self.dropout_mask(latent_codes.shape[-1], latent_codes)
+            z = self.value_network(drop_out(latent_codes, keep), v)  # [batch, query, head, d_head_v]
         else:  # the same z, never holding the whole [batch, head, query, key] tensors
             z = self.z_by_faster_path(choice, q, k, v)
         return self.project_out(self.hook_z(z))
@@ -158,49 +127,23 @@ class Attention(nn.Module):
             )
 
     def queries_keys_values(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k, v `[batch, pos, head, d]` through their hooks, q and k rotated where positions are rotary."""
-        q, k, v = self.project_qkv(x)
+        """q, k, v `[batch, pos, head, d]` of the attention input `[batch, pos, d_model]` through their hooks,
+        q and k rotated where positions are rotary. One matrix product for all three (the weights are
+        concatenated on the fly, a small copy)."""
+        batch, n_positions, d_model = x.shape
+        weight = torch.cat([w.permute(1, 0, 2).reshape(d_model, -1) for w in (self.W_Q, self.W_K, self.W_V)], dim=1)
+        bias = torch.cat([self.b_Q.reshape(-1), self.b_K.reshape(-1), self.b_V.reshape(-1)])
+        h = self.n_heads
+        q, k, v = affine(x, weight, bias).split([h * self.d_head, h * self.d_head, h * self.d_head_v], dim=-1)
+        q, k, v = (part.view(batch, n_positions, h, -1) for part in (q, k, v))
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         if self.rotary is not None:
             q, k = self.hook_rot_q(self.rotary(q)), self.hook_rot_k(self.rotary(k))
         return q, k, v
 
-    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys, values `[batch, pos, head, d]` from the attention input `[batch, pos, d_model]`.
-
-        One matrix product for all three (the weights are concatenated on the fly, a small copy).
-        """
-        batch, n_positions, d_model = x.shape
-        h, dk, dv = self.n_heads, self.d_head, self.d_head_v
-        weight = torch.cat(
-            [w.permute(1, 0, 2).reshape(d_model, -1) for w in (self.W_Q, self.W_K, self.W_V)], dim=1
-        )
-        bias = torch.cat([self.b_Q.reshape(-1), self.b_K.reshape(-1), self.b_V.reshape(-1)])
-        qkv = torch.addmm(bias, x.reshape(-1, d_model), weight).view(batch, n_positions, -1)
-        q, k, v = qkv.split([h * dk, h * dk, h * dv], dim=-1)
-        return (
-            q.view(batch, n_positions, h, dk),
-            k.view(batch, n_positions, h, dk),
-            v.view(batch, n_positions, h, dv),
-        )
-
-    def scores(self, q: Tensor, k: Tensor) -> Tensor:
-        """q . k / sqrt(d_head) + position bias `[batch, head, query, key]` of the whole sequence."""
-        return self.scores_to_codes().scores(q, k)
-
-    def sigma(self, scores: Tensor) -> Tensor:
-        """The latent codes `[batch, head, query, key]`: sigma(scores), masked pairs as sigma masks them."""
-        return self.scores_to_codes().codes(scores)
-
-    def drop_out(self, latent_codes: Tensor) -> Tensor:
-        """The latent codes times this pass's dropout mask (training only; unchanged otherwise)."""
-        return drop_out(latent_codes, self.dropout_mask(latent_codes.shape[-1], latent_codes))
-
     def project_out(self, z: Tensor) -> Tensor:
         """out[q] = sum_h z[q, h] W_O[h] + b_O `[batch, pos, d_model]` from z `[batch, pos, head, d_head_v]`."""
-        batch, n_positions = z.shape[:2]
-        out = torch.addmm(self.b_O, z.reshape(batch * n_positions, -1), self.W_O.reshape(-1, self.W_O.shape[-1]))
-        return out.view(batch, n_positions, -1)
+        return affine(z.flatten(2), self.W_O.reshape(-1, self.W_O.shape[-1]), self.b_O)
 
     def z_by_faster_path(self, choice: PathChoice, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """z `[batch, query, head, d_head_v]` through the blockwise, sdpa or associative path
@@ -220,8 +163,7 @@ class Attention(nn.Module):
                 self.normalization.fused_code, self.value_network.fused_code, self.rms_head_eps)
         plan = plan_blocks(self.value_network, self.n_heads, batch, n_positions, self.query_block_size,
                            choice.score_readers, choice.pattern_readers, fused=self.value_network.fuses(v))
-        return blockwise_z(self.scores_to_codes(), self.value_network, plan, q, k, v,
-                           self.dropout_mask(n_positions, q))
+        return blockwise_z(self.scores_to_codes(), self.value_network, plan, q, k, v, self.dropout_mask(n_positions, q))
 
     def scores_to_codes(self) -> ScoresToCodes:
         """This layer's scores -> sigma step (`latentcode.models.scores`), on its current device."""
@@ -255,10 +197,8 @@ class Attention(nn.Module):
     @query_block_size.setter
     def query_block_size(self, size: int | None) -> None:
         if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
-            raise AttentionPathError(
-                f"query_block_size must be a positive integer (queries per block) or None (chosen "
-                f"from the sequence length), got {size!r}"
-            )
+            raise AttentionPathError(f"query_block_size must be a positive integer (queries per block) or None (chosen "
+                                     f"from the sequence length), got {size!r}")
         self._query_block_size = size
 
 

@@ -1,30 +1,25 @@
 """The memory-efficient ways an attention layer computes z from its queries, keys and values.
 
 Each equals the full computation of `latentcode.models.attention` to float tolerance, in outputs
-and in gradients; `Attention` chooses among them (see its module docstring for when and why).
-Shapes: `q, k` `[batch, pos, head, d_head]`, `v` `[batch, pos, head, d_head_v]` (after rotary),
-`z` `[batch, query, head, d_head_v]`. Each takes what it needs of the layer as arguments: the
-scores -> sigma step (`latentcode.models.scores.ScoresToCodes`, shared with the full path), the
-value network, the head width, the position bias and the causal mask.
+and in gradients (`latentcode.models.path_policy` chooses among them). Shapes: `q, k`
+`[batch, pos, head, d_head]`, `v` `[batch, pos, head, d_head_v]` (after rotary), `z`
+`[batch, query, head, d_head_v]`.
 
 - `blockwise_z`: every variant. For one block of queries at a time: scores -> sigma -> dropout
-  -> value network -> z. Every score normalization acts within one query row (softmax over keys)
-  or one (query, key) pair (rms over heads), so a block of query rows is computed exactly as in
-  the full tensor; under a causal mask a block needs only the keys up to its last query (the
-  others are masked and contribute exactly zero). q and k are laid out `[batch * head, pos, d]`
-  once (`scores.by_head`), so that a block's scores are one batched product of slices and its
-  backward adds into the keys' gradient in place. The hyper value networks run fused C kernels
-  where they can (`latentcode.models.fused_hyper`: no per-pair tensor, one call per block); the
-  other value networks whose z is a sum over keys (all but `relu_linear`) split a block's keys
-  into tiles, so that a tile's hidden activations `[batch, query, key, d_head_v]` stay in cache.
-  With gradients, `BlockwiseAttention` (a custom autograd Function) stores only q, k, v (by head)
-  and the dropout mask and recomputes each block in the backward, so the forward+backward never
-  holds more than one block's tensors.
-- `sdpa_z`: softmax scores with the linear value network, through
-  `F.scaled_dot_product_attention` (no `[batch, head, query, key]` tensor on fused kernels).
+  -> value network -> z (`latentcode.models.scores.ScoresToCodes`, shared with the full path).
+  Every sigma acts within one query row or one (query, key) pair, so a block of query rows is
+  computed exactly as in the full tensor; under a causal mask a block needs only the keys up to its
+  last query. q and k are laid out `[batch * head, pos, d]` once (`scores.by_head`), so that a
+  block's scores are one batched product of slices and its backward adds into the keys' gradient in
+  place. The hyper value networks run fused C kernels where they can (`latentcode.models.fused_hyper`);
+  the other value networks whose z is a sum over keys split a block's keys into tiles, so that a
+  tile's hidden activations stay in cache. With gradients, `BlockwiseAttention` stores only q, k, v
+  and the dropout mask and recomputes each block in the backward: the forward+backward never holds
+  more than one block's tensors.
+- `sdpa_z`: softmax scores with the linear value network, through `F.scaled_dot_product_attention`.
 - `associative_z`: linear attention (identity sigma, linear value network, no position bias):
-  z_q = q_q (sum_k k_k^T v_k), and with a causal mask the same sum chunk by chunk (quadratic
-  inside a chunk, a running `[head, d_head, d_head_v]` state across chunks): O(T d^2), no T^2.
+  z_q = q_q (sum_k k_k^T v_k), and with a causal mask the same sum chunk by chunk (quadratic inside
+  a chunk, a running `[head, d_head, d_head_v]` state across chunks): O(T d^2), no T^2.
 """
 
 from __future__ import annotations
@@ -49,8 +44,7 @@ BLOCK_BYTES = 2 * 2**20
 FUSED_BLOCK_BYTES, FUSED_QUERY_BLOCK = 8 * 2**20, 64
 """With the fused kernels (`latentcode.models.fused_hyper`: nothing held per pair) a block holds up to
 64 queries, its codes up to 8 MiB: every block passes over the keys and values before it, and blocks of
-16 queries (the 2 MiB rule at T = 4096) made those passes dominate (bench_long_sequences.py: 12.5 s
-against 8.7 s a step at T = 4096)."""
+16 queries (the 2 MiB rule at T = 4096) made those passes dominate (bench_long_sequences.py)."""
 MIN_QUERY_BLOCK, MAX_QUERY_BLOCK, MIN_KEY_TILE = 8, 512, 16
 LINEAR_CHUNK = 64  # queries per chunk of causal linear attention
 
@@ -72,16 +66,9 @@ class BlockPlan:
     pattern_readers: tuple[Reader, ...] = ()
 
 
-def plan_blocks(
-    value_network: ValueNetwork,
-    n_heads: int,
-    batch: int,
-    n_positions: int,
-    query_block: int | None = None,
-    score_readers: Sequence[Reader] = (),
-    pattern_readers: Sequence[Reader] = (),
-    fused: bool = False,
-) -> BlockPlan:
+def plan_blocks(value_network: ValueNetwork, n_heads: int, batch: int, n_positions: int,
+                query_block: int | None = None, score_readers: Sequence[Reader] = (),
+                pattern_readers: Sequence[Reader] = (), fused: bool = False) -> BlockPlan:
     """Query blocks whose latent codes `[batch, n_heads, block, n_positions]`, and key tiles whose
     per-pair activations in `value_network`, take about `BLOCK_BYTES` each (tiles about square);
     `fused`: the value network's fused kernels compute the blocks (no tiles; blocks of up to
@@ -102,13 +89,8 @@ def plan_blocks(
     return BlockPlan(query_block, key_tile, tuple(score_readers), tuple(pattern_readers))
 
 
-# -- blockwise ---------------------------------------------------------------------------------
-
-
-def block_codes(
-    step: ScoresToCodes, queries_by_head: Tensor, keys_by_head: Tensor, batch: int, query_start: int,
-    query_end: int, n_keys: int, score_readers: Sequence[Reader] = (),
-) -> Tensor:
+def block_codes(step: ScoresToCodes, queries_by_head: Tensor, keys_by_head: Tensor, batch: int, query_start: int,
+                query_end: int, n_keys: int, score_readers: Sequence[Reader] = ()) -> Tensor:
     """Latent codes `[batch, head, block queries, n_keys]` of the queries `query_start:query_end`
     against keys `:n_keys`, from `queries_by_head` / `keys_by_head` (`by_head` of the scaled queries
     and of the keys); the score readers see the scores of every key of `keys_by_head`."""
@@ -125,8 +107,7 @@ def block_value_network(value_network: ValueNetwork, codes: Tensor, values: Tens
     tile by tile over keys (without gradients: the tiles' z are added in place)."""
     forward = value_network.forward_tile if value_network.has_tile_kernels else value_network
     n_keys = codes.shape[-1]
-    if not value_network.sums_over_keys or value_network.fuses(values):
-        key_tile = n_keys
+    key_tile = _key_tile(value_network, values, key_tile, n_keys)
     z = forward(codes[..., :key_tile], values[:, :key_tile])
     for key_start in range(key_tile, n_keys, key_tile):
         key_end = key_start + key_tile
@@ -134,27 +115,27 @@ def block_value_network(value_network: ValueNetwork, codes: Tensor, values: Tens
     return z
 
 
+def _key_tile(value_network: ValueNetwork, values: Tensor, key_tile: int, n_keys: int) -> int:
+    """Keys per tile of a block: all of them where z is no sum over keys or the fused kernels compute it."""
+    return n_keys if not value_network.sums_over_keys or value_network.fuses(values) else key_tile
+
+
 def query_blocks(n_positions: int, plan: BlockPlan, causal: bool) -> list[tuple[int, int, int]]:
     """`(query_start, query_end, n_keys)` of each block: a causal block needs keys `< query_end`."""
-    return [
-        (start, min(start + plan.query_block, n_positions), min(start + plan.query_block, n_positions)
-         if causal else n_positions)
-        for start in range(0, n_positions, plan.query_block)
-    ]
+    return [(start, min(start + plan.query_block, n_positions),
+             min(start + plan.query_block, n_positions) if causal else n_positions)
+            for start in range(0, n_positions, plan.query_block)]
 
 
-def blockwise_forward(
-    step: ScoresToCodes, value_network: ValueNetwork, plan: BlockPlan, queries_by_head: Tensor,
-    keys_by_head: Tensor, v: Tensor, keep: Tensor | None,
-) -> Tensor:
+def blockwise_forward(step: ScoresToCodes, value_network: ValueNetwork, plan: BlockPlan, queries_by_head: Tensor,
+                      keys_by_head: Tensor, v: Tensor, keep: Tensor | None) -> Tensor:
     """z without a graph, block by block; `queries_by_head`, `keys_by_head` `[batch * head, pos, d_head]`
     (`by_head` of the scaled queries and of the keys), `keep` `[1, 1, query, key]`: the dropout mask or None."""
     batch, n_positions = v.shape[:2]
     z_blocks = []
     for query_start, query_end, n_keys in query_blocks(n_positions, plan, step.allowed is not None):
-        codes = block_codes(
-            step, queries_by_head, keys_by_head, batch, query_start, query_end, n_keys, plan.score_readers
-        )
+        codes = block_codes(step, queries_by_head, keys_by_head, batch, query_start, query_end, n_keys,
+                            plan.score_readers)
         if plan.pattern_readers:
             # Masked keys after the block's last query have the code 0 exactly, as in the full path.
             every_key = codes if n_keys == n_positions else F.pad(codes, (0, n_positions - n_keys))
@@ -170,9 +151,8 @@ def _gradients(output: Tensor, inputs: Sequence[Tensor], grad_output: Tensor) ->
     wanted = [index for index, tensor in enumerate(inputs) if tensor.requires_grad]
     gradients: list[Tensor | None] = [None] * len(inputs)
     if wanted and output.requires_grad:
-        found = torch.autograd.grad(
-            output, [inputs[index] for index in wanted], grad_output.to(output.dtype), allow_unused=True
-        )
+        found = torch.autograd.grad(output, [inputs[index] for index in wanted], grad_output.to(output.dtype),
+                                    allow_unused=True)
         for index, gradient in zip(wanted, found, strict=True):
             gradients[index] = gradient
     return gradients
@@ -217,42 +197,37 @@ class BlockwiseAttention(torch.autograd.Function):
         grad_score_parameters: list[Tensor | None] = [None] * len(score_parameters)
         grad_value_parameters: list[Tensor | None] = [None] * len(value_parameters)
 
-        def recompute():
-            return torch.enable_grad(), torch.autocast(device_type, autocast_dtype, enabled=autocast_enabled)
+        def autocast():  # the forward's autocast, for each recomputation
+            return torch.autocast(device_type, autocast_dtype, enabled=autocast_enabled)
 
         for query_start, query_end, n_keys in query_blocks(n_positions, plan, step.allowed is not None):
             grad_z_block = grad_z[:, query_start:query_end]
-            with recompute()[1]:
+            with autocast():
                 product = step.product_block(queries_by_head, keys_by_head, batch, query_start, query_end, n_keys)
-            grad_mode, autocast = recompute()
-            with grad_mode, autocast:
+            with torch.enable_grad(), autocast():
                 # q . k differentiated by hand below (batched products that add into grad_keys in place)
                 product = product.detach().requires_grad_(need_q or need_k)
                 codes = step.codes(step.with_position_bias(product, query_start), query_start)
                 codes = drop_out(codes, None if keep is None else keep[..., query_start:query_end, :n_keys])
             codes_detached = codes.detach()
-            with recompute()[1]:  # the fused kernels do not run under autocast
-                whole_block = not value_network.sums_over_keys or value_network.fuses(v)
-            key_tile = n_keys if whole_block else plan.key_tile
+            with autocast():  # the fused kernels do not run under autocast
+                key_tile = _key_tile(value_network, v, plan.key_tile, n_keys)
             # d codes: the one tile's gradient where the block is one tile, else filled tile by tile
             grad_codes = torch.empty_like(codes_detached) if codes.requires_grad and key_tile < n_keys else None
             for key_start in range(0, n_keys, key_tile):
                 key_end = min(key_start + key_tile, n_keys)
                 if value_network.has_tile_kernels:  # written-out backward, no graph; adds to grad_v
-                    with recompute()[1]:
+                    with autocast():
                         tile_codes_grad, _ = value_network.backward_tile(
                             codes_detached[..., key_start:key_end], v[:, key_start:key_end], grad_z_block,
-                            grad_v[:, key_start:key_end] if need_v else None,
-                        )
+                            grad_v[:, key_start:key_end] if need_v else None)
                 else:
-                    grad_mode, autocast = recompute()
-                    with grad_mode, autocast:
+                    with torch.enable_grad(), autocast():
                         tile_codes = codes_detached[..., key_start:key_end].detach().requires_grad_(codes.requires_grad)
                         tile_values = v[:, key_start:key_end].detach().requires_grad_(need_v)
                         z_tile = value_network(tile_codes, tile_values)
                     tile_codes_grad, tile_values_grad, *parameters_grad = _gradients(
-                        z_tile, [tile_codes, tile_values, *value_parameters], grad_z_block
-                    )
+                        z_tile, [tile_codes, tile_values, *value_parameters], grad_z_block)
                     if tile_values_grad is not None:
                         grad_v[:, key_start:key_end] += tile_values_grad
                     _accumulate(grad_value_parameters, parameters_grad)
@@ -271,11 +246,9 @@ class BlockwiseAttention(torch.autograd.Function):
                     if need_k:  # d k += d product^T . q / sqrt(d_head)
                         grad_keys[:, :n_keys].baddbmm_(product_grad.transpose(1, 2),
                                                        queries_by_head[:, query_start:query_end])
-        grad_q = grad_k = None
-        if need_q:
-            grad_q = grad_queries.view(batch, n_heads, n_positions, -1).transpose(1, 2) * score_scale(step.d_head)
-        if need_k:
-            grad_k = grad_keys.view(batch, n_heads, n_positions, -1).transpose(1, 2)
+        by_position = (batch, n_heads, n_positions, -1)
+        grad_q = grad_queries.view(by_position).transpose(1, 2) * score_scale(step.d_head) if need_q else None
+        grad_k = grad_keys.view(by_position).transpose(1, 2) if need_k else None
         return (None, None, None, grad_q, grad_k, grad_v, None, *grad_score_parameters, *grad_value_parameters)
 
 
@@ -288,10 +261,8 @@ def block_parameters(step: ScoresToCodes, value_network: ValueNetwork) -> tuple[
 # torch.compile would unroll every block and tile into one graph: 9 minutes of compilation for a
 # HYLA model at T=1024 and no faster step (benchmarks/bench_long_sequences.py); it runs eagerly.
 @torch.compiler.disable
-def blockwise_z(
-    step: ScoresToCodes, value_network: ValueNetwork, plan: BlockPlan, q: Tensor, k: Tensor, v: Tensor,
-    keep: Tensor | None,
-) -> Tensor:
+def blockwise_z(step: ScoresToCodes, value_network: ValueNetwork, plan: BlockPlan, q: Tensor, k: Tensor, v: Tensor,
+                keep: Tensor | None) -> Tensor:
     """z computed block by block (`step`: scores -> sigma, then `value_network`, `keep`: the dropout
     mask `[1, 1, query, key]` or None); through `BlockwiseAttention` where gradients are needed."""
     score_parameters, value_parameters = block_parameters(step, value_network)
@@ -302,12 +273,8 @@ def blockwise_z(
         return blockwise_forward(step, value_network, plan, by_head(q, score_scale(step.d_head)), by_head(k), v, keep)
 
 
-# -- softmax through scaled_dot_product_attention ---------------------------------------------------
-
-
-def sdpa_z(
-    q: Tensor, k: Tensor, v: Tensor, d_head: int, position_bias: Tensor | None = None, allowed: Tensor | None = None
-) -> Tensor:
+def sdpa_z(q: Tensor, k: Tensor, v: Tensor, d_head: int, position_bias: Tensor | None = None,
+           allowed: Tensor | None = None) -> Tensor:
     """softmax(q k^T / sqrt(d_head) + position_bias, masked) v through `F.scaled_dot_product_attention`;
     `position_bias` `[head, query, key]` or None, `allowed` the causal mask `[query, key]` or None.
     Without dropout (the layer's dropout is one [query, key] mask shared by batch and heads, which
@@ -318,19 +285,13 @@ def sdpa_z(
         if causal:
             bias = bias.masked_fill(~allowed, float("-inf"))
         bias = bias.to(q.dtype)
-    z = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        attn_mask=bias, is_causal=causal and bias is None, scale=score_scale(d_head),
-    )
+    z = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias,
+                                       is_causal=causal and bias is None, scale=score_scale(d_head))
     return z.transpose(1, 2)
 
 
-# -- linear attention in associative form -----------------------------------------------------------
-
-
-def associative_z(
-    q: Tensor, k: Tensor, v: Tensor, d_head: int, allowed: Tensor | None = None, chunk: int | None = None
-) -> Tensor:
+def associative_z(q: Tensor, k: Tensor, v: Tensor, d_head: int, allowed: Tensor | None = None,
+                  chunk: int | None = None) -> Tensor:
     """z[q] = sum_k (q_q . k_k / sqrt(d_head)) v_k (keys k <= q when causal: `allowed`, the causal mask
     `[query, key]`, is not None) without the [query, key] scores of the whole sequence; `chunk`
     queries per chunk when causal (None: `LINEAR_CHUNK`)."""

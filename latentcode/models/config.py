@@ -68,32 +68,19 @@ def resolve_attention(attention: str | tuple[str, str] | list[str]) -> tuple[str
         elif "+" in attention:
             attention = tuple(attention.split("+", 1))
         else:
-            raise ConfigError(
-                f"unknown attention preset {attention!r}; valid presets: "
-                f"{', '.join(ATTENTION_PRESETS)}; or give a pair '<normalization>+<value_network>' "
-                f"with normalization in {normalizations} and value network in {value_networks}"
-            )
+            raise ConfigError(f"unknown attention preset {attention!r}; valid presets: "
+                              f"{', '.join(ATTENTION_PRESETS)}; or give a pair '<normalization>+<value_network>' "
+                              f"with normalization in {normalizations} and value network in {value_networks}")
     if not isinstance(attention, (tuple, list)) or len(attention) != 2:
         raise ConfigError(
             f"attention must be a preset name or a (normalization, value_network) pair, got {attention!r}"
         )
     normalization, value_network = attention
     if normalization not in normalizations:
-        raise ConfigError(
-            f"unknown score normalization {normalization!r}; expected one of {normalizations}"
-        )
+        raise ConfigError(f"unknown score normalization {normalization!r}; expected one of {normalizations}")
     if value_network not in value_networks:
         raise ConfigError(f"unknown value network {value_network!r}; expected one of {value_networks}")
     return normalization, value_network
-
-
-def attention_name(attention: str | tuple[str, str]) -> str:
-    """The preset name of an attention choice if it has one, else `"<normalization>+<value_network>"`."""
-    pair = resolve_attention(attention)
-    for name, preset_pair in ATTENTION_PRESETS.items():
-        if preset_pair == pair:
-            return name
-    return "+".join(pair)
 
 
 @dataclass(frozen=True)
@@ -155,7 +142,9 @@ class ModelConfig:
 
     @property
     def attention_name(self) -> str:
-        return attention_name(self.attention)
+        """The preset name of this attention if it has one, else `"<normalization>+<value_network>"`."""
+        pair = resolve_attention(self.attention)
+        return next((name for name, preset_pair in ATTENTION_PRESETS.items() if preset_pair == pair), "+".join(pair))
 
     @property
     def output_dim(self) -> int:
@@ -166,13 +155,8 @@ class ModelConfig:
         f = self.width_factor
         n_heads = self.n_heads * f
         v_dim = self.kqv_dim if self.v_dim is None else self.v_dim
-        return ModelSizes(
-            d_model=self.d_model * f,
-            n_heads=n_heads,
-            d_head=self.kqv_dim * f // n_heads,
-            d_head_v=v_dim * f // n_heads,
-            d_mlp=self.d_mlp * f,
-        )
+        return ModelSizes(d_model=self.d_model * f, n_heads=n_heads, d_head=self.kqv_dim * f // n_heads,
+                          d_head_v=v_dim * f // n_heads, d_mlp=self.d_mlp * f)
 
     # -- validation ----------------------------------------------------------------------------
     def validate(self) -> None:
@@ -191,12 +175,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        known = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(
-                f"unknown ModelConfig field(s) {unknown}; valid fields: {sorted(known)}"
-            )
+        check_field_names(cls, data)
         return cls(**data)
 
     @classmethod
@@ -208,6 +187,20 @@ class ModelConfig:
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
+
+
+def check_field_names(cls: type, data: dict[str, Any]) -> None:
+    """Refuse keys of `data` that are no field of the dataclass `cls`, and fields it requires that are missing."""
+    fields = dataclasses.fields(cls)
+    known = {field.name for field in fields}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"unknown {cls.__name__} field(s) {unknown}; valid fields: {sorted(known)}")
+    required = {field.name for field in fields
+                if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING}
+    if required - set(data):
+        raise ConfigError(f"missing {cls.__name__} field(s) {sorted(required - set(data))}; required: "
+                          f"{sorted(required)}")
 
 
 def check_fields(config) -> None:
@@ -228,16 +221,12 @@ def check_fields(config) -> None:
         positive_int("n_experts")
         positive_int("top_k_experts")
         if config.top_k_experts > config.n_experts:
-            raise ConfigError(
-                f"top_k_experts={config.top_k_experts} exceeds n_experts={config.n_experts}"
-            )
+            raise ConfigError(f"top_k_experts={config.top_k_experts} exceeds n_experts={config.n_experts}")
     if config.positions not in POSITIONS:
         raise ConfigError(f"unknown positions {config.positions!r}; expected one of {POSITIONS}")
     if (config.d_in is None) == (config.d_vocab is None):
-        raise ConfigError(
-            f"give exactly one of d_in (continuous or one-hot tokens) and d_vocab (integer "
-            f"tokens), got d_in={config.d_in!r}, d_vocab={config.d_vocab!r}"
-        )
+        raise ConfigError(f"give exactly one of d_in (continuous or one-hot tokens) and d_vocab (integer "
+                          f"tokens), got d_in={config.d_in!r}, d_vocab={config.d_vocab!r}")
     for name in ("d_in", "d_vocab", "d_out"):
         if getattr(config, name) is not None:
             positive_int(name)
@@ -256,20 +245,13 @@ def _check_head_widths(config) -> None:
     for name, total in (("kqv_dim", config.kqv_dim), ("v_dim", v_dim)):
         scaled = total * config.width_factor
         if scaled % scaled_heads:
-            scaled_note = (
-                f" (after width_factor={config.width_factor}: {scaled} and {scaled_heads})"
-                if config.width_factor != 1
-                else ""
-            )
-            raise ConfigError(
-                f"{name}={total} is not divisible by n_heads={config.n_heads}{scaled_note}: "
-                f"{name} is the total width over heads"
-            )
+            after = f" (after width_factor={config.width_factor}: {scaled} and {scaled_heads})"
+            scaled_note = after if config.width_factor != 1 else ""
+            raise ConfigError(f"{name}={total} is not divisible by n_heads={config.n_heads}{scaled_note}: "
+                              f"{name} is the total width over heads")
     if config.positions == "rotary" and (config.kqv_dim // config.n_heads) % 2:
-        raise ConfigError(
-            f"rotary positions need an even head width, got d_head={config.kqv_dim // config.n_heads} "
-            f"(kqv_dim={config.kqv_dim} / n_heads={config.n_heads})"
-        )
+        raise ConfigError(f"rotary positions need an even head width, got d_head={config.kqv_dim // config.n_heads} "
+                          f"(kqv_dim={config.kqv_dim} / n_heads={config.n_heads})")
 
 
 def check_model_config(data: Any) -> None:
@@ -277,15 +259,8 @@ def check_model_config(data: Any) -> None:
     object of known fields, none missing, each as `check_fields` wants it; a preset's name known."""
     if not isinstance(data, dict):
         raise ConfigError(f"it holds a JSON {type(data).__name__}; expected an object of ModelConfig fields")
-    fields = {field.name: field for field in dataclasses.fields(ModelConfig)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown ModelConfig field(s) {unknown}; valid fields: {sorted(fields)}")
-    missing = [name for name, field in fields.items() if name not in data
-               and field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING]
-    if missing:
-        raise ConfigError(f"missing ModelConfig field(s) {missing}")
-    values = {name: data.get(name, field.default) for name, field in fields.items()}
+    check_field_names(ModelConfig, data)
+    values = {field.name: data.get(field.name, field.default) for field in dataclasses.fields(ModelConfig)}
     check_fields(SimpleNamespace(**values))
     attention = values["attention"]
     if isinstance(attention, str) and "+" not in attention and attention not in ATTENTION_PRESETS:

@@ -1,10 +1,8 @@
 """Feed-forward layers: a one-hidden-layer GELU MLP (default) or a top-k mixture of such MLPs.
 
-GELU uses the tanh approximation, Flax's default and so the authors'. In training mode (float32 on
-the CPU) it runs as fused C kernels (`latentcode.models.fused_gelu`: the same function to float32
-tolerance, faster forward and backward); in evaluation mode always as `F.gelu`, the computation
-that produced the shipped results. Parameter names follow TransformerLens: `W_in` `[d_model,
-d_mlp]`, `b_in`, `W_out` `[d_mlp, d_model]`, `b_out`, and for the mixture the router `W_gate`
+GELU uses the tanh approximation, Flax's default and so the authors' (in training, float32 on the
+CPU, through `latentcode.models.fused_gelu`). Parameter names follow TransformerLens: `W_in`
+`[d_model, d_mlp]`, `b_in`, `W_out` `[d_mlp, d_model]`, `b_out`, and the router's `W_gate`
 `[d_model, n_experts]`.
 """
 
@@ -19,6 +17,11 @@ from latentcode.models.hooks import HookPoint
 from latentcode.models.initializers import lecun_normal_
 
 
+def affine(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """x W + b `[..., d_out]` of `x` `[..., d_in]`, `weight` `[d_in, d_out]`: one matrix product (addmm)."""
+    return torch.addmm(bias, x.reshape(-1, x.shape[-1]), weight).view(*x.shape[:-1], -1)
+
+
 class MLP(nn.Module):
     def __init__(self, d_model: int, d_mlp: int):
         super().__init__()
@@ -31,12 +34,10 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: `[..., d_model]` -> `[..., d_model]`."""
-        leading = x.shape[:-1]
-        pre = torch.addmm(self.b_in, x.reshape(-1, x.shape[-1]), self.W_in).view(*leading, -1)
-        pre = self.hook_pre(pre)
+        pre = self.hook_pre(affine(x, self.W_in, self.b_in))
         fused = self.training and fused_gelu.available(pre)
         post = self.hook_post(fused_gelu.gelu(pre) if fused else F.gelu(pre, approximate="tanh"))
-        return torch.addmm(self.b_out, post.reshape(-1, post.shape[-1]), self.W_out).view(x.shape)
+        return affine(post, self.W_out, self.b_out)
 
 
 class MixtureOfExperts(nn.Module):

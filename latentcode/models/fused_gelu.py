@@ -3,33 +3,25 @@
     gelu(x)  = 0.5 x (1 + tanh(z / 2)) = x sigmoid(z),    z = 2c (x + k x^3),  c = sqrt(2 / pi), k = 0.044715
     gelu'(x) = s + x s (1 - s) z'(x),                      s = sigmoid(z),      z'(x) = 2c (1 + 3 k x^2)
 
-torch's `F.gelu(x, approximate="tanh")` and its backward are slow on this CPU (its tanh is not
-vectorized here): 4.5 ms forward and 4.7 ms backward for `[4608, 256]` where a multiply takes 0.2 to
-0.4 ms, 36 ms of a 430 ms SRAVEN training step; these kernels take 1.3 ms and 1.6 ms (one thread).
-Each float is read once and written once per pass, eight at a time in one AVX2 register, without a
-libm call: sigmoid through exp(-|z|) computed as Cephes' expf
-(n = rint(t log2 e), r = t - n ln 2 in two parts, a degree-6 polynomial, 2^n through the exponent
-bits), so that nothing overflows:
+torch's `F.gelu(x, approximate="tanh")` and its backward are slow on CPUs where its tanh is not
+vectorized (benchmarks/results/kernels_vs_compile_gelu_busy.txt). These kernels (`kernels_gelu.h`,
+the operators `latentcode::gelu_tanh` and `latentcode::gelu_tanh_backward` of
+`latentcode.models.kernel_ops`; this module registers their fake implementations and autograd
+formula) read and write each float once per pass, eight at a time in one AVX2 register, without a
+libm call: sigmoid through exp(-|z|) (Cephes' expf), so that nothing overflows:
 
     e = exp(-|z|),  d = 1 / (1 + e),  s = d (z >= 0) or e d (z < 0),  s (1 - s) = e d^2
 
-Large |x| gives the limits (gelu(20) = 20, gelu(-20) = -0, gelu'(20) = 1, gelu'(-20) = 0, also for
-+-inf); NaN stays NaN. Where exp(-|z|) falls below float32's smallest normal (|x| > ~10) it is
-taken as 0: no denormals, no slow microcode. The sigmoid form has no cancellation: where torch's
-`1 + tanh` rounds to 0 (x < ~-5.2) it still gives gelu's tiny negative values.
+Large |x| gives the limits (also for +-inf); NaN stays NaN; exp(-|z|) below float32's smallest
+normal is taken as 0 (no denormals). The sigmoid form has no cancellation where torch's `1 + tanh`
+rounds to 0 (x < ~-5.2). Big tensors are split over `torch.get_num_threads()` OpenMP threads; every
+float is computed the same way wherever a split falls, so the numbers do not depend on the threads.
 
-The kernels (`kernels_gelu.h`) are the operators `latentcode::gelu_tanh` and
-`latentcode::gelu_tanh_backward` of the extension `latentcode.models.kernel_ops`; this module
-registers their fake implementations and the autograd formula. Big tensors are split over
-`torch.get_num_threads()` of torch's OpenMP threads in parts of at least 65,536 floats on 64-byte
-lines; every float is computed the same way wherever a split falls, so the numbers do not depend on
-the thread count.
-
-Used by `MLP.forward` only in training mode, float32 on the CPU, no autocast (torch.compile included:
-the operators stay in its graph), and where the extension is loaded; elsewhere, and under
-`use_fused(False)` (before / after measurements), `F.gelu(..., approximate="tanh")`. Evaluation thus
-stays bit for bit the computation of the shipped results. Values and gradients equal a float64
-evaluation of the formulas within float32 tolerance (tests/models/test_fused_gelu.py).
+Used by `MLP.forward` only in training mode, float32 on the CPU, no autocast (torch.compile keeps
+the operators in its graph), and where the extension is loaded; elsewhere, and under
+`use_fused(False)`, `F.gelu(..., approximate="tanh")`: evaluation stays bit for bit the computation
+of the shipped results. Values and gradients equal a float64 evaluation of the formulas within
+float32 tolerance (tests/models/test_fused_gelu.py).
 """
 
 from __future__ import annotations
@@ -41,20 +33,13 @@ from torch.nn import functional as F
 from latentcode.models.kernel_ops import EXTENSION, Kernel, loaded, ops
 
 KERNELS = Kernel("fused_gelu")
-
-
-def use_fused(enabled: bool):
-    """Within the block, the MLP in training uses the fused kernels (True) or `F.gelu` (False)."""
-    return KERNELS.switched(enabled)
+use_fused = KERNELS.switched  # use_fused(False): within the block, the MLP in training takes `F.gelu`
 
 
 def available(x: Tensor) -> bool:
     """Whether the fused kernels compute gelu of `x`: float32 on the CPU, no autocast, and the extension loaded
     (also under torch.compile: the kernels are operators it keeps in its graph)."""
-    return (
-        KERNELS.enabled and x.dtype == torch.float32 and x.device.type == "cpu"
-        and not torch.is_autocast_enabled("cpu") and loaded()
-    )
+    return KERNELS.enabled and not torch.is_autocast_enabled("cpu") and _applies(x)
 
 
 def _applies(x: Tensor) -> bool:
@@ -71,11 +56,7 @@ def backward(x: Tensor, grad_y: Tensor) -> Tensor:
     return ops().gelu_tanh_backward(x.contiguous(), grad_y.contiguous())
 
 
-def _fake(x: Tensor) -> Tensor:
-    return x.new_empty(x.shape)
-
-
-def _fake_backward(x: Tensor, grad_y: Tensor) -> Tensor:
+def _fake(x: Tensor, *grad_y: Tensor) -> Tensor:  # of both operators: a tensor like x
     return x.new_empty(x.shape)
 
 
@@ -95,7 +76,7 @@ def _gelu_gradient(ctx, grad_y: Tensor) -> Tensor:
 
 def _register() -> None:
     torch.library.register_fake("latentcode::gelu_tanh", _fake)
-    torch.library.register_fake("latentcode::gelu_tanh_backward", _fake_backward)
+    torch.library.register_fake("latentcode::gelu_tanh_backward", _fake)
     torch.library.register_autograd("latentcode::gelu_tanh", _gelu_gradient, setup_context=_save_input)
 
 

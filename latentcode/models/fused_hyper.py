@@ -11,19 +11,16 @@ backward:
     dv[k, h]   += sum_q a[h, q, k] g[q, k]
 
 The batched-matrix-product kernels (`HyperValueNetwork.forward_tile` / `backward_tile`) write u, its
-relu and their gradients out as `[key, query, d_head_v]` tensors, about ten passes over T^2 d_head_v
-floats per layer; a product with 4 heads as its inner dimension also runs far below a core's speed.
-Here each (q, k) pair's u lives in registers, one chunk of 8 of its d_head_v floats at a time
-(one AVX2 register; the compiler vectorizes the fixed-width loops).
+relu and their gradients out as `[key, query, d_head_v]` tensors; here each (q, k) pair's u lives in
+registers, 8 of its d_head_v floats at a time (one AVX2 register).
 
 The kernels (`kernels_hyper.h`) are the operators `latentcode::hyper_values` and
-`latentcode::hyper_values_backward` of the extension `latentcode.models.kernel_ops`; this module
-registers their fake implementations and the autograd formula (the blockwise path calls both
-directly, its backward written out). Where the extension is not loaded, or the tensors are not
-float32 on the CPU with d_head_v a multiple of 8 and at most `MAX_HEADS` heads, `available` says no
-and the value network uses its batched-product kernels (the same numbers to float tolerance:
-tests/models/test_fused_hyper.py). `use_fused(False)` turns it off (for before /
-after measurements: benchmarks/bench_long_sequences.py --hyla-kernel bmm).
+`latentcode::hyper_values_backward` of `latentcode.models.kernel_ops`; this module registers their
+fake implementations and autograd formula (the blockwise path calls both directly). Where the
+extension is not loaded, or the tensors are not float32 on the CPU with d_head_v a multiple of 8 and
+at most `MAX_HEADS` heads, `available` says no and the value network uses its batched-product
+kernels (the same numbers to float tolerance: tests/models/test_fused_hyper.py). `use_fused(False)`
+turns it off (benchmarks/bench_long_sequences.py --hyla-kernel bmm).
 """
 
 from __future__ import annotations
@@ -40,33 +37,18 @@ KEY_TILE = 64
 while each query of the block passes over them."""
 
 KERNELS = Kernel("fused_hyper")
-
-
-def library():
-    """`torch.ops.latentcode` where the kernels are loaded, else None (`build_failure()` says why)."""
-    return KERNELS.load()
-
-
-def build_failure() -> str | None:
-    """Why the kernels are not loaded, or None."""
-    return KERNELS.failure()
-
-
-def use_fused(enabled: bool):
-    """Within the block, the hyper value networks use the fused kernels (True) or the batched-product
-    ones (False)."""
-    return KERNELS.switched(enabled)
+library = KERNELS.load  # `torch.ops.latentcode` where the kernels are loaded, else None (`build_failure()` says why)
+build_failure = KERNELS.failure  # why the kernels are not loaded, or None
+use_fused = KERNELS.switched  # use_fused(False): within the block, the hyper value networks take batched products
 
 
 def available(values: Tensor) -> bool:
     """Whether the fused kernels compute these values `[batch, key, head, d_head_v]` (and latent codes
     of their dtype): float32 on the CPU, d_head_v a multiple of `CHUNK`, at most `MAX_HEADS` heads, no
     autocast to another dtype, and the extension loaded."""
-    return (
-        KERNELS.enabled and values.dtype == torch.float32 and values.device.type == "cpu"
-        and values.shape[-1] % CHUNK == 0 and values.shape[-2] <= MAX_HEADS
-        and not torch.is_autocast_enabled("cpu") and loaded()
-    )
+    return (KERNELS.enabled and values.dtype == torch.float32 and values.device.type == "cpu"
+            and values.shape[-1] % CHUNK == 0 and values.shape[-2] <= MAX_HEADS
+            and not torch.is_autocast_enabled("cpu") and loaded())
 
 
 def _value_layout(values: Tensor) -> Tensor:
@@ -82,16 +64,10 @@ def forward(latent_codes: Tensor, values: Tensor, relu: bool) -> Tensor:
     return ops().hyper_values(latent_codes.contiguous(), _value_layout(values), relu, KEY_TILE)
 
 
-def backward(latent_codes: Tensor, values: Tensor, grad_z: Tensor, relu: bool,
-             grad_values: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """`(d codes, d values)` of `sum(forward(...) * grad_z)`; the values' gradient is added to
-    `grad_values` (of shape `values.shape`) where given."""
-    grad_codes, tile_grad_values = ops().hyper_values_backward(
-        latent_codes.contiguous(), _value_layout(values), grad_z.contiguous(), relu, KEY_TILE)
-    if grad_values is None:
-        return grad_codes, tile_grad_values
-    grad_values += tile_grad_values
-    return grad_codes, grad_values
+def backward(latent_codes: Tensor, values: Tensor, grad_z: Tensor, relu: bool) -> tuple[Tensor, Tensor]:
+    """`(d codes, d values)` of `sum(forward(...) * grad_z)`."""
+    return ops().hyper_values_backward(latent_codes.contiguous(), _value_layout(values), grad_z.contiguous(), relu,
+                                       KEY_TILE)
 
 
 def _fake(codes: Tensor, values: Tensor, relu: bool, key_tile: int) -> Tensor:

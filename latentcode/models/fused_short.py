@@ -12,32 +12,22 @@ full path of `latentcode.models.attention` computes, one query row at a time:
                                                                       hyper_linear without the relu)
 
 It writes z and nothing else: the backward computes each row's codes again (cheaper than writing a
-`[batch, head, query, key]` tensor out and reading it back, and nothing of that size is held between
-forward and backward), then applies the chain rule of the same formulas row by row and adds into the
-keys', values' and position bias's gradients. The full path writes and reads about fifteen such
-tensors per layer and step (scores, bias sum, softmax, dropout, the batched products that run far
-below a core's speed with 2 or 4 as their inner dimension, and their gradients), which took about
-half of a SRAVEN training step (benchmarks/bench_model_step.py, modes eager and full).
+`[batch, head, query, key]` tensor out and reading it back) and applies the chain rule of the same
+formulas row by row, adding into the keys', values' and position bias's gradients. The full path
+writes and reads about fifteen such tensors per layer and step (benchmarks/bench_model_step.py,
+modes eager and full).
 
-Why training only: the shipped checkpoints were trained through the full path, and evaluation keeps
-it, so the shipped results are reproduced bit for bit; this path gives the same numbers to float
-tolerance (tests/models/test_fused_short.py) and is chosen by `latentcode.models.path_policy` only
-in training mode, below `AUTO_MIN_POSITIONS` positions, with no hook that reads scores, codes or the
-value network's activations, float32 on the CPU, a sigma and a value network that declare a kernel
-code (`ScoreNormalization.fused_code`, `ValueNetwork.fused_code`), and the extension loaded
-(`latentcode.models.kernel_ops`; without it the full path runs). torch.compile keeps the operators
-in its graph.
+Training only: evaluation keeps the full path that trained the shipped checkpoints, so their results
+are reproduced bit for bit; this path gives the same numbers to float tolerance
+(tests/models/test_fused_short.py). `latentcode.models.path_policy` says when it is chosen.
 
 The kernels (`kernels_short.h`) are the operators `latentcode::short_attention` and
-`latentcode::short_attention_backward`; this module registers their fake implementations and the
-autograd formula. Every loop over keys runs over whole 8-float vectors (GCC/Clang vector extensions:
-AVX2 with `-march=native`) of rows padded with masked keys. The shapes of the paper's training
-batches (SRAVEN's T=36 with 16 heads of 4, fuzzy logic's T=32 with 8 heads of 2) run a copy compiled
-for them, whose loops the compiler unrolls (`shaped=False` takes the generic one).
-
-Threads: the batch is split over `torch.get_num_threads()` of torch's OpenMP threads; each part has
-its own position-bias gradient, added in a fixed order: the same numbers for the same number of
-threads.
+`latentcode::short_attention_backward` of `latentcode.models.kernel_ops`; this module registers their
+fake implementations and autograd formula. Every loop over keys runs over whole 8-float vectors of
+rows padded with masked keys. The shapes of the paper's training batches (SRAVEN's T=36 with 16
+heads of 4, fuzzy logic's T=32 with 8 heads of 2) run a copy compiled for them (`shaped=False` takes
+the generic one). The batch is split over `torch.get_num_threads()` OpenMP threads, each part with
+its own position-bias gradient, added in a fixed order: the same numbers for the same threads.
 """
 
 from __future__ import annotations
@@ -55,12 +45,7 @@ MAX_POSITIONS = 256
 """The kernel keeps a query row of every head on the stack-sized scratch; longer sequences take other paths."""
 
 KERNELS = Kernel("fused_short")
-
-
-def use_fused(enabled: bool):
-    """Within the block, training takes this path where it can (True) or the full path (False): for
-    before / after measurements (benchmarks/bench_model_step.py --modes)."""
-    return KERNELS.switched(enabled)
+use_fused = KERNELS.switched  # use_fused(False): within the block, training takes the full path
 
 
 def why_not(like: Tensor, n_positions: int) -> str | None:
@@ -84,9 +69,8 @@ def short_attention(queries: Tensor, keys: Tensor, values: Tensor, bias: Tensor 
     """z `[batch, query, head, d_head_v]` from scaled queries and keys `[batch, pos, head, d_head]`, values
     `[batch, pos, head, d_head_v]`, the position bias `[head, query, key]` (or None), the allowed pairs
     (bool `[query, key]` or None) and the dropout mask (`[..., query, key]` or None); `sigma` and `network`
-    are kernel codes (module docstring). Differentiable once, in the queries, keys, values and bias: a
-    backward that would build a graph (`create_graph=True`) is refused, never computed as if the gradient
-    did not depend on the inputs."""
+    are kernel codes (module docstring). Differentiable once, in the queries, keys, values and bias (a
+    second derivative, `create_graph=True`, is refused)."""
     n_positions = queries.shape[1]
     KERNELS.count()
     return ops().short_attention(

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from torch import nn
 from torch.nn.modules import module as torch_module
 
-_GLOBAL_REGISTRIES = (
-    "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks", "_global_backward_pre_hooks",
-)
+_GLOBAL_REGISTRIES = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                      "_global_backward_pre_hooks")
 
 
 @dataclass(frozen=True)
@@ -38,12 +37,9 @@ def attached_hooks(module: nn.Module) -> AttachedHooks:
     """The forward, forward-pre, backward and backward-pre hooks attached to `module` itself (not to
     its children), as registered with `register_forward_hook` and friends (TransformerLens's
     `add_hook` registers through them too)."""
-    return AttachedHooks(
-        tuple(module._forward_hooks.values()),
-        tuple(module._forward_pre_hooks.values()),
-        tuple(module._backward_hooks.values()),
-        tuple(module._backward_pre_hooks.values()),
-    )
+    return AttachedHooks(tuple(module._forward_hooks.values()), tuple(module._forward_pre_hooks.values()),
+                         tuple(module._backward_hooks.values()),
+                         tuple(module._backward_pre_hooks.values()))
 
 
 def any_hooks(modules: Iterable[nn.Module]) -> bool:

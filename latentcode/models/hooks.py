@@ -4,23 +4,13 @@ A `HookPoint` is an identity module whose `name` is its path in the model; every
 activation passes through one, so caching, patching and ablation need no special code. A
 `HookedRootModule` names its hook points (`setup()`) and runs the model with temporary hooks.
 This is TransformerLens's interface (`transformer_lens.hook_points`, `transformer_lens.HookedRootModule`),
-so that a TransformerLens user is at home, without importing TransformerLens: its package imports
-Hugging Face transformers, datasets and pandas (seconds), which building one of our models does not need.
+so that a TransformerLens user is at home, without importing TransformerLens (seconds of imports).
 `tests/models/test_hooks_match_transformer_lens.py` runs the same calls on both and compares them.
 
-What is here (TransformerLens's signatures and semantics):
-
-    HookPoint            add_hook(hook, dir="fwd"|"bwd", is_permanent, level, prepend), add_perma_hook,
-                         has_hooks, remove_hooks, clear_context, layer(), name, ctx, fwd_hooks, bwd_hooks
-    HookedRootModule     setup(), hook_dict, mod_dict, hook_points(), add_hook(name or filter, ...),
-                         add_perma_hook, hooks(fwd_hooks, bwd_hooks, ...) (a context manager),
-                         run_with_hooks, run_with_cache(names_filter, device, remove_batch_dim,
-                         incl_bwd, ...) -> (output, {name: tensor}), get_caching_hooks, reset_hooks,
-                         remove_all_hook_fns, clear_contexts
-
-A hook is `hook(tensor, hook=hook_point)`; what it returns (if not None) replaces the tensor.
-Not here: `pos_slice` of `run_with_cache`, hook aliases and tensor conversions of TransformerLens
-4.x's TransformerBridge (our models need neither).
+Both have TransformerLens's signatures and semantics (`add_hook`, `hooks()`, `run_with_hooks`,
+`run_with_cache`, `reset_hooks`, ...). A hook is `hook(tensor, hook=hook_point)`; what it returns
+(if not None) replaces the tensor. Not here: `pos_slice` of `run_with_cache`, hook aliases and
+tensor conversions of TransformerLens 4.x's TransformerBridge (our models need neither).
 """
 
 from __future__ import annotations
@@ -45,12 +35,11 @@ HookSpec = tuple[str | Callable[[str], bool], HookFunction]  # (hook point name 
 @dataclass
 class LensHandle:
     """A hook added by `HookPoint.add_hook`: its PyTorch handle, whether `reset_hooks` keeps it
-    (`is_permanent`), the `hooks()` context level that added it, and the function as given."""
+    (`is_permanent`), and the `hooks()` context level that added it."""
 
     hook: RemovableHandle
     is_permanent: bool = False
     context_level: int | None = None
-    user_hook: HookFunction | None = None
 
 
 def _matches(handle: LensHandle, including_permanent: bool, level: int | None) -> bool:
@@ -97,7 +86,7 @@ class HookPoint(nn.Module):
             handle = self.register_full_backward_hook(backward_hook, prepend=prepend)
         else:
             raise ValueError(f"Invalid direction {dir}")
-        lens_handle = LensHandle(handle, is_permanent, level, user_hook=hook)
+        lens_handle = LensHandle(handle, is_permanent, level)
         handles = self.fwd_hooks if dir == "fwd" else self.bwd_hooks
         handles.insert(0, lens_handle) if prepend else handles.append(lens_handle)
         return lens_handle
@@ -199,8 +188,7 @@ class HookedRootModule(nn.Module):
             self.context_level += 1
             for hooks, direction in ((fwd_hooks, "fwd"), (bwd_hooks, "bwd")):
                 for name, hook in hooks:
-                    for hook_point in self._hook_points_named(name):
-                        hook_point.add_hook(hook, dir=direction, level=self.context_level)
+                    self.add_hook(name, hook, dir=direction, level=self.context_level)
             yield self
         finally:
             if reset_hooks_end:

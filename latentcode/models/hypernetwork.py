@@ -1,23 +1,10 @@
 """The hypernetwork view of attention: the latent code a[:, q, k] configures a value network.
 
 For one layer and one key-query pair (q, k), attention applies to the key's input x_k a network
-whose weights are linear in the latent code (column-vector convention, W_h^value = W_V[h]^T
-`[d_head_v, d_model]`, W_h^out = W_O[h]^T `[d_model, d_head_v]`):
-
-- linear value network (softmax / linear attention):
-      W_{q,k} = sum_h a[h,q,k] W_h^out W_h^value               one layer [d_model, d_model]
-      bias_{q,k} = sum_h a[h,q,k] W_h^out b_h^value
-- hyper_linear / hyper_relu (HYLA) / hyper_deep:
-      first layer   sum_h a[h,q,k] W_h^value  [d_head_v, d_model], bias sum_h a[h,q,k] b_h^value
-      (hyper_deep)  sum_h a[h,q,k] W_h^value2^T  [d_head_v, d_head_v]
-      last layer    sum_h a[h,q,k] W_h^out    [d_model, d_head_v]
-  with relu between layers (none for hyper_linear).
-
-Then the layer's output is exactly y_q = sum_k network_{q,k}(x_k) + b^out. `relu_linear` applies
-its nonlinearity after the sum over keys, so it has no per-pair network and no exact view.
-
-Each value network class (`latentcode.models.value_network`) writes its own generated layers and
-their size; this module selects the pairs, runs the model and bounds the memory.
+whose weights are linear in the latent code (`latentcode.models.value_network` writes each value
+network's layers), so that the layer's output is exactly y_q = sum_k network_{q,k}(x_k) + b^out.
+`relu_linear` applies its nonlinearity after the sum over keys: it has no per-pair network and no
+exact view. This module selects the pairs, runs the model and bounds the memory.
 """
 
 from __future__ import annotations
@@ -89,10 +76,8 @@ def _positions(selection: Sequence[int] | Tensor | None, n_positions: int, what:
         raise ViewSelectionError(f"{what} selection is empty")
     bad = positions[(positions < -n_positions) | (positions >= n_positions)]
     if bad.numel():
-        raise ViewSelectionError(
-            f"{what} positions {bad.tolist()} are outside the sequence of {n_positions} positions "
-            f"(valid: -{n_positions}..{n_positions - 1})"
-        )
+        raise ViewSelectionError(f"{what} positions {bad.tolist()} are outside the sequence of {n_positions} positions "
+                                 f"(valid: -{n_positions}..{n_positions - 1})")
     return positions % n_positions
 
 
@@ -129,11 +114,9 @@ def value_network_view(
     pairs = tokens.shape[0] * len(query_index) * len(key_index)
     needed = pairs * floats_per_pair * attention.W_O.element_size()
     if needed > max_bytes:
-        raise ViewTooLarge(
-            f"the generated weights of {pairs} (batch x query x key) pairs need "
-            f"{needed / 2**30:.2f} GiB ({needed} bytes), above max_bytes={max_bytes / 2**30:.2f} GiB "
-            f"({max_bytes} bytes); select fewer queries/keys or a smaller batch, or raise max_bytes"
-        )
+        raise ViewTooLarge(f"the generated weights of {pairs} (batch x query x key) pairs need "
+                           f"{needed / 2**30:.2f} GiB ({needed} bytes), above max_bytes={max_bytes / 2**30:.2f} GiB "
+                           f"({max_bytes} bytes); select fewer queries/keys or a smaller batch, or raise max_bytes")
 
     was_training = model.training
     model.eval()
@@ -144,19 +127,7 @@ def value_network_view(
         model.train(was_training)
     attention_input, pattern = cache[names[0]], cache[names[1]]
     codes = pattern[:, :, query_index][:, :, :, key_index]  # [batch, head, n_queries, n_keys]
-    weights, biases, activations = value_network.generated_layers(
-        codes, attention.W_V, attention.b_V, attention.W_O
-    )
-
-    return GeneratedValueNetwork(
-        value_network=value_network.config_name,
-        layer=layer,
-        queries=query_index,
-        keys=key_index,
-        latent_codes=codes,
-        weights=weights,
-        biases=biases,
-        activations=activations,
-        key_inputs=attention_input[:, key_index],
-        output_bias=attention.b_O.detach().clone(),
-    )
+    weights, biases, activations = value_network.generated_layers(codes, attention.W_V, attention.b_V, attention.W_O)
+    return GeneratedValueNetwork(value_network.config_name, layer, query_index, key_index, codes, weights, biases,
+                                 activations, key_inputs=attention_input[:, key_index],
+                                 output_bias=attention.b_O.detach().clone())

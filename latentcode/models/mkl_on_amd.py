@@ -1,33 +1,28 @@
 """MKL's fast matrix products on AMD CPUs: its Intel-only CPU check answered by the CPU's features.
 
-torch's CPU build does its float32 matrix products (every `Linear`, `addmm`, `bmm`) in Intel's MKL,
-linked into `libtorch_cpu.so`. MKL picks its code path by asking `mkl_serv_intel_cpu_true()` whether
-the CPU is Intel's; on an AMD CPU the answer is no and it takes a slower path than the CPU's
-instructions allow. Answering the check makes MKL pick its path by the CPU's instruction sets;
-benchmarks/bench_mkl_on_amd.py measures what that gains (its results under benchmarks/results/).
+torch's CPU build does its float32 matrix products in Intel's MKL, linked into `libtorch_cpu.so`,
+which picks its code path by asking `mkl_serv_intel_cpu_true()` whether the CPU is Intel's; on an AMD
+CPU it takes a slower path than the CPU's instructions allow (benchmarks/bench_mkl_on_amd.py).
 
-Off unless asked: this rewrites a table of libtorch's memory for the whole process, and changes its
-results by float rounding, so nothing in latentcode does it by default. `latentcode train --mkl-on-amd`
-or `LATENTCODE_MKL_ON_AMD=1` (`latentcode.switches`) asks for it; the run's record says which
-(`compute` in config.json, `mkl_setting()`). A Python user may call `use_mkl_fast_paths()` themselves.
+Off unless asked: this rewrites a table of libtorch's memory for the whole process and changes its
+results by float rounding. `latentcode train --mkl-on-amd` or `LATENTCODE_MKL_ON_AMD=1`
+(`latentcode.switches`) asks for it; the run's record says which (`mkl_setting()`). A Python user
+may call `use_mkl_fast_paths()` themselves.
 
-`use_mkl_fast_paths()` points the one place `libtorch_cpu.so` calls that check through (its entry in
-the library's global offset table, the slot the dynamic linker filled in at load) at a function that
-answers yes, so that MKL chooses its path by the instruction sets the CPU reports, as it does on Intel
-CPUs. The products compute the same sums in another order: results agree with the old path to float32
-rounding, not bit for bit. It is what `LD_PRELOAD` of such a function does, for the running process
-only, without restarting it. Once per process, and only where all of these hold (otherwise nothing
-changes and the returned line says why):
+`use_mkl_fast_paths()` points the slot of `libtorch_cpu.so`'s global offset table through which it
+calls the check at a function that answers yes (what `LD_PRELOAD` of such a function does, for the
+running process only), so that MKL chooses its path by the instruction sets the CPU reports. The
+products then agree with the old path to float32 rounding, not bit for bit. Once per process, and
+only where all of these hold (otherwise nothing changes and the returned line says why):
 
 - Linux on x86-64, torch built with MKL, `libtorch_cpu.so` loaded and calling the check through its
   offset table;
-- the CPU's vendor is AuthenticAMD and it has AVX2 and FMA (MKL's paths for older CPUs gain little);
+- the CPU's vendor is AuthenticAMD and it has AVX2 and FMA;
 - a C compiler builds the one-line answering function (`cc`, into the trusted kernel cache of
   `latentcode.models.kernel_cache`, loaded with ctypes: `AnswerLibrary`).
 
-MKL keeps the path it chose at its first product for the rest of the process (answering later, or
-restoring the slot, need not change it): `latentcode train --mkl-on-amd` answers before it builds the
-model; so do the training benchmarks that ask for it. Evaluation and extraction keep MKL's own choice.
+MKL keeps the path it chose at its first product for the rest of the process: `latentcode train
+--mkl-on-amd` answers before it builds the model. Evaluation and extraction keep MKL's own choice.
 """
 
 from __future__ import annotations
@@ -69,15 +64,11 @@ FLAGS = ("-O2", "-shared", "-fPIC")
 
 
 class AnswerLibrary:
-    """`SOURCE` compiled once per machine with the system C compiler into the trusted kernel cache (named by
-    the hash of the source, the flags and the CPU; its digest recorded when built and checked before it is
-    loaded, `latentcode.models.kernel_cache`) and loaded with ctypes: `load()` -> the `ctypes.CDLL`, or None
-    where it cannot be built or is refused (`failure()` says why)."""
+    """`SOURCE` compiled once per machine and CPU into the trusted kernel cache (`latentcode.models.kernel_cache`),
+    loaded with ctypes: `load()` -> the `ctypes.CDLL`, or None where it cannot be built or is refused
+    (`failure()` says why)."""
 
     def __init__(self):
-        self.forget()
-
-    def forget(self) -> None:
         self._library: ctypes.CDLL | None = None
         self._failure: str | None = None
 
@@ -200,10 +191,9 @@ def _answer_check() -> str:
     if not slots:
         return (f"MKL's CPU check left as it is: {library_path} does not call {CHECK_SYMBOL.decode()} through its "
                 "offset table")
-    library = ANSWER.load()
-    if library is None:
+    answer = answer_address()
+    if answer is None:
         return f"MKL's CPU check left as it is: {ANSWER.failure()}"
-    answer = ctypes.cast(library.latentcode_cpu_is_intel, ctypes.c_void_p).value
     for slot in slots:
         _replaced.setdefault(base + slot, ctypes.c_void_p.from_address(base + slot).value)
         _write_pointer(base + slot, answer)
@@ -310,6 +300,6 @@ def answered_slot_values() -> list[int]:
 
 
 def answer_address() -> int | None:
-    """The address of the answering function, or None where it cannot be built (for tests)."""
+    """The address of the answering function, or None where it cannot be built."""
     library = ANSWER.load()
     return None if library is None else ctypes.cast(library.latentcode_cpu_is_intel, ctypes.c_void_p).value

@@ -13,10 +13,7 @@ Masked pairs (`allowed[q, k] == False`) contribute nothing to any variant: they 
 softmax and exactly zero otherwise.
 
 Each is a `ScoreNormalization` that declares what it is, so that the attention layer picks its
-faster paths by what sigma does, never by its name (`latentcode.models.path_policy`): whether it
-is exactly a softmax over keys (fused attention kernels compute it), exactly the identity (linear
-attention can be reassociated), and whether it acts on each query row alone (blocks of queries can
-be computed apart).
+faster paths by what sigma does, never by its name (`latentcode.models.path_policy`).
 """
 
 from __future__ import annotations
@@ -53,10 +50,8 @@ class ScoreNormalization:
 
 def masked(scores: Tensor, allowed: Tensor, value: float) -> Tensor:
     """`scores.masked_fill(~allowed, value)` (a new tensor; `allowed` bool `[query, key]`), passing
-    over only the keys from the first one some query may not see: under a causal mask, a block of
-    queries masks only its last keys. On the CPU a fill through a broadcast mask runs at about a tenth
-    of a copy's speed (14 against 1.6 ms for `[2, 4, 64, 4096]`), and HYLA's long-sequence blocks
-    spent an eighth of their step in it."""
+    over only the keys from the first one some query may not see (a causal block masks only its last
+    keys): on the CPU a fill through a broadcast mask runs at about a tenth of a copy's speed."""
     blocked = ~allowed
     if blocked.dim() != 2:
         return scores.masked_fill(blocked, value)
@@ -87,12 +82,9 @@ def rms_over_heads(scores: Tensor, allowed: Tensor | None, eps: float) -> Tensor
 
 class _RmsOverHeads(torch.autograd.Function):
     """a = s r with r = (mean_h s_h^2 + eps)^(-1/2) over the head axis (dim 1), and its gradient in one
-    formula, d loss / d s = r (g - a mean_h(g a)) for g = d loss / d a, instead of autograd's chain
-    through square, mean, rsqrt and the product (three fewer passes over `[batch, head, query, key]`
-    in the backward; the forward's operations are the ones written out before). Differentiable once:
-    a backward that would build a graph (`create_graph=True`) is refused rather than computed without
-    r's dependence on s (torch's `once_differentiable` refuses only where the incoming gradient has a
-    graph of its own)."""
+    formula, d loss / d s = r (g - a mean_h(g a)) for g = d loss / d a (three passes over
+    `[batch, head, query, key]` fewer than autograd's chain). Differentiable once: a backward that would
+    build a graph (`create_graph=True`) is refused rather than computed without r's dependence on s."""
 
     @staticmethod
     def forward(ctx, scores: Tensor, eps: float) -> Tensor:

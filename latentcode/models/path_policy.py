@@ -2,34 +2,25 @@
 are, the hooks attached, the sequence length and the mode; never from their names.
 
 The paths (computed in `latentcode.models.attention_paths`, all equal to float tolerance in outputs
-and gradients, tests/models/test_attention_paths.py):
+and gradients, tests/models/test_attention_paths.py; `why_not` says what each needs):
 
     full         the formulas, every `[batch, head, query, key]` tensor held whole
-    blockwise    one block of queries at a time: sigma must act on each query row alone
-                 (`ScoreNormalization.acts_per_query`)
-    sdpa         `F.scaled_dot_product_attention`: sigma is a softmax over keys and nothing more
-                 (`is_softmax_over_keys`), the value network the weighted sum of values
-                 (`ValueNetwork.is_weighted_sum_of_values`)
-    associative  q (k^T v): sigma is the identity (`is_identity`), the value network the weighted
-                 sum of values, and no relative position bias (it is not a product of q and k)
-    fused        one C++ kernel per batch element from queries to z (`latentcode.models.fused_short`):
-                 sigma and the value network declare a kernel code (`fused_code`), float32 on the
-                 CPU, at most `fused_short.MAX_POSITIONS` positions, the kernels loaded, no autocast
-                 (torch.compile included: the kernel is an operator it keeps in its graph)
+    blockwise    one block of queries at a time (sigma acts on each query row alone)
+    sdpa         `F.scaled_dot_product_attention` (softmax scores, the linear value network)
+    associative  q (k^T v) (identity scores, the linear value network, no relative position bias)
+    fused        one C++ kernel per batch element from queries to z (`latentcode.models.fused_short`)
 
 sdpa and associative have no attention dropout of ours (one `[query, key]` mask): they need eval
 mode or attn_dropout 0.
 
 "auto" takes the full path below `AUTO_MIN_POSITIONS` positions in evaluation (bit for bit the
-computation that trained the shipped checkpoints and computed their results); in training mode there it
-takes the fused path where it can and no hook reads scores, codes or the value network (a training step
-of the paper's models at a fraction of the time, the same numbers to float tolerance), else the full
-path. It takes the full path whenever a hook needs a whole tensor (any hook on
-hook_attn_scores / hook_pattern but a `QueryBlockHook`, any hook in the value network, a global
-module hook); otherwise sdpa or associative where they apply and no QueryBlockHook reads the
-pattern, else blockwise where sigma allows, else full. So attaching a hook to a long sequence can
-move a layer from a faster path to the full one: its numbers then change by float rounding only
-(tests/models/test_attention_paths.py compares the two for every preset).
+computation that trained the shipped checkpoints and computed their results); in training mode there
+it takes the fused path where it can and no hook reads scores, codes or the value network, else the
+full path. It takes the full path whenever a hook needs a whole tensor (any hook on hook_attn_scores /
+hook_pattern but a `QueryBlockHook`, any hook in the value network, a global module hook); otherwise
+sdpa or associative where they apply and no QueryBlockHook reads the pattern, else blockwise where
+sigma allows, else full. So attaching a hook to a long sequence can move a layer from a faster path
+to the full one: its numbers then change by float rounding only.
 """
 
 from __future__ import annotations
@@ -69,10 +60,8 @@ def choose_path(layer: Attention, n_positions: int) -> PathChoice:
     (else `AttentionPathError` saying why not), or for "auto" as the module docstring says."""
     score_readers = block_readers(layer.hook_attn_scores)
     pattern_readers = block_readers(layer.hook_pattern)
-    needs_whole = (
-        score_readers is None or pattern_readers is None or any_hooks(layer.value_network.modules())
-        or global_hooks_attached()
-    )
+    needs_whole = (score_readers is None or pattern_readers is None or any_hooks(layer.value_network.modules())
+                   or global_hooks_attached())
     needs_pattern = bool(score_readers or pattern_readers)
     path = layer.path
     if path == "auto":
@@ -89,11 +78,9 @@ def choose_path(layer: Attention, n_positions: int) -> PathChoice:
     if path == "full":
         return PathChoice("full")
     if needs_whole:
-        raise AttentionPathError(
-            f"attention path {path!r} cannot run while a hook needs the whole scores, pattern or "
-            "hidden tensor (only QueryBlockHooks on hook_attn_scores / hook_pattern read blocks); "
-            "remove the hook or use path 'auto' or 'full'"
-        )
+        raise AttentionPathError(f"attention path {path!r} cannot run while a hook needs the whole scores, pattern or "
+                                 "hidden tensor (only QueryBlockHooks on hook_attn_scores / hook_pattern read blocks); "
+                                 "remove the hook or use path 'auto' or 'full'")
     if path != "blockwise" and needs_pattern:
         reason = "a QueryBlockHook reads the pattern, which it never computes"
     else:
@@ -118,10 +105,8 @@ def why_not(layer: Attention, path: str, n_positions: int = 0) -> str | None:
             return f"its score normalization does not act on each query row alone, this layer has {pair}"
         return None
     if layer.training and layer.attn_dropout > 0:
-        return (
-            f"it has no attention dropout of ours (one [query, key] mask), and this layer is in "
-            f"training mode with attn_dropout={layer.attn_dropout}; use eval mode or attn_dropout 0"
-        )
+        return (f"it has no attention dropout of ours (one [query, key] mask), and this layer is in training mode "
+                f"with attn_dropout={layer.attn_dropout}; use eval mode or attn_dropout 0")
     if path == "sdpa" and not (sigma.is_softmax_over_keys and value_network.is_weighted_sum_of_values):
         return f"it needs softmax scores and the linear value network, this layer has {pair}"
     if path == "associative":
@@ -136,8 +121,7 @@ def block_readers(hook_point: nn.Module) -> tuple[Reader, ...] | None:
     """The `read` functions of the `QueryBlockHook`s on `hook_point`, or None when another hook is
     there (a forward hook of another kind, a pre-hook or a backward hook): it needs the whole tensor."""
     hooks = attached_hooks(hook_point)
-    if hooks.forward_pre or hooks.backward or hooks.backward_pre:
-        return None
-    if not all(isinstance(hook, QueryBlockHook) for hook in hooks.forward):
+    if hooks.forward_pre or hooks.backward or hooks.backward_pre or not all(
+            isinstance(hook, QueryBlockHook) for hook in hooks.forward):
         return None
     return tuple(hook.read for hook in hooks.forward)

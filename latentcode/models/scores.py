@@ -30,16 +30,6 @@ def score_scale(d_head: int) -> float:
     return 1.0 / math.sqrt(d_head)
 
 
-def scores(queries: Tensor, keys: Tensor, d_head: int, position_bias: Tensor | None = None) -> Tensor:
-    """Attention scores `[batch, head, query, key]` of `queries` `[batch, query, head, d_head]` and
-    `keys` `[batch, key, head, d_head]`, plus `position_bias` `[head, query, key]` where given."""
-    # Scaling the queries rather than the scores saves a pass over [batch, head, query, key].
-    attention_scores = einsum("bqhd,bkhd->bhqk", queries * score_scale(d_head), keys)
-    if position_bias is not None:
-        attention_scores = attention_scores + position_bias
-    return attention_scores
-
-
 def by_head(x: Tensor, scale: float = 1.0) -> Tensor:
     """`x` `[batch, pos, head, d]` times `scale`, as one contiguous `[batch * head, pos, d]`: the layout in
     which a block's scores are one batched matrix product of slices, without copies."""
@@ -83,10 +73,11 @@ class ScoresToCodes:
     def scores(self, queries: Tensor, keys: Tensor, query_start: int = 0) -> Tensor:
         """Scores `[batch, head, query, key]` of `queries` `[batch, query, head, d_head]` (positions
         `query_start, ...`) against `keys` `[batch, key, head, d_head]`, position bias included."""
-        bias = None
-        if self.position_bias is not None:
-            bias = self.position_bias.block(query_start, query_start + queries.shape[1], keys.shape[1])
-        return scores(queries, keys, self.d_head, bias)
+        # Scaling the queries rather than the scores saves a pass over [batch, head, query, key].
+        scores = einsum("bqhd,bkhd->bhqk", queries * score_scale(self.d_head), keys)
+        if self.position_bias is None:
+            return scores
+        return scores + self.position_bias.block(query_start, query_start + queries.shape[1], keys.shape[1])
 
     def product_block(
         self, queries_by_head: Tensor, keys_by_head: Tensor, batch: int, query_start: int, query_end: int,

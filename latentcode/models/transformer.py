@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 from latentcode.models.attention import Attention, InputShapeError
 from latentcode.models.config import ModelConfig
-from latentcode.models.feedforward import MLP, MixtureOfExperts
+from latentcode.models.feedforward import MLP, MixtureOfExperts, affine
 from latentcode.models.hooks import HookedRootModule, HookPoint
 from latentcode.models.initializers import embedding_normal, lecun_normal_
 from latentcode.models.persistence import check_weights_fit, read_model_files, save_model
@@ -71,9 +71,7 @@ class Embed(nn.Module):
         self.b_E = nn.Parameter(torch.zeros(d_model))
 
     def forward(self, tokens: Tensor) -> Tensor:
-        return torch.addmm(self.b_E, tokens.reshape(-1, tokens.shape[-1]), self.W_E).view(
-            *tokens.shape[:-1], -1
-        )
+        return affine(tokens, self.W_E, self.b_E)
 
 
 class TokenEmbed(nn.Module):
@@ -94,7 +92,7 @@ class Unembed(nn.Module):
         self.b_U = nn.Parameter(torch.zeros(d_out))
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.addmm(self.b_U, x.reshape(-1, x.shape[-1]), self.W_U).view(*x.shape[:-1], -1)
+        return affine(x, self.W_U, self.b_U)
 
 
 class TransformerBlock(nn.Module):
@@ -133,10 +131,8 @@ class Transformer(HookedRootModule):
         super().__init__()
         self.config = config
         sizes = config.sizes
-        if config.d_in is not None:
-            self.embed: nn.Module = Embed(config.d_in, sizes.d_model)
-        else:
-            self.embed = TokenEmbed(config.d_vocab, sizes.d_model)
+        linear = config.d_in is not None
+        self.embed = Embed(config.d_in, sizes.d_model) if linear else TokenEmbed(config.d_vocab, sizes.d_model)
         self.hook_embed = HookPoint()
         self.blocks = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
         self.ln_final = LayerNorm(sizes.d_model, config.layer_norm_eps)
@@ -149,16 +145,16 @@ class Transformer(HookedRootModule):
             raise TypeError(f"expected a torch.Tensor as input, got {type(tokens).__name__}")
         if config.d_in is not None:
             expected = f"[batch, pos <= {config.n_ctx}, d_in={config.d_in}] floating point"
-            if tokens.ndim != 3 or tokens.shape[-1] != config.d_in:
-                raise InputShapeError(f"expected input of shape {expected}, got shape {list(tokens.shape)}")
-            if not tokens.is_floating_point():
-                raise InputShapeError(f"expected input of shape {expected}, got dtype {tokens.dtype}")
+            shape_fits = tokens.ndim == 3 and tokens.shape[-1] == config.d_in
+            dtype_fits = tokens.is_floating_point()
         else:
             expected = f"[batch, pos <= {config.n_ctx}] integer tokens < d_vocab={config.d_vocab}"
-            if tokens.ndim != 2:
-                raise InputShapeError(f"expected input of shape {expected}, got shape {list(tokens.shape)}")
-            if tokens.is_floating_point() or tokens.dtype == torch.bool:
-                raise InputShapeError(f"expected input of shape {expected}, got dtype {tokens.dtype}")
+            shape_fits = tokens.ndim == 2
+            dtype_fits = not tokens.is_floating_point() and tokens.dtype != torch.bool
+        if not shape_fits:
+            raise InputShapeError(f"expected input of shape {expected}, got shape {list(tokens.shape)}")
+        if not dtype_fits:
+            raise InputShapeError(f"expected input of shape {expected}, got dtype {tokens.dtype}")
         n_positions = tokens.shape[1]
         if n_positions > config.n_ctx:
             raise InputShapeError(

@@ -3,31 +3,17 @@
 Every value network maps latent codes `a` `[batch, head, query, key]` and per-head values
 `v[b, k, h] = W_h^value x_k + b_h^value` `[batch, key, head, d_head_v]` to
 `z` `[batch, query, head, d_head_v]`; the attention layer then applies the output projection,
-`y_q = sum_h W_h^out z[q, h] + b^out`. Written out for one query q:
-
-- `linear` (standard multi-head attention):
-      y_q = sum_h W_h^out sum_k a[h,q,k] W_h^value x_k
-- `relu_linear`:
-      y_q = sum_h W_h^out relu(sum_k a[h,q,k] W_h^value x_k)
-- `hyper_linear`:
-      y_q = sum_k (sum_h a[h,q,k] W_h^out) (sum_h a[h,q,k] W_h^value x_k)
-- `hyper_relu` (HYLA):
-      y_q = sum_k (sum_h a[h,q,k] W_h^out) relu(sum_h a[h,q,k] W_h^value x_k)
-- `hyper_deep`: hyper_relu with one more generated layer,
-      relu(sum_h a[h,q,k] W_h^value2 relu(sum_h a[h,q,k] W_h^value x_k)).
+`y_q = sum_h W_h^out z[q, h] + b^out`. For one query q, `linear` (standard attention) gives
+y_q = sum_h W_h^out sum_k a[h,q,k] W_h^value x_k, and `hyper_relu` (HYLA)
+y_q = sum_k (sum_h a[h,q,k] W_h^out) relu(sum_h a[h,q,k] W_h^value x_k); each class writes its own.
 
 The hyper variants are two-layer (or three-layer) networks per key-query pair whose weights the
 latent code generates. Their hidden activation `[batch, query, key, d_head_v]` passes through
 `hook_hidden` (and `hook_hidden2` for hyper_deep).
 
-Each value network is one class that knows its `config_name`, its forward, and the network it
-applies to each key input x_k for a pair (q, k) (`generated_layers`, `floats_per_pair`): the
-hypernetwork view (`latentcode.models.hypernetwork`) only asks it. `VALUE_NETWORKS` is the one
-table of names. Each declares whether it is the plain weighted sum of values (`is_weighted_sum_of_values`:
-then fused attention kernels and linear attention's reassociation compute it) and, for the attention
-layer's blockwise path, whether z is a sum of one term per key (`sums_over_keys`: then a block's
-keys may be split into tiles) and how many floats its forward holds per (batch, query, key) pair
-besides the latent code (`floats_held_per_pair`).
+Each value network is one class (`VALUE_NETWORKS`, the one table of names) that declares, as class
+attributes, what the attention layer's paths need to know of it, and gives the network it applies to
+each pair for the hypernetwork view (`generated_layers`, `floats_per_pair`).
 """
 
 from __future__ import annotations
@@ -91,9 +77,7 @@ class ValueNetwork(nn.Module):
     def forward(self, latent_codes: Tensor, values: Tensor) -> Tensor:
         raise NotImplementedError
 
-    def generated_layers(
-        self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor
-    ) -> GeneratedLayers:
+    def generated_layers(self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor) -> GeneratedLayers:
         """The network of each pair, from latent codes `[batch, head, query, key]` and the attention
         layer's `W_V` `[head, d_model, d_head_v]`, `b_V` `[head, d_head_v]`, `W_O`
         `[head, d_head_v, d_model]` (TransformerLens's shapes)."""
@@ -128,18 +112,13 @@ class LinearValueNetwork(ValueNetwork):
     def forward(self, latent_codes: Tensor, values: Tensor) -> Tensor:
         return torch.einsum("bhqk,bkhd->bqhd", latent_codes, values)
 
-    def generated_layers(
-        self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor
-    ) -> GeneratedLayers:
-        out_times_value = einsum(
-            W_O, W_V, "head d_head_v d_out, head d_in d_head_v -> head d_out d_in"
-        )  # W_h^out W_h^value
+    def generated_layers(self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor) -> GeneratedLayers:
+        # W_h^out W_h^value
+        out_times_value = einsum(W_O, W_V, "head d_head_v d_out, head d_in d_head_v -> head d_out d_in")
         out_times_bias = einsum(W_O, b_V, "head d_head_v d_out, head d_head_v -> head d_out")
-        return GeneratedLayers(
-            weights=[_generate(latent_codes, out_times_value)],
-            biases=[_generate(latent_codes, out_times_bias)],
-            activations=[],
-        )
+        return GeneratedLayers(weights=[_generate(latent_codes, out_times_value)],
+                               biases=[_generate(latent_codes, out_times_bias)],
+                               activations=[])
 
     def floats_per_pair(self, d_model: int) -> int:
         return d_model * d_model + d_model
@@ -157,15 +136,11 @@ class ReluLinearValueNetwork(ValueNetwork):
 
     def _refuse(self) -> NoExactView:
         others = ", ".join(name for name in VALUE_NETWORKS if name != self.config_name)
-        return NoExactView(
-            f"the {self.config_name!r} value network has no key-query specific network: it applies "
-            f"its nonlinearity after summing over keys; a hypernetwork view needs a value network "
-            f"that acts per key-query pair ({others})"
-        )
+        return NoExactView(f"the {self.config_name!r} value network has no key-query specific network: it applies "
+                           f"its nonlinearity after summing over keys; a hypernetwork view needs a value network "
+                           f"that acts per key-query pair ({others})")
 
-    def generated_layers(
-        self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor
-    ) -> GeneratedLayers:
+    def generated_layers(self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor) -> GeneratedLayers:
         raise self._refuse()
 
     def floats_per_pair(self, d_model: int) -> int:
@@ -205,16 +180,12 @@ class HyperValueNetwork(ValueNetwork):
     def forward(self, latent_codes: Tensor, values: Tensor) -> Tensor:
         return self.last_layer(latent_codes, self.first_layer(latent_codes, values))
 
-    def generated_layers(
-        self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor
-    ) -> GeneratedLayers:
+    def generated_layers(self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor) -> GeneratedLayers:
         value_weight = rearrange(W_V, "head d_model d_head_v -> head d_head_v d_model")
         out_weight = rearrange(W_O, "head d_head_v d_model -> head d_model d_head_v")
-        return GeneratedLayers(
-            weights=[_generate(latent_codes, value_weight), _generate(latent_codes, out_weight)],
-            biases=[_generate(latent_codes, b_V), None],
-            activations=[self.activation],
-        )
+        return GeneratedLayers(weights=[_generate(latent_codes, value_weight), _generate(latent_codes, out_weight)],
+                               biases=[_generate(latent_codes, b_V), None],
+                               activations=[self.activation])
 
     def floats_per_pair(self, d_model: int) -> int:
         return 2 * self.d_head_v * d_model + self.d_head_v
@@ -223,13 +194,10 @@ class HyperValueNetwork(ValueNetwork):
         return self.d_head_v  # the hidden activation (its gradient takes its place in the backward)
 
     # -- the blockwise path's kernels for one tile of keys ------------------------------------------
-    # forward() through einsum is slow for these shapes (the head axis it sums over is short). The
-    # fused C kernels (`latentcode.models.fused_hyper`) never form the hidden activation; where they
-    # cannot run (no kernels built, float64, autocast, d_head_v not a multiple of 8) the batched products
-    # below keep it in the layout [batch, key, query, d_head_v], where every product is a plain
-    # batched matrix product, and skip autograd: the backward is written out. All equal forward()
-    # and its autograd gradients to float tolerance (tests/models/test_attention_paths.py,
-    # tests/models/test_fused_hyper.py).
+    # forward() through einsum is slow for these shapes (it sums over the short head axis). The fused C
+    # kernels (`fused_hyper`) never form the hidden activation; where they cannot run, the batched products
+    # below keep it as [batch, key, query, d_head_v] (plain batched matrix products) and write the backward
+    # out. Both equal forward() and its autograd gradients to float tolerance.
     has_tile_kernels = True
 
     def fuses(self, values: Tensor) -> bool:
@@ -260,7 +228,15 @@ class HyperValueNetwork(ValueNetwork):
         of `sum(forward(latent_codes, values) * grad_z)` for a tile, recomputing its hidden activation;
         where `grad_values` is given, d values is added to it (and it is returned)."""
         if self.fuses(values) and latent_codes.dtype == values.dtype:
-            return fused_hyper.backward(latent_codes, values, grad_z, self.activation == "relu", grad_values)
+            grad_codes, tile_grad_values = fused_hyper.backward(latent_codes, values, grad_z, self.activation == "relu")
+        else:
+            grad_codes, tile_grad_values = self._backward_by_products(latent_codes, values, grad_z)
+        if grad_values is None:
+            return grad_codes, tile_grad_values
+        grad_values += tile_grad_values
+        return grad_codes, grad_values
+
+    def _backward_by_products(self, latent_codes: Tensor, values: Tensor, grad_z: Tensor) -> tuple[Tensor, Tensor]:
         codes_by_key, hidden = self._tile_hidden(latent_codes, values)
         grad_codes = latent_codes.new_empty(latent_codes.shape)
         tile_grad_values = values.new_empty(values.shape)
@@ -276,10 +252,7 @@ class HyperValueNetwork(ValueNetwork):
             grad_codes[index] = through_last.permute(1, 0, 2) + through_first.permute(2, 1, 0)
             # d v[k, h] = sum_q a[h, q, k] d hidden[k, q]
             tile_grad_values[index] = torch.bmm(codes_by_key[index].transpose(1, 2), grad_hidden)
-        if grad_values is None:
-            return grad_codes, tile_grad_values
-        grad_values += tile_grad_values
-        return grad_codes, grad_values
+        return grad_codes, tile_grad_values
 
 
 class HyperLinearValueNetwork(HyperValueNetwork):
@@ -323,18 +296,11 @@ class HyperDeepValueNetwork(HyperValueNetwork):
         hidden = self.hook_hidden2(torch.relu(second))
         return self.last_layer(latent_codes, hidden)
 
-    def generated_layers(
-        self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor
-    ) -> GeneratedLayers:
-        (first, last), (first_bias, _), activations = super().generated_layers(
-            latent_codes, W_V, b_V, W_O
-        )
+    def generated_layers(self, latent_codes: Tensor, W_V: Tensor, b_V: Tensor, W_O: Tensor) -> GeneratedLayers:
+        (first, last), (first_bias, _), activations = super().generated_layers(latent_codes, W_V, b_V, W_O)
         second = rearrange(self.W_value2, "head d_in d_out -> head d_out d_in")
-        return GeneratedLayers(
-            weights=[first, _generate(latent_codes, second), last],
-            biases=[first_bias, None, None],
-            activations=[*activations, "relu"],
-        )
+        return GeneratedLayers(weights=[first, _generate(latent_codes, second), last], biases=[first_bias, None, None],
+                               activations=[*activations, "relu"])
 
     def floats_per_pair(self, d_model: int) -> int:
         return super().floats_per_pair(d_model) + self.d_head_v**2
@@ -346,12 +312,7 @@ class HyperDeepValueNetwork(HyperValueNetwork):
 
 VALUE_NETWORKS: dict[str, type[ValueNetwork]] = {
     network.config_name: network
-    for network in (
-        LinearValueNetwork,
-        ReluLinearValueNetwork,
-        HyperLinearValueNetwork,
-        HyperReluValueNetwork,
-        HyperDeepValueNetwork,
-    )
+    for network in (LinearValueNetwork, ReluLinearValueNetwork, HyperLinearValueNetwork, HyperReluValueNetwork,
+                    HyperDeepValueNetwork)
 }
 """Value network name -> class: the one place the names live (`ModelConfig` validates with it)."""

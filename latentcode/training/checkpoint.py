@@ -10,11 +10,10 @@
                               evaluation's metrics, the losses, instances and seconds of the unfinished
                               logging interval, the training seconds so far
 
-Neither file type can run code when read: safetensors is a JSON header and raw bytes, and JSON is
-data. Nothing here calls `pickle` or `torch.load`. The RNG is not saved because the trainer
-reseeds torch's RNG at the start of every step from (seed, step, process) and draws its data from
-explicit per-step seeds; a checkpoint taken at the end of a step therefore needs no RNG state to
-resume bit-exactly. Python floats survive JSON exactly (it writes their shortest round-trip repr).
+Neither file type can run code when read: nothing here calls `pickle` or `torch.load`. The RNG is
+not saved because the trainer reseeds torch's RNG at the start of every step from (seed, step,
+process) and draws its data from explicit per-step seeds; a checkpoint taken at the end of a step
+therefore needs no RNG state to resume bit-exactly. Python floats survive JSON exactly.
 
 A loaded JSON structure must look like the live object's own state dict (same keys, same JSON
 types), so a crafted file can fail to load but cannot set attributes the object does not have.

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from latentcode.models.config import ConfigError, ModelConfig, parameter_bytes
+from latentcode.models.config import ConfigError, ModelConfig, check_field_names, parameter_bytes
 from latentcode.validation import check_variant, describe_bytes, machine_memory
 
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
@@ -102,15 +102,7 @@ class TrainConfig:
     def check_fields(cls, data: dict[str, Any]) -> None:
         """Refuse unknown or missing fields, and values of the wrong type or a model too large for this
         machine: the checks that need no torch (the rest of `validate` needs the model modules)."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown TrainConfig field(s) {unknown}; valid fields: {sorted(known)}")
-        required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
-                    and f.default_factory is dataclasses.MISSING}
-        if required - set(data):
-            raise ConfigError(f"missing TrainConfig field(s) {sorted(required - set(data))}; required: "
-                              f"{sorted(required)}")
+        check_field_names(cls, data)
         seed = data.get("seed", 0)
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:  # a traceback deep in numpy
             raise ConfigError(f"seed must be a non-negative integer below 2**32 (numpy and torch seeds are 32-bit), "

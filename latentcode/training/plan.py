@@ -57,25 +57,23 @@ class TrainPlan:
         which continues with the run's own."""
         if self.source == "resume":
             return None
-        config = self._given_config()
-        if self.dtype is not None:  # autocast to it (AUTOCAST_OF), recorded in the config
-            config = dataclasses.replace(config, mixed_precision=AUTOCAST_OF[self.dtype])
-        return config
-
-    def _given_config(self) -> TrainConfig:
         if self.source == "preset":
             from latentcode.training.presets import build_train_config
 
-            return build_train_config(self.preset, self.scale, self.attention, **self.overrides)
-        if isinstance(self.config, TrainConfig):
-            return self.config
-        try:
-            return TrainConfig.from_dict(dict(self.config))
-        except ConfigError as error:  # it says what is wrong, not in which file
-            if self.config_name is None:
-                raise
-            with about("config"):
-                raise UsageError(f"{self.config_name}: {error}") from None
+            config = build_train_config(self.preset, self.scale, self.attention, **self.overrides)
+        elif isinstance(self.config, TrainConfig):
+            config = self.config
+        else:
+            try:
+                config = TrainConfig.from_dict(dict(self.config))
+            except ConfigError as error:  # it says what is wrong, not in which file
+                if self.config_name is None:
+                    raise
+                with about("config"):
+                    raise UsageError(f"{self.config_name}: {error}") from None
+        if self.dtype is not None:  # autocast to it (AUTOCAST_OF), recorded in the config
+            config = dataclasses.replace(config, mixed_precision=AUTOCAST_OF[self.dtype])
+        return config
 
 
 def default_run_directory(config: TrainConfig) -> Path:

@@ -1,7 +1,7 @@
 """Training presets named after the paper's table of hyperparameters, and scales.
 
 A preset fixes the task, the model and the optimizer as in the paper (its default point of the
-paper's grid); `PAPER_GRIDS` lists the values the paper searched, which `latentcode sweep --grid
+paper's grid); its `paper_grid` lists the values the paper searched, which `latentcode sweep --grid
 paper` runs. A scale sets the number of training instances (and the evaluation and checkpoint
 cadence to match):
 
@@ -82,8 +82,7 @@ def build_train_config(preset: str, scale: str = "cpu", attention: str = "softma
             train_fields[key] = value
 
     task_object = get_task(**task)
-    model.update(d_in=task_object.d_in, d_vocab=task_object.d_vocab, d_out=task_object.d_out,
-                 n_ctx=task_object.seq_len)
+    model.update(d_in=task_object.d_in, d_vocab=task_object.d_vocab, d_out=task_object.d_out, n_ctx=task_object.seq_len)
 
     n_train = train_fields.pop("n_train_instances", spec.train_instances[scale])
     batch_size = train_fields.get("batch_size", 128)

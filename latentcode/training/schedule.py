@@ -27,10 +27,8 @@ def lr_multiplier(completed_steps: int, warmup_steps: int, total_steps: int, fin
     return final_fraction + (1.0 - final_fraction) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_scheduler(
-    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, final_fraction: float = 0.1
-) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int,
+                    final_fraction: float = 0.1) -> torch.optim.lr_scheduler.LambdaLR:
     """A LambdaLR stepping once per optimizer update with `lr_multiplier`."""
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_multiplier(step, warmup_steps, total_steps, final_fraction)
-    )
+        optimizer, lambda step: lr_multiplier(step, warmup_steps, total_steps, final_fraction))

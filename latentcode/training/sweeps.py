@@ -21,6 +21,7 @@ import io
 import itertools
 import json
 import math
+import operator
 import subprocess
 import sys
 import time
@@ -43,20 +44,10 @@ def selection_metric(preset: str) -> tuple[str, str]:
     return analysis.selection_split, analysis.headline_metric
 
 
-def _better(value: float, than: float, preset: str) -> bool:
-    """Whether `value` of the selection metric beats `than` (lower is better for a loss)."""
-    lower_is_better = task_class(presets()[preset].task["name"]).analysis.lower_is_better
-    return value < than if lower_is_better else value > than
-
-
 def expand_grid(grid: dict[str, list[Any]], seeds: list[int]) -> list[dict[str, Any]]:
     """Every combination of the grid's values, once per seed."""
-    keys = list(grid)
-    points = []
-    for values in itertools.product(*(grid[key] for key in keys)):
-        for seed in seeds:
-            points.append({**dict(zip(keys, values, strict=True)), "seed": seed})
-    return points
+    return [{**dict(zip(grid, values, strict=True)), "seed": seed}
+            for values in itertools.product(*grid.values()) for seed in seeds]
 
 
 def run_name(point: dict[str, Any]) -> str:
@@ -85,21 +76,14 @@ def sweep(
     grid.setdefault("attention", ["softmax"])
     points = expand_grid(grid, seeds)
     # Build every config first: a bad value fails the sweep before any run starts.
-    configs = {}
-    for point in points:
-        overrides = {key: value for key, value in point.items() if key != "attention"}
-        configs[run_name(point)] = (point, build_train_config(preset, scale, attention=point["attention"], **overrides))
+    configs = {run_name(point): (point, build_train_config(preset, scale, **point)) for point in points}
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "sweep.json", json.dumps({"preset": preset, "scale": scale, "grid": grid, "seeds": seeds},
                                                      indent=2))
 
-    pending = []
-    for name, (point, config) in configs.items():
-        directory = RunDirectory(out / name)
-        if directory.is_finished:
-            continue
-        pending.append((name, point, config, directory))
-
+    runs = [(name, point, config, RunDirectory(out / name)) for name, (point, config) in configs.items()]
+    pending = [(name, point, config, directory) for name, point, config, directory in runs
+               if not directory.is_finished]
     if jobs <= 1:
         for index, (name, _, config, directory) in enumerate(pending, 1):
             if progress:
@@ -202,10 +186,6 @@ def run_jobs(jobs: Iterable[Job], parallel: int, environment: Mapping[str, str],
                 log.close()
 
 
-def _flatten(metrics: dict[str, dict[str, float]]) -> dict[str, float]:
-    return {f"{split}.{key}": value for split, values in metrics.items() for key, value in values.items()}
-
-
 def results_table(out: Path, configs: dict[str, tuple[dict, Any]]) -> list[dict[str, Any]]:
     rows = []
     for name, (point, _) in configs.items():
@@ -215,7 +195,8 @@ def results_table(out: Path, configs: dict[str, tuple[dict, Any]]) -> list[dict[
             run = Run(directory.path)
             row["status"] = "finished"
             row["wall_seconds"] = run.summary.get("wall_seconds")
-            row |= _flatten(run.final_metrics)
+            row |= {f"{split}.{key}": value for split, values in run.final_metrics.items()
+                    for key, value in values.items()}
         elif any(record.get("event") == "diverged" for record in directory.read_metrics()):
             row["status"] = "diverged"
         else:
@@ -226,15 +207,15 @@ def results_table(out: Path, configs: dict[str, tuple[dict, Any]]) -> list[dict[
 
 def best_runs(rows: list[dict[str, Any]], preset: str) -> dict[str, dict[str, Any]]:
     """Per attention preset, the finished run with the best in-distribution validation metric."""
-    split, metric = selection_metric(preset)
-    key = f"{split}.{metric}"
+    key = ".".join(selection_metric(preset))
+    better = operator.lt if task_class(presets()[preset].task["name"]).analysis.lower_is_better else operator.gt
     best: dict[str, dict[str, Any]] = {}
     for row in rows:
         value = row.get(key)
         if row.get("status") != "finished" or value is None or not math.isfinite(value):
             continue
         current = best.get(row["attention"])
-        if current is None or _better(value, current[key], preset):
+        if current is None or better(value, current[key]):
             best[row["attention"]] = row
     return best
 

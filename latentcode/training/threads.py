@@ -3,17 +3,9 @@
 PyTorch's CPU kernels run one OpenMP thread per core by default. Two such processes on the same
 cores fight over them: an OpenMP thread that waits for its team spins instead of sleeping, so
 each job can run several times slower than it would alone, and slower than two one-thread jobs
-side by side. Hence:
-
-- `threads_per_job(jobs, cores)`: the threads that share `cores` between `jobs` processes
-  (`latentcode sweep --jobs N` gives each of its processes that many, unless OMP_NUM_THREADS is set);
-- `threads_that_fit(threads, busy_cores)`: the rule `latentcode train` follows when the user chose no
-  thread count (no `--threads`, no OMP_NUM_THREADS) and other processes already keep cores busy: the
-  cores left free, rounded, at least 1 (`round(cores - busy_cores)`), instead of torch's one per
-  core, which would spin against the other processes (benchmarks/results/ holds the measurement); it says
-  so in one line;
-- `busy_cores_elsewhere()`: how many cores other processes keep busy, measured over a short interval;
-- `choose_threads(threads)`: what `latentcode train --threads` does with these.
+side by side (benchmarks/results/ holds the measurement). So `latentcode sweep --jobs N` gives each
+process its share of the cores (`thread_environment`), and `latentcode train` without a thread count
+uses the cores other processes leave free (`choose_threads`), saying so in one line.
 """
 
 from __future__ import annotations
@@ -87,13 +79,10 @@ def choose_threads(threads: int | None) -> Callable[[int, float], None] | None:
     if chosen is None:
         return None
     torch.set_num_threads(chosen)
-    note = contention_note(default, chosen, busy_cores)
-    said = False
+    unsaid = [contention_note(default, chosen, busy_cores)]
 
     def say_once(step: int, loss: float) -> None:
-        nonlocal said
-        if not said:
-            print(note, file=sys.stderr, flush=True)
-            said = True
+        while unsaid:
+            print(unsaid.pop(), file=sys.stderr, flush=True)
 
     return say_once

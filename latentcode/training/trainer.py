@@ -11,11 +11,9 @@ number, and 2 processes draw the same batch as 1 process accumulating 2 micro-ba
 
 Reproducibility: the model is initialized from `seed`, and every step reseeds torch's RNG (which
 drives attention dropout) from `(seed, step, process)`. A run killed and resumed from a checkpoint
-therefore takes exactly the steps an uninterrupted run takes. Checkpoints (`checkpoint.py`) hold
-the model, optimizer, scheduler and grad scaler in safetensors and JSON, never a pickle, and the
-loop's own progress (last evaluation, the open logging interval), so that a run killed at any
-moment resumes to the same weights, metrics rows, final metrics and summary; one killed before
-its first checkpoint resumes from step 0.
+therefore takes exactly the steps an uninterrupted run takes: with the loop's own progress in its
+checkpoints (`checkpoint.py`), a run killed at any moment resumes to the same weights, metrics rows,
+final metrics and summary; one killed before its first checkpoint resumes from step 0.
 """
 
 from __future__ import annotations
@@ -86,10 +84,8 @@ def _make_accelerator(config: TrainConfig, device: str | None = None):
                          "configuration decides); expected the device asked for")
     if accelerator.mixed_precision != "no" and not accelerator.native_amp:
         # accelerate would silently train in float32 (fp16 autocast needs a GPU).
-        raise ConfigError(
-            f"mixed_precision={config.mixed_precision!r} is not available on {accelerator.device.type}; "
-            "use 'bf16' or 'no' there"
-        )
+        raise ConfigError(f"mixed_precision={config.mixed_precision!r} is not available on {accelerator.device.type}; "
+                          "use 'bf16' or 'no' there")
     return accelerator
 
 
@@ -98,33 +94,26 @@ def _step_seed(seed: int, step: int, process: int) -> int:
 
 
 class _Progress:
-    """A tqdm bar on a terminal, plain log lines otherwise."""
+    """A tqdm bar on a terminal, plain log lines otherwise; nothing where not enabled."""
 
-    def __init__(self, total: int, initial: int, enabled: bool, interactive: bool | None = None):
-        self.enabled = enabled
-        self.interactive = sys.stderr.isatty() if interactive is None else interactive
-        self.bar = None
-        if enabled and self.interactive:
+    def __init__(self, total: int, initial: int, enabled: bool):
+        self.enabled, self.total, self.bar = enabled, total, None
+        if enabled and sys.stderr.isatty():
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
-        self.total = total
 
     def update(self, step: int, loss: float, rate: float, lr: float) -> None:
-        if not self.enabled:
-            return
-        if self.bar is not None:
+        if self.bar is None:
+            self.message(f"step {step}/{self.total}  loss {loss:.5g}  lr {lr:.3e}  {rate:.0f} instances/s")
+        else:
             self.bar.n = step
             self.bar.set_postfix(loss=f"{loss:.4g}", inst_per_s=f"{rate:.0f}", lr=f"{lr:.2e}")
-        else:
-            print(f"step {step}/{self.total}  loss {loss:.5g}  lr {lr:.3e}  {rate:.0f} instances/s", flush=True)
 
     def message(self, text: str) -> None:
-        if not self.enabled:
-            return
         if self.bar is not None:
             self.bar.write(text)
-        else:
+        elif self.enabled:
             print(text, flush=True)
 
     def close(self) -> None:
@@ -133,12 +122,9 @@ class _Progress:
 
 
 def _format_metrics(metrics: dict[str, dict[str, float]]) -> str:
-    keys = ("r2", "accuracy", "loss")
-    parts = []
-    for split, values in metrics.items():
-        shown = [f"{key} {values[key]:.4f}" for key in keys if key in values][:2]
-        parts.append(f"{split}: {', '.join(shown)}")
-    return " | ".join(parts)
+    shown = {split: [f"{key} {values[key]:.4f}" for key in ("r2", "accuracy", "loss") if key in values][:2]
+             for split, values in metrics.items()}
+    return " | ".join(f"{split}: {', '.join(parts)}" for split, parts in shown.items())
 
 
 def train(
@@ -214,10 +200,8 @@ def _train(config, out, *, resume, progress, stop_after_step, on_step, device=No
     n_processes = accelerator.num_processes
     micro_batch = config.batch_size // (n_processes * config.gradient_accumulation_steps)
     if micro_batch < 1:
-        raise UsageError(
-            f"batch_size={config.batch_size} is too small for {n_processes} processes x "
-            f"{config.gradient_accumulation_steps} accumulation steps"
-        )
+        raise UsageError(f"batch_size={config.batch_size} is too small for {n_processes} processes x "
+                         f"{config.gradient_accumulation_steps} accumulation steps")
     eval_sets = eval_sets_of(task, config.eval_instances, config.variant) if accelerator.is_main_process else {}
     bar = _Progress(config.steps, start_step, enabled=progress and accelerator.is_main_process)
     if start_step:
@@ -410,11 +394,10 @@ def _save_checkpoint(accelerator, directory: RunDirectory, model, optimizer, sch
             if final.exists():
                 shutil.rmtree(final)
             os.replace(temporary, final)
-        except OSError as error:
+        except BaseException as error:
             shutil.rmtree(temporary, ignore_errors=True)
-            raise write_error(error, final) from None
-        except BaseException:
-            shutil.rmtree(temporary, ignore_errors=True)
+            if isinstance(error, OSError):
+                raise write_error(error, final) from None
             raise
         directory.prune_checkpoints(keep)
     accelerator.wait_for_everyone()
