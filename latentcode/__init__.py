@@ -10,10 +10,9 @@ The public API is importable from here:
     latentcode.build_viewer(codes)            # the viewer (inline in a notebook)
 
 Every name is listed in `__all__` and imported explicitly under `TYPE_CHECKING`, so type checkers and
-IDEs see each one with its signature; at run time each name loads the module its import names on first
-use (`latentcode.lazy.type_checking_imports`), so that `import latentcode` (and `import latentcode.analysis`,
-which imports this package first) never pays for torch. `tests/test_public_api.py` keeps `__all__` equal to
-the imports and checks the API with `mypy --strict`.
+IDEs see each one with its signature; at run time each name loads its module on first use, so that
+`import latentcode` (and `import latentcode.analysis`, which imports this package first) never pays
+for torch. `tests/test_public_api.py` keeps the two lists equal and checks the API with `mypy --strict`.
 """
 
 from __future__ import annotations
@@ -59,7 +58,7 @@ if _started_as_the_command() and _signal.getsignal(_signal.SIGINT) is _signal.de
 
 from typing import TYPE_CHECKING  # noqa: E402 - after the handler, on purpose
 
-from latentcode.lazy import lazy_exports, type_checking_imports  # noqa: E402
+from latentcode.lazy import lazy_exports  # noqa: E402
 
 if TYPE_CHECKING:
     from latentcode.allocator import keep_freed_memory
@@ -85,6 +84,41 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
+# Each public name and the module that defines it; loaded on first use (the same names as above).
+_WHERE = {
+    "ModelConfig": "latentcode.models",
+    "build_model": "latentcode.models",
+    "load_model": "latentcode.models",
+    "value_network_view": "latentcode.models",
+    "ATTENTION_PRESETS": "latentcode.models",
+    "get_task": "latentcode.tasks",
+    "train": "latentcode.training.trainer",
+    "TrainConfig": "latentcode.training.config",
+    "build_train_config": "latentcode.training.presets",
+    "Run": "latentcode.training.run",
+    "extract": "latentcode.extraction.pipeline",
+    "Recorder": "latentcode.extraction.recorder",
+    "Intervention": "latentcode.intervention.intervener",
+    "intervention_effects": "latentcode.intervention.effects",
+    "patch": "latentcode.intervention.patching.run",
+    "PatchResult": "latentcode.intervention.patching.run",
+    "qk_attribution": "latentcode.intervention.qk.report",
+    "CodeFile": "latentcode.store",
+    "CodeWriter": "latentcode.store",
+    "InMemoryCodes": "latentcode.store",
+    "Site": "latentcode.store",
+    "decode": "latentcode.analysis.probes.decoding",
+    "embed": "latentcode.analysis.embed",
+    "Embedding": "latentcode.analysis.embed",
+    "build_viewer": "latentcode.analysis.viewer.page",
+    "Viewer": "latentcode.analysis.viewer.page",
+    "LatentcodeError": "latentcode.errors",
+    "load_pretrained": "latentcode.pretrained",
+    "Pretrained": "latentcode.pretrained",
+    "keep_freed_memory": "latentcode.allocator",
+    "Subject": "latentcode.subject",
+    "subject_of": "latentcode.subject",
+}
 __all__ = [
     "ATTENTION_PRESETS",
     "CodeFile",
@@ -120,5 +154,4 @@ __all__ = [
     "train",
     "value_network_view",
 ]
-# Each public name loads, on first use, the module its import above names.
-__getattr__, __dir__ = lazy_exports(__name__, lambda: type_checking_imports(__file__))
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)

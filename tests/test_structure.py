@@ -112,14 +112,7 @@ def lazy_table(tree: ast.Module) -> dict[str, str]:
     return {}
 
 
-def type_checking_table(tree: ast.Module) -> dict[str, str]:
-    """name -> module of each `from MODULE import name` under `if TYPE_CHECKING:` (latentcode's public names)."""
-    return {alias.name: node.module for block in tree.body if isinstance(block, ast.If)
-            and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
-            for node in block.body if isinstance(node, ast.ImportFrom) and node.module for alias in node.names}
-
-
-TOP_LEVEL_NAMES = type_checking_table(ast.parse((PACKAGE / "__init__.py").read_text()))
+TOP_LEVEL_NAMES = lazy_table(ast.parse((PACKAGE / "__init__.py").read_text()))
 
 
 def attribute_chain(node: ast.Attribute) -> list[str] | None:
